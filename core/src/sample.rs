@@ -1,0 +1,325 @@
+//! What an agent measures: inventory (once) and ticks (every interval).
+//!
+//! Every measured value is an `Option`: `None` means the hardware or OS could not report
+//! it (NVML `NOT_SUPPORTED`, a missing /proc file). It is never replaced by 0. Units are
+//! integers named in the field (`_mw`, `_mj`, `_bytes`, `_bps`, `_mhz`, `_c`, `_pct`).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Unix time in milliseconds (UTC).
+pub type UnixMs = i64;
+
+/// Static facts about a node and its GPUs, sent once per connection.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub driver_version: Option<String>,
+    pub cuda_driver_version: Option<String>,
+    pub nvml_version: Option<String>,
+    pub gpus: Vec<GpuInfo>,
+    pub host: HostInfo,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostInfo {
+    pub hostname: String,
+    pub kernel: Option<String>,
+    pub os: Option<String>,
+    pub cpu_count: Option<u32>,
+    pub memory_total_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub serial: Option<String>,
+    pub pci_bus_id: Option<String>,
+    pub architecture: Option<String>,
+    pub brand: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+    pub power_limit_default_mw: Option<u32>,
+    pub power_limit_enforced_mw: Option<u32>,
+    pub power_limit_min_mw: Option<u32>,
+    pub power_limit_max_mw: Option<u32>,
+    pub max_clock_sm_mhz: Option<u32>,
+    pub max_clock_mem_mhz: Option<u32>,
+    pub max_clock_graphics_mhz: Option<u32>,
+    pub nvlink_count: Option<u32>,
+    pub mig_enabled: Option<bool>,
+    pub compute_mode: Option<String>,
+    pub persistence_mode: Option<bool>,
+    pub cuda_capability_major: Option<u32>,
+    pub cuda_capability_minor: Option<u32>,
+    pub pcie_link_gen_max: Option<u32>,
+    pub pcie_link_width_max: Option<u32>,
+    pub vbios_version: Option<String>,
+    pub mig_instances: Vec<MigInstance>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigInstance {
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub profile: Option<String>,
+    pub memory_total_bytes: Option<u64>,
+}
+
+/// Everything sampled at one instant on one node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tick {
+    pub time_ms: UnixMs,
+    pub gpus: Vec<GpuSample>,
+    pub processes: Vec<ProcessSample>,
+    pub host: Option<HostSample>,
+    pub events: Vec<Event>,
+    pub cost: Option<SamplerCost>,
+}
+
+/// One GPU at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub gpu_uuid: String,
+    pub util_gpu_pct: Option<u32>,
+    pub util_mem_pct: Option<u32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub mem_reserved_bytes: Option<u64>,
+    /// As `nvmlDeviceGetPowerUsage` reports it (a 1 s average on Ampere and newer).
+    pub power_mw: Option<u32>,
+    pub power_instant_mw: Option<u32>,
+    pub power_limit_mw: Option<u32>,
+    /// Total energy since the driver loaded (Volta+); the ground truth for energy.
+    pub energy_mj: Option<u64>,
+    pub temp_gpu_c: Option<u32>,
+    pub temp_mem_c: Option<u32>,
+    pub fan_pct: Option<u32>,
+    pub clock_sm_mhz: Option<u32>,
+    pub clock_mem_mhz: Option<u32>,
+    pub clock_graphics_mhz: Option<u32>,
+    pub pstate: Option<u32>,
+    pub pcie_tx_bps: Option<u64>,
+    pub pcie_rx_bps: Option<u64>,
+    pub nvlink_tx_bps: Option<u64>,
+    pub nvlink_rx_bps: Option<u64>,
+    pub nvlinks: Vec<NvLinkSample>,
+    pub ecc_corrected_volatile: Option<u64>,
+    pub ecc_uncorrected_volatile: Option<u64>,
+    pub throttle_reasons: Option<u64>,
+    pub enc_util_pct: Option<u32>,
+    pub dec_util_pct: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvLinkSample {
+    pub link: u32,
+    pub tx_bps: Option<u64>,
+    pub rx_bps: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessType {
+    #[default]
+    Compute,
+    Graphics,
+    ComputeAndGraphics,
+}
+
+/// One process on one GPU at one instant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSample {
+    pub gpu_uuid: String,
+    pub pid: u32,
+    #[serde(rename = "type")]
+    pub process_type: ProcessType,
+    pub user: Option<String>,
+    pub command: Option<String>,
+    pub gpu_mem_bytes: Option<u64>,
+    pub sm_util_pct: Option<u32>,
+    pub mem_util_pct: Option<u32>,
+    pub enc_util_pct: Option<u32>,
+    pub dec_util_pct: Option<u32>,
+    pub workload: Workload,
+    pub mig_uuid: Option<String>,
+}
+
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkloadKind {
+    #[default]
+    Host,
+    Container,
+    Slurm,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host => "host",
+            Self::Container => "container",
+            Self::Slurm => "slurm",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "host" => Some(Self::Host),
+            "container" => Some(Self::Container),
+            "slurm" => Some(Self::Slurm),
+            _ => None,
+        }
+    }
+}
+
+/// Who a process belongs to: a container (Docker, containerd, CRI-O, Podman; with its
+/// Kubernetes pod when there is one), a Slurm job step, or a host user / systemd unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    pub kind: WorkloadKind,
+    /// docker, containerd, cri-o, podman, unknown (containers); slurm; systemd (host).
+    pub runtime: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+impl Workload {
+    /// A stable key naming this workload across nodes and time, used for accounting:
+    /// `container:<id>`, `slurm:<job>`, `host:<unit or uid>`.
+    pub fn key(&self) -> String {
+        match self.kind {
+            WorkloadKind::Container => {
+                format!(
+                    "container:{}",
+                    self.container_id.as_deref().unwrap_or("unknown")
+                )
+            }
+            WorkloadKind::Slurm => format!("slurm:{}", self.job_id.as_deref().unwrap_or("unknown")),
+            WorkloadKind::Host => match (&self.unit, self.uid) {
+                (Some(unit), _) => format!("host:{unit}"),
+                (None, Some(uid)) => format!("host:uid-{uid}"),
+                (None, None) => "host:unknown".to_owned(),
+            },
+        }
+    }
+
+    /// A short human label: container name or short id, `job 123`, the unit.
+    pub fn label(&self) -> String {
+        match self.kind {
+            WorkloadKind::Container => match (&self.container_name, &self.container_id) {
+                (Some(name), _) => name.clone(),
+                (None, Some(id)) => id.chars().take(12).collect(),
+                (None, None) => "container".to_owned(),
+            },
+            WorkloadKind::Slurm => format!("job {}", self.job_id.as_deref().unwrap_or("?")),
+            WorkloadKind::Host => self.unit.clone().unwrap_or_else(|| "host".to_owned()),
+        }
+    }
+}
+
+/// Host-level resources (NVDashboard's "Machine Resources").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostSample {
+    pub cpu_util_pct: Option<f32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub disk_read_bps: Option<u64>,
+    pub disk_write_bps: Option<u64>,
+    pub net_rx_bps: Option<u64>,
+    pub net_tx_bps: Option<u64>,
+    pub load1: Option<f32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    #[default]
+    Xid,
+    EccDoubleBit,
+    EccSingleBit,
+    GpuLost,
+    GpuRecovered,
+    Throttle,
+    SpoolDrop,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Xid => "xid",
+            Self::EccDoubleBit => "ecc_double_bit",
+            Self::EccSingleBit => "ecc_single_bit",
+            Self::GpuLost => "gpu_lost",
+            Self::GpuRecovered => "gpu_recovered",
+            Self::Throttle => "throttle",
+            Self::SpoolDrop => "spool_drop",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub time_ms: UnixMs,
+    /// Empty for node-level events.
+    pub gpu_uuid: String,
+    pub kind: EventKind,
+    /// Xid number for Xid events.
+    pub code: Option<u64>,
+    pub detail: String,
+}
+
+/// What sampling one tick cost the agent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplerCost {
+    pub cpu_us: Option<u32>,
+    pub wall_us: Option<u32>,
+    pub source_us: Option<u32>,
+    pub slowest_calls_us: BTreeMap<String, u32>,
+}
+
+/// The agent's view of its own delivery state, sent with every batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryStats {
+    pub dropped_samples: u64,
+    pub spool_backlog_batches: u64,
+    pub spool_backlog_bytes: u64,
+}
+
+/// A seq-numbered group of ticks: the unit of delivery and acknowledgement.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub seq: u64,
+    pub ticks: Vec<Tick>,
+    pub delivery: DeliveryStats,
+}
+
+impl Batch {
+    /// GPU samples in this batch (the unit the reliability summary counts).
+    pub fn gpu_samples(&self) -> usize {
+        self.ticks.iter().map(|t| t.gpus.len()).sum()
+    }
+}

@@ -1,0 +1,825 @@
+//! Conversions between domain types and the wire (prost) types.
+//!
+//! Encoding (agent side) is infallible. Decoding (collector side) is where untrusted input
+//! enters: [`decode_batch`] and [`decode_hello`] validate everything against [`Limits`]
+//! and say precisely what was wrong, so a bad batch is refused with a reason and nothing
+//! else is affected.
+
+use crate::sample::*;
+use gpufleet_proto::v1 as pb;
+use thiserror::Error;
+
+/// Copies the same-named fields of `$src` into a new wire message `pb::$T`, plus the listed extra fields.
+macro_rules! same_fields {
+    ($src:expr => $T:ident { $($f:ident),* $(,)? } $(; $($extra:ident : $val:expr),* $(,)?)?) => {
+        pb::$T { $($f: $src.$f,)* $($($extra: $val,)*)? }
+    };
+}
+
+// ------------------------------------------------------------------ domain -> wire
+
+impl From<Inventory> for pb::Inventory {
+    fn from(i: Inventory) -> Self {
+        pb::Inventory {
+            driver_version: i.driver_version,
+            cuda_driver_version: i.cuda_driver_version,
+            nvml_version: i.nvml_version,
+            gpus: i.gpus.into_iter().map(Into::into).collect(),
+            host: Some(same_fields!(i.host => HostInfo {
+                hostname, kernel, os, cpu_count, memory_total_bytes
+            })),
+        }
+    }
+}
+
+impl From<GpuInfo> for pb::GpuInfo {
+    fn from(g: GpuInfo) -> Self {
+        let mig = g.mig_instances.into_iter().map(|m| {
+            same_fields!(m => MigInstance {
+                uuid, gpu_instance_id, compute_instance_id, profile, memory_total_bytes
+            })
+        });
+        same_fields!(g => GpuInfo {
+            index, uuid, name, serial, pci_bus_id, architecture, brand, memory_total_bytes,
+            power_limit_default_mw, power_limit_enforced_mw, power_limit_min_mw,
+            power_limit_max_mw, max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz,
+            nvlink_count, mig_enabled, compute_mode, persistence_mode, cuda_capability_major,
+            cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, vbios_version,
+        }; mig_instances: mig.collect())
+    }
+}
+
+impl From<Batch> for pb::Batch {
+    fn from(b: Batch) -> Self {
+        pb::Batch {
+            seq: b.seq,
+            ticks: b.ticks.into_iter().map(Into::into).collect(),
+            delivery: Some(same_fields!(b.delivery => DeliveryStats {
+                dropped_samples, spool_backlog_batches, spool_backlog_bytes
+            })),
+        }
+    }
+}
+
+impl From<Tick> for pb::Tick {
+    fn from(t: Tick) -> Self {
+        pb::Tick {
+            time_ms: t.time_ms,
+            gpus: t.gpus.into_iter().map(Into::into).collect(),
+            processes: t.processes.into_iter().map(Into::into).collect(),
+            host: t.host.map(|h| {
+                same_fields!(h => HostSample {
+                    cpu_util_pct, mem_used_bytes, mem_total_bytes, disk_read_bps,
+                    disk_write_bps, net_rx_bps, net_tx_bps, load1,
+                })
+            }),
+            events: t.events.into_iter().map(Into::into).collect(),
+            cost: t.cost.map(|c| {
+                same_fields!(c => SamplerCost { cpu_us, wall_us, source_us };
+                    slowest_calls_us: c.slowest_calls_us.into_iter().collect())
+            }),
+        }
+    }
+}
+
+impl From<GpuSample> for pb::GpuSample {
+    fn from(g: GpuSample) -> Self {
+        let links = g
+            .nvlinks
+            .into_iter()
+            .map(|l| same_fields!(l => NvLinkSample { link, tx_bps, rx_bps }));
+        same_fields!(g => GpuSample {
+            gpu_uuid, util_gpu_pct, util_mem_pct, mem_used_bytes, mem_total_bytes,
+            mem_reserved_bytes, power_mw, power_instant_mw, power_limit_mw, energy_mj,
+            temp_gpu_c, temp_mem_c, fan_pct, clock_sm_mhz, clock_mem_mhz, clock_graphics_mhz,
+            pstate, pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps,
+            ecc_corrected_volatile, ecc_uncorrected_volatile, throttle_reasons, enc_util_pct,
+            dec_util_pct,
+        }; nvlinks: links.collect())
+    }
+}
+
+impl From<ProcessSample> for pb::ProcessSample {
+    fn from(p: ProcessSample) -> Self {
+        let process_type = match p.process_type {
+            ProcessType::Compute => pb::ProcessType::Compute,
+            ProcessType::Graphics => pb::ProcessType::Graphics,
+            ProcessType::ComputeAndGraphics => pb::ProcessType::ComputeAndGraphics,
+        };
+        let w = p.workload;
+        let kind = match w.kind {
+            WorkloadKind::Host => pb::WorkloadKind::Host,
+            WorkloadKind::Container => pb::WorkloadKind::Container,
+            WorkloadKind::Slurm => pb::WorkloadKind::Slurm,
+        };
+        let workload = same_fields!(w => Workload {
+            runtime, container_id, pod_uid, qos, job_id, step, unit, uid, container_name,
+            image, pod_name, namespace,
+        }; kind: kind as i32);
+        same_fields!(p => ProcessSample {
+            gpu_uuid, pid, user, command, gpu_mem_bytes, sm_util_pct, mem_util_pct,
+            enc_util_pct, dec_util_pct, mig_uuid,
+        }; r#type: process_type as i32, workload: Some(workload))
+    }
+}
+
+impl From<Event> for pb::Event {
+    fn from(e: Event) -> Self {
+        let kind = match e.kind {
+            EventKind::Xid => pb::EventKind::Xid,
+            EventKind::EccDoubleBit => pb::EventKind::EccDoubleBit,
+            EventKind::EccSingleBit => pb::EventKind::EccSingleBit,
+            EventKind::GpuLost => pb::EventKind::GpuLost,
+            EventKind::GpuRecovered => pb::EventKind::GpuRecovered,
+            EventKind::Throttle => pb::EventKind::Throttle,
+            EventKind::SpoolDrop => pb::EventKind::SpoolDrop,
+        };
+        same_fields!(e => Event { time_ms, gpu_uuid, code, detail }; kind: kind as i32)
+    }
+}
+
+// ------------------------------------------------------------------ wire -> domain
+
+/// Bounds on what one agent may send. Defaults are generous for real hardware and tight
+/// enough that a hostile or broken agent cannot exhaust the collector.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_ticks_per_batch: usize,
+    pub max_gpus_per_node: usize,
+    pub max_processes_per_tick: usize,
+    pub max_events_per_tick: usize,
+    pub max_string_len: usize,
+    pub max_labels: usize,
+    pub max_nvlinks: usize,
+    /// Samples further than this in the future (agent clock ahead) are refused.
+    pub max_future_skew_ms: i64,
+    /// Samples older than this are refused (the retention window).
+    pub max_age_ms: i64,
+    /// No single GPU draws more than this (absurd values are refused).
+    pub max_power_mw: u32,
+    pub max_temp_c: u32,
+    pub max_clock_mhz: u32,
+    pub max_mem_bytes: u64,
+    pub max_link_bps: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_ticks_per_batch: 1_000,
+            max_gpus_per_node: 64,
+            max_processes_per_tick: 4_096,
+            max_events_per_tick: 256,
+            max_string_len: 512,
+            max_labels: 64,
+            max_nvlinks: 18,
+            max_future_skew_ms: 5 * 60 * 1000,
+            max_age_ms: 30 * 24 * 3600 * 1000,
+            // 5 kW: ~3x the highest-power accelerators shipping today.
+            max_power_mw: 5_000_000,
+            max_temp_c: 200,
+            max_clock_mhz: 20_000,
+            max_mem_bytes: 64 << 40,
+            max_link_bps: 10 << 40,
+        }
+    }
+}
+
+/// Why an agent message was refused. The message names the offending field.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum Invalid {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    TooLarge(String),
+}
+
+fn invalid(msg: impl Into<String>) -> Invalid {
+    Invalid::Invalid(msg.into())
+}
+
+fn too_large(msg: impl Into<String>) -> Invalid {
+    Invalid::TooLarge(msg.into())
+}
+
+struct Check<'a> {
+    limits: &'a Limits,
+    now_ms: i64,
+}
+
+impl Check<'_> {
+    fn string(&self, what: &str, s: String) -> Result<String, Invalid> {
+        if s.len() > self.limits.max_string_len {
+            return Err(too_large(format!(
+                "{what} is {} bytes, limit {}",
+                s.len(),
+                self.limits.max_string_len
+            )));
+        }
+        if s.chars().any(|c| c.is_control() && c != '\t') {
+            return Err(invalid(format!("{what} contains control characters")));
+        }
+        Ok(s)
+    }
+
+    fn opt_string(&self, what: &str, s: Option<String>) -> Result<Option<String>, Invalid> {
+        s.map(|s| self.string(what, s)).transpose()
+    }
+
+    fn time(&self, what: &str, t: i64) -> Result<i64, Invalid> {
+        if t <= 0 {
+            return Err(invalid(format!(
+                "{what}: time_ms {t} is not a Unix time in ms"
+            )));
+        }
+        if t > self.now_ms + self.limits.max_future_skew_ms {
+            return Err(invalid(format!(
+                "{what}: time_ms {t} is {} s in the future (limit {} s); check the node's clock",
+                (t - self.now_ms) / 1000,
+                self.limits.max_future_skew_ms / 1000
+            )));
+        }
+        if t < self.now_ms - self.limits.max_age_ms {
+            return Err(invalid(format!(
+                "{what}: time_ms {t} is older than the retention window ({} days)",
+                self.limits.max_age_ms / 86_400_000
+            )));
+        }
+        Ok(t)
+    }
+}
+
+fn at_most<T: PartialOrd + Copy + std::fmt::Display>(
+    what: &str,
+    v: Option<T>,
+    max: T,
+) -> Result<Option<T>, Invalid> {
+    match v {
+        Some(x) if x > max => Err(invalid(format!(
+            "{what} = {x} exceeds the plausible maximum {max}"
+        ))),
+        _ => Ok(v),
+    }
+}
+
+fn pct(what: &str, v: Option<u32>) -> Result<Option<u32>, Invalid> {
+    at_most(what, v, 100)
+}
+
+fn pct_f32(what: &str, v: Option<f32>) -> Result<Option<f32>, Invalid> {
+    match v {
+        Some(x) if !x.is_finite() => Err(invalid(format!("{what} is not a finite number"))),
+        Some(x) if !(0.0..=100.0).contains(&x) => {
+            Err(invalid(format!("{what} = {x} is outside 0..100")))
+        }
+        _ => Ok(v),
+    }
+}
+
+fn count<T>(what: &str, items: &[T], max: usize) -> Result<(), Invalid> {
+    if items.len() > max {
+        return Err(too_large(format!("{} {what}, limit {max}", items.len())));
+    }
+    Ok(())
+}
+
+/// Validates and converts a Hello's inventory and labels.
+pub fn decode_hello(h: pb::Hello, limits: &Limits) -> Result<(HelloInfo, Inventory), Invalid> {
+    let c = Check {
+        limits,
+        now_ms: i64::MAX / 2,
+    };
+    count(
+        "labels",
+        &h.labels.iter().collect::<Vec<_>>(),
+        limits.max_labels,
+    )?;
+    let mut labels = std::collections::BTreeMap::new();
+    for (k, v) in h.labels {
+        let k = c.string("label key", k)?;
+        if k.is_empty() {
+            return Err(invalid("label key is empty"));
+        }
+        let v = c.string(&format!("label {k}"), v)?;
+        labels.insert(k, v);
+    }
+    let info = HelloInfo {
+        node: c.string("node", h.node)?,
+        agent_version: c.string("agent_version", h.agent_version)?,
+        boot_id: c.string("boot_id", h.boot_id)?,
+        labels,
+        interval_ms: h.interval_ms,
+        source: c.string("source", h.source)?,
+    };
+    let inv = h.inventory.unwrap_or_default();
+    count("GPUs in inventory", &inv.gpus, limits.max_gpus_per_node)?;
+    let host = inv.host.unwrap_or_default();
+    let mut gpus = Vec::with_capacity(inv.gpus.len());
+    let mut seen = std::collections::HashSet::new();
+    for g in inv.gpus {
+        let uuid = c.string("gpu uuid", g.uuid)?;
+        if uuid.is_empty() {
+            return Err(invalid(format!("GPU index {} has an empty uuid", g.index)));
+        }
+        if !seen.insert(uuid.clone()) {
+            return Err(invalid(format!(
+                "GPU uuid {uuid} appears twice in the inventory"
+            )));
+        }
+        let what = |f: &str| format!("gpu {uuid}: {f}");
+        let mut mig_instances = Vec::with_capacity(g.mig_instances.len());
+        for m in g.mig_instances {
+            mig_instances.push(MigInstance {
+                uuid: c.string(&what("mig uuid"), m.uuid)?,
+                gpu_instance_id: m.gpu_instance_id,
+                compute_instance_id: m.compute_instance_id,
+                profile: c.opt_string(&what("mig profile"), m.profile)?,
+                memory_total_bytes: m.memory_total_bytes,
+            });
+        }
+        gpus.push(GpuInfo {
+            index: g.index,
+            name: c.string(&what("name"), g.name)?,
+            serial: c.opt_string(&what("serial"), g.serial)?,
+            pci_bus_id: c.opt_string(&what("pci_bus_id"), g.pci_bus_id)?,
+            architecture: c.opt_string(&what("architecture"), g.architecture)?,
+            brand: c.opt_string(&what("brand"), g.brand)?,
+            memory_total_bytes: at_most(
+                &what("memory_total_bytes"),
+                g.memory_total_bytes,
+                limits.max_mem_bytes,
+            )?,
+            power_limit_default_mw: at_most(
+                &what("power_limit_default_mw"),
+                g.power_limit_default_mw,
+                limits.max_power_mw,
+            )?,
+            power_limit_enforced_mw: at_most(
+                &what("power_limit_enforced_mw"),
+                g.power_limit_enforced_mw,
+                limits.max_power_mw,
+            )?,
+            power_limit_min_mw: at_most(
+                &what("power_limit_min_mw"),
+                g.power_limit_min_mw,
+                limits.max_power_mw,
+            )?,
+            power_limit_max_mw: at_most(
+                &what("power_limit_max_mw"),
+                g.power_limit_max_mw,
+                limits.max_power_mw,
+            )?,
+            max_clock_sm_mhz: at_most(
+                &what("max_clock_sm_mhz"),
+                g.max_clock_sm_mhz,
+                limits.max_clock_mhz,
+            )?,
+            max_clock_mem_mhz: at_most(
+                &what("max_clock_mem_mhz"),
+                g.max_clock_mem_mhz,
+                limits.max_clock_mhz,
+            )?,
+            max_clock_graphics_mhz: at_most(
+                &what("max_clock_graphics_mhz"),
+                g.max_clock_graphics_mhz,
+                limits.max_clock_mhz,
+            )?,
+            nvlink_count: at_most(
+                &what("nvlink_count"),
+                g.nvlink_count,
+                limits.max_nvlinks as u32,
+            )?,
+            mig_enabled: g.mig_enabled,
+            compute_mode: c.opt_string(&what("compute_mode"), g.compute_mode)?,
+            persistence_mode: g.persistence_mode,
+            cuda_capability_major: g.cuda_capability_major,
+            cuda_capability_minor: g.cuda_capability_minor,
+            pcie_link_gen_max: g.pcie_link_gen_max,
+            pcie_link_width_max: g.pcie_link_width_max,
+            vbios_version: c.opt_string(&what("vbios_version"), g.vbios_version)?,
+            mig_instances,
+            uuid,
+        });
+    }
+    let inventory = Inventory {
+        driver_version: c.opt_string("driver_version", inv.driver_version)?,
+        cuda_driver_version: c.opt_string("cuda_driver_version", inv.cuda_driver_version)?,
+        nvml_version: c.opt_string("nvml_version", inv.nvml_version)?,
+        gpus,
+        host: HostInfo {
+            hostname: c.string("hostname", host.hostname)?,
+            kernel: c.opt_string("kernel", host.kernel)?,
+            os: c.opt_string("os", host.os)?,
+            cpu_count: host.cpu_count,
+            memory_total_bytes: host.memory_total_bytes,
+        },
+    };
+    Ok((info, inventory))
+}
+
+/// The session facts of a Hello other than the inventory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HelloInfo {
+    pub node: String,
+    pub agent_version: String,
+    pub boot_id: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub interval_ms: u32,
+    pub source: String,
+}
+
+/// Validates and converts a batch. `known_gpus` is the node's inventory: samples for a GPU
+/// the node did not declare are refused (a node can only write its own GPUs).
+pub fn decode_batch(
+    b: pb::Batch,
+    limits: &Limits,
+    now_ms: i64,
+    known_gpus: &dyn Fn(&str) -> bool,
+) -> Result<Batch, Invalid> {
+    let c = Check { limits, now_ms };
+    if b.seq == 0 {
+        return Err(invalid("batch seq must start at 1"));
+    }
+    if b.ticks.is_empty() {
+        return Err(invalid(format!("batch {} has no ticks", b.seq)));
+    }
+    count("ticks in a batch", &b.ticks, limits.max_ticks_per_batch)?;
+    let d = b.delivery.unwrap_or_default();
+    let mut ticks = Vec::with_capacity(b.ticks.len());
+    let mut last_time = i64::MIN;
+    for (i, t) in b.ticks.into_iter().enumerate() {
+        let tick = decode_tick(&c, i, t, known_gpus)?;
+        if tick.time_ms <= last_time {
+            return Err(invalid(format!(
+                "tick {i}: time_ms {} is not after the previous tick's {last_time}",
+                tick.time_ms
+            )));
+        }
+        last_time = tick.time_ms;
+        ticks.push(tick);
+    }
+    Ok(Batch {
+        seq: b.seq,
+        ticks,
+        delivery: DeliveryStats {
+            dropped_samples: d.dropped_samples,
+            spool_backlog_batches: d.spool_backlog_batches,
+            spool_backlog_bytes: d.spool_backlog_bytes,
+        },
+    })
+}
+
+fn decode_tick(
+    c: &Check<'_>,
+    i: usize,
+    t: pb::Tick,
+    known_gpus: &dyn Fn(&str) -> bool,
+) -> Result<Tick, Invalid> {
+    let l = c.limits;
+    let time_ms = c.time(&format!("tick {i}"), t.time_ms)?;
+    count(
+        &format!("GPU samples in tick {i}"),
+        &t.gpus,
+        l.max_gpus_per_node,
+    )?;
+    count(
+        &format!("processes in tick {i}"),
+        &t.processes,
+        l.max_processes_per_tick,
+    )?;
+    count(
+        &format!("events in tick {i}"),
+        &t.events,
+        l.max_events_per_tick,
+    )?;
+    let mut gpus = Vec::with_capacity(t.gpus.len());
+    let mut seen = std::collections::HashSet::with_capacity(t.gpus.len());
+    for g in t.gpus {
+        if !known_gpus(&g.gpu_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: gpu {:?} is not in this node's inventory",
+                truncate(&g.gpu_uuid)
+            )));
+        }
+        if !seen.insert(g.gpu_uuid.clone()) {
+            return Err(invalid(format!(
+                "tick {i}: gpu {} sampled twice",
+                g.gpu_uuid
+            )));
+        }
+        gpus.push(decode_gpu(c, i, g)?);
+    }
+    let mut processes = Vec::with_capacity(t.processes.len());
+    for p in t.processes {
+        if !known_gpus(&p.gpu_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: process {} on gpu {:?}, which is not in this node's inventory",
+                p.pid,
+                truncate(&p.gpu_uuid)
+            )));
+        }
+        processes.push(decode_process(c, i, p)?);
+    }
+    let host = t.host.map(|h| -> Result<HostSample, Invalid> {
+        let w = |f: &str| format!("tick {i}: host {f}");
+        Ok(HostSample {
+            cpu_util_pct: pct_f32(&w("cpu_util_pct"), h.cpu_util_pct)?,
+            mem_used_bytes: at_most(&w("mem_used_bytes"), h.mem_used_bytes, l.max_mem_bytes)?,
+            mem_total_bytes: at_most(&w("mem_total_bytes"), h.mem_total_bytes, l.max_mem_bytes)?,
+            disk_read_bps: at_most(&w("disk_read_bps"), h.disk_read_bps, l.max_link_bps)?,
+            disk_write_bps: at_most(&w("disk_write_bps"), h.disk_write_bps, l.max_link_bps)?,
+            net_rx_bps: at_most(&w("net_rx_bps"), h.net_rx_bps, l.max_link_bps)?,
+            net_tx_bps: at_most(&w("net_tx_bps"), h.net_tx_bps, l.max_link_bps)?,
+            load1: match h.load1 {
+                Some(x) if !x.is_finite() || x < 0.0 => {
+                    return Err(invalid(w("load1 is negative or not finite")));
+                }
+                v => v,
+            },
+        })
+    });
+    let mut events = Vec::with_capacity(t.events.len());
+    for e in t.events {
+        if !e.gpu_uuid.is_empty() && !known_gpus(&e.gpu_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: event for gpu {:?}, which is not in this node's inventory",
+                truncate(&e.gpu_uuid)
+            )));
+        }
+        let kind = match pb::EventKind::try_from(e.kind) {
+            Ok(pb::EventKind::Xid) => EventKind::Xid,
+            Ok(pb::EventKind::EccDoubleBit) => EventKind::EccDoubleBit,
+            Ok(pb::EventKind::EccSingleBit) => EventKind::EccSingleBit,
+            Ok(pb::EventKind::GpuLost) => EventKind::GpuLost,
+            Ok(pb::EventKind::GpuRecovered) => EventKind::GpuRecovered,
+            Ok(pb::EventKind::Throttle) => EventKind::Throttle,
+            Ok(pb::EventKind::SpoolDrop) => EventKind::SpoolDrop,
+            Ok(pb::EventKind::Unspecified) | Err(_) => {
+                return Err(invalid(format!(
+                    "tick {i}: event kind {} is unknown",
+                    e.kind
+                )));
+            }
+        };
+        events.push(Event {
+            time_ms: c.time(&format!("tick {i} event"), e.time_ms)?,
+            gpu_uuid: e.gpu_uuid,
+            kind,
+            code: e.code,
+            detail: c.string(&format!("tick {i}: event detail"), e.detail)?,
+        });
+    }
+    Ok(Tick {
+        time_ms,
+        gpus,
+        processes,
+        host: host.transpose()?,
+        events,
+        cost: t.cost.map(|c| SamplerCost {
+            cpu_us: c.cpu_us,
+            wall_us: c.wall_us,
+            source_us: c.source_us,
+            slowest_calls_us: c
+                .slowest_calls_us
+                .into_iter()
+                .filter(|(k, _)| k.len() <= 64)
+                .take(16)
+                .collect(),
+        }),
+    })
+}
+
+fn truncate(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<GpuSample, Invalid> {
+    let l = c.limits;
+    let uuid = g.gpu_uuid;
+    let w = |f: &str| format!("tick {i}: gpu {uuid}: {f}");
+    count(&w("nvlinks"), &g.nvlinks, l.max_nvlinks)?;
+    let mut nvlinks = Vec::with_capacity(g.nvlinks.len());
+    for n in g.nvlinks {
+        nvlinks.push(NvLinkSample {
+            link: n.link,
+            tx_bps: at_most(&w("nvlink tx_bps"), n.tx_bps, l.max_link_bps)?,
+            rx_bps: at_most(&w("nvlink rx_bps"), n.rx_bps, l.max_link_bps)?,
+        });
+    }
+    if let (Some(used), Some(total)) = (g.mem_used_bytes, g.mem_total_bytes) {
+        if used > total {
+            return Err(invalid(w(&format!(
+                "mem_used_bytes {used} exceeds mem_total_bytes {total}"
+            ))));
+        }
+    }
+    Ok(GpuSample {
+        util_gpu_pct: pct(&w("util_gpu_pct"), g.util_gpu_pct)?,
+        util_mem_pct: pct(&w("util_mem_pct"), g.util_mem_pct)?,
+        mem_used_bytes: at_most(&w("mem_used_bytes"), g.mem_used_bytes, l.max_mem_bytes)?,
+        mem_total_bytes: at_most(&w("mem_total_bytes"), g.mem_total_bytes, l.max_mem_bytes)?,
+        mem_reserved_bytes: at_most(
+            &w("mem_reserved_bytes"),
+            g.mem_reserved_bytes,
+            l.max_mem_bytes,
+        )?,
+        power_mw: at_most(&w("power_mw"), g.power_mw, l.max_power_mw)?,
+        power_instant_mw: at_most(&w("power_instant_mw"), g.power_instant_mw, l.max_power_mw)?,
+        power_limit_mw: at_most(&w("power_limit_mw"), g.power_limit_mw, l.max_power_mw)?,
+        // mJ since driver load: 5 kW for 10 years is 1.6e15 mJ.
+        energy_mj: at_most(&w("energy_mj"), g.energy_mj, 1 << 53)?,
+        temp_gpu_c: at_most(&w("temp_gpu_c"), g.temp_gpu_c, l.max_temp_c)?,
+        temp_mem_c: at_most(&w("temp_mem_c"), g.temp_mem_c, l.max_temp_c)?,
+        fan_pct: at_most(&w("fan_pct"), g.fan_pct, 100)?,
+        clock_sm_mhz: at_most(&w("clock_sm_mhz"), g.clock_sm_mhz, l.max_clock_mhz)?,
+        clock_mem_mhz: at_most(&w("clock_mem_mhz"), g.clock_mem_mhz, l.max_clock_mhz)?,
+        clock_graphics_mhz: at_most(
+            &w("clock_graphics_mhz"),
+            g.clock_graphics_mhz,
+            l.max_clock_mhz,
+        )?,
+        pstate: at_most(&w("pstate"), g.pstate, 15)?,
+        pcie_tx_bps: at_most(&w("pcie_tx_bps"), g.pcie_tx_bps, l.max_link_bps)?,
+        pcie_rx_bps: at_most(&w("pcie_rx_bps"), g.pcie_rx_bps, l.max_link_bps)?,
+        nvlink_tx_bps: at_most(&w("nvlink_tx_bps"), g.nvlink_tx_bps, l.max_link_bps)?,
+        nvlink_rx_bps: at_most(&w("nvlink_rx_bps"), g.nvlink_rx_bps, l.max_link_bps)?,
+        nvlinks,
+        ecc_corrected_volatile: g.ecc_corrected_volatile,
+        ecc_uncorrected_volatile: g.ecc_uncorrected_volatile,
+        throttle_reasons: g.throttle_reasons,
+        enc_util_pct: pct(&w("enc_util_pct"), g.enc_util_pct)?,
+        dec_util_pct: pct(&w("dec_util_pct"), g.dec_util_pct)?,
+        gpu_uuid: uuid,
+    })
+}
+
+fn decode_process(c: &Check<'_>, i: usize, p: pb::ProcessSample) -> Result<ProcessSample, Invalid> {
+    let l = c.limits;
+    let w = |f: &str| format!("tick {i}: process {}: {f}", p.pid);
+    let process_type = match pb::ProcessType::try_from(p.r#type) {
+        Ok(pb::ProcessType::Graphics) => ProcessType::Graphics,
+        Ok(pb::ProcessType::ComputeAndGraphics) => ProcessType::ComputeAndGraphics,
+        _ => ProcessType::Compute,
+    };
+    let pw = p.workload.unwrap_or_default();
+    let kind = match pb::WorkloadKind::try_from(pw.kind) {
+        Ok(pb::WorkloadKind::Container) => WorkloadKind::Container,
+        Ok(pb::WorkloadKind::Slurm) => WorkloadKind::Slurm,
+        _ => WorkloadKind::Host,
+    };
+    let workload = Workload {
+        kind,
+        runtime: c.string(&w("runtime"), pw.runtime)?,
+        container_id: c.opt_string(&w("container_id"), pw.container_id)?,
+        pod_uid: c.opt_string(&w("pod_uid"), pw.pod_uid)?,
+        qos: c.opt_string(&w("qos"), pw.qos)?,
+        job_id: c.opt_string(&w("job_id"), pw.job_id)?,
+        step: c.opt_string(&w("step"), pw.step)?,
+        unit: c.opt_string(&w("unit"), pw.unit)?,
+        uid: pw.uid,
+        container_name: c.opt_string(&w("container_name"), pw.container_name)?,
+        image: c.opt_string(&w("image"), pw.image)?,
+        pod_name: c.opt_string(&w("pod_name"), pw.pod_name)?,
+        namespace: c.opt_string(&w("namespace"), pw.namespace)?,
+    };
+    Ok(ProcessSample {
+        process_type,
+        user: c.opt_string(&w("user"), p.user.clone())?,
+        command: c.opt_string(&w("command"), p.command.clone())?,
+        gpu_mem_bytes: at_most(&w("gpu_mem_bytes"), p.gpu_mem_bytes, l.max_mem_bytes)?,
+        sm_util_pct: pct(&w("sm_util_pct"), p.sm_util_pct)?,
+        mem_util_pct: pct(&w("mem_util_pct"), p.mem_util_pct)?,
+        enc_util_pct: pct(&w("enc_util_pct"), p.enc_util_pct)?,
+        dec_util_pct: pct(&w("dec_util_pct"), p.dec_util_pct)?,
+        workload,
+        mig_uuid: c.opt_string(&w("mig_uuid"), p.mig_uuid.clone())?,
+        gpu_uuid: p.gpu_uuid,
+        pid: p.pid,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn sample_batch() -> Batch {
+        Batch {
+            seq: 7,
+            ticks: vec![Tick {
+                time_ms: NOW - 1000,
+                gpus: vec![GpuSample {
+                    gpu_uuid: "GPU-a".into(),
+                    util_gpu_pct: Some(55),
+                    power_mw: Some(250_000),
+                    energy_mj: Some(123_456),
+                    nvlinks: vec![NvLinkSample {
+                        link: 0,
+                        tx_bps: Some(1),
+                        rx_bps: None,
+                    }],
+                    ..Default::default()
+                }],
+                processes: vec![ProcessSample {
+                    gpu_uuid: "GPU-a".into(),
+                    pid: 42,
+                    sm_util_pct: Some(30),
+                    workload: Workload {
+                        kind: WorkloadKind::Container,
+                        runtime: "docker".into(),
+                        container_id: Some("ab".repeat(32)),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }],
+                host: Some(HostSample {
+                    cpu_util_pct: Some(12.5),
+                    ..Default::default()
+                }),
+                events: vec![Event {
+                    time_ms: NOW - 1000,
+                    gpu_uuid: "GPU-a".into(),
+                    kind: EventKind::Xid,
+                    code: Some(79),
+                    detail: "fell off the bus".into(),
+                }],
+                cost: None,
+            }],
+            delivery: DeliveryStats {
+                dropped_samples: 3,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn decode(b: pb::Batch) -> Result<Batch, Invalid> {
+        decode_batch(b, &Limits::default(), NOW, &|u: &str| u == "GPU-a")
+    }
+
+    #[test]
+    fn round_trip_keeps_every_field_and_absence() {
+        let b = sample_batch();
+        let back = decode(b.clone().into()).expect("valid batch");
+        assert_eq!(back, b);
+        assert_eq!(
+            back.ticks[0].gpus[0].temp_gpu_c, None,
+            "absent stays absent"
+        );
+    }
+
+    #[test]
+    fn absurd_power_is_refused_with_the_field_named() {
+        let mut b = sample_batch();
+        b.ticks[0].gpus[0].power_mw = Some(90_000_000);
+        let err = decode(b.into()).expect_err("90 kW is absurd");
+        assert!(err.to_string().contains("power_mw = 90000000"), "{err}");
+    }
+
+    #[test]
+    fn unknown_gpu_is_refused() {
+        let mut b = sample_batch();
+        b.ticks[0].gpus[0].gpu_uuid = "GPU-other".into();
+        let err = decode(b.into()).expect_err("not in inventory");
+        assert!(
+            err.to_string().contains("not in this node's inventory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn future_and_nan_are_refused() {
+        let mut b = sample_batch();
+        b.ticks[0].time_ms = NOW + 3_600_000;
+        assert!(
+            decode(b.into())
+                .expect_err("future")
+                .to_string()
+                .contains("future")
+        );
+        let mut b = sample_batch();
+        b.ticks[0].host = Some(HostSample {
+            cpu_util_pct: Some(f32::NAN),
+            ..Default::default()
+        });
+        assert!(
+            decode(b.into())
+                .expect_err("nan")
+                .to_string()
+                .contains("finite")
+        );
+    }
+
+    #[test]
+    fn too_many_ticks_is_too_large() {
+        let mut b = sample_batch();
+        let t = b.ticks[0].clone();
+        b.ticks = (0..1001)
+            .map(|k| Tick {
+                time_ms: NOW - 10_000_000 + k,
+                ..t.clone()
+            })
+            .collect();
+        assert!(matches!(decode(b.into()), Err(Invalid::TooLarge(_))));
+    }
+}
