@@ -173,21 +173,17 @@ pub fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {
         return Ok(now_ms);
     }
     let rel = s.strip_prefix("now-").or_else(|| s.strip_prefix('-'));
-    if let Some(rel) = rel {
-        if let Ok(d) = humantime::parse_duration(rel) {
-            return Ok(now_ms - d.as_millis() as i64);
-        }
+    if let Some(rel) = rel
+        && let Ok(d) = humantime::parse_duration(rel)
+    {
+        return Ok(now_ms - d.as_millis() as i64);
     }
     if let Ok(ms) = s.parse::<i64>() {
         return Ok(ms);
     }
-    humantime::parse_rfc3339_weak(s)
-        .map(|t| unix_ms(t))
-        .map_err(|_| {
-            format!(
-                "invalid time {s:?}: use RFC 3339 (2026-11-20T10:00:00Z), Unix ms, now or now-15m"
-            )
-        })
+    humantime::parse_rfc3339_weak(s).map(unix_ms).map_err(|_| {
+        format!("invalid time {s:?}: use RFC 3339 (2026-11-20T10:00:00Z), Unix ms, now or now-15m")
+    })
 }
 
 /// Formats Unix milliseconds as RFC 3339 UTC with millisecond precision.

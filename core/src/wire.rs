@@ -207,8 +207,18 @@ struct Check<'a> {
     now_ms: i64,
 }
 
+/// Names a field in an error message, formatted only when a check fails: validating a
+/// valid batch must not allocate a string per field (this runs for every ingested sample).
+struct Lazy<F>(F);
+
+impl<F: Fn(&mut std::fmt::Formatter<'_>) -> std::fmt::Result> std::fmt::Display for Lazy<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (self.0)(f)
+    }
+}
+
 impl Check<'_> {
-    fn string(&self, what: &str, s: String) -> Result<String, Invalid> {
+    fn string(&self, what: impl std::fmt::Display, s: String) -> Result<String, Invalid> {
         if s.len() > self.limits.max_string_len {
             return Err(too_large(format!(
                 "{what} is {} bytes, limit {}",
@@ -222,11 +232,15 @@ impl Check<'_> {
         Ok(s)
     }
 
-    fn opt_string(&self, what: &str, s: Option<String>) -> Result<Option<String>, Invalid> {
+    fn opt_string(
+        &self,
+        what: impl std::fmt::Display,
+        s: Option<String>,
+    ) -> Result<Option<String>, Invalid> {
         s.map(|s| self.string(what, s)).transpose()
     }
 
-    fn time(&self, what: &str, t: i64) -> Result<i64, Invalid> {
+    fn time(&self, what: impl std::fmt::Display, t: i64) -> Result<i64, Invalid> {
         if t <= 0 {
             return Err(invalid(format!(
                 "{what}: time_ms {t} is not a Unix time in ms"
@@ -250,7 +264,7 @@ impl Check<'_> {
 }
 
 fn at_most<T: PartialOrd + Copy + std::fmt::Display>(
-    what: &str,
+    what: impl std::fmt::Display,
     v: Option<T>,
     max: T,
 ) -> Result<Option<T>, Invalid> {
@@ -262,11 +276,11 @@ fn at_most<T: PartialOrd + Copy + std::fmt::Display>(
     }
 }
 
-fn pct(what: &str, v: Option<u32>) -> Result<Option<u32>, Invalid> {
+fn pct(what: impl std::fmt::Display, v: Option<u32>) -> Result<Option<u32>, Invalid> {
     at_most(what, v, 100)
 }
 
-fn pct_f32(what: &str, v: Option<f32>) -> Result<Option<f32>, Invalid> {
+fn pct_f32(what: impl std::fmt::Display, v: Option<f32>) -> Result<Option<f32>, Invalid> {
     match v {
         Some(x) if !x.is_finite() => Err(invalid(format!("{what} is not a finite number"))),
         Some(x) if !(0.0..=100.0).contains(&x) => {
@@ -276,7 +290,7 @@ fn pct_f32(what: &str, v: Option<f32>) -> Result<Option<f32>, Invalid> {
     }
 }
 
-fn count<T>(what: &str, items: &[T], max: usize) -> Result<(), Invalid> {
+fn count<T>(what: impl std::fmt::Display, items: &[T], max: usize) -> Result<(), Invalid> {
     if items.len() > max {
         return Err(too_large(format!("{} {what}, limit {max}", items.len())));
     }
@@ -300,7 +314,7 @@ pub fn decode_hello(h: pb::Hello, limits: &Limits) -> Result<(HelloInfo, Invento
         if k.is_empty() {
             return Err(invalid("label key is empty"));
         }
-        let v = c.string(&format!("label {k}"), v)?;
+        let v = c.string(format!("label {k}"), v)?;
         labels.insert(k, v);
     }
     let info = HelloInfo {
@@ -330,73 +344,73 @@ pub fn decode_hello(h: pb::Hello, limits: &Limits) -> Result<(HelloInfo, Invento
         let mut mig_instances = Vec::with_capacity(g.mig_instances.len());
         for m in g.mig_instances {
             mig_instances.push(MigInstance {
-                uuid: c.string(&what("mig uuid"), m.uuid)?,
+                uuid: c.string(what("mig uuid"), m.uuid)?,
                 gpu_instance_id: m.gpu_instance_id,
                 compute_instance_id: m.compute_instance_id,
-                profile: c.opt_string(&what("mig profile"), m.profile)?,
+                profile: c.opt_string(what("mig profile"), m.profile)?,
                 memory_total_bytes: m.memory_total_bytes,
             });
         }
         gpus.push(GpuInfo {
             index: g.index,
-            name: c.string(&what("name"), g.name)?,
-            serial: c.opt_string(&what("serial"), g.serial)?,
-            pci_bus_id: c.opt_string(&what("pci_bus_id"), g.pci_bus_id)?,
-            architecture: c.opt_string(&what("architecture"), g.architecture)?,
-            brand: c.opt_string(&what("brand"), g.brand)?,
+            name: c.string(what("name"), g.name)?,
+            serial: c.opt_string(what("serial"), g.serial)?,
+            pci_bus_id: c.opt_string(what("pci_bus_id"), g.pci_bus_id)?,
+            architecture: c.opt_string(what("architecture"), g.architecture)?,
+            brand: c.opt_string(what("brand"), g.brand)?,
             memory_total_bytes: at_most(
-                &what("memory_total_bytes"),
+                what("memory_total_bytes"),
                 g.memory_total_bytes,
                 limits.max_mem_bytes,
             )?,
             power_limit_default_mw: at_most(
-                &what("power_limit_default_mw"),
+                what("power_limit_default_mw"),
                 g.power_limit_default_mw,
                 limits.max_power_mw,
             )?,
             power_limit_enforced_mw: at_most(
-                &what("power_limit_enforced_mw"),
+                what("power_limit_enforced_mw"),
                 g.power_limit_enforced_mw,
                 limits.max_power_mw,
             )?,
             power_limit_min_mw: at_most(
-                &what("power_limit_min_mw"),
+                what("power_limit_min_mw"),
                 g.power_limit_min_mw,
                 limits.max_power_mw,
             )?,
             power_limit_max_mw: at_most(
-                &what("power_limit_max_mw"),
+                what("power_limit_max_mw"),
                 g.power_limit_max_mw,
                 limits.max_power_mw,
             )?,
             max_clock_sm_mhz: at_most(
-                &what("max_clock_sm_mhz"),
+                what("max_clock_sm_mhz"),
                 g.max_clock_sm_mhz,
                 limits.max_clock_mhz,
             )?,
             max_clock_mem_mhz: at_most(
-                &what("max_clock_mem_mhz"),
+                what("max_clock_mem_mhz"),
                 g.max_clock_mem_mhz,
                 limits.max_clock_mhz,
             )?,
             max_clock_graphics_mhz: at_most(
-                &what("max_clock_graphics_mhz"),
+                what("max_clock_graphics_mhz"),
                 g.max_clock_graphics_mhz,
                 limits.max_clock_mhz,
             )?,
             nvlink_count: at_most(
-                &what("nvlink_count"),
+                what("nvlink_count"),
                 g.nvlink_count,
                 limits.max_nvlinks as u32,
             )?,
             mig_enabled: g.mig_enabled,
-            compute_mode: c.opt_string(&what("compute_mode"), g.compute_mode)?,
+            compute_mode: c.opt_string(what("compute_mode"), g.compute_mode)?,
             persistence_mode: g.persistence_mode,
             cuda_capability_major: g.cuda_capability_major,
             cuda_capability_minor: g.cuda_capability_minor,
             pcie_link_gen_max: g.pcie_link_gen_max,
             pcie_link_width_max: g.pcie_link_width_max,
-            vbios_version: c.opt_string(&what("vbios_version"), g.vbios_version)?,
+            vbios_version: c.opt_string(what("vbios_version"), g.vbios_version)?,
             mig_instances,
             uuid,
         });
@@ -476,19 +490,19 @@ fn decode_tick(
     known_gpus: &dyn Fn(&str) -> bool,
 ) -> Result<Tick, Invalid> {
     let l = c.limits;
-    let time_ms = c.time(&format!("tick {i}"), t.time_ms)?;
+    let time_ms = c.time(format_args!("tick {i}"), t.time_ms)?;
     count(
-        &format!("GPU samples in tick {i}"),
+        format_args!("GPU samples in tick {i}"),
         &t.gpus,
         l.max_gpus_per_node,
     )?;
     count(
-        &format!("processes in tick {i}"),
+        format_args!("processes in tick {i}"),
         &t.processes,
         l.max_processes_per_tick,
     )?;
     count(
-        &format!("events in tick {i}"),
+        format_args!("events in tick {i}"),
         &t.events,
         l.max_events_per_tick,
     )?;
@@ -521,18 +535,20 @@ fn decode_tick(
         processes.push(decode_process(c, i, p)?);
     }
     let host = t.host.map(|h| -> Result<HostSample, Invalid> {
-        let w = |f: &str| format!("tick {i}: host {f}");
+        let w = |f: &'static str| {
+            Lazy(move |o: &mut std::fmt::Formatter<'_>| write!(o, "tick {i}: host {f}"))
+        };
         Ok(HostSample {
-            cpu_util_pct: pct_f32(&w("cpu_util_pct"), h.cpu_util_pct)?,
-            mem_used_bytes: at_most(&w("mem_used_bytes"), h.mem_used_bytes, l.max_mem_bytes)?,
-            mem_total_bytes: at_most(&w("mem_total_bytes"), h.mem_total_bytes, l.max_mem_bytes)?,
-            disk_read_bps: at_most(&w("disk_read_bps"), h.disk_read_bps, l.max_link_bps)?,
-            disk_write_bps: at_most(&w("disk_write_bps"), h.disk_write_bps, l.max_link_bps)?,
-            net_rx_bps: at_most(&w("net_rx_bps"), h.net_rx_bps, l.max_link_bps)?,
-            net_tx_bps: at_most(&w("net_tx_bps"), h.net_tx_bps, l.max_link_bps)?,
+            cpu_util_pct: pct_f32(w("cpu_util_pct"), h.cpu_util_pct)?,
+            mem_used_bytes: at_most(w("mem_used_bytes"), h.mem_used_bytes, l.max_mem_bytes)?,
+            mem_total_bytes: at_most(w("mem_total_bytes"), h.mem_total_bytes, l.max_mem_bytes)?,
+            disk_read_bps: at_most(w("disk_read_bps"), h.disk_read_bps, l.max_link_bps)?,
+            disk_write_bps: at_most(w("disk_write_bps"), h.disk_write_bps, l.max_link_bps)?,
+            net_rx_bps: at_most(w("net_rx_bps"), h.net_rx_bps, l.max_link_bps)?,
+            net_tx_bps: at_most(w("net_tx_bps"), h.net_tx_bps, l.max_link_bps)?,
             load1: match h.load1 {
                 Some(x) if !x.is_finite() || x < 0.0 => {
-                    return Err(invalid(w("load1 is negative or not finite")));
+                    return Err(invalid(w("load1 is negative or not finite").to_string()));
                 }
                 v => v,
             },
@@ -562,11 +578,11 @@ fn decode_tick(
             }
         };
         events.push(Event {
-            time_ms: c.time(&format!("tick {i} event"), e.time_ms)?,
+            time_ms: c.time(format_args!("tick {i} event"), e.time_ms)?,
             gpu_uuid: e.gpu_uuid,
             kind,
             code: e.code,
-            detail: c.string(&format!("tick {i}: event detail"), e.detail)?,
+            detail: c.string(format_args!("tick {i}: event detail"), e.detail)?,
         });
     }
     Ok(Tick {
@@ -596,66 +612,72 @@ fn truncate(s: &str) -> String {
 fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<GpuSample, Invalid> {
     let l = c.limits;
     let uuid = g.gpu_uuid;
-    let w = |f: &str| format!("tick {i}: gpu {uuid}: {f}");
-    count(&w("nvlinks"), &g.nvlinks, l.max_nvlinks)?;
+    let u = uuid.as_str();
+    let w = |f: &'static str| {
+        Lazy(move |o: &mut std::fmt::Formatter<'_>| write!(o, "tick {i}: gpu {u}: {f}"))
+    };
+    count(w("nvlinks"), &g.nvlinks, l.max_nvlinks)?;
     let mut nvlinks = Vec::with_capacity(g.nvlinks.len());
     for n in g.nvlinks {
         nvlinks.push(NvLinkSample {
             link: n.link,
-            tx_bps: at_most(&w("nvlink tx_bps"), n.tx_bps, l.max_link_bps)?,
-            rx_bps: at_most(&w("nvlink rx_bps"), n.rx_bps, l.max_link_bps)?,
+            tx_bps: at_most(w("nvlink tx_bps"), n.tx_bps, l.max_link_bps)?,
+            rx_bps: at_most(w("nvlink rx_bps"), n.rx_bps, l.max_link_bps)?,
         });
     }
-    if let (Some(used), Some(total)) = (g.mem_used_bytes, g.mem_total_bytes) {
-        if used > total {
-            return Err(invalid(w(&format!(
-                "mem_used_bytes {used} exceeds mem_total_bytes {total}"
-            ))));
-        }
+    if let (Some(used), Some(total)) = (g.mem_used_bytes, g.mem_total_bytes)
+        && used > total
+    {
+        return Err(invalid(format!(
+            "tick {i}: gpu {u}: mem_used_bytes {used} exceeds mem_total_bytes {total}"
+        )));
     }
     Ok(GpuSample {
-        util_gpu_pct: pct(&w("util_gpu_pct"), g.util_gpu_pct)?,
-        util_mem_pct: pct(&w("util_mem_pct"), g.util_mem_pct)?,
-        mem_used_bytes: at_most(&w("mem_used_bytes"), g.mem_used_bytes, l.max_mem_bytes)?,
-        mem_total_bytes: at_most(&w("mem_total_bytes"), g.mem_total_bytes, l.max_mem_bytes)?,
+        util_gpu_pct: pct(w("util_gpu_pct"), g.util_gpu_pct)?,
+        util_mem_pct: pct(w("util_mem_pct"), g.util_mem_pct)?,
+        mem_used_bytes: at_most(w("mem_used_bytes"), g.mem_used_bytes, l.max_mem_bytes)?,
+        mem_total_bytes: at_most(w("mem_total_bytes"), g.mem_total_bytes, l.max_mem_bytes)?,
         mem_reserved_bytes: at_most(
-            &w("mem_reserved_bytes"),
+            w("mem_reserved_bytes"),
             g.mem_reserved_bytes,
             l.max_mem_bytes,
         )?,
-        power_mw: at_most(&w("power_mw"), g.power_mw, l.max_power_mw)?,
-        power_instant_mw: at_most(&w("power_instant_mw"), g.power_instant_mw, l.max_power_mw)?,
-        power_limit_mw: at_most(&w("power_limit_mw"), g.power_limit_mw, l.max_power_mw)?,
+        power_mw: at_most(w("power_mw"), g.power_mw, l.max_power_mw)?,
+        power_instant_mw: at_most(w("power_instant_mw"), g.power_instant_mw, l.max_power_mw)?,
+        power_limit_mw: at_most(w("power_limit_mw"), g.power_limit_mw, l.max_power_mw)?,
         // mJ since driver load: 5 kW for 10 years is 1.6e15 mJ.
-        energy_mj: at_most(&w("energy_mj"), g.energy_mj, 1 << 53)?,
-        temp_gpu_c: at_most(&w("temp_gpu_c"), g.temp_gpu_c, l.max_temp_c)?,
-        temp_mem_c: at_most(&w("temp_mem_c"), g.temp_mem_c, l.max_temp_c)?,
-        fan_pct: at_most(&w("fan_pct"), g.fan_pct, 100)?,
-        clock_sm_mhz: at_most(&w("clock_sm_mhz"), g.clock_sm_mhz, l.max_clock_mhz)?,
-        clock_mem_mhz: at_most(&w("clock_mem_mhz"), g.clock_mem_mhz, l.max_clock_mhz)?,
+        energy_mj: at_most(w("energy_mj"), g.energy_mj, 1 << 53)?,
+        temp_gpu_c: at_most(w("temp_gpu_c"), g.temp_gpu_c, l.max_temp_c)?,
+        temp_mem_c: at_most(w("temp_mem_c"), g.temp_mem_c, l.max_temp_c)?,
+        fan_pct: at_most(w("fan_pct"), g.fan_pct, 100)?,
+        clock_sm_mhz: at_most(w("clock_sm_mhz"), g.clock_sm_mhz, l.max_clock_mhz)?,
+        clock_mem_mhz: at_most(w("clock_mem_mhz"), g.clock_mem_mhz, l.max_clock_mhz)?,
         clock_graphics_mhz: at_most(
-            &w("clock_graphics_mhz"),
+            w("clock_graphics_mhz"),
             g.clock_graphics_mhz,
             l.max_clock_mhz,
         )?,
-        pstate: at_most(&w("pstate"), g.pstate, 15)?,
-        pcie_tx_bps: at_most(&w("pcie_tx_bps"), g.pcie_tx_bps, l.max_link_bps)?,
-        pcie_rx_bps: at_most(&w("pcie_rx_bps"), g.pcie_rx_bps, l.max_link_bps)?,
-        nvlink_tx_bps: at_most(&w("nvlink_tx_bps"), g.nvlink_tx_bps, l.max_link_bps)?,
-        nvlink_rx_bps: at_most(&w("nvlink_rx_bps"), g.nvlink_rx_bps, l.max_link_bps)?,
+        pstate: at_most(w("pstate"), g.pstate, 15)?,
+        pcie_tx_bps: at_most(w("pcie_tx_bps"), g.pcie_tx_bps, l.max_link_bps)?,
+        pcie_rx_bps: at_most(w("pcie_rx_bps"), g.pcie_rx_bps, l.max_link_bps)?,
+        nvlink_tx_bps: at_most(w("nvlink_tx_bps"), g.nvlink_tx_bps, l.max_link_bps)?,
+        nvlink_rx_bps: at_most(w("nvlink_rx_bps"), g.nvlink_rx_bps, l.max_link_bps)?,
         nvlinks,
         ecc_corrected_volatile: g.ecc_corrected_volatile,
         ecc_uncorrected_volatile: g.ecc_uncorrected_volatile,
         throttle_reasons: g.throttle_reasons,
-        enc_util_pct: pct(&w("enc_util_pct"), g.enc_util_pct)?,
-        dec_util_pct: pct(&w("dec_util_pct"), g.dec_util_pct)?,
+        enc_util_pct: pct(w("enc_util_pct"), g.enc_util_pct)?,
+        dec_util_pct: pct(w("dec_util_pct"), g.dec_util_pct)?,
         gpu_uuid: uuid,
     })
 }
 
 fn decode_process(c: &Check<'_>, i: usize, p: pb::ProcessSample) -> Result<ProcessSample, Invalid> {
     let l = c.limits;
-    let w = |f: &str| format!("tick {i}: process {}: {f}", p.pid);
+    let pid = p.pid;
+    let w = |f: &'static str| {
+        Lazy(move |o: &mut std::fmt::Formatter<'_>| write!(o, "tick {i}: process {pid}: {f}"))
+    };
     let process_type = match pb::ProcessType::try_from(p.r#type) {
         Ok(pb::ProcessType::Graphics) => ProcessType::Graphics,
         Ok(pb::ProcessType::ComputeAndGraphics) => ProcessType::ComputeAndGraphics,
@@ -669,30 +691,30 @@ fn decode_process(c: &Check<'_>, i: usize, p: pb::ProcessSample) -> Result<Proce
     };
     let workload = Workload {
         kind,
-        runtime: c.string(&w("runtime"), pw.runtime)?,
-        container_id: c.opt_string(&w("container_id"), pw.container_id)?,
-        pod_uid: c.opt_string(&w("pod_uid"), pw.pod_uid)?,
-        qos: c.opt_string(&w("qos"), pw.qos)?,
-        job_id: c.opt_string(&w("job_id"), pw.job_id)?,
-        step: c.opt_string(&w("step"), pw.step)?,
-        unit: c.opt_string(&w("unit"), pw.unit)?,
+        runtime: c.string(w("runtime"), pw.runtime)?,
+        container_id: c.opt_string(w("container_id"), pw.container_id)?,
+        pod_uid: c.opt_string(w("pod_uid"), pw.pod_uid)?,
+        qos: c.opt_string(w("qos"), pw.qos)?,
+        job_id: c.opt_string(w("job_id"), pw.job_id)?,
+        step: c.opt_string(w("step"), pw.step)?,
+        unit: c.opt_string(w("unit"), pw.unit)?,
         uid: pw.uid,
-        container_name: c.opt_string(&w("container_name"), pw.container_name)?,
-        image: c.opt_string(&w("image"), pw.image)?,
-        pod_name: c.opt_string(&w("pod_name"), pw.pod_name)?,
-        namespace: c.opt_string(&w("namespace"), pw.namespace)?,
+        container_name: c.opt_string(w("container_name"), pw.container_name)?,
+        image: c.opt_string(w("image"), pw.image)?,
+        pod_name: c.opt_string(w("pod_name"), pw.pod_name)?,
+        namespace: c.opt_string(w("namespace"), pw.namespace)?,
     };
     Ok(ProcessSample {
         process_type,
-        user: c.opt_string(&w("user"), p.user.clone())?,
-        command: c.opt_string(&w("command"), p.command.clone())?,
-        gpu_mem_bytes: at_most(&w("gpu_mem_bytes"), p.gpu_mem_bytes, l.max_mem_bytes)?,
-        sm_util_pct: pct(&w("sm_util_pct"), p.sm_util_pct)?,
-        mem_util_pct: pct(&w("mem_util_pct"), p.mem_util_pct)?,
-        enc_util_pct: pct(&w("enc_util_pct"), p.enc_util_pct)?,
-        dec_util_pct: pct(&w("dec_util_pct"), p.dec_util_pct)?,
+        user: c.opt_string(w("user"), p.user.clone())?,
+        command: c.opt_string(w("command"), p.command.clone())?,
+        gpu_mem_bytes: at_most(w("gpu_mem_bytes"), p.gpu_mem_bytes, l.max_mem_bytes)?,
+        sm_util_pct: pct(w("sm_util_pct"), p.sm_util_pct)?,
+        mem_util_pct: pct(w("mem_util_pct"), p.mem_util_pct)?,
+        enc_util_pct: pct(w("enc_util_pct"), p.enc_util_pct)?,
+        dec_util_pct: pct(w("dec_util_pct"), p.dec_util_pct)?,
         workload,
-        mig_uuid: c.opt_string(&w("mig_uuid"), p.mig_uuid.clone())?,
+        mig_uuid: c.opt_string(w("mig_uuid"), p.mig_uuid.clone())?,
         gpu_uuid: p.gpu_uuid,
         pid: p.pid,
     })

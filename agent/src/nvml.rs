@@ -1,0 +1,973 @@
+//! The NVML source: the only module that knows NVML (through `nvml-wrapper`).
+//!
+//! NVML lives on a dedicated `nvml` thread that owns the library handle and the cached
+//! device handles for the source's whole life ([`NvmlSource`] talks to it over channels),
+//! so handles are looked up once and dropping the source shuts NVML down cleanly.
+//!
+//! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
+//! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
+//! counts, clock event (throttle) reasons, encoder/decoder utilization and the processes
+//! (compute + graphics, with per-process utilization since the last call). A call that
+//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device.
+//! Every call is timed; the tick's [`SamplerCost`] carries the total and the slowest.
+//!
+//! The NVML → domain mappings are pure functions at the bottom of this file, tested
+//! without NVML. Field values (instant power, memory temperature, NVLink throughput),
+//! Xid events and MIG come in a later issue; `Metric` and `DeviceState` are where
+//! they slot in.
+
+use crate::cgroup::{self, ProcessIdentity, UserNames};
+use crate::cost::{CallTimer, micros, thread_cpu_time};
+use crate::host;
+use crate::source::{GpuSource, SourceError};
+use gpufleet_core::{
+    Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, ProcessType, SamplerCost, Tick,
+    UnixMs,
+};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{
+    Brand, Clock, ComputeMode, EccCounter, MemoryError, PcieUtilCounter, PerformanceState,
+    TemperatureSensor,
+};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo, ProcessUtilizationSample};
+use nvml_wrapper::{Device, Nvml};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+/// The library NVML loads when no `--nvml-lib` is given.
+const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+/// NVML's maximum number of NVLink links per GPU.
+const MAX_NVLINKS: u32 = 18;
+
+/// How to open NVML.
+#[derive(Debug, Clone)]
+pub struct NvmlOptions {
+    /// The NVML library to load (`--nvml-lib`); the system's `libnvidia-ml.so.1` if `None`.
+    pub lib_path: Option<PathBuf>,
+    /// Where `/proc` is, to identify processes and read host facts.
+    pub proc_root: PathBuf,
+    /// The node name reported as the host name.
+    pub hostname: String,
+}
+
+/// A [`GpuSource`] reading real GPUs through NVML.
+#[derive(Debug)]
+pub struct NvmlSource {
+    /// Requests to the NVML thread; `None` once dropping (closing it stops the thread).
+    requests: Option<mpsc::Sender<Request>>,
+    /// The NVML thread's answers, one per request, in order.
+    replies: mpsc::Receiver<Result<Answer, SourceError>>,
+    /// The NVML thread, joined on drop so NVML is shut down before the source is gone.
+    worker: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+enum Request {
+    Inventory,
+    Sample(UnixMs),
+}
+
+#[derive(Debug)]
+enum Answer {
+    Inventory(Box<Inventory>),
+    Tick(Box<Tick>),
+}
+
+impl NvmlSource {
+    /// Loads NVML, initialises it and caches a handle per GPU. Fails when the library
+    /// cannot be loaded or initialised, or the GPUs cannot be counted.
+    pub fn open(opts: NvmlOptions) -> Result<Self, SourceError> {
+        let (req_tx, req_rx) = mpsc::channel();
+        let (rep_tx, rep_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
+        let worker = std::thread::Builder::new()
+            .name("nvml".into())
+            .spawn(move || worker(opts, ready_tx, req_rx, rep_tx))
+            .map_err(|e| SourceError::Nvml {
+                call: "spawn the NVML thread",
+                reason: e.to_string(),
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self {
+                requests: Some(req_tx),
+                replies: rep_rx,
+                worker: Some(worker),
+            }),
+            Ok(Err(e)) => {
+                let _ = worker.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = worker.join();
+                Err(SourceError::WorkerGone)
+            }
+        }
+    }
+
+    fn ask(&mut self, request: Request) -> Result<Answer, SourceError> {
+        let tx = self.requests.as_ref().ok_or(SourceError::WorkerGone)?;
+        tx.send(request).map_err(|_| SourceError::WorkerGone)?;
+        self.replies.recv().map_err(|_| SourceError::WorkerGone)?
+    }
+}
+
+impl Drop for NvmlSource {
+    fn drop(&mut self) {
+        self.requests.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&mut self) -> Result<Inventory, SourceError> {
+        match self.ask(Request::Inventory)? {
+            Answer::Inventory(inv) => Ok(*inv),
+            Answer::Tick(_) => Err(SourceError::WorkerGone),
+        }
+    }
+
+    fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
+        match self.ask(Request::Sample(now_ms))? {
+            Answer::Tick(t) => Ok(*t),
+            Answer::Inventory(_) => Err(SourceError::WorkerGone),
+        }
+    }
+}
+
+/// The NVML thread: owns `Nvml` and the device handles borrowed from it.
+fn worker(
+    opts: NvmlOptions,
+    ready: mpsc::SyncSender<Result<(), SourceError>>,
+    requests: mpsc::Receiver<Request>,
+    replies: mpsc::Sender<Result<Answer, SourceError>>,
+) {
+    let lib = opts
+        .lib_path
+        .as_ref()
+        .map_or_else(|| DEFAULT_LIB.to_owned(), |p| p.display().to_string());
+    let mut builder = Nvml::builder();
+    if let Some(path) = &opts.lib_path {
+        builder.lib_path(path.as_os_str());
+    }
+    let nvml = match builder.init() {
+        Ok(nvml) => nvml,
+        Err(e) => {
+            let _ = ready.send(Err(SourceError::NvmlInit {
+                lib,
+                reason: e.to_string(),
+            }));
+            return;
+        }
+    };
+    let mut reader = match Reader::open(&nvml, opts) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    info!(lib = %lib, gpus = reader.devices.len(), "NVML initialised");
+    if ready.send(Ok(())).is_err() {
+        return;
+    }
+    for request in requests {
+        let answer = match request {
+            Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
+            Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
+        };
+        if replies.send(answer).is_err() {
+            break;
+        }
+    }
+    // `reader` (and its `Device` handles) drop before `nvml`, which then shuts NVML down.
+}
+
+/// A per-tick NVML query; the unit of "unsupported, don't ask again".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Utilization,
+    Memory,
+    Power,
+    PowerLimit,
+    Energy,
+    TempGpu,
+    Fan,
+    ClockSm,
+    ClockMem,
+    ClockGraphics,
+    Pstate,
+    PcieTx,
+    PcieRx,
+    EccCorrected,
+    EccUncorrected,
+    Throttle,
+    Encoder,
+    Decoder,
+    ComputeProcs,
+    GraphicsProcs,
+    ProcessUtil,
+}
+
+impl Metric {
+    /// The call's name, as it appears in logs and in `slowest_calls_us`.
+    fn call(self) -> &'static str {
+        match self {
+            Self::Utilization => "utilization_rates",
+            Self::Memory => "memory_info",
+            Self::Power => "power_usage",
+            Self::PowerLimit => "enforced_power_limit",
+            Self::Energy => "total_energy_consumption",
+            Self::TempGpu => "temperature",
+            Self::Fan => "fan_speed",
+            Self::ClockSm => "clock_info.sm",
+            Self::ClockMem => "clock_info.mem",
+            Self::ClockGraphics => "clock_info.graphics",
+            Self::Pstate => "performance_state",
+            Self::PcieTx => "pcie_throughput.tx",
+            Self::PcieRx => "pcie_throughput.rx",
+            Self::EccCorrected => "total_ecc_errors.corrected",
+            Self::EccUncorrected => "total_ecc_errors.uncorrected",
+            Self::Throttle => "current_throttle_reasons",
+            Self::Encoder => "encoder_utilization",
+            Self::Decoder => "decoder_utilization",
+            Self::ComputeProcs => "running_compute_processes",
+            Self::GraphicsProcs => "running_graphics_processes",
+            Self::ProcessUtil => "process_utilization_stats",
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+/// A set of [`Metric`]s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct MetricSet(u32);
+
+impl MetricSet {
+    fn contains(self, m: Metric) -> bool {
+        self.0 & m.bit() != 0
+    }
+
+    fn insert(&mut self, m: Metric) {
+        self.0 |= m.bit();
+    }
+}
+
+/// One GPU: its cached handle and what we learned about it.
+struct DeviceState<'n> {
+    /// The handle, looked up once.
+    device: Device<'n>,
+    /// NVML index.
+    index: u32,
+    /// UUID: the key of all its samples.
+    uuid: String,
+    /// Metrics this device answered NOT_SUPPORTED (or no permission) for: never asked again.
+    unsupported: MetricSet,
+    /// Metrics whose transient failure was already logged at `warn` (later ones: `debug`).
+    warned: MetricSet,
+    /// Timestamp (µs) of the newest per-process utilization sample seen, passed to the next
+    /// call so it returns only newer samples (0 would return a long-window average).
+    last_util_ts: u64,
+    /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
+    lost: bool,
+}
+
+/// Everything the NVML thread keeps between ticks.
+struct Reader<'n> {
+    /// The library (for system-level queries).
+    nvml: &'n Nvml,
+    /// One entry per GPU that could be opened, in NVML index order.
+    devices: Vec<DeviceState<'n>>,
+    /// Where `/proc` is.
+    proc_root: PathBuf,
+    /// Node name, for the inventory.
+    hostname: String,
+    /// uid → login name, read once.
+    users: UserNames,
+    /// Identity of each pid seen on a GPU, kept while the pid stays on a GPU (so `/proc`
+    /// is read once per process, not once per tick).
+    identities: HashMap<u32, ProcessIdentity>,
+}
+
+impl<'n> Reader<'n> {
+    fn open(nvml: &'n Nvml, opts: NvmlOptions) -> Result<Self, SourceError> {
+        let count = nvml.device_count().map_err(|e| SourceError::Nvml {
+            call: "device_count",
+            reason: e.to_string(),
+        })?;
+        let mut devices = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let device = match nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(gpu = index, error = %e, "cannot open GPU; it will not be monitored");
+                    continue;
+                }
+            };
+            let uuid = match device.uuid() {
+                Ok(u) => u,
+                Err(e) => {
+                    warn!(gpu = index, error = %e, "cannot read GPU UUID; it will not be monitored");
+                    continue;
+                }
+            };
+            devices.push(DeviceState {
+                device,
+                index,
+                uuid,
+                unsupported: MetricSet::default(),
+                warned: MetricSet::default(),
+                last_util_ts: 0,
+                lost: false,
+            });
+        }
+        Ok(Self {
+            nvml,
+            devices,
+            users: UserNames::for_proc_root(&opts.proc_root),
+            proc_root: opts.proc_root,
+            hostname: opts.hostname,
+            identities: HashMap::new(),
+        })
+    }
+
+    fn inventory(&mut self) -> Inventory {
+        let gpus = self
+            .devices
+            .iter()
+            .map(|s| {
+                let d = &s.device;
+                let limits = d.power_management_limit_constraints().ok();
+                let cc = d.cuda_compute_capability().ok();
+                GpuInfo {
+                    index: s.index,
+                    uuid: s.uuid.clone(),
+                    name: d.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into()),
+                    serial: d.serial().ok(),
+                    pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
+                    architecture: d.architecture().ok().map(|a| a.to_string()),
+                    brand: d.brand().ok().map(brand_name),
+                    memory_total_bytes: d.memory_info().ok().map(|m| m.total),
+                    power_limit_default_mw: d.power_management_limit_default().ok(),
+                    power_limit_enforced_mw: d.enforced_power_limit().ok(),
+                    power_limit_min_mw: limits.as_ref().map(|l| l.min_limit),
+                    power_limit_max_mw: limits.as_ref().map(|l| l.max_limit),
+                    max_clock_sm_mhz: d.max_clock_info(Clock::SM).ok(),
+                    max_clock_mem_mhz: d.max_clock_info(Clock::Memory).ok(),
+                    max_clock_graphics_mhz: d.max_clock_info(Clock::Graphics).ok(),
+                    nvlink_count: Some(active_nvlinks(d)),
+                    mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
+                    compute_mode: d
+                        .compute_mode()
+                        .ok()
+                        .map(|m| compute_mode_name(m).to_owned()),
+                    persistence_mode: d.is_in_persistent_mode().ok(),
+                    cuda_capability_major: cc.as_ref().and_then(|c| u32::try_from(c.major).ok()),
+                    cuda_capability_minor: cc.as_ref().and_then(|c| u32::try_from(c.minor).ok()),
+                    pcie_link_gen_max: d.max_pcie_link_gen().ok(),
+                    pcie_link_width_max: d.max_pcie_link_width().ok(),
+                    vbios_version: d.vbios_version().ok(),
+                    mig_instances: Vec::new(),
+                }
+            })
+            .collect();
+        Inventory {
+            driver_version: self.nvml.sys_driver_version().ok(),
+            cuda_driver_version: self
+                .nvml
+                .sys_cuda_driver_version()
+                .ok()
+                .map(cuda_version_string),
+            nvml_version: self.nvml.sys_nvml_version().ok(),
+            gpus,
+            host: host::host_info(&self.proc_root, &self.hostname),
+        }
+    }
+
+    fn sample(&mut self, now_ms: UnixMs) -> Tick {
+        let cpu_start = thread_cpu_time();
+        let mut timer = CallTimer::new();
+        let mut tick = Tick {
+            time_ms: now_ms,
+            gpus: Vec::with_capacity(self.devices.len()),
+            ..Default::default()
+        };
+        let mut seen_pids = Vec::new();
+        for dev in &mut self.devices {
+            let was_lost = dev.lost;
+            let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            if dev.lost && !was_lost {
+                tick.events.push(Event {
+                    time_ms: now_ms,
+                    gpu_uuid: dev.uuid.clone(),
+                    kind: EventKind::GpuLost,
+                    code: None,
+                    detail: format!(
+                        "GPU {} has fallen off the bus or is otherwise inaccessible",
+                        dev.index
+                    ),
+                });
+            }
+            for p in procs {
+                seen_pids.push(p.pid);
+                let id = self
+                    .identities
+                    .entry(p.pid)
+                    .or_insert_with(|| cgroup::identify_with(&self.proc_root, p.pid, &self.users));
+                tick.processes.push(ProcessSample {
+                    gpu_uuid: dev.uuid.clone(),
+                    pid: p.pid,
+                    process_type: p.process_type,
+                    user: id.user.clone(),
+                    command: id.command.clone(),
+                    gpu_mem_bytes: p.used_bytes,
+                    sm_util_pct: p.sm_pct,
+                    mem_util_pct: p.mem_pct,
+                    enc_util_pct: p.enc_pct,
+                    dec_util_pct: p.dec_pct,
+                    workload: id.workload.clone(),
+                    mig_uuid: None,
+                });
+            }
+            tick.gpus.push(sample);
+        }
+        self.identities.retain(|pid, _| seen_pids.contains(pid));
+        tick.cost = Some(SamplerCost {
+            cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
+            wall_us: None,
+            source_us: Some(micros(timer.total())),
+            slowest_calls_us: timer.slowest_us(),
+        });
+        tick
+    }
+}
+
+/// Calls NVML for `metric` unless the device said it does not support it; times the call
+/// and turns its error into an absent value (remembering NOT_SUPPORTED).
+fn read<'n, T>(
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
+) -> Option<T> {
+    if dev.lost || dev.unsupported.contains(metric) {
+        return None;
+    }
+    let start = Instant::now();
+    let result = call(&dev.device);
+    timer.record(dev.index, metric.call(), start.elapsed());
+    match classify(result) {
+        Reading::Value(v) => Some(v),
+        Reading::Unsupported(why) => {
+            dev.unsupported.insert(metric);
+            debug!(gpu = dev.index, call = metric.call(), reason = %why, "not supported; the value stays absent");
+            None
+        }
+        Reading::Lost => {
+            dev.lost = true;
+            warn!(gpu = dev.index, uuid = %dev.uuid, call = metric.call(), "GPU lost; its values are absent from now on");
+            None
+        }
+        Reading::Failed(why) => {
+            if dev.warned.contains(metric) {
+                debug!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed");
+            } else {
+                dev.warned.insert(metric);
+                warn!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed; the value is absent this tick (further failures logged at debug)");
+            }
+            None
+        }
+    }
+}
+
+/// One device's tick: its sample and its processes.
+fn sample_device(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    now_ms: UnixMs,
+) -> (GpuSample, Vec<GpuProcess>) {
+    let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
+    let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
+    let power_mw = read(dev, timer, Metric::Power, |d| d.power_usage());
+    let power_limit_mw = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+    let energy_mj = read(dev, timer, Metric::Energy, |d| d.total_energy_consumption());
+    let temp_gpu_c = read(dev, timer, Metric::TempGpu, |d| {
+        d.temperature(TemperatureSensor::Gpu)
+    });
+    let fan_pct = read(dev, timer, Metric::Fan, |d| d.fan_speed(0)).map(pct);
+    let clock_sm_mhz = read(dev, timer, Metric::ClockSm, |d| d.clock_info(Clock::SM));
+    let clock_mem_mhz = read(dev, timer, Metric::ClockMem, |d| {
+        d.clock_info(Clock::Memory)
+    });
+    let clock_graphics_mhz = read(dev, timer, Metric::ClockGraphics, |d| {
+        d.clock_info(Clock::Graphics)
+    });
+    let pstate =
+        read(dev, timer, Metric::Pstate, |d| d.performance_state()).and_then(pstate_number);
+    let pcie_tx_bps = read(dev, timer, Metric::PcieTx, |d| {
+        d.pcie_throughput(PcieUtilCounter::Send)
+    })
+    .map(pcie_kib_to_bps);
+    let pcie_rx_bps = read(dev, timer, Metric::PcieRx, |d| {
+        d.pcie_throughput(PcieUtilCounter::Receive)
+    })
+    .map(pcie_kib_to_bps);
+    let ecc_corrected = read(dev, timer, Metric::EccCorrected, |d| {
+        d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    });
+    let ecc_uncorrected = read(dev, timer, Metric::EccUncorrected, |d| {
+        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+    });
+    let throttle = read(dev, timer, Metric::Throttle, |d| {
+        d.current_throttle_reasons()
+    })
+    .map(throttle_bits);
+    let enc =
+        read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
+    let dec =
+        read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
+    let compute = read(dev, timer, Metric::ComputeProcs, |d| {
+        d.running_compute_processes()
+    });
+    let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
+        d.running_graphics_processes()
+    });
+    let since = if dev.last_util_ts == 0 {
+        // First call: the last second, not the driver's whole buffer.
+        (now_ms.max(1000) as u64 - 1000) * 1000
+    } else {
+        dev.last_util_ts
+    };
+    let util_samples = read(dev, timer, Metric::ProcessUtil, |d| {
+        match d.process_utilization_stats(since) {
+            // NOT_FOUND: no process had a sample since `since`.
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            other => other,
+        }
+    });
+    if let Some(newest) = util_samples
+        .as_ref()
+        .and_then(|s| s.iter().map(|u| u.timestamp).max())
+    {
+        dev.last_util_ts = newest.max(dev.last_util_ts);
+    }
+    let processes = merge_processes(
+        compute.as_deref().unwrap_or(&[]),
+        graphics.as_deref().unwrap_or(&[]),
+        util_samples.as_deref(),
+    );
+    let sample = GpuSample {
+        gpu_uuid: dev.uuid.clone(),
+        util_gpu_pct: util.as_ref().map(|u| pct(u.gpu)),
+        util_mem_pct: util.as_ref().map(|u| pct(u.memory)),
+        mem_used_bytes: mem.map(|m| m.used),
+        mem_total_bytes: mem.map(|m| m.total),
+        mem_reserved_bytes: mem.map(|m| m.reserved),
+        power_mw,
+        // Field values (NVML_FI_DEV_POWER_INSTANT, memory temperature, NVLink
+        // throughput) come with the field-value work; absent until then.
+        power_instant_mw: None,
+        power_limit_mw,
+        energy_mj,
+        temp_gpu_c,
+        temp_mem_c: None,
+        fan_pct,
+        clock_sm_mhz,
+        clock_mem_mhz,
+        clock_graphics_mhz,
+        pstate,
+        pcie_tx_bps,
+        pcie_rx_bps,
+        nvlink_tx_bps: None,
+        nvlink_rx_bps: None,
+        nvlinks: Vec::new(),
+        ecc_corrected_volatile: ecc_corrected,
+        ecc_uncorrected_volatile: ecc_uncorrected,
+        throttle_reasons: throttle,
+        enc_util_pct: enc,
+        dec_util_pct: dec,
+    };
+    (sample, processes)
+}
+
+/// Number of active NVLink links (0 on boards without NVLink).
+fn active_nvlinks(d: &Device<'_>) -> u32 {
+    let mut n = 0;
+    for link in 0..MAX_NVLINKS {
+        match d.link_wrapper_for(link).is_active() {
+            Ok(true) => n += 1,
+            Ok(false) => {}
+            Err(_) => break,
+        }
+    }
+    n
+}
+
+// ------------------------------------------------------------------ pure mappings
+
+/// What an NVML call's result means for the value.
+#[derive(Debug, PartialEq)]
+pub enum Reading<T> {
+    /// A value.
+    Value(T),
+    /// The device (or this driver / library) cannot report it: absent, and not asked again.
+    Unsupported(String),
+    /// The GPU fell off the bus.
+    Lost,
+    /// A transient failure: absent this tick, asked again next tick.
+    Failed(String),
+}
+
+/// Classifies an NVML result. NOT_SUPPORTED, a function missing from the driver or the
+/// library, and no permission do not change at run time: they make the value absent for
+/// good. GPU_LOST is its own case. Anything else is transient.
+pub fn classify<T>(r: Result<T, NvmlError>) -> Reading<T> {
+    match r {
+        Ok(v) => Reading::Value(v),
+        Err(
+            e @ (NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::NoPermission),
+        ) => Reading::Unsupported(e.to_string()),
+        Err(NvmlError::GpuLost) => Reading::Lost,
+        Err(e) => Reading::Failed(e.to_string()),
+    }
+}
+
+/// P-state number (0 = highest performance); `None` for NVML's "unknown".
+pub fn pstate_number(p: PerformanceState) -> Option<u32> {
+    use PerformanceState as P;
+    Some(match p {
+        P::Zero => 0,
+        P::One => 1,
+        P::Two => 2,
+        P::Three => 3,
+        P::Four => 4,
+        P::Five => 5,
+        P::Six => 6,
+        P::Seven => 7,
+        P::Eight => 8,
+        P::Nine => 9,
+        P::Ten => 10,
+        P::Eleven => 11,
+        P::Twelve => 12,
+        P::Thirteen => 13,
+        P::Fourteen => 14,
+        P::Fifteen => 15,
+        P::Unknown => return None,
+    })
+}
+
+/// The clock event (throttle) reason bit mask, as NVML defines the bits.
+pub fn throttle_bits(r: ThrottleReasons) -> u64 {
+    r.bits()
+}
+
+/// The process type from which lists the pid appeared in.
+pub fn process_type(in_compute: bool, in_graphics: bool) -> ProcessType {
+    match (in_compute, in_graphics) {
+        (true, true) => ProcessType::ComputeAndGraphics,
+        (false, true) => ProcessType::Graphics,
+        _ => ProcessType::Compute,
+    }
+}
+
+/// Memory as reported: used / total / reserved bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemFields {
+    /// Allocated by processes and the driver (v2: excludes reserved).
+    pub used: u64,
+    /// Installed.
+    pub total: u64,
+    /// Reserved by the driver, never allocatable.
+    pub reserved: u64,
+}
+
+/// The fields of NVML's v2 memory info.
+pub fn memory_fields(m: &MemoryInfo) -> MemFields {
+    MemFields {
+        used: m.used.min(m.total),
+        total: m.total,
+        reserved: m.reserved,
+    }
+}
+
+/// A process's GPU memory; `None` when NVML says it is not available (e.g. under WDDM).
+pub fn used_memory(m: &UsedGpuMemory) -> Option<u64> {
+    match m {
+        UsedGpuMemory::Used(b) => Some(*b),
+        UsedGpuMemory::Unavailable => None,
+    }
+}
+
+/// PCIe throughput: NVML reports KiB/s over the last 20 ms.
+pub fn pcie_kib_to_bps(kib: u32) -> u64 {
+    u64::from(kib) * 1024
+}
+
+/// A percentage clamped to 100 (a few boards report fan speeds above 100 %).
+pub fn pct(v: u32) -> u32 {
+    v.min(100)
+}
+
+/// `12040` → `"12.4"`.
+pub fn cuda_version_string(v: i32) -> String {
+    format!(
+        "{}.{}",
+        nvml_wrapper::cuda_driver_version_major(v),
+        nvml_wrapper::cuda_driver_version_minor(v)
+    )
+}
+
+/// The brand as users know it.
+pub fn brand_name(b: Brand) -> String {
+    match b {
+        Brand::Nvidia => "NVIDIA".into(),
+        Brand::Tesla => "Tesla".into(),
+        Brand::Quadro => "Quadro".into(),
+        Brand::GeForce => "GeForce".into(),
+        Brand::NvidiaRTX => "NVIDIA RTX".into(),
+        Brand::Titan => "Titan".into(),
+        Brand::Unknown => "Unknown".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The compute mode's name.
+pub fn compute_mode_name(m: ComputeMode) -> &'static str {
+    match m {
+        ComputeMode::Default => "Default",
+        ComputeMode::ExclusiveThread => "Exclusive_Thread",
+        ComputeMode::Prohibited => "Prohibited",
+        ComputeMode::ExclusiveProcess => "Exclusive_Process",
+    }
+}
+
+/// One process on one GPU, merged from NVML's lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Which lists it was in.
+    pub process_type: ProcessType,
+    /// GPU memory it holds.
+    pub used_bytes: Option<u64>,
+    /// SM utilization since the last call.
+    pub sm_pct: Option<u32>,
+    /// Memory-bandwidth utilization since the last call.
+    pub mem_pct: Option<u32>,
+    /// Encoder utilization since the last call.
+    pub enc_pct: Option<u32>,
+    /// Decoder utilization since the last call.
+    pub dec_pct: Option<u32>,
+}
+
+/// Merges the compute and graphics process lists (a pid in both is
+/// compute-and-graphics) with the per-process utilization samples, ordered by pid.
+///
+/// `util` is `None` when utilization could not be read: utilizations are then absent.
+/// When it was read, NVML lists only processes that were busy during the period, so a
+/// process missing from it was idle: 0. Several samples of one pid: the newest wins.
+pub fn merge_processes(
+    compute: &[ProcessInfo],
+    graphics: &[ProcessInfo],
+    util: Option<&[ProcessUtilizationSample]>,
+) -> Vec<GpuProcess> {
+    let mut by_pid: BTreeMap<u32, (bool, bool, Option<u64>)> = BTreeMap::new();
+    for (list, is_compute) in [(compute, true), (graphics, false)] {
+        for p in list {
+            let e = by_pid.entry(p.pid).or_insert((false, false, None));
+            if is_compute {
+                e.0 = true;
+            } else {
+                e.1 = true;
+            }
+            e.2 = match (e.2, used_memory(&p.used_gpu_memory)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    let mut newest: BTreeMap<u32, &ProcessUtilizationSample> = BTreeMap::new();
+    for s in util.unwrap_or(&[]) {
+        let e = newest.entry(s.pid).or_insert(s);
+        if s.timestamp > e.timestamp {
+            *e = s;
+        }
+    }
+    by_pid
+        .into_iter()
+        .map(|(pid, (c, g, used))| {
+            let u = newest.get(&pid);
+            let field = |f: fn(&ProcessUtilizationSample) -> u32| -> Option<u32> {
+                util.map(|_| u.map_or(0, |s| pct(f(s))))
+            };
+            GpuProcess {
+                pid,
+                process_type: process_type(c, g),
+                used_bytes: used,
+                sm_pct: field(|s| s.sm_util),
+                mem_pct: field(|s| s.mem_util),
+                enc_pct: field(|s| s.enc_util),
+                dec_pct: field(|s| s.dec_util),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc_info(pid: u32, used: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn util(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
+        ProcessUtilizationSample {
+            pid,
+            timestamp: ts,
+            sm_util: sm,
+            mem_util: sm / 2,
+            enc_util: 0,
+            dec_util: 7,
+        }
+    }
+
+    #[test]
+    fn errors_classify_into_absent_for_good_lost_or_transient() {
+        assert_eq!(classify(Ok(5)), Reading::Value(5));
+        for e in [
+            NvmlError::NotSupported,
+            NvmlError::FunctionNotFound,
+            NvmlError::FailedToLoadSymbol("nvmlDeviceGetFanSpeed_v2".into()),
+            NvmlError::NoPermission,
+        ] {
+            assert!(matches!(classify::<u32>(Err(e)), Reading::Unsupported(_)));
+        }
+        assert_eq!(classify::<u32>(Err(NvmlError::GpuLost)), Reading::Lost);
+        for e in [
+            NvmlError::Unknown,
+            NvmlError::Timeout,
+            NvmlError::InsufficientSize(None),
+        ] {
+            assert!(matches!(classify::<u32>(Err(e)), Reading::Failed(_)));
+        }
+    }
+
+    #[test]
+    fn pstates_map_to_numbers_and_unknown_to_absent() {
+        assert_eq!(pstate_number(PerformanceState::Zero), Some(0));
+        assert_eq!(pstate_number(PerformanceState::Eight), Some(8));
+        assert_eq!(pstate_number(PerformanceState::Fifteen), Some(15));
+        assert_eq!(pstate_number(PerformanceState::Unknown), None);
+    }
+
+    #[test]
+    fn throttle_reasons_keep_nvml_bits() {
+        let r = ThrottleReasons::GPU_IDLE
+            | ThrottleReasons::SW_POWER_CAP
+            | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+        assert_eq!(throttle_bits(r), 0x1 | 0x4 | 0x40);
+        assert_eq!(throttle_bits(ThrottleReasons::empty()), 0);
+        assert_eq!(
+            throttle_bits(ThrottleReasons::SW_THERMAL_SLOWDOWN),
+            crate::sim::reasons::SW_THERMAL_SLOWDOWN,
+            "the simulator uses the same bits"
+        );
+    }
+
+    #[test]
+    fn memory_and_small_conversions() {
+        let m = MemoryInfo {
+            free: 70,
+            reserved: 5,
+            total: 100,
+            used: 25,
+            version: 0,
+        };
+        assert_eq!(
+            memory_fields(&m),
+            MemFields {
+                used: 25,
+                total: 100,
+                reserved: 5
+            }
+        );
+        assert_eq!(used_memory(&UsedGpuMemory::Used(42)), Some(42));
+        assert_eq!(used_memory(&UsedGpuMemory::Unavailable), None);
+        assert_eq!(pcie_kib_to_bps(1000), 1_024_000);
+        assert_eq!(pct(130), 100);
+        assert_eq!(cuda_version_string(12040), "12.4");
+        assert_eq!(cuda_version_string(11080), "11.8");
+        assert_eq!(brand_name(Brand::Nvidia), "NVIDIA");
+        assert_eq!(
+            compute_mode_name(ComputeMode::ExclusiveProcess),
+            "Exclusive_Process"
+        );
+        assert_eq!(process_type(true, false), ProcessType::Compute);
+        assert_eq!(process_type(false, true), ProcessType::Graphics);
+        assert_eq!(process_type(true, true), ProcessType::ComputeAndGraphics);
+    }
+
+    #[test]
+    fn processes_merge_by_pid_with_the_newest_utilization() {
+        let compute = [proc_info(300, Some(4 << 30)), proc_info(100, Some(1 << 30))];
+        let graphics = [proc_info(100, Some(2 << 30)), proc_info(200, None)];
+        let samples = [util(300, 10, 40), util(300, 20, 60), util(200, 15, 5)];
+        let merged = merge_processes(&compute, &graphics, Some(&samples));
+        let pids: Vec<u32> = merged.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [100, 200, 300]);
+        assert_eq!(merged[0].process_type, ProcessType::ComputeAndGraphics);
+        assert_eq!(merged[0].used_bytes, Some(2 << 30));
+        assert_eq!(
+            merged[0].sm_pct,
+            Some(0),
+            "not in the samples: idle during the period"
+        );
+        assert_eq!(merged[1].process_type, ProcessType::Graphics);
+        assert_eq!(
+            merged[1].used_bytes, None,
+            "memory not available stays absent"
+        );
+        assert_eq!(merged[2].sm_pct, Some(60), "newest sample wins");
+        assert_eq!(merged[2].dec_pct, Some(7));
+
+        let no_util = merge_processes(&compute, &[], None);
+        assert!(
+            no_util
+                .iter()
+                .all(|p| p.sm_pct.is_none() && p.mem_pct.is_none())
+        );
+    }
+
+    #[test]
+    fn metric_sets_remember_members() {
+        let mut s = MetricSet::default();
+        assert!(!s.contains(Metric::Fan));
+        s.insert(Metric::Fan);
+        s.insert(Metric::ProcessUtil);
+        assert!(s.contains(Metric::Fan) && s.contains(Metric::ProcessUtil));
+        assert!(!s.contains(Metric::Power));
+    }
+}

@@ -1,0 +1,71 @@
+//! The GPU source boundary: where ticks come from (NVML on a real node, the simulator in
+//! the demo and in tests).
+//!
+//! A source is **blocking** and has one job: answer "what does the hardware look like"
+//! ([`GpuSource::inventory`]) and "what does it measure now" ([`GpuSource::sample`]).
+//! Callers run it off the async runtime (`spawn_blocking` or a dedicated thread).
+//!
+//! Contract (shared with all-smi's reader trait): a value the source could not read is
+//! `None`, never a substituted `0`.
+
+use gpufleet_core::{Inventory, Tick, UnixMs};
+use thiserror::Error;
+
+/// A source of GPU readings for one node.
+pub trait GpuSource: Send {
+    /// What the source is, sent in the Hello: `"nvml"`, `"simulator"`.
+    fn name(&self) -> &'static str;
+
+    /// Static facts: driver versions, one entry per GPU, the host. Called once per
+    /// connection; a source may cache it.
+    fn inventory(&mut self) -> Result<Inventory, SourceError>;
+
+    /// Everything measured at `now_ms` (Unix ms): GPU samples in inventory order, the
+    /// processes on them, events since the previous call and, when the source knows it,
+    /// the host sample. Callers pass strictly increasing times.
+    ///
+    /// `Tick::cost` may carry what the source itself measured (time inside NVML, slowest
+    /// calls); the sampler completes it with wall and CPU time.
+    fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError>;
+
+    /// The node's boot id when the source defines it (the simulator invents one per
+    /// simulated node); `None` to read it from the OS.
+    fn boot_id(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Why a source could not produce an inventory or a tick.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    /// NVML could not be loaded or initialised at all.
+    #[error(
+        "cannot initialise NVML from {lib}: {reason}. Is the NVIDIA driver installed? \
+         Point --nvml-lib at libnvidia-ml.so.1, or use --simulate"
+    )]
+    NvmlInit {
+        /// The library that was tried (`libnvidia-ml.so.1` when none was given).
+        lib: String,
+        /// NVML's error, as text.
+        reason: String,
+    },
+    /// An NVML call the source cannot do without failed (device count, a handle).
+    #[error("NVML {call} failed: {reason}")]
+    Nvml {
+        /// The call that failed.
+        call: &'static str,
+        /// NVML's error, as text.
+        reason: String,
+    },
+    /// The NVML worker thread is gone (it panicked or could not start).
+    #[error("the NVML sampling thread stopped unexpectedly")]
+    WorkerGone,
+    /// `sample` was called with a time that does not move forward.
+    #[error("sample time {now_ms} is not after the previous sample's {last_ms}")]
+    TimeNotIncreasing {
+        /// The time passed in.
+        now_ms: UnixMs,
+        /// The previous call's time.
+        last_ms: UnixMs,
+    },
+}

@@ -1,0 +1,223 @@
+//! The real `gpufleet-agent` binary: snapshot table and JSON, config file, and `run`
+//! against an unreachable collector stopped by SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpufleet-agent");
+
+/// The binary with a clean environment (no GPUFLEET_* from the caller).
+fn agent() -> Command {
+    let mut cmd = Command::new(BIN);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPUFLEET_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.env("GPUFLEET_LOG", "info");
+    cmd
+}
+
+fn run_ok(cmd: &mut Command) -> String {
+    let out: Output = cmd.output().expect("the agent binary runs");
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn gpu_rows(table: &str) -> Vec<&str> {
+    table
+        .lines()
+        .filter(|l| {
+            l.trim_start().starts_with(|c: char| c.is_ascii_digit()) && l.contains("NVIDIA")
+        })
+        .collect()
+}
+
+#[test]
+fn snapshot_table_lists_each_simulated_gpu_with_na_for_the_fan() {
+    let table = run_ok(agent().args([
+        "snapshot",
+        "--simulate",
+        "--sim-gpus",
+        "2",
+        "--node",
+        "cli-node",
+    ]));
+    assert!(
+        table.contains("cli-node")
+            && table.contains("driver 550.54.15")
+            && table.contains("CUDA 12.4"),
+        "{table}"
+    );
+    assert!(table.contains("FAN"), "{table}");
+    let rows = gpu_rows(&table);
+    assert_eq!(rows.len(), 2, "{table}");
+    for row in rows {
+        assert!(
+            row.trim_end().ends_with("n/a"),
+            "fan absent on datacenter boards: {row}"
+        );
+        assert!(
+            row.contains('%') && row.contains(" / "),
+            "util, memory and power shown: {row}"
+        );
+    }
+}
+
+#[test]
+fn snapshot_json_parses_and_keeps_absent_values_null() {
+    let out = run_ok(agent().args([
+        "snapshot",
+        "--simulate",
+        "--sim-gpus",
+        "2",
+        "--json",
+        "--node",
+        "cli-node",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    let gpus = v["tick"]["gpus"].as_array().expect("tick.gpus");
+    assert_eq!(gpus.len(), 2);
+    for g in gpus {
+        assert!(g["fan_pct"].is_null(), "absent fan is null, not 0: {g}");
+        assert!(g["power_mw"].as_u64().is_some_and(|p| p > 0), "{g}");
+        assert!(g["energy_mj"].as_u64().is_some_and(|e| e > 0), "{g}");
+    }
+    assert_eq!(v["inventory"]["gpus"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["inventory"]["host"]["hostname"], "cli-node");
+}
+
+#[test]
+fn config_file_supplies_flags_and_rejects_unknown_keys() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = dir.path().join("agent.toml");
+    std::fs::write(
+        &good,
+        "node = \"from-file\"\n[snapshot]\nsimulate = true\nsim_gpus = 3\n",
+    )
+    .expect("write");
+    let table = run_ok(agent().args(["snapshot"]).arg("--config").arg(&good));
+    assert_eq!(gpu_rows(&table).len(), 3, "{table}");
+    assert!(table.starts_with("from-file"), "{table}");
+    // The command line wins over the file.
+    let table = run_ok(
+        agent()
+            .args(["snapshot", "--sim-gpus", "1"])
+            .arg("--config")
+            .arg(&good),
+    );
+    assert_eq!(gpu_rows(&table).len(), 1, "{table}");
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "simulat = true\n").expect("write");
+    let out = agent()
+        .args(["snapshot"])
+        .arg("--config")
+        .arg(&bad)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown key `simulat`"), "{err}");
+}
+
+/// Waits for a stderr line containing `needle`, forwarding what it reads; panics after
+/// `timeout`.
+fn wait_for_log(
+    child: &mut Child,
+    needle: &'static str,
+    timeout: Duration,
+) -> mpsc::Receiver<String> {
+    let stderr = child.stderr.take().expect("stderr piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return rx,
+            Ok(line) => seen.push(line),
+            Err(_) => panic!(
+                "no {needle:?} in the agent's log within {timeout:?}:\n{}",
+                seen.join("\n")
+            ),
+        }
+    }
+}
+
+#[test]
+fn run_against_an_unreachable_collector_stops_on_sigterm_with_a_consistent_summary() {
+    let mut child = agent()
+        .args([
+            "run",
+            "--collector",
+            "http://127.0.0.1:1",
+            "--simulate",
+            "--sim-gpus",
+            "2",
+            "--node",
+            "cli-run",
+            "--interval",
+            "50ms",
+            "--shutdown-timeout",
+            "300ms",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the agent");
+    // Signal handlers are installed before this line is logged.
+    let _log = wait_for_log(&mut child, "agent running", Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the agent did not exit within 30 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("output");
+    assert!(out.status.success(), "exit status {:?}", out.status);
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one line on stdout: {stdout:?}");
+    let fields: Vec<(&str, u64)> = lines[0]
+        .strip_prefix("summary ")
+        .expect("summary line")
+        .split(' ')
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("k=v");
+            (k, v.parse().expect("a number"))
+        })
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|f| f.0).collect();
+    assert_eq!(names, ["sampled", "acked", "dropped", "unacked"]);
+    let [sampled, acked, dropped, unacked] = [fields[0].1, fields[1].1, fields[2].1, fields[3].1];
+    assert_eq!(sampled, acked + dropped + unacked, "{stdout}");
+    assert_eq!(acked, 0, "nothing can be acked without a collector");
+    assert!(
+        sampled > 0 && sampled % 2 == 0,
+        "whole ticks of 2 GPUs were sampled: {stdout}"
+    );
+}
