@@ -1,0 +1,511 @@
+//! The HTTP API (axum): `/api/v1/*`, `/metrics` and a placeholder page at `/`.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes"}`; 503 when the database does not answer |
+//! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
+//! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /` | a minimal HTML page listing the nodes (the dashboard comes later) |
+//!
+//! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
+//! twin (`last_seen_ms`, `time_ms`, `from_ms`). Parameters accept RFC 3339, Unix ms,
+//! `now` or `now-15m`. Absent metrics are `null`, never 0. Errors are
+//! `{"error": "what went wrong and what to do"}` and never carry database details.
+
+use crate::live::{Live, LiveGpu, LiveNode};
+use crate::metrics::Metrics;
+use crate::status::{Clock, NodeStatus, StatusPolicy};
+use crate::store::{GpuMetric, SeriesPoint, Store, StoreError, TimeRange};
+use crate::writer::WriterHandle;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use gpufleet_core::config::{format_time, parse_duration, parse_time};
+use gpufleet_core::{GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use tracing::error;
+
+/// Most points a series request may return.
+pub const MAX_SERIES_POINTS: usize = 10_000;
+/// The range a series covers when `from` is not given.
+const DEFAULT_SERIES_RANGE_MS: i64 = 15 * 60 * 1000;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub live: Arc<Live>,
+    pub metrics: Arc<Metrics>,
+    /// For the writer's queue depth on `/metrics`; `None` when no writer runs (tests).
+    pub writer: Option<WriterHandle>,
+    pub status: StatusPolicy,
+    /// "Now" for statuses and relative times; injected so tests can fix it.
+    pub clock: Clock,
+}
+
+/// The router. Tests call it without a socket: `app(state).oneshot(request)`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/api/v1/health", get(health))
+        .route("/api/v1/nodes", get(nodes))
+        .route("/api/v1/gpus/{uuid}/series", get(series))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+// ------------------------------------------------------------------ errors
+
+/// Why a request failed, as the client sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    /// A bug on our side; the message is safe to show.
+    #[error("{0}")]
+    Internal(String),
+    /// Logged in full; the client only learns that storage failed.
+    #[error("storage error: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
+            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
+            ApiError::Internal(m) => {
+                error!(error = %m, "request failed");
+                (StatusCode::INTERNAL_SERVER_ERROR, m)
+            }
+            ApiError::Store(e) => {
+                error!(error = %e, "request failed in the store");
+                let status = if e.is_transient() {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                };
+                (status, "storage error; see the collector's log".to_owned())
+            }
+        };
+        (status, Json(serde_json::json!({ "error": message }))).into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound(
+        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /metrics"
+            .into(),
+    )
+}
+
+// ------------------------------------------------------------------ health
+
+async fn health(State(st): State<AppState>) -> Response {
+    let nodes = st.live.read(|s| s.nodes.len());
+    let db = st.store.backend();
+    let version = env!("CARGO_PKG_VERSION");
+    match st.store.ping().await {
+        Ok(()) => Json(serde_json::json!({
+            "status": "ok", "version": version, "db": db, "nodes": nodes,
+        }))
+        .into_response(),
+        Err(e) => {
+            error!(error = %e, "health check: the database does not answer");
+            let body = serde_json::json!({
+                "status": "error", "version": version, "db": db, "nodes": nodes,
+                "error": "the database does not answer; see the collector's log",
+            });
+            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+        }
+    }
+}
+
+// ------------------------------------------------------------------ nodes
+
+#[derive(Serialize)]
+struct NodeView<'a> {
+    name: &'a str,
+    status: NodeStatus,
+    /// Whether an ingest stream from the node is open now.
+    connected: bool,
+    last_seen: Option<String>,
+    last_seen_ms: Option<UnixMs>,
+    labels: &'a BTreeMap<String, String>,
+    agent_version: &'a str,
+    boot_id: &'a str,
+    source: &'a str,
+    interval_ms: u32,
+    last_acked_seq: u64,
+    dropped_samples: u64,
+    spool_backlog: SpoolView,
+    rejected_batches: u64,
+    stored_samples: u64,
+    host: HostView<'a>,
+    gpus: Vec<GpuView<'a>>,
+}
+
+#[derive(Serialize)]
+struct SpoolView {
+    batches: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct HostView<'a> {
+    hostname: &'a str,
+    kernel: Option<&'a str>,
+    os: Option<&'a str>,
+    cpu_count: Option<u32>,
+    memory_total_bytes: Option<u64>,
+    driver_version: Option<&'a str>,
+    cuda_driver_version: Option<&'a str>,
+    nvml_version: Option<&'a str>,
+    latest: Option<HostLatestView<'a>>,
+}
+
+#[derive(Serialize)]
+struct HostLatestView<'a> {
+    time: String,
+    time_ms: UnixMs,
+    #[serde(flatten)]
+    sample: HostSample,
+    /// What sampling that tick cost the agent.
+    sampler_cost: Option<&'a SamplerCost>,
+}
+
+#[derive(Serialize)]
+struct GpuView<'a> {
+    uuid: &'a str,
+    index: u32,
+    name: &'a str,
+    inventory: &'a GpuInfo,
+    latest: Option<GpuLatestView<'a>>,
+    /// Processes seen on the GPU in the latest sample's tick.
+    processes: &'a [ProcessSample],
+}
+
+#[derive(Serialize)]
+struct GpuLatestView<'a> {
+    time: String,
+    time_ms: UnixMs,
+    #[serde(flatten)]
+    sample: &'a GpuSample,
+}
+
+fn node_view<'a>(n: &'a LiveNode, policy: &StatusPolicy, now_ms: UnixMs) -> NodeView<'a> {
+    let r = &n.record;
+    NodeView {
+        name: &r.name,
+        status: policy.classify(r.last_seen_ms, now_ms),
+        connected: n.connections > 0,
+        last_seen: r.last_seen_ms.map(format_time),
+        last_seen_ms: r.last_seen_ms,
+        labels: &r.labels,
+        agent_version: &r.agent_version,
+        boot_id: &r.boot_id,
+        source: &r.source,
+        interval_ms: r.interval_ms,
+        last_acked_seq: r.last_acked_seq,
+        dropped_samples: r.delivery.dropped_samples,
+        spool_backlog: SpoolView {
+            batches: r.delivery.spool_backlog_batches,
+            bytes: r.delivery.spool_backlog_bytes,
+        },
+        rejected_batches: n.rejected_batches,
+        stored_samples: r.stored_samples,
+        host: HostView {
+            hostname: &r.host.hostname,
+            kernel: r.host.kernel.as_deref(),
+            os: r.host.os.as_deref(),
+            cpu_count: r.host.cpu_count,
+            memory_total_bytes: r.host.memory_total_bytes,
+            driver_version: r.driver_version.as_deref(),
+            cuda_driver_version: r.cuda_driver_version.as_deref(),
+            nvml_version: r.nvml_version.as_deref(),
+            latest: n.host.as_ref().map(|h| HostLatestView {
+                time: format_time(h.time_ms),
+                time_ms: h.time_ms,
+                sample: h.sample.clone().unwrap_or_default(),
+                sampler_cost: h.cost.as_ref(),
+            }),
+        },
+        gpus: r
+            .gpus
+            .iter()
+            .map(|g| {
+                let latest: Option<&LiveGpu> = n.gpus.get(&g.id);
+                GpuView {
+                    uuid: &g.info.uuid,
+                    index: g.info.index,
+                    name: &g.info.name,
+                    inventory: &g.info,
+                    latest: latest.map(|l| GpuLatestView {
+                        time: format_time(l.time_ms),
+                        time_ms: l.time_ms,
+                        sample: &l.sample,
+                    }),
+                    processes: latest.map_or(&[], |l| &l.processes),
+                }
+            })
+            .collect(),
+    }
+}
+
+async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let now = (st.clock)();
+    let body = st.live.read(|s| {
+        let views: Vec<NodeView<'_>> = s
+            .nodes
+            .values()
+            .map(|n| node_view(n, &st.status, now))
+            .collect();
+        serde_json::to_vec(&views)
+    });
+    let body = body.map_err(|e| ApiError::Internal(format!("cannot encode the node list: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}
+
+// ------------------------------------------------------------------ series
+
+/// Query parameters of the series endpoint (all optional at parse time, so a missing one
+/// gets an error that says what to send).
+#[derive(Debug, Deserialize)]
+struct SeriesParams {
+    metric: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    step: Option<String>,
+}
+
+#[derive(Serialize)]
+struct SeriesView<'a> {
+    uuid: &'a str,
+    metric: &'static str,
+    unit: &'static str,
+    from: String,
+    to: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    /// Bucket width when downsampled; `null` for raw samples.
+    step_ms: Option<i64>,
+    /// `[time_ms, value]`; value `null` where the metric was absent.
+    points: Vec<SeriesPoint>,
+}
+
+fn valid_metrics() -> String {
+    GpuMetric::ALL.map(GpuMetric::name).join(", ")
+}
+
+/// Parses `step`: a duration (`10s`, `500ms`, `5m`) or a number of milliseconds.
+fn parse_step(s: &str) -> Result<i64, String> {
+    let ms = match s.trim().parse::<i64>() {
+        Ok(ms) => ms,
+        Err(_) => i64::try_from(parse_duration(s)?.as_millis()).unwrap_or(i64::MAX),
+    };
+    if ms <= 0 {
+        return Err(format!("step {s:?} must be positive (e.g. 10s or 10000)"));
+    }
+    Ok(ms)
+}
+
+/// A step (in whole seconds, at least 1 s) that keeps `range_ms` within the point limit.
+fn suggested_step_s(range_ms: i64) -> i64 {
+    let per_point = range_ms / MAX_SERIES_POINTS as i64 + 1;
+    (per_point + 999) / 1000
+}
+
+async fn series(
+    State(st): State<AppState>,
+    Path(uuid): Path<String>,
+    params: Result<Query<SeriesParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let now = (st.clock)();
+    let metric = match p.metric.as_deref() {
+        None | Some("") => {
+            return Err(ApiError::BadRequest(format!(
+                "metric is required; valid metrics: {}",
+                valid_metrics()
+            )));
+        }
+        Some(m) => GpuMetric::parse(m).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "unknown metric {m:?}; valid metrics: {}",
+                valid_metrics()
+            ))
+        })?,
+    };
+    let to = match p.to.as_deref() {
+        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
+        None => now,
+    };
+    let from = match p.from.as_deref() {
+        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
+        None => to - DEFAULT_SERIES_RANGE_MS,
+    };
+    if from > to {
+        return Err(ApiError::BadRequest(format!(
+            "from ({}) is after to ({})",
+            format_time(from),
+            format_time(to)
+        )));
+    }
+    let step_ms = p
+        .step
+        .as_deref()
+        .map(parse_step)
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("step: {e}")))?;
+    if let Some(step) = step_ms {
+        let buckets = (to.div_euclid(step) - from.div_euclid(step)).saturating_add(1);
+        if buckets > MAX_SERIES_POINTS as i64 {
+            return Err(ApiError::BadRequest(format!(
+                "from..to with step {step} ms spans {buckets} buckets, more than the limit of \
+                 {MAX_SERIES_POINTS}; use step={}s or larger, or a shorter range",
+                suggested_step_s(to - from)
+            )));
+        }
+    }
+    let gpu = st
+        .live
+        .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
+        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
+    let range = TimeRange {
+        from_ms: from,
+        to_ms: to,
+    };
+    let points = st
+        .store
+        .gpu_series(gpu, metric, range, step_ms, MAX_SERIES_POINTS + 1)
+        .await?;
+    if points.len() > MAX_SERIES_POINTS {
+        return Err(ApiError::BadRequest(format!(
+            "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) \
+             to downsample, or a shorter range",
+            suggested_step_s(to - from)
+        )));
+    }
+    Ok(Json(SeriesView {
+        uuid: &uuid,
+        metric: metric.name(),
+        unit: metric.unit(),
+        from: format_time(from),
+        to: format_time(to),
+        from_ms: from,
+        to_ms: to,
+        step_ms,
+        points,
+    })
+    .into_response())
+}
+
+// ------------------------------------------------------------------ metrics
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    let now = (st.clock)();
+    let queued = st.writer.as_ref().map_or(0, WriterHandle::queued);
+    let body = st
+        .live
+        .read(|s| crate::prometheus::render(s, &st.metrics, &st.status, now, queued));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+// ------------------------------------------------------------------ index
+
+/// Escapes text for HTML element content and attribute values.
+pub fn escape_html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+async fn index(State(st): State<AppState>) -> Html<String> {
+    let now = (st.clock)();
+    let rows = st.live.read(|s| {
+        let mut rows = String::new();
+        for n in s.nodes.values() {
+            let r = &n.record;
+            let status = st.status.classify(r.last_seen_ms, now);
+            let _ = writeln!(
+                rows,
+                "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
+                escape_html(&r.name),
+                status.as_str(),
+                status.as_str(),
+                r.gpus.len(),
+                r.last_seen_ms
+                    .map_or_else(|| "never".to_owned(), format_time),
+            );
+        }
+        rows
+    });
+    let body = if rows.is_empty() {
+        "<p>No nodes yet. Start an agent: <code>gpufleet-agent run --collector URL</code></p>"
+            .to_owned()
+    } else {
+        format!(
+            "<table><thead><tr><th>node</th><th>status</th><th>GPUs</th><th>last sample</th>\
+             </tr></thead><tbody>\n{rows}</tbody></table>"
+        )
+    };
+    Html(format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <title>gpufleet</title><style>body{{font-family:sans-serif;margin:2em}}\
+         td,th{{padding:.2em 1em;text-align:left}}.online{{color:#080}}.stale{{color:#a60}}\
+         .offline{{color:#a00}}</style></head><body>\n<h1>gpufleet</h1>\n\
+         <p>The dashboard comes in a later release. Meanwhile: <a href=\"/api/v1/nodes\">\
+         /api/v1/nodes</a> (JSON), <a href=\"/metrics\">/metrics</a> (Prometheus).</p>\n\
+         {body}\n</body></html>\n"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn html_is_escaped() {
+        assert_eq!(
+            escape_html("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+    }
+
+    #[test]
+    fn steps_parse_as_durations_or_ms() {
+        assert_eq!(parse_step("10s"), Ok(10_000));
+        assert_eq!(parse_step("250"), Ok(250));
+        assert!(parse_step("0").is_err());
+        assert!(parse_step("-5").is_err());
+        assert!(parse_step("fast").is_err());
+        assert_eq!(suggested_step_s(15 * 60 * 1000), 1);
+        assert_eq!(suggested_step_s(7 * 86_400_000), 61);
+    }
+}

@@ -1,0 +1,262 @@
+//! The live state: every node's identity, inventory and delivery counters, and the newest
+//! sample of every GPU and host, in memory.
+//!
+//! It is updated only after a commit (so it never shows data that is not durable), seeded
+//! from the store at start-up, and is what `/api/v1/nodes`, `/` and `/metrics` read: they
+//! never query samples. Each commit is also announced on a broadcast channel
+//! ([`Live::subscribe`]) for live dashboards; a subscriber that falls behind misses
+//! announcements (`RecvError::Lagged`) instead of slowing ingest down.
+
+use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
+use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, PoisonError, RwLock};
+use tokio::sync::broadcast;
+
+/// Commits announced but not yet received, per subscriber, before it starts missing some.
+const ANNOUNCE_CAPACITY: usize = 1024;
+
+/// The newest sample of one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveGpu {
+    pub time_ms: UnixMs,
+    pub sample: GpuSample,
+    /// The processes seen on this GPU in the same tick.
+    pub processes: Vec<ProcessSample>,
+}
+
+/// The newest host row of one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveHost {
+    pub time_ms: UnixMs,
+    pub sample: Option<HostSample>,
+    pub cost: Option<SamplerCost>,
+}
+
+/// One node as the live state knows it.
+#[derive(Debug, Clone)]
+pub struct LiveNode {
+    /// Identity, inventory and delivery counters; the counters (`last_seen_ms`,
+    /// `last_acked_seq`, `delivery`, `stored_samples`) are kept current after each commit,
+    /// exactly as the store updates them.
+    pub record: NodeRecord,
+    /// Open ingest streams for this node (an agent reconnecting may briefly have two).
+    pub connections: u32,
+    /// Batches refused since the collector started (not persisted).
+    pub rejected_batches: u64,
+    pub host: Option<LiveHost>,
+    pub gpus: HashMap<GpuId, LiveGpu>,
+}
+
+/// Everything the live state holds; read it through [`Live::read`].
+#[derive(Debug, Default)]
+pub struct LiveState {
+    /// By name, so listings come out sorted.
+    pub nodes: BTreeMap<String, LiveNode>,
+    /// GPU UUID -> node name, for lookups by UUID.
+    gpu_owner: HashMap<String, String>,
+}
+
+impl LiveState {
+    /// The node holding GPU `uuid`, and the GPU's id.
+    pub fn find_gpu(&self, uuid: &str) -> Option<(&LiveNode, GpuId)> {
+        let node = self.nodes.get(self.gpu_owner.get(uuid)?)?;
+        let gpu = node.record.gpus.iter().find(|g| g.info.uuid == uuid)?;
+        Some((node, gpu.id))
+    }
+
+    fn insert(&mut self, record: NodeRecord) -> &mut LiveNode {
+        // A GPU that moved here from another node leaves that node.
+        for g in &record.gpus {
+            if let Some(old) = self
+                .gpu_owner
+                .insert(g.info.uuid.clone(), record.name.clone())
+                && old != record.name
+                && let Some(n) = self.nodes.get_mut(&old)
+            {
+                n.record.gpus.retain(|x| x.id != g.id);
+                n.gpus.remove(&g.id);
+            }
+        }
+        let name = record.name.clone();
+        let node = self.nodes.entry(name).or_insert_with(|| LiveNode {
+            record: record.clone(),
+            connections: 0,
+            rejected_batches: 0,
+            host: None,
+            gpus: HashMap::new(),
+        });
+        node.gpus
+            .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
+        // The record was read in the registering transaction; a commit announced since
+        // (another stream of the same node) may already be counted here: keep the newer.
+        let old = std::mem::replace(&mut node.record, record);
+        let r = &mut node.record;
+        if old.last_acked_seq > r.last_acked_seq {
+            r.last_acked_seq = old.last_acked_seq;
+            r.delivery = old.delivery;
+        }
+        r.last_seen_ms = r.last_seen_ms.max(old.last_seen_ms);
+        r.stored_samples = r.stored_samples.max(old.stored_samples);
+        node
+    }
+}
+
+/// A commit, as announced to subscribers.
+#[derive(Debug)]
+pub struct Committed {
+    pub node: String,
+    pub batch: Batch,
+}
+
+/// The live state and its announcement channel. Shared as `Arc<Live>`.
+#[derive(Debug)]
+pub struct Live {
+    state: RwLock<LiveState>,
+    announce: broadcast::Sender<Arc<Committed>>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Live::new()
+    }
+}
+
+impl Live {
+    pub fn new() -> Live {
+        Live {
+            state: RwLock::new(LiveState::default()),
+            announce: broadcast::channel(ANNOUNCE_CAPACITY).0,
+        }
+    }
+
+    /// Fills the state from the store at start-up.
+    pub fn seed(&self, nodes: Vec<NodeRecord>, gpus: Vec<LatestGpu>, hosts: Vec<LatestHost>) {
+        let mut state = self.write();
+        let mut owner_of: HashMap<GpuId, String> = HashMap::new();
+        let mut node_of: HashMap<i64, String> = HashMap::new();
+        for record in nodes {
+            for g in &record.gpus {
+                owner_of.insert(g.id, record.name.clone());
+            }
+            node_of.insert(record.id.0, record.name.clone());
+            state.insert(record);
+        }
+        for l in gpus {
+            if let Some(node) = owner_of.get(&l.gpu).and_then(|n| state.nodes.get_mut(n)) {
+                node.gpus.insert(
+                    l.gpu,
+                    LiveGpu {
+                        time_ms: l.time_ms,
+                        sample: l.sample,
+                        processes: l.processes,
+                    },
+                );
+            }
+        }
+        for h in hosts {
+            if let Some(node) = node_of.get(&h.node.0).and_then(|n| state.nodes.get_mut(n)) {
+                node.host = Some(LiveHost {
+                    time_ms: h.time_ms,
+                    sample: h.sample,
+                    cost: h.cost,
+                });
+            }
+        }
+    }
+
+    /// A node said hello (and the store registered it): take its new identity and
+    /// inventory, and count the connection.
+    pub fn connected(&self, record: NodeRecord) {
+        let mut state = self.write();
+        state.insert(record).connections += 1;
+    }
+
+    /// A node's stream ended.
+    pub fn disconnected(&self, node: &str) {
+        if let Some(n) = self.write().nodes.get_mut(node) {
+            n.connections = n.connections.saturating_sub(1);
+        }
+    }
+
+    /// A node's batch was refused.
+    pub fn rejected(&self, node: &str) {
+        if let Some(n) = self.write().nodes.get_mut(node) {
+            n.rejected_batches += 1;
+        }
+    }
+
+    /// A batch was committed; `inserted` is how many of its GPU samples were new.
+    pub fn committed(&self, nb: &NodeBatch, inserted: u64) {
+        let mut state = self.write();
+        let Some(node) = state.nodes.get_mut(&nb.keys.name) else {
+            return;
+        };
+        let batch = &nb.batch;
+        let r = &mut node.record;
+        if batch.seq >= r.last_acked_seq {
+            r.delivery = batch.delivery;
+        }
+        r.last_acked_seq = r.last_acked_seq.max(batch.seq);
+        r.stored_samples += inserted;
+        // Newest tick first: each GPU's sample is cloned at most once per batch.
+        for t in batch.ticks.iter().rev() {
+            r.last_seen_ms = Some(r.last_seen_ms.map_or(t.time_ms, |s| s.max(t.time_ms)));
+            for s in &t.gpus {
+                let Some(&id) = nb.keys.gpus.get(&s.gpu_uuid) else {
+                    continue;
+                };
+                if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
+                    continue;
+                }
+                let processes = t
+                    .processes
+                    .iter()
+                    .filter(|p| p.gpu_uuid == s.gpu_uuid)
+                    .cloned()
+                    .collect();
+                node.gpus.insert(
+                    id,
+                    LiveGpu {
+                        time_ms: t.time_ms,
+                        sample: s.clone(),
+                        processes,
+                    },
+                );
+            }
+            if (t.host.is_some() || t.cost.is_some())
+                && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
+            {
+                node.host = Some(LiveHost {
+                    time_ms: t.time_ms,
+                    sample: t.host.clone(),
+                    cost: t.cost.clone(),
+                });
+            }
+        }
+    }
+
+    /// Whether anyone listens to commit announcements (so the writer can skip building them).
+    pub fn has_subscribers(&self) -> bool {
+        self.announce.receiver_count() > 0
+    }
+
+    /// Announces a commit to subscribers (none listening is fine).
+    pub fn announce(&self, committed: Committed) {
+        let _ = self.announce.send(Arc::new(committed));
+    }
+
+    /// Receives every commit from now on, in commit order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>> {
+        self.announce.subscribe()
+    }
+
+    /// Runs `f` with the state read-locked. Keep `f` short: commits wait for it.
+    pub fn read<R>(&self, f: impl FnOnce(&LiveState) -> R) -> R {
+        f(&self.state.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, LiveState> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,244 @@
+//! `gpufleet-collector`: the central collector binary.
+
+use anyhow::Context as _;
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
+use gpufleet_collector::ingest::IngestOptions;
+use gpufleet_collector::status::StatusPolicy;
+use gpufleet_collector::{ServeOptions, serve};
+use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// gpufleet collector: receives GPU samples from agents over gRPC, stores them, and
+/// serves the fleet's state (JSON API, Prometheus metrics).
+#[derive(Debug, Parser)]
+#[command(name = "gpufleet-collector", version, about)]
+struct Cli {
+    /// TOML file with settings (keys are flag names; a `[serve]` table applies to `serve`
+    /// only). Precedence: command line > environment > file > default.
+    #[arg(long, global = true, env = "GPUFLEET_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the collector: gRPC ingest for agents, HTTP API and /metrics.
+    Serve(ServeArgs),
+    /// Run the collector on an embedded SQLite file plus simulated agents that stream to
+    /// it over real loopback gRPC; prints the dashboard URL.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Simulated GPU nodes.
+    #[arg(long, env = "GPUFLEET_NODES", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    nodes: u32,
+    /// GPUs per simulated node.
+    #[arg(long, env = "GPUFLEET_GPUS_PER_NODE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    gpus_per_node: u32,
+    /// Address of the dashboard, API and /metrics.
+    #[arg(
+        long,
+        env = "GPUFLEET_HTTP_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    http_listen: String,
+    /// Address the simulated agents stream to (port 0: a free port).
+    #[arg(
+        long,
+        env = "GPUFLEET_GRPC_LISTEN",
+        default_value = "127.0.0.1:0",
+        value_name = "ADDR"
+    )]
+    grpc_listen: String,
+    /// Database URL; default: a fresh SQLite file in a temporary folder, removed at exit.
+    #[arg(long, env = "GPUFLEET_DB", value_name = "URL")]
+    db: Option<String>,
+    /// Sampling interval of the simulated agents.
+    #[arg(long, env = "GPUFLEET_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    interval: Duration,
+    /// Base seed of the simulated fleet (each node mixes in its name).
+    #[arg(long, env = "GPUFLEET_SIM_SEED")]
+    sim_seed: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Database URL: sqlite://PATH (the file is created if missing).
+    #[arg(
+        long,
+        env = "GPUFLEET_DB",
+        default_value = "sqlite://gpufleet.db",
+        value_name = "URL"
+    )]
+    db: String,
+    /// Address agents connect to (gRPC). Port 0 picks a free port.
+    #[arg(
+        long,
+        env = "GPUFLEET_GRPC_LISTEN",
+        default_value = "127.0.0.1:50051",
+        value_name = "ADDR"
+    )]
+    grpc_listen: String,
+    /// Address of the HTTP API, /metrics and the page. Port 0 picks a free port.
+    #[arg(
+        long,
+        env = "GPUFLEET_HTTP_LISTEN",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
+    http_listen: String,
+    /// A node whose newest sample is older than this is "stale".
+    #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    stale_after: Duration,
+    /// A node whose newest sample is older than this is "offline".
+    #[arg(long, env = "GPUFLEET_OFFLINE_AFTER", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    offline_after: Duration,
+    /// Largest gRPC message (batch) accepted from an agent, in bytes.
+    #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
+    max_message_bytes: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = args_with_config_file(std::env::args_os().collect(), &Cli::command())?;
+    let cli = Cli::parse_from(args);
+    init_tracing("info");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(run_serve(args)),
+        Command::Demo(args) => runtime.block_on(run_demo(args)),
+    }
+}
+
+async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.offline_after < args.stale_after {
+        anyhow::bail!(
+            "--offline-after ({}) must not be shorter than --stale-after ({})",
+            humantime::format_duration(args.offline_after),
+            humantime::format_duration(args.stale_after)
+        );
+    }
+    let grpc = TcpListener::bind(&args.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen on --grpc-listen {}", args.grpc_listen))?;
+    let http = TcpListener::bind(&args.http_listen)
+        .await
+        .with_context(|| format!("cannot listen on --http-listen {}", args.http_listen))?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(
+            stdout,
+            "listening grpc={} http={}",
+            grpc.local_addr()?,
+            http.local_addr()?
+        )?;
+        stdout.flush()?;
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let options = ServeOptions {
+        db_url: args.db,
+        status: StatusPolicy {
+            stale_after: args.stale_after,
+            offline_after: args.offline_after,
+        },
+        ingest: IngestOptions {
+            max_message_bytes: args.max_message_bytes,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    serve(options, grpc, http, shutdown).await?;
+    Ok(())
+}
+
+async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+    // Keeps the temporary database alive for the whole run; removed on drop.
+    let mut _tmp = None;
+    let db_url = match args.db {
+        Some(url) => url,
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("gpufleet-demo-")
+                .tempdir()
+                .context("cannot create a temporary folder for the demo database")?;
+            let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+            _tmp = Some(dir);
+            url
+        }
+    };
+    let grpc = TcpListener::bind(&args.grpc_listen)
+        .await
+        .with_context(|| format!("cannot listen on --grpc-listen {}", args.grpc_listen))?;
+    let http = TcpListener::bind(&args.http_listen).await.with_context(|| {
+        format!(
+            "cannot listen on --http-listen {} (in use? try --http-listen 127.0.0.1:0 for a free port)",
+            args.http_listen
+        )
+    })?;
+    let http_addr = http.local_addr()?;
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(
+            stdout,
+            "gpufleet demo: {} simulated nodes x {} GPUs, database {db_url}",
+            args.nodes, args.gpus_per_node
+        )?;
+        writeln!(stdout, "dashboard: http://{http_addr}/   (Ctrl-C to stop)")?;
+        writeln!(
+            stdout,
+            "listening grpc={} http={http_addr}",
+            grpc.local_addr()?
+        )?;
+        stdout.flush()?;
+    }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let demo = DemoOptions {
+        nodes: args.nodes,
+        gpus_per_node: args.gpus_per_node,
+        interval: args.interval,
+        seed: args.sim_seed,
+    };
+    let options = ServeOptions {
+        db_url,
+        ..Default::default()
+    };
+    run_demo_on(demo, options, grpc, http, shutdown).await?;
+    Ok(())
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("SIGINT received; shutting down"),
+        () = term => info!("SIGTERM received; shutting down"),
+    }
+    shutdown.cancel();
+}

@@ -1,0 +1,50 @@
+//! The collector's own counters (what it ingested, refused, and how long commits took),
+//! exposed on `/metrics` next to the fleet's GPU metrics. Lock-free: the ingest path only
+//! touches atomics.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the commit-duration histogram buckets.
+pub const COMMIT_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// Counters since start-up.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub batches_acked: AtomicU64,
+    /// Refused as malformed or out of range (`REJECT_CODE_INVALID`).
+    pub batches_rejected_invalid: AtomicU64,
+    /// Refused for exceeding a limit (`REJECT_CODE_TOO_LARGE`).
+    pub batches_rejected_too_large: AtomicU64,
+    /// Refused because the store failed (`REJECT_CODE_UNAVAILABLE`, retryable).
+    pub batches_rejected_unavailable: AtomicU64,
+    /// GPU samples newly stored (replays excluded).
+    pub gpu_samples_ingested: AtomicU64,
+    /// Transactions committed by the group-commit writer.
+    pub commits: AtomicU64,
+    /// Transactions that failed.
+    pub commit_failures: AtomicU64,
+    /// Ingest streams open now.
+    pub streams_active: AtomicI64,
+    /// Commit duration histogram: cumulative counts per [`COMMIT_BUCKETS`] bound.
+    pub commit_buckets: [AtomicU64; COMMIT_BUCKETS.len()],
+    /// Sum of commit durations, in microseconds.
+    pub commit_micros_sum: AtomicU64,
+}
+
+impl Metrics {
+    /// Records one commit's duration.
+    pub fn observe_commit(&self, took: Duration) {
+        let secs = took.as_secs_f64();
+        for (bound, count) in COMMIT_BUCKETS.iter().zip(&self.commit_buckets) {
+            if secs <= *bound {
+                count.fetch_add(1, Relaxed);
+            }
+        }
+        self.commits.fetch_add(1, Relaxed);
+        self.commit_micros_sum
+            .fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Relaxed);
+    }
+}

@@ -1,0 +1,262 @@
+//! Fixtures shared by the collector's integration tests: inventories, batches with every
+//! field set (and with most fields absent), and a temporary SQLite store.
+#![allow(dead_code)]
+
+use gpufleet_collector::store::{self, NodeBatch, NodeRecord, Store};
+use gpufleet_core::wire::HelloInfo;
+use gpufleet_core::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// A fixed instant for store tests (2027-01-15).
+pub const T0: UnixMs = 1_800_000_000_000;
+
+/// A temporary SQLite store; keep the `TempDir` alive as long as the store.
+pub async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("test.db").display());
+    let store = store::open(&url).await.expect("open sqlite store");
+    (dir, store)
+}
+
+pub fn hello(node: &str) -> HelloInfo {
+    HelloInfo {
+        node: node.into(),
+        agent_version: "0.1.0-test".into(),
+        boot_id: "boot-1".into(),
+        labels: BTreeMap::from([("rack".into(), "r1".into()), ("site".into(), "lab".into())]),
+        interval_ms: 1000,
+        source: "simulator".into(),
+    }
+}
+
+/// A GPU with every inventory fact known (index `i`).
+pub fn gpu_info_full(uuid: &str, index: u32) -> GpuInfo {
+    GpuInfo {
+        index,
+        uuid: uuid.into(),
+        name: "NVIDIA H100 80GB HBM3".into(),
+        serial: Some(format!("SN{index}")),
+        pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + index)),
+        architecture: Some("Hopper".into()),
+        brand: Some("NVIDIA".into()),
+        memory_total_bytes: Some(85_899_345_920),
+        power_limit_default_mw: Some(700_000),
+        power_limit_enforced_mw: Some(650_000),
+        power_limit_min_mw: Some(200_000),
+        power_limit_max_mw: Some(700_000),
+        max_clock_sm_mhz: Some(1980),
+        max_clock_mem_mhz: Some(2619),
+        max_clock_graphics_mhz: Some(1980),
+        nvlink_count: Some(18),
+        mig_enabled: Some(true),
+        compute_mode: Some("Default".into()),
+        persistence_mode: Some(false),
+        cuda_capability_major: Some(9),
+        cuda_capability_minor: Some(0),
+        pcie_link_gen_max: Some(5),
+        pcie_link_width_max: Some(16),
+        vbios_version: Some("96.00.89.00.01".into()),
+        mig_instances: vec![MigInstance {
+            uuid: format!("MIG-{uuid}-1"),
+            gpu_instance_id: 1,
+            compute_instance_id: 0,
+            profile: Some("1g.10gb".into()),
+            memory_total_bytes: None,
+        }],
+    }
+}
+
+/// A GPU about which nothing optional is known.
+pub fn gpu_info_sparse(uuid: &str, index: u32) -> GpuInfo {
+    GpuInfo {
+        index,
+        uuid: uuid.into(),
+        name: "Tesla K80".into(),
+        ..Default::default()
+    }
+}
+
+pub fn inventory(gpus: Vec<GpuInfo>) -> Inventory {
+    Inventory {
+        driver_version: Some("550.54.15".into()),
+        cuda_driver_version: Some("12.4".into()),
+        nvml_version: None,
+        gpus,
+        host: HostInfo {
+            hostname: "node-a.example".into(),
+            kernel: Some("6.8.0".into()),
+            os: None,
+            cpu_count: Some(64),
+            memory_total_bytes: Some(512 << 30),
+        },
+    }
+}
+
+/// A GPU sample with every metric set; `k` varies the values.
+pub fn gpu_sample_full(uuid: &str, k: u32) -> GpuSample {
+    GpuSample {
+        gpu_uuid: uuid.into(),
+        util_gpu_pct: Some(k % 101),
+        util_mem_pct: Some((k * 3) % 101),
+        mem_used_bytes: Some(40_000_000_000 + u64::from(k)),
+        mem_total_bytes: Some(85_899_345_920),
+        mem_reserved_bytes: Some(500_000_000),
+        power_mw: Some(250_000 + k),
+        power_instant_mw: Some(260_000 + k),
+        power_limit_mw: Some(650_000),
+        energy_mj: Some(123_456_789_000 + u64::from(k) * 250),
+        temp_gpu_c: Some(65),
+        temp_mem_c: Some(70),
+        fan_pct: Some(0),
+        clock_sm_mhz: Some(1755),
+        clock_mem_mhz: Some(2619),
+        clock_graphics_mhz: Some(1755),
+        pstate: Some(0),
+        pcie_tx_bps: Some(1_200_000_000),
+        pcie_rx_bps: Some(800_000_000),
+        nvlink_tx_bps: Some(90_000_000_000),
+        nvlink_rx_bps: Some(88_000_000_000),
+        nvlinks: vec![
+            NvLinkSample {
+                link: 0,
+                tx_bps: Some(25_000_000_000),
+                rx_bps: Some(24_000_000_000),
+            },
+            NvLinkSample {
+                link: 1,
+                tx_bps: None,
+                rx_bps: Some(1),
+            },
+        ],
+        ecc_corrected_volatile: Some(0),
+        ecc_uncorrected_volatile: Some(u64::MAX), // extreme u64 survives the round trip
+        throttle_reasons: Some(0x4),
+        enc_util_pct: Some(0),
+        dec_util_pct: Some(12),
+    }
+}
+
+/// A GPU sample where only utilization and power are known: the rest must stay absent.
+pub fn gpu_sample_sparse(uuid: &str, k: u32) -> GpuSample {
+    GpuSample {
+        gpu_uuid: uuid.into(),
+        util_gpu_pct: Some(k % 101),
+        power_mw: Some(60_000 + k),
+        ..Default::default()
+    }
+}
+
+pub fn container_workload(id: &str, name: Option<&str>) -> Workload {
+    Workload {
+        kind: WorkloadKind::Container,
+        runtime: "containerd".into(),
+        container_id: Some(id.into()),
+        pod_uid: Some("0f7c2a8e-1111-2222-3333-444455556666".into()),
+        qos: Some("burstable".into()),
+        container_name: name.map(Into::into),
+        image: name.map(|_| "nvcr.io/nvidia/pytorch:24.01-py3".into()),
+        pod_name: name.map(|_| "trainer-0".into()),
+        namespace: name.map(|_| "ml".into()),
+        ..Default::default()
+    }
+}
+
+pub fn host_workload(uid: u32) -> Workload {
+    Workload {
+        kind: WorkloadKind::Host,
+        runtime: String::new(),
+        uid: Some(uid),
+        ..Default::default()
+    }
+}
+
+/// A tick at `time_ms` with one sample per GPU (full for the first, sparse for the
+/// rest), processes, host metrics, cost and events.
+pub fn tick(time_ms: UnixMs, gpus: &[&str], k: u32) -> Tick {
+    let samples = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            if i == 0 {
+                gpu_sample_full(g, k)
+            } else {
+                gpu_sample_sparse(g, k)
+            }
+        })
+        .collect();
+    let mut processes = vec![ProcessSample {
+        gpu_uuid: gpus[0].into(),
+        pid: 4242,
+        process_type: ProcessType::Compute,
+        user: Some("alice".into()),
+        command: Some("python train.py --epochs 3".into()),
+        gpu_mem_bytes: Some(30_000_000_000),
+        sm_util_pct: Some(80),
+        mem_util_pct: Some(40),
+        enc_util_pct: None,
+        dec_util_pct: None,
+        workload: container_workload(&"ab".repeat(32), Some("trainer")),
+        mig_uuid: None,
+    }];
+    if let Some(g) = gpus.get(1) {
+        processes.push(ProcessSample {
+            gpu_uuid: (*g).into(),
+            pid: 777,
+            process_type: ProcessType::ComputeAndGraphics,
+            user: None,
+            command: None,
+            gpu_mem_bytes: None,
+            sm_util_pct: None,
+            mem_util_pct: None,
+            enc_util_pct: None,
+            dec_util_pct: None,
+            workload: host_workload(1001),
+            mig_uuid: Some("MIG-x".into()),
+        });
+    }
+    Tick {
+        time_ms,
+        gpus: samples,
+        processes,
+        host: Some(HostSample {
+            cpu_util_pct: Some(12.5),
+            mem_used_bytes: Some(100 << 30),
+            mem_total_bytes: Some(512 << 30),
+            disk_read_bps: None,
+            disk_write_bps: Some(1_000_000),
+            net_rx_bps: Some(2_000),
+            net_tx_bps: Some(3_000),
+            load1: Some(3.25),
+        }),
+        events: vec![],
+        cost: Some(SamplerCost {
+            cpu_us: Some(150),
+            wall_us: Some(900),
+            source_us: None,
+            slowest_calls_us: BTreeMap::from([("nvmlDeviceGetPowerUsage".into(), 120)]),
+        }),
+    }
+}
+
+/// A batch of `ticks` ticks, one second apart from `start_ms`.
+pub fn batch(seq: u64, start_ms: UnixMs, ticks: u32, gpus: &[&str]) -> Batch {
+    Batch {
+        seq,
+        ticks: (0..ticks)
+            .map(|i| tick(start_ms + i64::from(i) * 1000, gpus, i))
+            .collect(),
+        delivery: DeliveryStats {
+            dropped_samples: seq * 10,
+            spool_backlog_batches: seq,
+            spool_backlog_bytes: seq * 1000,
+        },
+    }
+}
+
+pub fn node_batch(record: &NodeRecord, batch: Batch) -> NodeBatch {
+    NodeBatch {
+        keys: Arc::new(record.keys()),
+        batch,
+    }
+}

@@ -1,0 +1,655 @@
+//! The store contract: what every `Store` implementation must do, written against
+//! `Arc<dyn Store>` only. `contract_tests!` instantiates the suite per backend (SQLite
+//! now; PostgreSQL adds one line once it exists).
+
+mod common;
+
+use common::*;
+use gpufleet_collector::store::{GpuMetric, NodeRecord, Store, TimeRange};
+use gpufleet_core::*;
+use std::sync::Arc;
+
+const ALL_TIME: TimeRange = TimeRange {
+    from_ms: 0,
+    to_ms: i64::MAX,
+};
+
+mod contract {
+    use super::*;
+
+    async fn register(store: &Arc<dyn Store>, node: &str, gpus: Vec<GpuInfo>) -> NodeRecord {
+        store
+            .register_node(&hello(node), &inventory(gpus), T0)
+            .await
+            .expect("register node")
+    }
+
+    pub async fn registration_round_trips_inventory(store: Arc<dyn Store>) {
+        let gpus = vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)];
+        let rec = register(&store, "node-a", gpus.clone()).await;
+        assert_eq!(rec.name, "node-a");
+        assert_eq!(rec.labels, hello("node-a").labels);
+        assert_eq!((rec.first_seen_ms, rec.last_hello_ms), (T0, T0));
+        assert_eq!(rec.last_seen_ms, None, "no sample yet");
+        assert_eq!(rec.last_acked_seq, 0);
+        assert_eq!(
+            rec.inventory(),
+            inventory(gpus.clone()),
+            "every fact, absent ones as None"
+        );
+
+        // A second Hello updates facts, keeps ids and first_seen.
+        let mut changed = gpus.clone();
+        changed[1].vbios_version = Some("80.21".into());
+        changed[0].serial = None;
+        let mut h = hello("node-a");
+        h.agent_version = "0.2.0".into();
+        let again = store
+            .register_node(&h, &inventory(changed.clone()), T0 + 5000)
+            .await
+            .expect("re-register");
+        assert_eq!(again.id, rec.id);
+        assert_eq!(
+            again.gpus.iter().map(|g| g.id).collect::<Vec<_>>(),
+            rec.gpus.iter().map(|g| g.id).collect::<Vec<_>>()
+        );
+        assert_eq!((again.first_seen_ms, again.last_hello_ms), (T0, T0 + 5000));
+        assert_eq!(again.agent_version, "0.2.0");
+        assert_eq!(again.inventory().gpus, changed);
+        let listed = store.nodes().await.expect("nodes");
+        assert_eq!(listed, vec![again]);
+    }
+
+    pub async fn gpu_moving_to_another_node_leaves_the_first(store: Arc<dyn Store>) {
+        register(
+            &store,
+            "node-a",
+            vec![gpu_info_sparse("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let b = register(&store, "node-b", vec![gpu_info_sparse("GPU-b", 0)]).await;
+        assert_eq!(b.gpus.len(), 1);
+        let nodes = store.nodes().await.expect("nodes");
+        let a = nodes.iter().find(|n| n.name == "node-a").expect("node-a");
+        assert_eq!(
+            a.gpus
+                .iter()
+                .map(|g| g.info.uuid.as_str())
+                .collect::<Vec<_>>(),
+            ["GPU-a"]
+        );
+    }
+
+    pub async fn batches_read_back_field_for_field(store: Arc<dyn Store>) {
+        let rec = register(
+            &store,
+            "node-a",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let mut b = batch(1, T0, 3, &["GPU-a", "GPU-b"]);
+        b.ticks[1].host = None; // cost only: the host row has no metrics
+        b.ticks[2].cost = None;
+        b.ticks[2].events = vec![
+            Event {
+                time_ms: T0 + 2000,
+                gpu_uuid: "GPU-a".into(),
+                kind: EventKind::Xid,
+                code: Some(79),
+                detail: "GPU has fallen off the bus".into(),
+            },
+            Event {
+                time_ms: T0 + 2000,
+                gpu_uuid: String::new(),
+                kind: EventKind::SpoolDrop,
+                code: None,
+                detail: "spool full".into(),
+            },
+        ];
+        let outcome = store
+            .write_batches(&[node_batch(&rec, b.clone())])
+            .await
+            .expect("write");
+        assert_eq!(outcome.inserted_gpu_samples.get(&rec.id), Some(&6));
+
+        let gpu_a = rec.gpus[0].id;
+        let gpu_b = rec.gpus[1].id;
+        let samples = store
+            .gpu_samples(gpu_a, ALL_TIME, 100)
+            .await
+            .expect("read gpu a");
+        let expected: Vec<(UnixMs, GpuSample)> = b
+            .ticks
+            .iter()
+            .map(|t| (t.time_ms, t.gpus[0].clone()))
+            .collect();
+        assert_eq!(
+            samples, expected,
+            "every field of a full sample, in time order"
+        );
+        let sparse = store
+            .gpu_samples(gpu_b, ALL_TIME, 100)
+            .await
+            .expect("read gpu b");
+        assert_eq!(sparse[0].1, b.ticks[0].gpus[1]);
+        assert_eq!(sparse[0].1.temp_gpu_c, None, "absent stays absent");
+        assert_eq!(sparse[0].1.fan_pct, None);
+        assert!(sparse[0].1.nvlinks.is_empty());
+
+        let procs = store
+            .process_samples(gpu_a, ALL_TIME, 100)
+            .await
+            .expect("processes a");
+        let expected: Vec<(UnixMs, ProcessSample)> = b
+            .ticks
+            .iter()
+            .map(|t| (t.time_ms, t.processes[0].clone()))
+            .collect();
+        assert_eq!(
+            procs, expected,
+            "process fields and workload identity with names"
+        );
+        let procs_b = store
+            .process_samples(gpu_b, ALL_TIME, 100)
+            .await
+            .expect("processes b");
+        assert_eq!(
+            procs_b[0].1, b.ticks[0].processes[1],
+            "absent process fields stay absent"
+        );
+
+        let hosts = store
+            .host_samples(rec.id, ALL_TIME, 100)
+            .await
+            .expect("hosts");
+        assert_eq!(hosts.len(), 3);
+        assert_eq!(hosts[0].time_ms, T0);
+        assert_eq!(hosts[0].sample, b.ticks[0].host);
+        assert_eq!(hosts[0].cost, b.ticks[0].cost);
+        assert_eq!(
+            (hosts[1].sample.clone(), hosts[1].cost.clone()),
+            (None, b.ticks[1].cost.clone())
+        );
+        assert_eq!(
+            (hosts[2].sample.clone(), hosts[2].cost.clone()),
+            (b.ticks[2].host.clone(), None)
+        );
+
+        let events = store.events(rec.id, ALL_TIME, 100).await.expect("events");
+        assert_eq!(events, b.ticks[2].events);
+
+        let node = &store.nodes().await.expect("nodes")[0];
+        assert_eq!(node.last_seen_ms, Some(T0 + 2000), "newest tick time");
+        assert_eq!(node.last_acked_seq, 1);
+        assert_eq!(node.delivery, b.delivery);
+        assert_eq!(node.stored_samples, 6);
+    }
+
+    pub async fn replaying_a_batch_changes_nothing(store: Arc<dyn Store>) {
+        let rec = register(
+            &store,
+            "node-a",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let mut b = batch(1, T0, 4, &["GPU-a", "GPU-b"]);
+        b.ticks[0].events = vec![
+            Event {
+                time_ms: T0,
+                gpu_uuid: String::new(),
+                kind: EventKind::GpuLost,
+                code: None,
+                detail: String::new(),
+            },
+            Event {
+                time_ms: T0,
+                gpu_uuid: "GPU-b".into(),
+                kind: EventKind::Xid,
+                code: Some(48),
+                detail: "DBE".into(),
+            },
+        ];
+        let nb = node_batch(&rec, b);
+        store
+            .write_batches(std::slice::from_ref(&nb))
+            .await
+            .expect("first write");
+        let replay = store
+            .write_batches(&[nb.clone(), nb.clone()])
+            .await
+            .expect("replay, twice in one transaction");
+        assert_eq!(replay.inserted_gpu_samples.get(&rec.id), Some(&0));
+
+        assert_eq!(
+            store
+                .gpu_samples(rec.gpus[0].id, ALL_TIME, 100)
+                .await
+                .expect("a")
+                .len(),
+            4
+        );
+        assert_eq!(
+            store
+                .gpu_samples(rec.gpus[1].id, ALL_TIME, 100)
+                .await
+                .expect("b")
+                .len(),
+            4
+        );
+        assert_eq!(
+            store
+                .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+                .await
+                .expect("p")
+                .len(),
+            4
+        );
+        assert_eq!(
+            store
+                .host_samples(rec.id, ALL_TIME, 100)
+                .await
+                .expect("h")
+                .len(),
+            4
+        );
+        assert_eq!(
+            store.events(rec.id, ALL_TIME, 100).await.expect("e").len(),
+            2,
+            "node-level and code-less events too"
+        );
+        let node = &store.nodes().await.expect("nodes")[0];
+        assert_eq!(
+            node.stored_samples, 8,
+            "the counter counts rows, not writes"
+        );
+        assert_eq!(node.last_acked_seq, 1);
+    }
+
+    pub async fn last_acked_seq_and_last_seen_only_grow(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let b5 = batch(5, T0 + 10_000, 2, &["GPU-a"]);
+        let b3 = batch(3, T0, 2, &["GPU-a"]);
+        store
+            .write_batches(&[node_batch(&rec, b5.clone())])
+            .await
+            .expect("seq 5");
+        store
+            .write_batches(&[node_batch(&rec, b3)])
+            .await
+            .expect("older seq 3");
+        let node = &store.nodes().await.expect("nodes")[0];
+        assert_eq!(node.last_acked_seq, 5);
+        assert_eq!(node.last_seen_ms, Some(T0 + 11_000));
+        assert_eq!(
+            node.delivery, b5.delivery,
+            "delivery stats come from the highest seq"
+        );
+        assert_eq!(node.stored_samples, 4);
+
+        // Several batches of several nodes in one transaction.
+        let other = register(&store, "node-b", vec![gpu_info_sparse("GPU-z", 0)]).await;
+        let outcome = store
+            .write_batches(&[
+                node_batch(&other, batch(1, T0, 1, &["GPU-z"])),
+                node_batch(&rec, batch(6, T0 + 20_000, 1, &["GPU-a"])),
+                node_batch(&other, batch(2, T0, 2, &["GPU-z"])),
+            ])
+            .await
+            .expect("mixed write");
+        assert_eq!(outcome.inserted_gpu_samples.get(&rec.id), Some(&1));
+        assert_eq!(
+            outcome.inserted_gpu_samples.get(&other.id),
+            Some(&2),
+            "tick T0 is in both batches"
+        );
+        let nodes = store.nodes().await.expect("nodes");
+        assert_eq!(nodes[0].last_acked_seq, 6);
+        assert_eq!(nodes[1].last_acked_seq, 2);
+        assert_eq!(nodes[1].stored_samples, 2);
+    }
+
+    pub async fn latest_samples_seed_the_live_state(store: Arc<dyn Store>) {
+        let rec = register(
+            &store,
+            "node-a",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        register(&store, "node-empty", vec![gpu_info_sparse("GPU-c", 0)]).await;
+        assert!(store.latest_gpu_samples().await.expect("latest").is_empty());
+        let b1 = batch(1, T0, 3, &["GPU-a", "GPU-b"]);
+        let mut b2 = batch(2, T0 + 3000, 2, &["GPU-a"]); // GPU-b stopped reporting
+        b2.ticks[1].processes.clear();
+        store
+            .write_batches(&[node_batch(&rec, b1.clone()), node_batch(&rec, b2.clone())])
+            .await
+            .expect("write");
+        let mut latest = store.latest_gpu_samples().await.expect("latest");
+        latest.sort_by_key(|l| l.gpu);
+        assert_eq!(latest.len(), 2);
+        assert_eq!(
+            (latest[0].gpu, latest[0].time_ms),
+            (rec.gpus[0].id, T0 + 4000)
+        );
+        assert_eq!(latest[0].sample, b2.ticks[1].gpus[0]);
+        assert!(
+            latest[0].processes.is_empty(),
+            "the newest tick had no processes"
+        );
+        assert_eq!(
+            (latest[1].gpu, latest[1].time_ms),
+            (rec.gpus[1].id, T0 + 2000)
+        );
+        assert_eq!(latest[1].processes, vec![b1.ticks[2].processes[1].clone()]);
+        let hosts = store.latest_host_samples().await.expect("hosts");
+        assert_eq!(hosts.len(), 1);
+        assert_eq!((hosts[0].node, hosts[0].time_ms), (rec.id, T0 + 4000));
+        assert_eq!(hosts[0].sample, b2.ticks[1].host);
+    }
+
+    pub async fn series_raw_and_downsampled(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let gpu = rec.gpus[0].id;
+        // Samples at T0 + 0, 1, 2, ... 9 s; power 100, 200, ... W; util absent at 5 s.
+        let ticks = (0..10u32)
+            .map(|i| {
+                let mut s = gpu_sample_sparse("GPU-a", 0);
+                s.power_mw = Some((i + 1) * 100_000);
+                s.util_gpu_pct = (i != 5).then_some(i * 10);
+                Tick {
+                    time_ms: T0 + i64::from(i) * 1000,
+                    gpus: vec![s],
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let b = Batch {
+            seq: 1,
+            ticks,
+            delivery: DeliveryStats::default(),
+        };
+        store
+            .write_batches(&[node_batch(&rec, b)])
+            .await
+            .expect("write");
+
+        let range = TimeRange {
+            from_ms: T0 + 1000,
+            to_ms: T0 + 6000,
+        };
+        let raw = store
+            .gpu_series(gpu, GpuMetric::UtilGpuPct, range, None, 100)
+            .await
+            .expect("raw");
+        assert_eq!(
+            raw,
+            vec![
+                (T0 + 1000, Some(10.0)),
+                (T0 + 2000, Some(20.0)),
+                (T0 + 3000, Some(30.0)),
+                (T0 + 4000, Some(40.0)),
+                (T0 + 5000, None),
+                (T0 + 6000, Some(60.0)),
+            ],
+            "from and to are inclusive; absent is null"
+        );
+        let limited = store
+            .gpu_series(gpu, GpuMetric::PowerMw, ALL_TIME, None, 3)
+            .await
+            .expect("limit");
+        assert_eq!(limited.len(), 3);
+
+        // Buckets of 4 s aligned to multiples of 4 s (T0 is a multiple of 4000).
+        let all = TimeRange {
+            from_ms: T0,
+            to_ms: T0 + 9000,
+        };
+        let stepped = store
+            .gpu_series(gpu, GpuMetric::PowerMw, all, Some(4000), 100)
+            .await
+            .expect("step");
+        assert_eq!(
+            stepped,
+            vec![
+                (T0, Some(250_000.0)),        // 100..400 W
+                (T0 + 4000, Some(650_000.0)), // 500..800 W
+                (T0 + 8000, Some(950_000.0)), // 900, 1000 W
+            ]
+        );
+        let util = store
+            .gpu_series(
+                gpu,
+                GpuMetric::UtilGpuPct,
+                TimeRange {
+                    from_ms: T0 + 5000,
+                    to_ms: T0 + 5999,
+                },
+                Some(1000),
+                100,
+            )
+            .await
+            .expect("all-absent bucket");
+        assert_eq!(
+            util,
+            vec![(T0 + 5000, None)],
+            "a bucket whose samples all lack the metric is null"
+        );
+        let edge = store
+            .gpu_series(
+                gpu,
+                GpuMetric::PowerMw,
+                TimeRange {
+                    from_ms: T0 + 3000,
+                    to_ms: T0 + 4000,
+                },
+                Some(4000),
+                100,
+            )
+            .await
+            .expect("partial buckets");
+        assert_eq!(
+            edge,
+            vec![(T0, Some(400_000.0)), (T0 + 4000, Some(500_000.0))],
+            "edge buckets hold only in-range samples"
+        );
+        let none = store
+            .gpu_series(gpu, GpuMetric::TempGpuC, all, Some(4000), 100)
+            .await
+            .expect("absent metric");
+        assert_eq!(none, vec![(T0, None), (T0 + 4000, None), (T0 + 8000, None)]);
+        let empty = store
+            .gpu_series(
+                gpu,
+                GpuMetric::PowerMw,
+                TimeRange {
+                    from_ms: 0,
+                    to_ms: T0 - 1,
+                },
+                None,
+                100,
+            )
+            .await
+            .expect("empty range");
+        assert!(empty.is_empty());
+    }
+
+    pub async fn workload_names_learned_later_are_kept(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let mut b1 = batch(1, T0, 1, &["GPU-a"]);
+        b1.ticks[0].processes[0].workload = container_workload("c0ffee", None);
+        let mut b2 = batch(2, T0 + 1000, 1, &["GPU-a"]);
+        b2.ticks[0].processes[0].workload = container_workload("c0ffee", Some("trainer"));
+        let mut b3 = batch(3, T0 + 2000, 1, &["GPU-a"]);
+        b3.ticks[0].processes[0].workload = container_workload("c0ffee", None);
+        for b in [b1, b2, b3] {
+            store
+                .write_batches(&[node_batch(&rec, b)])
+                .await
+                .expect("write");
+        }
+        let procs = store
+            .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+            .await
+            .expect("procs");
+        assert_eq!(procs.len(), 3);
+        for (_, p) in &procs {
+            assert_eq!(p.workload.key(), "container:c0ffee");
+            assert_eq!(
+                p.workload.container_name.as_deref(),
+                Some("trainer"),
+                "one workload row, names kept"
+            );
+        }
+    }
+}
+
+/// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
+macro_rules! contract_tests {
+    ($backend:ident, $open:path) => {
+        mod $backend {
+            use super::*;
+            contract_tests!(@each $open;
+                registration_round_trips_inventory,
+                gpu_moving_to_another_node_leaves_the_first,
+                batches_read_back_field_for_field,
+                replaying_a_batch_changes_nothing,
+                last_acked_seq_and_last_seen_only_grow,
+                latest_samples_seed_the_live_state,
+                series_raw_and_downsampled,
+                workload_names_learned_later_are_kept,
+            );
+        }
+    };
+    (@each $open:path; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let (_guard, store) = $open().await;
+                contract::$name(Arc::clone(&store)).await;
+                store.close().await;
+            }
+        )*
+    };
+}
+
+contract_tests!(sqlite, sqlite_store);
+
+// ------------------------------------------------------------------ SQLite specifics
+
+/// Reopening a database keeps its data and does not re-run migrations.
+#[tokio::test]
+async fn sqlite_reopen_keeps_data() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("nested.db").display());
+    let store = gpufleet_collector::store::open(&url).await.expect("create");
+    let rec = store
+        .register_node(
+            &hello("n"),
+            &inventory(vec![gpu_info_sparse("GPU-a", 0)]),
+            T0,
+        )
+        .await
+        .expect("register");
+    store
+        .write_batches(&[node_batch(&rec, batch(1, T0, 2, &["GPU-a"]))])
+        .await
+        .expect("write");
+    store.close().await;
+    let store = gpufleet_collector::store::open(&url).await.expect("reopen");
+    let nodes = store.nodes().await.expect("nodes");
+    assert_eq!(
+        (
+            nodes.len(),
+            nodes[0].stored_samples,
+            nodes[0].last_acked_seq
+        ),
+        (1, 2, 1)
+    );
+    store.close().await;
+}
+
+#[tokio::test]
+async fn unsupported_urls_say_what_to_use() {
+    let err = gpufleet_collector::store::open("postgres://u:secret@localhost/db")
+        .await
+        .expect_err("not yet");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("sqlite://") && !msg.contains("secret"),
+        "{msg}"
+    );
+    assert!(gpufleet_collector::store::open("mysql://x").await.is_err());
+}
+
+/// The on-disk size of a raw GPU sample (the design's budget is <= 120 bytes), measured
+/// with SQLite's dbstat table over realistic H100 samples from 8 GPUs.
+#[tokio::test]
+async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("size.db");
+    let store = gpufleet_collector::store::open(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("open");
+    let uuids: Vec<String> = (0..8)
+        .map(|i| format!("GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab"))
+        .collect();
+    let infos = uuids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| gpu_info_full(u, i as u32))
+        .collect();
+    let rec = store
+        .register_node(&hello("n"), &inventory(infos), T0)
+        .await
+        .expect("register");
+    let ticks_per_batch = 100;
+    let batches = 25;
+    for b in 0..batches {
+        let ticks = (0..ticks_per_batch)
+            .map(|t| {
+                let k = b * ticks_per_batch + t;
+                let gpus = uuids
+                    .iter()
+                    .map(|u| {
+                        let mut s = gpu_sample_full(u, k);
+                        s.nvlinks.clear(); // per-link NVLink is optional; sums are kept
+                        s.ecc_uncorrected_volatile = Some(0);
+                        s
+                    })
+                    .collect();
+                Tick {
+                    time_ms: T0 + i64::from(k) * 1000,
+                    gpus,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let batch = Batch {
+            seq: u64::from(b) + 1,
+            ticks,
+            delivery: DeliveryStats::default(),
+        };
+        store
+            .write_batches(&[node_batch(&rec, batch)])
+            .await
+            .expect("write");
+    }
+    store.close().await;
+
+    let rows = u64::from(batches * ticks_per_batch) * 8;
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("connect");
+    let bytes: i64 =
+        sqlx::query_scalar("SELECT sum(pgsize) FROM dbstat WHERE name = 'gpu_samples'")
+            .fetch_one(&pool)
+            .await
+            .expect("dbstat");
+    let per_row = bytes as f64 / rows as f64;
+    println!("gpu_samples: {rows} rows, {bytes} bytes on disk, {per_row:.1} bytes per sample");
+    assert!(
+        per_row <= 120.0,
+        "{per_row:.1} bytes per GPU sample exceeds the 120-byte budget"
+    );
+    pool.close().await;
+}

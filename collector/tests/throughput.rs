@@ -1,0 +1,265 @@
+//! Ingest throughput, end to end over loopback gRPC into a temporary SQLite file: several
+//! agents stream pre-built batches as fast as acks allow. A benchmark, not a timed test:
+//!
+//! ```text
+//! cargo test --release -p gpufleet-collector --test throughput -- --ignored --nocapture
+//! ```
+//!
+//! Knobs (environment): `AGENTS` (4), `GPUS` (8), `TICKS` per batch (50), `BATCHES` per
+//! agent (200), `PROCS` processes per GPU per tick (0).
+
+mod common;
+
+use common::*;
+use gpufleet_collector::{ServeOptions, serve_with_store};
+use gpufleet_core::config::now_ms;
+use gpufleet_core::*;
+use gpufleet_proto::v1 as pb;
+use gpufleet_proto::v1::collector_message::Msg;
+use gpufleet_proto::v1::ingest_client::IngestClient;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+async fn ingest_throughput() {
+    let (agents, gpus, ticks, batches, procs) = (
+        knob("AGENTS", 4),
+        knob("GPUS", 8),
+        knob("TICKS", 50),
+        knob("BATCHES", 200),
+        knob("PROCS", 0),
+    );
+    let (_dir, store) = sqlite_store().await;
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = grpc.local_addr().expect("addr");
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve_with_store(
+        Arc::clone(&store),
+        ServeOptions::default(),
+        grpc,
+        http,
+        shutdown.clone(),
+    ));
+
+    let start_ms = now_ms() - 86_400_000;
+    let mut prepared = Vec::new();
+    for a in 0..agents {
+        let uuids: Vec<String> = (0..gpus)
+            .map(|g| format!("GPU-{a:04}-{g:04}-0000-0000-000000000000"))
+            .collect();
+        // Pre-build the wire batches so the clients cost little CPU.
+        let wire: Vec<pb::AgentMessage> = (0..batches)
+            .map(|b| {
+                let ticks = (0..ticks)
+                    .map(|t| {
+                        let k = b * ticks + t;
+                        let time_ms = start_ms + i64::from(k) * 1000;
+                        let samples = uuids.iter().map(|u| {
+                            let mut s = gpu_sample_full(u, k);
+                            s.nvlinks.clear();
+                            s.ecc_uncorrected_volatile = Some(0);
+                            s
+                        });
+                        let processes = uuids.iter().flat_map(|u| {
+                            (0..procs).map(move |p| ProcessSample {
+                                gpu_uuid: u.clone(),
+                                pid: 1000 + p,
+                                user: Some("alice".into()),
+                                command: Some("python train.py".into()),
+                                gpu_mem_bytes: Some(1 << 30),
+                                sm_util_pct: Some(50),
+                                workload: container_workload(&format!("{p:064x}"), Some("trainer")),
+                                ..Default::default()
+                            })
+                        });
+                        Tick {
+                            time_ms,
+                            gpus: samples.collect(),
+                            processes: processes.collect(),
+                            ..Default::default()
+                        }
+                    })
+                    .collect();
+                let batch = Batch {
+                    seq: u64::from(b) + 1,
+                    ticks,
+                    delivery: DeliveryStats::default(),
+                };
+                pb::AgentMessage {
+                    msg: Some(pb::agent_message::Msg::Batch(batch.into())),
+                }
+            })
+            .collect();
+        let infos: Vec<GpuInfo> = uuids
+            .iter()
+            .enumerate()
+            .map(|(i, u)| gpu_info_full(u, i as u32))
+            .collect();
+        let h = hello(&format!("bench-{a}"));
+        let hello = pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
+                node: h.node,
+                inventory: Some(inventory(infos).into()),
+                interval_ms: 1000,
+                ..Default::default()
+            })),
+        };
+        prepared.push((hello, wire));
+    }
+    // The clock starts once every batch is built: only the pipeline is measured.
+    let began = Instant::now();
+    let mut handles = Vec::new();
+    for (hello, wire) in prepared {
+        handles.push(tokio::spawn(async move {
+            let mut client = IngestClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect")
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20);
+            let (tx, rx) = mpsc::channel(8);
+            tx.send(hello).await.expect("hello");
+            let mut inbound = client
+                .stream(ReceiverStream::new(rx))
+                .await
+                .expect("stream")
+                .into_inner();
+            let sender = tokio::spawn(async move {
+                for m in wire {
+                    if tx.send(m).await.is_err() {
+                        break;
+                    }
+                }
+                tx
+            });
+            let mut acked = 0;
+            while acked < batches {
+                match inbound
+                    .message()
+                    .await
+                    .expect("healthy")
+                    .and_then(|m| m.msg)
+                {
+                    Some(Msg::Ack(_)) => acked += 1,
+                    Some(Msg::Welcome(_)) => {}
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            drop(sender.await);
+        }));
+    }
+    for h in handles {
+        h.await.expect("agent");
+    }
+    let took = began.elapsed();
+    let samples = u64::from(agents * gpus * ticks * batches);
+    let rate = samples as f64 / took.as_secs_f64();
+    println!(
+        "{agents} agents x {gpus} GPUs, {ticks} ticks/batch, {batches} batches each, {procs} processes/GPU: \
+         {samples} GPU samples acked in {:.2} s = {rate:.0} samples/s",
+        took.as_secs_f64()
+    );
+    let stored: u64 = store
+        .nodes()
+        .await
+        .expect("nodes")
+        .iter()
+        .map(|n| n.stored_samples)
+        .sum();
+    assert_eq!(stored, samples);
+    shutdown.cancel();
+    server.await.expect("server").expect("clean shutdown");
+}
+
+/// The store alone: `write_batches` with groups of pre-built domain batches, as the
+/// group-commit writer calls it (no gRPC, no validation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+async fn store_write_throughput() {
+    use gpufleet_collector::store::NodeBatch;
+    let (gpus, ticks, batches, procs, group) = (
+        knob("GPUS", 8),
+        knob("TICKS", 50),
+        knob("BATCHES", 800),
+        knob("PROCS", 0),
+        knob("GROUP", 16),
+    );
+    let (_dir, store) = sqlite_store().await;
+    let uuids: Vec<String> = (0..gpus)
+        .map(|g| format!("GPU-{g:04}-0000-0000-000000000000"))
+        .collect();
+    let infos = uuids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| gpu_info_full(u, i as u32))
+        .collect();
+    let rec = store
+        .register_node(&hello("bench"), &inventory(infos), now_ms())
+        .await
+        .expect("register");
+    let keys = Arc::new(rec.keys());
+    let start_ms = now_ms() - 86_400_000;
+    let all: Vec<NodeBatch> = (0..batches)
+        .map(|b| {
+            let ticks = (0..ticks)
+                .map(|t| {
+                    let k = b * ticks + t;
+                    let samples = uuids.iter().map(|u| gpu_sample_full(u, k)).collect();
+                    let processes = uuids
+                        .iter()
+                        .flat_map(|u| {
+                            (0..procs).map(move |p| ProcessSample {
+                                gpu_uuid: u.clone(),
+                                pid: 1000 + p,
+                                user: Some("alice".into()),
+                                command: Some("python train.py".into()),
+                                gpu_mem_bytes: Some(1 << 30),
+                                sm_util_pct: Some(50),
+                                workload: container_workload(&format!("{p:064x}"), Some("trainer")),
+                                ..Default::default()
+                            })
+                        })
+                        .collect();
+                    Tick {
+                        time_ms: start_ms + i64::from(k) * 1000,
+                        gpus: samples,
+                        processes,
+                        ..Default::default()
+                    }
+                })
+                .collect();
+            NodeBatch {
+                keys: Arc::clone(&keys),
+                batch: Batch {
+                    seq: u64::from(b) + 1,
+                    ticks,
+                    delivery: DeliveryStats::default(),
+                },
+            }
+        })
+        .collect();
+    let began = Instant::now();
+    for chunk in all.chunks(group as usize) {
+        store.write_batches(chunk).await.expect("write");
+    }
+    let took = began.elapsed();
+    let samples = u64::from(gpus * ticks * batches);
+    println!(
+        "store: {samples} GPU samples ({procs} processes/GPU), {group} batches of {ticks} ticks per \
+         transaction: {:.2} s = {:.0} samples/s",
+        took.as_secs_f64(),
+        samples as f64 / took.as_secs_f64()
+    );
+}
