@@ -16,6 +16,7 @@
 //! - [`sampler`]: the sampling loop (off the runtime; timestamps; cost).
 //! - [`queue`]: the [`Outbox`](queue::Outbox) of unacked batches; bounded, counts drops.
 //! - [`uplink`]: the gRPC session, acks, rejects, reconnects with backoff, failover.
+//! - [`tls`]: the agent's credentials: CA, client certificate, token.
 //! - [`run`]: [`run_agent`], the whole pipeline until shutdown.
 //! - [`snapshot`]: `gpufleet-agent snapshot` (table or JSON).
 //!
@@ -47,6 +48,7 @@ pub mod sampler;
 pub mod sim;
 pub mod snapshot;
 pub mod source;
+pub mod tls;
 pub mod uplink;
 
 pub use queue::Summary;

@@ -105,6 +105,8 @@ struct RunArgs {
     /// dropped (and counted).
     #[arg(long, env = "GPUFLEET_QUEUE_MAX_TICKS", value_name = "N", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..))]
     queue_max_ticks: u32,
+    #[command(flatten)]
+    credentials: gpufleet_agent::tls::CredentialArgs,
 }
 
 #[derive(Debug, Args)]
@@ -203,6 +205,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown_timeout: args.shutdown_timeout,
         batch_max_ticks: args.batch_max_ticks as usize,
         queue_max_ticks: args.queue_max_ticks as usize,
+        credentials: gpufleet_agent::tls::Credentials::load(&args.credentials)?,
         ..RunOptions::new(node, args.collector)
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

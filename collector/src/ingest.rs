@@ -123,6 +123,7 @@ impl Ingest for IngestService {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        let peer_certs = request.peer_certs();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(s.options.hello_timeout, inbound.message())
             .await
@@ -162,6 +163,7 @@ impl Ingest for IngestService {
                 "malformed Hello: node is empty; the agent must name its node",
             ));
         }
+        crate::identity::check_certificate(peer_certs.as_deref().map(Vec::as_slice), &info.node)?;
         let record = s
             .store
             .register_node(&info, &inventory, now_ms())

@@ -15,9 +15,14 @@
 //! - [`http`]: the axum router (`app`), handlers and `ApiError`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`metrics`]: the collector's own counters.
+//! - [`certs`]: a development CA and certificates (rcgen) for `certs`.
+//! - [`identity`]: which node an agent's credential lets it write as.
+//! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
 
+pub mod certs;
 pub mod demo;
 pub mod http;
+pub mod identity;
 pub mod ingest;
 pub mod live;
 pub mod metrics;
@@ -25,6 +30,7 @@ pub mod prometheus;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod tls;
 pub mod writer;
 
 pub use server::{ServeError, ServeOptions, serve, serve_with_store};

@@ -34,6 +34,9 @@ enum Command {
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
     Demo(DemoArgs),
+    /// Make a development CA, a server certificate and per-node client certificates
+    /// (PEM) for TLS and mTLS; see SECURITY.md.
+    Certs(gpufleet_collector::certs::CertsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +109,8 @@ struct ServeArgs {
     /// Largest gRPC message (batch) accepted from an agent, in bytes.
     #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
+    #[command(flatten)]
+    tls: gpufleet_collector::tls::TlsArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -119,6 +124,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
+        Command::Certs(args) => run_certs(args),
     }
 }
 
@@ -158,9 +164,19 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             max_message_bytes: args.max_message_bytes,
             ..Default::default()
         },
+        tls: args.tls.options(),
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
+    Ok(())
+}
+
+fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
+    let written = gpufleet_collector::certs::write_plan(&args.into())?;
+    let mut stdout = std::io::stdout().lock();
+    for path in written {
+        writeln!(stdout, "wrote {}", path.display())?;
+    }
     Ok(())
 }
 

@@ -13,8 +13,10 @@ use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::status::{StatusPolicy, system_clock};
 use crate::store::{self, Store, StoreError};
+use crate::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::writer::{self, WriterOptions};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +37,8 @@ pub struct ServeOptions {
     /// After shutdown is requested, how long open streams and HTTP requests get to finish
     /// before the servers are dropped (the writer still commits what it has).
     pub shutdown_grace: Duration,
+    /// TLS on the gRPC and HTTP listeners; `None` each: plain TCP.
+    pub tls: TlsOptions,
 }
 
 impl Default for ServeOptions {
@@ -45,6 +49,7 @@ impl Default for ServeOptions {
             ingest: IngestOptions::default(),
             writer: WriterOptions::default(),
             shutdown_grace: Duration::from_secs(10),
+            tls: TlsOptions::default(),
         }
     }
 }
@@ -60,6 +65,8 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("the HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Opens the store `options.db_url` names and runs the collector on the given listeners
@@ -88,8 +95,26 @@ pub async fn serve_with_store(
 ) -> Result<(), ServeError> {
     let grpc_addr = grpc.local_addr().map_err(ServeError::Listener)?;
     let http_addr = http.local_addr().map_err(ServeError::Listener)?;
-    warn_if_exposed("gRPC ingest", grpc_addr);
-    warn_if_exposed("HTTP API", http_addr);
+    let grpc_tls = options
+        .tls
+        .grpc
+        .clone()
+        .map(|f| ReloadableTls::load(f, Alpn::Grpc))
+        .transpose()?;
+    let http_tls = options
+        .tls
+        .http
+        .clone()
+        .map(|f| ReloadableTls::load(f, Alpn::Http))
+        .transpose()?;
+    warn_if_exposed("gRPC ingest", grpc_addr, grpc_tls.is_some());
+    warn_if_exposed("HTTP API", http_addr, http_tls.is_some());
+    let reloader = tls::spawn_reloader(
+        grpc_tls.iter().chain(http_tls.iter()).cloned().collect(),
+        options.tls.reload_poll,
+        shutdown.clone(),
+    );
+    tokio::spawn(reloader);
 
     let live = Arc::new(Live::new());
     live.seed(
@@ -114,17 +139,28 @@ pub async fn serve_with_store(
         options.ingest.clone(),
         shutdown.clone(),
     );
-    let incoming = TcpListenerStream::new(grpc).map(|conn| {
-        conn.inspect(|tcp| {
-            // Acks are small and latency-bound.
-            let _ = tcp.set_nodelay(true);
-        })
-    });
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(ingest.into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+        .add_service(ingest.into_server());
+    let stop = shutdown.clone().cancelled_owned();
+    let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
+        None => {
+            let incoming = TcpListenerStream::new(grpc).map(|conn| {
+                conn.inspect(|tcp| {
+                    // Acks are small and latency-bound.
+                    let _ = tcp.set_nodelay(true);
+                })
+            });
+            Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
+        }
+        Some(tls) => {
+            let rx = tls::accept_tls(grpc, tls, HandshakeLimits::default(), shutdown.clone());
+            let incoming = tokio_stream::wrappers::ReceiverStream::new(rx)
+                .map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
+            Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
+        }
+    };
     let state = AppState {
         store: Arc::clone(&store),
         live,
@@ -133,8 +169,25 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
     };
-    let http_server = axum::serve(http, http::app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let app = http::app(state);
+    let stop = shutdown.clone().cancelled_owned();
+    let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
+        None => Box::pin(
+            axum::serve(http, app)
+                .with_graceful_shutdown(stop)
+                .into_future(),
+        ),
+        Some(tls) => {
+            let listener =
+                tls::TlsListener::new(http, tls, HandshakeLimits::default(), shutdown.clone())
+                    .map_err(ServeError::Listener)?;
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .into_future(),
+            )
+        }
+    };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");
 
     let servers = async {
@@ -173,12 +226,12 @@ pub async fn serve_with_store(
     Ok(())
 }
 
-fn warn_if_exposed(what: &str, addr: SocketAddr) {
-    if !addr.ip().is_loopback() {
+fn warn_if_exposed(what: &str, addr: SocketAddr, tls: bool) {
+    if !addr.ip().is_loopback() && !tls {
         warn!(
             listen = %addr,
-            "{what} listens on a non-loopback address without TLS or authentication \
-             (they come in a later release): anyone who can reach it can use it"
+            "{what} listens on a non-loopback address without TLS: anyone on the path \
+             can read and alter its traffic; see SECURITY.md"
         );
     }
 }

@@ -1,0 +1,473 @@
+//! TLS on the collector's listeners (rustls, `ring` provider), with certificates reloaded
+//! on SIGHUP or when their files change, without dropping the service.
+//!
+//! We terminate TLS ourselves (tokio-rustls) instead of letting tonic or axum do it, so
+//! one code path serves both listeners and the [`ServerConfig`] can be swapped at run
+//! time: every new connection takes the current config; open connections keep theirs.
+//! An accept task per listener hands each connection to its own handshake task (bounded
+//! by a timeout and a semaphore), so a client that never finishes its handshake holds up
+//! nobody else; finished handshakes go to the server through a bounded channel.
+//!
+//! mTLS (`--client-ca`): the client must present a certificate signed by that CA; rustls
+//! refuses the handshake otherwise. Which node the certificate may write as is decided in
+//! [`crate::identity`] from the certificate's DNS names.
+
+use futures::future::BoxFuture;
+use rustls::RootCertStore;
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The TLS command-line options of `serve` (flattened into its arguments).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TlsArgs {
+    /// PEM certificate chain the collector presents, on gRPC and (unless --http-tls-cert
+    /// is given) on HTTP. Reloaded on SIGHUP or when the file changes.
+    #[arg(
+        long,
+        env = "GPUFLEET_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(
+        long,
+        env = "GPUFLEET_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) agents' client certificates must chain to (mTLS on gRPC):
+    /// an agent without such a certificate cannot connect.
+    #[arg(
+        long,
+        env = "GPUFLEET_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub client_ca: Option<PathBuf>,
+    /// PEM certificate chain for the HTTP listener, when it differs from --tls-cert.
+    #[arg(
+        long,
+        env = "GPUFLEET_HTTP_TLS_CERT",
+        value_name = "FILE",
+        requires = "http_tls_key"
+    )]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key of --http-tls-cert.
+    #[arg(
+        long,
+        env = "GPUFLEET_HTTP_TLS_KEY",
+        value_name = "FILE",
+        requires = "http_tls_cert"
+    )]
+    pub http_tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// What each listener serves: gRPC takes `--tls-*` and `--client-ca`; HTTP takes
+    /// `--http-tls-*`, else `--tls-*` (never client certificates: browsers log in).
+    pub fn options(&self) -> TlsOptions {
+        let grpc = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.client_ca.clone(),
+            }),
+            _ => None,
+        };
+        let http = match (&self.http_tls_cert, &self.http_tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: None,
+            }),
+            _ => grpc.as_ref().map(|g| TlsFiles {
+                client_ca: None,
+                ..g.clone()
+            }),
+        };
+        TlsOptions {
+            grpc,
+            http,
+            ..TlsOptions::default()
+        }
+    }
+}
+
+/// TLS settings of both listeners; `None`: plain TCP.
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    pub grpc: Option<TlsFiles>,
+    pub http: Option<TlsFiles>,
+    /// How often the certificate files are checked for changes (SIGHUP reloads at once).
+    pub reload_poll: Duration,
+}
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions {
+            grpc: None,
+            http: None,
+            reload_poll: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The PEM files one listener's TLS is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate chaining to one of these CAs.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn paths(&self) -> impl Iterator<Item = &Path> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+    }
+}
+
+/// Why a TLS configuration could not be built. Never carries key material.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {path}: {reason}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{what} {path} holds no PEM {kind}")]
+    Empty {
+        what: &'static str,
+        path: PathBuf,
+        kind: &'static str,
+    },
+    #[error("invalid TLS configuration: {0}")]
+    Config(String),
+}
+
+/// Which ALPN protocols a listener offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    /// gRPC: HTTP/2 only.
+    Grpc,
+    /// HTTP API and page: HTTP/2 or HTTP/1.1.
+    Http,
+}
+
+/// A listener's TLS configuration that can be reloaded while it serves.
+#[derive(Debug)]
+pub struct ReloadableTls {
+    files: TlsFiles,
+    alpn: Alpn,
+    current: RwLock<Arc<ServerConfig>>,
+    /// Modification times and sizes of the files when last loaded.
+    stamp: Mutex<Vec<Option<(SystemTime, u64)>>>,
+}
+
+impl ReloadableTls {
+    /// Loads the files now; fails with a message naming the bad file.
+    pub fn load(files: TlsFiles, alpn: Alpn) -> Result<Arc<ReloadableTls>, TlsError> {
+        let stamp = stamps(&files);
+        let config = build_config(&files, alpn)?;
+        Ok(Arc::new(ReloadableTls {
+            files,
+            alpn,
+            current: RwLock::new(Arc::new(config)),
+            stamp: Mutex::new(stamp),
+        }))
+    }
+
+    /// An acceptor with the current configuration.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let config = match self.current.read() {
+            Ok(c) => Arc::clone(&c),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        };
+        TlsAcceptor::from(config)
+    }
+
+    /// Whether a file changed (time or size) since it was last loaded.
+    pub fn changed(&self) -> bool {
+        let now = stamps(&self.files);
+        match self.stamp.lock() {
+            Ok(s) => *s != now,
+            Err(_) => true,
+        }
+    }
+
+    /// Reloads the files. On error the previous configuration stays in use.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let stamp = stamps(&self.files);
+        let config = build_config(&self.files, self.alpn)?;
+        match self.current.write() {
+            Ok(mut c) => *c = Arc::new(config),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(config),
+        }
+        if let Ok(mut s) = self.stamp.lock() {
+            *s = stamp;
+        }
+        Ok(())
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+}
+
+fn stamps(files: &TlsFiles) -> Vec<Option<(SystemTime, u64)>> {
+    files
+        .paths()
+        .map(|p| {
+            let m = std::fs::metadata(p).ok()?;
+            Some((m.modified().ok()?, m.len()))
+        })
+        .collect()
+}
+
+fn read_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read_err = |e: rustls_pki_types::pem::Error| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        reason: e.to_string(),
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(read_err)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read_err)?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            path: path.to_owned(),
+            kind: "certificate",
+        });
+    }
+    Ok(certs)
+}
+
+/// Builds a rustls server configuration from PEM files, with the `ring` provider.
+pub fn build_config(files: &TlsFiles, alpn: Alpn) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = read_certs("certificate file", &files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => TlsError::Empty {
+            what: "key file",
+            path: files.key.clone(),
+            kind: "private key",
+        },
+        // The error may quote the file's content: say only that it is unreadable.
+        _ => TlsError::Read {
+            what: "key file",
+            path: files.key.clone(),
+            reason: "not a readable PEM private key".into(),
+        },
+    })?;
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs("client CA file", ca)? {
+                roots.add(cert).map_err(|e| {
+                    TlsError::Config(format!("client CA file {}: {e}", ca.display()))
+                })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError::Config(format!("client CA {}: {e}", ca.display())))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        TlsError::Config(format!(
+            "certificate {} and key {} do not form a usable pair: {e}",
+            files.cert.display(),
+            files.key.display()
+        ))
+    })?;
+    config.alpn_protocols = match alpn {
+        Alpn::Grpc => vec![b"h2".to_vec()],
+        Alpn::Http => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+    };
+    Ok(config)
+}
+
+/// Limits of the TLS accept loop.
+#[derive(Debug, Clone, Copy)]
+pub struct HandshakeLimits {
+    /// A client must finish its handshake within this time.
+    pub timeout: Duration,
+    /// Handshakes in progress at once; beyond, new connections wait to be accepted.
+    pub max_in_progress: usize,
+}
+
+impl Default for HandshakeLimits {
+    fn default() -> Self {
+        HandshakeLimits {
+            timeout: Duration::from_secs(10),
+            max_in_progress: 256,
+        }
+    }
+}
+
+/// A connection that finished its TLS handshake.
+pub type Accepted = (TlsStream<TcpStream>, SocketAddr);
+
+/// Accepts connections on `listener` and performs their handshakes concurrently; yields
+/// the finished ones. Stops when `shutdown` is cancelled or the receiver is dropped.
+pub fn accept_tls(
+    listener: TcpListener,
+    tls: Arc<ReloadableTls>,
+    limits: HandshakeLimits,
+    shutdown: CancellationToken,
+) -> mpsc::Receiver<Accepted> {
+    let (tx, rx) = mpsc::channel(64);
+    let permits = Arc::new(Semaphore::new(limits.max_in_progress.max(1)));
+    tokio::spawn(async move {
+        loop {
+            let permit = tokio::select! {
+                () = shutdown.cancelled() => break,
+                p = Arc::clone(&permits).acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let (tcp, peer) = tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tx.closed() => break,
+                r = listener.accept() => match r {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Usually out of file descriptors: wait instead of spinning.
+                        warn!(error = %e, "cannot accept a connection");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = tcp.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                match tokio::time::timeout(limits.timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send((stream, peer)).await;
+                    }
+                    Ok(Err(e)) => debug!(peer = %peer, error = %e, "TLS handshake failed"),
+                    Err(_) => debug!(peer = %peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    rx
+}
+
+/// The HTTP listener over TLS, for `axum::serve`.
+pub struct TlsListener {
+    rx: mpsc::Receiver<Accepted>,
+    local: SocketAddr,
+}
+
+impl TlsListener {
+    pub fn new(
+        listener: TcpListener,
+        tls: Arc<ReloadableTls>,
+        limits: HandshakeLimits,
+        shutdown: CancellationToken,
+    ) -> io::Result<TlsListener> {
+        let local = listener.local_addr()?;
+        Ok(TlsListener {
+            rx: accept_tls(listener, tls, limits, shutdown),
+            local,
+        })
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept task stopped (shutdown): accept nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+/// Reloads `configs` on SIGHUP, and when one of their files changed (checked every
+/// `poll`), until `shutdown`. A failed reload keeps the previous configuration and logs
+/// why.
+pub fn spawn_reloader(
+    configs: Vec<Arc<ReloadableTls>>,
+    poll: Duration,
+    shutdown: CancellationToken,
+) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        if configs.is_empty() {
+            return;
+        }
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            #[cfg(unix)]
+            let hangup = async {
+                match hup.as_mut() {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hangup = std::future::pending::<()>();
+            let forced = tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = hangup => true,
+                _ = tick.tick() => false,
+            };
+            for tls in &configs {
+                if !forced && !tls.changed() {
+                    continue;
+                }
+                let cert = tls.files().cert.display().to_string();
+                match tls.reload() {
+                    Ok(()) => info!(cert = %cert, "TLS certificate reloaded"),
+                    Err(e) => {
+                        warn!(cert = %cert, error = %e, "TLS reload failed; keeping the previous certificate")
+                    }
+                }
+            }
+        }
+    })
+}
