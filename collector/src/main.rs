@@ -37,6 +37,8 @@ enum Command {
     /// Make a development CA, a server certificate and per-node client certificates
     /// (PEM) for TLS and mTLS; see SECURITY.md.
     Certs(gpufleet_collector::certs::CertsArgs),
+    /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
+    Tokens(gpufleet_collector::tokens::TokensArgs),
 }
 
 #[derive(Debug, Args)]
@@ -125,6 +127,12 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => runtime.block_on(run_serve(args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
         Command::Certs(args) => run_certs(args),
+        Command::Tokens(args) => {
+            let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(out.as_bytes())?;
+            Ok(())
+        }
     }
 }
 
@@ -162,6 +170,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         ingest: IngestOptions {
             max_message_bytes: args.max_message_bytes,
+            agent_auth: args.tls.agent_auth(),
             ..Default::default()
         },
         tls: args.tls.options(),

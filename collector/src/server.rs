@@ -131,12 +131,21 @@ pub async fn serve_with_store(
         options.writer,
         writer_stop.clone(),
     );
+    let mut ingest_options = options.ingest.clone();
+    ingest_options.agent_auth = ingest_options
+        .agent_auth
+        .resolve(grpc_addr.ip().is_loopback());
+    if ingest_options.agent_auth == crate::identity::AgentAuth::Optional
+        && !grpc_addr.ip().is_loopback()
+    {
+        warn!(listen = %grpc_addr, "agents may connect without credentials (--allow-unauthenticated-agents): any host that reaches this port can write as any node");
+    }
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
         Arc::clone(&live),
         Arc::clone(&metrics),
-        options.ingest.clone(),
+        ingest_options,
         shutdown.clone(),
     );
     let grpc_router = tonic::transport::Server::builder()

@@ -74,9 +74,22 @@ pub struct TlsArgs {
         requires = "http_tls_cert"
     )]
     pub http_tls_key: Option<PathBuf>,
+    /// Accept agents without a token or client certificate even when the gRPC listener
+    /// is not on loopback (by default they must authenticate there).
+    #[arg(long, env = "GPUFLEET_ALLOW_UNAUTHENTICATED_AGENTS")]
+    pub allow_unauthenticated_agents: bool,
 }
 
 impl TlsArgs {
+    /// The agent authentication policy these options ask for.
+    pub fn agent_auth(&self) -> crate::identity::AgentAuth {
+        if self.allow_unauthenticated_agents {
+            crate::identity::AgentAuth::Optional
+        } else {
+            crate::identity::AgentAuth::Auto
+        }
+    }
+
     /// What each listener serves: gRPC takes `--tls-*` and `--client-ca`; HTTP takes
     /// `--http-tls-*`, else `--tls-*` (never client certificates: browsers log in).
     pub fn options(&self) -> TlsOptions {

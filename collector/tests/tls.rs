@@ -9,8 +9,11 @@ use common::*;
 use gpufleet_agent::tls::Credentials;
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::certs::{DevCa, Pem, Validity};
+use gpufleet_collector::identity::AgentAuth;
+use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::store::Store;
 use gpufleet_collector::tls::{TlsFiles, TlsOptions};
+use gpufleet_collector::tokens::{self, TokensCommand};
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
@@ -89,15 +92,19 @@ struct Collector {
 
 impl Collector {
     async fn start(tls: TlsOptions) -> Collector {
+        Collector::start_with(ServeOptions {
+            tls,
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn start_with(options: ServeOptions) -> Collector {
         let (dir, store) = sqlite_store().await;
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let addr = grpc.local_addr().expect("grpc addr");
         let shutdown = CancellationToken::new();
-        let options = ServeOptions {
-            tls,
-            ..Default::default()
-        };
         let task = tokio::spawn(serve_with_store(
             Arc::clone(&store),
             options,
@@ -149,11 +156,22 @@ struct Stream {
 /// Connects over TLS and says Hello as `node`; the error is the client's view of the
 /// refusal (a gRPC status, or a transport error before any).
 async fn hello(url: &str, tls: ClientTlsConfig, node: &str) -> Result<Stream, (Code, String)> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
+    hello_with(url, Some(tls), None, node).await
+}
+
+/// Like [`hello`], optionally without TLS, with `authorization` set to `auth`.
+async fn hello_with(
+    url: &str,
+    tls: Option<ClientTlsConfig>,
+    auth: Option<&str>,
+    node: &str,
+) -> Result<Stream, (Code, String)> {
+    let mut endpoint = Endpoint::from_shared(url.to_owned())
         .expect("url")
-        .tls_config(tls)
-        .expect("tls config")
         .connect_timeout(Duration::from_secs(10));
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).expect("tls config");
+    }
     let channel = endpoint
         .connect()
         .await
@@ -174,7 +192,13 @@ async fn hello(url: &str, tls: ClientTlsConfig, node: &str) -> Result<Stream, (C
         })),
     };
     tx.send(msg).await.expect("queue hello");
-    let fut = client.stream(ReceiverStream::new(rx));
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(auth) = auth {
+        request
+            .metadata_mut()
+            .insert("authorization", auth.parse().expect("ascii"));
+    }
+    let fut = client.stream(request);
     let response = tokio::time::timeout(Duration::from_secs(10), fut)
         .await
         .expect("answer within 10 s")
@@ -370,5 +394,160 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         ),
         "the batch on the pre-renewal stream is acked"
     );
+    c.stop().await;
+}
+
+/// `tokens add NODE` on the collector's store; returns the printed token.
+async fn add_token(c: &Collector, node: &str) -> String {
+    let out = tokens::run_on(
+        c.store.as_ref(),
+        TokensCommand::Add {
+            node: node.to_owned(),
+        },
+    )
+    .await
+    .expect("tokens add");
+    out.lines().next().expect("token line").to_owned()
+}
+
+fn required(tls: TlsOptions) -> ServeOptions {
+    ServeOptions {
+        tls,
+        ingest: IngestOptions {
+            agent_auth: AgentAuth::Required,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn tokens_bind_agents_to_their_node_and_bad_ones_store_nothing() {
+    let pki = Pki::new();
+    let c = Collector::start_with(required(grpc_only(pki.server_files(false)))).await;
+    let url = c.url();
+    let tls = || Some(pki.client(None));
+    let revoked = add_token(&c, "node-a").await;
+    let valid = add_token(&c, "node-a").await;
+    let (id, _) = tokens::parse(&revoked).expect("token shape");
+    tokens::run_on(
+        c.store.as_ref(),
+        TokensCommand::Revoke { id: id.to_owned() },
+    )
+    .await
+    .expect("revoke");
+    let (valid_id, _) = tokens::parse(&valid).expect("token shape");
+    let wrong_secret = format!("Bearer gft_{valid_id}_{}", "0".repeat(64));
+    let cases: [(&str, Option<String>, &str, Code, &str); 5] = [
+        (
+            "no credential",
+            None,
+            "node-a",
+            Code::Unauthenticated,
+            "requires agent credentials",
+        ),
+        (
+            "not a token",
+            Some("Bearer hunter2".into()),
+            "node-a",
+            Code::Unauthenticated,
+            "malformed",
+        ),
+        (
+            "wrong secret",
+            Some(wrong_secret),
+            "node-a",
+            Code::Unauthenticated,
+            "unknown agent token",
+        ),
+        (
+            "revoked token",
+            Some(format!("Bearer {revoked}")),
+            "node-a",
+            Code::Unauthenticated,
+            "revoked",
+        ),
+        (
+            "another node's token",
+            Some(format!("Bearer {valid}")),
+            "node-b",
+            Code::PermissionDenied,
+            "belongs to node",
+        ),
+    ];
+    for (what, auth, node, code, says) in cases {
+        let Err((got, why)) = hello_with(&url, tls(), auth.as_deref(), node).await else {
+            panic!("{what} must be refused");
+        };
+        assert_eq!(got, code, "{what}: {why}");
+        assert!(why.contains(says), "{what}: {why}");
+        assert!(
+            !why.contains(valid.as_str()),
+            "{what}: the token is never echoed"
+        );
+    }
+    assert!(c.node_names().await.is_empty(), "nothing stored");
+    hello_with(&url, tls(), Some(&format!("Bearer {valid}")), "node-a")
+        .await
+        .expect("the valid token writes as its node");
+    assert_eq!(c.node_names().await, ["node-a"]);
+    let list = tokens::run_on(c.store.as_ref(), TokensCommand::List)
+        .await
+        .expect("list");
+    assert_eq!(list.lines().count(), 3, "header + 2 tokens: {list}");
+    assert!(list.contains(valid_id) && list.contains(id), "{list}");
+    let (_, secret) = tokens::parse(&valid).expect("shape");
+    assert!(!list.contains(secret), "list never shows secrets");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_real_agent_with_a_token_over_tls_gets_acked() {
+    let pki = Pki::new();
+    let c = Collector::start_with(required(grpc_only(pki.server_files(false)))).await;
+    let token = add_token(&c, "token-node").await;
+    let shutdown = CancellationToken::new();
+    let opts = RunOptions {
+        interval: Duration::from_millis(50),
+        batch_max_ticks: 1,
+        credentials: Credentials::none()
+            .with_tls(pki.client(None))
+            .with_token(&token)
+            .expect("token"),
+        ..RunOptions::new("token-node", vec![c.url()])
+    };
+    let sim = simulator(SimOptions::new("token-node", 1)).expect("simulator");
+    let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c
+        .store
+        .nodes()
+        .await
+        .expect("nodes")
+        .iter()
+        .any(|n| n.name == "token-node" && n.last_acked_seq >= 2)
+    {
+        assert!(Instant::now() < deadline, "no acked batch within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    let summary = agent.await.expect("join").expect("agent ran");
+    assert!(summary.acked >= 2, "{summary}");
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn on_loopback_credentials_are_optional_but_checked_when_given() {
+    let c = Collector::start_with(ServeOptions::default()).await;
+    let url = format!("http://{}", c.grpc);
+    hello_with(&url, None, None, "local-node")
+        .await
+        .expect("loopback default: no credential needed");
+    let Err((code, why)) = hello_with(&url, None, Some("Bearer gft_00_00"), "local-node-2").await
+    else {
+        panic!("a presented token is checked even on loopback");
+    };
+    assert_eq!(code, Code::Unauthenticated, "{why}");
+    assert_eq!(c.node_names().await, ["local-node"]);
     c.stop().await;
 }

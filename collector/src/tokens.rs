@@ -1,0 +1,198 @@
+//! Agent tokens: `gft_<id>_<secret>`, one or more per node, managed with
+//! `gpufleet-collector tokens add|list|revoke`.
+//!
+//! The id is public (listed, used to revoke); the secret is 256 random bits shown once, at
+//! `add`. The store keeps only the secret's SHA-256 (a fast hash is enough: the secret is
+//! random, not a password), and the check compares hashes in constant time.
+
+use crate::store::{self, AgentTokenRecord, Store, StoreError};
+use gpufleet_core::UnixMs;
+use ring::rand::{SecureRandom, SystemRandom};
+use std::fmt::Write as _;
+use subtle::ConstantTimeEq as _;
+
+/// What every token starts with (so leaked tokens are easy to scan for).
+pub const PREFIX: &str = "gft_";
+
+/// Why a token command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the system's random number generator failed")]
+    Random,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A token just made: the secret is shown once and never stored.
+pub struct NewToken {
+    pub token: String,
+    pub record: AgentTokenRecord,
+}
+
+impl std::fmt::Debug for NewToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewToken")
+            .field("token", &"***")
+            .field("record", &self.record)
+            .finish()
+    }
+}
+
+fn random_hex(bytes: usize) -> Result<String, TokenError> {
+    let mut buf = vec![0u8; bytes];
+    SystemRandom::new()
+        .fill(&mut buf)
+        .map_err(|_| TokenError::Random)?;
+    let mut s = String::with_capacity(bytes * 2);
+    for b in buf {
+        let _ = write!(s, "{b:02x}");
+    }
+    Ok(s)
+}
+
+/// SHA-256 of a token's secret part.
+pub fn hash_secret(secret: &str) -> Vec<u8> {
+    ring::digest::digest(&ring::digest::SHA256, secret.as_bytes())
+        .as_ref()
+        .to_vec()
+}
+
+/// Splits `gft_<id>_<secret>`; `None` when the text is not shaped like a token.
+pub fn parse(token: &str) -> Option<(&str, &str)> {
+    let (id, secret) = token.strip_prefix(PREFIX)?.split_once('_')?;
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(id) && hex(secret)).then_some((id, secret))
+}
+
+/// Whether `secret` is the one `record` was made with (constant time).
+pub fn secret_matches(record: &AgentTokenRecord, secret: &str) -> bool {
+    bool::from(hash_secret(secret).ct_eq(&record.secret_hash))
+}
+
+/// Makes a token for `node` (not stored yet).
+pub fn generate(node: &str, now_ms: UnixMs) -> Result<NewToken, TokenError> {
+    let node = node.trim();
+    if node.is_empty() || node.len() > 253 || node.chars().any(char::is_control) {
+        return Err(TokenError::Invalid(format!(
+            "node name {node:?} is not valid: 1 to 253 characters, no control characters"
+        )));
+    }
+    let id = random_hex(8)?;
+    let secret = random_hex(32)?;
+    Ok(NewToken {
+        token: format!("{PREFIX}{id}_{secret}"),
+        record: AgentTokenRecord {
+            id,
+            node: node.to_owned(),
+            secret_hash: hash_secret(&secret),
+            created_ms: now_ms,
+            revoked_ms: None,
+        },
+    })
+}
+
+/// `gpufleet-collector tokens …`.
+#[derive(Debug, clap::Args)]
+pub struct TokensArgs {
+    /// Database URL (the one `serve` uses).
+    #[arg(
+        long,
+        env = "GPUFLEET_DB",
+        default_value = "sqlite://gpufleet.db",
+        value_name = "URL",
+        global = true
+    )]
+    pub db: String,
+    #[command(subcommand)]
+    pub command: TokensCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokensCommand {
+    /// Make a token for NODE and print it (once: only its hash is stored).
+    Add {
+        /// The node the token writes as.
+        node: String,
+    },
+    /// List tokens: id, node, created, revoked (never the secrets).
+    List,
+    /// Revoke a token by id: agents using it are refused from their next connection.
+    Revoke {
+        /// The token's id (the part after `gft_`, as `list` shows it).
+        id: String,
+    },
+}
+
+/// Runs a `tokens` command on the store; returns what to print.
+pub async fn run(args: TokensArgs) -> Result<String, TokenError> {
+    let store = store::open(&args.db).await?;
+    let result = run_on(store.as_ref(), args.command).await;
+    store.close().await;
+    result
+}
+
+/// Runs a `tokens` command on an open store.
+pub async fn run_on(store: &dyn Store, command: TokensCommand) -> Result<String, TokenError> {
+    let now = gpufleet_core::config::now_ms();
+    match command {
+        TokensCommand::Add { node } => {
+            let new = generate(&node, now)?;
+            store.add_agent_token(&new.record).await?;
+            Ok(format!(
+                "{}\n# token id {} for node {:?}: give it to that node's agent with \
+                 --token-file; it is not shown again\n",
+                new.token, new.record.id, new.record.node
+            ))
+        }
+        TokensCommand::List => {
+            let mut out = String::from("ID\tNODE\tCREATED\tREVOKED\n");
+            for t in store.agent_tokens().await? {
+                let revoked = t
+                    .revoked_ms
+                    .map(gpufleet_core::config::format_time)
+                    .unwrap_or_else(|| "-".into());
+                let _ = writeln!(
+                    out,
+                    "{}\t{}\t{}\t{revoked}",
+                    t.id,
+                    t.node,
+                    gpufleet_core::config::format_time(t.created_ms)
+                );
+            }
+            Ok(out)
+        }
+        TokensCommand::Revoke { id } => {
+            let id = id.trim().trim_start_matches(PREFIX);
+            if store.revoke_agent_token(id, now).await? {
+                Ok(format!("revoked token {id}\n"))
+            } else {
+                Err(TokenError::Invalid(format!(
+                    "no valid token has id {id:?} (see `gpufleet-collector tokens list`)"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_parse_and_match_only_their_secret() {
+        let t = generate("node-a", 1).expect("token");
+        let (id, secret) = parse(&t.token).expect("shaped like a token");
+        assert_eq!(id, t.record.id);
+        assert!(secret_matches(&t.record, secret));
+        assert!(!secret_matches(&t.record, "00"));
+        let other = generate("node-a", 1).expect("token");
+        assert_ne!(other.token, t.token, "random");
+        assert!(parse("gft_zz_11").is_none());
+        assert!(parse("Bearer x").is_none());
+        assert!(parse("gft_ab").is_none());
+        assert!(!format!("{t:?}").contains(secret), "secret not in Debug");
+        assert!(generate(" ", 1).is_err());
+    }
+}
