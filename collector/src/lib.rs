@@ -18,6 +18,7 @@
 //! - [`certs`]: a development CA and certificates (rcgen) for `certs`.
 //! - [`identity`]: which node an agent's credential lets it write as.
 //! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
+//! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
 
 pub mod certs;
@@ -33,6 +34,7 @@ pub mod status;
 pub mod store;
 pub mod tls;
 pub mod tokens;
+pub mod web_security;
 pub mod writer;
 
 pub use server::{ServeError, ServeOptions, serve, serve_with_store};

@@ -178,7 +178,7 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
     };
-    let app = http::app(state);
+    let app = crate::web_security::with_security_headers(http::app(state));
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => Box::pin(

@@ -86,6 +86,7 @@ struct Collector {
     _dir: tempfile::TempDir,
     store: Arc<dyn Store>,
     grpc: SocketAddr,
+    http: SocketAddr,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), gpufleet_collector::ServeError>>,
 }
@@ -104,6 +105,7 @@ impl Collector {
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let addr = grpc.local_addr().expect("grpc addr");
+        let http_addr = http.local_addr().expect("http addr");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(serve_with_store(
             Arc::clone(&store),
@@ -116,6 +118,7 @@ impl Collector {
             _dir: dir,
             store,
             grpc: addr,
+            http: http_addr,
             shutdown,
             task,
         }
@@ -549,5 +552,61 @@ async fn on_loopback_credentials_are_optional_but_checked_when_given() {
     };
     assert_eq!(code, Code::Unauthenticated, "{why}");
     assert_eq!(c.node_names().await, ["local-node"]);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn the_http_api_is_served_over_tls_and_refuses_plain_text() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let pki = Pki::new();
+    let files = pki.server_files(false);
+    let c = Collector::start(TlsOptions {
+        http: Some(files),
+        ..TlsOptions::default()
+    })
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca: rustls_pki_types::CertificateDer<'static> =
+        rustls_pki_types::pem::PemObject::from_pem_slice(pki.ca.pem.cert.as_bytes())
+            .expect("ca der");
+    roots.add(ca).expect("root");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(c.http)
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    tls.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_string(&mut response))
+        .await
+        .expect("answer within 10 s")
+        .expect("read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains(r#""status":"ok""#), "{response}");
+
+    // Plain HTTP on the TLS port gets no answer from the API.
+    let mut plain = tokio::net::TcpStream::connect(c.http)
+        .await
+        .expect("connect");
+    plain
+        .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut buf)).await;
+    assert!(
+        !String::from_utf8_lossy(&buf).contains("status"),
+        "no API answer over plain text"
+    );
     c.stop().await;
 }

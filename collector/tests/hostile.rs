@@ -1,0 +1,256 @@
+//! Hostile clients against a real collector on loopback: garbage bytes and an oversized
+//! message on the gRPC port, slowloris connections on the HTTP port, a node name made of
+//! markup and SQL. Each time the assertion is that the collector keeps serving everyone
+//! else, and that what a node sends is stored literally and shown escaped.
+
+mod common;
+
+use common::*;
+use gpufleet_collector::ingest::IngestOptions;
+use gpufleet_collector::store::Store;
+use gpufleet_collector::{ServeOptions, serve_with_store};
+use gpufleet_core::config::now_ms;
+use gpufleet_proto::v1 as pb;
+use gpufleet_proto::v1::collector_message::Msg;
+use gpufleet_proto::v1::ingest_client::IngestClient;
+use prost::Message as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+const HOSTILE_NAME: &str = "<script>alert(1)</script>'; DROP TABLE nodes;--";
+const MAX_MESSAGE: usize = 64 * 1024;
+
+struct Collector {
+    _dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+async fn start() -> Collector {
+    let (dir, store) = sqlite_store().await;
+    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
+    let (grpc_addr, http_addr) = (grpc.local_addr().expect("a"), http.local_addr().expect("a"));
+    let shutdown = CancellationToken::new();
+    let options = ServeOptions {
+        ingest: IngestOptions {
+            max_message_bytes: MAX_MESSAGE,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    tokio::spawn(serve_with_store(
+        Arc::clone(&store),
+        options,
+        grpc,
+        http,
+        shutdown.clone(),
+    ));
+    Collector {
+        _dir: dir,
+        store,
+        grpc: grpc_addr,
+        http: http_addr,
+        shutdown,
+    }
+}
+
+struct Agent {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    rx: tonic::Streaming<pb::CollectorMessage>,
+}
+
+fn hello_msg(node: &str, gpu: &str) -> pb::AgentMessage {
+    let h = hello(node);
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
+            node: h.node,
+            agent_version: h.agent_version,
+            boot_id: h.boot_id,
+            labels: h.labels.into_iter().collect(),
+            inventory: Some(inventory(vec![gpu_info_full(gpu, 0)]).into()),
+            sent_ms: now_ms(),
+            interval_ms: h.interval_ms,
+            source: h.source,
+        })),
+    }
+}
+
+async fn connect(c: &Collector, node: &str, gpu: &str) -> Agent {
+    let mut client = IngestClient::connect(format!("http://{}", c.grpc))
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello_msg(node, gpu)).await.expect("queue hello");
+    let mut rx = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect("accepted")
+        .into_inner();
+    assert!(matches!(next(&mut rx).await, Ok(Msg::Welcome(_))));
+    Agent { tx, rx }
+}
+
+async fn next(rx: &mut tonic::Streaming<pb::CollectorMessage>) -> Result<Msg, tonic::Status> {
+    let msg = tokio::time::timeout(Duration::from_secs(10), rx.message())
+        .await
+        .expect("an answer within 10 s")?;
+    Ok(msg.and_then(|m| m.msg).expect("a message"))
+}
+
+async fn send_batch(agent: &mut Agent, seq: u64, gpu: &str) -> Msg {
+    let b = batch(seq, now_ms() - 1_000, 1, &[gpu]);
+    agent
+        .tx
+        .send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Batch(b.into())),
+        })
+        .await
+        .expect("send");
+    next(&mut agent.rx).await.expect("stream healthy")
+}
+
+#[tokio::test]
+async fn garbage_and_oversized_messages_leave_other_agents_streaming() {
+    let c = start().await;
+    let mut good = connect(&c, "good-node", "GPU-good").await;
+    assert_eq!(
+        send_batch(&mut good, 1, "GPU-good").await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    );
+
+    // Garbage bytes on the gRPC port (not HTTP/2 at all).
+    for _ in 0..5 {
+        let mut tcp = TcpStream::connect(c.grpc).await.expect("connect");
+        let garbage: Vec<u8> = (0..64 * 1024).map(|i| (i * 7919 % 251) as u8).collect();
+        let _ = tcp.write_all(&garbage).await;
+    }
+
+    // A message over the limit: refused with a status, the connection's other streams and
+    // other agents are unaffected.
+    let mut big = connect(&c, "big-node", "GPU-big").await;
+    // Thousands of ticks: far over the byte limit, which is checked before anything else.
+    let huge = batch(1, now_ms() - 3_000_000, 3_000, &["GPU-big"]);
+    assert!(pb::Batch::from(huge.clone()).encoded_len() > MAX_MESSAGE);
+    big.tx
+        .send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Batch(huge.into())),
+        })
+        .await
+        .expect("send");
+    let status = next(&mut big.rx)
+        .await
+        .expect_err("oversized message refused");
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    assert!(status.message().contains("too large"), "{status:?}");
+
+    // The well-behaved agent still gets its batches acked.
+    assert_eq!(
+        send_batch(&mut good, 2, "GPU-good").await,
+        Msg::Ack(pb::Ack { seq: 2 })
+    );
+    let nodes = c.store.nodes().await.expect("nodes");
+    let good_node = nodes.iter().find(|n| n.name == "good-node").expect("good");
+    assert_eq!(good_node.last_acked_seq, 2);
+    let big_node = nodes.iter().find(|n| n.name == "big-node").expect("big");
+    assert_eq!(
+        big_node.stored_samples, 0,
+        "nothing of the oversized batch stored"
+    );
+    c.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn slowloris_connections_do_not_starve_other_http_clients() {
+    let c = start().await;
+    // Many connections that send half a request and then nothing.
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        let mut tcp = TcpStream::connect(c.http).await.expect("connect");
+        tcp.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .expect("write");
+        idle.push(tcp);
+    }
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        reqwest::get(format!("http://{}/api/v1/health", c.http)),
+    )
+    .await
+    .expect("answered within 10 s despite the idle connections")
+    .expect("request");
+    assert_eq!(response.status(), 200);
+    drop(idle);
+    c.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_hostile_node_name_is_stored_literally_and_shown_escaped() {
+    let c = start().await;
+    let mut agent = connect(&c, HOSTILE_NAME, "GPU-x").await;
+    assert_eq!(
+        send_batch(&mut agent, 1, "GPU-x").await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    );
+    let names: Vec<String> = c
+        .store
+        .nodes()
+        .await
+        .expect("nodes table still there")
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, [HOSTILE_NAME], "stored literally");
+
+    let page = reqwest::get(format!("http://{}/", c.http))
+        .await
+        .expect("page");
+    let headers = page.headers().clone();
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#39;; DROP TABLE nodes;--")
+            || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#x27;; DROP TABLE nodes;--"),
+        "escaped in the page: {html}"
+    );
+    assert!(!html.contains("<script>"), "no markup from a node: {html}");
+    let csp = headers
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert_eq!(
+        headers
+            .get("x-content-type-options")
+            .and_then(|v| v.to_str().ok()),
+        Some("nosniff")
+    );
+
+    // The JSON API returns the name as a JSON string, served as JSON.
+    let api = reqwest::get(format!("http://{}/api/v1/nodes", c.http))
+        .await
+        .expect("api");
+    assert!(
+        api.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/json"))
+    );
+    let json: serde_json::Value = api.json().await.expect("json");
+    assert_eq!(json[0]["name"], HOSTILE_NAME);
+    c.shutdown.cancel();
+}
