@@ -93,6 +93,13 @@ async fn check_token(
         warn!(node = %node, token_id = %id, "agent refused: wrong token secret");
         return Err(unknown());
     }
+    if record.role != "agent" {
+        warn!(node = %node, token_id = %id, role = %record.role, "agent refused: not an agent token");
+        return Err(Status::permission_denied(format!(
+            "token {id} is a {} token; agents need an agent token (`tokens add NODE`)",
+            record.role
+        )));
+    }
     if record.revoked_ms.is_some() {
         warn!(node = %node, token_id = %id, "agent refused: revoked token");
         return Err(Status::unauthenticated(format!(

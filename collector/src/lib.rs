@@ -18,6 +18,7 @@
 //! - [`certs`]: a development CA and certificates (rcgen) for `certs`.
 //! - [`identity`]: which node an agent's credential lets it write as.
 //! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
+//! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
 //! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
 
@@ -34,6 +35,7 @@ pub mod status;
 pub mod store;
 pub mod tls;
 pub mod tokens;
+pub mod web_auth;
 pub mod web_security;
 pub mod writer;
 

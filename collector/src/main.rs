@@ -174,6 +174,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         tls: args.tls.options(),
+        web_auth: args.tls.web_auth(),
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

@@ -39,6 +39,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// TLS on the gRPC and HTTP listeners; `None` each: plain TCP.
     pub tls: TlsOptions,
+    /// Whether dashboard and API viewers must log in ([`crate::web_auth`]).
+    pub web_auth: crate::web_auth::WebAuthMode,
 }
 
 impl Default for ServeOptions {
@@ -50,6 +52,7 @@ impl Default for ServeOptions {
             writer: WriterOptions::default(),
             shutdown_grace: Duration::from_secs(10),
             tls: TlsOptions::default(),
+            web_auth: crate::web_auth::WebAuthMode::Auto,
         }
     }
 }
@@ -178,7 +181,15 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
     };
-    let app = crate::web_security::with_security_headers(http::app(state));
+    let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
+    if web_auth == crate::web_auth::WebAuthMode::Off && !http_addr.ip().is_loopback() {
+        warn!(listen = %http_addr, "the dashboard and API are open to anyone who reaches this port (--allow-anonymous-viewers)");
+    }
+    let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
+    let app = crate::web_security::with_security_headers(crate::web_auth::with_auth(
+        http::app(state),
+        auth,
+    ));
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => Box::pin(

@@ -78,9 +78,22 @@ pub struct TlsArgs {
     /// is not on loopback (by default they must authenticate there).
     #[arg(long, env = "GPUFLEET_ALLOW_UNAUTHENTICATED_AGENTS")]
     pub allow_unauthenticated_agents: bool,
+    /// Serve the dashboard and API without login even when the HTTP listener is not on
+    /// loopback (by default viewers must log in there).
+    #[arg(long, env = "GPUFLEET_ALLOW_ANONYMOUS_VIEWERS")]
+    pub allow_anonymous_viewers: bool,
 }
 
 impl TlsArgs {
+    /// The viewer authentication policy these options ask for.
+    pub fn web_auth(&self) -> crate::web_auth::WebAuthMode {
+        if self.allow_anonymous_viewers {
+            crate::web_auth::WebAuthMode::Off
+        } else {
+            crate::web_auth::WebAuthMode::Auto
+        }
+    }
+
     /// The agent authentication policy these options ask for.
     pub fn agent_auth(&self) -> crate::identity::AgentAuth {
         if self.allow_unauthenticated_agents {

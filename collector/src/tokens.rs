@@ -1,5 +1,6 @@
-//! Agent tokens: `gft_<id>_<secret>`, one or more per node, managed with
-//! `gpufleet-collector tokens add|list|revoke`.
+//! Tokens: `gft_<id>_<secret>`, managed with `gpufleet-collector tokens add|list|revoke`.
+//! An `agent` token writes as one node (one or more per node); a `viewer` token reads
+//! the dashboard and API; an `admin` token may also change things (non-GET requests).
 //!
 //! The id is public (listed, used to revoke); the secret is 256 random bits shown once, at
 //! `add`. The store keeps only the secret's SHA-256 (a fast hash is enough: the secret is
@@ -71,8 +72,43 @@ pub fn secret_matches(record: &AgentTokenRecord, secret: &str) -> bool {
     bool::from(hash_secret(secret).ct_eq(&record.secret_hash))
 }
 
-/// Makes a token for `node` (not stored yet).
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Role {
+    /// Write samples as one node (gRPC).
+    Agent,
+    /// Read the dashboard and the API.
+    Viewer,
+    /// Read, and change things (token management, recompute).
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Viewer => "viewer",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "agent" => Some(Role::Agent),
+            "viewer" => Some(Role::Viewer),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Makes an agent token for `node` (not stored yet).
 pub fn generate(node: &str, now_ms: UnixMs) -> Result<NewToken, TokenError> {
+    generate_for(Role::Agent, node, now_ms)
+}
+
+/// Makes a token with `role` for `name` (a node for agents, a label otherwise).
+pub fn generate_for(role: Role, node: &str, now_ms: UnixMs) -> Result<NewToken, TokenError> {
     let node = node.trim();
     if node.is_empty() || node.len() > 253 || node.chars().any(char::is_control) {
         return Err(TokenError::Invalid(format!(
@@ -86,6 +122,7 @@ pub fn generate(node: &str, now_ms: UnixMs) -> Result<NewToken, TokenError> {
         record: AgentTokenRecord {
             id,
             node: node.to_owned(),
+            role: role.as_str().to_owned(),
             secret_hash: hash_secret(&secret),
             created_ms: now_ms,
             revoked_ms: None,
@@ -111,10 +148,14 @@ pub struct TokensArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TokensCommand {
-    /// Make a token for NODE and print it (once: only its hash is stored).
+    /// Make a token and print it (once: only its hash is stored).
     Add {
-        /// The node the token writes as.
+        /// Role agent: the node the token writes as; viewer/admin: whom it is for.
         node: String,
+        /// agent (writes as NODE over gRPC), viewer (reads the dashboard and API) or
+        /// admin (also changes things).
+        #[arg(long, value_enum, default_value_t = Role::Agent)]
+        role: Role,
     },
     /// List tokens: id, node, created, revoked (never the secrets).
     List,
@@ -137,17 +178,25 @@ pub async fn run(args: TokensArgs) -> Result<String, TokenError> {
 pub async fn run_on(store: &dyn Store, command: TokensCommand) -> Result<String, TokenError> {
     let now = gpufleet_core::config::now_ms();
     match command {
-        TokensCommand::Add { node } => {
-            let new = generate(&node, now)?;
+        TokensCommand::Add { node, role } => {
+            let new = generate_for(role, &node, now)?;
             store.add_agent_token(&new.record).await?;
+            let how = match role {
+                Role::Agent => "give it to that node's agent with --token-file",
+                Role::Viewer | Role::Admin => {
+                    "log in at /login with it, or send it as `Authorization: Bearer …`"
+                }
+            };
             Ok(format!(
-                "{}\n# token id {} for node {:?}: give it to that node's agent with \
-                 --token-file; it is not shown again\n",
-                new.token, new.record.id, new.record.node
+                "{}\n# {} token {} for {:?}: {how}; it is not shown again\n",
+                new.token,
+                role.as_str(),
+                new.record.id,
+                new.record.node
             ))
         }
         TokensCommand::List => {
-            let mut out = String::from("ID\tNODE\tCREATED\tREVOKED\n");
+            let mut out = String::from("ID\tROLE\tNODE\tCREATED\tREVOKED\n");
             for t in store.agent_tokens().await? {
                 let revoked = t
                     .revoked_ms
@@ -155,8 +204,9 @@ pub async fn run_on(store: &dyn Store, command: TokensCommand) -> Result<String,
                     .unwrap_or_else(|| "-".into());
                 let _ = writeln!(
                     out,
-                    "{}\t{}\t{}\t{revoked}",
+                    "{}\t{}\t{}\t{}\t{revoked}",
                     t.id,
+                    t.role,
                     t.node,
                     gpufleet_core::config::format_time(t.created_ms)
                 );

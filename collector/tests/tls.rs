@@ -406,6 +406,7 @@ async fn add_token(c: &Collector, node: &str) -> String {
         c.store.as_ref(),
         TokensCommand::Add {
             node: node.to_owned(),
+            role: tokens::Role::Agent,
         },
     )
     .await
@@ -440,8 +441,25 @@ async fn tokens_bind_agents_to_their_node_and_bad_ones_store_nothing() {
     .await
     .expect("revoke");
     let (valid_id, _) = tokens::parse(&valid).expect("token shape");
+    let viewer = tokens::run_on(
+        c.store.as_ref(),
+        TokensCommand::Add {
+            node: "node-a".into(),
+            role: tokens::Role::Viewer,
+        },
+    )
+    .await
+    .expect("viewer token");
+    let viewer = viewer.lines().next().expect("token").to_owned();
     let wrong_secret = format!("Bearer gft_{valid_id}_{}", "0".repeat(64));
-    let cases: [(&str, Option<String>, &str, Code, &str); 5] = [
+    let cases: [(&str, Option<String>, &str, Code, &str); 6] = [
+        (
+            "a viewer token",
+            Some(format!("Bearer {viewer}")),
+            "node-a",
+            Code::PermissionDenied,
+            "agents need an agent token",
+        ),
         (
             "no credential",
             None,
@@ -497,7 +515,7 @@ async fn tokens_bind_agents_to_their_node_and_bad_ones_store_nothing() {
     let list = tokens::run_on(c.store.as_ref(), TokensCommand::List)
         .await
         .expect("list");
-    assert_eq!(list.lines().count(), 3, "header + 2 tokens: {list}");
+    assert_eq!(list.lines().count(), 4, "header + 3 tokens: {list}");
     assert!(list.contains(valid_id) && list.contains(id), "{list}");
     let (_, secret) = tokens::parse(&valid).expect("shape");
     assert!(!list.contains(secret), "list never shows secrets");

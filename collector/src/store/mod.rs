@@ -429,13 +429,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
 }
 
-/// A stored agent token: the secret itself is never stored, only its SHA-256.
+/// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentTokenRecord {
     /// Public id (the `<id>` in `gft_<id>_<secret>`).
     pub id: String,
-    /// The node the token writes as.
+    /// Role `agent`: the node the token writes as; other roles: whom it is for.
     pub node: String,
+    /// `agent`, `viewer` (read the dashboard and API) or `admin` (also change things).
+    pub role: String,
     /// SHA-256 of the secret part.
     pub secret_hash: Vec<u8>,
     pub created_ms: UnixMs,

@@ -616,11 +616,12 @@ impl Store for SqliteStore {
 
     async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO agent_tokens (id, node, secret_hash, created_ms, revoked_ms) \
-             VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO agent_tokens (id, node, role, secret_hash, created_ms, revoked_ms) \
+             VALUES (?, ?, ?, ?, ?, ?)",
         )
         .bind(&token.id)
         .bind(&token.node)
+        .bind(&token.role)
         .bind(&token.secret_hash)
         .bind(token.created_ms)
         .bind(token.revoked_ms)
@@ -632,7 +633,7 @@ impl Store for SqliteStore {
 
     async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, node, secret_hash, created_ms, revoked_ms FROM agent_tokens \
+            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens \
              ORDER BY created_ms, id",
         )
         .fetch_all(&self.pool)
@@ -643,7 +644,7 @@ impl Store for SqliteStore {
 
     async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {
         let row = sqlx::query(
-            "SELECT id, node, secret_hash, created_ms, revoked_ms FROM agent_tokens WHERE id = ?",
+            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens WHERE id = ?",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -673,6 +674,7 @@ fn token_row(row: &SqliteRow) -> Result<AgentTokenRecord, StoreError> {
     Ok(AgentTokenRecord {
         id: row.try_get("id").map_err(get)?,
         node: row.try_get("node").map_err(get)?,
+        role: row.try_get("role").map_err(get)?,
         secret_hash: row.try_get("secret_hash").map_err(get)?,
         created_ms: row.try_get("created_ms").map_err(get)?,
         revoked_ms: row.try_get("revoked_ms").map_err(get)?,
