@@ -6,62 +6,32 @@
 mod common;
 
 use common::*;
+use gpufleet_collector::ServeOptions;
 use gpufleet_collector::ingest::IngestOptions;
-use gpufleet_collector::store::Store;
-use gpufleet_collector::{ServeOptions, serve_with_store};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
 use gpufleet_proto::v1::ingest_client::IngestClient;
 use prost::Message as _;
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
 const HOSTILE_NAME: &str = "<script>alert(1)</script>'; DROP TABLE nodes;--";
 const MAX_MESSAGE: usize = 64 * 1024;
 
-struct Collector {
-    _dir: tempfile::TempDir,
-    store: Arc<dyn Store>,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    shutdown: CancellationToken,
-}
-
-async fn start() -> Collector {
-    let (dir, store) = sqlite_store().await;
-    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
-    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
-    let (grpc_addr, http_addr) = (grpc.local_addr().expect("a"), http.local_addr().expect("a"));
-    let shutdown = CancellationToken::new();
-    let options = ServeOptions {
+async fn start() -> TestCollector {
+    start_collector(ServeOptions {
         ingest: IngestOptions {
             max_message_bytes: MAX_MESSAGE,
             ..Default::default()
         },
         ..Default::default()
-    };
-    tokio::spawn(serve_with_store(
-        Arc::clone(&store),
-        options,
-        grpc,
-        http,
-        shutdown.clone(),
-    ));
-    Collector {
-        _dir: dir,
-        store,
-        grpc: grpc_addr,
-        http: http_addr,
-        shutdown,
-    }
+    })
+    .await
 }
 
 struct Agent {
@@ -69,28 +39,14 @@ struct Agent {
     rx: tonic::Streaming<pb::CollectorMessage>,
 }
 
-fn hello_msg(node: &str, gpu: &str) -> pb::AgentMessage {
-    let h = hello(node);
-    pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
-            node: h.node,
-            agent_version: h.agent_version,
-            boot_id: h.boot_id,
-            labels: h.labels.into_iter().collect(),
-            inventory: Some(inventory(vec![gpu_info_full(gpu, 0)]).into()),
-            sent_ms: now_ms(),
-            interval_ms: h.interval_ms,
-            source: h.source,
-        })),
-    }
-}
-
-async fn connect(c: &Collector, node: &str, gpu: &str) -> Agent {
+async fn connect(c: &TestCollector, node: &str, gpu: &str) -> Agent {
     let mut client = IngestClient::connect(format!("http://{}", c.grpc))
         .await
         .expect("connect");
     let (tx, rx) = mpsc::channel(8);
-    tx.send(hello_msg(node, gpu)).await.expect("queue hello");
+    tx.send(hello_message(node, vec![gpu_info_full(gpu, 0)]))
+        .await
+        .expect("queue hello");
     let mut rx = client
         .stream(ReceiverStream::new(rx))
         .await

@@ -8,23 +8,19 @@ mod common;
 use common::*;
 use gpufleet_agent::tls::Credentials;
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
+use gpufleet_collector::ServeOptions;
 use gpufleet_collector::certs::{DevCa, Pem, Validity};
 use gpufleet_collector::identity::AgentAuth;
 use gpufleet_collector::ingest::IngestOptions;
-use gpufleet_collector::store::Store;
 use gpufleet_collector::tls::{TlsFiles, TlsOptions};
 use gpufleet_collector::tokens::{self, TokensCommand};
-use gpufleet_collector::{ServeOptions, serve_with_store};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_client::IngestClient;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -82,65 +78,16 @@ impl Pki {
     }
 }
 
-struct Collector {
-    _dir: tempfile::TempDir,
-    store: Arc<dyn Store>,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), gpufleet_collector::ServeError>>,
+fn https_url(c: &TestCollector) -> String {
+    format!("https://localhost:{}", c.grpc.port())
 }
 
-impl Collector {
-    async fn start(tls: TlsOptions) -> Collector {
-        Collector::start_with(ServeOptions {
-            tls,
-            ..Default::default()
-        })
-        .await
-    }
-
-    async fn start_with(options: ServeOptions) -> Collector {
-        let (dir, store) = sqlite_store().await;
-        let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
-        let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
-        let addr = grpc.local_addr().expect("grpc addr");
-        let http_addr = http.local_addr().expect("http addr");
-        let shutdown = CancellationToken::new();
-        let task = tokio::spawn(serve_with_store(
-            Arc::clone(&store),
-            options,
-            grpc,
-            http,
-            shutdown.clone(),
-        ));
-        Collector {
-            _dir: dir,
-            store,
-            grpc: addr,
-            http: http_addr,
-            shutdown,
-            task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("https://localhost:{}", self.grpc.port())
-    }
-
-    async fn node_names(&self) -> Vec<String> {
-        let nodes = self.store.nodes().await.expect("nodes");
-        nodes.into_iter().map(|n| n.name).collect()
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let r = tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("collector stops")
-            .expect("join");
-        r.expect("clean shutdown");
-    }
+async fn start_tls(tls: TlsOptions) -> TestCollector {
+    start_collector(ServeOptions {
+        tls,
+        ..Default::default()
+    })
+    .await
 }
 
 fn grpc_only(files: TlsFiles) -> TlsOptions {
@@ -181,19 +128,7 @@ async fn hello_with(
         .map_err(|e| (Code::Unavailable, format!("{e:?}")))?;
     let mut client = IngestClient::new(channel);
     let (tx, rx) = mpsc::channel(8);
-    let h = common::hello(node);
-    let msg = pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
-            node: h.node,
-            agent_version: h.agent_version,
-            boot_id: h.boot_id,
-            labels: h.labels.into_iter().collect(),
-            inventory: Some(inventory(vec![gpu_info_full("GPU-tls-0", 0)]).into()),
-            sent_ms: now_ms(),
-            interval_ms: h.interval_ms,
-            source: h.source,
-        })),
-    };
+    let msg = hello_message(node, vec![gpu_info_full("GPU-tls-0", 0)]);
     tx.send(msg).await.expect("queue hello");
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(auth) = auth {
@@ -219,8 +154,8 @@ async fn hello_with(
 #[tokio::test]
 async fn an_agent_over_tls_is_stored() {
     let pki = Pki::new();
-    let c = Collector::start(grpc_only(pki.server_files(false))).await;
-    hello(&c.url(), pki.client(None), "tls-node")
+    let c = start_tls(grpc_only(pki.server_files(false))).await;
+    hello(&https_url(&c), pki.client(None), "tls-node")
         .await
         .expect("TLS without client certificate is accepted when no --client-ca is set");
     assert_eq!(c.node_names().await, ["tls-node"]);
@@ -228,7 +163,7 @@ async fn an_agent_over_tls_is_stored() {
     let untrusted = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&pki.other_ca.pem.cert))
         .domain_name("localhost");
-    let Err((_, why)) = hello(&c.url(), untrusted, "tls-node-2").await else {
+    let Err((_, why)) = hello(&https_url(&c), untrusted, "tls-node-2").await else {
         panic!("a collector certificate from an untrusted CA must be refused");
     };
     assert!(why.contains("InvalidCertificate"), "{why}");
@@ -239,7 +174,7 @@ async fn an_agent_over_tls_is_stored() {
 #[tokio::test]
 async fn a_real_agent_over_mtls_gets_its_samples_acked_and_stored() {
     let pki = Pki::new();
-    let c = Collector::start(grpc_only(pki.server_files(true))).await;
+    let c = start_tls(grpc_only(pki.server_files(true))).await;
     let node_pem = pki
         .ca
         .client("mtls-node", Validity::days(1))
@@ -249,7 +184,7 @@ async fn a_real_agent_over_mtls_gets_its_samples_acked_and_stored() {
         interval: Duration::from_millis(50),
         batch_max_ticks: 1,
         credentials: Credentials::none().with_tls(pki.client(Some(&node_pem))),
-        ..RunOptions::new("mtls-node", vec![c.url()])
+        ..RunOptions::new("mtls-node", vec![https_url(&c)])
     };
     let sim = simulator(SimOptions::new("mtls-node", 2)).expect("simulator");
     let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
@@ -278,7 +213,7 @@ async fn a_real_agent_over_mtls_gets_its_samples_acked_and_stored() {
 #[tokio::test]
 async fn mtls_refuses_missing_untrusted_and_expired_client_certificates() {
     let pki = Pki::new();
-    let c = Collector::start(grpc_only(pki.server_files(true))).await;
+    let c = start_tls(grpc_only(pki.server_files(true))).await;
     let other = pki
         .other_ca
         .client("node-x", Validity::days(1))
@@ -301,7 +236,7 @@ async fn mtls_refuses_missing_untrusted_and_expired_client_certificates() {
         ),
         ("an expired certificate", pki.client(Some(&expired))),
     ] {
-        let Err((_, why)) = hello(&c.url(), tls, "node-x").await else {
+        let Err((_, why)) = hello(&https_url(&c), tls, "node-x").await else {
             panic!("{what} must be refused");
         };
         // rustls refuses in the handshake and says why in its alert (certificate
@@ -318,15 +253,15 @@ async fn mtls_refuses_missing_untrusted_and_expired_client_certificates() {
 #[tokio::test]
 async fn a_client_certificate_for_one_node_cannot_write_as_another() {
     let pki = Pki::new();
-    let c = Collector::start(grpc_only(pki.server_files(true))).await;
+    let c = start_tls(grpc_only(pki.server_files(true))).await;
     let a = pki.ca.client("node-a", Validity::days(1)).expect("cert");
-    let Err((code, why)) = hello(&c.url(), pki.client(Some(&a)), "node-b").await else {
+    let Err((code, why)) = hello(&https_url(&c), pki.client(Some(&a)), "node-b").await else {
         panic!("node-a's certificate must not write as node-b");
     };
     assert_eq!(code, Code::PermissionDenied, "{why}");
     assert!(why.contains("node-b"), "{why}");
     assert!(c.node_names().await.is_empty(), "nothing stored");
-    hello(&c.url(), pki.client(Some(&a)), "node-a")
+    hello(&https_url(&c), pki.client(Some(&a)), "node-a")
         .await
         .expect("node-a writes as itself");
     assert_eq!(c.node_names().await, ["node-a"]);
@@ -349,8 +284,8 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         http: None,
         reload_poll: Duration::from_millis(100),
     };
-    let c = Collector::start(tls).await;
-    let mut open = hello(&c.url(), pki.client(None), "reload-node")
+    let c = start_tls(tls).await;
+    let mut open = hello(&https_url(&c), pki.client(None), "reload-node")
         .await
         .expect("first connection");
     // Renew: the same name, now signed by the other CA.
@@ -365,7 +300,7 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         .domain_name("localhost");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        if hello(&c.url(), trusts_new.clone(), "reload-node-2")
+        if hello(&https_url(&c), trusts_new.clone(), "reload-node-2")
             .await
             .is_ok()
         {
@@ -401,7 +336,7 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
 }
 
 /// `tokens add NODE` on the collector's store; returns the printed token.
-async fn add_token(c: &Collector, node: &str) -> String {
+async fn add_token(c: &TestCollector, node: &str) -> String {
     let out = tokens::run_on(
         c.store.as_ref(),
         TokensCommand::Add {
@@ -428,8 +363,8 @@ fn required(tls: TlsOptions) -> ServeOptions {
 #[tokio::test]
 async fn tokens_bind_agents_to_their_node_and_bad_ones_store_nothing() {
     let pki = Pki::new();
-    let c = Collector::start_with(required(grpc_only(pki.server_files(false)))).await;
-    let url = c.url();
+    let c = start_collector(required(grpc_only(pki.server_files(false)))).await;
+    let url = https_url(&c);
     let tls = || Some(pki.client(None));
     let revoked = add_token(&c, "node-a").await;
     let valid = add_token(&c, "node-a").await;
@@ -525,7 +460,7 @@ async fn tokens_bind_agents_to_their_node_and_bad_ones_store_nothing() {
 #[tokio::test]
 async fn a_real_agent_with_a_token_over_tls_gets_acked() {
     let pki = Pki::new();
-    let c = Collector::start_with(required(grpc_only(pki.server_files(false)))).await;
+    let c = start_collector(required(grpc_only(pki.server_files(false)))).await;
     let token = add_token(&c, "token-node").await;
     let shutdown = CancellationToken::new();
     let opts = RunOptions {
@@ -535,7 +470,7 @@ async fn a_real_agent_with_a_token_over_tls_gets_acked() {
             .with_tls(pki.client(None))
             .with_token(&token)
             .expect("token"),
-        ..RunOptions::new("token-node", vec![c.url()])
+        ..RunOptions::new("token-node", vec![https_url(&c)])
     };
     let sim = simulator(SimOptions::new("token-node", 1)).expect("simulator");
     let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
@@ -559,7 +494,7 @@ async fn a_real_agent_with_a_token_over_tls_gets_acked() {
 
 #[tokio::test]
 async fn on_loopback_credentials_are_optional_but_checked_when_given() {
-    let c = Collector::start_with(ServeOptions::default()).await;
+    let c = start_collector(ServeOptions::default()).await;
     let url = format!("http://{}", c.grpc);
     hello_with(&url, None, None, "local-node")
         .await
@@ -578,7 +513,7 @@ async fn the_http_api_is_served_over_tls_and_refuses_plain_text() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let pki = Pki::new();
     let files = pki.server_files(false);
-    let c = Collector::start(TlsOptions {
+    let c = start_tls(TlsOptions {
         http: Some(files),
         ..TlsOptions::default()
     })

@@ -5,50 +5,21 @@
 mod common;
 
 use common::*;
-use gpufleet_collector::store::Store;
+use gpufleet_collector::ServeOptions;
 use gpufleet_collector::tokens::{self, Role, TokensCommand};
 use gpufleet_collector::web_auth::WebAuthMode;
-use gpufleet_collector::{ServeOptions, serve_with_store};
 use reqwest::StatusCode;
 use reqwest::redirect::Policy;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
-struct Collector {
-    _dir: tempfile::TempDir,
-    store: Arc<dyn Store>,
-    http: SocketAddr,
-    shutdown: CancellationToken,
-}
-
-async fn start(web_auth: WebAuthMode) -> Collector {
-    let (dir, store) = sqlite_store().await;
-    let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
-    let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
-    let http_addr = http.local_addr().expect("addr");
-    let shutdown = CancellationToken::new();
-    let options = ServeOptions {
+async fn start(web_auth: WebAuthMode) -> TestCollector {
+    start_collector(ServeOptions {
         web_auth,
         ..Default::default()
-    };
-    tokio::spawn(serve_with_store(
-        Arc::clone(&store),
-        options,
-        grpc,
-        http,
-        shutdown.clone(),
-    ));
-    Collector {
-        _dir: dir,
-        store,
-        http: http_addr,
-        shutdown,
-    }
+    })
+    .await
 }
 
-async fn token(c: &Collector, name: &str, role: Role) -> String {
+async fn token(c: &TestCollector, name: &str, role: Role) -> String {
     let out = tokens::run_on(
         c.store.as_ref(),
         TokensCommand::Add {
