@@ -15,6 +15,7 @@
 //! - [`http`]: the axum router (`app`), handlers and `ApiError`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`metrics`]: the collector's own counters.
+//! - [`conn_limit`]: per-address connection limits and our accept loops.
 //! - [`certs`]: a development CA and certificates (rcgen) for `certs`.
 //! - [`identity`]: which node an agent's credential lets it write as.
 //! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
@@ -23,6 +24,7 @@
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
 
 pub mod certs;
+pub mod conn_limit;
 pub mod demo;
 pub mod http;
 pub mod identity;

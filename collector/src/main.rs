@@ -175,6 +175,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         tls: args.tls.options(),
         web_auth: args.tls.web_auth(),
+        max_connections_per_ip: args.tls.max_connections_per_ip,
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

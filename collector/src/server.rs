@@ -7,6 +7,7 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
+use crate::conn_limit::{self, ChannelListener, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
@@ -21,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -41,6 +42,8 @@ pub struct ServeOptions {
     pub tls: TlsOptions,
     /// Whether dashboard and API viewers must log in ([`crate::web_auth`]).
     pub web_auth: crate::web_auth::WebAuthMode,
+    /// Most connections open at once from one client address, per listener.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for ServeOptions {
@@ -53,6 +56,7 @@ impl Default for ServeOptions {
             shutdown_grace: Duration::from_secs(10),
             tls: TlsOptions::default(),
             web_auth: crate::web_auth::WebAuthMode::Auto,
+            max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
         }
     }
 }
@@ -156,20 +160,25 @@ pub async fn serve_with_store(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(ingest.into_server());
     let stop = shutdown.clone().cancelled_owned();
+    let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
         None => {
-            let incoming = TcpListenerStream::new(grpc).map(|conn| {
-                conn.inspect(|tcp| {
-                    // Acks are small and latency-bound.
-                    let _ = tcp.set_nodelay(true);
-                })
-            });
+            // Nodelay is set on accept: acks are small and latency-bound.
+            let rx = conn_limit::accept(grpc, per_ip(), shutdown.clone());
+            let incoming =
+                ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
         Some(tls) => {
-            let rx = tls::accept_tls(grpc, tls, HandshakeLimits::default(), shutdown.clone());
-            let incoming = tokio_stream::wrappers::ReceiverStream::new(rx)
-                .map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
+            let rx = tls::accept_tls(
+                grpc,
+                tls,
+                HandshakeLimits::default(),
+                per_ip(),
+                shutdown.clone(),
+            );
+            let incoming =
+                ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
     };
@@ -192,15 +201,24 @@ pub async fn serve_with_store(
     ));
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
-        None => Box::pin(
-            axum::serve(http, app)
-                .with_graceful_shutdown(stop)
-                .into_future(),
-        ),
+        None => {
+            let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
+            let listener = ChannelListener::new(rx, http_addr);
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .into_future(),
+            )
+        }
         Some(tls) => {
-            let listener =
-                tls::TlsListener::new(http, tls, HandshakeLimits::default(), shutdown.clone())
-                    .map_err(ServeError::Listener)?;
+            let rx = tls::accept_tls(
+                http,
+                tls,
+                HandshakeLimits::default(),
+                per_ip(),
+                shutdown.clone(),
+            );
+            let listener = ChannelListener::new(rx, http_addr);
             Box::pin(
                 axum::serve(listener, app)
                     .with_graceful_shutdown(stop)

@@ -4,25 +4,26 @@
 //! We terminate TLS ourselves (tokio-rustls) instead of letting tonic or axum do it, so
 //! one code path serves both listeners and the [`ServerConfig`] can be swapped at run
 //! time: every new connection takes the current config; open connections keep theirs.
-//! An accept task per listener hands each connection to its own handshake task (bounded
-//! by a timeout and a semaphore), so a client that never finishes its handshake holds up
-//! nobody else; finished handshakes go to the server through a bounded channel.
+//! An accept task per listener admits connections within the per-address limit
+//! ([`crate::conn_limit`]) and hands each to its own handshake task (bounded by a timeout
+//! and a semaphore), so a client that never finishes its handshake holds up nobody else;
+//! finished handshakes go to the server through a bounded channel.
 //!
 //! mTLS (`--client-ca`): the client must present a certificate signed by that CA; rustls
 //! refuses the handshake otherwise. Which node the certificate may write as is decided in
 //! [`crate::identity`] from the certificate's DNS names.
 
+use crate::conn_limit::{Limited, PerIpLimit, accept_one};
 use futures::future::BoxFuture;
 use rustls::RootCertStore;
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -82,6 +83,10 @@ pub struct TlsArgs {
     /// loopback (by default viewers must log in there).
     #[arg(long, env = "GPUFLEET_ALLOW_ANONYMOUS_VIEWERS")]
     pub allow_anonymous_viewers: bool,
+    /// Most connections open at once from one client address, per listener; more are
+    /// closed at once (a flood from one address cannot starve the others).
+    #[arg(long, env = "GPUFLEET_MAX_CONNECTIONS_PER_IP", default_value_t = crate::conn_limit::DEFAULT_MAX_PER_IP, value_name = "N")]
+    pub max_connections_per_ip: usize,
 }
 
 impl TlsArgs {
@@ -358,14 +363,16 @@ impl Default for HandshakeLimits {
 }
 
 /// A connection that finished its TLS handshake.
-pub type Accepted = (TlsStream<TcpStream>, SocketAddr);
+pub type Accepted = (TlsStream<Limited>, SocketAddr);
 
-/// Accepts connections on `listener` and performs their handshakes concurrently; yields
-/// the finished ones. Stops when `shutdown` is cancelled or the receiver is dropped.
+/// Accepts connections on `listener` (within the per-address `limit`) and performs their
+/// handshakes concurrently; yields the finished ones. Stops when `shutdown` is cancelled
+/// or the receiver is dropped.
 pub fn accept_tls(
     listener: TcpListener,
     tls: Arc<ReloadableTls>,
     limits: HandshakeLimits,
+    limit: Arc<PerIpLimit>,
     shutdown: CancellationToken,
 ) -> mpsc::Receiver<Accepted> {
     let (tx, rx) = mpsc::channel(64);
@@ -379,20 +386,11 @@ pub fn accept_tls(
                     Err(_) => break,
                 },
             };
-            let (tcp, peer) = tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tx.closed() => break,
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Usually out of file descriptors: wait instead of spinning.
-                        warn!(error = %e, "cannot accept a connection");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
+            let accepted = tokio::select! {
+                () = tx.closed() => None,
+                c = accept_one(&listener, &limit, &shutdown) => c,
             };
-            let _ = tcp.set_nodelay(true);
+            let Some((tcp, peer)) = accepted else { break };
             let acceptor = tls.acceptor();
             let tx = tx.clone();
             tokio::spawn(async move {
@@ -408,44 +406,6 @@ pub fn accept_tls(
         }
     });
     rx
-}
-
-/// The HTTP listener over TLS, for `axum::serve`.
-pub struct TlsListener {
-    rx: mpsc::Receiver<Accepted>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    pub fn new(
-        listener: TcpListener,
-        tls: Arc<ReloadableTls>,
-        limits: HandshakeLimits,
-        shutdown: CancellationToken,
-    ) -> io::Result<TlsListener> {
-        let local = listener.local_addr()?;
-        Ok(TlsListener {
-            rx: accept_tls(listener, tls, limits, shutdown),
-            local,
-        })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task stopped (shutdown): accept nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
-    }
 }
 
 /// Reloads `configs` on SIGHUP, and when one of their files changed (checked every

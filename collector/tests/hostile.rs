@@ -210,3 +210,82 @@ async fn a_hostile_node_name_is_stored_literally_and_shown_escaped() {
     assert_eq!(json[0]["name"], HOSTILE_NAME);
     c.shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_flood_from_one_address_does_not_starve_another() {
+    use tokio::io::AsyncReadExt as _;
+    let c = start_collector(ServeOptions {
+        max_connections_per_ip: 8,
+        ..Default::default()
+    })
+    .await;
+    // 127.0.0.1 holds its 8 connections open on both listeners.
+    let mut held = Vec::new();
+    for addr in [c.http, c.grpc] {
+        for _ in 0..8 {
+            held.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+    }
+    // Its 9th is closed at once, before any HTTP.
+    let mut ninth = TcpStream::connect(c.http).await.expect("connect");
+    let _ = ninth
+        .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), ninth.read_to_end(&mut buf))
+        .await
+        .expect("closed within 10 s");
+    assert!(
+        read.is_err() || buf.is_empty(),
+        "over the limit: no answer, got {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    // Another address is served on both listeners.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .expect("client");
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.get(format!("http://{}/api/v1/health", c.http)).send(),
+    )
+    .await
+    .expect("answered within 10 s")
+    .expect("request from 127.0.0.2");
+    assert_eq!(r.status(), 200);
+    // On gRPC, an HTTP/2 preface from 127.0.0.2 gets the server's SETTINGS back; the same
+    // from 127.0.0.1 (over its limit) gets nothing.
+    assert!(!h2_answer(c.grpc, [127, 0, 0, 2]).await.is_empty());
+    assert!(h2_answer(c.grpc, [127, 0, 0, 1]).await.is_empty());
+
+    // Closing the flood frees its slots.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = reqwest::get(format!("http://{}/api/v1/health", c.http)).await;
+        if r.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots not freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}
+
+/// Sends an HTTP/2 client preface from `from` and returns the first bytes answered.
+async fn h2_answer(to: std::net::SocketAddr, from: [u8; 4]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((from, 0)))
+        .expect("bind");
+    let mut tcp = socket.connect(to).await.expect("connect");
+    let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let mut buf = vec![0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await {
+        Ok(Ok(n)) => buf[..n].to_vec(),
+        Ok(Err(_)) => Vec::new(),
+        Err(_) => panic!("no answer and not closed within 10 s"),
+    }
+}
