@@ -457,3 +457,61 @@ pub fn spawn_reloader(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_takes_its_own_pair_or_the_grpc_one_never_the_client_ca() {
+        let mut args = TlsArgs {
+            tls_cert: Some("g.pem".into()),
+            tls_key: Some("g.key".into()),
+            client_ca: Some("ca.pem".into()),
+            ..TlsArgs::default()
+        };
+        let o = args.options();
+        let grpc = o.grpc.expect("grpc tls");
+        assert_eq!(grpc.client_ca.as_deref(), Some(Path::new("ca.pem")));
+        let http = o.http.expect("http tls");
+        assert_eq!(http.cert, Path::new("g.pem"));
+        assert_eq!(
+            http.client_ca, None,
+            "browsers are not asked for certificates"
+        );
+        args.http_tls_cert = Some("h.pem".into());
+        args.http_tls_key = Some("h.key".into());
+        assert_eq!(args.options().http.expect("http").cert, Path::new("h.pem"));
+        let none = TlsArgs::default().options();
+        assert!(none.grpc.is_none() && none.http.is_none());
+    }
+
+    #[test]
+    fn a_bad_key_file_is_named_without_quoting_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        let ca = crate::certs::DevCa::new(crate::certs::Validity::days(1)).expect("ca");
+        let server = ca
+            .server(&["localhost".into()], crate::certs::Validity::days(1))
+            .expect("cert");
+        let cert = dir.path().join("s.pem");
+        let key = dir.path().join("s.key");
+        std::fs::write(&cert, &server.cert).expect("write");
+        std::fs::write(
+            &key,
+            "-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n",
+        )
+        .expect("write");
+        let files = TlsFiles {
+            cert,
+            key,
+            client_ca: None,
+        };
+        let err = build_config(&files, Alpn::Grpc).expect_err("bad key");
+        let text = err.to_string();
+        assert!(text.contains("s.key") || text.contains("s.pem"), "{text}");
+        assert!(
+            !text.contains("c2VjcmV0"),
+            "key material never in messages: {text}"
+        );
+    }
+}

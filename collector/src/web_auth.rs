@@ -277,3 +277,21 @@ fn login_page(error: Option<&str>) -> Response {
     );
     Html(html).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn session_cookies_are_secure_under_tls_only() {
+        let store = crate::store::open("sqlite::memory:").await.expect("store");
+        let tls = WebAuth::new(Arc::clone(&store), WebAuthMode::Required, true);
+        let plain = WebAuth::new(store, WebAuthMode::Required, false);
+        let secure = tls.cookie_header("abc", 60);
+        let secure = secure.to_str().expect("ascii");
+        assert!(secure.ends_with("; Secure"), "{secure}");
+        assert!(secure.contains("HttpOnly; SameSite=Strict"), "{secure}");
+        let insecure = plain.cookie_header("abc", 60);
+        assert!(!insecure.to_str().expect("ascii").contains("Secure"));
+    }
+}
