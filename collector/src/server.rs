@@ -102,18 +102,14 @@ pub async fn serve_with_store(
 ) -> Result<(), ServeError> {
     let grpc_addr = grpc.local_addr().map_err(ServeError::Listener)?;
     let http_addr = http.local_addr().map_err(ServeError::Listener)?;
-    let grpc_tls = options
-        .tls
-        .grpc
-        .clone()
-        .map(|f| ReloadableTls::load(f, Alpn::Grpc))
-        .transpose()?;
-    let http_tls = options
-        .tls
-        .http
-        .clone()
-        .map(|f| ReloadableTls::load(f, Alpn::Http))
-        .transpose()?;
+    let load = |files: &Option<tls::TlsFiles>, alpn| {
+        files
+            .clone()
+            .map(|f| ReloadableTls::load(f, alpn))
+            .transpose()
+    };
+    let grpc_tls = load(&options.tls.grpc, Alpn::Grpc)?;
+    let http_tls = load(&options.tls.http, Alpn::Http)?;
     warn_if_exposed("gRPC ingest", grpc_addr, grpc_tls.is_some());
     warn_if_exposed("HTTP API", http_addr, http_tls.is_some());
     let reloader = tls::spawn_reloader(
