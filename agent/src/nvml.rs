@@ -207,7 +207,12 @@ fn worker(
     info!(lib = %lib, gpus = reader.devices.len(), "NVML initialised");
     let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let gpus = reader.devices.iter().map(|d| d.index + 1).max().unwrap_or(0);
+        let gpus = reader
+            .devices
+            .iter()
+            .map(|d| d.index + 1)
+            .max()
+            .unwrap_or(0);
         let (nvml, event_tx, stop) = (&nvml, &event_tx, &stop);
         let events = std::thread::Builder::new()
             .name("nvml-events".into())
@@ -828,7 +833,9 @@ fn read_fields(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> (Option<u32>
         return (None, None);
     }
     let ids: Vec<FieldId> = dev.fields.iter().map(|id| FieldId(*id)).collect();
-    let Some(samples) = read(dev, timer, Metric::FieldValues, |d| d.field_values_for(&ids)) else {
+    let Some(samples) = read(dev, timer, Metric::FieldValues, |d| {
+        d.field_values_for(&ids)
+    }) else {
         if dev.unsupported.contains(Metric::FieldValues) {
             dev.fields.clear();
         }

@@ -202,15 +202,25 @@ fn every_metric_reads_back_the_scenario_values() {
         (Some(700_000), Some(650_000), Some(200_000), Some(700_000))
     );
     assert_eq!(
-        (g.max_clock_sm_mhz, g.max_clock_mem_mhz, g.max_clock_graphics_mhz),
+        (
+            g.max_clock_sm_mhz,
+            g.max_clock_mem_mhz,
+            g.max_clock_graphics_mhz
+        ),
         (Some(1980), Some(2619), Some(1980))
     );
     assert_eq!(g.nvlink_count, Some(18));
     assert_eq!(g.mig_enabled, Some(false));
     assert_eq!(g.compute_mode.as_deref(), Some("Default"));
     assert_eq!(g.persistence_mode, Some(true));
-    assert_eq!((g.cuda_capability_major, g.cuda_capability_minor), (Some(9), Some(0)));
-    assert_eq!((g.pcie_link_gen_max, g.pcie_link_width_max), (Some(5), Some(16)));
+    assert_eq!(
+        (g.cuda_capability_major, g.cuda_capability_minor),
+        (Some(9), Some(0))
+    );
+    assert_eq!(
+        (g.pcie_link_gen_max, g.pcie_link_width_max),
+        (Some(5), Some(16))
+    );
     assert_eq!(g.vbios_version.as_deref(), Some("96.00.74.00.01"));
 
     let t = ticks(&mut src, 2);
@@ -244,9 +254,17 @@ fn every_metric_reads_back_the_scenario_values() {
     }
     let idle = sample(&t[1], "GPU-idle");
     assert_eq!(idle.power_mw, Some(60_000));
-    assert_eq!(idle.energy_mj, Some(1_060_000), "its own counter, read twice");
+    assert_eq!(
+        idle.energy_mj,
+        Some(1_060_000),
+        "its own counter, read twice"
+    );
 
-    let procs: Vec<_> = t[1].processes.iter().map(|p| (p.pid, p.process_type)).collect();
+    let procs: Vec<_> = t[1]
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.process_type))
+        .collect();
     assert_eq!(
         procs,
         [
@@ -256,9 +274,16 @@ fn every_metric_reads_back_the_scenario_values() {
     );
     let p = &t[1].processes[0];
     assert_eq!(p.gpu_uuid, "GPU-h100");
-    assert_eq!(p.gpu_mem_bytes, Some(41 * GIB), "the larger of the two lists");
+    assert_eq!(
+        p.gpu_mem_bytes,
+        Some(41 * GIB),
+        "the larger of the two lists"
+    );
     assert_eq!((p.sm_util_pct, p.mem_util_pct), (Some(88), Some(44)));
-    assert_eq!(p.workload.pod_uid.as_deref(), Some("3f1c2a9e-77b4-4c1e-9a0d-5b6e7f8a9b0c"));
+    assert_eq!(
+        p.workload.pod_uid.as_deref(),
+        Some("3f1c2a9e-77b4-4c1e-9a0d-5b6e7f8a9b0c")
+    );
     assert_eq!(t[1].processes[1].workload.job_id.as_deref(), Some("48213"));
 
     let cost = t[1].cost.as_ref().expect("the source reports its cost");
@@ -266,7 +291,11 @@ fn every_metric_reads_back_the_scenario_values() {
     assert!(!cost.slowest_calls_us.is_empty());
     drop(src);
     let counts = fake.counts();
-    assert_eq!(count(&counts, "nvmlShutdown"), 1, "dropping the source shuts NVML down");
+    assert_eq!(
+        count(&counts, "nvmlShutdown"),
+        1,
+        "dropping the source shuts NVML down"
+    );
     assert_eq!(
         count(&counts, "gpu0.nvmlDeviceGetFieldValues"),
         2,
@@ -307,12 +336,23 @@ fn unsupported_metrics_are_absent_and_asked_once() {
             (s.fan_pct, s.energy_mj, s.power_instant_mw, s.enc_util_pct),
             (None, None, None, None)
         );
-        assert_eq!((s.ecc_corrected_volatile, s.ecc_uncorrected_volatile), (None, None));
-        assert_eq!(s.temp_mem_c, Some(35), "the other field of the batch is still read");
+        assert_eq!(
+            (s.ecc_corrected_volatile, s.ecc_uncorrected_volatile),
+            (None, None)
+        );
+        assert_eq!(
+            s.temp_mem_c,
+            Some(35),
+            "the other field of the batch is still read"
+        );
         assert_eq!(s.dec_util_pct, Some(0), "supported zero stays zero");
         assert_eq!(s.power_mw, Some(60_000));
         let p = &tick.processes[0];
-        assert_eq!((p.pid, p.sm_util_pct), (1101, None), "no utilization: absent");
+        assert_eq!(
+            (p.pid, p.sm_util_pct),
+            (1101, None),
+            "no utilization: absent"
+        );
         let other = sample(&tick, "GPU-nofields");
         assert_eq!((other.power_instant_mw, other.temp_mem_c), (None, None));
         assert_eq!(other.fan_pct, Some(0));
@@ -380,7 +420,11 @@ fn all_fixture_pids_map_to_their_containers_through_a_growing_process_list() {
     let mut src = fake.open();
     let tick = src.sample(T0).expect("tick");
     let pids: Vec<u32> = tick.processes.iter().map(|p| p.pid).collect();
-    assert_eq!(pids, (1101..=1111).collect::<Vec<_>>(), "all 11 in the first tick");
+    assert_eq!(
+        pids,
+        (1101..=1111).collect::<Vec<_>>(),
+        "all 11 in the first tick"
+    );
     for p in &tick.processes {
         let want = &expected[&p.pid.to_string()];
         let got = serde_json::to_value(&p.workload).expect("workload serializes");
@@ -400,7 +444,10 @@ fn all_fixture_pids_map_to_their_containers_through_a_growing_process_list() {
     assert!(tick.processes.iter().all(|p| p.command.is_some()));
     drop(src);
     assert_eq!(
-        count(&fake.counts(), "gpu0.nvmlDeviceGetComputeRunningProcesses_v3"),
+        count(
+            &fake.counts(),
+            "gpu0.nvmlDeviceGetComputeRunningProcesses_v3"
+        ),
         4,
         "size query + INSUFFICIENT_SIZE fill, then size query + fill"
     );
@@ -416,7 +463,10 @@ fn sample_until(
 ) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done(ticks) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {ticks:#?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {ticks:#?}"
+        );
         let t = T0 + ticks.len() as i64 * 1000;
         ticks.push(src.sample(t).expect("tick"));
         std::thread::sleep(Duration::from_millis(10));
@@ -461,19 +511,33 @@ fn xid_and_double_bit_ecc_events_are_delivered_once() {
         !events_of(t, Kind::Xid).is_empty() && !events_of(t, Kind::EccDoubleBit).is_empty()
     });
     let seen = ticks.len();
-    sample_until(&mut src, &mut ticks, "five more ticks", |t| t.len() >= seen + 5);
-    assert_eq!(events_of(&ticks, Kind::Xid), [("GPU-xid".to_owned(), Some(79))]);
-    assert_eq!(events_of(&ticks, Kind::EccDoubleBit), [("GPU-xid".to_owned(), None)]);
+    sample_until(&mut src, &mut ticks, "five more ticks", |t| {
+        t.len() >= seen + 5
+    });
+    assert_eq!(
+        events_of(&ticks, Kind::Xid),
+        [("GPU-xid".to_owned(), Some(79))]
+    );
+    assert_eq!(
+        events_of(&ticks, Kind::EccDoubleBit),
+        [("GPU-xid".to_owned(), None)]
+    );
     for t in &ticks {
         for e in &t.events {
-            assert!(e.time_ms <= t.time_ms, "an event is not from the future: {e:?}");
+            assert!(
+                e.time_ms <= t.time_ms,
+                "an event is not from the future: {e:?}"
+            );
         }
     }
     drop(src);
     let c = fake.counts();
     assert_eq!(count(&c, "gpu0.nvmlDeviceRegisterEvents"), 1);
     assert_eq!(count(&c, "gpu1.nvmlDeviceRegisterEvents"), 1);
-    assert!(count(&c, "nvmlEventSetFree") >= 1, "the set is freed: {c:?}");
+    assert!(
+        count(&c, "nvmlEventSetFree") >= 1,
+        "the set is freed: {c:?}"
+    );
 }
 
 #[test]
@@ -508,13 +572,25 @@ fn a_lost_gpu_is_reported_the_others_keep_sampling_and_it_recovers() {
             (None, None, None),
             "a lost GPU's values are absent"
         );
-        assert_eq!(sample(t, "GPU-steady").power_mw, Some(60_000), "others keep sampling");
+        assert_eq!(
+            sample(t, "GPU-steady").power_mw,
+            Some(60_000),
+            "others keep sampling"
+        );
     }
     assert_eq!(sample(&ticks[back_at], "GPU-flaky").power_mw, Some(300_000));
-    sample_until(&mut src, &mut ticks, "two more ticks", |t| t.len() >= back_at + 3);
+    sample_until(&mut src, &mut ticks, "two more ticks", |t| {
+        t.len() >= back_at + 3
+    });
     assert_eq!(events_of(&ticks, Kind::GpuLost).len(), 1);
-    assert_eq!(events_of(&ticks, Kind::GpuRecovered), [("GPU-flaky".to_owned(), None)]);
-    assert_eq!(sample(ticks.last().expect("ticks"), "GPU-flaky").power_mw, Some(300_000));
+    assert_eq!(
+        events_of(&ticks, Kind::GpuRecovered),
+        [("GPU-flaky".to_owned(), None)]
+    );
+    assert_eq!(
+        sample(ticks.last().expect("ticks"), "GPU-flaky").power_mw,
+        Some(300_000)
+    );
 }
 
 #[test]
@@ -527,7 +603,10 @@ fn a_library_that_cannot_load_its_scenario_fails_with_a_clear_error() {
         hostname: "x".into(),
     })
     .expect_err("init fails");
-    assert!(err.to_string().contains("cannot initialise NVML from"), "{err}");
+    assert!(
+        err.to_string().contains("cannot initialise NVML from"),
+        "{err}"
+    );
 }
 
 fn snapshot_scenario() -> Scenario {
@@ -582,11 +661,20 @@ fn snapshot(fake: &Fake, json: bool) -> String {
 fn snapshot_with_nvml_lib_shows_gpus_and_processes_with_containers() {
     let fake = Fake::new(snapshot_scenario());
     let table = snapshot(&fake, false);
-    assert!(table.starts_with("fake-node  driver 550.54.15  CUDA 12.4"), "{table}");
+    assert!(
+        table.starts_with("fake-node  driver 550.54.15  CUDA 12.4"),
+        "{table}"
+    );
     let rows: Vec<&str> = table.lines().filter(|l| l.contains("A100-SXM4")).collect();
     assert_eq!(rows.len(), 2, "{table}");
-    assert!(rows[0].contains("67C") && rows[0].contains("93%"), "{table}");
-    assert!(rows[1].contains(" n/a ") && rows[1].contains("41%"), "{table}");
+    assert!(
+        rows[0].contains("67C") && rows[0].contains("93%"),
+        "{table}"
+    );
+    assert!(
+        rows[1].contains(" n/a ") && rows[1].contains("41%"),
+        "{table}"
+    );
     for shown in [
         "container 5e6f7a8b5e6f",
         "slurm job 48213 step 0",
@@ -596,14 +684,20 @@ fn snapshot_with_nvml_lib_shows_gpus_and_processes_with_containers() {
         assert!(table.contains(shown), "{shown:?} missing:\n{table}");
     }
     assert_eq!(
-        table.lines().filter(|l| l.contains("MiB") && !l.contains("MEMORY")).count(),
+        table
+            .lines()
+            .filter(|l| l.contains("MiB") && !l.contains("MEMORY"))
+            .count(),
         11,
         "one row per process:\n{table}"
     );
 
     let v: Json = serde_json::from_str(&snapshot(&fake, true)).expect("JSON");
     assert_eq!(v["inventory"]["gpus"].as_array().map(Vec::len), Some(2));
-    assert!(v["tick"]["gpus"][1]["temp_gpu_c"].is_null(), "absent, not 0");
+    assert!(
+        v["tick"]["gpus"][1]["temp_gpu_c"].is_null(),
+        "absent, not 0"
+    );
     let procs = v["tick"]["processes"].as_array().expect("processes");
     assert_eq!(procs.len(), 11);
     assert_eq!(procs[0]["workload"]["runtime"], "docker");

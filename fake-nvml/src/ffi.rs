@@ -142,7 +142,9 @@ fn load_scenario() -> Result<Scenario, String> {
         Some(p) => PathBuf::from(p),
         None => own_path()
             .and_then(|p| p.parent().map(|d| d.join(SCENARIO_FILE)))
-            .ok_or_else(|| format!("{SCENARIO_ENV} is unset and the library's folder is unknown"))?,
+            .ok_or_else(|| {
+                format!("{SCENARIO_ENV} is unset and the library's folder is unknown")
+            })?,
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read scenario {}: {e}", path.display()))?;
@@ -180,10 +182,10 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     s.system_call("nvmlShutdown");
     s.inits = s.inits.saturating_sub(1);
     if s.inits == 0 {
-        if let Some(path) = &s.scenario.counts_file {
-            if let Err(e) = std::fs::write(path, s.counts_json()) {
-                eprintln!("fake-nvml: cannot write {}: {e}", path.display());
-            }
+        if let Some(path) = &s.scenario.counts_file
+            && let Err(e) = std::fs::write(path, s.counts_json())
+        {
+            eprintln!("fake-nvml: cannot write {}: {e}", path.display());
         }
         *guard = None;
     }
@@ -296,18 +298,22 @@ macro_rules! static_u32_fn {
     };
 }
 
-static_u32_fn!(nvmlDeviceGetArchitecture, nvmlDeviceArchitecture_t, |g| g.architecture);
+static_u32_fn!(nvmlDeviceGetArchitecture, nvmlDeviceArchitecture_t, |g| g
+    .architecture);
 static_u32_fn!(nvmlDeviceGetBrand, nvmlBrandType_t, |g| g.brand);
 static_u32_fn!(nvmlDeviceGetPowerManagementDefaultLimit, c_uint, |g| g
     .power_limit_default_mw);
 static_u32_fn!(nvmlDeviceGetEnforcedPowerLimit, c_uint, |g| g
     .power_limit_enforced_mw);
-static_u32_fn!(nvmlDeviceGetComputeMode, nvmlComputeMode_t, |g| g.compute_mode);
-static_u32_fn!(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, |g| u32::from(
-    g.persistence_mode
-));
-static_u32_fn!(nvmlDeviceGetMaxPcieLinkGeneration, c_uint, |g| g.pcie_link_gen_max);
-static_u32_fn!(nvmlDeviceGetMaxPcieLinkWidth, c_uint, |g| g.pcie_link_width_max);
+static_u32_fn!(nvmlDeviceGetComputeMode, nvmlComputeMode_t, |g| g
+    .compute_mode);
+static_u32_fn!(nvmlDeviceGetPersistenceMode, nvmlEnableState_t, |g| {
+    u32::from(g.persistence_mode)
+});
+static_u32_fn!(nvmlDeviceGetMaxPcieLinkGeneration, c_uint, |g| g
+    .pcie_link_gen_max);
+static_u32_fn!(nvmlDeviceGetMaxPcieLinkWidth, c_uint, |g| g
+    .pcie_link_width_max);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
@@ -346,11 +352,15 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimitConstraints(
     min: *mut c_uint,
     max: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetPowerManagementLimitConstraints", |s, i| {
-        let g = s.gpu(i);
-        put(min, g.power_limit_min_mw)?;
-        put(max, g.power_limit_max_mw)
-    })
+    dev(
+        device,
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        |s, i| {
+            let g = s.gpu(i);
+            put(min, g.power_limit_min_mw)?;
+            put(max, g.power_limit_max_mw)
+        },
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -422,8 +432,7 @@ macro_rules! value_fn {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(device: nvmlDevice_t, out: *mut $ty) -> nvmlReturn_t {
             dev_value(device, stringify!($name), out, |s, i| {
-                <$ty>::try_from(s.read(i, stringify!($field), |g| &g.$field))
-                    .unwrap_or(<$ty>::MAX)
+                <$ty>::try_from(s.read(i, stringify!($field), |g| &g.$field)).unwrap_or(<$ty>::MAX)
             })
         }
     };
@@ -669,17 +678,18 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         let g = s.gpu(i);
         let mut busy: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
         for p in g.compute_processes.iter().chain(&g.graphics_processes) {
-            if let Some(sm) = p.sm_pct {
-                if ts > last_seen && !busy.iter().any(|b| b.pid == p.pid) {
-                    busy.push(nvmlProcessUtilizationSample_t {
-                        pid: p.pid,
-                        timeStamp: ts,
-                        smUtil: sm,
-                        memUtil: p.mem_pct,
-                        encUtil: p.enc_pct,
-                        decUtil: p.dec_pct,
-                    });
-                }
+            if let Some(sm) = p.sm_pct
+                && ts > last_seen
+                && !busy.iter().any(|b| b.pid == p.pid)
+            {
+                busy.push(nvmlProcessUtilizationSample_t {
+                    pid: p.pid,
+                    timeStamp: ts,
+                    smUtil: sm,
+                    memUtil: p.mem_pct,
+                    encUtil: p.enc_pct,
+                    decUtil: p.dec_pct,
+                });
             }
         }
         if busy.is_empty() {
@@ -725,7 +735,9 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     NVML_FI_DEV_POWER_INSTANT => {
                         Some(s.read(i, "field_power_instant", |g| &g.power_instant_mw))
                     }
-                    NVML_FI_DEV_POWER_AVERAGE => Some(s.read(i, "field_power_avg", |g| &g.power_mw)),
+                    NVML_FI_DEV_POWER_AVERAGE => {
+                        Some(s.read(i, "field_power_avg", |g| &g.power_mw))
+                    }
                     NVML_FI_DEV_MEMORY_TEMP => Some(s.read(i, "field_temp_mem", |g| &g.temp_mem_c)),
                     _ => None,
                 }

@@ -302,10 +302,7 @@ mod tests {
             ..Gpu::default()
         };
         let lost: Vec<bool> = (0..8).map(|c| g.is_lost_at(c)).collect();
-        assert_eq!(
-            lost,
-            [false, false, false, false, true, true, false, false]
-        );
+        assert_eq!(lost, [false, false, false, false, true, true, false, false]);
         let forever = Gpu {
             lost_after_calls: Some(1),
             ..Gpu::default()
@@ -324,5 +321,13 @@ mod tests {
         assert_eq!(s.gpus[0].energy_mj, Value::Ramp { start: 5, step: 1 });
         assert_eq!(s.gpus[0].name, "NVIDIA A100-SXM4-80GB");
         assert!(serde_json::from_str::<Scenario>(r#"{"gpus":[{"powr_mw":1}]}"#).is_err());
+    }
+
+    #[test]
+    fn the_bundled_scenario_parses() {
+        let s: Scenario = serde_json::from_str(include_str!("../scenarios/two-gpus.json"))
+            .expect("scenarios/two-gpus.json parses");
+        assert_eq!(s.gpus.len(), 2);
+        assert!(s.gpus[1].is_unsupported("field:186"));
     }
 }

@@ -170,7 +170,11 @@ impl State {
                 return Some(Delivery {
                     gpu,
                     event_type,
-                    data: if ev.kind == EventKind::Xid { ev.code } else { 0 },
+                    data: if ev.kind == EventKind::Xid {
+                        ev.code
+                    } else {
+                        0
+                    },
                 });
             }
         }
