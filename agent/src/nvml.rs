@@ -19,8 +19,14 @@
 //! absent, the others keep being sampled, and each tick it is probed once (a fresh
 //! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
 //!
+//! MIG: on a GPU with MIG enabled, its MIG devices are found once (inventory
+//! `mig_instances`: UUID, profile, memory) and each tick their compute process lists say
+//! which process runs in which (`mig_uuid`). nvml-wrapper 0.13 does not wrap
+//! `nvmlDeviceGetGpuInstanceId` / `…ComputeInstanceId`: an instance's ids are taken from
+//! a process running in it when it is found, else NVML's "no value" (0xFFFFFFFF).
+//!
 //! Not read: NVLink throughput (NVML's per-link throughput fields need the field's
-//! `scopeId`, which nvml-wrapper 0.13 always sends as 0) and MIG instances.
+//! `scopeId`, which nvml-wrapper 0.13 always sends as 0).
 //!
 //! The NVML → domain mappings are pure functions at the bottom of this file, tested
 //! without NVML.
@@ -30,8 +36,8 @@ use crate::cost::{CallTimer, micros, thread_cpu_time};
 use crate::host;
 use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{
-    Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, ProcessType, SamplerCost, Tick,
-    UnixMs,
+    Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, ProcessSample, ProcessType,
+    SamplerCost, Tick, UnixMs,
 };
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -66,6 +72,8 @@ const MAX_NVLINKS: u32 = 18;
 const EVENT_WAIT: Duration = Duration::from_millis(200);
 /// Field values asked in one `nvmlDeviceGetFieldValues` call per tick.
 const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
+/// NVML's "no value" for a GPU / compute instance id.
+const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
 /// How often a process list is asked again when it grew between NVML's size query and
 /// the fill (`NVML_ERROR_INSUFFICIENT_SIZE`).
 const LIST_ATTEMPTS: usize = 3;
@@ -448,6 +456,80 @@ struct DeviceState<'n> {
     /// Field ids still asked in the batched field-value call (a field the device
     /// answers NOT_SUPPORTED for is removed).
     fields: Vec<u32>,
+    /// Its MIG devices (MIG enabled), found once.
+    migs: Vec<MigDevice<'n>>,
+}
+
+/// A MIG device of a GPU.
+struct MigDevice<'n> {
+    /// Its handle, for its process list.
+    device: Device<'n>,
+    /// What the inventory reports.
+    info: MigInstance,
+}
+
+/// The MIG devices of a GPU with MIG enabled (none otherwise).
+fn discover_migs<'n>(device: &Device<'n>, index: u32) -> Vec<MigDevice<'n>> {
+    if !device.mig_mode().is_ok_and(|m| m.current == 1) {
+        return Vec::new();
+    }
+    let max = match device.mig_device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            warn!(gpu = index, error = %e, "MIG is enabled but its devices cannot be counted");
+            return Vec::new();
+        }
+    };
+    let mut migs = Vec::new();
+    for k in 0..max {
+        let mig = match device.mig_device_by_index(k) {
+            Ok(m) => m,
+            // An empty slot.
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => {
+                debug!(gpu = index, mig = k, error = %e, "cannot open MIG device");
+                continue;
+            }
+        };
+        let Ok(uuid) = mig.uuid() else { continue };
+        let ids = mig.running_compute_processes().ok().and_then(|ps| {
+            ps.iter()
+                .find_map(|p| Some((p.gpu_instance_id?, p.compute_instance_id?)))
+        });
+        let info = MigInstance {
+            uuid,
+            gpu_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.0),
+            compute_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.1),
+            profile: mig.name().ok().as_deref().and_then(mig_profile),
+            memory_total_bytes: mig.memory_info().ok().map(|m| m.total),
+        };
+        migs.push(MigDevice { device: mig, info });
+    }
+    info!(gpu = index, mig_devices = migs.len(), "MIG enabled");
+    migs
+}
+
+/// pid → MIG device UUID for the processes in a GPU's MIG devices (one compute process
+/// list per MIG device and tick).
+fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, String> {
+    let mut by_pid = HashMap::new();
+    if dev.lost {
+        return by_pid;
+    }
+    for mig in &dev.migs {
+        let start = Instant::now();
+        let listed = retry_grown(|| mig.device.running_compute_processes());
+        timer.record(dev.index, "mig.running_compute_processes", start.elapsed());
+        match listed {
+            Ok(procs) => {
+                for p in procs {
+                    by_pid.insert(p.pid, mig.info.uuid.clone());
+                }
+            }
+            Err(e) => debug!(gpu = dev.index, mig = %mig.info.uuid, error = %e, "MIG process list failed"),
+        }
+    }
+    by_pid
 }
 
 /// Everything the NVML thread keeps between ticks.
@@ -495,7 +577,9 @@ impl<'n> Reader<'n> {
                     continue;
                 }
             };
+            let migs = discover_migs(&device, index);
             devices.push(DeviceState {
+                migs,
                 device,
                 index,
                 uuid,
@@ -553,7 +637,7 @@ impl<'n> Reader<'n> {
                     pcie_link_gen_max: d.max_pcie_link_gen().ok(),
                     pcie_link_width_max: d.max_pcie_link_width().ok(),
                     vbios_version: d.vbios_version().ok(),
-                    mig_instances: Vec::new(),
+                    mig_instances: s.migs.iter().map(|m| m.info.clone()).collect(),
                 }
             })
             .collect();
@@ -592,6 +676,7 @@ impl<'n> Reader<'n> {
             }
             let was_lost = dev.lost;
             let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            let mig_of = mig_processes(dev, &mut timer);
             if dev.lost && !was_lost {
                 tick.events.push(Event {
                     time_ms: now_ms,
@@ -622,7 +707,7 @@ impl<'n> Reader<'n> {
                     enc_util_pct: p.enc_pct,
                     dec_util_pct: p.dec_pct,
                     workload: id.workload.clone(),
-                    mig_uuid: None,
+                    mig_uuid: mig_of.get(&p.pid).cloned(),
                 });
             }
             tick.gpus.push(sample);
@@ -957,6 +1042,13 @@ pub fn sample_u32(v: &SampleValue) -> Option<u32> {
     }
 }
 
+/// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
+pub fn mig_profile(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then(|| profile.to_owned())
+}
+
 /// The clock event (throttle) reason bit mask, as NVML defines the bits.
 pub fn throttle_bits(r: ThrottleReasons) -> u64 {
     r.bits()
@@ -1183,6 +1275,20 @@ mod tests {
         assert_eq!(sample_u32(&SampleValue::U64(u64::MAX)), None);
         assert_eq!(sample_u32(&SampleValue::F64(41.6)), Some(42));
         assert_eq!(sample_u32(&SampleValue::F64(f64::NAN)), None);
+    }
+
+    #[test]
+    fn mig_profiles_come_from_the_device_name() {
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-80GB MIG 3g.40gb").as_deref(),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(mig_profile("X MIG "), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! Each test copies the built library into its own temporary folder beside its scenario,
 //! so each test has its own fake machine (the loader loads each copy separately).
 
-use fake_nvml::{EventKind, EventSpec, Gpu, Process, Scenario, Value};
+use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 use gpufleet_agent::GpuSource;
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
@@ -591,6 +591,90 @@ fn a_lost_gpu_is_reported_the_others_keep_sampling_and_it_recovers() {
         sample(ticks.last().expect("ticks"), "GPU-flaky").power_mw,
         Some(300_000)
     );
+}
+
+#[test]
+fn mig_devices_are_in_the_inventory_and_their_processes_carry_the_mig_uuid() {
+    let mig = |uuid: &str, profile: &str, gi: u32, gib: u64| MigSpec {
+        uuid: uuid.into(),
+        profile: profile.into(),
+        memory_total_bytes: gib * GIB,
+        gpu_instance_id: gi,
+        compute_instance_id: 0,
+    };
+    let in_mig = |pid: u32, m: usize| Process {
+        mig: Some(m),
+        ..proc_(pid, 2, None)
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![
+            Gpu {
+                mig_mode: 1,
+                mig_instances: vec![
+                    mig("MIG-aaaa", "3g.40gb", 1, 40),
+                    mig("MIG-bbbb", "2g.20gb", 2, 20),
+                    mig("MIG-empty", "1g.10gb", 5, 10),
+                ],
+                compute_processes: vec![in_mig(1103, 0), in_mig(1104, 1), in_mig(1105, 1)],
+                unsupported: vec!["nvmlDeviceGetUtilizationRates".into()],
+                ..gpu("GPU-mig")
+            },
+            Gpu {
+                compute_processes: vec![proc_(1101, 1, None)],
+                ..gpu("GPU-plain")
+            },
+        ],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    let inv = src.inventory().expect("inventory");
+    assert_eq!(inv.gpus[0].mig_enabled, Some(true));
+    let migs: Vec<_> = inv.gpus[0]
+        .mig_instances
+        .iter()
+        .map(|m| {
+            (
+                m.uuid.as_str(),
+                m.profile.as_deref(),
+                m.memory_total_bytes,
+                m.gpu_instance_id,
+                m.compute_instance_id,
+            )
+        })
+        .collect();
+    assert_eq!(
+        migs,
+        [
+            ("MIG-aaaa", Some("3g.40gb"), Some(40 * GIB), 1, 0),
+            ("MIG-bbbb", Some("2g.20gb"), Some(20 * GIB), 2, 0),
+            (
+                "MIG-empty",
+                Some("1g.10gb"),
+                Some(10 * GIB),
+                0xFFFF_FFFF,
+                0xFFFF_FFFF
+            ),
+        ],
+        "ids from a process in the instance; NVML's no-value when it has none"
+    );
+    assert_eq!(inv.gpus[1].mig_enabled, Some(false));
+    assert!(inv.gpus[1].mig_instances.is_empty());
+    let tick = &ticks(&mut src, 2)[1];
+    let by_pid: Vec<_> = tick
+        .processes
+        .iter()
+        .map(|p| (p.pid, p.gpu_uuid.as_str(), p.mig_uuid.as_deref()))
+        .collect();
+    assert_eq!(
+        by_pid,
+        [
+            (1103, "GPU-mig", Some("MIG-aaaa")),
+            (1104, "GPU-mig", Some("MIG-bbbb")),
+            (1105, "GPU-mig", Some("MIG-bbbb")),
+            (1101, "GPU-plain", None),
+        ]
+    );
+    assert_eq!(sample(tick, "GPU-mig").util_gpu_pct, None);
 }
 
 #[test]

@@ -11,7 +11,7 @@
 // The exported names and NVML's constants are the C names.
 #![allow(non_snake_case, non_upper_case_globals)]
 
-use crate::scenario::{Gpu, Process, Scenario};
+use crate::scenario::{Gpu, MigSpec, Process, Scenario};
 use crate::state::{self, NvmlResult, State};
 use crate::{SCENARIO_ENV, SCENARIO_FILE};
 use nvml_wrapper_sys::bindings::field_id::{
@@ -281,8 +281,79 @@ macro_rules! string_fn {
     };
 }
 
-string_fn!(nvmlDeviceGetUUID, uuid);
-string_fn!(nvmlDeviceGetName, name);
+/// A string of a GPU or of a MIG device.
+fn gpu_or_mig_string(
+    d: nvmlDevice_t,
+    name: &'static str,
+    buf: *mut c_char,
+    length: c_uint,
+    pick: fn(&Gpu, Option<&MigSpec>) -> String,
+) -> nvmlReturn_t {
+    code(state::with(|s| {
+        let (i, k) = s.device_or_mig_call(handle(d), name)?;
+        let g = s.gpu(i);
+        put_str(buf, length, &pick(g, k.and_then(|k| g.mig_instances.get(k))))
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    buf: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    gpu_or_mig_string(device, "nvmlDeviceGetUUID", buf, length, |g, m| {
+        m.map_or_else(|| g.uuid.clone(), |m| m.uuid.clone())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    buf: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    gpu_or_mig_string(device, "nvmlDeviceGetName", buf, length, |g, m| {
+        m.map_or_else(
+            || g.name.clone(),
+            |m| format!("{} MIG {}", g.name, m.profile),
+        )
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetMaxMigDeviceCount", |s, i| {
+        if s.gpu(i).mig_mode == 0 {
+            return Err(NOT_SUPPORTED);
+        }
+        put(count, 7)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetMigDeviceHandleByIndex", |s, i| {
+        let g = s.gpu(i);
+        if g.mig_mode == 0 {
+            return Err(NOT_SUPPORTED);
+        }
+        if index >= 7 {
+            return Err(INVALID_ARGUMENT);
+        }
+        if index as usize >= g.mig_instances.len() {
+            return Err(NOT_FOUND);
+        }
+        put(mig, (state::MIG_HANDLES + i * 256 + index as usize) as nvmlDevice_t)
+    })
+}
 string_fn!(nvmlDeviceGetSerial, serial);
 string_fn!(nvmlDeviceGetVbiosVersion, vbios_version);
 
@@ -464,11 +535,25 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetMemoryInfo_v2", |s, i| {
+    code(state::with(|s| {
+        let (i, mig) = s.device_or_mig_call(handle(device), "nvmlDeviceGetMemoryInfo_v2")?;
         let given = get(out)?;
         let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
         if given.version != expected {
             return Err(VERSION_MISMATCH);
+        }
+        if let Some(m) = mig.and_then(|k| s.gpu(i).mig_instances.get(k)) {
+            let total = m.memory_total_bytes;
+            return put(
+                out,
+                nvmlMemory_v2_t {
+                    version: given.version,
+                    total,
+                    reserved: 0,
+                    free: total,
+                    used: 0,
+                },
+            );
         }
         let used = s.read(i, "mem_used_bytes", |g| &g.mem_used_bytes);
         let g = s.gpu(i);
@@ -485,7 +570,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                 used,
             },
         )
-    })
+    }))
 }
 
 #[unsafe(no_mangle)]
@@ -609,9 +694,11 @@ fn process_list(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    dev(device, name, |s, i| {
+    code(state::with(|s| {
+        let (i, mig) = s.device_or_mig_call(handle(device), name)?;
         let call = s.nth(i, name);
-        let visible = State::visible(list(s.gpu(i)), call);
+        let visible = State::visible(list(s.gpu(i)), call, mig);
+        let instances = &s.gpu(i).mig_instances;
         let capacity = get(count)? as usize;
         put(count, u32v(visible.len() as u64))?;
         if visible.is_empty() {
@@ -621,17 +708,18 @@ fn process_list(
             return Err(INSUFFICIENT_SIZE);
         }
         for (k, p) in visible.iter().enumerate() {
+            let instance = p.mig.and_then(|m| instances.get(m));
             let info = nvmlProcessInfo_t {
                 pid: p.pid,
                 usedGpuMemory: p.used_bytes.unwrap_or(MEM_NOT_AVAILABLE),
-                gpuInstanceId: NO_ID,
-                computeInstanceId: NO_ID,
+                gpuInstanceId: instance.map_or(NO_ID, |m| m.gpu_instance_id),
+                computeInstanceId: instance.map_or(NO_ID, |m| m.compute_instance_id),
             };
             // SAFETY: `infos` holds `capacity` entries (NVML's contract); k < capacity.
             put(unsafe { infos.add(k) }, info)?;
         }
         Ok(())
-    })
+    }))
 }
 
 #[unsafe(no_mangle)]

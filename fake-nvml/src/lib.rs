@@ -21,7 +21,7 @@ pub mod scenario;
 mod ffi;
 mod state;
 
-pub use scenario::{EventKind, EventSpec, Gpu, Process, Scenario, Value};
+pub use scenario::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 
 /// The file name the fake looks for beside itself when `FAKE_NVML_SCENARIO` is unset.
 pub const SCENARIO_FILE: &str = "fake-nvml.json";

@@ -103,6 +103,22 @@ pub struct Process {
     /// the size query): lets a list grow between the size query and the fill, which
     /// makes the fill answer `NVML_ERROR_INSUFFICIENT_SIZE`.
     pub from_call: u64,
+    /// The MIG instance it runs in (index into its GPU's `mig_instances`): it is listed
+    /// on that MIG device's handle, and on the GPU's with the instance's ids.
+    pub mig: Option<usize>,
+}
+
+/// A MIG device (GPU instance + compute instance) of a GPU with MIG enabled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MigSpec {
+    /// `MIG-…`.
+    pub uuid: String,
+    /// Profile, e.g. `3g.40gb`; the MIG device's name is `<GPU name> MIG <profile>`.
+    pub profile: String,
+    pub memory_total_bytes: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
 }
 
 /// What an event set delivers.
@@ -158,6 +174,9 @@ pub struct Gpu {
     pub nvlinks: u32,
     /// MIG mode, current (0/1).
     pub mig_mode: u32,
+    /// MIG devices (with `mig_mode` 1); `nvmlDeviceGetMaxMigDeviceCount` answers 7 and
+    /// the slots past these answer NOT_FOUND.
+    pub mig_instances: Vec<MigSpec>,
     /// `nvmlComputeMode_t`.
     pub compute_mode: u32,
     pub persistence_mode: bool,
@@ -226,6 +245,7 @@ impl Default for Gpu {
             max_clock_graphics_mhz: 1410,
             nvlinks: 12,
             mig_mode: 0,
+            mig_instances: Vec::new(),
             compute_mode: 0,
             persistence_mode: true,
             cuda_capability: (8, 0),

@@ -15,6 +15,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// The one fake machine of this copy of the library; `None` until `nvmlInit_v2`.
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
+/// MIG device handles are `MIG_HANDLES + gpu * 256 + k` (GPU handles are `index + 1`).
+pub const MIG_HANDLES: usize = 0x10_0000;
+
 /// An NVML result: the error is the return code.
 pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
 
@@ -97,6 +100,31 @@ impl State {
             .ok_or(INVALID_ARGUMENT)
     }
 
+    /// The (GPU, MIG device) of a MIG device handle.
+    pub fn mig_of(&self, handle: usize) -> NvmlResult<(usize, usize)> {
+        let h = handle.checked_sub(MIG_HANDLES).ok_or(INVALID_ARGUMENT)?;
+        let (i, k) = (h / 256, h % 256);
+        self.scenario
+            .gpus
+            .get(i)
+            .filter(|g| k < g.mig_instances.len())
+            .map(|_| (i, k))
+            .ok_or(INVALID_ARGUMENT)
+    }
+
+    /// Like [`State::device_call`], for a function that also takes MIG device handles:
+    /// the call counts (and the lost window applies) on the parent GPU.
+    pub fn device_or_mig_call(
+        &mut self,
+        handle: usize,
+        name: &'static str,
+    ) -> NvmlResult<(usize, Option<usize>)> {
+        match self.mig_of(handle) {
+            Ok((i, k)) => self.device_call(i + 1, name).map(|i| (i, Some(k))),
+            Err(_) => self.device_call(handle, name).map(|i| (i, None)),
+        }
+    }
+
     /// Counts a call of `name` on the GPU behind `handle`; answers GPU_IS_LOST inside the
     /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
     pub fn device_call(&mut self, handle: usize, name: &'static str) -> NvmlResult<usize> {
@@ -134,10 +162,11 @@ impl State {
         v
     }
 
-    /// The processes of a list visible on its call number `call`.
-    pub fn visible(list: &[Process], call: u64) -> Vec<Process> {
+    /// The processes of a list visible on its call number `call` (on MIG device `mig`
+    /// only its own).
+    pub fn visible(list: &[Process], call: u64, mig: Option<usize>) -> Vec<Process> {
         list.iter()
-            .filter(|p| p.from_call <= call)
+            .filter(|p| p.from_call <= call && (mig.is_none() || p.mig == mig))
             .cloned()
             .collect()
     }
