@@ -526,7 +526,9 @@ fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, S
                     by_pid.insert(p.pid, mig.info.uuid.clone());
                 }
             }
-            Err(e) => debug!(gpu = dev.index, mig = %mig.info.uuid, error = %e, "MIG process list failed"),
+            Err(e) => {
+                debug!(gpu = dev.index, mig = %mig.info.uuid, error = %e, "MIG process list failed")
+            }
         }
     }
     by_pid

@@ -292,7 +292,11 @@ fn gpu_or_mig_string(
     code(state::with(|s| {
         let (i, k) = s.device_or_mig_call(handle(d), name)?;
         let g = s.gpu(i);
-        put_str(buf, length, &pick(g, k.and_then(|k| g.mig_instances.get(k))))
+        put_str(
+            buf,
+            length,
+            &pick(g, k.and_then(|k| g.mig_instances.get(k))),
+        )
     }))
 }
 
@@ -351,7 +355,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
         if index as usize >= g.mig_instances.len() {
             return Err(NOT_FOUND);
         }
-        put(mig, (state::MIG_HANDLES + i * 256 + index as usize) as nvmlDevice_t)
+        put(
+            mig,
+            (state::MIG_HANDLES + i * 256 + index as usize) as nvmlDevice_t,
+        )
     })
 }
 string_fn!(nvmlDeviceGetSerial, serial);
