@@ -23,21 +23,13 @@ fn arg(n: usize, default: u32) -> u32 {
 
 fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("own path");
-    let dir = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
-    for candidate in [dir.join("deps"), dir.to_path_buf()] {
-        let lib = candidate.join(fake_nvml::LIBRARY_FILE);
-        if lib.is_file() {
-            return lib;
-        }
-    }
-    panic!(
-        "{} not built next to {}",
-        fake_nvml::LIBRARY_FILE,
-        exe.display()
-    );
+    fake_nvml::built_library(&exe).unwrap_or_else(|| {
+        panic!(
+            "{} not built for {}",
+            fake_nvml::LIBRARY_FILE,
+            exe.display()
+        )
+    })
 }
 
 fn peak_rss_kib() -> Option<u64> {

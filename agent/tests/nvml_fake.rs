@@ -35,18 +35,13 @@ fn fixtures() -> PathBuf {
 /// `target/<profile>/deps` next to this test executable).
 fn built_library() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
-    let deps = exe.parent().expect("the test executable is in a folder");
-    for dir in [deps, deps.parent().unwrap_or(deps)] {
-        let lib = dir.join(fake_nvml::LIBRARY_FILE);
-        if lib.is_file() {
-            return lib;
-        }
-    }
-    panic!(
-        "{} not found next to {}: build the workspace (`cargo test --workspace`)",
-        fake_nvml::LIBRARY_FILE,
-        exe.display()
-    );
+    fake_nvml::built_library(&exe).unwrap_or_else(|| {
+        panic!(
+            "{} not found next to {}: build the workspace (`cargo test --workspace`)",
+            fake_nvml::LIBRARY_FILE,
+            exe.display()
+        )
+    })
 }
 
 /// One fake machine: a private copy of the library, its scenario and its counts file.

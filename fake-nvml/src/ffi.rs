@@ -192,27 +192,20 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     SUCCESS
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
-    code(state::with(|s| {
-        s.system_call("nvmlSystemGetDriverVersion");
-        put_str(version, length, &s.scenario.driver_version)
-    }))
+macro_rules! system_string_fn {
+    ($name:ident, $field:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
+            code(state::with(|s| {
+                s.system_call(stringify!($name));
+                put_str(version, length, &s.scenario.$field)
+            }))
+        }
+    };
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
-    version: *mut c_char,
-    length: c_uint,
-) -> nvmlReturn_t {
-    code(state::with(|s| {
-        s.system_call("nvmlSystemGetNVMLVersion");
-        put_str(version, length, &s.scenario.nvml_version)
-    }))
-}
+system_string_fn!(nvmlSystemGetDriverVersion, driver_version);
+system_string_fn!(nvmlSystemGetNVMLVersion, nvml_version);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {

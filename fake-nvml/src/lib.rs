@@ -31,3 +31,18 @@ pub const SCENARIO_ENV: &str = "FAKE_NVML_SCENARIO";
 
 /// The file name cargo gives the built library (`lib` + crate name + `.so`).
 pub const LIBRARY_FILE: &str = "libfake_nvml.so";
+
+/// The built library for a test or example executable: cargo puts it in
+/// `target/<profile>/deps` (the crate is a dev-dependency), next to test executables and
+/// one folder up from examples. `None` if it was not built.
+pub fn built_library(exe: &std::path::Path) -> Option<std::path::PathBuf> {
+    let dir = exe.parent()?;
+    [
+        dir.to_path_buf(),
+        dir.join("../deps"),
+        dir.parent()?.to_path_buf(),
+    ]
+    .into_iter()
+    .map(|d| d.join(LIBRARY_FILE))
+    .find(|lib| lib.is_file())
+}
