@@ -146,6 +146,8 @@ async fn two_agents_stream_into_sqlite_and_every_value_reads_back() {
                     "--node",
                     name,
                 ])
+                .arg("--spool-dir")
+                .arg(dir.path().join(format!("spool-{name}")))
                 .args([
                     "--interval",
                     "150ms",
