@@ -365,6 +365,11 @@ async fn agent_sigkilled_during_a_long_outage_replays_everything_it_spooled() {
         "only {before_kill} ticks spooled by the SIGKILLed agent reached the store"
     );
     collector.stop().await;
+    eprintln!(
+        "agent SIGKILL in a {} ms outage: {} GPU samples sampled == stored, {during} ticks of the outage replayed",
+        outage_to - outage_from,
+        s.sampled
+    );
 }
 
 /// An address nothing listens on (yet).
@@ -408,6 +413,10 @@ async fn a_full_spool_counts_exactly_what_is_missing() {
         "the collector shows the agent's drops: {listed}"
     );
     collector.stop().await;
+    eprintln!(
+        "full spool: sampled {}, dropped {}, stored {rows} == sampled - dropped",
+        s.sampled, s.dropped
+    );
 }
 
 /// VmRSS of `pid`, in KiB.
