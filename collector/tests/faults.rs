@@ -3,7 +3,8 @@
 //! (RELIABILITY.md):
 //!
 //! - the collector SIGKILLed three times at seeded random moments and restarted on the
-//!   same ports and database while three agents stream at 50 ms;
+//!   same ports and database while three agents stream at 50 ms, then SIGTERMed (it must
+//!   drain, commit, ack and exit within 5 s) and restarted once more;
 //! - an agent SIGKILLed and restarted on its spool while the collector is unreachable
 //!   for far longer than the interval;
 //! - a spool too small for an outage: the agent's counted drops equal what is missing;
@@ -279,6 +280,16 @@ async fn collector_sigkilled_three_times_loses_and_duplicates_nothing() {
         tokio::time::sleep(rng.millis(100, 800)).await;
         collector = start_collector(&db, &grpc, &http, &[]).await;
     }
+    // One graceful restart under load: SIGTERM drains, commits, acks and exits in time.
+    tokio::time::sleep(rng.millis(300, 800)).await;
+    let t = Instant::now();
+    collector.stop().await;
+    let graceful = t.elapsed();
+    assert!(
+        graceful < Duration::from_secs(5),
+        "SIGTERM took {graceful:?}"
+    );
+    collector = start_collector(&db, &grpc, &http, &[]).await;
     // Let every agent reconnect and deliver after the last restart.
     wait_stored(&http, &NODES, GPUS as u64).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -308,7 +319,8 @@ async fn collector_sigkilled_three_times_loses_and_duplicates_nothing() {
     }
     collector.stop().await;
     eprintln!(
-        "fault run: {KILLS} collector SIGKILLs over {:.1} s, {} agents, {total} GPU samples stored == sampled, 0 lost, 0 duplicates",
+        "fault run: {KILLS} collector SIGKILLs + 1 SIGTERM ({} ms) over {:.1} s, {} agents, {total} GPU samples stored == sampled, 0 lost, 0 duplicates",
+        graceful.as_millis(),
         started.elapsed().as_secs_f64(),
         NODES.len()
     );
