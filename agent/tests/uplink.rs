@@ -129,25 +129,21 @@ impl Ingest for Fake {
                             continue;
                         }
                     };
-                if session == 1 && behaviour.retry_reject_in_first_session == Some(seq) {
-                    let reject = pb::Reject {
-                        seq,
-                        code: pb::RejectCode::Unavailable as i32,
-                        reason: "test: busy".into(),
-                        retryable: true,
+                let refusal =
+                    if session == 1 && behaviour.retry_reject_in_first_session == Some(seq) {
+                        Some((pb::RejectCode::Unavailable, "test: busy", true))
+                    } else if behaviour.reject_seq == Some(seq) {
+                        store.lock().expect("lock").rejected_samples += batch.gpu_samples() as u64;
+                        Some((pb::RejectCode::Invalid, "test: refused", false))
+                    } else {
+                        None
                     };
-                    let _ = tx
-                        .send(msg(pb::collector_message::Msg::Reject(reject)))
-                        .await;
-                    continue;
-                }
-                if behaviour.reject_seq == Some(seq) {
-                    store.lock().expect("lock").rejected_samples += batch.gpu_samples() as u64;
+                if let Some((code, reason, retryable)) = refusal {
                     let reject = pb::Reject {
                         seq,
-                        code: pb::RejectCode::Invalid as i32,
-                        reason: "test: refused".into(),
-                        retryable: false,
+                        code: code as i32,
+                        reason: reason.into(),
+                        retryable,
                     };
                     let _ = tx
                         .send(msg(pb::collector_message::Msg::Reject(reject)))
@@ -368,35 +364,37 @@ async fn an_unreachable_collector_bounds_the_queue_and_counts_drops() {
     assert!(summary.dropped > 0, "overflow was counted: {summary:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_seq_refused_below_the_welcome_watermark_is_resent_not_trimmed() {
+/// Runs a simulated 2-GPU agent `node` with a spool in a temp dir against `urls` (the
+/// fake's URL is appended) until `done`; then stops it cleanly and checks that everything
+/// sampled was acked and stored once.
+async fn run_spooled_until(
+    behaviour: Behaviour,
+    node: &str,
+    urls: &[&str],
+    what: &str,
+    done: impl Fn(&Store) -> bool,
+) {
     let stop = CancellationToken::new();
-    let behaviour = Behaviour {
-        retry_reject_in_first_session: Some(1),
-        ..Behaviour::default()
-    };
     let (url, store) = start(behaviour, stop.clone()).await;
-    let sim = simulator(SimOptions::new("fake-w", 2)).expect("sim");
+    let sim = simulator(SimOptions::new(node, 2)).expect("sim");
     let shutdown = CancellationToken::new();
     let spool = tempfile::tempdir().expect("tempdir");
+    let collectors = urls.iter().map(|u| u.to_string()).chain([url]).collect();
     let opts = RunOptions {
         spool: Some(SpoolConfig {
             dir: spool.path().to_owned(),
             max_bytes: 1 << 20,
-            fsync: FsyncPolicy::Never,
+            fsync: FsyncPolicy::Batch,
         }),
-        ..options("fake-w", url)
+        collectors,
+        ..options(node, String::new())
     };
     let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
-    until(&store, "a second session that stored seq 1", |s| {
-        s.sessions >= 2 && s.batches.iter().any(|b| b.0 == 1)
-    })
-    .await;
+    until(&store, what, done).await;
     shutdown.cancel();
     let summary = agent.await.expect("join").expect("agent ran");
     stop.cancel();
-    let s = store.lock().expect("lock");
-    check_store(&s, summary);
+    check_store(&store.lock().expect("lock"), summary);
     assert_eq!((summary.dropped, summary.unacked), (0, 0), "{summary:?}");
     assert_eq!(
         summary.acked, summary.sampled,
@@ -405,34 +403,32 @@ async fn a_seq_refused_below_the_welcome_watermark_is_resent_not_trimmed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seq_refused_below_the_welcome_watermark_is_resent_not_trimmed() {
+    let behaviour = Behaviour {
+        retry_reject_in_first_session: Some(1),
+        ..Behaviour::default()
+    };
+    run_spooled_until(
+        behaviour,
+        "fake-w",
+        &[],
+        "a second session that stored seq 1",
+        |s| s.sessions >= 2 && s.batches.iter().any(|b| b.0 == 1),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fails_over_to_the_next_collector_and_spools_meanwhile() {
-    let stop = CancellationToken::new();
-    let (url, store) = start(Behaviour::default(), stop.clone()).await;
-    let sim = simulator(SimOptions::new("fake-f", 2)).expect("sim");
-    let shutdown = CancellationToken::new();
-    let spool = tempfile::tempdir().expect("tempdir");
-    let opts = RunOptions {
-        spool: Some(SpoolConfig {
-            dir: spool.path().to_owned(),
-            max_bytes: 1 << 20,
-            fsync: FsyncPolicy::Batch,
-        }),
-        // The first collector refuses connections; the agent moves on to the second.
-        ..RunOptions::new("fake-f", vec![format!("http://127.0.0.1:1,{url}")])
-    };
-    let opts = RunOptions {
-        interval: Duration::from_millis(20),
-        ..opts
-    };
-    let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
-    until(&store, "30 stored samples", |s| s.samples() >= 30).await;
-    shutdown.cancel();
-    let summary = agent.await.expect("join").expect("agent ran");
-    stop.cancel();
-    let s = store.lock().expect("lock");
-    check_store(&s, summary);
-    assert_eq!((summary.dropped, summary.unacked), (0, 0), "{summary:?}");
-    assert_eq!(summary.acked, summary.sampled);
+    // The first collector refuses connections; the agent moves on to the second.
+    run_spooled_until(
+        Behaviour::default(),
+        "fake-f",
+        &["http://127.0.0.1:1"],
+        "30 stored samples",
+        |s| s.samples() >= 30,
+    )
+    .await;
 }
 
 #[tokio::test]

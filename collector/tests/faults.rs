@@ -13,25 +13,16 @@
 //! Every test ends with the agents stopped cleanly and asserts, from their own summary
 //! lines against the database: stored GPU samples == sampled − dropped, and no duplicates.
 
+use harness::{Collector, agent_bin, sigterm, summary, wait_stdout};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-const GPUS: u32 = 2;
+mod harness;
 
-fn agent_bin() -> PathBuf {
-    let collector = PathBuf::from(env!("CARGO_BIN_EXE_gpufleet-collector"));
-    let agent = collector.with_file_name("gpufleet-agent");
-    assert!(
-        agent.exists(),
-        "{} not found: run `cargo test --workspace`",
-        agent.display()
-    );
-    agent
-}
+const GPUS: u32 = 2;
 
 /// A tiny seeded generator (splitmix64): the kill moments are random but reproducible.
 struct Rng(u64);
@@ -50,46 +41,19 @@ impl Rng {
     }
 }
 
-/// A running collector and the addresses it listens on.
-struct Collector {
-    child: Child,
-    grpc: String,
-    http: String,
-}
-
-/// Starts the collector on `grpc`/`http` (`127.0.0.1:0` for ephemeral ports) with the
-/// SQLite file `db`.
+/// Starts the collector on `grpc`/`http` with the SQLite file `db`.
 async fn start_collector(db: &Path, grpc: &str, http: &str, extra: &[&str]) -> Collector {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
-        .args(["serve", "--db", &format!("sqlite://{}", db.display())])
-        .args(["--grpc-listen", grpc, "--http-listen", http])
-        .args(extra)
-        .env("GPUFLEET_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gpufleet-collector");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("the collector printed its addresses in time")
-        .expect("read")
-        .expect("a line");
-    let addr = |key: &str| -> String {
-        first
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key}= in {first:?}"))
-            .to_owned()
-    };
-    Collector {
-        grpc: addr("grpc"),
-        http: addr("http"),
-        child,
-    }
+    let url = format!("sqlite://{}", db.display());
+    harness::start_collector(&url, grpc, http, extra).await
 }
 
-impl Collector {
+/// Extra controls for the fault tests.
+trait Faults {
+    async fn kill(self);
+    async fn stop(self);
+}
+
+impl Faults for Collector {
     /// SIGKILL: no drain, no commit of what is queued, no acks.
     async fn kill(mut self) {
         self.child.kill().await.expect("SIGKILL the collector");
@@ -134,15 +98,6 @@ fn start_agent(collector_grpc: &str, node: &str, spool: &Path, extra: &[&str]) -
         .expect("start gpufleet-agent")
 }
 
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("child still running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -TERM {pid} failed");
-}
-
 /// Agent summary, in GPU samples.
 #[derive(Debug, Clone, Copy)]
 struct Summary {
@@ -153,37 +108,16 @@ struct Summary {
 }
 
 /// SIGTERMs an agent, waits for it, and parses its summary line.
-async fn stop_agent(mut child: Child, what: &str) -> Summary {
+async fn stop_agent(child: Child, what: &str) -> Summary {
     sigterm(&child);
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout.read_to_string(&mut out).await.expect("read stdout");
-    }
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not exit within 60 s of SIGTERM"))
-        .expect("wait");
-    assert!(
-        status.success(),
-        "{what} exited with {status}; stdout: {out}"
-    );
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap_or_else(|| panic!("no summary line from {what}: {out:?}"));
-    let field = |key: &str| -> u64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{key} missing in {line:?}"))
-    };
+    let [sampled, acked, dropped, unacked] = summary(&wait_stdout(child, what).await);
     let s = Summary {
-        sampled: field("sampled"),
-        acked: field("acked"),
-        dropped: field("dropped"),
-        unacked: field("unacked"),
+        sampled,
+        acked,
+        dropped,
+        unacked,
     };
-    assert_eq!(s.sampled, s.acked + s.dropped + s.unacked, "{what}: {line}");
+    assert_eq!(s.sampled, s.acked + s.dropped + s.unacked, "{what}: {s:?}");
     s
 }
 
@@ -255,6 +189,38 @@ async fn wait_stored(http: &str, nodes: &[&str], min: u64) {
     }
 }
 
+/// Stops every agent cleanly and checks, for each, that nothing was dropped or left
+/// unacked and that the database and the API hold exactly what it sampled, once.
+/// Returns the GPU samples stored in all.
+async fn stop_all_and_check(agents: Vec<Child>, nodes: &[&str], db: &Path, http: &str) -> u64 {
+    let mut total = 0;
+    for (a, n) in agents.into_iter().zip(nodes) {
+        let s = stop_agent(a, n).await;
+        assert_eq!((s.dropped, s.unacked), (0, 0), "{n}: {s:?}");
+        let (rows, distinct) = stored(db, n).await;
+        assert_eq!(
+            rows, s.sampled,
+            "{n}: stored GPU samples == sampled ({s:?})"
+        );
+        assert_eq!(rows, distinct, "{n}: no duplicates");
+        let listed = nodes_json(http).await;
+        let listed = listed
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["name"] == *n)
+            .cloned()
+            .expect("node listed");
+        assert_eq!(
+            listed["stored_samples"].as_u64(),
+            Some(rows),
+            "{n}: API agrees"
+        );
+        total += rows;
+    }
+    total
+}
+
 fn now_ms() -> i64 {
     gpufleet_core::config::now_ms()
 }
@@ -293,30 +259,7 @@ async fn collector_sigkilled_three_times_loses_and_duplicates_nothing() {
     // Let every agent reconnect and deliver after the last restart.
     wait_stored(&http, &NODES, GPUS as u64).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut total = 0;
-    for (a, n) in agents.into_iter().zip(NODES) {
-        let s = stop_agent(a, n).await;
-        assert_eq!((s.dropped, s.unacked), (0, 0), "{n}: {s:?}");
-        let (rows, distinct) = stored(&db, n).await;
-        assert_eq!(
-            rows, s.sampled,
-            "{n}: stored GPU samples == sampled ({s:?})"
-        );
-        assert_eq!(rows, distinct, "{n}: no duplicates");
-        let nodes = nodes_json(&http).await;
-        let listed = nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|x| x["name"] == n)
-            .expect("node listed");
-        assert_eq!(
-            listed["stored_samples"].as_u64(),
-            Some(rows),
-            "{n}: API agrees"
-        );
-        total += rows;
-    }
+    let total = stop_all_and_check(agents, &NODES, &db, &http).await;
     collector.stop().await;
     eprintln!(
         "fault run: {KILLS} collector SIGKILLs + 1 SIGTERM ({} ms) over {:.1} s, {} agents, {total} GPU samples stored == sampled, 0 lost, 0 duplicates",
@@ -518,12 +461,6 @@ async fn a_slow_store_keeps_collector_memory_bounded_and_loses_nothing() {
     collector.kill().await;
     let collector = start_collector(&db, &grpc, &http, &[]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for (a, n) in agents.into_iter().zip(NODES) {
-        let s = stop_agent(a, n).await;
-        assert_eq!((s.dropped, s.unacked), (0, 0), "{n}: {s:?}");
-        let (rows, distinct) = stored(&db, n).await;
-        assert_eq!(rows, s.sampled, "{n}: stored == sampled ({s:?})");
-        assert_eq!(rows, distinct, "{n}: no duplicates");
-    }
+    stop_all_and_check(agents, &NODES, &db, &collector.http).await;
     collector.stop().await;
 }
