@@ -665,14 +665,20 @@ impl Spool {
         }
     }
 
-    /// Reads tick `e` back from its segment.
-    fn read_tick(&self, e: &Entry) -> Option<Tick> {
+    /// Reads tick `e` back from its segment; `open` caches the segment last opened.
+    fn read_tick(&self, e: &Entry, open: &mut Option<(u64, File)>) -> Option<Tick> {
         let path = seg_path(&self.cfg.dir, e.seg);
         let mut buf = vec![0u8; e.len as usize];
-        let read = File::open(&path).and_then(|mut f| {
+        let read = (|| -> io::Result<()> {
+            if open.as_ref().is_none_or(|(seg, _)| *seg != e.seg) {
+                *open = Some((e.seg, File::open(&path)?));
+            }
+            let Some((_, f)) = open.as_mut() else {
+                return Err(io::Error::other("segment not open"));
+            };
             f.seek(SeekFrom::Start(e.offset))?;
             f.read_exact(&mut buf)
-        });
+        })();
         if let Err(err) = read {
             error!(segment = %path.display(), tick = e.id, error = %err, "cannot read a spooled tick");
             return None;
@@ -694,11 +700,12 @@ impl Spool {
     fn load(&mut self, b: &HeldBatch) -> Option<Vec<Tick>> {
         let lo = self.index_of(b.lo)?;
         let mut ticks = Vec::new();
+        let mut open = None;
         for e in self.entries.range(lo..) {
             if e.id > b.hi {
                 break;
             }
-            ticks.push(self.read_tick(e)?);
+            ticks.push(self.read_tick(e, &mut open)?);
         }
         Some(ticks)
     }
@@ -717,7 +724,9 @@ impl Spool {
 
     fn settle(&mut self, at: usize, state: State) -> Option<u64> {
         let b = self.batches.remove(at)?;
-        let lo = self.index_of(b.lo)?;
+        // A held batch's ticks are never trimmed, so `lo` is found; the counters move
+        // regardless.
+        let lo = self.index_of(b.lo).unwrap_or(self.entries.len());
         for e in self.entries.range_mut(lo..) {
             if e.id > b.hi {
                 break;
