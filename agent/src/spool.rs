@@ -246,6 +246,8 @@ pub struct Spool {
     meta: Meta,
     /// Counters (`unacked` included).
     counts: Summary,
+    /// Ticks pending or batched (not acked, not dropped); ticks without GPUs count too.
+    live: usize,
     /// Last fsync of the active segment (for [`FsyncPolicy::Interval`]).
     last_sync: Instant,
     /// Appended since the last fsync.
@@ -456,6 +458,10 @@ impl Spool {
             });
         }
         let segment_bytes = (cfg.max_bytes / 16).clamp(4096, 64 << 20);
+        let live = entries
+            .iter()
+            .filter(|e: &&Entry| e.state == State::Pending)
+            .count();
         let mut spool = Spool {
             segment_bytes,
             _lock: lock,
@@ -472,6 +478,7 @@ impl Spool {
                 dropped: meta.dropped_samples + bad,
                 unacked,
             },
+            live,
             last_sync: Instant::now(),
             dirty: false,
             cfg,
@@ -588,6 +595,7 @@ impl Spool {
             }
             if matches!(e.state, State::Pending | State::Batched) {
                 e.state = State::Dropped;
+                self.live -= 1;
                 self.counts.unacked -= e.samples;
                 self.counts.dropped += e.samples;
             }
@@ -733,6 +741,7 @@ impl Spool {
             }
             if e.state == State::Batched {
                 e.state = state;
+                self.live -= 1;
             }
         }
         self.counts.unacked -= b.samples;
@@ -779,6 +788,7 @@ impl Outbox for Spool {
                     state: State::Pending,
                 });
                 self.next_id += 1;
+                self.live += 1;
                 self.counts.sampled += samples;
                 self.counts.unacked += samples;
                 self.enforce_bound();
@@ -882,9 +892,7 @@ impl Outbox for Spool {
     }
 
     fn is_empty(&self) -> bool {
-        self.entries
-            .iter()
-            .all(|e| matches!(e.state, State::Acked | State::Dropped))
+        self.live == 0
     }
 
     fn summary(&self) -> Summary {
@@ -1207,6 +1215,10 @@ mod tests {
                 }
                 let c = s.summary();
                 prop_assert_eq!(c.sampled, c.acked + c.dropped + c.unacked);
+                prop_assert_eq!(
+                    s.is_empty(),
+                    s.entries.iter().all(|e| matches!(e.state, State::Acked | State::Dropped))
+                );
                 if s.in_flight() == 0 {
                     prop_assert!(s.disk_bytes() <= max + 4096, "bounded when nothing is in flight");
                 }
