@@ -15,6 +15,7 @@
 //! - [`cost`]: what sampling costs (thread CPU time, timed calls).
 //! - [`sampler`]: the sampling loop (off the runtime; timestamps; cost).
 //! - [`queue`]: the [`Outbox`](queue::Outbox) of unacked batches; bounded, counts drops.
+//! - [`spool`]: the on-disk [`Outbox`](queue::Outbox): segments, checksums, trimmed on ack.
 //! - [`uplink`]: the gRPC session, acks, rejects, reconnects with backoff, failover.
 //! - [`tls`]: the agent's credentials: CA, client certificate, token.
 //! - [`run`]: [`run_agent`], the whole pipeline until shutdown.
@@ -48,6 +49,7 @@ pub mod sampler;
 pub mod sim;
 pub mod snapshot;
 pub mod source;
+pub mod spool;
 pub mod tls;
 pub mod uplink;
 

@@ -5,6 +5,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
 use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::status::StatusPolicy;
+use gpufleet_collector::writer::WriterOptions;
 use gpufleet_collector::{ServeOptions, serve};
 use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
 use std::io::Write as _;
@@ -113,6 +114,9 @@ struct ServeArgs {
     max_message_bytes: usize,
     #[command(flatten)]
     tls: gpufleet_collector::tls::TlsArgs,
+    /// Test aid (hidden): wait this long per row before each commit (a slow store).
+    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
+    debug_write_delay_per_row: Option<Duration>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -176,6 +180,10 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         tls: args.tls.options(),
         web_auth: args.tls.web_auth(),
         max_connections_per_ip: args.tls.max_connections_per_ip,
+        writer: WriterOptions {
+            debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
