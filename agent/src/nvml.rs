@@ -8,7 +8,7 @@
 //! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
 //! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power,
 //! memory temperature and NVLink data throughput, summed and per active link (one batched
-//! `nvmlDeviceGetFieldValues` call, see [`field_values_scoped`]) and the processes
+//! `nvmlDeviceGetFieldValues` call, see `field_values_scoped`) and the processes
 //! (compute + graphics, with per-process utilization since the last call). A call that
 //! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
 //! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
@@ -29,7 +29,7 @@
 //! NVLink: NVML's `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` fields are cumulative KiB
 //! counters that take the link in the entry's `scopeId` (`UINT_MAX`: the sum over all
 //! links). nvml-wrapper 0.13 always sends `scopeId` 0, so the batch is made by
-//! [`field_values_scoped`] (the agent's only `unsafe`). Rates are the counters' deltas
+//! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
 //! between ticks: absent on the first tick and after a counter went backwards.
 //!
 //! The NVML → domain mappings are pure functions at the bottom of this file, tested
