@@ -6,11 +6,12 @@
 //!
 //! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
 //! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
-//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power and
-//! memory temperature (one batched `nvmlDeviceGetFieldValues` call) and the processes
+//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power,
+//! memory temperature and NVLink data throughput, summed and per active link (one batched
+//! `nvmlDeviceGetFieldValues` call, see `field_values_scoped`) and the processes
 //! (compute + graphics, with per-process utilization since the last call). A call that
 //! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
-//! (a field value: that field is dropped from the batch). Every call is timed; the tick's
+//! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
 //! [`SamplerCost`] carries the total and the slowest.
 //!
 //! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
@@ -25,8 +26,11 @@
 //! `nvmlDeviceGetGpuInstanceId` / `…ComputeInstanceId`: an instance's ids are taken from
 //! a process running in it when it is found, else NVML's "no value" (0xFFFFFFFF).
 //!
-//! Not read: NVLink throughput (NVML's per-link throughput fields need the field's
-//! `scopeId`, which nvml-wrapper 0.13 always sends as 0).
+//! NVLink: NVML's `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` fields are cumulative KiB
+//! counters that take the link in the entry's `scopeId` (`UINT_MAX`: the sum over all
+//! links). nvml-wrapper 0.13 always sends `scopeId` 0, so the batch is made by
+//! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
+//! between ticks: absent on the first tick and after a counter went backwards.
 //!
 //! The NVML → domain mappings are pure functions at the bottom of this file, tested
 //! without NVML.
@@ -36,8 +40,8 @@ use crate::cost::{CallTimer, micros, thread_cpu_time};
 use crate::host;
 use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{
-    Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, ProcessSample, ProcessType,
-    SamplerCost, Tick, UnixMs,
+    Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, NvLinkSample, ProcessSample,
+    ProcessType, SamplerCost, Tick, UnixMs,
 };
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -47,15 +51,19 @@ use nvml_wrapper::enum_wrappers::device::{
 };
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::event::XidError;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::struct_wrappers::device::{
     FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
 };
 use nvml_wrapper::struct_wrappers::event::EventData;
-use nvml_wrapper::structs::device::FieldId;
-use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_INSTANT,
+};
 use nvml_wrapper::{Device, EventSet, Nvml};
+use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlValue_t};
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -70,8 +78,11 @@ const MAX_NVLINKS: u32 = 18;
 /// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
 /// (so dropping the source takes at most this long).
 const EVENT_WAIT: Duration = Duration::from_millis(200);
-/// Field values asked in one `nvmlDeviceGetFieldValues` call per tick.
+/// Device-wide field values asked in one `nvmlDeviceGetFieldValues` call per tick (the
+/// NVLink entries join them, see [`field_batch`]).
 const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
+/// The `scopeId` of an NVLink field value that asks for the sum over all links.
+pub const ALL_LINKS: u32 = u32::MAX;
 /// NVML's "no value" for a GPU / compute instance id.
 const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
 /// How often a process list is asked again when it grew between NVML's size query and
@@ -453,9 +464,13 @@ struct DeviceState<'n> {
     /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
     /// Probed once per tick until it answers again.
     lost: bool,
-    /// Field ids still asked in the batched field-value call (a field the device
-    /// answers NOT_SUPPORTED for is removed).
-    fields: Vec<u32>,
+    /// Entries still asked in the batched field-value call (an entry the device answers
+    /// NOT_SUPPORTED for is removed).
+    fields: Vec<FieldKey>,
+    /// Its active NVLink links, found once.
+    links: Vec<u32>,
+    /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
+    nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
     /// Its MIG devices (MIG enabled), found once.
     migs: Vec<MigDevice<'n>>,
 }
@@ -580,6 +595,7 @@ impl<'n> Reader<'n> {
                 }
             };
             let migs = discover_migs(&device, index);
+            let links = active_nvlinks(&device);
             devices.push(DeviceState {
                 migs,
                 device,
@@ -589,7 +605,9 @@ impl<'n> Reader<'n> {
                 warned: MetricSet::default(),
                 last_util_ts: 0,
                 lost: false,
-                fields: FIELDS.to_vec(),
+                fields: field_batch(&links),
+                links,
+                nvlink_prev: BTreeMap::new(),
             });
         }
         Ok(Self {
@@ -627,7 +645,7 @@ impl<'n> Reader<'n> {
                     max_clock_sm_mhz: d.max_clock_info(Clock::SM).ok(),
                     max_clock_mem_mhz: d.max_clock_info(Clock::Memory).ok(),
                     max_clock_graphics_mhz: d.max_clock_info(Clock::Graphics).ok(),
-                    nvlink_count: Some(active_nvlinks(d)),
+                    nvlink_count: u32::try_from(s.links.len()).ok(),
                     mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
                     compute_mode: d
                         .compute_mode()
@@ -813,7 +831,7 @@ fn sample_device(
         read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
-    let (power_instant_mw, temp_mem_c) = read_fields(dev, timer);
+    let fields = read_fields(dev, timer, now_ms);
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
         retry_grown(|| d.running_compute_processes())
     });
@@ -852,11 +870,11 @@ fn sample_device(
         mem_total_bytes: mem.map(|m| m.total),
         mem_reserved_bytes: mem.map(|m| m.reserved),
         power_mw,
-        power_instant_mw,
+        power_instant_mw: fields.power_instant_mw,
         power_limit_mw,
         energy_mj,
         temp_gpu_c,
-        temp_mem_c,
+        temp_mem_c: fields.temp_mem_c,
         fan_pct,
         clock_sm_mhz,
         clock_mem_mhz,
@@ -864,9 +882,9 @@ fn sample_device(
         pstate,
         pcie_tx_bps,
         pcie_rx_bps,
-        nvlink_tx_bps: None,
-        nvlink_rx_bps: None,
-        nvlinks: Vec::new(),
+        nvlink_tx_bps: fields.nvlink_tx_bps,
+        nvlink_rx_bps: fields.nvlink_rx_bps,
+        nvlinks: fields.nvlinks,
         ecc_corrected_volatile: ecc_corrected,
         ecc_uncorrected_volatile: ecc_uncorrected,
         throttle_reasons: throttle,
@@ -912,44 +930,101 @@ fn retry_grown<T>(
     result
 }
 
-/// The batched field values: instant power (mW) and memory temperature (°C). Fields the
-/// device does not support are dropped from the batch; once none is left, the call is
-/// not made again.
-fn read_fields(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> (Option<u32>, Option<u32>) {
+/// What the batched field values gave this tick.
+#[derive(Debug, Default)]
+struct FieldValues {
+    power_instant_mw: Option<u32>,
+    temp_mem_c: Option<u32>,
+    nvlink_tx_bps: Option<u64>,
+    nvlink_rx_bps: Option<u64>,
+    nvlinks: Vec<NvLinkSample>,
+}
+
+/// The batched field values: instant power (mW), memory temperature (°C) and the NVLink
+/// data counters (summed and per active link), turned into rates. Entries the device
+/// does not support are dropped from the batch; once none is left, the call is not made
+/// again.
+fn read_fields(dev: &mut DeviceState<'_>, timer: &mut CallTimer, now_ms: UnixMs) -> FieldValues {
     if dev.fields.is_empty() {
-        return (None, None);
+        return FieldValues::default();
     }
-    let ids: Vec<FieldId> = dev.fields.iter().map(|id| FieldId(*id)).collect();
+    let keys = dev.fields.clone();
     let Some(samples) = read(dev, timer, Metric::FieldValues, |d| {
-        d.field_values_for(&ids)
+        field_values_scoped(d, &keys)
     }) else {
         if dev.unsupported.contains(Metric::FieldValues) {
             dev.fields.clear();
         }
-        return (None, None);
+        return FieldValues::default();
     };
-    let (values, unsupported) = field_readings(&samples);
+    let (values, unsupported) = field_readings(&keys, &samples);
     if !unsupported.is_empty() {
         debug!(gpu = dev.index, fields = ?unsupported, "field values not supported; not asked again");
         dev.fields.retain(|f| !unsupported.contains(f));
     }
-    (
-        values.get(&NVML_FI_DEV_POWER_INSTANT).copied(),
-        values.get(&NVML_FI_DEV_MEMORY_TEMP).copied(),
-    )
+    let rates = counter_rates(&mut dev.nvlink_prev, &values, now_ms);
+    let (nvlink_tx_bps, nvlink_rx_bps, nvlinks) = nvlink_samples(&dev.links, &rates);
+    let scalar = |field| {
+        values
+            .get(&FieldKey { field, scope: 0 })
+            .and_then(|v| u32::try_from(*v).ok())
+    };
+    FieldValues {
+        power_instant_mw: scalar(NVML_FI_DEV_POWER_INSTANT),
+        temp_mem_c: scalar(NVML_FI_DEV_MEMORY_TEMP),
+        nvlink_tx_bps,
+        nvlink_rx_bps,
+        nvlinks,
+    }
 }
 
-/// Number of active NVLink links (0 on boards without NVLink).
-fn active_nvlinks(d: &Device<'_>) -> u32 {
-    let mut n = 0;
+/// `nvmlDeviceGetFieldValues` with each entry's `scopeId` set: nvml-wrapper 0.13's
+/// `Device::field_values_for` always sends 0, and NVLink fields take the link there. The
+/// answers are in the order of `keys`; a failure of the whole call is the error, and each
+/// entry carries its own result (as in nvml-wrapper). The ids are sent as they are:
+/// nvml-wrapper's driver-dependent id remapping touches only ids 251–273, none of ours.
+#[allow(unsafe_code)]
+fn field_values_scoped(
+    device: &Device<'_>,
+    keys: &[FieldKey],
+) -> Result<Vec<Result<FieldValueSample, NvmlError>>, NvmlError> {
+    let sym = nvml_sym(device.nvml().lib().nvmlDeviceGetFieldValues.as_ref())?;
+    let count = c_int::try_from(keys.len()).map_err(|_| NvmlError::InvalidArg)?;
+    let mut raw: Vec<nvmlFieldValue_t> = keys
+        .iter()
+        .map(|k| nvmlFieldValue_t {
+            fieldId: k.field,
+            scopeId: k.scope,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: 0,
+            nvmlReturn: 0,
+            value: nvmlValue_t { ullVal: 0 },
+        })
+        .collect();
+    // SAFETY: `sym` is `nvmlDeviceGetFieldValues` from the library `device`'s `Nvml`
+    // loaded and initialised, and its signature is nvml-wrapper-sys's binding of nvml.h
+    // (the same one nvml-wrapper calls). `device.handle()` is valid: `Device<'_>` borrows
+    // that `Nvml`, so NVML is not shut down while the handle lives. `raw` is a live,
+    // exclusively borrowed array of exactly `count` `nvmlFieldValue_t` (nvml-wrapper-sys's
+    // `#[repr(C)]` layout of the C struct), which NVML reads and writes only within those
+    // `count` entries; nothing else aliases it during the call.
+    let code = unsafe { sym(device.handle(), count, raw.as_mut_ptr()) };
+    nvml_try(code)?;
+    Ok(raw.into_iter().map(FieldValueSample::try_from).collect())
+}
+
+/// The active NVLink links (none on boards without NVLink).
+fn active_nvlinks(d: &Device<'_>) -> Vec<u32> {
+    let mut links = Vec::new();
     for link in 0..MAX_NVLINKS {
         match d.link_wrapper_for(link).is_active() {
-            Ok(true) => n += 1,
+            Ok(true) => links.push(link),
             Ok(false) => {}
             Err(_) => break,
         }
     }
-    n
+    links
 }
 
 // ------------------------------------------------------------------ pure mappings
@@ -1008,40 +1083,136 @@ pub fn pstate_number(p: PerformanceState) -> Option<u32> {
     })
 }
 
-/// The values of a field-value batch (field id → value) and the ids the device
-/// answered NOT_SUPPORTED (or no permission) for. Other per-field failures are absent
-/// this tick and asked again.
+/// One entry of the field-value batch: NVML field id and `scopeId` (the link for NVLink
+/// fields, [`ALL_LINKS`] for their sum, 0 for device-wide fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FieldKey {
+    /// `NVML_FI_*`.
+    pub field: u32,
+    /// `scopeId`.
+    pub scope: u32,
+}
+
+/// The batch for a GPU with these active NVLink links: instant power, memory
+/// temperature and, with links, NVLink data TX and RX summed and per link.
+pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
+    let mut keys: Vec<FieldKey> = FIELDS
+        .iter()
+        .map(|&field| FieldKey { field, scope: 0 })
+        .collect();
+    if !links.is_empty() {
+        for scope in std::iter::once(ALL_LINKS).chain(links.iter().copied()) {
+            for field in [
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ] {
+                keys.push(FieldKey { field, scope });
+            }
+        }
+    }
+    keys
+}
+
+/// The values of a field-value batch (entry → value; `samples[k]` answers `keys[k]`) and
+/// the entries the device answered NOT_SUPPORTED (or no permission) for. Other per-entry
+/// failures are absent this tick and asked again.
 pub fn field_readings(
+    keys: &[FieldKey],
     samples: &[Result<FieldValueSample, NvmlError>],
-) -> (BTreeMap<u32, u32>, Vec<u32>) {
+) -> (BTreeMap<FieldKey, u64>, Vec<FieldKey>) {
     let mut values = BTreeMap::new();
     let mut unsupported = Vec::new();
-    for s in samples.iter().flatten() {
+    for (key, s) in keys.iter().zip(samples) {
+        let Ok(s) = s else { continue };
         match &s.value {
             Ok(v) => {
-                if let Some(v) = sample_u32(v) {
-                    values.insert(s.field.0, v);
+                if let Some(v) = sample_u64(v) {
+                    values.insert(*key, v);
                 }
             }
-            Err(NvmlError::NotSupported | NvmlError::NoPermission) => unsupported.push(s.field.0),
+            Err(NvmlError::NotSupported | NvmlError::NoPermission) => unsupported.push(*key),
             Err(_) => {}
         }
     }
     (values, unsupported)
 }
 
-/// A field value as an unsigned 32-bit number, if it is one (negative, NaN and
-/// out-of-range values are absent).
-pub fn sample_u32(v: &SampleValue) -> Option<u32> {
+/// A field value as an unsigned number, if it is one (negative, NaN and out-of-range
+/// values are absent).
+pub fn sample_u64(v: &SampleValue) -> Option<u64> {
     match *v {
-        SampleValue::U32(v) => Some(v),
-        SampleValue::U64(v) => u32::try_from(v).ok(),
-        SampleValue::I64(v) => u32::try_from(v).ok(),
-        SampleValue::F64(v) if v.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&v) => {
-            Some(v.round() as u32)
+        SampleValue::U32(v) => Some(u64::from(v)),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        // `u64::MAX as f64` is 2^64, the first value past u64's range.
+        SampleValue::F64(v) if v.is_finite() && (0.0..u64::MAX as f64).contains(&v) => {
+            Some(v.round() as u64)
         }
         SampleValue::F64(_) => None,
     }
+}
+
+/// A field value as an unsigned 32-bit number, if it is one.
+pub fn sample_u32(v: &SampleValue) -> Option<u32> {
+    sample_u64(v).and_then(|v| u32::try_from(v).ok())
+}
+
+/// The byte rate of a KiB counter read `kib` at `now_ms`, from its previous reading;
+/// `None` on the first reading, when no time passed, or when the counter went backwards
+/// (reset): a rate is never made up.
+pub fn counter_rate_bps(prev: Option<(u64, UnixMs)>, kib: u64, now_ms: UnixMs) -> Option<u64> {
+    let (prev_kib, prev_ms) = prev?;
+    let dt_ms = u64::try_from(now_ms.checked_sub(prev_ms)?)
+        .ok()
+        .filter(|d| *d > 0)?;
+    let delta = kib.checked_sub(prev_kib)?;
+    u64::try_from(u128::from(delta) * 1024 * 1000 / u128::from(dt_ms)).ok()
+}
+
+/// The rates of this tick's NVLink counter readings (bytes/s), remembering each reading
+/// in `prev` for the next tick. A counter not read this tick keeps its older reading, so
+/// its next rate spans both ticks.
+pub fn counter_rates(
+    prev: &mut BTreeMap<FieldKey, (u64, UnixMs)>,
+    values: &BTreeMap<FieldKey, u64>,
+    now_ms: UnixMs,
+) -> BTreeMap<FieldKey, u64> {
+    let mut rates = BTreeMap::new();
+    for (key, kib) in values.iter().filter(|(k, _)| {
+        k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    }) {
+        if let Some(bps) = counter_rate_bps(prev.get(key).copied(), *kib, now_ms) {
+            rates.insert(*key, bps);
+        }
+        prev.insert(*key, (*kib, now_ms));
+    }
+    rates
+}
+
+/// The summed NVLink TX / RX rates and one sample per link that has a rate (a link with
+/// neither is left out: absent, not zero).
+pub fn nvlink_samples(
+    links: &[u32],
+    rates: &BTreeMap<FieldKey, u64>,
+) -> (Option<u64>, Option<u64>, Vec<NvLinkSample>) {
+    let rate = |field, scope| rates.get(&FieldKey { field, scope }).copied();
+    let (tx, rx) = (
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    );
+    let per_link = links
+        .iter()
+        .filter_map(|&link| {
+            let (tx_bps, rx_bps) = (rate(tx, link), rate(rx, link));
+            (tx_bps.is_some() || rx_bps.is_some()).then_some(NvLinkSample {
+                link,
+                tx_bps,
+                rx_bps,
+            })
+        })
+        .collect();
+    (rate(tx, ALL_LINKS), rate(rx, ALL_LINKS), per_link)
 }
 
 /// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
@@ -1211,6 +1382,7 @@ pub fn merge_processes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvml_wrapper::structs::device::FieldId;
 
     fn proc_info(pid: u32, used: Option<u64>) -> ProcessInfo {
         ProcessInfo {
@@ -1254,7 +1426,7 @@ mod tests {
     }
 
     #[test]
-    fn field_values_map_to_numbers_and_unsupported_ids() {
+    fn field_values_map_to_numbers_and_unsupported_entries() {
         let sample = |id: u32, value: Result<SampleValue, NvmlError>| {
             Ok(FieldValueSample {
                 field: FieldId(id),
@@ -1263,20 +1435,139 @@ mod tests {
                 value,
             })
         };
+        let key = |field, scope| FieldKey { field, scope };
+        let keys = [
+            key(186, 0),
+            key(82, 0),
+            key(90, 0),
+            key(91, 0),
+            key(92, 0),
+            key(138, ALL_LINKS),
+            key(138, 3),
+            key(139, 3),
+        ];
         let samples = [
             sample(186, Ok(SampleValue::U32(231_000))),
             sample(82, Err(NvmlError::NotSupported)),
             sample(90, Err(NvmlError::Unknown)),
             sample(91, Ok(SampleValue::I64(-1))),
             Err(NvmlError::UnexpectedVariant(9)),
+            sample(138, Ok(SampleValue::U64(1 << 40))),
+            sample(138, Ok(SampleValue::U64(7))),
+            sample(139, Err(NvmlError::NotSupported)),
         ];
-        let (values, unsupported) = field_readings(&samples);
-        assert_eq!(values.into_iter().collect::<Vec<_>>(), [(186, 231_000)]);
-        assert_eq!(unsupported, [82], "transient failures are asked again");
+        let (values, unsupported) = field_readings(&keys, &samples);
+        assert_eq!(
+            values.into_iter().collect::<Vec<_>>(),
+            [
+                (key(138, 3), 7),
+                (key(138, ALL_LINKS), 1 << 40),
+                (key(186, 0), 231_000)
+            ],
+            "keyed by field and scope, 64-bit counters kept whole"
+        );
+        assert_eq!(
+            unsupported,
+            [key(82, 0), key(139, 3)],
+            "transient failures are asked again"
+        );
         assert_eq!(sample_u32(&SampleValue::U64(7)), Some(7));
         assert_eq!(sample_u32(&SampleValue::U64(u64::MAX)), None);
+        assert_eq!(sample_u64(&SampleValue::U64(u64::MAX)), Some(u64::MAX));
         assert_eq!(sample_u32(&SampleValue::F64(41.6)), Some(42));
         assert_eq!(sample_u32(&SampleValue::F64(f64::NAN)), None);
+        assert_eq!(sample_u64(&SampleValue::F64(-1.0)), None);
+    }
+
+    #[test]
+    fn the_batch_asks_nvlink_summed_and_per_active_link() {
+        let keys = field_batch(&[0, 2]);
+        let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.field, k.scope)).collect();
+        assert_eq!(
+            pairs,
+            [
+                (NVML_FI_DEV_POWER_INSTANT, 0),
+                (NVML_FI_DEV_MEMORY_TEMP, 0),
+                (138, ALL_LINKS),
+                (139, ALL_LINKS),
+                (138, 0),
+                (139, 0),
+                (138, 2),
+                (139, 2),
+            ]
+        );
+        assert_eq!(field_batch(&[]).len(), 2, "no links: no NVLink entries");
+    }
+
+    #[test]
+    fn counter_rates_come_from_deltas_and_are_never_made_up() {
+        assert_eq!(counter_rate_bps(None, 500, 1000), None, "first reading");
+        assert_eq!(
+            counter_rate_bps(Some((1000, 1000)), 3000, 3000),
+            Some(1024 * 1000),
+            "2000 KiB over 2 s"
+        );
+        assert_eq!(counter_rate_bps(Some((1000, 1000)), 1000, 2000), Some(0));
+        assert_eq!(
+            counter_rate_bps(Some((5000, 1000)), 10, 2000),
+            None,
+            "reset"
+        );
+        assert_eq!(counter_rate_bps(Some((1, 2000)), 9, 2000), None, "no time");
+        assert_eq!(
+            counter_rate_bps(Some((1, 3000)), 9, 2000),
+            None,
+            "clock back"
+        );
+        assert_eq!(
+            counter_rate_bps(Some((0, 0)), u64::MAX, 1),
+            None,
+            "out of range"
+        );
+
+        let tx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            scope,
+        };
+        let rx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            scope,
+        };
+        let power = FieldKey {
+            field: NVML_FI_DEV_POWER_INSTANT,
+            scope: 0,
+        };
+        let mut prev = BTreeMap::new();
+        let first = BTreeMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
+        assert!(counter_rates(&mut prev, &first, 1000).is_empty());
+        assert!(!prev.contains_key(&power), "not a counter");
+        // rx(1) not read this tick: its next rate spans two ticks.
+        let second = BTreeMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
+        let rates = counter_rates(&mut prev, &second, 2000);
+        assert_eq!(rates.get(&tx(ALL_LINKS)), Some(&(200 * 1024)));
+        let third = BTreeMap::from([(rx(1), 2010)]);
+        let rates = counter_rates(&mut prev, &third, 3000);
+        assert_eq!(rates.get(&rx(1)), Some(&(1000 * 1024)), "2000 KiB over 2 s");
+
+        let rates = BTreeMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
+        let (sum_tx, sum_rx, links) = nvlink_samples(&[0, 1, 2], &rates);
+        assert_eq!((sum_tx, sum_rx), (Some(9), None));
+        assert_eq!(
+            links,
+            [
+                NvLinkSample {
+                    link: 1,
+                    tx_bps: Some(4),
+                    rx_bps: Some(5)
+                },
+                NvLinkSample {
+                    link: 2,
+                    tx_bps: None,
+                    rx_bps: Some(6)
+                },
+            ],
+            "link 0 has no rate: left out, not zero"
+        );
     }
 
     #[test]

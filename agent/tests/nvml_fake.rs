@@ -245,7 +245,12 @@ fn every_metric_reads_back_the_scenario_values() {
         assert_eq!(s.throttle_reasons, Some(pick(0x1, 0x4)));
         assert_eq!(s.enc_util_pct, Some(pick(0, 12) as u32));
         assert_eq!(s.dec_util_pct, Some(pick(0, 34) as u32));
-        assert_eq!(s.nvlink_tx_bps, None, "not read (see nvml.rs)");
+        let idle_links = (k > 0).then_some(0);
+        assert_eq!(
+            (s.nvlink_tx_bps, s.nvlink_rx_bps),
+            (idle_links, idle_links),
+            "idle links: 0 once two readings make a rate"
+        );
     }
     let idle = sample(&t[1], "GPU-idle");
     assert_eq!(idle.power_mw, Some(60_000));
@@ -294,7 +299,127 @@ fn every_metric_reads_back_the_scenario_values() {
     assert_eq!(
         count(&counts, "gpu0.nvmlDeviceGetFieldValues"),
         2,
-        "instant power and memory temperature: one batched call per tick"
+        "instant power, memory temperature and NVLink: one batched call per tick"
+    );
+}
+
+/// A KiB counter that grows by `kib_per_s` each tick (ticks are 1 s apart).
+fn counter(start: u64, kib_per_s: u64) -> Value {
+    Value::Ramp {
+        start,
+        step: kib_per_s,
+    }
+}
+
+#[test]
+fn nvlink_throughput_is_read_per_link_and_summed_in_the_one_field_value_call() {
+    const TX: u32 = 138;
+    const RX: u32 = 139;
+    const ALL: u32 = u32::MAX;
+    let nvl = Gpu {
+        nvlinks: 4,
+        nvlink_tx_kib: vec![
+            counter(1000, 1000),
+            counter(5000, 2000),
+            seq(&[0, 0, 300, 600]),
+        ],
+        nvlink_rx_kib: (1..=4).map(|l| counter(0, l * 100)).collect(),
+        // Link 3's TX alone is unsupported (its counter is not in the scenario: 0 in the sum).
+        unsupported: vec![format!("field:{TX}:3")],
+        ..gpu("GPU-nvl")
+    };
+    let no_rx = Gpu {
+        nvlinks: 2,
+        nvlink_tx_kib: vec![counter(0, 50), counter(10, 150)],
+        nvlink_rx_kib: vec![counter(0, 1), counter(0, 1)],
+        unsupported: vec![format!("field:{RX}")],
+        ..gpu("GPU-norx")
+    };
+    let pcie = Gpu {
+        nvlinks: 0,
+        ..gpu("GPU-pcie")
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![nvl, no_rx, pcie],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    let inv = src.inventory().expect("inventory");
+    let links: Vec<_> = inv.gpus.iter().map(|g| g.nvlink_count).collect();
+    assert_eq!(links, [Some(4), Some(2), Some(0)]);
+    const N: usize = 4;
+    let t = ticks(&mut src, N);
+    for g in &t[0].gpus {
+        assert_eq!(
+            (g.nvlink_tx_bps, g.nvlink_rx_bps, g.nvlinks.len()),
+            (None, None, 0),
+            "{}: a rate needs two readings",
+            g.gpu_uuid
+        );
+    }
+    const KIB: u64 = 1024;
+    let link = |link, tx: Option<u64>, rx: Option<u64>| gpufleet_core::NvLinkSample {
+        link,
+        tx_bps: tx.map(|v| v * KIB),
+        rx_bps: rx.map(|v| v * KIB),
+    };
+    for (k, tick) in t.iter().enumerate().skip(1) {
+        let s = sample(tick, "GPU-nvl");
+        let link2 = [0, 300, 300][k - 1];
+        assert_eq!(
+            s.nvlinks,
+            [
+                link(0, Some(1000), Some(100)),
+                link(1, Some(2000), Some(200)),
+                link(2, Some(link2), Some(300)),
+                link(3, None, Some(400)),
+            ],
+            "tick {k}: per link, from the counters' deltas"
+        );
+        assert_eq!(s.nvlink_tx_bps, Some((3000 + link2) * KIB), "tick {k}: sum");
+        assert_eq!(s.nvlink_rx_bps, Some(1000 * KIB), "tick {k}: sum");
+
+        let s = sample(tick, "GPU-norx");
+        assert_eq!(
+            s.nvlinks,
+            [link(0, Some(50), None), link(1, Some(150), None)],
+            "tick {k}: unsupported RX is absent, not zero"
+        );
+        assert_eq!((s.nvlink_tx_bps, s.nvlink_rx_bps), (Some(200 * KIB), None));
+
+        let s = sample(tick, "GPU-pcie");
+        assert_eq!(
+            (s.nvlink_tx_bps, s.nvlink_rx_bps, s.nvlinks.len()),
+            (None, None, 0)
+        );
+        assert_eq!(s.power_instant_mw, Some(60_000), "the rest of the batch");
+    }
+    drop(src);
+    let c = fake.counts();
+    for g in 0..3 {
+        assert_eq!(
+            count(&c, &format!("gpu{g}.nvmlDeviceGetFieldValues")),
+            N as u64,
+            "gpu{g}: one field-value call per tick: {c:?}"
+        );
+    }
+    let asked =
+        |g: u32, field: u32, scope: u32| count(&c, &format!("gpu{g}.field:{field}:{scope}"));
+    assert_eq!(asked(0, TX, 3), 1, "unsupported link entry asked once");
+    for scope in [ALL, 0, 1, 2] {
+        assert_eq!(asked(0, TX, scope), N as u64, "gpu0 TX scope {scope}");
+    }
+    for scope in [ALL, 0, 1, 2, 3] {
+        assert_eq!(asked(0, RX, scope), N as u64, "gpu0 RX scope {scope}");
+    }
+    for scope in [ALL, 0, 1] {
+        assert_eq!(asked(1, RX, scope), 1, "unsupported field asked once");
+        assert_eq!(asked(1, TX, scope), N as u64);
+    }
+    assert!(
+        !c.keys().any(|k| k.starts_with(&format!("gpu2.field:{TX}"))
+            || k.starts_with(&format!("gpu2.field:{RX}"))),
+        "no links: no NVLink entries asked: {c:?}"
     );
 }
 
@@ -316,7 +441,10 @@ fn unsupported_metrics_are_absent_and_asked_once() {
         ..gpu("GPU-partly")
     };
     let no_fields = Gpu {
-        unsupported: vec!["field:186".into(), "field:82".into()],
+        // Every entry of its batch: instant power, memory temperature, NVLink TX / RX.
+        unsupported: ["field:186", "field:82", "field:138", "field:139"]
+            .map(String::from)
+            .to_vec(),
         ..gpu("GPU-nofields")
     };
     let fake = Fake::new(Scenario {
@@ -350,6 +478,8 @@ fn unsupported_metrics_are_absent_and_asked_once() {
         );
         let other = sample(&tick, "GPU-nofields");
         assert_eq!((other.power_instant_mw, other.temp_mem_c), (None, None));
+        assert_eq!((other.nvlink_tx_bps, other.nvlink_rx_bps), (None, None));
+        assert!(other.nvlinks.is_empty());
         assert_eq!(other.fan_pct, Some(0));
     }
     drop(src);

@@ -11,11 +11,12 @@
 // The exported names and NVML's constants are the C names.
 #![allow(non_snake_case, non_upper_case_globals)]
 
-use crate::scenario::{Gpu, MigSpec, Process, Scenario};
+use crate::scenario::{Gpu, MigSpec, Process, Scenario, Value};
 use crate::state::{self, NvmlResult, State};
 use crate::{SCENARIO_ENV, SCENARIO_FILE};
 use nvml_wrapper_sys::bindings::field_id::{
-    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
 };
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{CStr, OsStr, c_char, c_int, c_uint, c_ulonglong};
@@ -800,7 +801,8 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 // ------------------------------------------------------------------ field values
 
 /// Fills each requested field; the call succeeds and each entry carries its own return
-/// code (NOT_SUPPORTED for fields this GPU or this fake does not have).
+/// code (NOT_SUPPORTED for fields this GPU or this fake does not have). NVLink throughput
+/// fields honour `scopeId`: a link's counter, or (UINT_MAX) the sum over active links.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     device: nvmlDevice_t,
@@ -811,29 +813,52 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         if values.is_null() || values_count < 0 {
             return Err(INVALID_ARGUMENT);
         }
+        // Every NVLink entry of this call reads the same index of its counter.
+        let nvlink_read = s.nth(i, "field_nvlink");
         for k in 0..values_count as usize {
             // SAFETY: `values` holds `values_count` entries (NVML's contract).
             let slot = unsafe { values.add(k) };
             let mut fv = get(slot)?;
-            let id = fv.fieldId;
-            let read: Option<u64> = if s.gpu(i).is_unsupported(&format!("field:{id}")) {
+            let (id, scope) = (fv.fieldId, fv.scopeId);
+            s.field_asked(i, id, scope);
+            let unsupported = s.gpu(i).is_unsupported(&format!("field:{id}"))
+                || s.gpu(i).is_unsupported(&format!("field:{id}:{scope}"));
+            let read: Option<(u64, bool)> = if unsupported {
                 None
             } else {
                 match id {
-                    NVML_FI_DEV_POWER_INSTANT => {
-                        Some(s.read(i, "field_power_instant", |g| &g.power_instant_mw))
-                    }
+                    NVML_FI_DEV_POWER_INSTANT => Some((
+                        s.read(i, "field_power_instant", |g| &g.power_instant_mw),
+                        false,
+                    )),
                     NVML_FI_DEV_POWER_AVERAGE => {
-                        Some(s.read(i, "field_power_avg", |g| &g.power_mw))
+                        Some((s.read(i, "field_power_avg", |g| &g.power_mw), false))
                     }
-                    NVML_FI_DEV_MEMORY_TEMP => Some(s.read(i, "field_temp_mem", |g| &g.temp_mem_c)),
+                    NVML_FI_DEV_MEMORY_TEMP => {
+                        Some((s.read(i, "field_temp_mem", |g| &g.temp_mem_c), false))
+                    }
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
+                        let g = s.gpu(i);
+                        nvlink_kib(g.nvlinks, &g.nvlink_tx_kib, scope, nvlink_read)
+                            .map(|v| (v, true))
+                    }
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => {
+                        let g = s.gpu(i);
+                        nvlink_kib(g.nvlinks, &g.nvlink_rx_kib, scope, nvlink_read)
+                            .map(|v| (v, true))
+                    }
                     _ => None,
                 }
             };
             fv.timestamp = i64::try_from(s.timestamp()).unwrap_or(i64::MAX);
             fv.latencyUsec = 0;
             match read {
-                Some(v) => {
+                Some((v, true)) => {
+                    fv.nvmlReturn = SUCCESS;
+                    fv.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    fv.value = nvmlValue_t { ullVal: v };
+                }
+                Some((v, false)) => {
                     fv.nvmlReturn = SUCCESS;
                     fv.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
                     fv.value = nvmlValue_t { uiVal: u32v(v) };
@@ -844,6 +869,19 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         }
         Ok(())
     })
+}
+
+/// An NVLink KiB counter at read `n` of a GPU with `active` links: link `scope`'s, or
+/// the sum over the active links for UINT_MAX; `None` (NOT_SUPPORTED) for a link that is not active.
+fn nvlink_kib(active: c_uint, counters: &[Value], scope: c_uint, n: u64) -> Option<u64> {
+    let link = |l: c_uint| counters.get(l as usize).map_or(0, |v| v.at(n));
+    if scope == c_uint::MAX {
+        Some((0..active).map(link).fold(0, u64::saturating_add))
+    } else if scope < active {
+        Some(link(scope))
+    } else {
+        None
+    }
 }
 
 // ------------------------------------------------------------------ events

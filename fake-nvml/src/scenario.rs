@@ -209,12 +209,21 @@ pub struct Gpu {
     pub throttle_reasons: Value,
     pub enc_util_pct: Value,
     pub dec_util_pct: Value,
+    /// Per link (index = link id): the cumulative KiB counter of field
+    /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` (`scopeId` = link); `scopeId` UINT_MAX
+    /// answers the sum over the `nvlinks` active links. A link past the list counts 0;
+    /// a link past `nvlinks` answers NOT_SUPPORTED. All entries of one
+    /// `nvmlDeviceGetFieldValues` call read the same index of their [`Value`]s.
+    pub nvlink_tx_kib: Vec<Value>,
+    /// As `nvlink_tx_kib`, for `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`.
+    pub nvlink_rx_kib: Vec<Value>,
 
     pub compute_processes: Vec<Process>,
     pub graphics_processes: Vec<Process>,
 
     /// Functions this GPU answers `NVML_ERROR_NOT_SUPPORTED`, by their C name
-    /// (`nvmlDeviceGetFanSpeed_v2`), or `field:<id>` for one field value.
+    /// (`nvmlDeviceGetFanSpeed_v2`), `field:<id>` for one field value (every scope), or
+    /// `field:<id>:<scopeId>` for one scope of it (an NVLink field's link).
     pub unsupported: Vec<String>,
     /// The GPU answers `NVML_ERROR_GPU_IS_LOST` from its n-th call (0-based) …
     pub lost_after_calls: Option<u64>,
@@ -274,6 +283,8 @@ impl Default for Gpu {
             throttle_reasons: 1.into(),
             enc_util_pct: 0.into(),
             dec_util_pct: 0.into(),
+            nvlink_tx_kib: Vec::new(),
+            nvlink_rx_kib: Vec::new(),
             compute_processes: Vec::new(),
             graphics_processes: Vec::new(),
             unsupported: Vec::new(),

@@ -56,6 +56,8 @@ pub struct State {
     pub inits: u32,
     /// Calls per (GPU, function); `None` for system-level functions.
     counts: BTreeMap<(Option<usize>, &'static str), u64>,
+    /// Field-value entries asked per (GPU, field id, scope id).
+    fields: BTreeMap<(usize, u32, u32), u64>,
     /// Calls per GPU (all functions): the clock of lost windows and events.
     calls: Vec<u64>,
     /// Reads per (GPU, value): the index into each [`Value`].
@@ -80,6 +82,7 @@ impl State {
             scenario,
             inits: 1,
             counts: BTreeMap::new(),
+            fields: BTreeMap::new(),
             calls: vec![0; n],
             reads: HashMap::new(),
             sets: Vec::new(),
@@ -210,7 +213,13 @@ impl State {
         None
     }
 
-    /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`.
+    /// Counts one field-value entry asked of GPU `i`.
+    pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
+        *self.fields.entry((i, field, scope)).or_insert(0) += 1;
+    }
+
+    /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
+    /// and the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`.
     pub fn counts_json(&self) -> String {
         let map: BTreeMap<String, u64> = self
             .counts
@@ -222,6 +231,11 @@ impl State {
                 };
                 (key, *n)
             })
+            .chain(
+                self.fields
+                    .iter()
+                    .map(|((i, field, scope), n)| (format!("gpu{i}.field:{field}:{scope}"), *n)),
+            )
             .collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
