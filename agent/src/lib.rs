@@ -17,6 +17,7 @@
 //! - [`queue`]: the [`Outbox`](queue::Outbox) of unacked batches; bounded, counts drops.
 //! - [`spool`]: the on-disk [`Outbox`](queue::Outbox): segments, checksums, trimmed on ack.
 //! - [`uplink`]: the gRPC session, acks, rejects, reconnects with backoff, failover.
+//! - [`tls`]: the agent's credentials: CA, client certificate, token.
 //! - [`run`]: [`run_agent`], the whole pipeline until shutdown.
 //! - [`snapshot`]: `gpufleet-agent snapshot` (table or JSON).
 //!
@@ -49,6 +50,7 @@ pub mod sim;
 pub mod snapshot;
 pub mod source;
 pub mod spool;
+pub mod tls;
 pub mod uplink;
 
 pub use queue::Summary;

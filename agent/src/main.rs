@@ -38,7 +38,7 @@ enum Command {
     /// Sample every interval, spool to disk and stream to the collector until SIGTERM /
     /// SIGINT; then print `summary sampled=N acked=N dropped=N unacked=N` (GPU samples,
     /// over the spool's lifetime: a restarted agent counts what earlier runs spooled).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print one local reading, like nvidia-smi / gpustat.
     Snapshot(SnapshotArgs),
 }
@@ -101,6 +101,8 @@ struct RunArgs {
     /// Most ticks per batch.
     #[arg(long, env = "GPUFLEET_BATCH_MAX_TICKS", value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
     batch_max_ticks: u32,
+    #[command(flatten)]
+    credentials: gpufleet_agent::tls::CredentialArgs,
 }
 
 #[derive(Debug, Args)]
@@ -137,7 +139,7 @@ fn real_main() -> anyhow::Result<()> {
     let args = args_with_config_file(std::env::args_os().collect(), &Cli::command())?;
     let cli = Cli::parse_from(args);
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Snapshot(args) => snapshot_cmd(args),
     }
 }
@@ -196,6 +198,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown_timeout: args.shutdown_timeout,
         batch_max_ticks: args.batch_max_ticks as usize,
         spool: Some(args.spool.config(&node)),
+        credentials: gpufleet_agent::tls::Credentials::load(&args.credentials)?,
         ..RunOptions::new(node, args.collector)
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

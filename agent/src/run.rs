@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub spool: Option<SpoolConfig>,
     /// Limit on connecting to a collector and on its Welcome.
     pub connect_timeout: Duration,
+    /// TLS trust, client certificate and token ([`crate::tls`]); none by default.
+    pub credentials: crate::tls::Credentials,
 }
 
 impl RunOptions {
@@ -64,6 +66,7 @@ impl RunOptions {
             queue_max_ticks: 3600,
             spool: None,
             connect_timeout: Duration::from_secs(5),
+            credentials: crate::tls::Credentials::none(),
         }
     }
 }
@@ -114,6 +117,9 @@ pub async fn run_agent(
         return Err(AgentError::Options("the node name is empty".into()));
     }
     let collectors = uplink::parse_collectors(&opts.collectors)?;
+    opts.credentials
+        .check_urls(&collectors)
+        .map_err(UplinkError::from)?;
     let host = opts.proc_root.as_ref().map(HostReader::new);
     let mut sampler = Sampler::new(source, host);
     let (sampler, inventory) = tokio::task::spawn_blocking(move || {
@@ -151,6 +157,7 @@ pub async fn run_agent(
         batch_max_ticks: opts.batch_max_ticks,
         connect_timeout: opts.connect_timeout,
         shutdown_timeout: opts.shutdown_timeout,
+        credentials: opts.credentials.clone(),
     };
     let outbox: Box<dyn Outbox> = match opts.spool.clone() {
         Some(cfg) => Box::new(

@@ -44,6 +44,9 @@ const RETRY_AFTER_REJECT: Duration = Duration::from_secs(1);
 /// Why a session could not be opened or ended.
 #[derive(Debug, Error)]
 pub enum UplinkError {
+    /// The credentials do not fit a collector (e.g. https:// without --ca).
+    #[error(transparent)]
+    Credentials(#[from] crate::tls::CredentialError),
     /// A `--collector` value is not a usable URL.
     #[error("invalid collector address {url:?}: {reason} (expected e.g. http://collector:50051)")]
     BadUrl {
@@ -193,6 +196,7 @@ async fn open_session(
     hello: pb::Hello,
     timeout: Duration,
     batch_max_ticks: usize,
+    credentials: crate::tls::Credentials,
 ) -> Result<(Session, pb::Welcome), UplinkError> {
     let shown = redact(&url);
     let endpoint = Endpoint::from_shared(url.clone())
@@ -205,6 +209,7 @@ async fn open_session(
         .http2_keep_alive_interval(Duration::from_secs(20))
         .keep_alive_timeout(Duration::from_secs(10))
         .keep_alive_while_idle(true);
+    let endpoint = credentials.configure(endpoint, &url)?;
     let channel = endpoint.connect().await.map_err(|e| UplinkError::Connect {
         url: shown.clone(),
         reason: error_chain(&e),
@@ -225,7 +230,9 @@ async fn open_session(
         code: s.code(),
         message: s.message().to_owned(),
     };
-    let response = tokio::time::timeout(timeout, client.stream(ReceiverStream::new(rx)))
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    credentials.authorize(&mut request);
+    let response = tokio::time::timeout(timeout, client.stream(request))
         .await
         .map_err(|_| no_welcome())?
         .map_err(status)?;
@@ -324,6 +331,8 @@ pub struct UplinkConfig {
     pub connect_timeout: Duration,
     /// After shutdown is requested, how long to keep delivering.
     pub shutdown_timeout: Duration,
+    /// TLS trust, client certificate and token ([`crate::tls`]).
+    pub credentials: crate::tls::Credentials,
 }
 
 /// Streams ticks from `ticks` to the collectors until `shutdown` is cancelled and either
@@ -394,6 +403,7 @@ pub async fn run(
                     cfg.hello.to_pb(),
                     cfg.connect_timeout,
                     cfg.batch_max_ticks,
+                    cfg.credentials.clone(),
                 )));
             }
             Wake::Connected(result) => match *result {

@@ -50,6 +50,8 @@ pub struct IngestOptions {
     pub max_in_flight: usize,
     /// How long a new stream may take to send its Hello.
     pub hello_timeout: Duration,
+    /// Whether agents must present a token or client certificate ([`crate::identity`]).
+    pub agent_auth: crate::identity::AgentAuth,
 }
 
 impl Default for IngestOptions {
@@ -59,6 +61,7 @@ impl Default for IngestOptions {
             max_message_bytes: 16 << 20,
             max_in_flight: 16,
             hello_timeout: Duration::from_secs(30),
+            agent_auth: crate::identity::AgentAuth::Auto,
         }
     }
 }
@@ -116,13 +119,15 @@ impl Ingest for IngestService {
 
     async fn stream(
         &self,
-        request: Request<Streaming<pb::AgentMessage>>,
+        mut request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let s = &self.shared;
         let peer = request
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        let peer_certs = request.peer_certs();
+        let metadata = std::mem::take(request.metadata_mut());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(s.options.hello_timeout, inbound.message())
             .await
@@ -162,6 +167,14 @@ impl Ingest for IngestService {
                 "malformed Hello: node is empty; the agent must name its node",
             ));
         }
+        crate::identity::authorize(
+            s.store.as_ref(),
+            s.options.agent_auth,
+            &metadata,
+            peer_certs.as_deref().map(Vec::as_slice),
+            &info.node,
+        )
+        .await?;
         let record = s
             .store
             .register_node(&info, &inventory, now_ms())

@@ -15,9 +15,19 @@
 //! - [`http`]: the axum router (`app`), handlers and `ApiError`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`metrics`]: the collector's own counters.
+//! - [`conn_limit`]: per-address connection limits and our accept loops.
+//! - [`certs`]: a development CA and certificates (rcgen) for `certs`.
+//! - [`identity`]: which node an agent's credential lets it write as.
+//! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
+//! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
+//! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
+//! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
 
+pub mod certs;
+pub mod conn_limit;
 pub mod demo;
 pub mod http;
+pub mod identity;
 pub mod ingest;
 pub mod live;
 pub mod metrics;
@@ -25,6 +35,10 @@ pub mod prometheus;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod tls;
+pub mod tokens;
+pub mod web_auth;
+pub mod web_security;
 pub mod writer;
 
 pub use server::{ServeError, ServeOptions, serve, serve_with_store};

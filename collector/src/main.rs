@@ -35,6 +35,11 @@ enum Command {
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
     Demo(DemoArgs),
+    /// Make a development CA, a server certificate and per-node client certificates
+    /// (PEM) for TLS and mTLS; see SECURITY.md.
+    Certs(gpufleet_collector::certs::CertsArgs),
+    /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
+    Tokens(gpufleet_collector::tokens::TokensArgs),
 }
 
 #[derive(Debug, Args)]
@@ -107,6 +112,8 @@ struct ServeArgs {
     /// Largest gRPC message (batch) accepted from an agent, in bytes.
     #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
+    #[command(flatten)]
+    tls: gpufleet_collector::tls::TlsArgs,
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
@@ -123,6 +130,13 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
+        Command::Certs(args) => run_certs(args),
+        Command::Tokens(args) => {
+            let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(out.as_bytes())?;
+            Ok(())
+        }
     }
 }
 
@@ -160,8 +174,12 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         ingest: IngestOptions {
             max_message_bytes: args.max_message_bytes,
+            agent_auth: args.tls.agent_auth(),
             ..Default::default()
         },
+        tls: args.tls.options(),
+        web_auth: args.tls.web_auth(),
+        max_connections_per_ip: args.tls.max_connections_per_ip,
         writer: WriterOptions {
             debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()
@@ -169,6 +187,15 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
+    Ok(())
+}
+
+fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
+    let written = gpufleet_collector::certs::write_plan(&args.into())?;
+    let mut stdout = std::io::stdout().lock();
+    for path in written {
+        writeln!(stdout, "wrote {}", path.display())?;
+    }
     Ok(())
 }
 

@@ -7,19 +7,22 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
+use crate::conn_limit::{self, ChannelListener, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
 use crate::metrics::Metrics;
 use crate::status::{StatusPolicy, system_clock};
 use crate::store::{self, Store, StoreError};
+use crate::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::writer::{self, WriterOptions};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -35,6 +38,12 @@ pub struct ServeOptions {
     /// After shutdown is requested, how long open streams and HTTP requests get to finish
     /// before the servers are dropped (the writer still commits what it has).
     pub shutdown_grace: Duration,
+    /// TLS on the gRPC and HTTP listeners; `None` each: plain TCP.
+    pub tls: TlsOptions,
+    /// Whether dashboard and API viewers must log in ([`crate::web_auth`]).
+    pub web_auth: crate::web_auth::WebAuthMode,
+    /// Most connections open at once from one client address, per listener.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for ServeOptions {
@@ -45,6 +54,9 @@ impl Default for ServeOptions {
             ingest: IngestOptions::default(),
             writer: WriterOptions::default(),
             shutdown_grace: Duration::from_secs(10),
+            tls: TlsOptions::default(),
+            web_auth: crate::web_auth::WebAuthMode::Auto,
+            max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
         }
     }
 }
@@ -60,6 +72,8 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("the HTTP server failed: {0}")]
     Http(#[source] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Opens the store `options.db_url` names and runs the collector on the given listeners
@@ -88,8 +102,22 @@ pub async fn serve_with_store(
 ) -> Result<(), ServeError> {
     let grpc_addr = grpc.local_addr().map_err(ServeError::Listener)?;
     let http_addr = http.local_addr().map_err(ServeError::Listener)?;
-    warn_if_exposed("gRPC ingest", grpc_addr);
-    warn_if_exposed("HTTP API", http_addr);
+    let load = |files: &Option<tls::TlsFiles>, alpn| {
+        files
+            .clone()
+            .map(|f| ReloadableTls::load(f, alpn))
+            .transpose()
+    };
+    let grpc_tls = load(&options.tls.grpc, Alpn::Grpc)?;
+    let http_tls = load(&options.tls.http, Alpn::Http)?;
+    warn_if_exposed("gRPC ingest", grpc_addr, grpc_tls.is_some());
+    warn_if_exposed("HTTP API", http_addr, http_tls.is_some());
+    let reloader = tls::spawn_reloader(
+        grpc_tls.iter().chain(http_tls.iter()).cloned().collect(),
+        options.tls.reload_poll,
+        shutdown.clone(),
+    );
+    tokio::spawn(reloader);
 
     let live = Arc::new(Live::new());
     live.seed(
@@ -106,25 +134,50 @@ pub async fn serve_with_store(
         options.writer,
         writer_stop.clone(),
     );
+    let mut ingest_options = options.ingest.clone();
+    ingest_options.agent_auth = ingest_options
+        .agent_auth
+        .resolve(grpc_addr.ip().is_loopback());
+    if ingest_options.agent_auth == crate::identity::AgentAuth::Optional
+        && !grpc_addr.ip().is_loopback()
+    {
+        warn!(listen = %grpc_addr, "agents may connect without credentials (--allow-unauthenticated-agents): any host that reaches this port can write as any node");
+    }
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
         Arc::clone(&live),
         Arc::clone(&metrics),
-        options.ingest.clone(),
+        ingest_options,
         shutdown.clone(),
     );
-    let incoming = TcpListenerStream::new(grpc).map(|conn| {
-        conn.inspect(|tcp| {
-            // Acks are small and latency-bound.
-            let _ = tcp.set_nodelay(true);
-        })
-    });
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(ingest.into_server())
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+        .add_service(ingest.into_server());
+    let stop = shutdown.clone().cancelled_owned();
+    let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
+    let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
+        None => {
+            // Nodelay is set on accept: acks are small and latency-bound.
+            let rx = conn_limit::accept(grpc, per_ip(), shutdown.clone());
+            let incoming =
+                ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
+            Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
+        }
+        Some(tls) => {
+            let rx = tls::accept_tls(
+                grpc,
+                tls,
+                HandshakeLimits::default(),
+                per_ip(),
+                shutdown.clone(),
+            );
+            let incoming =
+                ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
+            Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
+        }
+    };
     let state = AppState {
         store: Arc::clone(&store),
         live,
@@ -133,8 +186,42 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
     };
-    let http_server = axum::serve(http, http::app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
+    if web_auth == crate::web_auth::WebAuthMode::Off && !http_addr.ip().is_loopback() {
+        warn!(listen = %http_addr, "the dashboard and API are open to anyone who reaches this port (--allow-anonymous-viewers)");
+    }
+    let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
+    let app = crate::web_security::with_security_headers(crate::web_auth::with_auth(
+        http::app(state),
+        auth,
+    ));
+    let stop = shutdown.clone().cancelled_owned();
+    let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
+        None => {
+            let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
+            let listener = ChannelListener::new(rx, http_addr);
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .into_future(),
+            )
+        }
+        Some(tls) => {
+            let rx = tls::accept_tls(
+                http,
+                tls,
+                HandshakeLimits::default(),
+                per_ip(),
+                shutdown.clone(),
+            );
+            let listener = ChannelListener::new(rx, http_addr);
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .into_future(),
+            )
+        }
+    };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");
 
     let servers = async {
@@ -173,12 +260,12 @@ pub async fn serve_with_store(
     Ok(())
 }
 
-fn warn_if_exposed(what: &str, addr: SocketAddr) {
-    if !addr.ip().is_loopback() {
+fn warn_if_exposed(what: &str, addr: SocketAddr, tls: bool) {
+    if !addr.ip().is_loopback() && !tls {
         warn!(
             listen = %addr,
-            "{what} listens on a non-loopback address without TLS or authentication \
-             (they come in a later release): anyone who can reach it can use it"
+            "{what} listens on a non-loopback address without TLS: anyone on the path \
+             can read and alter its traffic; see SECURITY.md"
         );
     }
 }

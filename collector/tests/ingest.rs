@@ -71,19 +71,7 @@ struct Agent {
 }
 
 fn hello_msg(node: &str, gpus: Vec<GpuInfo>) -> pb::AgentMessage {
-    let h = hello(node);
-    pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
-            node: h.node,
-            agent_version: h.agent_version,
-            boot_id: h.boot_id,
-            labels: h.labels.into_iter().collect(),
-            inventory: Some(inventory(gpus).into()),
-            sent_ms: now_ms(),
-            interval_ms: h.interval_ms,
-            source: h.source,
-        })),
-    }
+    hello_message(node, gpus)
 }
 
 fn batch_msg(b: Batch) -> pb::AgentMessage {

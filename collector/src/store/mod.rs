@@ -415,6 +415,34 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Flushes and closes connections. Further calls fail.
     async fn close(&self);
+
+    /// Stores a new agent token (its id, node and secret hash).
+    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError>;
+
+    /// Every agent token, revoked ones included, oldest first.
+    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError>;
+
+    /// The agent token with this id, if any.
+    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError>;
+
+    /// Marks a token revoked at `now_ms`. Returns false when no valid token has this id.
+    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
+}
+
+/// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTokenRecord {
+    /// Public id (the `<id>` in `gft_<id>_<secret>`).
+    pub id: String,
+    /// Role `agent`: the node the token writes as; other roles: whom it is for.
+    pub node: String,
+    /// `agent`, `viewer` (read the dashboard and API) or `admin` (also change things).
+    pub role: String,
+    /// SHA-256 of the secret part.
+    pub secret_hash: Vec<u8>,
+    pub created_ms: UnixMs,
+    /// When it was revoked; `None` while valid.
+    pub revoked_ms: Option<UnixMs>,
 }
 
 /// Opens the store a database URL names: `sqlite://PATH` (the file is created if missing)

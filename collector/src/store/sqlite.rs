@@ -15,9 +15,9 @@
 //! and types are bound by this module.
 
 use super::{
-    GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch, NodeId, NodeRecord,
-    SeriesPoint, Store, StoreError, TimeRange, WriteOutcome, decode_nvlinks, encode_nvlinks,
-    redact_url,
+    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
+    NodeId, NodeRecord, SeriesPoint, Store, StoreError, TimeRange, WriteOutcome, decode_nvlinks,
+    encode_nvlinks, redact_url,
 };
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
@@ -37,11 +37,18 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// The migrations, embedded so an installed binary needs no files beside it.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/sqlite/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        9,
+        "agent tokens",
+        include_str!("../../../migrations/sqlite/0009_agent_tokens.sql"),
+    ),
+];
 
 /// SQLite's default limit on bound parameters per statement (SQLITE_MAX_VARIABLE_NUMBER).
 const MAX_PARAMS: usize = 32_766;
@@ -606,6 +613,72 @@ impl Store for SqliteStore {
     async fn close(&self) {
         self.pool.close().await;
     }
+
+    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO agent_tokens (id, node, role, secret_hash, created_ms, revoked_ms) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&token.id)
+        .bind(&token.node)
+        .bind(&token.role)
+        .bind(&token.secret_hash)
+        .bind(token.created_ms)
+        .bind(token.revoked_ms)
+        .execute(&self.pool)
+        .await
+        .map_err(q("store an agent token"))?;
+        Ok(())
+    }
+
+    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens \
+             ORDER BY created_ms, id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("list agent tokens"))?;
+        rows.iter().map(token_row).collect()
+    }
+
+    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(q("look up an agent token"))?;
+        row.as_ref().map(token_row).transpose()
+    }
+
+    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE agent_tokens SET revoked_ms = ? WHERE id = ? AND revoked_ms IS NULL",
+        )
+        .bind(now_ms)
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .map_err(q("revoke an agent token"))?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+fn token_row(row: &SqliteRow) -> Result<AgentTokenRecord, StoreError> {
+    let get = |e: sqlx::Error| StoreError::Query {
+        op: "read an agent token",
+        source: e,
+    };
+    Ok(AgentTokenRecord {
+        id: row.try_get("id").map_err(get)?,
+        node: row.try_get("node").map_err(get)?,
+        role: row.try_get("role").map_err(get)?,
+        secret_hash: row.try_get("secret_hash").map_err(get)?,
+        created_ms: row.try_get("created_ms").map_err(get)?,
+        revoked_ms: row.try_get("revoked_ms").map_err(get)?,
+    })
 }
 
 // ------------------------------------------------------------------ one write's rows

@@ -260,3 +260,78 @@ pub fn node_batch(record: &NodeRecord, batch: Batch) -> NodeBatch {
         batch,
     }
 }
+
+/// A collector (`serve_with_store`) on loopback ports with a temporary SQLite store.
+pub struct TestCollector {
+    pub _dir: tempfile::TempDir,
+    pub store: Arc<dyn Store>,
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub shutdown: tokio_util::sync::CancellationToken,
+    pub task: tokio::task::JoinHandle<Result<(), gpufleet_collector::ServeError>>,
+}
+
+/// Starts a collector with `options` on 127.0.0.1:0 (gRPC and HTTP).
+pub async fn start_collector(options: gpufleet_collector::ServeOptions) -> TestCollector {
+    let (dir, store) = sqlite_store().await;
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind grpc");
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind http");
+    let grpc_addr = grpc.local_addr().expect("grpc addr");
+    let http_addr = http.local_addr().expect("http addr");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(gpufleet_collector::serve_with_store(
+        Arc::clone(&store),
+        options,
+        grpc,
+        http,
+        shutdown.clone(),
+    ));
+    TestCollector {
+        _dir: dir,
+        store,
+        grpc: grpc_addr,
+        http: http_addr,
+        shutdown,
+        task,
+    }
+}
+
+impl TestCollector {
+    /// The names of the stored nodes.
+    pub async fn node_names(&self) -> Vec<String> {
+        let nodes = self.store.nodes().await.expect("nodes");
+        nodes.into_iter().map(|n| n.name).collect()
+    }
+
+    /// Stops the collector and checks that it shut down cleanly.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let r = tokio::time::timeout(std::time::Duration::from_secs(20), self.task)
+            .await
+            .expect("collector stops")
+            .expect("join");
+        r.expect("clean shutdown");
+    }
+}
+
+/// The Hello an agent for `node` with these GPUs sends.
+pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::AgentMessage {
+    use gpufleet_proto::v1 as pb;
+    let h = hello(node);
+    pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
+            node: h.node,
+            agent_version: h.agent_version,
+            boot_id: h.boot_id,
+            labels: h.labels.into_iter().collect(),
+            inventory: Some(inventory(gpus).into()),
+            sent_ms: gpufleet_core::config::now_ms(),
+            interval_ms: h.interval_ms,
+            source: h.source,
+        })),
+    }
+}

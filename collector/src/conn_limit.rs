@@ -1,0 +1,233 @@
+//! Per-address connection limits on both listeners: one address (a flood, a client stuck
+//! in a loop, a slowloris) can hold at most `max_per_ip` connections, so it cannot starve
+//! the others. Connections over the limit are closed at once, before any TLS or HTTP work.
+//!
+//! Our own accept loops ([`accept`], and [`crate::tls::accept_tls`]) hand the servers
+//! [`Limited`] streams; each holds a slot that is given back when the connection closes.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+/// Default for `--max-connections-per-ip`.
+pub const DEFAULT_MAX_PER_IP: usize = 256;
+
+/// Open connections per client address, bounded.
+#[derive(Debug)]
+pub struct PerIpLimit {
+    max: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerIpLimit {
+    pub fn new(max: usize) -> Arc<PerIpLimit> {
+        Arc::new(PerIpLimit {
+            max: max.max(1),
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot for one more connection from `ip`, or `None` when it has `max` open.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
+        let mut open = self.open.lock().ok()?;
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            limit: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One admitted connection; dropping it frees the slot.
+#[derive(Debug)]
+pub struct Slot {
+    limit: Arc<PerIpLimit>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.limit.open.lock()
+            && let Some(n) = open.get_mut(&self.ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A TCP connection that holds its address's slot while open.
+#[derive(Debug)]
+pub struct Limited {
+    inner: TcpStream,
+    _slot: Slot,
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for Limited {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// Accepts one connection from `listener` within the per-address limit; connections over
+/// it are closed at once. `None` when `shutdown` is cancelled.
+pub async fn accept_one(
+    listener: &TcpListener,
+    limit: &Arc<PerIpLimit>,
+    shutdown: &CancellationToken,
+) -> Option<(Limited, SocketAddr)> {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Usually out of file descriptors: wait instead of spinning.
+                    warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        match limit.admit(peer.ip()) {
+            Some(slot) => {
+                let _ = tcp.set_nodelay(true);
+                return Some((
+                    Limited {
+                        inner: tcp,
+                        _slot: slot,
+                    },
+                    peer,
+                ));
+            }
+            None => debug!(peer = %peer, "connection refused: too many open from this address"),
+        }
+    }
+}
+
+/// Plain TCP connections within the per-address limit, until `shutdown`.
+pub fn accept(
+    listener: TcpListener,
+    limit: Arc<PerIpLimit>,
+    shutdown: CancellationToken,
+) -> mpsc::Receiver<(Limited, SocketAddr)> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some(conn) = tokio::select! {
+            () = tx.closed() => None,
+            c = accept_one(&listener, &limit, &shutdown) => c,
+        } {
+            if tx.send(conn).await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A listener for `axum::serve` fed by one of our accept loops.
+pub struct ChannelListener<Io> {
+    rx: mpsc::Receiver<(Io, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl<Io> ChannelListener<Io> {
+    pub fn new(rx: mpsc::Receiver<(Io, SocketAddr)>, local: SocketAddr) -> Self {
+        ChannelListener { rx, local }
+    }
+}
+
+impl<Io> axum::serve::Listener for ChannelListener<Io>
+where
+    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Io = Io;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Io, SocketAddr) {
+        match self.rx.recv().await {
+            Some(c) => c,
+            // The accept task stopped (shutdown): accept nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_counted_per_address_and_given_back() {
+        let limit = PerIpLimit::new(2);
+        let a: IpAddr = [10, 0, 0, 1].into();
+        let b: IpAddr = [10, 0, 0, 2].into();
+        let s1 = limit.admit(a).expect("1st");
+        let _s2 = limit.admit(a).expect("2nd");
+        assert!(limit.admit(a).is_none(), "3rd from a refused");
+        assert!(limit.admit(b).is_some(), "b unaffected");
+        drop(s1);
+        assert!(limit.admit(a).is_some(), "slot given back");
+    }
+}

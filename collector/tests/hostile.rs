@@ -1,0 +1,291 @@
+//! Hostile clients against a real collector on loopback: garbage bytes and an oversized
+//! message on the gRPC port, slowloris connections on the HTTP port, a node name made of
+//! markup and SQL. Each time the assertion is that the collector keeps serving everyone
+//! else, and that what a node sends is stored literally and shown escaped.
+
+mod common;
+
+use common::*;
+use gpufleet_collector::ServeOptions;
+use gpufleet_collector::ingest::IngestOptions;
+use gpufleet_core::config::now_ms;
+use gpufleet_proto::v1 as pb;
+use gpufleet_proto::v1::collector_message::Msg;
+use gpufleet_proto::v1::ingest_client::IngestClient;
+use prost::Message as _;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+const HOSTILE_NAME: &str = "<script>alert(1)</script>'; DROP TABLE nodes;--";
+const MAX_MESSAGE: usize = 64 * 1024;
+
+async fn start() -> TestCollector {
+    start_collector(ServeOptions {
+        ingest: IngestOptions {
+            max_message_bytes: MAX_MESSAGE,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await
+}
+
+struct Agent {
+    tx: mpsc::Sender<pb::AgentMessage>,
+    rx: tonic::Streaming<pb::CollectorMessage>,
+}
+
+async fn connect(c: &TestCollector, node: &str, gpu: &str) -> Agent {
+    let mut client = IngestClient::connect(format!("http://{}", c.grpc))
+        .await
+        .expect("connect");
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(hello_message(node, vec![gpu_info_full(gpu, 0)]))
+        .await
+        .expect("queue hello");
+    let mut rx = client
+        .stream(ReceiverStream::new(rx))
+        .await
+        .expect("accepted")
+        .into_inner();
+    assert!(matches!(next(&mut rx).await, Ok(Msg::Welcome(_))));
+    Agent { tx, rx }
+}
+
+async fn next(rx: &mut tonic::Streaming<pb::CollectorMessage>) -> Result<Msg, tonic::Status> {
+    let msg = tokio::time::timeout(Duration::from_secs(10), rx.message())
+        .await
+        .expect("an answer within 10 s")?;
+    Ok(msg.and_then(|m| m.msg).expect("a message"))
+}
+
+async fn send_batch(agent: &mut Agent, seq: u64, gpu: &str) -> Msg {
+    let b = batch(seq, now_ms() - 1_000, 1, &[gpu]);
+    agent
+        .tx
+        .send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Batch(b.into())),
+        })
+        .await
+        .expect("send");
+    next(&mut agent.rx).await.expect("stream healthy")
+}
+
+#[tokio::test]
+async fn garbage_and_oversized_messages_leave_other_agents_streaming() {
+    let c = start().await;
+    let mut good = connect(&c, "good-node", "GPU-good").await;
+    assert_eq!(
+        send_batch(&mut good, 1, "GPU-good").await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    );
+
+    // Garbage bytes on the gRPC port (not HTTP/2 at all).
+    for _ in 0..5 {
+        let mut tcp = TcpStream::connect(c.grpc).await.expect("connect");
+        let garbage: Vec<u8> = (0..64 * 1024).map(|i| (i * 7919 % 251) as u8).collect();
+        let _ = tcp.write_all(&garbage).await;
+    }
+
+    // A message over the limit: refused with a status, the connection's other streams and
+    // other agents are unaffected.
+    let mut big = connect(&c, "big-node", "GPU-big").await;
+    // Thousands of ticks: far over the byte limit, which is checked before anything else.
+    let huge = batch(1, now_ms() - 3_000_000, 3_000, &["GPU-big"]);
+    assert!(pb::Batch::from(huge.clone()).encoded_len() > MAX_MESSAGE);
+    big.tx
+        .send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Batch(huge.into())),
+        })
+        .await
+        .expect("send");
+    let status = next(&mut big.rx)
+        .await
+        .expect_err("oversized message refused");
+    assert!(
+        matches!(status.code(), Code::OutOfRange | Code::ResourceExhausted),
+        "{status:?}"
+    );
+    assert!(status.message().contains("too large"), "{status:?}");
+
+    // The well-behaved agent still gets its batches acked.
+    assert_eq!(
+        send_batch(&mut good, 2, "GPU-good").await,
+        Msg::Ack(pb::Ack { seq: 2 })
+    );
+    let nodes = c.store.nodes().await.expect("nodes");
+    let good_node = nodes.iter().find(|n| n.name == "good-node").expect("good");
+    assert_eq!(good_node.last_acked_seq, 2);
+    let big_node = nodes.iter().find(|n| n.name == "big-node").expect("big");
+    assert_eq!(
+        big_node.stored_samples, 0,
+        "nothing of the oversized batch stored"
+    );
+    c.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn slowloris_connections_do_not_starve_other_http_clients() {
+    let c = start().await;
+    // Many connections that send half a request and then nothing.
+    let mut idle = Vec::new();
+    for _ in 0..64 {
+        let mut tcp = TcpStream::connect(c.http).await.expect("connect");
+        tcp.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .expect("write");
+        idle.push(tcp);
+    }
+    let response = tokio::time::timeout(
+        Duration::from_secs(10),
+        reqwest::get(format!("http://{}/api/v1/health", c.http)),
+    )
+    .await
+    .expect("answered within 10 s despite the idle connections")
+    .expect("request");
+    assert_eq!(response.status(), 200);
+    drop(idle);
+    c.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_hostile_node_name_is_stored_literally_and_shown_escaped() {
+    let c = start().await;
+    let mut agent = connect(&c, HOSTILE_NAME, "GPU-x").await;
+    assert_eq!(
+        send_batch(&mut agent, 1, "GPU-x").await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    );
+    let names: Vec<String> = c
+        .store
+        .nodes()
+        .await
+        .expect("nodes table still there")
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, [HOSTILE_NAME], "stored literally");
+
+    let page = reqwest::get(format!("http://{}/", c.http))
+        .await
+        .expect("page");
+    let headers = page.headers().clone();
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#39;; DROP TABLE nodes;--")
+            || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#x27;; DROP TABLE nodes;--"),
+        "escaped in the page: {html}"
+    );
+    assert!(!html.contains("<script>"), "no markup from a node: {html}");
+    let csp = headers
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(
+        csp.contains("default-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert_eq!(
+        headers
+            .get("x-content-type-options")
+            .and_then(|v| v.to_str().ok()),
+        Some("nosniff")
+    );
+
+    // The JSON API returns the name as a JSON string, served as JSON.
+    let api = reqwest::get(format!("http://{}/api/v1/nodes", c.http))
+        .await
+        .expect("api");
+    assert!(
+        api.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/json"))
+    );
+    let json: serde_json::Value = api.json().await.expect("json");
+    assert_eq!(json[0]["name"], HOSTILE_NAME);
+    c.shutdown.cancel();
+}
+
+#[tokio::test]
+async fn a_flood_from_one_address_does_not_starve_another() {
+    use tokio::io::AsyncReadExt as _;
+    let c = start_collector(ServeOptions {
+        max_connections_per_ip: 8,
+        ..Default::default()
+    })
+    .await;
+    // 127.0.0.1 holds its 8 connections open on both listeners.
+    let mut held = Vec::new();
+    for addr in [c.http, c.grpc] {
+        for _ in 0..8 {
+            held.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+    }
+    // Its 9th is closed at once, before any HTTP.
+    let mut ninth = TcpStream::connect(c.http).await.expect("connect");
+    let _ = ninth
+        .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), ninth.read_to_end(&mut buf))
+        .await
+        .expect("closed within 10 s");
+    assert!(
+        read.is_err() || buf.is_empty(),
+        "over the limit: no answer, got {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    // Another address is served on both listeners.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .expect("client");
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        other.get(format!("http://{}/api/v1/health", c.http)).send(),
+    )
+    .await
+    .expect("answered within 10 s")
+    .expect("request from 127.0.0.2");
+    assert_eq!(r.status(), 200);
+    // On gRPC, an HTTP/2 preface from 127.0.0.2 gets the server's SETTINGS back; the same
+    // from 127.0.0.1 (over its limit) gets nothing.
+    assert!(!h2_answer(c.grpc, [127, 0, 0, 2]).await.is_empty());
+    assert!(h2_answer(c.grpc, [127, 0, 0, 1]).await.is_empty());
+
+    // Closing the flood frees its slots.
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = reqwest::get(format!("http://{}/api/v1/health", c.http)).await;
+        if r.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "slots not freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.stop().await;
+}
+
+/// Sends an HTTP/2 client preface from `from` and returns the first bytes answered.
+async fn h2_answer(to: std::net::SocketAddr, from: [u8; 4]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((from, 0)))
+        .expect("bind");
+    let mut tcp = socket.connect(to).await.expect("connect");
+    let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let mut buf = vec![0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await {
+        Ok(Ok(n)) => buf[..n].to_vec(),
+        Ok(Err(_)) => Vec::new(),
+        Err(_) => panic!("no answer and not closed within 10 s"),
+    }
+}
