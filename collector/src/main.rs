@@ -114,6 +114,8 @@ struct ServeArgs {
     max_message_bytes: usize,
     #[command(flatten)]
     tls: gpufleet_collector::tls::TlsArgs,
+    #[command(flatten)]
+    limits: gpufleet_collector::limits::LimitArgs,
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
@@ -180,6 +182,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         tls: args.tls.options(),
         web_auth: args.tls.web_auth(),
         max_connections_per_ip: args.tls.max_connections_per_ip,
+        limits: args.limits.options(),
         writer: WriterOptions {
             debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()

@@ -7,7 +7,7 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
-use crate::conn_limit::{self, ChannelListener, PerIpLimit};
+use crate::conn_limit::{self, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
@@ -44,6 +44,8 @@ pub struct ServeOptions {
     pub web_auth: crate::web_auth::WebAuthMode,
     /// Most connections open at once from one client address, per listener.
     pub max_connections_per_ip: usize,
+    /// Header deadline and per-address request rates ([`crate::limits`]).
+    pub limits: crate::limits::LimitOptions,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +59,7 @@ impl Default for ServeOptions {
             tls: TlsOptions::default(),
             web_auth: crate::web_auth::WebAuthMode::Auto,
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
+            limits: crate::limits::LimitOptions::default(),
         }
     }
 }
@@ -154,7 +157,12 @@ pub async fn serve_with_store(
     let grpc_router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(ingest.into_server());
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            ingest.into_server(),
+            crate::rate_limit::grpc_interceptor(crate::rate_limit::PerIpRate::new(
+                options.limits.grpc_stream_rate,
+            )),
+        ));
     let stop = shutdown.clone().cancelled_owned();
     let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
@@ -191,20 +199,16 @@ pub async fn serve_with_store(
         warn!(listen = %http_addr, "the dashboard and API are open to anyone who reaches this port (--allow-anonymous-viewers)");
     }
     let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
-    let app = crate::web_security::with_security_headers(crate::web_auth::with_auth(
-        http::app(state),
-        auth,
+    let app = crate::web_security::with_security_headers(crate::rate_limit::with_http_rate_limit(
+        crate::web_auth::with_auth(http::app(state), auth),
+        crate::rate_limit::PerIpRate::new(options.limits.http_rate),
     ));
+    let header_timeout = options.limits.http_header_timeout;
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => {
             let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
-            let listener = ChannelListener::new(rx, http_addr);
-            Box::pin(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .into_future(),
-            )
+            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
         }
         Some(tls) => {
             let rx = tls::accept_tls(
@@ -214,12 +218,7 @@ pub async fn serve_with_store(
                 per_ip(),
                 shutdown.clone(),
             );
-            let listener = ChannelListener::new(rx, http_addr);
-            Box::pin(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .into_future(),
-            )
+            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
         }
     };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");
