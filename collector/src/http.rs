@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes"}`; 503 when the database does not answer |
+//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes", "warnings"}` (`warnings`: exposure warnings, [`crate::exposure`]); 503 when the database does not answer |
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
 //! | `GET /metrics` | Prometheus text exposition |
@@ -13,13 +13,14 @@
 //! `now` or `now-15m`. Absent metrics are `null`, never 0. Errors are
 //! `{"error": "what went wrong and what to do"}` and never carry database details.
 
+use crate::exposure::ExposureWarnings;
 use crate::live::{Live, LiveGpu, LiveNode};
 use crate::metrics::Metrics;
 use crate::status::{Clock, NodeStatus, StatusPolicy};
 use crate::store::{GpuMetric, SeriesPoint, Store, StoreError, TimeRange};
 use crate::writer::WriterHandle;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -111,19 +112,26 @@ async fn not_found() -> ApiError {
 
 // ------------------------------------------------------------------ health
 
-async fn health(State(st): State<AppState>) -> Response {
+async fn health(
+    State(st): State<AppState>,
+    warnings: Option<Extension<ExposureWarnings>>,
+) -> Response {
+    let warnings = warnings.map(|Extension(w)| w).unwrap_or_default();
+    let warnings = warnings.0.as_slice();
     let nodes = st.live.read(|s| s.nodes.len());
     let db = st.store.backend();
     let version = env!("CARGO_PKG_VERSION");
     match st.store.ping().await {
         Ok(()) => Json(serde_json::json!({
             "status": "ok", "version": version, "db": db, "nodes": nodes,
+            "warnings": warnings,
         }))
         .into_response(),
         Err(e) => {
             error!(error = %e, "health check: the database does not answer");
             let body = serde_json::json!({
                 "status": "error", "version": version, "db": db, "nodes": nodes,
+                "warnings": warnings,
                 "error": "the database does not answer; see the collector's log",
             });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
@@ -446,7 +454,22 @@ pub fn escape_html(s: &str) -> String {
     out
 }
 
-async fn index(State(st): State<AppState>) -> Html<String> {
+async fn index(
+    State(st): State<AppState>,
+    warnings: Option<Extension<ExposureWarnings>>,
+) -> Html<String> {
+    let banner: String = warnings
+        .map(|Extension(w)| w)
+        .unwrap_or_default()
+        .0
+        .iter()
+        .map(|w| {
+            format!(
+                "<p class=\"warning\" role=\"alert\">{}</p>\n",
+                escape_html(w)
+            )
+        })
+        .collect();
     let now = (st.clock)();
     let rows = st.live.read(|s| {
         let mut rows = String::new();
@@ -479,7 +502,8 @@ async fn index(State(st): State<AppState>) -> Html<String> {
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <title>gpufleet</title><style>body{{font-family:sans-serif;margin:2em}}\
          td,th{{padding:.2em 1em;text-align:left}}.online{{color:#080}}.stale{{color:#a60}}\
-         .offline{{color:#a00}}</style></head><body>\n<h1>gpufleet</h1>\n\
+         .offline{{color:#a00}}.warning{{background:#fdd;border:1px solid #a00;padding:.5em}}\
+         </style></head><body>\n<h1>gpufleet</h1>\n{banner}\
          <p>The dashboard comes in a later release. Meanwhile: <a href=\"/api/v1/nodes\">\
          /api/v1/nodes</a> (JSON), <a href=\"/metrics\">/metrics</a> (Prometheus).</p>\n\
          {body}\n</body></html>\n"

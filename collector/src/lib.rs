@@ -26,6 +26,7 @@
 pub mod certs;
 pub mod conn_limit;
 pub mod demo;
+pub mod exposure;
 pub mod http;
 pub mod http_serve;
 pub mod identity;

@@ -18,7 +18,6 @@ use crate::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::writer::{self, WriterOptions};
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -113,8 +112,7 @@ pub async fn serve_with_store(
     };
     let grpc_tls = load(&options.tls.grpc, Alpn::Grpc)?;
     let http_tls = load(&options.tls.http, Alpn::Http)?;
-    warn_if_exposed("gRPC ingest", grpc_addr, grpc_tls.is_some());
-    warn_if_exposed("HTTP API", http_addr, http_tls.is_some());
+    let (grpc_has_tls, http_has_tls) = (grpc_tls.is_some(), http_tls.is_some());
     let reloader = tls::spawn_reloader(
         grpc_tls.iter().chain(http_tls.iter()).cloned().collect(),
         options.tls.reload_poll,
@@ -141,11 +139,7 @@ pub async fn serve_with_store(
     ingest_options.agent_auth = ingest_options
         .agent_auth
         .resolve(grpc_addr.ip().is_loopback());
-    if ingest_options.agent_auth == crate::identity::AgentAuth::Optional
-        && !grpc_addr.ip().is_loopback()
-    {
-        warn!(listen = %grpc_addr, "agents may connect without credentials (--allow-unauthenticated-agents): any host that reaches this port can write as any node");
-    }
+    let agent_auth_optional = ingest_options.agent_auth == crate::identity::AgentAuth::Optional;
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
@@ -195,12 +189,25 @@ pub async fn serve_with_store(
         clock: system_clock(),
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
-    if web_auth == crate::web_auth::WebAuthMode::Off && !http_addr.ip().is_loopback() {
-        warn!(listen = %http_addr, "the dashboard and API are open to anyone who reaches this port (--allow-anonymous-viewers)");
+    let warnings = crate::exposure::warnings(&crate::exposure::Exposure {
+        grpc: grpc_addr,
+        grpc_tls: grpc_has_tls,
+        http: http_addr,
+        http_tls: http_has_tls,
+        agents_unauthenticated: agent_auth_optional,
+        viewers_anonymous: web_auth == crate::web_auth::WebAuthMode::Off,
+    });
+    for w in &warnings {
+        warn!("{w}");
     }
     let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
     let app = crate::web_security::with_security_headers(crate::rate_limit::with_http_rate_limit(
-        crate::web_auth::with_auth(http::app(state), auth),
+        crate::web_auth::with_auth(
+            http::app(state).layer(axum::Extension(crate::exposure::ExposureWarnings(
+                Arc::new(warnings),
+            ))),
+            auth,
+        ),
         crate::rate_limit::PerIpRate::new(options.limits.http_rate),
     ));
     let header_timeout = options.limits.http_header_timeout;
@@ -257,14 +264,4 @@ pub async fn serve_with_store(
     http_result.map_err(ServeError::Http)?;
     info!("collector stopped");
     Ok(())
-}
-
-fn warn_if_exposed(what: &str, addr: SocketAddr, tls: bool) {
-    if !addr.ip().is_loopback() && !tls {
-        warn!(
-            listen = %addr,
-            "{what} listens on a non-loopback address without TLS: anyone on the path \
-             can read and alter its traffic; see SECURITY.md"
-        );
-    }
 }

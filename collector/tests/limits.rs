@@ -1,6 +1,7 @@
 //! Per-client limits against a real collector on loopback: the HTTP header deadline
 //! (slowloris), and per-address request rates on HTTP and gRPC. 127.0.0.2 is a second
-//! client address (Linux routes all of 127.0.0.0/8 to loopback).
+//! client address (Linux routes all of 127.0.0.0/8 to loopback). Also: exposure
+//! warnings in `/api/v1/health` and on the page.
 
 mod common;
 
@@ -201,5 +202,89 @@ async fn one_address_opening_streams_too_fast_is_refused_while_another_is_served
             .expect("another address keeps its own rate"),
     );
     drop(open);
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn exposed_listeners_are_warned_about_in_health_and_on_the_page() {
+    // Both listeners on all addresses, without TLS, viewers allowed in anonymously.
+    let (_dir, store) = sqlite_store().await;
+    let grpc = tokio::net::TcpListener::bind("0.0.0.0:0")
+        .await
+        .expect("bind");
+    let http = tokio::net::TcpListener::bind("0.0.0.0:0")
+        .await
+        .expect("bind");
+    let http_port = http.local_addr().expect("addr").port();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(gpufleet_collector::serve_with_store(
+        store,
+        ServeOptions {
+            web_auth: gpufleet_collector::web_auth::WebAuthMode::Off,
+            ..Default::default()
+        },
+        grpc,
+        http,
+        shutdown.clone(),
+    ));
+    let base = format!("http://127.0.0.1:{http_port}");
+    let health: serde_json::Value = reqwest::get(format!("{base}/api/v1/health"))
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json");
+    let warnings: Vec<&str> = health["warnings"]
+        .as_array()
+        .expect("warnings array")
+        .iter()
+        .map(|w| w.as_str().expect("string"))
+        .collect();
+    assert_eq!(warnings.len(), 3, "{warnings:?}");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("gRPC") && w.contains("without TLS"))
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("HTTP") && w.contains("without TLS"))
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("--allow-anonymous-viewers"))
+    );
+
+    let page = reqwest::get(format!("{base}/"))
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("text");
+    assert!(page.contains("class=\"warning\""), "{page}");
+    assert!(page.contains("--allow-anonymous-viewers"), "{page}");
+    shutdown.cancel();
+    task.await.expect("join").expect("clean shutdown");
+}
+
+#[tokio::test]
+async fn loopback_listeners_have_no_warnings() {
+    let c = start_collector(ServeOptions::default()).await;
+    let health: serde_json::Value = reqwest::get(format!("http://{}/api/v1/health", c.http))
+        .await
+        .expect("health")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(health["warnings"], serde_json::json!([]));
+    let page = reqwest::get(format!("http://{}/", c.http))
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("text");
+    assert!(!page.contains("class=\"warning\""), "{page}");
     c.stop().await;
 }
