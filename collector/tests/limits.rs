@@ -208,26 +208,15 @@ async fn one_address_opening_streams_too_fast_is_refused_while_another_is_served
 #[tokio::test]
 async fn exposed_listeners_are_warned_about_in_health_and_on_the_page() {
     // Both listeners on all addresses, without TLS, viewers allowed in anonymously.
-    let (_dir, store) = sqlite_store().await;
-    let grpc = tokio::net::TcpListener::bind("0.0.0.0:0")
-        .await
-        .expect("bind");
-    let http = tokio::net::TcpListener::bind("0.0.0.0:0")
-        .await
-        .expect("bind");
-    let http_port = http.local_addr().expect("addr").port();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(gpufleet_collector::serve_with_store(
-        store,
+    let c = start_collector_on(
         ServeOptions {
             web_auth: gpufleet_collector::web_auth::WebAuthMode::Off,
             ..Default::default()
         },
-        grpc,
-        http,
-        shutdown.clone(),
-    ));
-    let base = format!("http://127.0.0.1:{http_port}");
+        "0.0.0.0:0",
+    )
+    .await;
+    let base = format!("http://127.0.0.1:{}", c.http.port());
     let health: serde_json::Value = reqwest::get(format!("{base}/api/v1/health"))
         .await
         .expect("health")
@@ -265,8 +254,7 @@ async fn exposed_listeners_are_warned_about_in_health_and_on_the_page() {
         .expect("text");
     assert!(page.contains("class=\"warning\""), "{page}");
     assert!(page.contains("--allow-anonymous-viewers"), "{page}");
-    shutdown.cancel();
-    task.await.expect("join").expect("clean shutdown");
+    c.stop().await;
 }
 
 #[tokio::test]

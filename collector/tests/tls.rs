@@ -66,6 +66,24 @@ impl Pki {
         }
     }
 
+    /// Renews the server certificate in `files`: the same name, now signed by the other
+    /// CA (written beside and renamed, as certificate managers do).
+    fn renew_with_other_ca(&self, files: &TlsFiles) {
+        let renewed = self
+            .other_ca
+            .server(&["localhost".into()], Validity::days(1))
+            .expect("renewed");
+        replace(&files.key, &renewed.key);
+        replace(&files.cert, &renewed.cert);
+    }
+
+    /// A client TLS config trusting only the other CA (a renewed certificate).
+    fn client_trusting_other_ca(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.other_ca.pem.cert))
+            .domain_name("localhost")
+    }
+
     /// A client TLS config trusting our CA, presenting `identity` if given.
     fn client(&self, identity: Option<&Pem>) -> ClientTlsConfig {
         let mut c = ClientTlsConfig::new()
@@ -288,16 +306,8 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
     let mut open = hello(&https_url(&c), pki.client(None), "reload-node")
         .await
         .expect("first connection");
-    // Renew: the same name, now signed by the other CA.
-    let renewed = pki
-        .other_ca
-        .server(&["localhost".into()], Validity::days(1))
-        .expect("renewed");
-    replace(&files.key, &renewed.key);
-    replace(&files.cert, &renewed.cert);
-    let trusts_new = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&pki.other_ca.pem.cert))
-        .domain_name("localhost");
+    pki.renew_with_other_ca(&files);
+    let trusts_new = pki.client_trusting_other_ca();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if hello(&https_url(&c), trusts_new.clone(), "reload-node-2")
@@ -335,23 +345,27 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
     c.stop().await;
 }
 
+/// A rustls client config (ring) trusting only `ca`.
+fn rustls_client_trusting(ca: &DevCa) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca: rustls_pki_types::CertificateDer<'static> =
+        rustls_pki_types::pem::PemObject::from_pem_slice(ca.pem.cert.as_bytes()).expect("ca der");
+    roots.add(ca).expect("root");
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
 /// Whether a client trusting only `ca` completes a handshake with `tls`'s current config.
 async fn handshake_trusting(tls: &ReloadableTls, ca: &DevCa) -> bool {
-    use rustls_pki_types::CertificateDer;
-    use rustls_pki_types::pem::PemObject as _;
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca.pem.cert.as_bytes()).expect("ca pem"))
-        .expect("root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(rustls_client_trusting(ca));
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
     let (client, _server) = tokio::time::timeout(Duration::from_secs(10), async {
         tokio::join!(
@@ -379,12 +393,7 @@ async fn the_sighup_trigger_reloads_the_certificate_at_once() {
         shutdown.clone(),
         ReceiverStream::new(triggers).boxed(),
     ));
-    let renewed = pki
-        .other_ca
-        .server(&["localhost".into()], Validity::days(1))
-        .expect("renewed");
-    replace(&files.key, &renewed.key);
-    replace(&files.cert, &renewed.cert);
+    pki.renew_with_other_ca(&files);
     assert!(
         handshake_trusting(&tls, &pki.ca).await,
         "old certificate until the trigger"
@@ -472,12 +481,7 @@ async fn sighup_makes_the_collector_binary_serve_the_renewed_certificate() {
     // The SIGHUP handler is installed before the collector says it serves.
     wait_for_line(&mut log, "collector serving").await;
 
-    let renewed = pki
-        .other_ca
-        .server(&["localhost".into()], Validity::days(1))
-        .expect("renewed");
-    replace(&files.key, &renewed.key);
-    replace(&files.cert, &renewed.cert);
+    pki.renew_with_other_ca(&files);
     let pid = child.id().expect("running");
     let status = std::process::Command::new("kill")
         .args(["-HUP", &pid.to_string()])
@@ -486,9 +490,7 @@ async fn sighup_makes_the_collector_binary_serve_the_renewed_certificate() {
     assert!(status.success());
     wait_for_line(&mut log, "reloading TLS certificates (SIGHUP)").await;
     wait_for_line(&mut log, "TLS certificate reloaded").await;
-    let trusts_new = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&pki.other_ca.pem.cert))
-        .domain_name("localhost");
+    let trusts_new = pki.client_trusting_other_ca();
     hello(&format!("https://{grpc}"), trusts_new, "sighup-node")
         .await
         .expect("the renewed certificate is served after SIGHUP");
@@ -693,19 +695,7 @@ async fn the_http_api_is_served_over_tls_and_refuses_plain_text() {
         ..TlsOptions::default()
     })
     .await;
-    let mut roots = rustls::RootCertStore::empty();
-    let ca: rustls_pki_types::CertificateDer<'static> =
-        rustls_pki_types::pem::PemObject::from_pem_slice(pki.ca.pem.cert.as_bytes())
-            .expect("ca der");
-    roots.add(ca).expect("root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(rustls_client_trusting(&pki.ca));
     let tcp = tokio::net::TcpStream::connect(c.http)
         .await
         .expect("connect");
