@@ -38,7 +38,7 @@ impl Default for LimitOptions {
 pub struct LimitArgs {
     /// How long a new HTTP connection gets to send a complete request head; slower ones
     /// are closed (slowloris).
-    #[arg(long, env = "GPUFLEET_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "GPUFLEET_HTTP_HEADER_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub http_header_timeout: Duration,
     /// HTTP requests per second per client address (0: no limit); more get 429 with
     /// Retry-After.
@@ -57,6 +57,15 @@ pub struct LimitArgs {
     pub grpc_stream_rate_burst: u32,
 }
 
+/// A duration above zero (a zero header timeout would close every connection).
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be longer than 0, e.g. 10s".into());
+    }
+    Ok(d)
+}
+
 impl LimitArgs {
     pub fn options(&self) -> LimitOptions {
         LimitOptions {
@@ -70,5 +79,16 @@ impl LimitArgs {
                 burst: self.grpc_stream_rate_burst,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_header_timeout_is_refused() {
+        assert!(positive_duration("0s").is_err());
+        assert_eq!(positive_duration("250ms"), Ok(Duration::from_millis(250)));
     }
 }

@@ -80,11 +80,24 @@ async fn a_keep_alive_connection_is_not_cut_after_its_first_request() {
         l.http_header_timeout = Duration::from_millis(300);
     }))
     .await;
-    let client = reqwest::Client::new();
-    let url = format!("http://{}/api/v1/health", c.http);
-    for _ in 0..3 {
-        let r = client.get(&url).send().await.expect("request");
-        assert_eq!(r.status(), 200);
+    // One connection, three requests spread over longer than the header timeout.
+    let mut tcp = TcpStream::connect(c.http).await.expect("connect");
+    for i in 0..3 {
+        tcp.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !String::from_utf8_lossy(&got).ends_with("\"warnings\":[]}") {
+                let n = tcp.read(&mut buf).await.expect("read");
+                assert!(n > 0, "request {i}: connection closed");
+                got.extend_from_slice(&buf[..n]);
+            }
+        })
+        .await
+        .expect("answered within 10 s");
+        assert!(got.starts_with(b"HTTP/1.1 200"), "request {i}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     c.stop().await;
