@@ -1,4 +1,4 @@
-//! The HTTP API (axum): `/api/v1/*`, `/metrics` and a placeholder page at `/`.
+//! The HTTP API (axum): `/api/v1/*`, `/metrics` and the dashboard at `/`.
 //!
 //! | route | what |
 //! |---|---|
@@ -6,7 +6,9 @@
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
 //! | `GET /metrics` | Prometheus text exposition |
-//! | `GET /` | a minimal HTML page listing the nodes (the dashboard comes later) |
+//! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::web`]) |
+//! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::sse`]) |
+//! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::dashboard`] |
 //!
 //! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
 //! twin (`last_seen_ms`, `time_ms`, `from_ms`). Parameters accept RFC 3339, Unix ms,
@@ -21,21 +23,20 @@ use crate::writer::WriterHandle;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use gpufleet_core::config::{format_time, parse_duration, parse_time};
 use gpufleet_core::{GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use tracing::error;
 
 /// Most points a series request may return.
 pub const MAX_SERIES_POINTS: usize = 10_000;
 /// The range a series covers when `from` is not given.
-const DEFAULT_SERIES_RANGE_MS: i64 = 15 * 60 * 1000;
+pub(crate) const DEFAULT_SERIES_RANGE_MS: i64 = 15 * 60 * 1000;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -53,11 +54,14 @@ pub struct AppState {
 /// The router. Tests call it without a socket: `app(state).oneshot(request)`.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/", get(index))
         .route("/api/v1/health", get(health))
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/gpus/{uuid}/series", get(series))
         .route("/metrics", get(metrics))
+        // The dashboard: pages and assets, its live stream, node/GPU detail API.
+        .merge(crate::web::routes())
+        .route("/api/v1/live", get(crate::sse::live))
+        .merge(crate::dashboard::routes())
         .fallback(not_found)
         .with_state(state)
 }
@@ -104,7 +108,7 @@ impl IntoResponse for ApiError {
 
 async fn not_found() -> ApiError {
     ApiError::NotFound(
-        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /metrics"
+        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /api/v1/live, /metrics"
             .into(),
     )
 }
@@ -134,7 +138,7 @@ async fn health(State(st): State<AppState>) -> Response {
 // ------------------------------------------------------------------ nodes
 
 #[derive(Serialize)]
-struct NodeView<'a> {
+pub(crate) struct NodeView<'a> {
     name: &'a str,
     status: NodeStatus,
     /// Whether an ingest stream from the node is open now.
@@ -203,7 +207,11 @@ struct GpuLatestView<'a> {
     sample: &'a GpuSample,
 }
 
-fn node_view<'a>(n: &'a LiveNode, policy: &StatusPolicy, now_ms: UnixMs) -> NodeView<'a> {
+pub(crate) fn node_view<'a>(
+    n: &'a LiveNode,
+    policy: &StatusPolicy,
+    now_ms: UnixMs,
+) -> NodeView<'a> {
     let r = &n.record;
     NodeView {
         name: &r.name,
@@ -308,7 +316,7 @@ fn valid_metrics() -> String {
 }
 
 /// Parses `step`: a duration (`10s`, `500ms`, `5m`) or a number of milliseconds.
-fn parse_step(s: &str) -> Result<i64, String> {
+pub(crate) fn parse_step(s: &str) -> Result<i64, String> {
     let ms = match s.trim().parse::<i64>() {
         Ok(ms) => ms,
         Err(_) => i64::try_from(parse_duration(s)?.as_millis()).unwrap_or(i64::MAX),
@@ -320,7 +328,7 @@ fn parse_step(s: &str) -> Result<i64, String> {
 }
 
 /// A step (in whole seconds, at least 1 s) that keeps `range_ms` within the point limit.
-fn suggested_step_s(range_ms: i64) -> i64 {
+pub(crate) fn suggested_step_s(range_ms: i64) -> i64 {
     let per_point = range_ms / MAX_SERIES_POINTS as i64 + 1;
     (per_point + 999) / 1000
 }
@@ -428,75 +436,9 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-// ------------------------------------------------------------------ index
-
-/// Escapes text for HTML element content and attribute values.
-pub fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-async fn index(State(st): State<AppState>) -> Html<String> {
-    let now = (st.clock)();
-    let rows = st.live.read(|s| {
-        let mut rows = String::new();
-        for n in s.nodes.values() {
-            let r = &n.record;
-            let status = st.status.classify(r.last_seen_ms, now);
-            let _ = writeln!(
-                rows,
-                "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
-                escape_html(&r.name),
-                status.as_str(),
-                status.as_str(),
-                r.gpus.len(),
-                r.last_seen_ms
-                    .map_or_else(|| "never".to_owned(), format_time),
-            );
-        }
-        rows
-    });
-    let body = if rows.is_empty() {
-        "<p>No nodes yet. Start an agent: <code>gpufleet-agent run --collector URL</code></p>"
-            .to_owned()
-    } else {
-        format!(
-            "<table><thead><tr><th>node</th><th>status</th><th>GPUs</th><th>last sample</th>\
-             </tr></thead><tbody>\n{rows}</tbody></table>"
-        )
-    };
-    Html(format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>gpufleet</title><style>body{{font-family:sans-serif;margin:2em}}\
-         td,th{{padding:.2em 1em;text-align:left}}.online{{color:#080}}.stale{{color:#a60}}\
-         .offline{{color:#a00}}</style></head><body>\n<h1>gpufleet</h1>\n\
-         <p>The dashboard comes in a later release. Meanwhile: <a href=\"/api/v1/nodes\">\
-         /api/v1/nodes</a> (JSON), <a href=\"/metrics\">/metrics</a> (Prometheus).</p>\n\
-         {body}\n</body></html>\n"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn html_is_escaped() {
-        assert_eq!(
-            escape_html("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
-    }
 
     #[test]
     fn steps_parse_as_durations_or_ms() {

@@ -15,7 +15,10 @@
 //! - [`http`]: the axum router (`app`), handlers and `ApiError`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`metrics`]: the collector's own counters.
+//! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
+//!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
+pub mod dashboard;
 pub mod demo;
 pub mod http;
 pub mod ingest;
@@ -23,8 +26,10 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod server;
+pub mod sse;
 pub mod status;
 pub mod store;
+pub mod web;
 pub mod writer;
 
 pub use server::{ServeError, ServeOptions, serve, serve_with_store};

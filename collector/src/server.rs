@@ -125,6 +125,14 @@ pub async fn serve_with_store(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(ingest.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned());
+    // Live dashboard streams end at shutdown, or they would hold the HTTP server open.
+    tokio::spawn({
+        let (live, shutdown) = (Arc::clone(&live), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            live.close();
+        }
+    });
     let state = AppState {
         store: Arc::clone(&store),
         live,
