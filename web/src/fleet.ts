@@ -6,6 +6,7 @@ import { ago, bytes, clear, el, loadClass, num, watts } from './dom';
 import { openLive } from './live';
 
 const PAGE_SIZE = 48;
+const RENDER_EVERY_MS = 250;
 /** A GPU counts as busy at or above this utilization. */
 export const BUSY_PCT = 10;
 
@@ -141,10 +142,12 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     if (all.length === 0) grid.append(el('p', {}, 'No nodes yet. Start an agent: gpufleet-agent run --collector URL'));
     grid.append(frag);
   };
+  // At most one render per RENDER_EVERY_MS however many ticks arrive (1,000 nodes at 1 Hz
+  // are 1,000 ticks a second); only the current page's cards are rebuilt.
   const schedule = () => {
     if (!scheduled) {
       scheduled = true;
-      requestAnimationFrame(render);
+      setTimeout(() => requestAnimationFrame(render), RENDER_EVERY_MS);
     }
   };
 

@@ -3,6 +3,7 @@
 import { enc, getJson, type EventView, type GpuSeries, type GpuView } from './api';
 import { Chart } from './chart';
 import { bytes, clear, el, NA, rate, watts } from './dom';
+import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
 
 interface GpuDetail extends GpuView {
@@ -62,9 +63,28 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     try {
       const s = await getJson<GpuSeries>(`/api/v1/gpus/${enc(uuid)}/series?metric=${m}&${q}`);
       charts[i].setData(s.points.map((p) => p[0]), [s.points.map((p) => p[1])]);
+      if (s.points.length > 0 && s.points.every((p) => p[1] === null)) {
+        charts[i].root.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: this GPU does not report it`));
+      }
     } catch (e) {
       charts[i].root.append(el('p', { class: 'error' }, String(e)));
     }
   }));
-  return () => charts.forEach((c) => c.destroy());
+  if (!r.live) return () => charts.forEach((c) => c.destroy());
+  // Live view: the node's stream extends every chart.
+  for (const c of charts) c.setWindow(r.toMs - r.fromMs);
+  const close = openLive(g.node, {
+    tick: (t) => {
+      const s = t.gpus.find((x) => x.uuid === uuid);
+      if (!s) return;
+      METRICS.forEach(([m], i) => {
+        const v = s[m];
+        charts[i].append(t.time_ms, [typeof v === 'number' ? v : null]);
+      });
+    },
+  });
+  return () => {
+    close();
+    charts.forEach((c) => c.destroy());
+  };
 }

@@ -140,7 +140,8 @@ test('a node page shows its panels, GPU and process tables, and its charts advan
   await page.waitForFunction(
     (t) => Number(document.querySelector('.panel[data-title="GPU Utilization"]')?.getAttribute('data-last-ms')) > t,
     first, { timeout: 2000 });
-  await page.screenshot({ path: `${shots}/node.png`, fullPage: true });
+  await page.screenshot({ path: `${shots}/node.png` });
+  await page.screenshot({ path: `${shots}/node-full.png`, fullPage: true });
 
   // A range is part of the URL, and reloading keeps it.
   await page.click('.ranges button[data-range="1h"]');
@@ -158,6 +159,14 @@ test('a GPU page shows every metric over the range', async () => {
   await page.waitForURL(/\/gpu\/GPU-/);
   await page.locator('.panel[data-title="GPU utilization"][data-points]').waitFor({ timeout: 10_000 });
   assert.ok((await page.locator('.panel').count()) >= 20);
+  // The simulated H100 has no fan: its chart says n/a instead of drawing zeros.
+  await page.locator('.panel[data-title="fan"] [data-na]').waitFor();
+  // Live view follows the stream here too.
+  const chart = page.locator('.panel[data-title="power"]');
+  const first = Number(await chart.getAttribute('data-last-ms'));
+  await page.waitForFunction(
+    (t) => Number(document.querySelector('.panel[data-title="power"]')?.getAttribute('data-last-ms')) > t,
+    first, { timeout: 2000 });
   await page.locator('#events').waitFor();
   await page.screenshot({ path: `${shots}/gpu.png`, fullPage: true });
   await page.context().close();
