@@ -12,15 +12,15 @@
 //! `now-15m`; `from` defaults to 15 minutes before `to`; `step` averages per bucket
 //! `[k*step, (k+1)*step)`. Absent values are `null`, never 0.
 
-use crate::http::{ApiError, AppState, DEFAULT_SERIES_RANGE_MS, MAX_SERIES_POINTS, node_view};
-use crate::http::{parse_step, suggested_step_s};
-use crate::store::{GpuMetric, HostRow, NodeId, SeriesPoint, TimeRange};
+use crate::http::{ApiError, AppState, MAX_SERIES_POINTS, node_view};
+use crate::http::{parse_metric, series_window, too_many_samples};
+use crate::store::{HostRow, NodeId, SeriesPoint, TimeRange};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use gpufleet_core::config::{format_time, parse_time};
+use gpufleet_core::config::format_time;
 use gpufleet_core::{Event, UnixMs};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -56,44 +56,9 @@ struct Window {
 }
 
 fn window(p: &RangeParams, now: UnixMs) -> Result<Window, ApiError> {
-    let to = match p.to.as_deref() {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now,
-    };
-    let from = match p.from.as_deref() {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => to - DEFAULT_SERIES_RANGE_MS,
-    };
-    if from > to {
-        return Err(ApiError::BadRequest(format!(
-            "from ({}) is after to ({})",
-            format_time(from),
-            format_time(to)
-        )));
-    }
-    let step_ms = p
-        .step
-        .as_deref()
-        .map(parse_step)
-        .transpose()
-        .map_err(|e| ApiError::BadRequest(format!("step: {e}")))?;
-    if let Some(step) = step_ms {
-        let buckets = (to.div_euclid(step) - from.div_euclid(step)).saturating_add(1);
-        if buckets > MAX_SERIES_POINTS as i64 {
-            return Err(ApiError::BadRequest(format!(
-                "from..to with step {step} ms spans {buckets} buckets, more than the limit of \
-                 {MAX_SERIES_POINTS}; use step={}s or larger, or a shorter range",
-                suggested_step_s(to - from)
-            )));
-        }
-    }
-    Ok(Window {
-        range: TimeRange {
-            from_ms: from,
-            to_ms: to,
-        },
-        step_ms,
-    })
+    let (range, step_ms) =
+        series_window(p.from.as_deref(), p.to.as_deref(), p.step.as_deref(), now)?;
+    Ok(Window { range, step_ms })
 }
 
 fn query(params: Result<Query<RangeParams>, QueryRejection>) -> Result<RangeParams, ApiError> {
@@ -104,14 +69,6 @@ fn query(params: Result<Query<RangeParams>, QueryRejection>) -> Result<RangePara
 
 fn no_node(name: &str) -> ApiError {
     ApiError::NotFound(format!("no node named {name:?}; see /api/v1/nodes"))
-}
-
-fn too_many(w: &Window) -> ApiError {
-    ApiError::BadRequest(format!(
-        "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) to \
-         downsample, or a shorter range",
-        suggested_step_s(w.range.to_ms - w.range.from_ms)
-    ))
 }
 
 // ------------------------------------------------------------------ node detail
@@ -180,16 +137,7 @@ async fn node_series(
     params: Result<Query<RangeParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let p = query(params)?;
-    let metric = match p.metric.as_deref() {
-        None | Some("") => None,
-        Some(m) => GpuMetric::parse(m),
-    }
-    .ok_or_else(|| {
-        ApiError::BadRequest(format!(
-            "metric is missing or unknown; valid metrics: {}",
-            GpuMetric::ALL.map(GpuMetric::name).join(", ")
-        ))
-    })?;
+    let metric = parse_metric(p.metric.as_deref())?;
     let w = window(&p, (st.clock)())?;
     let gpus = st
         .live
@@ -210,7 +158,7 @@ async fn node_series(
             .gpu_series(id, metric, w.range, w.step_ms, MAX_SERIES_POINTS + 1)
             .await?;
         if points.len() > MAX_SERIES_POINTS {
-            return Err(too_many(&w));
+            return Err(too_many_samples(w.range));
         }
         out.push(GpuPoints {
             uuid,
@@ -344,7 +292,7 @@ async fn host_series(
                 "the range holds more than {MAX_HOST_ROWS} host samples; ask for a shorter range"
             ))
         } else {
-            too_many(&w)
+            too_many_samples(w.range)
         });
     }
     Ok(Json(HostSeriesView {

@@ -36,7 +36,7 @@ use tracing::error;
 /// Most points a series request may return.
 pub const MAX_SERIES_POINTS: usize = 10_000;
 /// The range a series covers when `from` is not given.
-pub(crate) const DEFAULT_SERIES_RANGE_MS: i64 = 15 * 60 * 1000;
+const DEFAULT_SERIES_RANGE_MS: i64 = 15 * 60 * 1000;
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -316,7 +316,7 @@ fn valid_metrics() -> String {
 }
 
 /// Parses `step`: a duration (`10s`, `500ms`, `5m`) or a number of milliseconds.
-pub(crate) fn parse_step(s: &str) -> Result<i64, String> {
+fn parse_step(s: &str) -> Result<i64, String> {
     let ms = match s.trim().parse::<i64>() {
         Ok(ms) => ms,
         Err(_) => i64::try_from(parse_duration(s)?.as_millis()).unwrap_or(i64::MAX),
@@ -328,37 +328,40 @@ pub(crate) fn parse_step(s: &str) -> Result<i64, String> {
 }
 
 /// A step (in whole seconds, at least 1 s) that keeps `range_ms` within the point limit.
-pub(crate) fn suggested_step_s(range_ms: i64) -> i64 {
+fn suggested_step_s(range_ms: i64) -> i64 {
     let per_point = range_ms / MAX_SERIES_POINTS as i64 + 1;
     (per_point + 999) / 1000
 }
 
-async fn series(
-    State(st): State<AppState>,
-    Path(uuid): Path<String>,
-    params: Result<Query<SeriesParams>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
-    let now = (st.clock)();
-    let metric = match p.metric.as_deref() {
-        None | Some("") => {
-            return Err(ApiError::BadRequest(format!(
-                "metric is required; valid metrics: {}",
-                valid_metrics()
-            )));
-        }
+/// The `metric` parameter of a series request.
+pub(crate) fn parse_metric(metric: Option<&str>) -> Result<GpuMetric, ApiError> {
+    match metric {
+        None | Some("") => Err(ApiError::BadRequest(format!(
+            "metric is required; valid metrics: {}",
+            valid_metrics()
+        ))),
         Some(m) => GpuMetric::parse(m).ok_or_else(|| {
             ApiError::BadRequest(format!(
                 "unknown metric {m:?}; valid metrics: {}",
                 valid_metrics()
             ))
-        })?,
-    };
-    let to = match p.to.as_deref() {
+        }),
+    }
+}
+
+/// The `from`, `to` and `step` parameters of a series request: `to` defaults to now,
+/// `from` to 15 minutes before `to`; at most [`MAX_SERIES_POINTS`] buckets.
+pub(crate) fn series_window(
+    from: Option<&str>,
+    to: Option<&str>,
+    step: Option<&str>,
+    now: UnixMs,
+) -> Result<(TimeRange, Option<i64>), ApiError> {
+    let to = match to {
         Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
         None => now,
     };
-    let from = match p.from.as_deref() {
+    let from = match from {
         Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
         None => to - DEFAULT_SERIES_RANGE_MS,
     };
@@ -369,9 +372,7 @@ async fn series(
             format_time(to)
         )));
     }
-    let step_ms = p
-        .step
-        .as_deref()
+    let step_ms = step
         .map(parse_step)
         .transpose()
         .map_err(|e| ApiError::BadRequest(format!("step: {e}")))?;
@@ -385,24 +386,43 @@ async fn series(
             )));
         }
     }
-    let gpu = st
-        .live
-        .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
-        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
     let range = TimeRange {
         from_ms: from,
         to_ms: to,
     };
+    Ok((range, step_ms))
+}
+
+/// A raw series over the point limit: ask for a step.
+pub(crate) fn too_many_samples(range: TimeRange) -> ApiError {
+    ApiError::BadRequest(format!(
+        "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) \
+         to downsample, or a shorter range",
+        suggested_step_s(range.to_ms - range.from_ms)
+    ))
+}
+
+async fn series(
+    State(st): State<AppState>,
+    Path(uuid): Path<String>,
+    params: Result<Query<SeriesParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let now = (st.clock)();
+    let metric = parse_metric(p.metric.as_deref())?;
+    let (range, step_ms) =
+        series_window(p.from.as_deref(), p.to.as_deref(), p.step.as_deref(), now)?;
+    let (from, to) = (range.from_ms, range.to_ms);
+    let gpu = st
+        .live
+        .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
+        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
     let points = st
         .store
         .gpu_series(gpu, metric, range, step_ms, MAX_SERIES_POINTS + 1)
         .await?;
     if points.len() > MAX_SERIES_POINTS {
-        return Err(ApiError::BadRequest(format!(
-            "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) \
-             to downsample, or a shorter range",
-            suggested_step_s(to - from)
-        )));
+        return Err(too_many_samples(range));
     }
     Ok(Json(SeriesView {
         uuid: &uuid,

@@ -260,3 +260,11 @@ pub fn node_batch(record: &NodeRecord, batch: Batch) -> NodeBatch {
         batch,
     }
 }
+
+/// A benchmark knob: the environment variable `name` as a number, else `default`.
+pub fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
