@@ -2,6 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
+//! | `GET /api/v1/fleet` | every node in brief: what the fleet page's tiles show (a fraction of `/api/v1/nodes`) |
 //! | `GET /api/v1/nodes/{name}` | one node, as in `/api/v1/nodes` (GPUs with latest sample and processes) |
 //! | `GET /api/v1/nodes/{name}/series?metric=&from=&to=&step=` | one GPU metric for every GPU of the node |
 //! | `GET /api/v1/nodes/{name}/host/series?from=&to=&step=` | the node's host metrics (CPU, memory, disk, network) |
@@ -14,6 +15,8 @@
 
 use crate::http::{ApiError, AppState, MAX_SERIES_POINTS, node_view};
 use crate::http::{parse_metric, series_window, too_many_samples};
+use crate::live::LiveNode;
+use crate::status::NodeStatus;
 use crate::store::{HostRow, NodeId, SeriesPoint, TimeRange};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -33,6 +36,7 @@ pub const MAX_EVENTS: usize = 10_000;
 /// The routes of this module (merged into [`crate::http::app`]).
 pub fn routes() -> Router<AppState> {
     Router::new()
+        .route("/api/v1/fleet", get(fleet))
         .route("/api/v1/nodes/{name}", get(node))
         .route("/api/v1/nodes/{name}/series", get(node_series))
         .route("/api/v1/nodes/{name}/host/series", get(host_series))
@@ -71,6 +75,112 @@ fn no_node(name: &str) -> ApiError {
     ApiError::NotFound(format!("no node named {name:?}; see /api/v1/nodes"))
 }
 
+// ------------------------------------------------------------------ fleet summary
+
+#[derive(Serialize)]
+struct FleetNode<'a> {
+    name: &'a str,
+    status: NodeStatus,
+    connected: bool,
+    last_seen_ms: Option<UnixMs>,
+    labels: &'a BTreeMap<String, String>,
+    interval_ms: u32,
+    host: FleetHost,
+    gpus: Vec<FleetGpu<'a>>,
+}
+
+#[derive(Serialize)]
+struct FleetHost {
+    latest: Option<FleetHostLatest>,
+}
+
+#[derive(Serialize)]
+struct FleetHostLatest {
+    time_ms: UnixMs,
+    cpu_util_pct: Option<f32>,
+    mem_used_bytes: Option<u64>,
+    mem_total_bytes: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct FleetGpu<'a> {
+    uuid: &'a str,
+    index: u32,
+    name: &'a str,
+    latest: Option<FleetGpuLatest>,
+}
+
+/// The GPU values a fleet tile shows (names and units as in the GPU sample).
+#[derive(Serialize)]
+struct FleetGpuLatest {
+    time_ms: UnixMs,
+    util_gpu_pct: Option<u32>,
+    mem_used_bytes: Option<u64>,
+    mem_total_bytes: Option<u64>,
+    power_mw: Option<u32>,
+    power_limit_mw: Option<u32>,
+    temp_gpu_c: Option<u32>,
+}
+
+fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> {
+    let r = &n.record;
+    FleetNode {
+        name: &r.name,
+        status: st.status.classify(r.last_seen_ms, now),
+        connected: n.connections > 0,
+        last_seen_ms: r.last_seen_ms,
+        labels: &r.labels,
+        interval_ms: r.interval_ms,
+        host: FleetHost {
+            latest: n.host.as_ref().map(|h| {
+                let s = h.sample.as_ref();
+                FleetHostLatest {
+                    time_ms: h.time_ms,
+                    cpu_util_pct: s.and_then(|s| s.cpu_util_pct),
+                    mem_used_bytes: s.and_then(|s| s.mem_used_bytes),
+                    mem_total_bytes: s.and_then(|s| s.mem_total_bytes),
+                }
+            }),
+        },
+        gpus: r
+            .gpus
+            .iter()
+            .map(|g| FleetGpu {
+                uuid: &g.info.uuid,
+                index: g.info.index,
+                name: &g.info.name,
+                latest: n.gpus.get(&g.id).map(|l| FleetGpuLatest {
+                    time_ms: l.time_ms,
+                    util_gpu_pct: l.sample.util_gpu_pct,
+                    mem_used_bytes: l.sample.mem_used_bytes,
+                    mem_total_bytes: l.sample.mem_total_bytes,
+                    power_mw: l.sample.power_mw,
+                    power_limit_mw: l.sample.power_limit_mw,
+                    temp_gpu_c: l.sample.temp_gpu_c,
+                }),
+            })
+            .collect(),
+    }
+}
+
+async fn fleet(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let now = (st.clock)();
+    let body = st.live.read(|s| {
+        let nodes: Vec<FleetNode<'_>> = s.nodes.values().map(|n| fleet_node(n, &st, now)).collect();
+        serde_json::to_vec(&nodes)
+    });
+    let body = body.map_err(|e| ApiError::Internal(format!("cannot encode the fleet: {e}")))?;
+    Ok(json_bytes(body))
+}
+
+fn json_bytes(body: Vec<u8>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
 // ------------------------------------------------------------------ node detail
 
 async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
@@ -83,11 +193,7 @@ async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Re
     let body = body
         .ok_or_else(|| no_node(&name))?
         .map_err(|e| ApiError::Internal(format!("cannot encode the node: {e}")))?;
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response())
+    Ok(json_bytes(body))
 }
 
 async fn gpu(State(st): State<AppState>, Path(uuid): Path<String>) -> Result<Response, ApiError> {

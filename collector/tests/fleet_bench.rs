@@ -1,4 +1,4 @@
-//! How long `GET /api/v1/nodes` takes for a large fleet (server time: the handler through
+//! How long `GET /api/v1/nodes` and `GET /api/v1/fleet` take for a large fleet (server time: the handler through
 //! the router, no socket), 1,000 nodes x 8 GPUs by default, each GPU with a full latest
 //! sample and one process. A benchmark, not a timed test (figures in BENCHMARKS.md):
 //!
@@ -69,33 +69,33 @@ async fn nodes_endpoint_for_a_large_fleet() {
         status: StatusPolicy::default(),
         clock: Arc::new(|| T0 + 1000),
     };
-    let mut times = Vec::with_capacity(runs as usize);
-    let mut size = 0;
-    for _ in 0..runs {
-        let request = Request::get("/api/v1/nodes")
-            .body(Body::empty())
-            .expect("request");
-        let start = Instant::now();
-        let response = app(state.clone())
-            .oneshot(request)
-            .await
-            .expect("infallible");
-        assert_eq!(response.status(), StatusCode::OK);
-        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        times.push(start.elapsed());
-        size = body.len();
+    for uri in ["/api/v1/nodes", "/api/v1/fleet"] {
+        let mut times = Vec::with_capacity(runs as usize);
+        let mut size = 0;
+        for _ in 0..runs {
+            let request = Request::get(uri).body(Body::empty()).expect("request");
+            let start = Instant::now();
+            let response = app(state.clone())
+                .oneshot(request)
+                .await
+                .expect("infallible");
+            assert_eq!(response.status(), StatusCode::OK);
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("body");
+            times.push(start.elapsed());
+            size = body.len();
+        }
+        times.sort();
+        let pct = |p: usize| times[(times.len() - 1) * p / 100];
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "GET {uri}, {nodes} nodes x {gpus} GPUs: {size} bytes; {runs} runs: min {:.1} ms, \
+             median {:.1} ms, p95 {:.1} ms, max {:.1} ms",
+            ms(times[0]),
+            ms(pct(50)),
+            ms(pct(95)),
+            ms(times[times.len() - 1])
+        );
     }
-    times.sort();
-    let pct = |p: usize| times[(times.len() - 1) * p / 100];
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "GET /api/v1/nodes, {nodes} nodes x {gpus} GPUs: {size} bytes; {runs} runs: \
-         min {:.1} ms, median {:.1} ms, p95 {:.1} ms, max {:.1} ms",
-        ms(times[0]),
-        ms(pct(50)),
-        ms(pct(95)),
-        ms(times[times.len() - 1])
-    );
 }

@@ -825,3 +825,37 @@ async fn a_client_that_falls_behind_is_told_to_resync_instead_of_buffering() {
     let tick = next_event(&mut body, &mut buf, "tick").await;
     assert_eq!(tick["node"], "node-a");
 }
+
+#[tokio::test]
+async fn the_fleet_summary_carries_what_tiles_show_with_nulls_for_absent() {
+    let (f, _) = fleet().await;
+    f.now.store(T0 + 20_000, Ordering::Relaxed);
+    let (status, json) = f.get_json("/api/v1/fleet").await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    let n = &json[0];
+    assert_eq!(
+        (&n["name"], &n["status"], &n["last_seen_ms"]),
+        (
+            &Value::from("node-a"),
+            &Value::from("stale"),
+            &Value::from(T0 + 2000)
+        )
+    );
+    assert_eq!(n["labels"]["rack"], "r1");
+    assert_eq!(n["host"]["latest"]["cpu_util_pct"], 12.5);
+    let a = &n["gpus"][0];
+    assert_eq!(
+        (&a["uuid"], &a["index"]),
+        (&Value::from("GPU-a"), &Value::from(0))
+    );
+    assert_eq!(a["latest"]["time_ms"], T0 + 2000);
+    assert_eq!(a["latest"]["power_mw"], 250_002);
+    assert!(
+        a.get("inventory").is_none() && a.get("processes").is_none(),
+        "brief: {a}"
+    );
+    let b = &n["gpus"][1]["latest"];
+    assert_eq!(b["power_mw"], 60_002);
+    assert_eq!(b["temp_gpu_c"], Value::Null, "absent is null");
+    assert_eq!(b["mem_used_bytes"], Value::Null, "absent is null");
+}

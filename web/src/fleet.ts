@@ -155,7 +155,8 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
   sortSel.addEventListener('change', () => { sort = sortSel.value as SortKey; keepUrl(); schedule(); });
 
   const load = async () => {
-    const list = await getJson<NodeView[]>('/api/v1/nodes');
+    // The brief listing (a fraction of /api/v1/nodes): what the tiles show.
+    const list = await getJson<NodeView[]>('/api/v1/fleet');
     nodes = new Map(list.map((n) => [n.name, n]));
     now = Date.now();
     schedule();
