@@ -6,44 +6,77 @@
 //!
 //! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
 //! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
-//! counts, clock event (throttle) reasons, encoder/decoder utilization and the processes
+//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power and
+//! memory temperature (one batched `nvmlDeviceGetFieldValues` call) and the processes
 //! (compute + graphics, with per-process utilization since the last call). A call that
-//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device.
-//! Every call is timed; the tick's [`SamplerCost`] carries the total and the slowest.
+//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
+//! (a field value: that field is dropped from the batch). Every call is timed; the tick's
+//! [`SamplerCost`] carries the total and the slowest.
+//!
+//! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
+//! errors, ECC double-bit errors) with a timeout; what it receives is reported in the
+//! next tick. A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
+//! absent, the others keep being sampled, and each tick it is probed once (a fresh
+//! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
+//!
+//! MIG: on a GPU with MIG enabled, its MIG devices are found once (inventory
+//! `mig_instances`: UUID, profile, memory) and each tick their compute process lists say
+//! which process runs in which (`mig_uuid`). nvml-wrapper 0.13 does not wrap
+//! `nvmlDeviceGetGpuInstanceId` / `…ComputeInstanceId`: an instance's ids are taken from
+//! a process running in it when it is found, else NVML's "no value" (0xFFFFFFFF).
+//!
+//! Not read: NVLink throughput (NVML's per-link throughput fields need the field's
+//! `scopeId`, which nvml-wrapper 0.13 always sends as 0).
 //!
 //! The NVML → domain mappings are pure functions at the bottom of this file, tested
-//! without NVML. Field values (instant power, memory temperature, NVLink throughput),
-//! Xid events and MIG come in a later issue; `Metric` and `DeviceState` are where
-//! they slot in.
+//! without NVML.
 
 use crate::cgroup::{self, ProcessIdentity, UserNames};
 use crate::cost::{CallTimer, micros, thread_cpu_time};
 use crate::host;
 use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{
-    Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, ProcessType, SamplerCost, Tick,
-    UnixMs,
+    Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, ProcessSample, ProcessType,
+    SamplerCost, Tick, UnixMs,
 };
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Brand, Clock, ComputeMode, EccCounter, MemoryError, PcieUtilCounter, PerformanceState,
     TemperatureSensor,
 };
-use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo, ProcessUtilizationSample};
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::struct_wrappers::device::{
+    FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
+};
+use nvml_wrapper::struct_wrappers::event::EventData;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
+use nvml_wrapper::{Device, EventSet, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// The library NVML loads when no `--nvml-lib` is given.
 const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 /// NVML's maximum number of NVLink links per GPU.
 const MAX_NVLINKS: u32 = 18;
+/// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
+/// (so dropping the source takes at most this long).
+const EVENT_WAIT: Duration = Duration::from_millis(200);
+/// Field values asked in one `nvmlDeviceGetFieldValues` call per tick.
+const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
+/// NVML's "no value" for a GPU / compute instance id.
+const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
+/// How often a process list is asked again when it grew between NVML's size query and
+/// the fill (`NVML_ERROR_INSUFFICIENT_SIZE`).
+const LIST_ATTEMPTS: usize = 3;
 
 /// How to open NVML.
 #[derive(Debug, Clone)]
@@ -171,7 +204,8 @@ fn worker(
             return;
         }
     };
-    let mut reader = match Reader::open(&nvml, opts) {
+    let (event_tx, event_rx) = mpsc::channel();
+    let mut reader = match Reader::open(&nvml, opts, event_rx) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -179,19 +213,151 @@ fn worker(
         }
     };
     info!(lib = %lib, gpus = reader.devices.len(), "NVML initialised");
-    if ready.send(Ok(())).is_err() {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let gpus = reader
+            .devices
+            .iter()
+            .map(|d| d.index + 1)
+            .max()
+            .unwrap_or(0);
+        let (nvml, event_tx, stop) = (&nvml, &event_tx, &stop);
+        let events = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn_scoped(scope, move || watch_events(nvml, gpus, event_tx, stop));
+        if let Err(e) = events {
+            warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
+        }
+        if ready.send(Ok(())).is_err() {
+            stop.store(true, Ordering::Relaxed);
+            return;
+        }
+        for request in requests {
+            let answer = match request {
+                Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
+                Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
+            };
+            if replies.send(answer).is_err() {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // The event thread has ended (the scope joined it); `reader` (and its `Device`
+    // handles) drop before `nvml`, which then shuts NVML down.
+}
+
+/// The event thread: registers every GPU that supports them for Xid and ECC double-bit
+/// events, then waits on the set (with a timeout, to notice `stop`) and forwards what
+/// arrives to the sampler.
+fn watch_events(nvml: &Nvml, gpus: u32, tx: &mpsc::Sender<Event>, stop: &AtomicBool) {
+    let Some(set) = register_events(nvml, gpus) else {
         return;
-    }
-    for request in requests {
-        let answer = match request {
-            Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
-            Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
-        };
-        if replies.send(answer).is_err() {
-            break;
+    };
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        let timeout_ms = u32::try_from(EVENT_WAIT.as_millis()).unwrap_or(u32::MAX);
+        match set.wait(timeout_ms) {
+            Ok(data) => {
+                let event = event_from(&data, gpufleet_core::config::now_ms());
+                debug!(gpu = %event.gpu_uuid, kind = event.kind.as_str(), code = ?event.code, "NVML event");
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    warn!(error = %e, "waiting for NVML events failed; retrying (further failures logged at debug)");
+                } else {
+                    debug!(error = %e, "waiting for NVML events failed");
+                }
+                std::thread::sleep(EVENT_WAIT);
+            }
         }
     }
-    // `reader` (and its `Device` handles) drop before `nvml`, which then shuts NVML down.
+}
+
+/// An event set with every GPU that supports Xid / double-bit ECC events registered;
+/// `None` when no GPU does. (nvml-wrapper frees the set when a registration fails, so a
+/// GPU that refuses is left out and the set is built again without it.)
+fn register_events(nvml: &Nvml, gpus: u32) -> Option<EventSet<'_>> {
+    let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+    let mut refused: Vec<u32> = Vec::new();
+    'build: loop {
+        let mut set = match nvml.create_event_set() {
+            Ok(s) => s,
+            Err(e) => {
+                info!(error = %e, "NVML events are not available; Xid and ECC events will not be reported");
+                return None;
+            }
+        };
+        let mut registered = 0;
+        for index in (0..gpus).filter(|i| !refused.contains(i)) {
+            let Ok(device) = nvml.device_by_index(index) else {
+                continue;
+            };
+            let types = match device.supported_event_types() {
+                Ok(t) => t & wanted,
+                Err(_) => continue,
+            };
+            if types.is_empty() {
+                continue;
+            }
+            match device.register_events(types, set) {
+                Ok(s) => {
+                    set = s;
+                    registered += 1;
+                }
+                Err(e) => {
+                    warn!(gpu = index, error = %e.error, "cannot register for NVML events; this GPU's Xid and ECC events will not be reported");
+                    refused.push(index);
+                    continue 'build;
+                }
+            }
+        }
+        if registered == 0 {
+            info!("no GPU supports Xid / ECC events");
+            return None;
+        }
+        return Some(set);
+    }
+}
+
+/// The domain event for what an event set delivered.
+fn event_from(data: &EventData<'_>, now_ms: UnixMs) -> Event {
+    let gpu_uuid = data.device.uuid().unwrap_or_default();
+    let (kind, code, detail) = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+        let code = match data.event_data {
+            Some(XidError::Value(v)) => Some(v),
+            _ => None,
+        };
+        let detail = code.map_or_else(
+            || "Xid critical error (unknown code)".to_owned(),
+            |c| format!("Xid {c}"),
+        );
+        (EventKind::Xid, code, detail)
+    } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+        (
+            EventKind::EccDoubleBit,
+            None,
+            "ECC double-bit (uncorrectable) memory error".to_owned(),
+        )
+    } else {
+        (
+            EventKind::EccSingleBit,
+            None,
+            format!("NVML event {:#x}", data.event_type.bits()),
+        )
+    };
+    Event {
+        time_ms: now_ms,
+        gpu_uuid,
+        kind,
+        code,
+        detail,
+    }
 }
 
 /// A per-tick NVML query; the unit of "unsupported, don't ask again".
@@ -218,6 +384,7 @@ enum Metric {
     ComputeProcs,
     GraphicsProcs,
     ProcessUtil,
+    FieldValues,
 }
 
 impl Metric {
@@ -245,6 +412,7 @@ impl Metric {
             Self::ComputeProcs => "running_compute_processes",
             Self::GraphicsProcs => "running_graphics_processes",
             Self::ProcessUtil => "process_utilization_stats",
+            Self::FieldValues => "field_values",
         }
     }
 
@@ -283,7 +451,87 @@ struct DeviceState<'n> {
     /// call so it returns only newer samples (0 would return a long-window average).
     last_util_ts: u64,
     /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
+    /// Probed once per tick until it answers again.
     lost: bool,
+    /// Field ids still asked in the batched field-value call (a field the device
+    /// answers NOT_SUPPORTED for is removed).
+    fields: Vec<u32>,
+    /// Its MIG devices (MIG enabled), found once.
+    migs: Vec<MigDevice<'n>>,
+}
+
+/// A MIG device of a GPU.
+struct MigDevice<'n> {
+    /// Its handle, for its process list.
+    device: Device<'n>,
+    /// What the inventory reports.
+    info: MigInstance,
+}
+
+/// The MIG devices of a GPU with MIG enabled (none otherwise).
+fn discover_migs<'n>(device: &Device<'n>, index: u32) -> Vec<MigDevice<'n>> {
+    if !device.mig_mode().is_ok_and(|m| m.current == 1) {
+        return Vec::new();
+    }
+    let max = match device.mig_device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            warn!(gpu = index, error = %e, "MIG is enabled but its devices cannot be counted");
+            return Vec::new();
+        }
+    };
+    let mut migs = Vec::new();
+    for k in 0..max {
+        let mig = match device.mig_device_by_index(k) {
+            Ok(m) => m,
+            // An empty slot.
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => {
+                debug!(gpu = index, mig = k, error = %e, "cannot open MIG device");
+                continue;
+            }
+        };
+        let Ok(uuid) = mig.uuid() else { continue };
+        let ids = mig.running_compute_processes().ok().and_then(|ps| {
+            ps.iter()
+                .find_map(|p| Some((p.gpu_instance_id?, p.compute_instance_id?)))
+        });
+        let info = MigInstance {
+            uuid,
+            gpu_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.0),
+            compute_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.1),
+            profile: mig.name().ok().as_deref().and_then(mig_profile),
+            memory_total_bytes: mig.memory_info().ok().map(|m| m.total),
+        };
+        migs.push(MigDevice { device: mig, info });
+    }
+    info!(gpu = index, mig_devices = migs.len(), "MIG enabled");
+    migs
+}
+
+/// pid → MIG device UUID for the processes in a GPU's MIG devices (one compute process
+/// list per MIG device and tick).
+fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, String> {
+    let mut by_pid = HashMap::new();
+    if dev.lost {
+        return by_pid;
+    }
+    for mig in &dev.migs {
+        let start = Instant::now();
+        let listed = retry_grown(|| mig.device.running_compute_processes());
+        timer.record(dev.index, "mig.running_compute_processes", start.elapsed());
+        match listed {
+            Ok(procs) => {
+                for p in procs {
+                    by_pid.insert(p.pid, mig.info.uuid.clone());
+                }
+            }
+            Err(e) => {
+                debug!(gpu = dev.index, mig = %mig.info.uuid, error = %e, "MIG process list failed")
+            }
+        }
+    }
+    by_pid
 }
 
 /// Everything the NVML thread keeps between ticks.
@@ -301,10 +549,16 @@ struct Reader<'n> {
     /// Identity of each pid seen on a GPU, kept while the pid stays on a GPU (so `/proc`
     /// is read once per process, not once per tick).
     identities: HashMap<u32, ProcessIdentity>,
+    /// Events from the event thread, reported in the next tick.
+    events: mpsc::Receiver<Event>,
 }
 
 impl<'n> Reader<'n> {
-    fn open(nvml: &'n Nvml, opts: NvmlOptions) -> Result<Self, SourceError> {
+    fn open(
+        nvml: &'n Nvml,
+        opts: NvmlOptions,
+        events: mpsc::Receiver<Event>,
+    ) -> Result<Self, SourceError> {
         let count = nvml.device_count().map_err(|e| SourceError::Nvml {
             call: "device_count",
             reason: e.to_string(),
@@ -325,7 +579,9 @@ impl<'n> Reader<'n> {
                     continue;
                 }
             };
+            let migs = discover_migs(&device, index);
             devices.push(DeviceState {
+                migs,
                 device,
                 index,
                 uuid,
@@ -333,6 +589,7 @@ impl<'n> Reader<'n> {
                 warned: MetricSet::default(),
                 last_util_ts: 0,
                 lost: false,
+                fields: FIELDS.to_vec(),
             });
         }
         Ok(Self {
@@ -342,6 +599,7 @@ impl<'n> Reader<'n> {
             proc_root: opts.proc_root,
             hostname: opts.hostname,
             identities: HashMap::new(),
+            events,
         })
     }
 
@@ -381,7 +639,7 @@ impl<'n> Reader<'n> {
                     pcie_link_gen_max: d.max_pcie_link_gen().ok(),
                     pcie_link_width_max: d.max_pcie_link_width().ok(),
                     vbios_version: d.vbios_version().ok(),
-                    mig_instances: Vec::new(),
+                    mig_instances: s.migs.iter().map(|m| m.info.clone()).collect(),
                 }
             })
             .collect();
@@ -408,8 +666,19 @@ impl<'n> Reader<'n> {
         };
         let mut seen_pids = Vec::new();
         for dev in &mut self.devices {
+            if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
+                info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
+                tick.events.push(Event {
+                    time_ms: now_ms,
+                    gpu_uuid: dev.uuid.clone(),
+                    kind: EventKind::GpuRecovered,
+                    code: None,
+                    detail: format!("GPU {} answers again", dev.index),
+                });
+            }
             let was_lost = dev.lost;
             let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            let mig_of = mig_processes(dev, &mut timer);
             if dev.lost && !was_lost {
                 tick.events.push(Event {
                     time_ms: now_ms,
@@ -440,12 +709,16 @@ impl<'n> Reader<'n> {
                     enc_util_pct: p.enc_pct,
                     dec_util_pct: p.dec_pct,
                     workload: id.workload.clone(),
-                    mig_uuid: None,
+                    mig_uuid: mig_of.get(&p.pid).cloned(),
                 });
             }
             tick.gpus.push(sample);
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
+        tick.events.extend(self.events.try_iter().map(|mut e| {
+            e.time_ms = e.time_ms.min(now_ms);
+            e
+        }));
         tick.cost = Some(SamplerCost {
             cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
             wall_us: None,
@@ -540,11 +813,12 @@ fn sample_device(
         read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
+    let (power_instant_mw, temp_mem_c) = read_fields(dev, timer);
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
-        d.running_compute_processes()
+        retry_grown(|| d.running_compute_processes())
     });
     let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
-        d.running_graphics_processes()
+        retry_grown(|| d.running_graphics_processes())
     });
     let since = if dev.last_util_ts == 0 {
         // First call: the last second, not the driver's whole buffer.
@@ -578,13 +852,11 @@ fn sample_device(
         mem_total_bytes: mem.map(|m| m.total),
         mem_reserved_bytes: mem.map(|m| m.reserved),
         power_mw,
-        // Field values (NVML_FI_DEV_POWER_INSTANT, memory temperature, NVLink
-        // throughput) come with the field-value work; absent until then.
-        power_instant_mw: None,
+        power_instant_mw,
         power_limit_mw,
         energy_mj,
         temp_gpu_c,
-        temp_mem_c: None,
+        temp_mem_c,
         fan_pct,
         clock_sm_mhz,
         clock_mem_mhz,
@@ -602,6 +874,69 @@ fn sample_device(
         dec_util_pct: dec,
     };
     (sample, processes)
+}
+
+/// Asks a lost GPU, through a fresh handle, whether it answers again; on success the
+/// handle replaces the old one and the GPU is sampled from this tick on.
+fn probe_lost<'n>(nvml: &'n Nvml, dev: &mut DeviceState<'n>, timer: &mut CallTimer) -> bool {
+    let start = Instant::now();
+    let fresh = nvml
+        .device_by_uuid(dev.uuid.as_str())
+        .and_then(|d| d.uuid().map(|_| d));
+    timer.record(dev.index, "probe_lost", start.elapsed());
+    match fresh {
+        Ok(device) => {
+            dev.device = device;
+            dev.lost = false;
+            true
+        }
+        Err(e) => {
+            debug!(gpu = dev.index, error = %e, "GPU still lost");
+            false
+        }
+    }
+}
+
+/// A process list asked again (up to [`LIST_ATTEMPTS`] times) when it grew between
+/// NVML's size query and the fill.
+fn retry_grown<T>(
+    mut list: impl FnMut() -> Result<Vec<T>, NvmlError>,
+) -> Result<Vec<T>, NvmlError> {
+    let mut result = list();
+    for _ in 1..LIST_ATTEMPTS {
+        if !matches!(result, Err(NvmlError::InsufficientSize(_))) {
+            break;
+        }
+        result = list();
+    }
+    result
+}
+
+/// The batched field values: instant power (mW) and memory temperature (°C). Fields the
+/// device does not support are dropped from the batch; once none is left, the call is
+/// not made again.
+fn read_fields(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> (Option<u32>, Option<u32>) {
+    if dev.fields.is_empty() {
+        return (None, None);
+    }
+    let ids: Vec<FieldId> = dev.fields.iter().map(|id| FieldId(*id)).collect();
+    let Some(samples) = read(dev, timer, Metric::FieldValues, |d| {
+        d.field_values_for(&ids)
+    }) else {
+        if dev.unsupported.contains(Metric::FieldValues) {
+            dev.fields.clear();
+        }
+        return (None, None);
+    };
+    let (values, unsupported) = field_readings(&samples);
+    if !unsupported.is_empty() {
+        debug!(gpu = dev.index, fields = ?unsupported, "field values not supported; not asked again");
+        dev.fields.retain(|f| !unsupported.contains(f));
+    }
+    (
+        values.get(&NVML_FI_DEV_POWER_INSTANT).copied(),
+        values.get(&NVML_FI_DEV_MEMORY_TEMP).copied(),
+    )
 }
 
 /// Number of active NVLink links (0 on boards without NVLink).
@@ -671,6 +1006,49 @@ pub fn pstate_number(p: PerformanceState) -> Option<u32> {
         P::Fifteen => 15,
         P::Unknown => return None,
     })
+}
+
+/// The values of a field-value batch (field id → value) and the ids the device
+/// answered NOT_SUPPORTED (or no permission) for. Other per-field failures are absent
+/// this tick and asked again.
+pub fn field_readings(
+    samples: &[Result<FieldValueSample, NvmlError>],
+) -> (BTreeMap<u32, u32>, Vec<u32>) {
+    let mut values = BTreeMap::new();
+    let mut unsupported = Vec::new();
+    for s in samples.iter().flatten() {
+        match &s.value {
+            Ok(v) => {
+                if let Some(v) = sample_u32(v) {
+                    values.insert(s.field.0, v);
+                }
+            }
+            Err(NvmlError::NotSupported | NvmlError::NoPermission) => unsupported.push(s.field.0),
+            Err(_) => {}
+        }
+    }
+    (values, unsupported)
+}
+
+/// A field value as an unsigned 32-bit number, if it is one (negative, NaN and
+/// out-of-range values are absent).
+pub fn sample_u32(v: &SampleValue) -> Option<u32> {
+    match *v {
+        SampleValue::U32(v) => Some(v),
+        SampleValue::U64(v) => u32::try_from(v).ok(),
+        SampleValue::I64(v) => u32::try_from(v).ok(),
+        SampleValue::F64(v) if v.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&v) => {
+            Some(v.round() as u32)
+        }
+        SampleValue::F64(_) => None,
+    }
+}
+
+/// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
+pub fn mig_profile(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then(|| profile.to_owned())
 }
 
 /// The clock event (throttle) reason bit mask, as NVML defines the bits.
@@ -873,6 +1251,67 @@ mod tests {
         ] {
             assert!(matches!(classify::<u32>(Err(e)), Reading::Failed(_)));
         }
+    }
+
+    #[test]
+    fn field_values_map_to_numbers_and_unsupported_ids() {
+        let sample = |id: u32, value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(id),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        let samples = [
+            sample(186, Ok(SampleValue::U32(231_000))),
+            sample(82, Err(NvmlError::NotSupported)),
+            sample(90, Err(NvmlError::Unknown)),
+            sample(91, Ok(SampleValue::I64(-1))),
+            Err(NvmlError::UnexpectedVariant(9)),
+        ];
+        let (values, unsupported) = field_readings(&samples);
+        assert_eq!(values.into_iter().collect::<Vec<_>>(), [(186, 231_000)]);
+        assert_eq!(unsupported, [82], "transient failures are asked again");
+        assert_eq!(sample_u32(&SampleValue::U64(7)), Some(7));
+        assert_eq!(sample_u32(&SampleValue::U64(u64::MAX)), None);
+        assert_eq!(sample_u32(&SampleValue::F64(41.6)), Some(42));
+        assert_eq!(sample_u32(&SampleValue::F64(f64::NAN)), None);
+    }
+
+    #[test]
+    fn mig_profiles_come_from_the_device_name() {
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-80GB MIG 3g.40gb").as_deref(),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(mig_profile("X MIG "), None);
+    }
+
+    #[test]
+    fn process_lists_are_asked_again_when_they_grew() {
+        let mut calls = 0;
+        let r = retry_grown(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(NvmlError::InsufficientSize(None))
+            } else {
+                Ok(vec![1])
+            }
+        });
+        assert_eq!((r.ok(), calls), (Some(vec![1]), 3));
+        let mut calls = 0;
+        let r: Result<Vec<u32>, _> = retry_grown(|| {
+            calls += 1;
+            Err(NvmlError::InsufficientSize(None))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, LIST_ATTEMPTS, "bounded");
     }
 
     #[test]
