@@ -1,11 +1,11 @@
 // Manual measurement (not part of CI): the fleet page against a large demo fleet.
 //
 //   cargo build --release -p gpufleet-collector
-//   GPUFLEET_BIN_DIR=target/release NODES=1000 node web/test/scale.mjs
+//   GPUFLEET_BIN_DIR=target/release NODES=1000 node web/bench/scale.mjs
 //
 // Prints how long the first render takes, the live events received per second, and how
-// long a filter keystroke takes to show its result. Not named *.test.mjs: `npm test`
-// does not run it.
+// long a filter keystroke takes to show its result. `npm test`
+// does not run it (it lives outside test/).
 import { spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
