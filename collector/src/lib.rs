@@ -22,9 +22,12 @@
 //! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
 //! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
+//! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
+//!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
 pub mod certs;
 pub mod conn_limit;
+pub mod dashboard;
 pub mod demo;
 pub mod http;
 pub mod identity;
@@ -33,10 +36,12 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod server;
+pub mod sse;
 pub mod status;
 pub mod store;
 pub mod tls;
 pub mod tokens;
+pub mod web;
 pub mod web_auth;
 pub mod web_security;
 pub mod writer;

@@ -75,6 +75,10 @@ struct DemoArgs {
     /// Base seed of the simulated fleet (each node mixes in its name).
     #[arg(long, env = "GPUFLEET_SIM_SEED")]
     sim_seed: Option<u64>,
+    /// A node whose newest sample is older than this is "stale" (short values show the
+    /// dashboard's stale marking quickly).
+    #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    stale_after: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -247,8 +251,13 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         interval: args.interval,
         seed: args.sim_seed,
     };
+    let default_status = StatusPolicy::default();
     let options = ServeOptions {
         db_url,
+        status: StatusPolicy {
+            stale_after: args.stale_after,
+            offline_after: default_status.offline_after.max(args.stale_after),
+        },
         ..Default::default()
     };
     run_demo_on(demo, options, grpc, http, shutdown).await?;

@@ -178,6 +178,14 @@ pub async fn serve_with_store(
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
     };
+    // Live dashboard streams end at shutdown, or they would hold the HTTP server open.
+    tokio::spawn({
+        let (live, shutdown) = (Arc::clone(&live), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            live.close();
+        }
+    });
     let state = AppState {
         store: Arc::clone(&store),
         live,
