@@ -179,8 +179,14 @@ async fn a_hostile_node_name_is_stored_literally_and_shown_escaped() {
         .expect("page");
     let headers = page.headers().clone();
     let html = page.text().await.expect("html");
-    assert!(!html.contains("alert(1)"), "no node string in the served HTML: {html}");
-    assert!(!html.contains("<script>"), "no inline script in the page: {html}");
+    assert!(
+        !html.contains("alert(1)"),
+        "no node string in the served HTML: {html}"
+    );
+    assert!(
+        !html.contains("<script>"),
+        "no inline script in the page: {html}"
+    );
     let csp = headers
         .get("content-security-policy")
         .and_then(|v| v.to_str().ok())

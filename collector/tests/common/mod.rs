@@ -334,6 +334,8 @@ pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::Agen
             source: h.source,
         })),
     }
+}
+
 /// A benchmark knob: the environment variable `name` as a number, else `default`.
 pub fn knob(name: &str, default: u32) -> u32 {
     std::env::var(name)
