@@ -17,6 +17,7 @@
 //! - [`metrics`]: the collector's own counters.
 
 pub mod demo;
+pub mod energy;
 pub mod http;
 pub mod ingest;
 pub mod live;
