@@ -366,6 +366,8 @@ pub struct GpuMinute {
     pub idle_policy: IdlePolicy,
     /// Where `idle_mw` came from: `min` (lowest observed) or `watts` (configured).
     pub idle_source: IdleSource,
+    /// The gap limit used: longer intervals are missing.
+    pub max_gap_ms: i64,
     pub workloads: Vec<WorkloadMinute>,
 }
 
@@ -445,6 +447,7 @@ pub fn rollup_minute(
         idle_mw,
         idle_policy: policy,
         idle_source,
+        max_gap_ms,
         ..Default::default()
     };
     let mut workloads: BTreeMap<WorkloadRef, WorkloadMinute> = BTreeMap::new();

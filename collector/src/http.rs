@@ -58,6 +58,8 @@ pub fn app(state: AppState) -> Router {
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/gpus/{uuid}/series", get(series))
         .route("/metrics", get(metrics))
+        // Energy per container / pod / job / user, per GPU, fleet totals (issue 6).
+        .merge(crate::energy_api::routes())
         .fallback(not_found)
         .with_state(state)
 }

@@ -16,8 +16,12 @@
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`metrics`]: the collector's own counters.
 
+pub mod accountant;
 pub mod demo;
 pub mod energy;
+pub mod energy_api;
+pub mod energy_check;
+pub mod energy_cli;
 pub mod http;
 pub mod ingest;
 pub mod live;

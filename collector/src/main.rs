@@ -3,6 +3,9 @@
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
+use gpufleet_collector::energy_cli::{
+    EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
+};
 use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::status::StatusPolicy;
 use gpufleet_collector::{ServeOptions, serve};
@@ -34,6 +37,11 @@ enum Command {
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
     Demo(DemoArgs),
+    /// Verify stored energy: conservation in every GPU-minute, and rollups equal to what
+    /// the raw samples give. Prints every violation; exits non-zero if there is any.
+    CheckEnergy(EnergyRangeArgs),
+    /// Rebuild the energy rollups of a range from raw samples (after a policy change).
+    RecomputeEnergy(RecomputeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +114,8 @@ struct ServeArgs {
     /// Largest gRPC message (batch) accepted from an agent, in bytes.
     #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
+    #[command(flatten)]
+    energy: EnergyArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -119,6 +129,17 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => runtime.block_on(run_serve(args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
+        Command::CheckEnergy(args) => {
+            let ok = runtime.block_on(run_check(&args, &mut std::io::stdout().lock()))?;
+            if !ok {
+                anyhow::bail!("check-energy found violations (listed above)");
+            }
+            Ok(())
+        }
+        Command::RecomputeEnergy(args) => {
+            runtime.block_on(run_recompute(&args, &mut std::io::stdout().lock()))?;
+            Ok(())
+        }
     }
 }
 
@@ -158,6 +179,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             max_message_bytes: args.max_message_bytes,
             ..Default::default()
         },
+        energy: args.energy.options(),
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

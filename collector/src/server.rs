@@ -7,6 +7,7 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
+use crate::accountant::{self, EnergyOptions};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
@@ -35,6 +36,8 @@ pub struct ServeOptions {
     /// After shutdown is requested, how long open streams and HTTP requests get to finish
     /// before the servers are dropped (the writer still commits what it has).
     pub shutdown_grace: Duration,
+    /// Energy accounting: idle policy, idle power, gap limit.
+    pub energy: EnergyOptions,
 }
 
 impl Default for ServeOptions {
@@ -45,6 +48,7 @@ impl Default for ServeOptions {
             ingest: IngestOptions::default(),
             writer: WriterOptions::default(),
             shutdown_grace: Duration::from_secs(10),
+            energy: EnergyOptions::default(),
         }
     }
 }
@@ -106,6 +110,14 @@ pub async fn serve_with_store(
         options.writer,
         writer_stop.clone(),
     );
+    let accountant_stop = CancellationToken::new();
+    let accountant_task = accountant::spawn(
+        Arc::clone(&store),
+        Arc::clone(&live),
+        options.energy.clone(),
+        system_clock(),
+        accountant_stop.clone(),
+    );
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
@@ -166,6 +178,10 @@ pub async fn serve_with_store(
     writer_stop.cancel();
     if let Err(e) = writer_task.await {
         warn!(error = %e, "the writer task ended abnormally");
+    }
+    accountant_stop.cancel();
+    if let Err(e) = accountant_task.await {
+        warn!(error = %e, "the energy accountant ended abnormally");
     }
     grpc_result?;
     http_result.map_err(ServeError::Http)?;

@@ -37,11 +37,18 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// The migrations, embedded so an installed binary needs no files beside it.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/sqlite/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        6,
+        "energy",
+        include_str!("../../../migrations/sqlite/0006_energy.sql"),
+    ),
+];
 
 /// SQLite's default limit on bound parameters per statement (SQLITE_MAX_VARIABLE_NUMBER).
 const MAX_PARAMS: usize = 32_766;
@@ -51,6 +58,8 @@ const MAX_ROWS_PER_STATEMENT: usize = 512;
 /// Workload ids kept in memory; the cache is cleared when it grows past this (the ids are
 /// then fetched again by the next upsert, so clearing only costs a few statements).
 const WORKLOAD_CACHE_MAX: usize = 50_000;
+
+mod energy;
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
@@ -605,6 +614,87 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    // ---------------------------------------------------------------- energy (issue 6)
+
+    async fn energy_gpus(&self) -> Result<Vec<super::energy::EnergyGpu>, StoreError> {
+        energy::energy_gpus(&self.pool).await
+    }
+
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<super::energy::EnergyInputs, StoreError> {
+        energy::energy_inputs(&self.pool, gpu, from_ms, to_ms).await
+    }
+
+    async fn next_sample_ms(
+        &self,
+        gpu: GpuId,
+        at_ms: UnixMs,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        energy::next_sample_ms(&self.pool, gpu, at_ms).await
+    }
+
+    async fn energy_min_power(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+    ) -> Result<Option<u32>, StoreError> {
+        energy::energy_min_power(&self.pool, gpu, range).await
+    }
+
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[crate::energy::GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError> {
+        energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
+    }
+
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+        energy::energy_minutes(&self.pool, gpu, range).await
+    }
+
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
+        energy::stale_energy_minutes(&self.pool, since_ms).await
+    }
+
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<super::energy::WorkloadEnergy>, StoreError> {
+        energy::workload_energy(&self.pool, range, node, workload_key).await
+    }
+
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<super::energy::WorkloadEnergyPoint>, StoreError> {
+        energy::workload_energy_series(&self.pool, workload_key, range).await
+    }
+
+    async fn gpu_energy(
+        &self,
+        range: TimeRange,
+    ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
+        energy::gpu_energy(&self.pool, range).await
     }
 }
 
