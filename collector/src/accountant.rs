@@ -193,16 +193,9 @@ pub async fn compute_minutes(
     let window_ms = i64::try_from(options.idle_window.as_millis()).unwrap_or(i64::MAX);
     let mut out = Vec::new();
     let mut prev = inputs.prev;
-    let mut samples = inputs.samples.as_slice();
     // The lowest power of the minutes computed so far in this call (not yet stored).
     let mut running_min: Option<u32> = None;
-    while let Some(first) = samples.first() {
-        let minute = minute_of(first.time_ms);
-        let n = samples
-            .iter()
-            .position(|s| minute_of(s.time_ms) != minute)
-            .unwrap_or(samples.len());
-        let (this, rest) = samples.split_at(n);
+    for (minute, this) in energy::by_minute(&inputs.samples) {
         let (idle_mw, source) = match idle {
             IdleWatts::Milliwatts(mw) => (mw, IdleSource::Watts),
             IdleWatts::Min => {
@@ -231,7 +224,6 @@ pub async fn compute_minutes(
             options.idle_policy,
         ));
         prev = this.last().cloned();
-        samples = rest;
     }
     Ok(out)
 }
@@ -399,4 +391,38 @@ pub async fn recompute(
     }
     info!(minutes = written, "energy minutes recomputed");
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_config_parses_min_watts_and_per_model() {
+        assert_eq!(IdleConfig::parse("min"), Ok(IdleConfig::default()));
+        let c = IdleConfig::parse("45W").expect("watts");
+        assert_eq!(c.for_model("anything"), IdleWatts::Milliwatts(45_000));
+        let c = IdleConfig::parse("H100=60, l40s=35.5").expect("per model");
+        assert_eq!(
+            c.for_model("NVIDIA H100 80GB HBM3"),
+            IdleWatts::Milliwatts(60_000)
+        );
+        assert_eq!(c.for_model("NVIDIA L40S"), IdleWatts::Milliwatts(35_500));
+        assert_eq!(c.for_model("Tesla T4"), IdleWatts::Min);
+        assert!(IdleConfig::parse("lots").is_err());
+        assert!(IdleConfig::parse("=5").is_err());
+        assert!(IdleConfig::parse("-3").is_err());
+    }
+
+    #[test]
+    fn the_gap_limit_follows_the_node_interval_unless_set() {
+        let o = EnergyOptions::default();
+        assert_eq!(o.max_gap_ms(1000), 3000);
+        assert_eq!(o.max_gap_ms(0), 15_000);
+        let o = EnergyOptions {
+            max_gap: Some(Duration::from_secs(10)),
+            ..Default::default()
+        };
+        assert_eq!(o.max_gap_ms(1000), 10_000);
+    }
 }

@@ -423,6 +423,13 @@ impl GpuMinute {
     }
 }
 
+/// Splits time-ordered samples into runs of one minute each: `(minute start, samples)`.
+pub fn by_minute(samples: &[EnergySample]) -> impl Iterator<Item = (UnixMs, &[EnergySample])> {
+    samples
+        .chunk_by(|a, b| minute_of(a.time_ms) == minute_of(b.time_ms))
+        .map(|run| (minute_of(run[0].time_ms), run))
+}
+
 /// The minute's lowest reported power.
 pub fn min_power(samples: &[EnergySample]) -> Option<u32> {
     samples.iter().filter_map(|s| s.power_mw).min()

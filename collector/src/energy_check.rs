@@ -86,14 +86,7 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
             let chunk_to = (chunk + 60 * MINUTE_MS).min(to);
             let inputs = store.energy_inputs(gpu.gpu, chunk, chunk_to).await?;
             let mut prev = inputs.prev;
-            let mut samples = inputs.samples.as_slice();
-            while let Some(first) = samples.first() {
-                let minute = minute_of(first.time_ms);
-                let n = samples
-                    .iter()
-                    .position(|s| minute_of(s.time_ms) != minute)
-                    .unwrap_or(samples.len());
-                let (this, rest) = samples.split_at(n);
+            for (minute, this) in energy::by_minute(&inputs.samples) {
                 match stored.remove(&minute) {
                     Some(m) => {
                         report.compared_with_raw += 1;
@@ -121,7 +114,6 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
                     None => report.pending_minutes += 1,
                 }
                 prev = this.last().cloned();
-                samples = rest;
             }
             chunk = chunk_to;
         }

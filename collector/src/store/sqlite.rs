@@ -1423,9 +1423,6 @@ fn process_from_row(row: &SqliteRow) -> Result<ProcessSample, StoreError> {
             )));
         }
     };
-    let kind: String = get(row, "w_kind")?;
-    let kind = WorkloadKind::parse(&kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
     Ok(ProcessSample {
         gpu_uuid: get(row, "gpu_uuid")?,
         pid: get(row, "pid")?,
@@ -1437,22 +1434,30 @@ fn process_from_row(row: &SqliteRow) -> Result<ProcessSample, StoreError> {
         mem_util_pct: get(row, "mem_util_pct")?,
         enc_util_pct: get(row, "enc_util_pct")?,
         dec_util_pct: get(row, "dec_util_pct")?,
-        workload: Workload {
-            kind,
-            runtime: get(row, "w_runtime")?,
-            container_id: get(row, "w_container_id")?,
-            pod_uid: get(row, "w_pod_uid")?,
-            qos: get(row, "w_qos")?,
-            job_id: get(row, "w_job_id")?,
-            step: get(row, "w_step")?,
-            unit: get(row, "w_unit")?,
-            uid: get(row, "w_uid")?,
-            container_name: get(row, "w_container_name")?,
-            image: get(row, "w_image")?,
-            pod_name: get(row, "w_pod_name")?,
-            namespace: get(row, "w_namespace")?,
-        },
+        workload: workload_from_row(row)?,
         mig_uuid: get(row, "mig_uuid")?,
+    })
+}
+
+/// The workload columns of a row (`w_kind`, `w_runtime`, ... as in [`PROCESS_COLS`]).
+fn workload_from_row(row: &SqliteRow) -> Result<Workload, StoreError> {
+    let kind: String = get(row, "w_kind")?;
+    let kind = WorkloadKind::parse(&kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
+    Ok(Workload {
+        kind,
+        runtime: get(row, "w_runtime")?,
+        container_id: get(row, "w_container_id")?,
+        pod_uid: get(row, "w_pod_uid")?,
+        qos: get(row, "w_qos")?,
+        job_id: get(row, "w_job_id")?,
+        step: get(row, "w_step")?,
+        unit: get(row, "w_unit")?,
+        uid: get(row, "w_uid")?,
+        container_name: get(row, "w_container_name")?,
+        image: get(row, "w_image")?,
+        pod_name: get(row, "w_pod_name")?,
+        namespace: get(row, "w_namespace")?,
     })
 }
 

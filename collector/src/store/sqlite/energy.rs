@@ -1,7 +1,7 @@
 //! SQL of energy accounting (issue 6): reading the accountant's inputs, replacing its
 //! per-minute rollups, and the API's aggregates. Schema: `migrations/sqlite/0006_energy.sql`.
 
-use super::{from_i64, get, limit_i64, q};
+use super::{from_i64, get, limit_i64, q, workload_from_row};
 use crate::energy::{
     EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
 };
@@ -9,38 +9,17 @@ use crate::store::energy::{
     EnergyGpu, EnergyInputs, GpuEnergy, WorkloadEnergy, WorkloadEnergyPoint,
 };
 use crate::store::{GpuId, NodeId, StoreError, TimeRange};
-use gpufleet_core::{UnixMs, Workload, WorkloadKind};
+use gpufleet_core::UnixMs;
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use std::collections::BTreeMap;
 
-/// Workload columns, for a query joining `workloads w`.
+/// Workload columns, for a query joining `workloads w` (read by `workload_from_row`).
 const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
     w.container_id AS w_container_id, w.pod_uid AS w_pod_uid, w.qos AS w_qos, \
     w.job_id AS w_job_id, w.step AS w_step, w.unit AS w_unit, w.uid AS w_uid, \
     w.container_name AS w_container_name, w.image AS w_image, w.pod_name AS w_pod_name, \
     w.namespace AS w_namespace";
-
-fn workload_from_row(row: &SqliteRow) -> Result<Workload, StoreError> {
-    let kind: String = get(row, "w_kind")?;
-    let kind = WorkloadKind::parse(&kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
-    Ok(Workload {
-        kind,
-        runtime: get(row, "w_runtime")?,
-        container_id: get(row, "w_container_id")?,
-        pod_uid: get(row, "w_pod_uid")?,
-        qos: get(row, "w_qos")?,
-        job_id: get(row, "w_job_id")?,
-        step: get(row, "w_step")?,
-        unit: get(row, "w_unit")?,
-        uid: get(row, "w_uid")?,
-        container_name: get(row, "w_container_name")?,
-        image: get(row, "w_image")?,
-        pod_name: get(row, "w_pod_name")?,
-        namespace: get(row, "w_namespace")?,
-    })
-}
 
 /// A non-negative integer column as u64 (sums and energies are never negative; a
 /// negative value means the row was tampered with).
