@@ -237,6 +237,12 @@ pub fn spawn(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let mut rx = live.subscribe();
+    info!(
+        idle_policy = options.idle_policy.as_str(),
+        idle = ?options.idle,
+        max_gap = ?options.max_gap,
+        "energy accounting"
+    );
     let mut accountant = Accountant::new(store, options, clock);
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(accountant.options.period);
