@@ -15,6 +15,7 @@
 //! - [`cost`]: what sampling costs (thread CPU time, timed calls).
 //! - [`sampler`]: the sampling loop (off the runtime; timestamps; cost).
 //! - [`queue`]: the [`Outbox`](queue::Outbox) of unacked batches; bounded, counts drops.
+//! - [`spool`]: the on-disk [`Outbox`](queue::Outbox): segments, checksums, trimmed on ack.
 //! - [`uplink`]: the gRPC session, acks, rejects, reconnects with backoff, failover.
 //! - [`run`]: [`run_agent`], the whole pipeline until shutdown.
 //! - [`snapshot`]: `gpufleet-agent snapshot` (table or JSON).
@@ -47,6 +48,7 @@ pub mod sampler;
 pub mod sim;
 pub mod snapshot;
 pub mod source;
+pub mod spool;
 pub mod uplink;
 
 pub use queue::Summary;

@@ -8,6 +8,7 @@ use gpufleet_agent::host::{self, HostReader};
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
 use gpufleet_agent::sampler::Sampler;
 use gpufleet_agent::snapshot::{self, Spacing};
+use gpufleet_agent::spool::SpoolArgs;
 use gpufleet_agent::{GpuSource, RunOptions, Scenario, SimOptions, run_agent, simulator};
 use gpufleet_core::config::{args_with_config_file, init_tracing, now_ms, parse_duration};
 use std::collections::BTreeMap;
@@ -34,8 +35,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Sample every interval and stream to the collector until SIGTERM / SIGINT; then
-    /// print `summary sampled=N acked=N dropped=N unacked=N` (GPU samples) on stdout.
+    /// Sample every interval, spool to disk and stream to the collector until SIGTERM /
+    /// SIGINT; then print `summary sampled=N acked=N dropped=N unacked=N` (GPU samples,
+    /// over the spool's lifetime: a restarted agent counts what earlier runs spooled).
     Run(RunArgs),
     /// Print one local reading, like nvidia-smi / gpustat.
     Snapshot(SnapshotArgs),
@@ -88,10 +90,8 @@ struct RunArgs {
     interval: Duration,
     #[command(flatten)]
     source: SourceArgs,
-    /// Spool directory. Reserved: batches are held in memory for now (bounded by
-    /// --queue-max-ticks); the on-disk spool uses this directory.
-    #[arg(long, env = "GPUFLEET_SPOOL_DIR", value_name = "DIR")]
-    spool_dir: Option<PathBuf>,
+    #[command(flatten)]
+    spool: SpoolArgs,
     /// A label sent to the collector, k=v (repeat, or separate with commas).
     #[arg(long = "label", env = "GPUFLEET_LABEL", value_name = "K=V", value_delimiter = ',', value_parser = parse_label)]
     labels: Vec<(String, String)>,
@@ -101,10 +101,6 @@ struct RunArgs {
     /// Most ticks per batch.
     #[arg(long, env = "GPUFLEET_BATCH_MAX_TICKS", value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
     batch_max_ticks: u32,
-    /// Most ticks held while the collector is unreachable; beyond, the oldest are
-    /// dropped (and counted).
-    #[arg(long, env = "GPUFLEET_QUEUE_MAX_TICKS", value_name = "N", default_value_t = 3600, value_parser = clap::value_parser!(u32).range(1..))]
-    queue_max_ticks: u32,
 }
 
 #[derive(Debug, Args)]
@@ -189,9 +185,6 @@ fn source(args: &SourceArgs, node: &str) -> anyhow::Result<Box<dyn GpuSource>> {
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let node = node_name(args.node, &args.source.proc_root)?;
-    if let Some(dir) = &args.spool_dir {
-        info!(spool_dir = %dir.display(), "the on-disk spool is not implemented yet; unacked batches are held in memory");
-    }
     let source = source(&args.source, &node)?;
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let opts = RunOptions {
@@ -202,7 +195,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         boot_id: None,
         shutdown_timeout: args.shutdown_timeout,
         batch_max_ticks: args.batch_max_ticks as usize,
-        queue_max_ticks: args.queue_max_ticks as usize,
+        spool: Some(args.spool.config(&node)),
         ..RunOptions::new(node, args.collector)
     };
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -6,44 +6,88 @@
 //!
 //! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
 //! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
-//! counts, clock event (throttle) reasons, encoder/decoder utilization and the processes
+//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power,
+//! memory temperature and NVLink data throughput, summed and per active link (one batched
+//! `nvmlDeviceGetFieldValues` call, see `field_values_scoped`) and the processes
 //! (compute + graphics, with per-process utilization since the last call). A call that
-//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device.
-//! Every call is timed; the tick's [`SamplerCost`] carries the total and the slowest.
+//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
+//! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
+//! [`SamplerCost`] carries the total and the slowest.
+//!
+//! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
+//! errors, ECC double-bit errors) with a timeout; what it receives is reported in the
+//! next tick. A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
+//! absent, the others keep being sampled, and each tick it is probed once (a fresh
+//! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
+//!
+//! MIG: on a GPU with MIG enabled, its MIG devices are found once (inventory
+//! `mig_instances`: UUID, profile, memory) and each tick their compute process lists say
+//! which process runs in which (`mig_uuid`). nvml-wrapper 0.13 does not wrap
+//! `nvmlDeviceGetGpuInstanceId` / `…ComputeInstanceId`: an instance's ids are taken from
+//! a process running in it when it is found, else NVML's "no value" (0xFFFFFFFF).
+//!
+//! NVLink: NVML's `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` fields are cumulative KiB
+//! counters that take the link in the entry's `scopeId` (`UINT_MAX`: the sum over all
+//! links). nvml-wrapper 0.13 always sends `scopeId` 0, so the batch is made by
+//! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
+//! between ticks: absent on the first tick and after a counter went backwards.
 //!
 //! The NVML → domain mappings are pure functions at the bottom of this file, tested
-//! without NVML. Field values (instant power, memory temperature, NVLink throughput),
-//! Xid events and MIG come in a later issue; `Metric` and `DeviceState` are where
-//! they slot in.
+//! without NVML.
 
 use crate::cgroup::{self, ProcessIdentity, UserNames};
 use crate::cost::{CallTimer, micros, thread_cpu_time};
 use crate::host;
 use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{
-    Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, ProcessType, SamplerCost, Tick,
-    UnixMs,
+    Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, NvLinkSample, ProcessSample,
+    ProcessType, SamplerCost, Tick, UnixMs,
 };
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
     Brand, Clock, ComputeMode, EccCounter, MemoryError, PcieUtilCounter, PerformanceState,
     TemperatureSensor,
 };
-use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::{MemoryInfo, ProcessInfo, ProcessUtilizationSample};
-use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
+use nvml_wrapper::struct_wrappers::device::{
+    FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
+};
+use nvml_wrapper::struct_wrappers::event::EventData;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_INSTANT,
+};
+use nvml_wrapper::{Device, EventSet, Nvml};
+use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlValue_t};
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_int;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// The library NVML loads when no `--nvml-lib` is given.
 const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 /// NVML's maximum number of NVLink links per GPU.
 const MAX_NVLINKS: u32 = 18;
+/// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
+/// (so dropping the source takes at most this long).
+const EVENT_WAIT: Duration = Duration::from_millis(200);
+/// Device-wide field values asked in one `nvmlDeviceGetFieldValues` call per tick (the
+/// NVLink entries join them, see [`field_batch`]).
+const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
+/// The `scopeId` of an NVLink field value that asks for the sum over all links.
+pub const ALL_LINKS: u32 = u32::MAX;
+/// NVML's "no value" for a GPU / compute instance id.
+const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
+/// How often a process list is asked again when it grew between NVML's size query and
+/// the fill (`NVML_ERROR_INSUFFICIENT_SIZE`).
+const LIST_ATTEMPTS: usize = 3;
 
 /// How to open NVML.
 #[derive(Debug, Clone)]
@@ -171,7 +215,8 @@ fn worker(
             return;
         }
     };
-    let mut reader = match Reader::open(&nvml, opts) {
+    let (event_tx, event_rx) = mpsc::channel();
+    let mut reader = match Reader::open(&nvml, opts, event_rx) {
         Ok(r) => r,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -179,19 +224,151 @@ fn worker(
         }
     };
     info!(lib = %lib, gpus = reader.devices.len(), "NVML initialised");
-    if ready.send(Ok(())).is_err() {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let gpus = reader
+            .devices
+            .iter()
+            .map(|d| d.index + 1)
+            .max()
+            .unwrap_or(0);
+        let (nvml, event_tx, stop) = (&nvml, &event_tx, &stop);
+        let events = std::thread::Builder::new()
+            .name("nvml-events".into())
+            .spawn_scoped(scope, move || watch_events(nvml, gpus, event_tx, stop));
+        if let Err(e) = events {
+            warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
+        }
+        if ready.send(Ok(())).is_err() {
+            stop.store(true, Ordering::Relaxed);
+            return;
+        }
+        for request in requests {
+            let answer = match request {
+                Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
+                Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
+            };
+            if replies.send(answer).is_err() {
+                break;
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // The event thread has ended (the scope joined it); `reader` (and its `Device`
+    // handles) drop before `nvml`, which then shuts NVML down.
+}
+
+/// The event thread: registers every GPU that supports them for Xid and ECC double-bit
+/// events, then waits on the set (with a timeout, to notice `stop`) and forwards what
+/// arrives to the sampler.
+fn watch_events(nvml: &Nvml, gpus: u32, tx: &mpsc::Sender<Event>, stop: &AtomicBool) {
+    let Some(set) = register_events(nvml, gpus) else {
         return;
-    }
-    for request in requests {
-        let answer = match request {
-            Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
-            Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
-        };
-        if replies.send(answer).is_err() {
-            break;
+    };
+    let mut warned = false;
+    while !stop.load(Ordering::Relaxed) {
+        let timeout_ms = u32::try_from(EVENT_WAIT.as_millis()).unwrap_or(u32::MAX);
+        match set.wait(timeout_ms) {
+            Ok(data) => {
+                let event = event_from(&data, gpufleet_core::config::now_ms());
+                debug!(gpu = %event.gpu_uuid, kind = event.kind.as_str(), code = ?event.code, "NVML event");
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+            Err(NvmlError::Timeout) => {}
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    warn!(error = %e, "waiting for NVML events failed; retrying (further failures logged at debug)");
+                } else {
+                    debug!(error = %e, "waiting for NVML events failed");
+                }
+                std::thread::sleep(EVENT_WAIT);
+            }
         }
     }
-    // `reader` (and its `Device` handles) drop before `nvml`, which then shuts NVML down.
+}
+
+/// An event set with every GPU that supports Xid / double-bit ECC events registered;
+/// `None` when no GPU does. (nvml-wrapper frees the set when a registration fails, so a
+/// GPU that refuses is left out and the set is built again without it.)
+fn register_events(nvml: &Nvml, gpus: u32) -> Option<EventSet<'_>> {
+    let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+    let mut refused: Vec<u32> = Vec::new();
+    'build: loop {
+        let mut set = match nvml.create_event_set() {
+            Ok(s) => s,
+            Err(e) => {
+                info!(error = %e, "NVML events are not available; Xid and ECC events will not be reported");
+                return None;
+            }
+        };
+        let mut registered = 0;
+        for index in (0..gpus).filter(|i| !refused.contains(i)) {
+            let Ok(device) = nvml.device_by_index(index) else {
+                continue;
+            };
+            let types = match device.supported_event_types() {
+                Ok(t) => t & wanted,
+                Err(_) => continue,
+            };
+            if types.is_empty() {
+                continue;
+            }
+            match device.register_events(types, set) {
+                Ok(s) => {
+                    set = s;
+                    registered += 1;
+                }
+                Err(e) => {
+                    warn!(gpu = index, error = %e.error, "cannot register for NVML events; this GPU's Xid and ECC events will not be reported");
+                    refused.push(index);
+                    continue 'build;
+                }
+            }
+        }
+        if registered == 0 {
+            info!("no GPU supports Xid / ECC events");
+            return None;
+        }
+        return Some(set);
+    }
+}
+
+/// The domain event for what an event set delivered.
+fn event_from(data: &EventData<'_>, now_ms: UnixMs) -> Event {
+    let gpu_uuid = data.device.uuid().unwrap_or_default();
+    let (kind, code, detail) = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+        let code = match data.event_data {
+            Some(XidError::Value(v)) => Some(v),
+            _ => None,
+        };
+        let detail = code.map_or_else(
+            || "Xid critical error (unknown code)".to_owned(),
+            |c| format!("Xid {c}"),
+        );
+        (EventKind::Xid, code, detail)
+    } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+        (
+            EventKind::EccDoubleBit,
+            None,
+            "ECC double-bit (uncorrectable) memory error".to_owned(),
+        )
+    } else {
+        (
+            EventKind::EccSingleBit,
+            None,
+            format!("NVML event {:#x}", data.event_type.bits()),
+        )
+    };
+    Event {
+        time_ms: now_ms,
+        gpu_uuid,
+        kind,
+        code,
+        detail,
+    }
 }
 
 /// A per-tick NVML query; the unit of "unsupported, don't ask again".
@@ -218,6 +395,7 @@ enum Metric {
     ComputeProcs,
     GraphicsProcs,
     ProcessUtil,
+    FieldValues,
 }
 
 impl Metric {
@@ -245,6 +423,7 @@ impl Metric {
             Self::ComputeProcs => "running_compute_processes",
             Self::GraphicsProcs => "running_graphics_processes",
             Self::ProcessUtil => "process_utilization_stats",
+            Self::FieldValues => "field_values",
         }
     }
 
@@ -283,7 +462,91 @@ struct DeviceState<'n> {
     /// call so it returns only newer samples (0 would return a long-window average).
     last_util_ts: u64,
     /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
+    /// Probed once per tick until it answers again.
     lost: bool,
+    /// Entries still asked in the batched field-value call (an entry the device answers
+    /// NOT_SUPPORTED for is removed).
+    fields: Vec<FieldKey>,
+    /// Its active NVLink links, found once.
+    links: Vec<u32>,
+    /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
+    nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
+    /// Its MIG devices (MIG enabled), found once.
+    migs: Vec<MigDevice<'n>>,
+}
+
+/// A MIG device of a GPU.
+struct MigDevice<'n> {
+    /// Its handle, for its process list.
+    device: Device<'n>,
+    /// What the inventory reports.
+    info: MigInstance,
+}
+
+/// The MIG devices of a GPU with MIG enabled (none otherwise).
+fn discover_migs<'n>(device: &Device<'n>, index: u32) -> Vec<MigDevice<'n>> {
+    if !device.mig_mode().is_ok_and(|m| m.current == 1) {
+        return Vec::new();
+    }
+    let max = match device.mig_device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            warn!(gpu = index, error = %e, "MIG is enabled but its devices cannot be counted");
+            return Vec::new();
+        }
+    };
+    let mut migs = Vec::new();
+    for k in 0..max {
+        let mig = match device.mig_device_by_index(k) {
+            Ok(m) => m,
+            // An empty slot.
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => {
+                debug!(gpu = index, mig = k, error = %e, "cannot open MIG device");
+                continue;
+            }
+        };
+        let Ok(uuid) = mig.uuid() else { continue };
+        let ids = mig.running_compute_processes().ok().and_then(|ps| {
+            ps.iter()
+                .find_map(|p| Some((p.gpu_instance_id?, p.compute_instance_id?)))
+        });
+        let info = MigInstance {
+            uuid,
+            gpu_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.0),
+            compute_instance_id: ids.map_or(NO_INSTANCE_ID, |i| i.1),
+            profile: mig.name().ok().as_deref().and_then(mig_profile),
+            memory_total_bytes: mig.memory_info().ok().map(|m| m.total),
+        };
+        migs.push(MigDevice { device: mig, info });
+    }
+    info!(gpu = index, mig_devices = migs.len(), "MIG enabled");
+    migs
+}
+
+/// pid → MIG device UUID for the processes in a GPU's MIG devices (one compute process
+/// list per MIG device and tick).
+fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, String> {
+    let mut by_pid = HashMap::new();
+    if dev.lost {
+        return by_pid;
+    }
+    for mig in &dev.migs {
+        let start = Instant::now();
+        let listed = retry_grown(|| mig.device.running_compute_processes());
+        timer.record(dev.index, "mig.running_compute_processes", start.elapsed());
+        match listed {
+            Ok(procs) => {
+                for p in procs {
+                    by_pid.insert(p.pid, mig.info.uuid.clone());
+                }
+            }
+            Err(e) => {
+                debug!(gpu = dev.index, mig = %mig.info.uuid, error = %e, "MIG process list failed")
+            }
+        }
+    }
+    by_pid
 }
 
 /// Everything the NVML thread keeps between ticks.
@@ -301,10 +564,16 @@ struct Reader<'n> {
     /// Identity of each pid seen on a GPU, kept while the pid stays on a GPU (so `/proc`
     /// is read once per process, not once per tick).
     identities: HashMap<u32, ProcessIdentity>,
+    /// Events from the event thread, reported in the next tick.
+    events: mpsc::Receiver<Event>,
 }
 
 impl<'n> Reader<'n> {
-    fn open(nvml: &'n Nvml, opts: NvmlOptions) -> Result<Self, SourceError> {
+    fn open(
+        nvml: &'n Nvml,
+        opts: NvmlOptions,
+        events: mpsc::Receiver<Event>,
+    ) -> Result<Self, SourceError> {
         let count = nvml.device_count().map_err(|e| SourceError::Nvml {
             call: "device_count",
             reason: e.to_string(),
@@ -325,7 +594,10 @@ impl<'n> Reader<'n> {
                     continue;
                 }
             };
+            let migs = discover_migs(&device, index);
+            let links = active_nvlinks(&device);
             devices.push(DeviceState {
+                migs,
                 device,
                 index,
                 uuid,
@@ -333,6 +605,9 @@ impl<'n> Reader<'n> {
                 warned: MetricSet::default(),
                 last_util_ts: 0,
                 lost: false,
+                fields: field_batch(&links),
+                links,
+                nvlink_prev: BTreeMap::new(),
             });
         }
         Ok(Self {
@@ -342,6 +617,7 @@ impl<'n> Reader<'n> {
             proc_root: opts.proc_root,
             hostname: opts.hostname,
             identities: HashMap::new(),
+            events,
         })
     }
 
@@ -369,7 +645,7 @@ impl<'n> Reader<'n> {
                     max_clock_sm_mhz: d.max_clock_info(Clock::SM).ok(),
                     max_clock_mem_mhz: d.max_clock_info(Clock::Memory).ok(),
                     max_clock_graphics_mhz: d.max_clock_info(Clock::Graphics).ok(),
-                    nvlink_count: Some(active_nvlinks(d)),
+                    nvlink_count: u32::try_from(s.links.len()).ok(),
                     mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
                     compute_mode: d
                         .compute_mode()
@@ -381,7 +657,7 @@ impl<'n> Reader<'n> {
                     pcie_link_gen_max: d.max_pcie_link_gen().ok(),
                     pcie_link_width_max: d.max_pcie_link_width().ok(),
                     vbios_version: d.vbios_version().ok(),
-                    mig_instances: Vec::new(),
+                    mig_instances: s.migs.iter().map(|m| m.info.clone()).collect(),
                 }
             })
             .collect();
@@ -408,8 +684,19 @@ impl<'n> Reader<'n> {
         };
         let mut seen_pids = Vec::new();
         for dev in &mut self.devices {
+            if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
+                info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
+                tick.events.push(Event {
+                    time_ms: now_ms,
+                    gpu_uuid: dev.uuid.clone(),
+                    kind: EventKind::GpuRecovered,
+                    code: None,
+                    detail: format!("GPU {} answers again", dev.index),
+                });
+            }
             let was_lost = dev.lost;
             let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            let mig_of = mig_processes(dev, &mut timer);
             if dev.lost && !was_lost {
                 tick.events.push(Event {
                     time_ms: now_ms,
@@ -440,12 +727,16 @@ impl<'n> Reader<'n> {
                     enc_util_pct: p.enc_pct,
                     dec_util_pct: p.dec_pct,
                     workload: id.workload.clone(),
-                    mig_uuid: None,
+                    mig_uuid: mig_of.get(&p.pid).cloned(),
                 });
             }
             tick.gpus.push(sample);
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
+        tick.events.extend(self.events.try_iter().map(|mut e| {
+            e.time_ms = e.time_ms.min(now_ms);
+            e
+        }));
         tick.cost = Some(SamplerCost {
             cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
             wall_us: None,
@@ -540,11 +831,12 @@ fn sample_device(
         read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
+    let fields = read_fields(dev, timer, now_ms);
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
-        d.running_compute_processes()
+        retry_grown(|| d.running_compute_processes())
     });
     let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
-        d.running_graphics_processes()
+        retry_grown(|| d.running_graphics_processes())
     });
     let since = if dev.last_util_ts == 0 {
         // First call: the last second, not the driver's whole buffer.
@@ -578,13 +870,11 @@ fn sample_device(
         mem_total_bytes: mem.map(|m| m.total),
         mem_reserved_bytes: mem.map(|m| m.reserved),
         power_mw,
-        // Field values (NVML_FI_DEV_POWER_INSTANT, memory temperature, NVLink
-        // throughput) come with the field-value work; absent until then.
-        power_instant_mw: None,
+        power_instant_mw: fields.power_instant_mw,
         power_limit_mw,
         energy_mj,
         temp_gpu_c,
-        temp_mem_c: None,
+        temp_mem_c: fields.temp_mem_c,
         fan_pct,
         clock_sm_mhz,
         clock_mem_mhz,
@@ -592,9 +882,9 @@ fn sample_device(
         pstate,
         pcie_tx_bps,
         pcie_rx_bps,
-        nvlink_tx_bps: None,
-        nvlink_rx_bps: None,
-        nvlinks: Vec::new(),
+        nvlink_tx_bps: fields.nvlink_tx_bps,
+        nvlink_rx_bps: fields.nvlink_rx_bps,
+        nvlinks: fields.nvlinks,
         ecc_corrected_volatile: ecc_corrected,
         ecc_uncorrected_volatile: ecc_uncorrected,
         throttle_reasons: throttle,
@@ -604,17 +894,137 @@ fn sample_device(
     (sample, processes)
 }
 
-/// Number of active NVLink links (0 on boards without NVLink).
-fn active_nvlinks(d: &Device<'_>) -> u32 {
-    let mut n = 0;
+/// Asks a lost GPU, through a fresh handle, whether it answers again; on success the
+/// handle replaces the old one and the GPU is sampled from this tick on.
+fn probe_lost<'n>(nvml: &'n Nvml, dev: &mut DeviceState<'n>, timer: &mut CallTimer) -> bool {
+    let start = Instant::now();
+    let fresh = nvml
+        .device_by_uuid(dev.uuid.as_str())
+        .and_then(|d| d.uuid().map(|_| d));
+    timer.record(dev.index, "probe_lost", start.elapsed());
+    match fresh {
+        Ok(device) => {
+            dev.device = device;
+            dev.lost = false;
+            true
+        }
+        Err(e) => {
+            debug!(gpu = dev.index, error = %e, "GPU still lost");
+            false
+        }
+    }
+}
+
+/// A process list asked again (up to [`LIST_ATTEMPTS`] times) when it grew between
+/// NVML's size query and the fill.
+fn retry_grown<T>(
+    mut list: impl FnMut() -> Result<Vec<T>, NvmlError>,
+) -> Result<Vec<T>, NvmlError> {
+    let mut result = list();
+    for _ in 1..LIST_ATTEMPTS {
+        if !matches!(result, Err(NvmlError::InsufficientSize(_))) {
+            break;
+        }
+        result = list();
+    }
+    result
+}
+
+/// What the batched field values gave this tick.
+#[derive(Debug, Default)]
+struct FieldValues {
+    power_instant_mw: Option<u32>,
+    temp_mem_c: Option<u32>,
+    nvlink_tx_bps: Option<u64>,
+    nvlink_rx_bps: Option<u64>,
+    nvlinks: Vec<NvLinkSample>,
+}
+
+/// The batched field values: instant power (mW), memory temperature (°C) and the NVLink
+/// data counters (summed and per active link), turned into rates. Entries the device
+/// does not support are dropped from the batch; once none is left, the call is not made
+/// again.
+fn read_fields(dev: &mut DeviceState<'_>, timer: &mut CallTimer, now_ms: UnixMs) -> FieldValues {
+    if dev.fields.is_empty() {
+        return FieldValues::default();
+    }
+    let keys = dev.fields.clone();
+    let Some(samples) = read(dev, timer, Metric::FieldValues, |d| {
+        field_values_scoped(d, &keys)
+    }) else {
+        if dev.unsupported.contains(Metric::FieldValues) {
+            dev.fields.clear();
+        }
+        return FieldValues::default();
+    };
+    let (values, unsupported) = field_readings(&keys, &samples);
+    if !unsupported.is_empty() {
+        debug!(gpu = dev.index, fields = ?unsupported, "field values not supported; not asked again");
+        dev.fields.retain(|f| !unsupported.contains(f));
+    }
+    let rates = counter_rates(&mut dev.nvlink_prev, &values, now_ms);
+    let (nvlink_tx_bps, nvlink_rx_bps, nvlinks) = nvlink_samples(&dev.links, &rates);
+    let scalar = |field| {
+        values
+            .get(&FieldKey { field, scope: 0 })
+            .and_then(|v| u32::try_from(*v).ok())
+    };
+    FieldValues {
+        power_instant_mw: scalar(NVML_FI_DEV_POWER_INSTANT),
+        temp_mem_c: scalar(NVML_FI_DEV_MEMORY_TEMP),
+        nvlink_tx_bps,
+        nvlink_rx_bps,
+        nvlinks,
+    }
+}
+
+/// `nvmlDeviceGetFieldValues` with each entry's `scopeId` set: nvml-wrapper 0.13's
+/// `Device::field_values_for` always sends 0, and NVLink fields take the link there. The
+/// answers are in the order of `keys`; a failure of the whole call is the error, and each
+/// entry carries its own result (as in nvml-wrapper). The ids are sent as they are:
+/// nvml-wrapper's driver-dependent id remapping touches only ids 251–273, none of ours.
+#[allow(unsafe_code)]
+fn field_values_scoped(
+    device: &Device<'_>,
+    keys: &[FieldKey],
+) -> Result<Vec<Result<FieldValueSample, NvmlError>>, NvmlError> {
+    let sym = nvml_sym(device.nvml().lib().nvmlDeviceGetFieldValues.as_ref())?;
+    let count = c_int::try_from(keys.len()).map_err(|_| NvmlError::InvalidArg)?;
+    let mut raw: Vec<nvmlFieldValue_t> = keys
+        .iter()
+        .map(|k| nvmlFieldValue_t {
+            fieldId: k.field,
+            scopeId: k.scope,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: 0,
+            nvmlReturn: 0,
+            value: nvmlValue_t { ullVal: 0 },
+        })
+        .collect();
+    // SAFETY: `sym` is `nvmlDeviceGetFieldValues` from the library `device`'s `Nvml`
+    // loaded and initialised, and its signature is nvml-wrapper-sys's binding of nvml.h
+    // (the same one nvml-wrapper calls). `device.handle()` is valid: `Device<'_>` borrows
+    // that `Nvml`, so NVML is not shut down while the handle lives. `raw` is a live,
+    // exclusively borrowed array of exactly `count` `nvmlFieldValue_t` (nvml-wrapper-sys's
+    // `#[repr(C)]` layout of the C struct), which NVML reads and writes only within those
+    // `count` entries; nothing else aliases it during the call.
+    let code = unsafe { sym(device.handle(), count, raw.as_mut_ptr()) };
+    nvml_try(code)?;
+    Ok(raw.into_iter().map(FieldValueSample::try_from).collect())
+}
+
+/// The active NVLink links (none on boards without NVLink).
+fn active_nvlinks(d: &Device<'_>) -> Vec<u32> {
+    let mut links = Vec::new();
     for link in 0..MAX_NVLINKS {
         match d.link_wrapper_for(link).is_active() {
-            Ok(true) => n += 1,
+            Ok(true) => links.push(link),
             Ok(false) => {}
             Err(_) => break,
         }
     }
-    n
+    links
 }
 
 // ------------------------------------------------------------------ pure mappings
@@ -671,6 +1081,145 @@ pub fn pstate_number(p: PerformanceState) -> Option<u32> {
         P::Fifteen => 15,
         P::Unknown => return None,
     })
+}
+
+/// One entry of the field-value batch: NVML field id and `scopeId` (the link for NVLink
+/// fields, [`ALL_LINKS`] for their sum, 0 for device-wide fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FieldKey {
+    /// `NVML_FI_*`.
+    pub field: u32,
+    /// `scopeId`.
+    pub scope: u32,
+}
+
+/// The batch for a GPU with these active NVLink links: instant power, memory
+/// temperature and, with links, NVLink data TX and RX summed and per link.
+pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
+    let mut keys: Vec<FieldKey> = FIELDS
+        .iter()
+        .map(|&field| FieldKey { field, scope: 0 })
+        .collect();
+    if !links.is_empty() {
+        for scope in std::iter::once(ALL_LINKS).chain(links.iter().copied()) {
+            for field in [
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ] {
+                keys.push(FieldKey { field, scope });
+            }
+        }
+    }
+    keys
+}
+
+/// The values of a field-value batch (entry → value; `samples[k]` answers `keys[k]`) and
+/// the entries the device answered NOT_SUPPORTED (or no permission) for. Other per-entry
+/// failures are absent this tick and asked again.
+pub fn field_readings(
+    keys: &[FieldKey],
+    samples: &[Result<FieldValueSample, NvmlError>],
+) -> (BTreeMap<FieldKey, u64>, Vec<FieldKey>) {
+    let mut values = BTreeMap::new();
+    let mut unsupported = Vec::new();
+    for (key, s) in keys.iter().zip(samples) {
+        let Ok(s) = s else { continue };
+        match &s.value {
+            Ok(v) => {
+                if let Some(v) = sample_u64(v) {
+                    values.insert(*key, v);
+                }
+            }
+            Err(NvmlError::NotSupported | NvmlError::NoPermission) => unsupported.push(*key),
+            Err(_) => {}
+        }
+    }
+    (values, unsupported)
+}
+
+/// A field value as an unsigned number, if it is one (negative, NaN and out-of-range
+/// values are absent).
+pub fn sample_u64(v: &SampleValue) -> Option<u64> {
+    match *v {
+        SampleValue::U32(v) => Some(u64::from(v)),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        // `u64::MAX as f64` is 2^64, the first value past u64's range.
+        SampleValue::F64(v) if v.is_finite() && (0.0..u64::MAX as f64).contains(&v) => {
+            Some(v.round() as u64)
+        }
+        SampleValue::F64(_) => None,
+    }
+}
+
+/// A field value as an unsigned 32-bit number, if it is one.
+pub fn sample_u32(v: &SampleValue) -> Option<u32> {
+    sample_u64(v).and_then(|v| u32::try_from(v).ok())
+}
+
+/// The byte rate of a KiB counter read `kib` at `now_ms`, from its previous reading;
+/// `None` on the first reading, when no time passed, or when the counter went backwards
+/// (reset): a rate is never made up.
+pub fn counter_rate_bps(prev: Option<(u64, UnixMs)>, kib: u64, now_ms: UnixMs) -> Option<u64> {
+    let (prev_kib, prev_ms) = prev?;
+    let dt_ms = u64::try_from(now_ms.checked_sub(prev_ms)?)
+        .ok()
+        .filter(|d| *d > 0)?;
+    let delta = kib.checked_sub(prev_kib)?;
+    u64::try_from(u128::from(delta) * 1024 * 1000 / u128::from(dt_ms)).ok()
+}
+
+/// The rates of this tick's NVLink counter readings (bytes/s), remembering each reading
+/// in `prev` for the next tick. A counter not read this tick keeps its older reading, so
+/// its next rate spans both ticks.
+pub fn counter_rates(
+    prev: &mut BTreeMap<FieldKey, (u64, UnixMs)>,
+    values: &BTreeMap<FieldKey, u64>,
+    now_ms: UnixMs,
+) -> BTreeMap<FieldKey, u64> {
+    let mut rates = BTreeMap::new();
+    for (key, kib) in values.iter().filter(|(k, _)| {
+        k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    }) {
+        if let Some(bps) = counter_rate_bps(prev.get(key).copied(), *kib, now_ms) {
+            rates.insert(*key, bps);
+        }
+        prev.insert(*key, (*kib, now_ms));
+    }
+    rates
+}
+
+/// The summed NVLink TX / RX rates and one sample per link that has a rate (a link with
+/// neither is left out: absent, not zero).
+pub fn nvlink_samples(
+    links: &[u32],
+    rates: &BTreeMap<FieldKey, u64>,
+) -> (Option<u64>, Option<u64>, Vec<NvLinkSample>) {
+    let rate = |field, scope| rates.get(&FieldKey { field, scope }).copied();
+    let (tx, rx) = (
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    );
+    let per_link = links
+        .iter()
+        .filter_map(|&link| {
+            let (tx_bps, rx_bps) = (rate(tx, link), rate(rx, link));
+            (tx_bps.is_some() || rx_bps.is_some()).then_some(NvLinkSample {
+                link,
+                tx_bps,
+                rx_bps,
+            })
+        })
+        .collect();
+    (rate(tx, ALL_LINKS), rate(rx, ALL_LINKS), per_link)
+}
+
+/// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
+pub fn mig_profile(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then(|| profile.to_owned())
 }
 
 /// The clock event (throttle) reason bit mask, as NVML defines the bits.
@@ -833,6 +1382,7 @@ pub fn merge_processes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvml_wrapper::structs::device::FieldId;
 
     fn proc_info(pid: u32, used: Option<u64>) -> ProcessInfo {
         ProcessInfo {
@@ -873,6 +1423,186 @@ mod tests {
         ] {
             assert!(matches!(classify::<u32>(Err(e)), Reading::Failed(_)));
         }
+    }
+
+    #[test]
+    fn field_values_map_to_numbers_and_unsupported_entries() {
+        let sample = |id: u32, value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(id),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        let key = |field, scope| FieldKey { field, scope };
+        let keys = [
+            key(186, 0),
+            key(82, 0),
+            key(90, 0),
+            key(91, 0),
+            key(92, 0),
+            key(138, ALL_LINKS),
+            key(138, 3),
+            key(139, 3),
+        ];
+        let samples = [
+            sample(186, Ok(SampleValue::U32(231_000))),
+            sample(82, Err(NvmlError::NotSupported)),
+            sample(90, Err(NvmlError::Unknown)),
+            sample(91, Ok(SampleValue::I64(-1))),
+            Err(NvmlError::UnexpectedVariant(9)),
+            sample(138, Ok(SampleValue::U64(1 << 40))),
+            sample(138, Ok(SampleValue::U64(7))),
+            sample(139, Err(NvmlError::NotSupported)),
+        ];
+        let (values, unsupported) = field_readings(&keys, &samples);
+        assert_eq!(
+            values.into_iter().collect::<Vec<_>>(),
+            [
+                (key(138, 3), 7),
+                (key(138, ALL_LINKS), 1 << 40),
+                (key(186, 0), 231_000)
+            ],
+            "keyed by field and scope, 64-bit counters kept whole"
+        );
+        assert_eq!(
+            unsupported,
+            [key(82, 0), key(139, 3)],
+            "transient failures are asked again"
+        );
+        assert_eq!(sample_u32(&SampleValue::U64(7)), Some(7));
+        assert_eq!(sample_u32(&SampleValue::U64(u64::MAX)), None);
+        assert_eq!(sample_u64(&SampleValue::U64(u64::MAX)), Some(u64::MAX));
+        assert_eq!(sample_u32(&SampleValue::F64(41.6)), Some(42));
+        assert_eq!(sample_u32(&SampleValue::F64(f64::NAN)), None);
+        assert_eq!(sample_u64(&SampleValue::F64(-1.0)), None);
+    }
+
+    #[test]
+    fn the_batch_asks_nvlink_summed_and_per_active_link() {
+        let keys = field_batch(&[0, 2]);
+        let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.field, k.scope)).collect();
+        assert_eq!(
+            pairs,
+            [
+                (NVML_FI_DEV_POWER_INSTANT, 0),
+                (NVML_FI_DEV_MEMORY_TEMP, 0),
+                (138, ALL_LINKS),
+                (139, ALL_LINKS),
+                (138, 0),
+                (139, 0),
+                (138, 2),
+                (139, 2),
+            ]
+        );
+        assert_eq!(field_batch(&[]).len(), 2, "no links: no NVLink entries");
+    }
+
+    #[test]
+    fn counter_rates_come_from_deltas_and_are_never_made_up() {
+        assert_eq!(counter_rate_bps(None, 500, 1000), None, "first reading");
+        assert_eq!(
+            counter_rate_bps(Some((1000, 1000)), 3000, 3000),
+            Some(1024 * 1000),
+            "2000 KiB over 2 s"
+        );
+        assert_eq!(counter_rate_bps(Some((1000, 1000)), 1000, 2000), Some(0));
+        assert_eq!(
+            counter_rate_bps(Some((5000, 1000)), 10, 2000),
+            None,
+            "reset"
+        );
+        assert_eq!(counter_rate_bps(Some((1, 2000)), 9, 2000), None, "no time");
+        assert_eq!(
+            counter_rate_bps(Some((1, 3000)), 9, 2000),
+            None,
+            "clock back"
+        );
+        assert_eq!(
+            counter_rate_bps(Some((0, 0)), u64::MAX, 1),
+            None,
+            "out of range"
+        );
+
+        let tx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            scope,
+        };
+        let rx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            scope,
+        };
+        let power = FieldKey {
+            field: NVML_FI_DEV_POWER_INSTANT,
+            scope: 0,
+        };
+        let mut prev = BTreeMap::new();
+        let first = BTreeMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
+        assert!(counter_rates(&mut prev, &first, 1000).is_empty());
+        assert!(!prev.contains_key(&power), "not a counter");
+        // rx(1) not read this tick: its next rate spans two ticks.
+        let second = BTreeMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
+        let rates = counter_rates(&mut prev, &second, 2000);
+        assert_eq!(rates.get(&tx(ALL_LINKS)), Some(&(200 * 1024)));
+        let third = BTreeMap::from([(rx(1), 2010)]);
+        let rates = counter_rates(&mut prev, &third, 3000);
+        assert_eq!(rates.get(&rx(1)), Some(&(1000 * 1024)), "2000 KiB over 2 s");
+
+        let rates = BTreeMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
+        let (sum_tx, sum_rx, links) = nvlink_samples(&[0, 1, 2], &rates);
+        assert_eq!((sum_tx, sum_rx), (Some(9), None));
+        assert_eq!(
+            links,
+            [
+                NvLinkSample {
+                    link: 1,
+                    tx_bps: Some(4),
+                    rx_bps: Some(5)
+                },
+                NvLinkSample {
+                    link: 2,
+                    tx_bps: None,
+                    rx_bps: Some(6)
+                },
+            ],
+            "link 0 has no rate: left out, not zero"
+        );
+    }
+
+    #[test]
+    fn mig_profiles_come_from_the_device_name() {
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-80GB MIG 3g.40gb").as_deref(),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(mig_profile("X MIG "), None);
+    }
+
+    #[test]
+    fn process_lists_are_asked_again_when_they_grew() {
+        let mut calls = 0;
+        let r = retry_grown(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(NvmlError::InsufficientSize(None))
+            } else {
+                Ok(vec![1])
+            }
+        });
+        assert_eq!((r.ok(), calls), (Some(vec![1]), 3));
+        let mut calls = 0;
+        let r: Result<Vec<u32>, _> = retry_grown(|| {
+            calls += 1;
+            Err(NvmlError::InsufficientSize(None))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, LIST_ATTEMPTS, "bounded");
     }
 
     #[test]

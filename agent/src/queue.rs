@@ -178,18 +178,6 @@ impl Outbox for MemoryQueue {
     }
 
     fn start_session(&mut self, last_acked_seq: u64) {
-        while self
-            .batches
-            .front()
-            .is_some_and(|h| h.batch.seq <= last_acked_seq)
-        {
-            if let Some(h) = self.batches.pop_front() {
-                self.ticks_held -= h.batch.ticks.len();
-                self.bytes_held -= h.bytes;
-                self.counts.unacked -= h.samples;
-                self.counts.acked += h.samples;
-            }
-        }
         self.next_seq = self.next_seq.max(last_acked_seq.saturating_add(1));
         for h in &mut self.batches {
             h.sent = false;
@@ -491,7 +479,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_session_trims_what_the_collector_holds_and_resends_the_rest() {
+    fn a_new_session_resends_everything_unacked_and_places_new_seqs_above() {
         let mut q = MemoryQueue::new(100);
         for i in 0..4 {
             q.push(tick(i, 1));
@@ -500,19 +488,25 @@ mod tests {
                 ..LIMITS
             });
         }
-        // Connection lost before any ack; the collector had committed 1 and 2.
+        // Seq 1 was rejected as retryable, 2 was committed but its ack lost, then the
+        // connection broke. The Welcome says 2: a maximum, not "everything up to 2".
+        assert_eq!(q.reject(1, true), Some(1));
         q.push(tick(10, 1));
         q.push(tick(11, 1));
         q.start_session(2);
-        assert_eq!(q.summary().acked, 2);
+        assert_eq!(q.summary().acked, 0, "the Welcome acks nothing");
         let seqs: Vec<u64> = std::iter::from_fn(|| q.next_to_send(LIMITS))
             .map(|b| b.seq)
             .collect();
         assert_eq!(
             seqs,
-            [3, 4, 5],
-            "unacked first, oldest first, then the merged backlog"
+            [1, 2, 3, 4, 5],
+            "unacked first (seq 1 included), oldest first, then the merged backlog"
         );
+        for seq in 1..=5 {
+            assert!(q.ack(seq));
+        }
+        assert_eq!(q.summary().acked, 6);
         holds(&q);
 
         // A collector that already holds higher seqs (an earlier agent run): new seqs go above.

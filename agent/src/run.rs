@@ -1,9 +1,10 @@
 //! `run_agent`: the agent's pipeline, source → sampler → outbox → uplink, until shutdown.
 
 use crate::host::{self, HostReader};
-use crate::queue::{MemoryQueue, Summary};
+use crate::queue::{MemoryQueue, Outbox, Summary};
 use crate::sampler::{Sampler, sample_loop};
 use crate::source::{GpuSource, SourceError};
+use crate::spool::{Spool, SpoolConfig, SpoolError};
 use crate::uplink::{self, HelloFacts, UplinkConfig, UplinkError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -38,8 +39,11 @@ pub struct RunOptions {
     pub shutdown_timeout: Duration,
     /// Most ticks per batch.
     pub batch_max_ticks: usize,
-    /// Most ticks held unacked; beyond, the oldest are dropped and counted.
+    /// Most ticks held unacked in memory (without a spool); beyond, the oldest are
+    /// dropped and counted.
     pub queue_max_ticks: usize,
+    /// The on-disk spool; `None` holds unacked ticks in memory only (lost on exit).
+    pub spool: Option<SpoolConfig>,
     /// Limit on connecting to a collector and on its Welcome.
     pub connect_timeout: Duration,
 }
@@ -58,6 +62,7 @@ impl RunOptions {
             shutdown_timeout: Duration::from_secs(10),
             batch_max_ticks: 100,
             queue_max_ticks: 3600,
+            spool: None,
             connect_timeout: Duration::from_secs(5),
         }
     }
@@ -75,6 +80,12 @@ pub enum AgentError {
     /// The source could not say what GPUs there are.
     #[error("cannot read the GPU inventory: {0}")]
     Inventory(#[source] SourceError),
+    /// The spool could not be opened.
+    #[error(transparent)]
+    Spool(#[from] SpoolError),
+    /// The blocking task opening the spool panicked.
+    #[error("opening the spool panicked")]
+    SpoolPanicked,
     /// The blocking task reading the inventory panicked.
     #[error("the GPU source panicked while reading the inventory")]
     SourcePanicked,
@@ -141,11 +152,18 @@ pub async fn run_agent(
         connect_timeout: opts.connect_timeout,
         shutdown_timeout: opts.shutdown_timeout,
     };
+    let outbox: Box<dyn Outbox> = match opts.spool.clone() {
+        Some(cfg) => Box::new(
+            tokio::task::spawn_blocking(move || Spool::open(cfg))
+                .await
+                .map_err(|_| AgentError::SpoolPanicked)??,
+        ),
+        None => Box::new(MemoryQueue::new(opts.queue_max_ticks)),
+    };
     // A child token: the sampler may stop this agent without touching the caller's token.
     let stop = shutdown.child_token();
     let (tx, rx) = mpsc::channel(TICK_CHANNEL);
     let sampling = tokio::spawn(sample_loop(sampler, opts.interval, tx, stop.clone()));
-    let outbox = Box::new(MemoryQueue::new(opts.queue_max_ticks));
     let summary = uplink::run(cfg, outbox, rx, stop.clone()).await;
     stop.cancel();
     if let Err(e) = sampling.await {

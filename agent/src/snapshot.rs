@@ -76,8 +76,8 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
         let gib = |b: Option<u64>| or_na(b.map(|b| b >> 30));
         let _ = writeln!(
             out,
-            "host  cpu {}%  mem {} / {} GiB  load {}",
-            or_na(h.cpu_util_pct.map(|c| format!("{c:.0}"))),
+            "host  cpu {}  mem {} / {} GiB  load {}",
+            or_na(h.cpu_util_pct.map(|c| format!("{c:.0}%"))),
             gib(h.mem_used_bytes),
             gib(h.mem_total_bytes),
             or_na(h.load1.map(|l| format!("{l:.2}")))

@@ -7,7 +7,8 @@
 //! (bounded; see [`crate::queue`]) and go out, merged into larger batches, once a session
 //! is up again.
 //!
-//! Session protocol: Hello → Welcome (`last_acked_seq` trims the outbox) → batches, each
+//! Session protocol: Hello → Welcome (new seqs go above its `last_acked_seq`; only acks
+//! trim) → batches, each
 //! answered by an Ack (delete) or a Reject (logged with its reason; dropped and counted
 //! unless retryable). At most [`WINDOW`] batches are in flight. On any failure: back off
 //! (exponential with jitter, capped at [`BACKOFF_CAP`]), try the next collector in the

@@ -162,6 +162,7 @@ fn wait_for_log(
 
 #[test]
 fn run_against_an_unreachable_collector_stops_on_sigterm_with_a_consistent_summary() {
+    let spool = tempfile::tempdir().expect("tempdir");
     let mut child = agent()
         .args([
             "run",
@@ -177,6 +178,8 @@ fn run_against_an_unreachable_collector_stops_on_sigterm_with_a_consistent_summa
             "--shutdown-timeout",
             "300ms",
         ])
+        .arg("--spool-dir")
+        .arg(spool.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -2,6 +2,7 @@
 //! validation by the collector's own decoder, reconnect and resend without loss or
 //! duplicates, rejects, and overflow counting while the collector is unreachable.
 
+use gpufleet_agent::spool::{FsyncPolicy, SpoolConfig};
 use gpufleet_agent::{RunOptions, SimOptions, Summary, run_agent, simulator};
 use gpufleet_core::wire::{Limits, decode_batch, decode_hello};
 use gpufleet_proto::v1 as pb;
@@ -22,6 +23,10 @@ struct Behaviour {
     break_first_session_after: Option<usize>,
     /// Reject this seq (not retryable).
     reject_seq: Option<u64>,
+    /// In the first session, refuse this seq as retryable every time, store the batches
+    /// after it, and end the stream right after storing the first of them, unacked: the
+    /// next Welcome's `last_acked_seq` is then above a seq the collector does not hold.
+    retry_reject_in_first_session: Option<u64>,
     /// Delay the Welcome of later sessions (lets ticks pile up while "connecting").
     welcome_delay: Duration,
 }
@@ -124,13 +129,21 @@ impl Ingest for Fake {
                             continue;
                         }
                     };
-                if behaviour.reject_seq == Some(seq) {
-                    store.lock().expect("lock").rejected_samples += batch.gpu_samples() as u64;
+                let refusal =
+                    if session == 1 && behaviour.retry_reject_in_first_session == Some(seq) {
+                        Some((pb::RejectCode::Unavailable, "test: busy", true))
+                    } else if behaviour.reject_seq == Some(seq) {
+                        store.lock().expect("lock").rejected_samples += batch.gpu_samples() as u64;
+                        Some((pb::RejectCode::Invalid, "test: refused", false))
+                    } else {
+                        None
+                    };
+                if let Some((code, reason, retryable)) = refusal {
                     let reject = pb::Reject {
                         seq,
-                        code: pb::RejectCode::Invalid as i32,
-                        reason: "test: refused".into(),
-                        retryable: false,
+                        code: code as i32,
+                        reason: reason.into(),
+                        retryable,
                     };
                     let _ = tx
                         .send(msg(pb::collector_message::Msg::Reject(reject)))
@@ -148,6 +161,13 @@ impl Ingest for Fake {
                     }
                 }
                 in_session += 1;
+                if session == 1
+                    && behaviour
+                        .retry_reject_in_first_session
+                        .is_some_and(|r| seq > r)
+                {
+                    return; // committed above the refused seq, ack lost, stream ends
+                }
                 if session == 1 && Some(in_session) == behaviour.break_first_session_after {
                     return; // committed, ack lost, stream ends
                 }
@@ -342,6 +362,73 @@ async fn an_unreachable_collector_bounds_the_queue_and_counts_drops() {
         "at most 5 ticks of 4 GPUs held: {summary:?}"
     );
     assert!(summary.dropped > 0, "overflow was counted: {summary:?}");
+}
+
+/// Runs a simulated 2-GPU agent `node` with a spool in a temp dir against `urls` (the
+/// fake's URL is appended) until `done`; then stops it cleanly and checks that everything
+/// sampled was acked and stored once.
+async fn run_spooled_until(
+    behaviour: Behaviour,
+    node: &str,
+    urls: &[&str],
+    what: &str,
+    done: impl Fn(&Store) -> bool,
+) {
+    let stop = CancellationToken::new();
+    let (url, store) = start(behaviour, stop.clone()).await;
+    let sim = simulator(SimOptions::new(node, 2)).expect("sim");
+    let shutdown = CancellationToken::new();
+    let spool = tempfile::tempdir().expect("tempdir");
+    let collectors = urls.iter().map(|u| u.to_string()).chain([url]).collect();
+    let opts = RunOptions {
+        spool: Some(SpoolConfig {
+            dir: spool.path().to_owned(),
+            max_bytes: 1 << 20,
+            fsync: FsyncPolicy::Batch,
+        }),
+        collectors,
+        ..options(node, String::new())
+    };
+    let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
+    until(&store, what, done).await;
+    shutdown.cancel();
+    let summary = agent.await.expect("join").expect("agent ran");
+    stop.cancel();
+    check_store(&store.lock().expect("lock"), summary);
+    assert_eq!((summary.dropped, summary.unacked), (0, 0), "{summary:?}");
+    assert_eq!(
+        summary.acked, summary.sampled,
+        "nothing trimmed without its ack"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seq_refused_below_the_welcome_watermark_is_resent_not_trimmed() {
+    let behaviour = Behaviour {
+        retry_reject_in_first_session: Some(1),
+        ..Behaviour::default()
+    };
+    run_spooled_until(
+        behaviour,
+        "fake-w",
+        &[],
+        "a second session that stored seq 1",
+        |s| s.sessions >= 2 && s.batches.iter().any(|b| b.0 == 1),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_over_to_the_next_collector_and_spools_meanwhile() {
+    // The first collector refuses connections; the agent moves on to the second.
+    run_spooled_until(
+        Behaviour::default(),
+        "fake-f",
+        &["http://127.0.0.1:1"],
+        "30 stored samples",
+        |s| s.samples() >= 30,
+    )
+    .await;
 }
 
 #[tokio::test]

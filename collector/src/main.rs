@@ -8,6 +8,7 @@ use gpufleet_collector::energy_cli::{
 };
 use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::status::StatusPolicy;
+use gpufleet_collector::writer::WriterOptions;
 use gpufleet_collector::{ServeOptions, serve};
 use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
 use std::io::Write as _;
@@ -114,6 +115,9 @@ struct ServeArgs {
     /// Largest gRPC message (batch) accepted from an agent, in bytes.
     #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
+    /// Test aid (hidden): wait this long per row before each commit (a slow store).
+    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
+    debug_write_delay_per_row: Option<Duration>,
     #[command(flatten)]
     energy: EnergyArgs,
 }
@@ -177,6 +181,10 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         ingest: IngestOptions {
             max_message_bytes: args.max_message_bytes,
+            ..Default::default()
+        },
+        writer: WriterOptions {
+            debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()
         },
         energy: args.energy.options(),

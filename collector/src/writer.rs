@@ -36,6 +36,9 @@ pub struct WriterOptions {
     /// Rows (GPU + process + host samples + events) the writer gathers into one
     /// transaction before committing; a single larger batch is still written whole.
     pub max_rows_per_commit: usize,
+    /// Test aid: an extra wait per row before each commit, to simulate a store slower
+    /// than the fleet (`serve --debug-write-delay-per-row`, hidden). Zero in production.
+    pub debug_delay_per_row: std::time::Duration,
 }
 
 impl Default for WriterOptions {
@@ -43,6 +46,7 @@ impl Default for WriterOptions {
         WriterOptions {
             queue_batches: 64,
             max_rows_per_commit: 20_000,
+            debug_delay_per_row: std::time::Duration::ZERO,
         }
     }
 }
@@ -152,6 +156,10 @@ impl Writer {
         let (batches, waiters): (Vec<NodeBatch>, Vec<_>) =
             group.into_iter().map(|r| (r.batch, r.done)).unzip();
         let started = Instant::now();
+        if !self.options.debug_delay_per_row.is_zero() {
+            let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+            tokio::time::sleep(self.options.debug_delay_per_row.saturating_mul(rows)).await;
+        }
         match self.store.write_batches(&batches).await {
             Ok(outcome) => {
                 let took = started.elapsed();

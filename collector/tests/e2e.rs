@@ -8,75 +8,19 @@
 //! and the API, never 0.
 
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
+use harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+mod harness;
 
 const SEED: u64 = 4242;
 const GPUS: u32 = 4;
 const NODES: [&str; 2] = ["e2e-node-a", "e2e-node-b"];
 /// Ticks per node to wait for before stopping the agents.
 const MIN_TICKS: u64 = 15;
-
-fn agent_bin() -> PathBuf {
-    let collector = PathBuf::from(env!("CARGO_BIN_EXE_gpufleet-collector"));
-    let agent = collector.with_file_name("gpufleet-agent");
-    assert!(
-        agent.exists(),
-        "{} not found: build it first (`cargo test --workspace` builds every binary)",
-        agent.display()
-    );
-    agent
-}
-
-fn sigterm(child: &Child) {
-    let pid = child.id().expect("child still running");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -TERM {pid} failed");
-}
-
-/// Waits for `child` to exit (bounded) and returns its stdout.
-async fn wait_stdout(mut child: Child, what: &str) -> String {
-    let mut out = String::new();
-    if let Some(mut stdout) = child.stdout.take() {
-        stdout.read_to_string(&mut out).await.expect("read stdout");
-    }
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not exit within 60 s of SIGTERM"))
-        .expect("wait");
-    assert!(
-        status.success(),
-        "{what} exited with {status}; stdout: {out}"
-    );
-    out
-}
-
-/// Parses `summary sampled=N acked=N dropped=N unacked=N`.
-fn summary(stdout: &str) -> [u64; 4] {
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("summary "))
-        .unwrap_or_else(|| panic!("no summary line in agent stdout: {stdout:?}"));
-    let mut out = [0u64; 4];
-    for (i, key) in ["sampled", "acked", "dropped", "unacked"]
-        .iter()
-        .enumerate()
-    {
-        out[i] = line
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{key} missing in {line:?}"));
-    }
-    out
-}
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Value {
     let resp = client
@@ -104,35 +48,12 @@ async fn two_agents_stream_into_sqlite_and_every_value_reads_back() {
     let db_url = format!("sqlite://{}", db_path.display());
 
     // --- collector on ephemeral ports
-    let mut collector = Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
-        .args([
-            "serve",
-            "--db",
-            &db_url,
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .env("GPUFLEET_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gpufleet-collector");
-    let mut lines = BufReader::new(collector.stdout.take().expect("stdout")).lines();
-    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("collector printed its addresses in time")
-        .expect("read")
-        .expect("a line");
-    let addr = |key: &str| -> String {
-        first
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key}= in {first:?}"))
-            .to_owned()
-    };
-    let (grpc, http) = (addr("grpc"), format!("http://{}", addr("http")));
+    let harness::Collector {
+        child: mut collector,
+        grpc,
+        http,
+    } = start_collector(&db_url, "127.0.0.1:0", "127.0.0.1:0", &[]).await;
+    let http = format!("http://{http}");
 
     // --- two simulated agents
     let agents: Vec<Child> = NODES
@@ -146,6 +67,8 @@ async fn two_agents_stream_into_sqlite_and_every_value_reads_back() {
                     "--node",
                     name,
                 ])
+                .arg("--spool-dir")
+                .arg(dir.path().join(format!("spool-{name}")))
                 .args([
                     "--interval",
                     "150ms",

@@ -1,0 +1,364 @@
+//! The scenario file that drives the fake: GPUs, their static facts, values that change
+//! from call to call, processes, unsupported functions and injected failures.
+//!
+//! JSON. Every field has a default (an A100-like GPU), so a scenario names only what it
+//! cares about:
+//!
+//! ```json
+//! { "gpus": [ { "uuid": "GPU-0", "power_mw": [120000, 250000],
+//!               "unsupported": ["nvmlDeviceGetFanSpeed_v2", "field:186"],
+//!               "compute_processes": [ { "pid": 1101, "used_bytes": 1073741824, "sm_pct": 40 } ],
+//!               "lost_after_calls": 200, "lost_for_calls": 3,
+//!               "events": [ { "kind": "xid", "code": 79, "after_calls": 60 } ] } ] }
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// The whole fake machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scenario {
+    /// `nvmlSystemGetDriverVersion`.
+    pub driver_version: String,
+    /// `nvmlSystemGetNVMLVersion`.
+    pub nvml_version: String,
+    /// `nvmlSystemGetCudaDriverVersion_v2` (e.g. 12040 = 12.4).
+    pub cuda_driver_version: i32,
+    /// Where `nvmlShutdown` writes the per-function call counts (JSON object
+    /// `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1, …}`); none if unset.
+    pub counts_file: Option<PathBuf>,
+    /// The GPUs, in NVML index order.
+    pub gpus: Vec<Gpu>,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Self {
+            driver_version: "550.54.15".into(),
+            nvml_version: "12.550.54.15".into(),
+            cuda_driver_version: 12040,
+            counts_file: None,
+            gpus: Vec::new(),
+        }
+    }
+}
+
+/// A value that may change from one read to the next. The n-th read (0-based) of that
+/// value on that GPU gets `Seq[n]` (the last element once past the end) or
+/// `start + n * step`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    /// The same every time.
+    Const(u64),
+    /// One element per read; the last repeats.
+    Seq(Vec<u64>),
+    /// A counter: `start + n * step`.
+    Ramp {
+        /// The first read.
+        start: u64,
+        /// Added per read.
+        step: u64,
+    },
+}
+
+impl Value {
+    /// The value of read number `n` (0-based).
+    pub fn at(&self, n: u64) -> u64 {
+        match self {
+            Self::Const(v) => *v,
+            Self::Seq(s) => {
+                let i = usize::try_from(n).unwrap_or(usize::MAX);
+                s.get(i).or(s.last()).copied().unwrap_or(0)
+            }
+            Self::Ramp { start, step } => start.saturating_add(n.saturating_mul(*step)),
+        }
+    }
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Self::Const(v)
+    }
+}
+
+/// One process on a GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Process {
+    /// Process id (the fixture tree in `shared/cgroups` has 1101–1111).
+    pub pid: u32,
+    /// GPU memory; `None` is NVML's "not available" (`NVML_VALUE_NOT_AVAILABLE`).
+    pub used_bytes: Option<u64>,
+    /// Per-process utilization; the process gets no utilization sample if `None`.
+    pub sm_pct: Option<u32>,
+    /// Memory-bandwidth utilization (with `sm_pct`).
+    pub mem_pct: u32,
+    /// Encoder utilization (with `sm_pct`).
+    pub enc_pct: u32,
+    /// Decoder utilization (with `sm_pct`).
+    pub dec_pct: u32,
+    /// The process shows up from this call of the list function on (0-based, counting
+    /// the size query): lets a list grow between the size query and the fill, which
+    /// makes the fill answer `NVML_ERROR_INSUFFICIENT_SIZE`.
+    pub from_call: u64,
+    /// The MIG instance it runs in (index into its GPU's `mig_instances`): it is listed
+    /// on that MIG device's handle, and on the GPU's with the instance's ids.
+    pub mig: Option<usize>,
+}
+
+/// A MIG device (GPU instance + compute instance) of a GPU with MIG enabled.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MigSpec {
+    /// `MIG-…`.
+    pub uuid: String,
+    /// Profile, e.g. `3g.40gb`; the MIG device's name is `<GPU name> MIG <profile>`.
+    pub profile: String,
+    pub memory_total_bytes: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// What an event set delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// `nvmlEventTypeXidCriticalError`, with `code` as the Xid.
+    Xid,
+    /// `nvmlEventTypeDoubleBitEccError`.
+    EccDoubleBit,
+    /// `nvmlEventTypeSingleBitEccError`.
+    EccSingleBit,
+}
+
+/// An event that becomes pending once the GPU has answered `after_calls` calls, and is
+/// delivered once by `nvmlEventSetWait_v2` to a set it was registered for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSpec {
+    /// Which event.
+    pub kind: EventKind,
+    /// Xid number (event data).
+    #[serde(default)]
+    pub code: u64,
+    /// Calls to this GPU before it is pending.
+    #[serde(default)]
+    pub after_calls: u64,
+}
+
+/// One GPU. Static facts answer the same every call; [`Value`]s change per read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Gpu {
+    pub uuid: String,
+    pub name: String,
+    pub serial: String,
+    pub pci_bus_id: String,
+    /// `nvmlDeviceArchitecture_t` (7 Ampere, 9 Hopper).
+    pub architecture: u32,
+    /// `nvmlBrandType_t` (2 Tesla, 14 NVIDIA).
+    pub brand: u32,
+    pub vbios_version: String,
+    pub memory_total_bytes: u64,
+    pub memory_reserved_bytes: u64,
+    pub power_limit_default_mw: u32,
+    pub power_limit_enforced_mw: u32,
+    pub power_limit_min_mw: u32,
+    pub power_limit_max_mw: u32,
+    pub max_clock_sm_mhz: u32,
+    pub max_clock_mem_mhz: u32,
+    pub max_clock_graphics_mhz: u32,
+    /// Active NVLink links (0..n are active).
+    pub nvlinks: u32,
+    /// MIG mode, current (0/1).
+    pub mig_mode: u32,
+    /// MIG devices (with `mig_mode` 1); `nvmlDeviceGetMaxMigDeviceCount` answers 7 and
+    /// the slots past these answer NOT_FOUND.
+    pub mig_instances: Vec<MigSpec>,
+    /// `nvmlComputeMode_t`.
+    pub compute_mode: u32,
+    pub persistence_mode: bool,
+    pub cuda_capability: (i32, i32),
+    pub pcie_link_gen_max: u32,
+    pub pcie_link_width_max: u32,
+
+    pub util_gpu_pct: Value,
+    pub util_mem_pct: Value,
+    pub mem_used_bytes: Value,
+    /// `nvmlDeviceGetPowerUsage` and field `NVML_FI_DEV_POWER_AVERAGE`.
+    pub power_mw: Value,
+    /// Field `NVML_FI_DEV_POWER_INSTANT`.
+    pub power_instant_mw: Value,
+    pub energy_mj: Value,
+    pub temp_gpu_c: Value,
+    /// Field `NVML_FI_DEV_MEMORY_TEMP`.
+    pub temp_mem_c: Value,
+    pub fan_pct: Value,
+    pub clock_sm_mhz: Value,
+    pub clock_mem_mhz: Value,
+    pub clock_graphics_mhz: Value,
+    /// `nvmlPstates_t` (0–15, 32 unknown).
+    pub pstate: Value,
+    /// KiB/s, as NVML reports it.
+    pub pcie_tx_kib: Value,
+    pub pcie_rx_kib: Value,
+    pub ecc_corrected: Value,
+    pub ecc_uncorrected: Value,
+    pub throttle_reasons: Value,
+    pub enc_util_pct: Value,
+    pub dec_util_pct: Value,
+    /// Per link (index = link id): the cumulative KiB counter of field
+    /// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` (`scopeId` = link); `scopeId` UINT_MAX
+    /// answers the sum over the `nvlinks` active links. A link past the list counts 0;
+    /// a link past `nvlinks` answers NOT_SUPPORTED. All entries of one
+    /// `nvmlDeviceGetFieldValues` call read the same index of their [`Value`]s.
+    pub nvlink_tx_kib: Vec<Value>,
+    /// As `nvlink_tx_kib`, for `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX`.
+    pub nvlink_rx_kib: Vec<Value>,
+
+    pub compute_processes: Vec<Process>,
+    pub graphics_processes: Vec<Process>,
+
+    /// Functions this GPU answers `NVML_ERROR_NOT_SUPPORTED`, by their C name
+    /// (`nvmlDeviceGetFanSpeed_v2`), `field:<id>` for one field value (every scope), or
+    /// `field:<id>:<scopeId>` for one scope of it (an NVLink field's link).
+    pub unsupported: Vec<String>,
+    /// The GPU answers `NVML_ERROR_GPU_IS_LOST` from its n-th call (0-based) …
+    pub lost_after_calls: Option<u64>,
+    /// … for this many calls (for good if unset), then answers again.
+    pub lost_for_calls: Option<u64>,
+    /// Events its event sets deliver.
+    pub events: Vec<EventSpec>,
+}
+
+impl Default for Gpu {
+    fn default() -> Self {
+        Self {
+            uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            serial: "1324021000001".into(),
+            pci_bus_id: "00000000:07:00.0".into(),
+            architecture: 7,
+            brand: 2,
+            vbios_version: "92.00.45.00.06".into(),
+            memory_total_bytes: 80 << 30,
+            memory_reserved_bytes: 512 << 20,
+            power_limit_default_mw: 400_000,
+            power_limit_enforced_mw: 400_000,
+            power_limit_min_mw: 100_000,
+            power_limit_max_mw: 400_000,
+            max_clock_sm_mhz: 1410,
+            max_clock_mem_mhz: 1593,
+            max_clock_graphics_mhz: 1410,
+            nvlinks: 12,
+            mig_mode: 0,
+            mig_instances: Vec::new(),
+            compute_mode: 0,
+            persistence_mode: true,
+            cuda_capability: (8, 0),
+            pcie_link_gen_max: 4,
+            pcie_link_width_max: 16,
+            util_gpu_pct: 0.into(),
+            util_mem_pct: 0.into(),
+            mem_used_bytes: 0.into(),
+            power_mw: 60_000.into(),
+            power_instant_mw: 60_000.into(),
+            energy_mj: Value::Ramp {
+                start: 1_000_000,
+                step: 60_000,
+            },
+            temp_gpu_c: 30.into(),
+            temp_mem_c: 35.into(),
+            fan_pct: 0.into(),
+            clock_sm_mhz: 210.into(),
+            clock_mem_mhz: 1593.into(),
+            clock_graphics_mhz: 210.into(),
+            pstate: 0.into(),
+            pcie_tx_kib: 0.into(),
+            pcie_rx_kib: 0.into(),
+            ecc_corrected: 0.into(),
+            ecc_uncorrected: 0.into(),
+            throttle_reasons: 1.into(),
+            enc_util_pct: 0.into(),
+            dec_util_pct: 0.into(),
+            nvlink_tx_kib: Vec::new(),
+            nvlink_rx_kib: Vec::new(),
+            compute_processes: Vec::new(),
+            graphics_processes: Vec::new(),
+            unsupported: Vec::new(),
+            lost_after_calls: None,
+            lost_for_calls: None,
+            events: Vec::new(),
+        }
+    }
+}
+
+impl Gpu {
+    /// Whether `function` (a C name, or `field:<id>`) answers NOT_SUPPORTED.
+    pub fn is_unsupported(&self, function: &str) -> bool {
+        self.unsupported.iter().any(|u| u == function)
+    }
+
+    /// Whether the GPU is lost on its call number `call` (0-based).
+    pub fn is_lost_at(&self, call: u64) -> bool {
+        match self.lost_after_calls {
+            Some(from) if call >= from => self
+                .lost_for_calls
+                .is_none_or(|n| call < from.saturating_add(n)),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_follow_their_reads() {
+        assert_eq!(Value::Const(5).at(9), 5);
+        let s = Value::Seq(vec![1, 2, 3]);
+        assert_eq!([s.at(0), s.at(2), s.at(7)], [1, 3, 3]);
+        assert_eq!(Value::Seq(vec![]).at(0), 0);
+        assert_eq!(Value::Ramp { start: 10, step: 5 }.at(3), 25);
+    }
+
+    #[test]
+    fn lost_window_is_half_open() {
+        let g = Gpu {
+            lost_after_calls: Some(4),
+            lost_for_calls: Some(2),
+            ..Gpu::default()
+        };
+        let lost: Vec<bool> = (0..8).map(|c| g.is_lost_at(c)).collect();
+        assert_eq!(lost, [false, false, false, false, true, true, false, false]);
+        let forever = Gpu {
+            lost_after_calls: Some(1),
+            ..Gpu::default()
+        };
+        assert!(!forever.is_lost_at(0) && forever.is_lost_at(1_000));
+    }
+
+    #[test]
+    fn scenarios_parse_with_defaults_and_reject_typos() {
+        let s: Scenario = serde_json::from_str(
+            r#"{"gpus":[{"uuid":"GPU-1","power_mw":[1,2],"energy_mj":{"start":5,"step":1}}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(s.driver_version, "550.54.15");
+        assert_eq!(s.gpus[0].power_mw, Value::Seq(vec![1, 2]));
+        assert_eq!(s.gpus[0].energy_mj, Value::Ramp { start: 5, step: 1 });
+        assert_eq!(s.gpus[0].name, "NVIDIA A100-SXM4-80GB");
+        assert!(serde_json::from_str::<Scenario>(r#"{"gpus":[{"powr_mw":1}]}"#).is_err());
+    }
+
+    #[test]
+    fn the_bundled_scenario_parses() {
+        let s: Scenario = serde_json::from_str(include_str!("../scenarios/two-gpus.json"))
+            .expect("scenarios/two-gpus.json parses");
+        assert_eq!(s.gpus.len(), 2);
+        assert!(s.gpus[1].is_unsupported("field:186"));
+    }
+}

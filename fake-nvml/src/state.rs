@@ -1,0 +1,252 @@
+//! The fake machine's state between calls: the scenario, call counts, read counters,
+//! event sets. Safe code; `ffi` only converts pointers.
+
+use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
+use nvml_wrapper_sys::bindings::{
+    nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,
+    nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
+    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED as UNINITIALIZED, nvmlReturn_t,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The one fake machine of this copy of the library; `None` until `nvmlInit_v2`.
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// MIG device handles are `MIG_HANDLES + gpu * 256 + k` (GPU handles are `index + 1`).
+pub const MIG_HANDLES: usize = 0x10_0000;
+
+/// An NVML result: the error is the return code.
+pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
+
+/// Locks the state (a panic elsewhere cannot poison the fake for good).
+pub fn lock() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` on the initialised state, or answers `NVML_ERROR_UNINITIALIZED`.
+pub fn with<R>(f: impl FnOnce(&mut State) -> NvmlResult<R>) -> NvmlResult<R> {
+    match lock().as_mut() {
+        Some(s) => f(s),
+        None => Err(UNINITIALIZED),
+    }
+}
+
+/// An event set: what was registered on it, per GPU.
+#[derive(Debug, Default)]
+pub struct EventSet {
+    /// (GPU index, event type mask).
+    pub registered: Vec<(usize, u64)>,
+}
+
+/// A delivered or pending event, as the C struct wants it.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery {
+    pub gpu: usize,
+    pub event_type: u64,
+    pub data: u64,
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub scenario: Scenario,
+    /// `nvmlInit_v2` calls not yet matched by `nvmlShutdown`.
+    pub inits: u32,
+    /// Calls per (GPU, function); `None` for system-level functions.
+    counts: BTreeMap<(Option<usize>, &'static str), u64>,
+    /// Field-value entries asked per (GPU, field id, scope id).
+    fields: BTreeMap<(usize, u32, u32), u64>,
+    /// Calls per GPU (all functions): the clock of lost windows and events.
+    calls: Vec<u64>,
+    /// Reads per (GPU, value): the index into each [`Value`].
+    reads: HashMap<(usize, &'static str), u64>,
+    /// Which of each GPU's events were delivered.
+    delivered: Vec<Vec<bool>>,
+    /// Event sets by handle - 1; `None` once freed.
+    pub sets: Vec<Option<EventSet>>,
+    /// The newest timestamp handed out (µs), to keep them strictly increasing.
+    last_ts: u64,
+}
+
+impl State {
+    pub fn new(scenario: Scenario) -> Self {
+        let n = scenario.gpus.len();
+        Self {
+            delivered: scenario
+                .gpus
+                .iter()
+                .map(|g| vec![false; g.events.len()])
+                .collect(),
+            scenario,
+            inits: 1,
+            counts: BTreeMap::new(),
+            fields: BTreeMap::new(),
+            calls: vec![0; n],
+            reads: HashMap::new(),
+            sets: Vec::new(),
+            last_ts: 0,
+        }
+    }
+
+    /// Counts a system-level call.
+    pub fn system_call(&mut self, name: &'static str) {
+        *self.counts.entry((None, name)).or_insert(0) += 1;
+    }
+
+    /// The GPU index of a handle (index + 1), without counting a call.
+    pub fn gpu_of(&self, handle: usize) -> NvmlResult<usize> {
+        handle
+            .checked_sub(1)
+            .filter(|i| *i < self.scenario.gpus.len())
+            .ok_or(INVALID_ARGUMENT)
+    }
+
+    /// The (GPU, MIG device) of a MIG device handle.
+    pub fn mig_of(&self, handle: usize) -> NvmlResult<(usize, usize)> {
+        let h = handle.checked_sub(MIG_HANDLES).ok_or(INVALID_ARGUMENT)?;
+        let (i, k) = (h / 256, h % 256);
+        self.scenario
+            .gpus
+            .get(i)
+            .filter(|g| k < g.mig_instances.len())
+            .map(|_| (i, k))
+            .ok_or(INVALID_ARGUMENT)
+    }
+
+    /// Like [`State::device_call`], for a function that also takes MIG device handles:
+    /// the call counts (and the lost window applies) on the parent GPU.
+    pub fn device_or_mig_call(
+        &mut self,
+        handle: usize,
+        name: &'static str,
+    ) -> NvmlResult<(usize, Option<usize>)> {
+        match self.mig_of(handle) {
+            Ok((i, k)) => self.device_call(i + 1, name).map(|i| (i, Some(k))),
+            Err(_) => self.device_call(handle, name).map(|i| (i, None)),
+        }
+    }
+
+    /// Counts a call of `name` on the GPU behind `handle`; answers GPU_IS_LOST inside the
+    /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
+    pub fn device_call(&mut self, handle: usize, name: &'static str) -> NvmlResult<usize> {
+        let i = self.gpu_of(handle)?;
+        *self.counts.entry((Some(i), name)).or_insert(0) += 1;
+        let call = self.calls[i];
+        self.calls[i] += 1;
+        let gpu = &self.scenario.gpus[i];
+        if gpu.is_lost_at(call) {
+            return Err(GPU_IS_LOST);
+        }
+        if gpu.is_unsupported(name) {
+            return Err(NOT_SUPPORTED);
+        }
+        Ok(i)
+    }
+
+    pub fn gpu(&self, i: usize) -> &Gpu {
+        &self.scenario.gpus[i]
+    }
+
+    /// The next read of the value `key` of GPU `i`.
+    pub fn read(&mut self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.reads.entry((i, key)).or_insert(0);
+        let v = pick(&self.scenario.gpus[i]).at(*n);
+        *n += 1;
+        v
+    }
+
+    /// The call number of `key` on GPU `i` (0-based), counting this one.
+    pub fn nth(&mut self, i: usize, key: &'static str) -> u64 {
+        let n = self.reads.entry((i, key)).or_insert(0);
+        let v = *n;
+        *n += 1;
+        v
+    }
+
+    /// The processes of a list visible on its call number `call` (on MIG device `mig`
+    /// only its own).
+    pub fn visible(list: &[Process], call: u64, mig: Option<usize>) -> Vec<Process> {
+        list.iter()
+            .filter(|p| p.from_call <= call && (mig.is_none() || p.mig == mig))
+            .cloned()
+            .collect()
+    }
+
+    /// A wall-clock timestamp in µs, strictly after the previous one.
+    pub fn timestamp(&mut self) -> u64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.last_ts = now.max(self.last_ts + 1);
+        self.last_ts
+    }
+
+    /// Takes the first pending event registered on set `set`.
+    pub fn take_event(&mut self, set: usize) -> Option<Delivery> {
+        let registered = self.sets.get(set)?.as_ref()?.registered.clone();
+        for (gpu, mask) in registered {
+            let Some(g) = self.scenario.gpus.get(gpu) else {
+                continue;
+            };
+            for (k, ev) in g.events.iter().enumerate() {
+                let event_type = event_type(ev.kind);
+                if self.delivered[gpu][k]
+                    || mask & event_type == 0
+                    || self.calls[gpu] < ev.after_calls
+                {
+                    continue;
+                }
+                self.delivered[gpu][k] = true;
+                return Some(Delivery {
+                    gpu,
+                    event_type,
+                    data: if ev.kind == EventKind::Xid {
+                        ev.code
+                    } else {
+                        0
+                    },
+                });
+            }
+        }
+        None
+    }
+
+    /// Counts one field-value entry asked of GPU `i`.
+    pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
+        *self.fields.entry((i, field, scope)).or_insert(0) += 1;
+    }
+
+    /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
+    /// and the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`.
+    pub fn counts_json(&self) -> String {
+        let map: BTreeMap<String, u64> = self
+            .counts
+            .iter()
+            .map(|((gpu, name), n)| {
+                let key = match gpu {
+                    Some(i) => format!("gpu{i}.{name}"),
+                    None => (*name).to_owned(),
+                };
+                (key, *n)
+            })
+            .chain(
+                self.fields
+                    .iter()
+                    .map(|((i, field, scope), n)| (format!("gpu{i}.field:{field}:{scope}"), *n)),
+            )
+            .collect();
+        serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+/// NVML's event type bit for an event kind.
+pub fn event_type(kind: EventKind) -> u64 {
+    use nvml_wrapper_sys::bindings as b;
+    match kind {
+        EventKind::Xid => u64::from(b::nvmlEventTypeXidCriticalError),
+        EventKind::EccDoubleBit => u64::from(b::nvmlEventTypeDoubleBitEccError),
+        EventKind::EccSingleBit => u64::from(b::nvmlEventTypeSingleBitEccError),
+    }
+}
