@@ -149,7 +149,7 @@ pub async fn account_range(
     advance: bool,
 ) -> Result<usize, StoreError> {
     let mut from = minute_of(from_ms);
-    let to = minute_of(to_ms + MINUTE_MS - 1);
+    let to = minute_of(to_ms.saturating_add(MINUTE_MS - 1));
     let mut written = 0;
     while from < to {
         // Skip stretches without samples (their stale rows, if any, go).
@@ -389,7 +389,7 @@ pub async fn recompute(
     for gpu in store.energy_gpus().await? {
         let from = minute_of(range.from_ms);
         // Only what the accountant has covered: the rest is its job.
-        let to = minute_of(range.to_ms) + MINUTE_MS;
+        let to = minute_of(range.to_ms).saturating_add(MINUTE_MS);
         let to = gpu.done_to_ms.map_or(from, |d| to.min(d));
         if from < to {
             written += account_range(store, &gpu, from, to, options, false).await?;

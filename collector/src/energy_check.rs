@@ -36,7 +36,7 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
     let gpus = store.energy_gpus().await?;
     let by_id: HashMap<_, _> = gpus.iter().map(|g| (g.gpu, g)).collect();
     let from = minute_of(range.from_ms);
-    let to = minute_of(range.to_ms) + MINUTE_MS; // exclusive
+    let to = minute_of(range.to_ms).saturating_add(MINUTE_MS); // exclusive
     let stored = store
         .energy_minutes(
             None,
