@@ -62,6 +62,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::web::routes())
         .route("/api/v1/live", get(crate::sse::live))
         .merge(crate::dashboard::routes())
+        // Energy per container / pod / job / user, per GPU, fleet totals (issue 6).
+        .merge(crate::energy_api::routes())
         .fallback(not_found)
         .with_state(state)
 }

@@ -25,10 +25,15 @@
 //! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
 //!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
+pub mod accountant;
 pub mod certs;
 pub mod conn_limit;
 pub mod dashboard;
 pub mod demo;
+pub mod energy;
+pub mod energy_api;
+pub mod energy_check;
+pub mod energy_cli;
 pub mod http;
 pub mod identity;
 pub mod ingest;

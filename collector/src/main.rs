@@ -3,6 +3,9 @@
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
+use gpufleet_collector::energy_cli::{
+    EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
+};
 use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::status::StatusPolicy;
 use gpufleet_collector::writer::WriterOptions;
@@ -40,6 +43,11 @@ enum Command {
     Certs(gpufleet_collector::certs::CertsArgs),
     /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
     Tokens(gpufleet_collector::tokens::TokensArgs),
+    /// Verify stored energy: conservation in every GPU-minute, and rollups equal to what
+    /// the raw samples give. Prints every violation; exits non-zero if there is any.
+    CheckEnergy(EnergyRangeArgs),
+    /// Rebuild the energy rollups of a range from raw samples (after a policy change).
+    RecomputeEnergy(RecomputeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +129,8 @@ struct ServeArgs {
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
+    #[command(flatten)]
+    energy: EnergyArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -139,6 +149,17 @@ fn main() -> anyhow::Result<()> {
             let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(out.as_bytes())?;
+            Ok(())
+        }
+        Command::CheckEnergy(args) => {
+            let ok = runtime.block_on(run_check(&args, &mut std::io::stdout().lock()))?;
+            if !ok {
+                anyhow::bail!("check-energy found violations (listed above)");
+            }
+            Ok(())
+        }
+        Command::RecomputeEnergy(args) => {
+            runtime.block_on(run_recompute(&args, &mut std::io::stdout().lock()))?;
             Ok(())
         }
     }
@@ -188,6 +209,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()
         },
+        energy: args.energy.options(),
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

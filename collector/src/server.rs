@@ -8,6 +8,7 @@
 //! is still queued, and the store is closed.
 
 use crate::conn_limit::{self, ChannelListener, PerIpLimit};
+use crate::accountant::{self, EnergyOptions};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
@@ -44,6 +45,8 @@ pub struct ServeOptions {
     pub web_auth: crate::web_auth::WebAuthMode,
     /// Most connections open at once from one client address, per listener.
     pub max_connections_per_ip: usize,
+    /// Energy accounting: idle policy, idle power, gap limit.
+    pub energy: EnergyOptions,
 }
 
 impl Default for ServeOptions {
@@ -57,6 +60,7 @@ impl Default for ServeOptions {
             tls: TlsOptions::default(),
             web_auth: crate::web_auth::WebAuthMode::Auto,
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
+            energy: EnergyOptions::default(),
         }
     }
 }
@@ -143,6 +147,14 @@ pub async fn serve_with_store(
     {
         warn!(listen = %grpc_addr, "agents may connect without credentials (--allow-unauthenticated-agents): any host that reaches this port can write as any node");
     }
+    let accountant_stop = CancellationToken::new();
+    let accountant_task = accountant::spawn(
+        Arc::clone(&store),
+        Arc::clone(&live),
+        options.energy.clone(),
+        system_clock(),
+        accountant_stop.clone(),
+    );
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
@@ -261,6 +273,10 @@ pub async fn serve_with_store(
     writer_stop.cancel();
     if let Err(e) = writer_task.await {
         warn!(error = %e, "the writer task ended abnormally");
+    }
+    accountant_stop.cancel();
+    if let Err(e) = accountant_task.await {
+        warn!(error = %e, "the energy accountant ended abnormally");
     }
     grpc_result?;
     http_result.map_err(ServeError::Http)?;
