@@ -7,8 +7,8 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
-use crate::conn_limit::{self, ChannelListener, PerIpLimit};
 use crate::accountant::{self, EnergyOptions};
+use crate::conn_limit::{self, ChannelListener, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;

@@ -428,22 +428,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Marks a token revoked at `now_ms`. Returns false when no valid token has this id.
     async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
-}
 
-/// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentTokenRecord {
-    /// Public id (the `<id>` in `gft_<id>_<secret>`).
-    pub id: String,
-    /// Role `agent`: the node the token writes as; other roles: whom it is for.
-    pub node: String,
-    /// `agent`, `viewer` (read the dashboard and API) or `admin` (also change things).
-    pub role: String,
-    /// SHA-256 of the secret part.
-    pub secret_hash: Vec<u8>,
-    pub created_ms: UnixMs,
-    /// When it was revoked; `None` while valid.
-    pub revoked_ms: Option<UnixMs>,
     // ---------------------------------------------------------------- energy (issue 6)
 
     /// Every GPU with its node, model, sample span and accounting watermark.
@@ -511,6 +496,22 @@ pub struct AgentTokenRecord {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
+}
+
+/// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentTokenRecord {
+    /// Public id (the `<id>` in `gft_<id>_<secret>`).
+    pub id: String,
+    /// Role `agent`: the node the token writes as; other roles: whom it is for.
+    pub node: String,
+    /// `agent`, `viewer` (read the dashboard and API) or `admin` (also change things).
+    pub role: String,
+    /// SHA-256 of the secret part.
+    pub secret_hash: Vec<u8>,
+    pub created_ms: UnixMs,
+    /// When it was revoked; `None` while valid.
+    pub revoked_ms: Option<UnixMs>,
 }
 
 /// Opens the store a database URL names: `sqlite://PATH` (the file is created if missing)

@@ -671,21 +671,7 @@ impl Store for SqliteStore {
         .map_err(q("revoke an agent token"))?;
         Ok(done.rows_affected() > 0)
     }
-}
 
-fn token_row(row: &SqliteRow) -> Result<AgentTokenRecord, StoreError> {
-    let get = |e: sqlx::Error| StoreError::Query {
-        op: "read an agent token",
-        source: e,
-    };
-    Ok(AgentTokenRecord {
-        id: row.try_get("id").map_err(get)?,
-        node: row.try_get("node").map_err(get)?,
-        role: row.try_get("role").map_err(get)?,
-        secret_hash: row.try_get("secret_hash").map_err(get)?,
-        created_ms: row.try_get("created_ms").map_err(get)?,
-        revoked_ms: row.try_get("revoked_ms").map_err(get)?,
-    })
     // ---------------------------------------------------------------- energy (issue 6)
 
     async fn energy_gpus(&self) -> Result<Vec<super::energy::EnergyGpu>, StoreError> {
@@ -766,6 +752,21 @@ fn token_row(row: &SqliteRow) -> Result<AgentTokenRecord, StoreError> {
     ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
         energy::gpu_energy(&self.pool, range).await
     }
+}
+
+fn token_row(row: &SqliteRow) -> Result<AgentTokenRecord, StoreError> {
+    let get = |e: sqlx::Error| StoreError::Query {
+        op: "read an agent token",
+        source: e,
+    };
+    Ok(AgentTokenRecord {
+        id: row.try_get("id").map_err(get)?,
+        node: row.try_get("node").map_err(get)?,
+        role: row.try_get("role").map_err(get)?,
+        secret_hash: row.try_get("secret_hash").map_err(get)?,
+        created_ms: row.try_get("created_ms").map_err(get)?,
+        revoked_ms: row.try_get("revoked_ms").map_err(get)?,
+    })
 }
 
 // ------------------------------------------------------------------ one write's rows
