@@ -1,8 +1,7 @@
 //! Exposure warnings: a listener on a non-loopback address without TLS, or agents or
-//! viewers allowed in without credentials there. Logged at start, shown in
-//! `GET /api/v1/health` as `"warnings"` and as a banner on the page at `/`, so an
-//! operator sees them without reading the log. They name addresses and flags, never
-//! secrets.
+//! viewers allowed in without credentials there. Logged at start and listed in
+//! `GET /api/v1/health` as `"warnings"` (for the dashboard to show), so an operator can
+//! see them without reading the log. They name addresses and flags, never secrets.
 
 use std::net::SocketAddr;
 

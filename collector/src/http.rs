@@ -1,4 +1,4 @@
-//! The HTTP API (axum): `/api/v1/*`, `/metrics` and a placeholder page at `/`.
+//! The HTTP API (axum): `/api/v1/*`, `/metrics` and the dashboard at `/`.
 //!
 //! | route | what |
 //! |---|---|
@@ -6,7 +6,9 @@
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
 //! | `GET /metrics` | Prometheus text exposition |
-//! | `GET /` | a minimal HTML page listing the nodes (the dashboard comes later) |
+//! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::web`]) |
+//! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::sse`]) |
+//! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::dashboard`] |
 //!
 //! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
 //! twin (`last_seen_ms`, `time_ms`, `from_ms`). Parameters accept RFC 3339, Unix ms,
@@ -22,14 +24,13 @@ use crate::writer::WriterHandle;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use gpufleet_core::config::{format_time, parse_duration, parse_time};
 use gpufleet_core::{GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use tracing::error;
 
@@ -54,11 +55,16 @@ pub struct AppState {
 /// The router. Tests call it without a socket: `app(state).oneshot(request)`.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .route("/", get(index))
         .route("/api/v1/health", get(health))
         .route("/api/v1/nodes", get(nodes))
         .route("/api/v1/gpus/{uuid}/series", get(series))
         .route("/metrics", get(metrics))
+        // The dashboard: pages and assets, its live stream, node/GPU detail API.
+        .merge(crate::web::routes())
+        .route("/api/v1/live", get(crate::sse::live))
+        .merge(crate::dashboard::routes())
+        // Energy per container / pod / job / user, per GPU, fleet totals (issue 6).
+        .merge(crate::energy_api::routes())
         .fallback(not_found)
         .with_state(state)
 }
@@ -105,7 +111,7 @@ impl IntoResponse for ApiError {
 
 async fn not_found() -> ApiError {
     ApiError::NotFound(
-        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /metrics"
+        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /api/v1/live, /metrics"
             .into(),
     )
 }
@@ -142,7 +148,7 @@ async fn health(
 // ------------------------------------------------------------------ nodes
 
 #[derive(Serialize)]
-struct NodeView<'a> {
+pub(crate) struct NodeView<'a> {
     name: &'a str,
     status: NodeStatus,
     /// Whether an ingest stream from the node is open now.
@@ -211,7 +217,11 @@ struct GpuLatestView<'a> {
     sample: &'a GpuSample,
 }
 
-fn node_view<'a>(n: &'a LiveNode, policy: &StatusPolicy, now_ms: UnixMs) -> NodeView<'a> {
+pub(crate) fn node_view<'a>(
+    n: &'a LiveNode,
+    policy: &StatusPolicy,
+    now_ms: UnixMs,
+) -> NodeView<'a> {
     let r = &n.record;
     NodeView {
         name: &r.name,
@@ -333,32 +343,35 @@ fn suggested_step_s(range_ms: i64) -> i64 {
     (per_point + 999) / 1000
 }
 
-async fn series(
-    State(st): State<AppState>,
-    Path(uuid): Path<String>,
-    params: Result<Query<SeriesParams>, QueryRejection>,
-) -> Result<Response, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
-    let now = (st.clock)();
-    let metric = match p.metric.as_deref() {
-        None | Some("") => {
-            return Err(ApiError::BadRequest(format!(
-                "metric is required; valid metrics: {}",
-                valid_metrics()
-            )));
-        }
+/// The `metric` parameter of a series request.
+pub(crate) fn parse_metric(metric: Option<&str>) -> Result<GpuMetric, ApiError> {
+    match metric {
+        None | Some("") => Err(ApiError::BadRequest(format!(
+            "metric is required; valid metrics: {}",
+            valid_metrics()
+        ))),
         Some(m) => GpuMetric::parse(m).ok_or_else(|| {
             ApiError::BadRequest(format!(
                 "unknown metric {m:?}; valid metrics: {}",
                 valid_metrics()
             ))
-        })?,
-    };
-    let to = match p.to.as_deref() {
+        }),
+    }
+}
+
+/// The `from`, `to` and `step` parameters of a series request: `to` defaults to now,
+/// `from` to 15 minutes before `to`; at most [`MAX_SERIES_POINTS`] buckets.
+pub(crate) fn series_window(
+    from: Option<&str>,
+    to: Option<&str>,
+    step: Option<&str>,
+    now: UnixMs,
+) -> Result<(TimeRange, Option<i64>), ApiError> {
+    let to = match to {
         Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
         None => now,
     };
-    let from = match p.from.as_deref() {
+    let from = match from {
         Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
         None => to - DEFAULT_SERIES_RANGE_MS,
     };
@@ -369,9 +382,7 @@ async fn series(
             format_time(to)
         )));
     }
-    let step_ms = p
-        .step
-        .as_deref()
+    let step_ms = step
         .map(parse_step)
         .transpose()
         .map_err(|e| ApiError::BadRequest(format!("step: {e}")))?;
@@ -385,24 +396,43 @@ async fn series(
             )));
         }
     }
-    let gpu = st
-        .live
-        .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
-        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
     let range = TimeRange {
         from_ms: from,
         to_ms: to,
     };
+    Ok((range, step_ms))
+}
+
+/// A raw series over the point limit: ask for a step.
+pub(crate) fn too_many_samples(range: TimeRange) -> ApiError {
+    ApiError::BadRequest(format!(
+        "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) \
+         to downsample, or a shorter range",
+        suggested_step_s(range.to_ms - range.from_ms)
+    ))
+}
+
+async fn series(
+    State(st): State<AppState>,
+    Path(uuid): Path<String>,
+    params: Result<Query<SeriesParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let now = (st.clock)();
+    let metric = parse_metric(p.metric.as_deref())?;
+    let (range, step_ms) =
+        series_window(p.from.as_deref(), p.to.as_deref(), p.step.as_deref(), now)?;
+    let (from, to) = (range.from_ms, range.to_ms);
+    let gpu = st
+        .live
+        .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
+        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
     let points = st
         .store
         .gpu_series(gpu, metric, range, step_ms, MAX_SERIES_POINTS + 1)
         .await?;
     if points.len() > MAX_SERIES_POINTS {
-        return Err(ApiError::BadRequest(format!(
-            "the range holds more than {MAX_SERIES_POINTS} samples; pass step (e.g. step={}s) \
-             to downsample, or a shorter range",
-            suggested_step_s(to - from)
-        )));
+        return Err(too_many_samples(range));
     }
     Ok(Json(SeriesView {
         uuid: &uuid,
@@ -436,91 +466,9 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .into_response()
 }
 
-// ------------------------------------------------------------------ index
-
-/// Escapes text for HTML element content and attribute values.
-pub fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-async fn index(
-    State(st): State<AppState>,
-    warnings: Option<Extension<ExposureWarnings>>,
-) -> Html<String> {
-    let banner: String = warnings
-        .map(|Extension(w)| w)
-        .unwrap_or_default()
-        .0
-        .iter()
-        .map(|w| {
-            format!(
-                "<p class=\"warning\" role=\"alert\">{}</p>\n",
-                escape_html(w)
-            )
-        })
-        .collect();
-    let now = (st.clock)();
-    let rows = st.live.read(|s| {
-        let mut rows = String::new();
-        for n in s.nodes.values() {
-            let r = &n.record;
-            let status = st.status.classify(r.last_seen_ms, now);
-            let _ = writeln!(
-                rows,
-                "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
-                escape_html(&r.name),
-                status.as_str(),
-                status.as_str(),
-                r.gpus.len(),
-                r.last_seen_ms
-                    .map_or_else(|| "never".to_owned(), format_time),
-            );
-        }
-        rows
-    });
-    let body = if rows.is_empty() {
-        "<p>No nodes yet. Start an agent: <code>gpufleet-agent run --collector URL</code></p>"
-            .to_owned()
-    } else {
-        format!(
-            "<table><thead><tr><th>node</th><th>status</th><th>GPUs</th><th>last sample</th>\
-             </tr></thead><tbody>\n{rows}</tbody></table>"
-        )
-    };
-    Html(format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>gpufleet</title><style>body{{font-family:sans-serif;margin:2em}}\
-         td,th{{padding:.2em 1em;text-align:left}}.online{{color:#080}}.stale{{color:#a60}}\
-         .offline{{color:#a00}}.warning{{background:#fdd;border:1px solid #a00;padding:.5em}}\
-         </style></head><body>\n<h1>gpufleet</h1>\n{banner}\
-         <p>The dashboard comes in a later release. Meanwhile: <a href=\"/api/v1/nodes\">\
-         /api/v1/nodes</a> (JSON), <a href=\"/metrics\">/metrics</a> (Prometheus).</p>\n\
-         {body}\n</body></html>\n"
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn html_is_escaped() {
-        assert_eq!(
-            escape_html("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
-        );
-    }
 
     #[test]
     fn steps_parse_as_durations_or_ms() {

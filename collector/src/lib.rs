@@ -22,10 +22,18 @@
 //! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
 //! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
+//! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
+//!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
+pub mod accountant;
 pub mod certs;
 pub mod conn_limit;
+pub mod dashboard;
 pub mod demo;
+pub mod energy;
+pub mod energy_api;
+pub mod energy_check;
+pub mod energy_cli;
 pub mod exposure;
 pub mod http;
 pub mod http_serve;
@@ -37,10 +45,12 @@ pub mod metrics;
 pub mod prometheus;
 pub mod rate_limit;
 pub mod server;
+pub mod sse;
 pub mod status;
 pub mod store;
 pub mod tls;
 pub mod tokens;
+pub mod web;
 pub mod web_auth;
 pub mod web_security;
 pub mod writer;

@@ -12,6 +12,7 @@ use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Un
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 /// Commits announced but not yet received, per subscriber, before it starts missing some.
 const ANNOUNCE_CAPACITY: usize = 1024;
@@ -114,6 +115,8 @@ pub struct Committed {
 pub struct Live {
     state: RwLock<LiveState>,
     announce: broadcast::Sender<Arc<Committed>>,
+    /// Cancelled when the collector shuts down, so live streams end (see [`Live::close`]).
+    closing: CancellationToken,
 }
 
 impl Default for Live {
@@ -127,6 +130,7 @@ impl Live {
         Live {
             state: RwLock::new(LiveState::default()),
             announce: broadcast::channel(ANNOUNCE_CAPACITY).0,
+            closing: CancellationToken::new(),
         }
     }
 
@@ -249,6 +253,17 @@ impl Live {
     /// Receives every commit from now on, in commit order.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>> {
         self.announce.subscribe()
+    }
+
+    /// Ends every live stream (the collector is shutting down; an open dashboard must not
+    /// hold the HTTP server's graceful shutdown).
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    /// Completes once [`Live::close`] was called.
+    pub async fn closing(&self) {
+        self.closing.cancelled().await;
     }
 
     /// Runs `f` with the state read-locked. Keep `f` short: commits wait for it.

@@ -3,6 +3,9 @@
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
+use gpufleet_collector::energy_cli::{
+    EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
+};
 use gpufleet_collector::ingest::IngestOptions;
 use gpufleet_collector::status::StatusPolicy;
 use gpufleet_collector::writer::WriterOptions;
@@ -31,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collector: gRPC ingest for agents, HTTP API and /metrics.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
     Demo(DemoArgs),
@@ -40,6 +43,11 @@ enum Command {
     Certs(gpufleet_collector::certs::CertsArgs),
     /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
     Tokens(gpufleet_collector::tokens::TokensArgs),
+    /// Verify stored energy: conservation in every GPU-minute, and rollups equal to what
+    /// the raw samples give. Prints every violation; exits non-zero if there is any.
+    CheckEnergy(EnergyRangeArgs),
+    /// Rebuild the energy rollups of a range from raw samples (after a policy change).
+    RecomputeEnergy(RecomputeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -75,6 +83,10 @@ struct DemoArgs {
     /// Base seed of the simulated fleet (each node mixes in its name).
     #[arg(long, env = "GPUFLEET_SIM_SEED")]
     sim_seed: Option<u64>,
+    /// A node whose newest sample is older than this is "stale" (short values show the
+    /// dashboard's stale marking quickly).
+    #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    stale_after: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +131,8 @@ struct ServeArgs {
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
+    #[command(flatten)]
+    energy: EnergyArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -130,13 +144,24 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(args)),
+        Command::Serve(args) => runtime.block_on(run_serve(*args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
             let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(out.as_bytes())?;
+            Ok(())
+        }
+        Command::CheckEnergy(args) => {
+            let ok = runtime.block_on(run_check(&args, &mut std::io::stdout().lock()))?;
+            if !ok {
+                anyhow::bail!("check-energy found violations (listed above)");
+            }
+            Ok(())
+        }
+        Command::RecomputeEnergy(args) => {
+            runtime.block_on(run_recompute(&args, &mut std::io::stdout().lock()))?;
             Ok(())
         }
     }
@@ -187,6 +212,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()
         },
+        energy: args.energy.options(),
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
@@ -250,8 +276,13 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         interval: args.interval,
         seed: args.sim_seed,
     };
+    let default_status = StatusPolicy::default();
     let options = ServeOptions {
         db_url,
+        status: StatusPolicy {
+            stale_after: args.stale_after,
+            offline_after: default_status.offline_after.max(args.stale_after),
+        },
         ..Default::default()
     };
     run_demo_on(demo, options, grpc, http, shutdown).await?;

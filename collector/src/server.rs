@@ -7,6 +7,7 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
+use crate::accountant::{self, EnergyOptions};
 use crate::conn_limit::{self, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
@@ -45,6 +46,8 @@ pub struct ServeOptions {
     pub max_connections_per_ip: usize,
     /// Header deadline and per-address request rates ([`crate::limits`]).
     pub limits: crate::limits::LimitOptions,
+    /// Energy accounting: idle policy, idle power, gap limit.
+    pub energy: EnergyOptions,
 }
 
 impl Default for ServeOptions {
@@ -59,6 +62,7 @@ impl Default for ServeOptions {
             web_auth: crate::web_auth::WebAuthMode::Auto,
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
             limits: crate::limits::LimitOptions::default(),
+            energy: EnergyOptions::default(),
         }
     }
 }
@@ -140,6 +144,14 @@ pub async fn serve_with_store(
         .agent_auth
         .resolve(grpc_addr.ip().is_loopback());
     let agent_auth_optional = ingest_options.agent_auth == crate::identity::AgentAuth::Optional;
+    let accountant_stop = CancellationToken::new();
+    let accountant_task = accountant::spawn(
+        Arc::clone(&store),
+        Arc::clone(&live),
+        options.energy.clone(),
+        system_clock(),
+        accountant_stop.clone(),
+    );
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
@@ -180,6 +192,14 @@ pub async fn serve_with_store(
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
     };
+    // Live dashboard streams end at shutdown, or they would hold the HTTP server open.
+    tokio::spawn({
+        let (live, shutdown) = (Arc::clone(&live), shutdown.clone());
+        async move {
+            shutdown.cancelled().await;
+            live.close();
+        }
+    });
     let state = AppState {
         store: Arc::clone(&store),
         live,
@@ -259,6 +279,10 @@ pub async fn serve_with_store(
     writer_stop.cancel();
     if let Err(e) = writer_task.await {
         warn!(error = %e, "the writer task ended abnormally");
+    }
+    accountant_stop.cancel();
+    if let Err(e) = accountant_task.await {
+        warn!(error = %e, "the energy accountant ended abnormally");
     }
     grpc_result?;
     http_result.map_err(ServeError::Http)?;

@@ -264,7 +264,7 @@ async fn login(auth: &WebAuth, request: Request) -> Response {
 /// The login page: a plain form, no script or inline style (the CSP forbids them).
 fn login_page(error: Option<&str>) -> Response {
     let error = error
-        .map(|e| format!("<p role=\"alert\">{}</p>", crate::http::escape_html(e)))
+        .map(|e| format!("<p role=\"alert\">{}</p>", escape_html(e)))
         .unwrap_or_default();
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
@@ -278,9 +278,33 @@ fn login_page(error: Option<&str>) -> Response {
     Html(html).into_response()
 }
 
+/// Escapes text for HTML element content and attribute values (the login page).
+fn escape_html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn login_page_text_is_escaped() {
+        assert_eq!(
+            escape_html(r#"<script>"x"&'y'</script>"#),
+            "&lt;script&gt;&quot;x&quot;&amp;&#39;y&#39;&lt;/script&gt;"
+        );
+    }
 
     #[tokio::test]
     async fn session_cookies_are_secure_under_tls_only() {

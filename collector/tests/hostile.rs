@@ -170,17 +170,23 @@ async fn a_hostile_node_name_is_stored_literally_and_shown_escaped() {
         .collect();
     assert_eq!(names, [HOSTILE_NAME], "stored literally");
 
+    // The page at `/` is the static dashboard shell: no node string is ever rendered into
+    // HTML on the server. The front end inserts node strings as text (textContent); the
+    // browser test (web/test/dashboard.test.mjs) checks that a label carrying <script>
+    // and SQL shows literally and never runs.
     let page = reqwest::get(format!("http://{}/", c.http))
         .await
         .expect("page");
     let headers = page.headers().clone();
     let html = page.text().await.expect("html");
     assert!(
-        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#39;; DROP TABLE nodes;--")
-            || html.contains("&lt;script&gt;alert(1)&lt;/script&gt;&#x27;; DROP TABLE nodes;--"),
-        "escaped in the page: {html}"
+        !html.contains("alert(1)"),
+        "no node string in the served HTML: {html}"
     );
-    assert!(!html.contains("<script>"), "no markup from a node: {html}");
+    assert!(
+        !html.contains("<script>"),
+        "no inline script in the page: {html}"
+    );
     let csp = headers
         .get("content-security-policy")
         .and_then(|v| v.to_str().ok())

@@ -307,3 +307,50 @@ async fn shutdown_answers_what_it_took_and_commits_it() {
         node.stored_samples
     );
 }
+
+#[tokio::test]
+async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
+    let c = start().await;
+    let gpus = ["GPU-a", "GPU-b"];
+    let (mut agent, _) = connect(&c, "node-a", &gpus).await;
+    // 150 s of ticks from a minute boundary three minutes ago: minutes 0 and 1 close.
+    let start_ms = (now_ms() / 60_000 - 3) * 60_000;
+    let ticks: Vec<_> = (0..150u32)
+        .map(|i| tick(start_ms + i64::from(i) * 1000, &gpus, i))
+        .collect();
+    for (seq, chunk) in (1u64..).zip(ticks.chunks(50)) {
+        let b = Batch {
+            seq,
+            ticks: chunk.to_vec(),
+            delivery: Default::default(),
+        };
+        agent.tx.send(batch_msg(b)).await.expect("send");
+        assert_eq!(next(&mut agent).await, Msg::Ack(pb::Ack { seq }));
+    }
+    // The accountant runs every 5 s; 30 s is only a failure deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let energy = loop {
+        let e = c.store.gpu_energy(ALL_TIME).await.expect("energy");
+        if e.len() == 2 && e.iter().all(|g| g.covered_ms == 119_000) {
+            break e;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not accounted in 30 s: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // GPU-a has a counter (+250 mJ per tick); GPU-b only power (trapezoid).
+    let a = energy.iter().find(|g| g.uuid == "GPU-a").expect("GPU-a");
+    assert_eq!((a.energy_mj, a.counter_mj), (119 * 250, 119 * 250));
+    let b = energy.iter().find(|g| g.uuid == "GPU-b").expect("GPU-b");
+    assert_eq!((b.counter_mj, b.trapezoid_mj), (0, b.energy_mj));
+    assert!(b.energy_mj > 0);
+    let report = gpufleet_collector::energy_check::check(c.store.as_ref(), ALL_TIME)
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.minutes, 4);
+    c.shutdown.cancel();
+    c.task.await.expect("join").expect("clean shutdown");
+}

@@ -12,6 +12,7 @@
 //! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
+pub mod energy;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -427,6 +428,74 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Marks a token revoked at `now_ms`. Returns false when no valid token has this id.
     async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
+
+    // ---------------------------------------------------------------- energy (issue 6)
+
+    /// Every GPU with its node, model, sample span and accounting watermark.
+    async fn energy_gpus(&self) -> Result<Vec<energy::EnergyGpu>, StoreError>;
+
+    /// A GPU's samples in `[from_ms, to_ms)` with their processes, and the sample before.
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<energy::EnergyInputs, StoreError>;
+
+    /// The time of a GPU's first sample at or after `at_ms`.
+    async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
+    -> Result<Option<UnixMs>, StoreError>;
+
+    /// The lowest `min_power_mw` of a GPU's stored minutes in `range`.
+    async fn energy_min_power(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+    ) -> Result<Option<u32>, StoreError>;
+
+    /// In one transaction: replaces a GPU's minutes in `[from_ms, to_ms)` with `minutes`,
+    /// and raises its watermark to `done_to_ms` (never lowers it).
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[crate::energy::GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError>;
+
+    /// Stored minutes (with their workload rows) in `range`, of one GPU or all.
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError>;
+
+    /// Minutes before the watermark whose stored sample count differs from the raw
+    /// samples' (late or replayed data since they were computed), from `since_ms` on.
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError>;
+
+    /// Energy per (workload, GPU) over the minutes in `range`; optionally one node's
+    /// GPUs, or one workload (by `Workload::key()`).
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<energy::WorkloadEnergy>, StoreError>;
+
+    /// One workload's energy per minute (all GPUs) in `range`.
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<energy::WorkloadEnergyPoint>, StoreError>;
+
+    /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
+    async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
 }
 
 /// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.

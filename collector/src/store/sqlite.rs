@@ -44,6 +44,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../../migrations/sqlite/0001_init.sql"),
     ),
     (
+        6,
+        "energy",
+        include_str!("../../../migrations/sqlite/0006_energy.sql"),
+    ),
+    (
         9,
         "agent tokens",
         include_str!("../../../migrations/sqlite/0009_agent_tokens.sql"),
@@ -58,6 +63,8 @@ const MAX_ROWS_PER_STATEMENT: usize = 512;
 /// Workload ids kept in memory; the cache is cleared when it grows past this (the ids are
 /// then fetched again by the next upsert, so clearing only costs a few statements).
 const WORKLOAD_CACHE_MAX: usize = 50_000;
+
+mod energy;
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
@@ -663,6 +670,87 @@ impl Store for SqliteStore {
         .await
         .map_err(q("revoke an agent token"))?;
         Ok(done.rows_affected() > 0)
+    }
+
+    // ---------------------------------------------------------------- energy (issue 6)
+
+    async fn energy_gpus(&self) -> Result<Vec<super::energy::EnergyGpu>, StoreError> {
+        energy::energy_gpus(&self.pool).await
+    }
+
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<super::energy::EnergyInputs, StoreError> {
+        energy::energy_inputs(&self.pool, gpu, from_ms, to_ms).await
+    }
+
+    async fn next_sample_ms(
+        &self,
+        gpu: GpuId,
+        at_ms: UnixMs,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        energy::next_sample_ms(&self.pool, gpu, at_ms).await
+    }
+
+    async fn energy_min_power(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+    ) -> Result<Option<u32>, StoreError> {
+        energy::energy_min_power(&self.pool, gpu, range).await
+    }
+
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[crate::energy::GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError> {
+        energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
+    }
+
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+        energy::energy_minutes(&self.pool, gpu, range).await
+    }
+
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
+        energy::stale_energy_minutes(&self.pool, since_ms).await
+    }
+
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<super::energy::WorkloadEnergy>, StoreError> {
+        energy::workload_energy(&self.pool, range, node, workload_key).await
+    }
+
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<super::energy::WorkloadEnergyPoint>, StoreError> {
+        energy::workload_energy_series(&self.pool, workload_key, range).await
+    }
+
+    async fn gpu_energy(
+        &self,
+        range: TimeRange,
+    ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
+        energy::gpu_energy(&self.pool, range).await
     }
 }
 
@@ -1406,9 +1494,6 @@ fn process_from_row(row: &SqliteRow) -> Result<ProcessSample, StoreError> {
             )));
         }
     };
-    let kind: String = get(row, "w_kind")?;
-    let kind = WorkloadKind::parse(&kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
     Ok(ProcessSample {
         gpu_uuid: get(row, "gpu_uuid")?,
         pid: get(row, "pid")?,
@@ -1420,22 +1505,30 @@ fn process_from_row(row: &SqliteRow) -> Result<ProcessSample, StoreError> {
         mem_util_pct: get(row, "mem_util_pct")?,
         enc_util_pct: get(row, "enc_util_pct")?,
         dec_util_pct: get(row, "dec_util_pct")?,
-        workload: Workload {
-            kind,
-            runtime: get(row, "w_runtime")?,
-            container_id: get(row, "w_container_id")?,
-            pod_uid: get(row, "w_pod_uid")?,
-            qos: get(row, "w_qos")?,
-            job_id: get(row, "w_job_id")?,
-            step: get(row, "w_step")?,
-            unit: get(row, "w_unit")?,
-            uid: get(row, "w_uid")?,
-            container_name: get(row, "w_container_name")?,
-            image: get(row, "w_image")?,
-            pod_name: get(row, "w_pod_name")?,
-            namespace: get(row, "w_namespace")?,
-        },
+        workload: workload_from_row(row)?,
         mig_uuid: get(row, "mig_uuid")?,
+    })
+}
+
+/// The workload columns of a row (`w_kind`, `w_runtime`, ... as in [`PROCESS_COLS`]).
+fn workload_from_row(row: &SqliteRow) -> Result<Workload, StoreError> {
+    let kind: String = get(row, "w_kind")?;
+    let kind = WorkloadKind::parse(&kind)
+        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
+    Ok(Workload {
+        kind,
+        runtime: get(row, "w_runtime")?,
+        container_id: get(row, "w_container_id")?,
+        pod_uid: get(row, "w_pod_uid")?,
+        qos: get(row, "w_qos")?,
+        job_id: get(row, "w_job_id")?,
+        step: get(row, "w_step")?,
+        unit: get(row, "w_unit")?,
+        uid: get(row, "w_uid")?,
+        container_name: get(row, "w_container_name")?,
+        image: get(row, "w_image")?,
+        pod_name: get(row, "w_pod_name")?,
+        namespace: get(row, "w_namespace")?,
     })
 }
 

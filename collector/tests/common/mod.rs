@@ -343,3 +343,11 @@ pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::Agen
         })),
     }
 }
+
+/// A benchmark knob: the environment variable `name` as a number, else `default`.
+pub fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

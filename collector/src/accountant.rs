@@ -1,0 +1,434 @@
+//! The accountant: turns committed samples into per-minute energy rollups, incrementally.
+//!
+//! One task. Per GPU the store keeps a watermark (`done_to_ms`): every minute before it is
+//! accounted. A pass accounts the minutes from the watermark up to the minute of the GPU's
+//! newest sample (a minute is closed once a later sample exists; agents send in order).
+//! Data that lands *behind* the watermark (a replayed spool, an out-of-order batch) is
+//! caught two ways: every commit is announced ([`crate::live::Live::subscribe`]), and each
+//! (GPU, minute) it touches is recomputed together with the minute holding the next sample
+//! (whose interval starts in the changed minute); at start-up, and whenever announcements
+//! were missed, minutes whose stored sample count differs from the raw count are
+//! recomputed. Recomputing a minute replaces its rows in one transaction, so replays never
+//! double-count. Everything computed is the pure [`crate::energy`] code.
+
+use crate::energy::{self, GpuMinute, IdlePolicy, IdleSource, MINUTE_MS, minute_of};
+use crate::live::{Committed, Live};
+use crate::store::energy::EnergyGpu;
+use crate::store::{GpuId, Store, StoreError, TimeRange};
+use gpufleet_core::UnixMs;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// The idle power of a GPU: the lowest it drew recently, or a set figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleWatts {
+    /// The lowest power the GPU reported over [`EnergyOptions::idle_window`].
+    Min,
+    /// A configured power, in milliwatts.
+    Milliwatts(u32),
+}
+
+/// `--energy-idle`: a default (`min` or watts) and watts per GPU model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleConfig {
+    pub default: IdleWatts,
+    /// (model substring, case-insensitive; milliwatts). The first match wins.
+    pub per_model: Vec<(String, u32)>,
+}
+
+impl Default for IdleConfig {
+    fn default() -> Self {
+        IdleConfig {
+            default: IdleWatts::Min,
+            per_model: Vec::new(),
+        }
+    }
+}
+
+impl IdleConfig {
+    /// Parses `min`, `45` (watts, every GPU), `H100=60,L40S=35` (per model; others `min`)
+    /// or a mix: `H100=60,40`.
+    pub fn parse(s: &str) -> Result<IdleConfig, String> {
+        let mut cfg = IdleConfig::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.split_once('=') {
+                Some((model, watts)) => {
+                    let model = model.trim();
+                    if model.is_empty() {
+                        return Err(format!("{item:?}: the model before '=' is empty"));
+                    }
+                    cfg.per_model.push((model.to_owned(), parse_watts(watts)?));
+                }
+                None if item.eq_ignore_ascii_case("min") => cfg.default = IdleWatts::Min,
+                None => cfg.default = IdleWatts::Milliwatts(parse_watts(item)?),
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// The idle power for a GPU model.
+    pub fn for_model(&self, model: &str) -> IdleWatts {
+        let model = model.to_ascii_lowercase();
+        self.per_model
+            .iter()
+            .find(|(m, _)| model.contains(&m.to_ascii_lowercase()))
+            .map_or(self.default, |&(_, mw)| IdleWatts::Milliwatts(mw))
+    }
+}
+
+fn parse_watts(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let t = t.strip_suffix(['W', 'w']).unwrap_or(t).trim();
+    let w: f64 = t
+        .parse()
+        .map_err(|_| format!("{s:?} is not a power in watts (e.g. 45 or 45W) nor `min`"))?;
+    if !(0.0..=100_000.0).contains(&w) {
+        return Err(format!("{s:?}: idle watts must be between 0 and 100000"));
+    }
+    Ok((w * 1000.0).round() as u32)
+}
+
+/// How energy is accounted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnergyOptions {
+    pub idle_policy: IdlePolicy,
+    pub idle: IdleConfig,
+    /// Intervals longer than this are missing. `None`: 3 × the node's interval (15 s when
+    /// the interval is unknown).
+    pub max_gap: Option<Duration>,
+    /// How often the accountant looks for new minutes.
+    pub period: Duration,
+    /// The `min` idle policy's window.
+    pub idle_window: Duration,
+    /// How far back the start-up check for late data looks (it reads every sample of
+    /// that window once; older late data is found by `check-energy`).
+    pub recheck_window: Duration,
+}
+
+impl Default for EnergyOptions {
+    fn default() -> Self {
+        EnergyOptions {
+            idle_policy: IdlePolicy::default(),
+            idle: IdleConfig::default(),
+            max_gap: None,
+            period: Duration::from_secs(5),
+            idle_window: Duration::from_secs(24 * 3600),
+            recheck_window: Duration::from_secs(600),
+        }
+    }
+}
+
+impl EnergyOptions {
+    /// The gap limit for a node sampling every `interval_ms` (0: unknown).
+    pub fn max_gap_ms(&self, interval_ms: u32) -> i64 {
+        match self.max_gap {
+            Some(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            None if interval_ms == 0 => 15_000,
+            None => 3 * i64::from(interval_ms),
+        }
+    }
+}
+
+/// Most minutes accounted per transaction.
+const CHUNK_MINUTES: i64 = 60;
+
+/// Recomputes `[from_ms, to_ms)` (minute-aligned) of one GPU from raw samples with the
+/// current options, replaces its stored minutes, and raises the watermark to `to_ms` when
+/// `advance`. Returns the minutes written.
+pub async fn account_range(
+    store: &dyn Store,
+    gpu: &EnergyGpu,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    options: &EnergyOptions,
+    advance: bool,
+) -> Result<usize, StoreError> {
+    let mut from = minute_of(from_ms);
+    let to = minute_of(to_ms.saturating_add(MINUTE_MS - 1));
+    let mut written = 0;
+    while from < to {
+        // Skip stretches without samples (their stale rows, if any, go).
+        let chunk_from = match store.next_sample_ms(gpu.gpu, from).await? {
+            Some(t) if t < to => minute_of(t),
+            _ => {
+                store
+                    .replace_energy_minutes(gpu.gpu, from, to, &[], advance.then_some(to))
+                    .await?;
+                break;
+            }
+        };
+        let chunk_to = (chunk_from + CHUNK_MINUTES * MINUTE_MS).min(to);
+        let minutes = compute_minutes(store, gpu, chunk_from, chunk_to, options).await?;
+        written += minutes.len();
+        store
+            .replace_energy_minutes(
+                gpu.gpu,
+                from,
+                chunk_to,
+                &minutes,
+                advance.then_some(chunk_to),
+            )
+            .await?;
+        from = chunk_to;
+    }
+    Ok(written)
+}
+
+/// The minutes of `[from, to)` (minute-aligned) of one GPU, computed from raw samples.
+pub async fn compute_minutes(
+    store: &dyn Store,
+    gpu: &EnergyGpu,
+    from: UnixMs,
+    to: UnixMs,
+    options: &EnergyOptions,
+) -> Result<Vec<GpuMinute>, StoreError> {
+    let inputs = store.energy_inputs(gpu.gpu, from, to).await?;
+    let max_gap_ms = options.max_gap_ms(gpu.interval_ms);
+    let idle = options.idle.for_model(&gpu.name);
+    let window_ms = i64::try_from(options.idle_window.as_millis()).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    let mut prev = inputs.prev;
+    // The lowest power of the minutes computed so far in this call (not yet stored).
+    let mut running_min: Option<u32> = None;
+    for (minute, this) in energy::by_minute(&inputs.samples) {
+        let (idle_mw, source) = match idle {
+            IdleWatts::Milliwatts(mw) => (mw, IdleSource::Watts),
+            IdleWatts::Min => {
+                let stored = store
+                    .energy_min_power(
+                        gpu.gpu,
+                        TimeRange {
+                            from_ms: minute.saturating_sub(window_ms),
+                            to_ms: from - 1,
+                        },
+                    )
+                    .await?;
+                let here = energy::min_power(this);
+                running_min = [running_min, here].into_iter().flatten().min();
+                let lowest = [stored, running_min].into_iter().flatten().min();
+                (lowest.unwrap_or(0), IdleSource::Min)
+            }
+        };
+        out.push(energy::rollup_minute(
+            minute,
+            prev.as_ref(),
+            this,
+            max_gap_ms,
+            idle_mw,
+            source,
+            options.idle_policy,
+        ));
+        prev = this.last().cloned();
+    }
+    Ok(out)
+}
+
+/// Starts the accountant; it stops when `stop` is cancelled (finishing the pass it is in).
+pub fn spawn(
+    store: Arc<dyn Store>,
+    live: Arc<Live>,
+    options: EnergyOptions,
+    clock: crate::status::Clock,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let mut rx = live.subscribe();
+    info!(
+        idle_policy = options.idle_policy.as_str(),
+        idle = ?options.idle,
+        max_gap = ?options.max_gap,
+        "energy accounting"
+    );
+    let mut accountant = Accountant::new(store, options, clock);
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(accountant.options.period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = ticker.tick() => {
+                    if let Err(e) = accountant.pass().await {
+                        warn!(error = %e, "energy accounting pass failed; retrying next period");
+                    }
+                }
+                msg = rx.recv() => match msg {
+                    Ok(c) => accountant.note_commit(&live, &c),
+                    Err(RecvError::Lagged(n)) => {
+                        warn!(missed = n, "energy accountant missed commit announcements; rechecking recent minutes");
+                        accountant.recheck = true;
+                    }
+                    Err(RecvError::Closed) => {
+                        rx = live.subscribe();
+                    }
+                },
+            }
+        }
+        debug!("energy accountant stopped");
+    })
+}
+
+/// The accountant's state between passes.
+pub struct Accountant {
+    store: Arc<dyn Store>,
+    options: EnergyOptions,
+    clock: crate::status::Clock,
+    /// (GPU, minute) touched by commits since the last pass.
+    dirty: BTreeSet<(GpuId, UnixMs)>,
+    /// Compare stored minutes with raw sample counts on the next pass (start-up, lag).
+    pub recheck: bool,
+}
+
+impl Accountant {
+    pub fn new(store: Arc<dyn Store>, options: EnergyOptions, clock: crate::status::Clock) -> Self {
+        Accountant {
+            store,
+            options,
+            clock,
+            dirty: BTreeSet::new(),
+            recheck: true,
+        }
+    }
+
+    /// Records the minutes a commit touched.
+    pub fn note_commit(&mut self, live: &Live, c: &Committed) {
+        live.read(|s| {
+            for tick in &c.batch.ticks {
+                for g in &tick.gpus {
+                    if let Some((_, id)) = s.find_gpu(&g.gpu_uuid) {
+                        self.dirty.insert((id, minute_of(tick.time_ms)));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Marks one minute of one GPU for recomputation.
+    pub fn mark(&mut self, gpu: GpuId, time_ms: UnixMs) {
+        self.dirty.insert((gpu, minute_of(time_ms)));
+    }
+
+    /// One pass: recompute touched minutes behind the watermarks, then advance them.
+    /// Returns the minutes written.
+    pub async fn pass(&mut self) -> Result<usize, StoreError> {
+        let store = Arc::clone(&self.store);
+        let store = store.as_ref();
+        if self.recheck {
+            let window = i64::try_from(self.options.recheck_window.as_millis()).unwrap_or(0);
+            for (gpu, minute) in store
+                .stale_energy_minutes((self.clock)().saturating_sub(window))
+                .await?
+            {
+                self.dirty.insert((gpu, minute));
+            }
+            self.recheck = false;
+        }
+        let gpus: HashMap<GpuId, EnergyGpu> = store
+            .energy_gpus()
+            .await?
+            .into_iter()
+            .map(|g| (g.gpu, g))
+            .collect();
+        let mut written = 0;
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut failed = BTreeSet::new();
+        for &(gpu_id, minute) in &dirty {
+            let Some(gpu) = gpus.get(&gpu_id) else {
+                continue;
+            };
+            let Some(done) = gpu.done_to_ms else { continue };
+            if minute >= done {
+                continue; // the forward pass below gets it
+            }
+            // The interval ending at the next sample after this minute starts in it.
+            let next = store.next_sample_ms(gpu_id, minute + MINUTE_MS).await?;
+            let to = match next {
+                Some(t) if t < done => minute_of(t) + MINUTE_MS,
+                _ => (minute + MINUTE_MS).min(done),
+            };
+            match account_range(store, gpu, minute, to, &self.options, false).await {
+                Ok(n) => written += n,
+                Err(e) => {
+                    warn!(gpu = %gpu.uuid, minute_ms = minute, error = %e, "cannot recompute an energy minute");
+                    failed.insert((gpu_id, minute));
+                }
+            }
+        }
+        if !dirty.is_empty() {
+            debug!(
+                minutes = dirty.len(),
+                "energy minutes with late data recomputed"
+            );
+        }
+        self.dirty.extend(failed);
+        for gpu in gpus.values() {
+            let (Some(first), Some(last)) = (gpu.first_sample_ms, gpu.last_sample_ms) else {
+                continue;
+            };
+            let from = gpu.done_to_ms.unwrap_or_else(|| minute_of(first));
+            let upto = minute_of(last);
+            if from < upto {
+                written += account_range(store, gpu, from, upto, &self.options, true).await?;
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// Recomputes every GPU's minutes in `range` with `options` (a policy change); returns
+/// the minutes written. Watermarks are left as they are.
+pub async fn recompute(
+    store: &dyn Store,
+    range: TimeRange,
+    options: &EnergyOptions,
+) -> Result<usize, StoreError> {
+    let mut written = 0;
+    for gpu in store.energy_gpus().await? {
+        let from = minute_of(range.from_ms);
+        // Only what the accountant has covered: the rest is its job.
+        let to = minute_of(range.to_ms).saturating_add(MINUTE_MS);
+        let to = gpu.done_to_ms.map_or(from, |d| to.min(d));
+        if from < to {
+            written += account_range(store, &gpu, from, to, options, false).await?;
+        }
+    }
+    info!(minutes = written, "energy minutes recomputed");
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_config_parses_min_watts_and_per_model() {
+        assert_eq!(IdleConfig::parse("min"), Ok(IdleConfig::default()));
+        let c = IdleConfig::parse("45W").expect("watts");
+        assert_eq!(c.for_model("anything"), IdleWatts::Milliwatts(45_000));
+        let c = IdleConfig::parse("H100=60, l40s=35.5").expect("per model");
+        assert_eq!(
+            c.for_model("NVIDIA H100 80GB HBM3"),
+            IdleWatts::Milliwatts(60_000)
+        );
+        assert_eq!(c.for_model("NVIDIA L40S"), IdleWatts::Milliwatts(35_500));
+        assert_eq!(c.for_model("Tesla T4"), IdleWatts::Min);
+        assert!(IdleConfig::parse("lots").is_err());
+        assert!(IdleConfig::parse("=5").is_err());
+        assert!(IdleConfig::parse("-3").is_err());
+    }
+
+    #[test]
+    fn the_gap_limit_follows_the_node_interval_unless_set() {
+        let o = EnergyOptions::default();
+        assert_eq!(o.max_gap_ms(1000), 3000);
+        assert_eq!(o.max_gap_ms(0), 15_000);
+        let o = EnergyOptions {
+            max_gap: Some(Duration::from_secs(10)),
+            ..Default::default()
+        };
+        assert_eq!(o.max_gap_ms(1000), 10_000);
+    }
+}

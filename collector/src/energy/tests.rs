@@ -1,0 +1,345 @@
+use super::*;
+use proptest::prelude::*;
+
+fn proc(workload: WorkloadRef, sm: Option<u32>, mem: Option<u64>) -> EnergyProcess {
+    EnergyProcess {
+        workload,
+        sm_util_pct: sm,
+        gpu_mem_bytes: mem,
+    }
+}
+
+fn sample(
+    t: UnixMs,
+    power_w: u32,
+    energy_mj: Option<u64>,
+    procs: Vec<EnergyProcess>,
+) -> EnergySample {
+    EnergySample {
+        time_ms: t,
+        power_mw: Some(power_w * 1000),
+        energy_mj,
+        util_gpu_pct: Some(if procs.is_empty() { 0 } else { 50 }),
+        processes: procs,
+    }
+}
+
+#[test]
+fn counter_delta_is_the_energy() {
+    let a = sample(0, 100, Some(1_000), vec![]);
+    let b = sample(1000, 300, Some(251_000), vec![]);
+    assert_eq!(interval_energy(&a, &b, 3000), (Method::Counter, 250_000));
+}
+
+#[test]
+fn trapezoid_when_the_counter_is_absent() {
+    let a = sample(0, 100, None, vec![]);
+    let b = sample(1000, 300, None, vec![]);
+    // (100 W + 300 W) / 2 × 1 s = 200 J.
+    assert_eq!(interval_energy(&a, &b, 3000), (Method::Trapezoid, 200_000));
+}
+
+#[test]
+fn counter_reset_mid_run_falls_back_to_trapezoid_for_that_interval_only() {
+    let s = [
+        sample(0, 200, Some(5_000_000), vec![]),
+        sample(1000, 200, Some(5_200_000), vec![]),
+        sample(2000, 200, Some(150), vec![]), // driver reload: the counter restarted
+        sample(3000, 200, Some(200_150), vec![]),
+    ];
+    let iv = account(None, &s, 3000, 0, IdlePolicy::Spread);
+    let got: Vec<(Method, u64)> = iv.iter().map(|i| (i.method, i.energy_mj)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (Method::Counter, 200_000),
+            (Method::Trapezoid, 200_000),
+            (Method::Counter, 200_000)
+        ]
+    );
+}
+
+#[test]
+fn a_gap_is_missing_not_zero_and_not_a_spike() {
+    // 1 Hz, then the agent is down for 40 s; the counter kept running meanwhile.
+    let s = [
+        sample(0, 200, Some(0), vec![]),
+        sample(1000, 200, Some(200_000), vec![]),
+        sample(41_000, 200, Some(8_200_000), vec![]),
+        sample(42_000, 200, Some(8_400_000), vec![]),
+    ];
+    let m = rollup_minute(0, None, &s, 3000, 0, IdleSource::Min, IdlePolicy::Spread);
+    assert_eq!(m.missing_ms, 40_000, "the gap is shown as missing time");
+    assert_eq!(m.covered_ms, 2000);
+    assert_eq!(
+        m.energy_mj, 400_000,
+        "no energy invented for the gap, no spike after it"
+    );
+    assert_eq!(m.conservation_error(), None);
+    // The same with the counter unsupported: still no bridging by trapezoid.
+    let s: Vec<EnergySample> = s
+        .iter()
+        .map(|x| EnergySample {
+            energy_mj: None,
+            ..x.clone()
+        })
+        .collect();
+    let m = rollup_minute(0, None, &s, 3000, 0, IdleSource::Min, IdlePolicy::Spread);
+    assert_eq!((m.missing_ms, m.energy_mj), (40_000, 400_000));
+}
+
+#[test]
+fn no_counter_and_no_power_is_missing() {
+    let a = EnergySample {
+        time_ms: 0,
+        power_mw: None,
+        energy_mj: None,
+        util_gpu_pct: None,
+        processes: vec![],
+    };
+    let b = EnergySample {
+        time_ms: 1000,
+        ..a.clone()
+    };
+    assert_eq!(interval_energy(&a, &b, 3000), (Method::Missing, 0));
+}
+
+#[test]
+fn exclusive_container_gets_everything_under_spread_and_all_but_idle_under_separate() {
+    let a = sample(0, 300, Some(0), vec![proc(7, Some(90), Some(1 << 30))]);
+    let b = sample(
+        1000,
+        300,
+        Some(300_000),
+        vec![proc(7, Some(90), Some(1 << 30))],
+    );
+    let spread = attribute(0, &b, Method::Counter, 300_000, 60_000, IdlePolicy::Spread);
+    assert_eq!(spread.parts.len(), 1);
+    assert_eq!(spread.parts[0].energy_mj, 300_000);
+    assert_eq!(spread.parts[0].idle_mj, 60_000);
+    assert_eq!(spread.idle_bucket_mj, 0);
+    let separate = attribute(
+        0,
+        &b,
+        Method::Counter,
+        300_000,
+        60_000,
+        IdlePolicy::Separate,
+    );
+    assert_eq!(separate.parts[0].energy_mj, 240_000);
+    assert_eq!(separate.idle_bucket_mj, 60_000);
+    let _ = a;
+}
+
+#[test]
+fn sm_shares_three_to_one() {
+    let b = sample(
+        1000,
+        0,
+        None,
+        vec![proc(1, Some(60), Some(1)), proc(2, Some(20), Some(100))],
+    );
+    // 260 J with 60 W idle for 1 s: 200 J active, split 150 / 50; idle 30 / 30.
+    let iv = attribute(0, &b, Method::Counter, 260_000, 60_000, IdlePolicy::Spread);
+    assert_eq!(iv.split, Some(SplitMethod::Sm));
+    let e: Vec<(i64, u64, u64, u32)> = iv
+        .parts
+        .iter()
+        .map(|p| (p.workload, p.energy_mj, p.idle_mj, p.share_ppm))
+        .collect();
+    assert_eq!(
+        e,
+        vec![(1, 180_000, 30_000, 750_000), (2, 80_000, 30_000, 250_000)]
+    );
+}
+
+#[test]
+fn processes_of_one_workload_are_summed() {
+    let b = sample(
+        1000,
+        0,
+        None,
+        vec![
+            proc(1, Some(30), None),
+            proc(2, Some(20), None),
+            proc(1, Some(30), None),
+        ],
+    );
+    let iv = attribute(0, &b, Method::Counter, 80_000, 0, IdlePolicy::Spread);
+    let e: Vec<(i64, u64)> = iv.parts.iter().map(|p| (p.workload, p.energy_mj)).collect();
+    assert_eq!(e, vec![(1, 60_000), (2, 20_000)]);
+}
+
+#[test]
+fn falls_back_to_memory_then_equal() {
+    // One process without an SM reading: SM shares are unusable (absent is not zero).
+    let b = sample(
+        1000,
+        0,
+        None,
+        vec![proc(1, Some(90), Some(300)), proc(2, None, Some(100))],
+    );
+    let iv = attribute(0, &b, Method::Counter, 100_000, 0, IdlePolicy::Spread);
+    assert_eq!(iv.split, Some(SplitMethod::Memory));
+    assert_eq!(iv.parts[0].energy_mj, 75_000);
+    // SM all zero and memory unknown: equal.
+    let b = sample(
+        1000,
+        0,
+        None,
+        vec![
+            proc(1, Some(0), None),
+            proc(2, Some(0), Some(5)),
+            proc(3, Some(0), None),
+        ],
+    );
+    let iv = attribute(0, &b, Method::Counter, 100_000, 0, IdlePolicy::Spread);
+    assert_eq!(iv.split, Some(SplitMethod::Equal));
+    let e: Vec<u64> = iv.parts.iter().map(|p| p.energy_mj).collect();
+    assert_eq!(
+        e,
+        vec![33_334, 33_333, 33_333],
+        "remainder to the lowest id"
+    );
+}
+
+#[test]
+fn no_process_is_idle_but_busy_without_process_is_unattributed() {
+    let quiet = sample(1000, 0, None, vec![]);
+    let iv = attribute(
+        0,
+        &quiet,
+        Method::Counter,
+        100_000,
+        30_000,
+        IdlePolicy::Spread,
+    );
+    assert_eq!((iv.idle_bucket_mj, iv.unattributed_mj), (100_000, 0));
+    let busy = EnergySample {
+        util_gpu_pct: Some(80),
+        ..quiet
+    };
+    let iv = attribute(
+        0,
+        &busy,
+        Method::Counter,
+        100_000,
+        30_000,
+        IdlePolicy::Spread,
+    );
+    assert_eq!((iv.idle_bucket_mj, iv.unattributed_mj), (30_000, 70_000));
+}
+
+#[test]
+fn idle_never_exceeds_the_energy() {
+    let b = sample(1000, 0, None, vec![proc(1, Some(10), None)]);
+    let iv = attribute(0, &b, Method::Counter, 10_000, 60_000, IdlePolicy::Separate);
+    assert_eq!((iv.idle_bucket_mj, iv.parts[0].energy_mj), (10_000, 0));
+}
+
+#[test]
+fn split_proportional_is_exact_and_deterministic() {
+    assert_eq!(split_proportional(10, &[1, 1, 1]), vec![4, 3, 3]);
+    assert_eq!(split_proportional(0, &[5, 0]), vec![0, 0]);
+    assert_eq!(split_proportional(7, &[0, 0]), vec![4, 3]);
+    assert_eq!(
+        split_proportional(u64::MAX, &[u128::from(u64::MAX), 1])
+            .iter()
+            .sum::<u64>(),
+        u64::MAX
+    );
+}
+
+fn arb_process() -> impl Strategy<Value = EnergyProcess> {
+    (
+        0i64..6,
+        proptest::option::weighted(0.8, 0u32..=100),
+        proptest::option::weighted(0.8, 0u64..(1 << 36)),
+    )
+        .prop_map(|(workload, sm, mem)| EnergyProcess {
+            workload,
+            sm_util_pct: sm,
+            gpu_mem_bytes: mem,
+        })
+}
+
+/// A random trace: irregular intervals (some beyond the gap limit), power present or not,
+/// a counter that is sometimes unsupported and sometimes resets.
+fn arb_trace() -> impl Strategy<Value = Vec<EnergySample>> {
+    proptest::collection::vec(
+        (
+            1i64..8_000,
+            proptest::option::weighted(0.9, 0u32..1_500_000),
+            0u8..10,
+            0u64..2_000_000,
+            proptest::option::of(0u32..=100),
+            proptest::collection::vec(arb_process(), 0..5),
+        ),
+        1..120,
+    )
+    .prop_map(|steps| {
+        let mut t = 1_800_000_000_000i64;
+        let mut counter = 10_000_000u64;
+        steps
+            .into_iter()
+            .map(|(dt, power, counter_mode, inc, util, processes)| {
+                t += dt;
+                counter = match counter_mode {
+                    0 => inc % 1000, // reset
+                    _ => counter + inc,
+                };
+                EnergySample {
+                    time_ms: t,
+                    power_mw: power,
+                    energy_mj: (counter_mode != 1).then_some(counter),
+                    util_gpu_pct: util,
+                    processes,
+                }
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #[test]
+    fn energy_is_conserved_for_every_interval_and_minute(
+        trace in arb_trace(),
+        idle_mw in 0u32..400_000,
+        separate in any::<bool>(),
+        max_gap_ms in 1_000i64..10_000,
+    ) {
+        let policy = if separate { IdlePolicy::Separate } else { IdlePolicy::Spread };
+        let intervals = account(None, &trace, max_gap_ms, idle_mw, policy);
+        prop_assert_eq!(intervals.len(), trace.len() - 1);
+        for iv in &intervals {
+            prop_assert_eq!(iv.accounted_mj(), iv.energy_mj, "interval {:?}", iv);
+            if iv.method == Method::Missing {
+                prop_assert_eq!(iv.energy_mj, 0);
+            }
+            if iv.duration_ms() > max_gap_ms {
+                prop_assert_eq!(iv.method, Method::Missing);
+            }
+            if policy == IdlePolicy::Separate {
+                prop_assert!(iv.parts.iter().all(|p| p.idle_mj == 0));
+            }
+        }
+        // Minute rollups: every minute conserves, and together they hold every interval.
+        let mut by_minute: BTreeMap<UnixMs, Vec<EnergySample>> = BTreeMap::new();
+        for s in &trace {
+            by_minute.entry(minute_of(s.time_ms)).or_default().push(s.clone());
+        }
+        let mut prev: Option<EnergySample> = None;
+        let (mut energy, mut covered, mut missing) = (0u64, 0i64, 0i64);
+        for (minute, samples) in &by_minute {
+            let m = rollup_minute(*minute, prev.as_ref(), samples, max_gap_ms, idle_mw, IdleSource::Min, policy);
+            prop_assert_eq!(m.conservation_error(), None);
+            energy += m.energy_mj;
+            covered += m.covered_ms;
+            missing += m.missing_ms;
+            prev = samples.last().cloned();
+        }
+        prop_assert_eq!(energy, intervals.iter().map(|i| i.energy_mj).sum::<u64>());
+        let span = trace[trace.len() - 1].time_ms - trace[0].time_ms;
+        prop_assert_eq!(covered + missing, span);
+    }
+}

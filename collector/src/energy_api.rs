@@ -1,0 +1,455 @@
+//! The energy API (issue 6), read from the per-minute rollups:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/v1/containers?from=&to=&node=&group_by=` | energy per container (or pod, namespace, job, user) |
+//! | `GET /api/v1/containers/{key}?from=&to=` | one workload (`Workload::key()`), with a per-minute series |
+//! | `GET /api/v1/energy?from=&to=` | fleet total and energy per GPU (missing time, idle, method mix) |
+//!
+//! `from` / `to` default to today (UTC midnight) .. now. Rollups are per minute: a range
+//! covers the minutes that start in it (the one holding `from` included). Energy is given
+//! exactly (`energy_mj`) and as `energy_j` / `energy_kwh`; `method` says how much of it
+//! the energy counter measured and how much was integrated from power.
+
+use crate::energy::{MINUTE_MS, minute_of};
+use crate::http::{ApiError, AppState};
+use crate::store::TimeRange;
+use crate::store::energy::{GpuEnergy, WorkloadEnergy};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use gpufleet_core::config::{format_time, parse_time};
+use gpufleet_core::{UnixMs, Workload};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The routes, merged into [`crate::http::app`].
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/containers", get(containers))
+        .route("/api/v1/containers/{key}", get(container))
+        .route("/api/v1/energy", get(energy))
+}
+
+#[derive(Debug, Deserialize)]
+struct RangeParams {
+    from: Option<String>,
+    to: Option<String>,
+    node: Option<String>,
+    group_by: Option<String>,
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
+    let now = (st.clock)();
+    let to = match p.to.as_deref() {
+        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
+        None => now,
+    };
+    let from = match p.from.as_deref() {
+        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
+        None => now.div_euclid(DAY_MS) * DAY_MS,
+    };
+    if from > to {
+        return Err(ApiError::BadRequest(format!(
+            "from ({}) is after to ({})",
+            format_time(from),
+            format_time(to)
+        )));
+    }
+    Ok(TimeRange {
+        from_ms: minute_of(from),
+        to_ms: to,
+    })
+}
+
+/// What rows are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupBy {
+    Container,
+    Pod,
+    Namespace,
+    Job,
+    User,
+}
+
+impl GroupBy {
+    fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
+        match s.unwrap_or("container") {
+            "container" => Ok(GroupBy::Container),
+            "pod" => Ok(GroupBy::Pod),
+            "namespace" => Ok(GroupBy::Namespace),
+            "job" => Ok(GroupBy::Job),
+            "user" => Ok(GroupBy::User),
+            other => Err(ApiError::BadRequest(format!(
+                "group_by {other:?}: expected container, pod, namespace, job or user"
+            ))),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Container => "container",
+            GroupBy::Pod => "pod",
+            GroupBy::Namespace => "namespace",
+            GroupBy::Job => "job",
+            GroupBy::User => "user",
+        }
+    }
+
+    /// The group a workload falls in. Workloads without the grouping identity (a host
+    /// process has no pod) stay on their own under their workload key.
+    fn key(self, w: &Workload) -> String {
+        let own = w.key();
+        match self {
+            GroupBy::Container => own,
+            GroupBy::Pod => w.pod_uid.as_ref().map_or(own, |p| format!("pod:{p}")),
+            GroupBy::Namespace => w.namespace.as_ref().map_or_else(
+                || "namespace:(none)".to_owned(),
+                |n| format!("namespace:{n}"),
+            ),
+            GroupBy::Job => w.job_id.as_ref().map_or(own, |j| format!("slurm:{j}")),
+            GroupBy::User => w
+                .uid
+                .map_or_else(|| "user:(unknown)".to_owned(), |u| format!("user:uid-{u}")),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct GpuRef {
+    node: String,
+    uuid: String,
+    index: u32,
+    name: String,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct MethodMix {
+    /// Measured by the GPU's energy counter.
+    counter_j: f64,
+    /// Integrated from reported power (counter unsupported or reset).
+    trapezoid_j: f64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct SplitMix {
+    /// Seconds split by per-process SM utilization.
+    sm_s: f64,
+    /// Seconds split by GPU memory (SM utilization not reported).
+    memory_s: f64,
+    /// Seconds split equally (neither reported).
+    equal_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct ContainerRow {
+    /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
+    /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `user:uid-<n>`).
+    key: String,
+    /// The identity of the (first) workload: kind, runtime, full container id, pod UID,
+    /// names, job id, as known.
+    identity: Workload,
+    /// The workload keys in this row (one unless grouped).
+    workloads: Vec<String>,
+    nodes: Vec<String>,
+    gpus: Vec<GpuRef>,
+    energy_mj: u64,
+    energy_j: f64,
+    energy_kwh: f64,
+    /// Of which idle energy charged to it (idle policy `spread`).
+    idle_j: f64,
+    /// GPU time: seconds resident, summed over GPUs.
+    gpu_seconds: f64,
+    /// Average share of the active energy it received while resident (0..1).
+    avg_share: Option<f64>,
+    method: MethodMix,
+    split: SplitMix,
+    first_minute: String,
+    last_minute: String,
+}
+
+#[derive(Default)]
+struct Acc {
+    identity: Option<Workload>,
+    workloads: BTreeSet<String>,
+    nodes: BTreeSet<String>,
+    gpus: BTreeMap<String, GpuRef>,
+    energy_mj: u64,
+    idle_mj: u64,
+    counter_mj: u64,
+    trapezoid_mj: u64,
+    gpu_ms: i64,
+    share_ppm_ms: u64,
+    sm_ms: i64,
+    memory_ms: i64,
+    equal_ms: i64,
+    first: UnixMs,
+    last: UnixMs,
+}
+
+fn j(mj: u64) -> f64 {
+    mj as f64 / 1000.0
+}
+
+fn kwh(mj: u64) -> f64 {
+    mj as f64 / 3.6e9
+}
+
+fn group(rows: Vec<WorkloadEnergy>, by: GroupBy) -> Vec<ContainerRow> {
+    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    for r in rows {
+        let a = groups.entry(by.key(&r.workload)).or_insert_with(|| Acc {
+            first: i64::MAX,
+            last: i64::MIN,
+            ..Default::default()
+        });
+        a.workloads.insert(r.workload.key());
+        a.identity.get_or_insert_with(|| r.workload.clone());
+        a.nodes.insert(r.node_name.clone());
+        a.gpus.entry(r.gpu_uuid.clone()).or_insert(GpuRef {
+            node: r.node_name,
+            uuid: r.gpu_uuid,
+            index: r.gpu_index,
+            name: r.gpu_name,
+        });
+        a.energy_mj += r.energy_mj;
+        a.idle_mj += r.idle_mj;
+        a.counter_mj += r.counter_mj;
+        a.trapezoid_mj += r.trapezoid_mj;
+        a.gpu_ms += r.gpu_ms;
+        a.share_ppm_ms += r.share_ppm_ms;
+        a.sm_ms += r.sm_ms;
+        a.memory_ms += r.memory_ms;
+        a.equal_ms += r.equal_ms;
+        a.first = a.first.min(r.first_minute_ms);
+        a.last = a.last.max(r.last_minute_ms);
+    }
+    let mut out: Vec<ContainerRow> = groups
+        .into_iter()
+        .map(|(key, a)| ContainerRow {
+            key,
+            identity: a.identity.unwrap_or_default(),
+            workloads: a.workloads.into_iter().collect(),
+            nodes: a.nodes.into_iter().collect(),
+            gpus: a.gpus.into_values().collect(),
+            energy_mj: a.energy_mj,
+            energy_j: j(a.energy_mj),
+            energy_kwh: kwh(a.energy_mj),
+            idle_j: j(a.idle_mj),
+            gpu_seconds: a.gpu_ms as f64 / 1000.0,
+            avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
+            method: MethodMix {
+                counter_j: j(a.counter_mj),
+                trapezoid_j: j(a.trapezoid_mj),
+            },
+            split: SplitMix {
+                sm_s: a.sm_ms as f64 / 1000.0,
+                memory_s: a.memory_ms as f64 / 1000.0,
+                equal_s: a.equal_ms as f64 / 1000.0,
+            },
+            first_minute: format_time(a.first),
+            last_minute: format_time(a.last + MINUTE_MS),
+        })
+        .collect();
+    // Biggest spenders first.
+    out.sort_by(|a, b| b.energy_mj.cmp(&a.energy_mj).then(a.key.cmp(&b.key)));
+    out
+}
+
+#[derive(Serialize)]
+struct ContainersView {
+    from: String,
+    to: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    group_by: &'static str,
+    rows: Vec<ContainerRow>,
+}
+
+async fn containers(
+    State(st): State<AppState>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<ContainersView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let by = GroupBy::parse(p.group_by.as_deref())?;
+    let rows = st.store.workload_energy(r, p.node.as_deref(), None).await?;
+    Ok(Json(ContainersView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        from_ms: r.from_ms,
+        to_ms: r.to_ms,
+        group_by: by.as_str(),
+        rows: group(rows, by),
+    }))
+}
+
+#[derive(Serialize)]
+struct MinutePoint {
+    minute: String,
+    minute_ms: UnixMs,
+    energy_j: f64,
+    idle_j: f64,
+    gpu_seconds: f64,
+    avg_share: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct ContainerView {
+    from: String,
+    to: String,
+    #[serde(flatten)]
+    row: ContainerRow,
+    /// Per minute, all GPUs together; minutes without energy rows are absent.
+    series: Vec<MinutePoint>,
+}
+
+async fn container(
+    State(st): State<AppState>,
+    Path(key): Path<String>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<ContainerView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let rows = st.store.workload_energy(r, None, Some(&key)).await?;
+    let row = group(rows, GroupBy::Container)
+        .into_iter()
+        .next()
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "no energy for workload {key:?} in {} .. {} (keys look like container:<id>, \
+                 slurm:<job>, host:<unit>; see /api/v1/containers)",
+                format_time(r.from_ms),
+                format_time(r.to_ms)
+            ))
+        })?;
+    let series = st
+        .store
+        .workload_energy_series(&key, r)
+        .await?
+        .into_iter()
+        .map(|m| MinutePoint {
+            minute: format_time(m.minute_ms),
+            minute_ms: m.minute_ms,
+            energy_j: j(m.energy_mj),
+            idle_j: j(m.idle_mj),
+            gpu_seconds: m.gpu_ms as f64 / 1000.0,
+            avg_share: (m.gpu_ms > 0).then(|| m.share_ppm_ms as f64 / m.gpu_ms as f64 / 1e6),
+        })
+        .collect();
+    Ok(Json(ContainerView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        row,
+        series,
+    }))
+}
+
+#[derive(Debug, Default, Serialize)]
+struct EnergyTotals {
+    energy_mj: u64,
+    energy_j: f64,
+    energy_kwh: f64,
+    /// Given to workloads (their active share, plus idle under `spread`).
+    attributed_j: f64,
+    /// The idle bucket: GPUs with no process, or idle under `separate`.
+    idle_j: f64,
+    /// Active energy with no process listed.
+    unattributed_j: f64,
+    /// Measured time and time lost in gaps (no energy counted for it).
+    covered_seconds: f64,
+    missing_seconds: f64,
+    /// Average power over the measured time; `null` without any.
+    avg_power_w: Option<f64>,
+    method: MethodMix,
+}
+
+fn totals<'a>(gpus: impl IntoIterator<Item = &'a GpuEnergy>) -> EnergyTotals {
+    let (mut e, mut at, mut id, mut un, mut cov, mut mis, mut c, mut t) =
+        (0u64, 0u64, 0u64, 0u64, 0i64, 0i64, 0u64, 0u64);
+    for g in gpus {
+        e += g.energy_mj;
+        at += g.attributed_mj;
+        id += g.idle_mj;
+        un += g.unattributed_mj;
+        cov += g.covered_ms;
+        mis += g.missing_ms;
+        c += g.counter_mj;
+        t += g.trapezoid_mj;
+    }
+    EnergyTotals {
+        energy_mj: e,
+        energy_j: j(e),
+        energy_kwh: kwh(e),
+        attributed_j: j(at),
+        idle_j: j(id),
+        unattributed_j: j(un),
+        covered_seconds: cov as f64 / 1000.0,
+        missing_seconds: mis as f64 / 1000.0,
+        avg_power_w: (cov > 0).then(|| e as f64 / cov as f64),
+        method: MethodMix {
+            counter_j: j(c),
+            trapezoid_j: j(t),
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct GpuEnergyView {
+    node: String,
+    uuid: String,
+    index: u32,
+    name: String,
+    #[serde(flatten)]
+    totals: EnergyTotals,
+}
+
+#[derive(Serialize)]
+struct EnergyView {
+    from: String,
+    to: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    /// The whole fleet.
+    total: EnergyTotals,
+    /// Per node.
+    nodes: BTreeMap<String, EnergyTotals>,
+    gpus: Vec<GpuEnergyView>,
+}
+
+async fn energy(
+    State(st): State<AppState>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<EnergyView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let mut gpus = st.store.gpu_energy(r).await?;
+    if let Some(node) = &p.node {
+        gpus.retain(|g| &g.node_name == node);
+    }
+    let mut by_node: BTreeMap<String, Vec<&GpuEnergy>> = BTreeMap::new();
+    for g in &gpus {
+        by_node.entry(g.node_name.clone()).or_default().push(g);
+    }
+    Ok(Json(EnergyView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        from_ms: r.from_ms,
+        to_ms: r.to_ms,
+        total: totals(&gpus),
+        nodes: by_node.into_iter().map(|(n, gs)| (n, totals(gs))).collect(),
+        gpus: gpus
+            .iter()
+            .map(|g| GpuEnergyView {
+                node: g.node_name.clone(),
+                uuid: g.uuid.clone(),
+                index: g.index,
+                name: g.name.clone(),
+                totals: totals([g]),
+            })
+            .collect(),
+    }))
+}

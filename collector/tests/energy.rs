@@ -1,0 +1,537 @@
+//! Energy accounting through the real store: known traces, late data, the check, the CLI.
+
+mod common;
+
+use common::*;
+use gpufleet_agent::{GpuSource, SimOptions, simulator};
+use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
+use gpufleet_collector::energy::IdlePolicy;
+use gpufleet_collector::energy_check;
+use gpufleet_collector::live::{Committed, Live};
+use gpufleet_collector::status::Clock;
+use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
+use gpufleet_core::*;
+use std::sync::Arc;
+
+const MIN: i64 = 60_000;
+
+fn clock_at(t: UnixMs) -> Clock {
+    Arc::new(move || t)
+}
+
+fn all_time() -> TimeRange {
+    TimeRange {
+        from_ms: 0,
+        to_ms: T0 + 1000 * MIN,
+    }
+}
+
+fn process(uuid: &str, pid: u32, sm: u32, workload: Workload) -> ProcessSample {
+    ProcessSample {
+        gpu_uuid: uuid.into(),
+        pid,
+        process_type: ProcessType::Compute,
+        user: Some("lena".into()),
+        command: Some("python serve.py".into()),
+        gpu_mem_bytes: Some(4 << 30),
+        sm_util_pct: Some(sm),
+        mem_util_pct: None,
+        enc_util_pct: None,
+        dec_util_pct: None,
+        workload,
+        mig_uuid: None,
+    }
+}
+
+const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+/// One tick of GPU `uuid` at `t` with power `power_mw`, counter `energy_mj`, and
+/// containers A (SM 60 %) and B (SM 20 %).
+fn shared_tick(uuid: &str, t: UnixMs, power_mw: u32, energy_mj: Option<u64>) -> Tick {
+    Tick {
+        time_ms: t,
+        gpus: vec![GpuSample {
+            gpu_uuid: uuid.into(),
+            util_gpu_pct: Some(80),
+            power_mw: Some(power_mw),
+            energy_mj,
+            ..Default::default()
+        }],
+        processes: vec![
+            process(uuid, 100, 60, container_workload(A, Some("trainer"))),
+            process(uuid, 200, 20, container_workload(B, Some("inference"))),
+        ],
+        ..Default::default()
+    }
+}
+
+async fn one_gpu_node(store: &Arc<dyn Store>, uuid: &str) -> NodeRecord {
+    store
+        .register_node(&hello("n1"), &inventory(vec![gpu_info_sparse(uuid, 0)]), T0)
+        .await
+        .expect("register")
+}
+
+async fn write_ticks(store: &Arc<dyn Store>, node: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
+    let b = Batch {
+        seq,
+        ticks,
+        delivery: DeliveryStats::default(),
+    };
+    store
+        .write_batches(&[node_batch(node, b)])
+        .await
+        .expect("write");
+}
+
+fn options(idle_w: u32, policy: IdlePolicy) -> EnergyOptions {
+    EnergyOptions {
+        idle_policy: policy,
+        idle: IdleConfig {
+            default: IdleWatts::Milliwatts(idle_w * 1000),
+            per_model: vec![],
+        },
+        ..Default::default()
+    }
+}
+
+/// mJ of workload `key` in the stored rollups.
+async fn stored_mj(store: &Arc<dyn Store>, key: &str) -> u64 {
+    store
+        .workload_energy(all_time(), None, Some(key))
+        .await
+        .expect("workload energy")
+        .iter()
+        .map(|r| r.energy_mj)
+        .sum()
+}
+
+#[tokio::test]
+async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-e").await;
+    // A known power trace at 1 Hz for 3 minutes and 1 s; the counter is its exact integral.
+    let power = |k: i64| 150_000 + ((k * 37_123) % 200_000) as u32;
+    let mut counter = 7_000_000u64;
+    let mut ticks = Vec::new();
+    for k in 0..=181 {
+        if k > 0 {
+            counter += (u64::from(power(k - 1)) + u64::from(power(k))) / 2;
+        }
+        ticks.push(shared_tick("GPU-e", T0 + k * 1000, power(k), Some(counter)));
+    }
+    write_ticks(&store, &node, 1, ticks).await;
+    let mut acc = Accountant::new(
+        Arc::clone(&store),
+        options(60, IdlePolicy::Spread),
+        clock_at(T0),
+    );
+    acc.pass().await.expect("pass");
+
+    // By hand: minutes 0..3 are closed (the newest sample is in minute 3), i.e. the
+    // intervals ending at 1 s ..= 179 s. Idle 60 W, split equally; active 3 : 1.
+    let mut e_total = 0.0f64;
+    for k in 1..180 {
+        e_total += (f64::from(power(k - 1)) + f64::from(power(k))) / 2.0 / 1000.0; // J
+    }
+    let idle = 60.0 * 179.0;
+    let want_a = 0.75 * (e_total - idle) + idle / 2.0;
+    let want_b = 0.25 * (e_total - idle) + idle / 2.0;
+    let got_a = stored_mj(&store, &format!("container:{A}")).await as f64 / 1000.0;
+    let got_b = stored_mj(&store, &format!("container:{B}")).await as f64 / 1000.0;
+    assert!(
+        (got_a - want_a).abs() / want_a < 0.001,
+        "A: {got_a} J vs {want_a} J"
+    );
+    assert!(
+        (got_b - want_b).abs() / want_b < 0.001,
+        "B: {got_b} J vs {want_b} J"
+    );
+    let gpus = store.gpu_energy(all_time()).await.expect("gpu energy");
+    assert_eq!(gpus.len(), 1);
+    assert_eq!(gpus[0].trapezoid_mj, 0, "every interval by counter");
+    assert_eq!(gpus[0].energy_mj, gpus[0].counter_mj);
+    assert_eq!(
+        gpus[0].attributed_mj + gpus[0].idle_mj + gpus[0].unattributed_mj,
+        gpus[0].energy_mj
+    );
+    assert_eq!(gpus[0].covered_ms, 179_000);
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(report.minutes, 3);
+}
+
+#[tokio::test]
+async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-t").await;
+    // P(t) = 250 W + 100 W · sin(2π t / 37 s), sampled at 1 Hz, no energy counter.
+    let p = |t_s: f64| 250.0 + 100.0 * (2.0 * std::f64::consts::PI * t_s / 37.0).sin();
+    let ticks: Vec<Tick> = (0..=181)
+        .map(|k| {
+            let mw = (p(k as f64) * 1000.0).round() as u32;
+            shared_tick("GPU-t", T0 + k * 1000, mw, None)
+        })
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    let mut acc = Accountant::new(
+        Arc::clone(&store),
+        options(50, IdlePolicy::Separate),
+        clock_at(T0),
+    );
+    acc.pass().await.expect("pass");
+    // ∫₀^179 P dt, exactly.
+    let w = 2.0 * std::f64::consts::PI / 37.0;
+    let exact_j = 250.0 * 179.0 + 100.0 / w * (1.0 - (w * 179.0).cos());
+    let gpus = store.gpu_energy(all_time()).await.expect("gpu energy");
+    let got_j = gpus[0].energy_mj as f64 / 1000.0;
+    assert!(
+        (got_j - exact_j).abs() / exact_j < 0.005,
+        "trapezoid {got_j} J vs exact {exact_j} J"
+    );
+    assert_eq!(gpus[0].counter_mj, 0);
+    assert_eq!(gpus[0].trapezoid_mj, gpus[0].energy_mj);
+    // Separate: the idle bucket holds 50 W × 179 s; the containers the rest.
+    assert_eq!(gpus[0].idle_mj, 50 * 179_000);
+    let a = stored_mj(&store, &format!("container:{A}")).await;
+    let b = stored_mj(&store, &format!("container:{B}")).await;
+    assert_eq!(a + b + gpus[0].idle_mj, gpus[0].energy_mj);
+}
+
+#[tokio::test]
+async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-l").await;
+    let live = Live::new();
+    live.connected(node.clone());
+    let tick = |k: i64| {
+        shared_tick(
+            "GPU-l",
+            T0 + k * 1000,
+            200_000,
+            Some(1_000_000 + k as u64 * 200_000),
+        )
+    };
+    // Minute 1 has a hole from 70 s to 100 s (the agent's spool still holds it).
+    let early: Vec<Tick> = (0..=150)
+        .filter(|k| !(71..100).contains(k))
+        .map(tick)
+        .collect();
+    write_ticks(&store, &node, 1, early).await;
+    let mut acc = Accountant::new(
+        Arc::clone(&store),
+        options(0, IdlePolicy::Spread),
+        clock_at(T0),
+    );
+    acc.pass().await.expect("pass");
+    let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
+    assert_eq!(gpu.missing_ms, 30_000, "the hole is missing time");
+    assert_eq!(
+        gpu.energy_mj,
+        89 * 200_000,
+        "no energy bridged over the hole"
+    );
+
+    // The spool replays the hole (and re-sends some ticks already stored).
+    let late: Vec<Tick> = (65..100).map(tick).collect();
+    let batch = Batch {
+        seq: 2,
+        ticks: late,
+        delivery: DeliveryStats::default(),
+    };
+    store
+        .write_batches(&[node_batch(&node, batch.clone())])
+        .await
+        .expect("late write");
+    acc.note_commit(
+        &live,
+        &Committed {
+            node: "n1".into(),
+            batch,
+        },
+    );
+    acc.pass().await.expect("pass");
+    let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
+    assert_eq!(gpu.missing_ms, 0);
+    assert_eq!(
+        gpu.energy_mj,
+        119 * 200_000,
+        "0 s..119 s at 200 W, counted once"
+    );
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
+}
+
+#[tokio::test]
+async fn late_data_found_without_announcements_by_the_start_up_recheck() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-r").await;
+    let tick = |k: i64| shared_tick("GPU-r", T0 + k * 1000, 100_000, Some(k as u64 * 100_000));
+    write_ticks(
+        &store,
+        &node,
+        1,
+        (0..=130).filter(|k| *k != 30).map(tick).collect(),
+    )
+    .await;
+    let clock = clock_at(T0 + 10 * MIN);
+    let mut acc = Accountant::new(
+        Arc::clone(&store),
+        options(0, IdlePolicy::Spread),
+        clock.clone(),
+    );
+    acc.pass().await.expect("pass");
+    write_ticks(&store, &node, 2, vec![tick(30)]).await;
+    let stale = store.stale_energy_minutes(0).await.expect("stale");
+    assert_eq!(
+        stale.len(),
+        1,
+        "minute 0 now has one more sample than accounted"
+    );
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(report.violations.len(), 1, "{report:?}");
+    // A restarted collector rechecks at start-up.
+    let mut restarted = Accountant::new(Arc::clone(&store), options(0, IdlePolicy::Spread), clock);
+    restarted.pass().await.expect("pass");
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
+}
+
+#[tokio::test]
+async fn an_exclusive_container_gets_the_whole_energy_minus_idle_under_separate() {
+    for (policy, want_idle_bucket) in [(IdlePolicy::Spread, false), (IdlePolicy::Separate, true)] {
+        let (_dir, store) = sqlite_store().await;
+        let node = one_gpu_node(&store, "GPU-x").await;
+        let ticks = (0..=61)
+            .map(|k| Tick {
+                time_ms: T0 + k * 1000,
+                gpus: vec![GpuSample {
+                    gpu_uuid: "GPU-x".into(),
+                    power_mw: Some(300_000),
+                    energy_mj: Some(k as u64 * 300_000),
+                    util_gpu_pct: Some(99),
+                    ..Default::default()
+                }],
+                processes: vec![process("GPU-x", 1, 99, container_workload(A, None))],
+                ..Default::default()
+            })
+            .collect();
+        write_ticks(&store, &node, 1, ticks).await;
+        Accountant::new(Arc::clone(&store), options(40, policy), clock_at(T0))
+            .pass()
+            .await
+            .expect("pass");
+        let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
+        let a = stored_mj(&store, &format!("container:{A}")).await;
+        assert_eq!(gpu.energy_mj, 59 * 300_000);
+        if want_idle_bucket {
+            assert_eq!(gpu.idle_mj, 59 * 40_000);
+            assert_eq!(a, gpu.energy_mj - 59 * 40_000);
+        } else {
+            assert_eq!((a, gpu.idle_mj), (gpu.energy_mj, 0));
+        }
+    }
+}
+
+/// A simulated node (the demo's simulator and workloads) for five minutes, accounted.
+async fn demo_database(dir: &tempfile::TempDir) -> (String, Arc<dyn Store>) {
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+    let store = gpufleet_collector::store::open(&url).await.expect("open");
+    for n in 0..2 {
+        let name = format!("gpu-node-{n:02}");
+        let mut sim = simulator(SimOptions::new(name.clone(), 4)).expect("sim");
+        let inv = sim.inventory().expect("inventory");
+        let node = store
+            .register_node(&hello(&name), &inv, T0)
+            .await
+            .expect("register");
+        let mut ticks = Vec::new();
+        for k in 0..300 {
+            ticks.push(sim.sample(T0 + k * 1000).expect("tick"));
+        }
+        for (i, chunk) in ticks.chunks(30).enumerate() {
+            write_ticks(&store, &node, i as u64 + 1, chunk.to_vec()).await;
+        }
+    }
+    Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock_at(T0))
+        .pass()
+        .await
+        .expect("pass");
+    (url, store)
+}
+
+#[tokio::test]
+async fn check_energy_passes_on_a_demo_database_and_catches_a_planted_violation() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (url, store) = demo_database(&dir).await;
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
+    assert_eq!(
+        report.minutes,
+        2 * 4 * 4,
+        "2 nodes × 4 GPUs × 4 closed minutes"
+    );
+    assert!(report.energy_mj > 0);
+    let containers = store
+        .workload_energy(all_time(), None, None)
+        .await
+        .expect("workloads");
+    assert!(
+        !containers.is_empty(),
+        "the demo's workloads were attributed energy"
+    );
+    store.close().await;
+
+    // The binary agrees, then a planted error (1 mJ moved into a workload) is caught.
+    let bin = env!("CARGO_BIN_EXE_gpufleet-collector");
+    let to = (T0 + 1000 * MIN).to_string();
+    let run = || {
+        std::process::Command::new(bin)
+            .args(["check-energy", "--db", &url, "--from", "0", "--to", &to])
+            .env_remove("GPUFLEET_CONFIG")
+            .output()
+            .expect("run check-energy")
+    };
+    let ok = run();
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.contains(": 0 violations"), "{stdout}");
+
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("pool");
+    sqlx::query(
+        "UPDATE energy_workload_minutes SET energy_mj = energy_mj + 1 \
+         WHERE (gpu_id, minute_ms, workload_id) = \
+         (SELECT gpu_id, minute_ms, workload_id FROM energy_workload_minutes LIMIT 1)",
+    )
+    .execute(&pool)
+    .await
+    .expect("plant");
+    pool.close().await;
+    let bad = run();
+    let stdout = String::from_utf8_lossy(&bad.stdout);
+    assert!(!bad.status.success(), "{stdout}");
+    assert!(stdout.contains("VIOLATION"), "{stdout}");
+    assert!(!stdout.contains(": 0 violations"), "{stdout}");
+
+    // recompute-energy rebuilds it from raw samples.
+    let re = std::process::Command::new(bin)
+        .args(["recompute-energy", "--db", &url, "--from", "0", "--to", &to])
+        .args(["--energy-idle-policy", "separate"])
+        .env_remove("GPUFLEET_CONFIG")
+        .output()
+        .expect("run recompute-energy");
+    assert!(
+        re.status.success(),
+        "{}",
+        String::from_utf8_lossy(&re.stderr)
+    );
+    let fixed = run();
+    assert!(
+        fixed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fixed.stdout)
+    );
+}
+
+async fn get_json(store: &Arc<dyn Store>, uri: &str) -> (u16, serde_json::Value) {
+    use tower::ServiceExt as _;
+    let state = gpufleet_collector::http::AppState {
+        store: Arc::clone(store),
+        live: Arc::new(Live::new()),
+        metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
+        writer: None,
+        status: Default::default(),
+        clock: clock_at(T0 + 10 * MIN),
+    };
+    let response = gpufleet_collector::http::app(state)
+        .oneshot(
+            axum::http::Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let status = response.status().as_u16();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+        .await
+        .expect("body");
+    (status, serde_json::from_slice(&body).expect("json"))
+}
+
+#[tokio::test]
+async fn the_api_reports_energy_per_container_per_gpu_and_in_total() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-api").await;
+    // 200 W for 2 minutes and 1 s, idle 40 W, shares 3 : 1.
+    let ticks = (0..=121)
+        .map(|k| shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(
+        Arc::clone(&store),
+        options(40, IdlePolicy::Spread),
+        clock_at(T0),
+    )
+    .pass()
+    .await
+    .expect("pass");
+    let range = format!("from={T0}&to={}", T0 + 10 * MIN);
+    let (status, v) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    // 119 s × 200 W = 23,800 J; idle 40 W × 119 s = 4,760 J, half each; active 3 : 1.
+    let active = 23_800.0 - 4_760.0;
+    assert_eq!(rows[0]["key"], format!("container:{A}"));
+    assert_eq!(rows[0]["identity"]["container_id"], A);
+    assert_eq!(rows[0]["identity"]["container_name"], "trainer");
+    assert_eq!(rows[0]["energy_j"], 0.75 * active + 2_380.0);
+    assert_eq!(rows[1]["energy_j"], 0.25 * active + 2_380.0);
+    assert_eq!(rows[0]["gpu_seconds"], 119.0);
+    assert_eq!(rows[0]["avg_share"], 0.75);
+    assert_eq!(rows[0]["method"]["counter_j"], rows[0]["energy_j"]);
+    assert_eq!(rows[0]["gpus"][0]["uuid"], "GPU-api");
+    assert_eq!(rows[0]["nodes"][0], "n1");
+    let kwh = rows[0]["energy_kwh"].as_f64().expect("kwh");
+    assert!((kwh - (0.75 * active + 2_380.0) / 3.6e6).abs() < 1e-12);
+
+    let (status, v) = get_json(&store, &format!("/api/v1/containers/container:{B}?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["energy_j"], 0.25 * active + 2_380.0);
+    let series = v["series"].as_array().expect("series");
+    assert_eq!(series.len(), 2, "two closed minutes");
+    assert_eq!(series[0]["minute_ms"], T0);
+
+    let (status, v) = get_json(&store, &format!("/api/v1/energy?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["total"]["energy_j"], 23_800.0);
+    assert_eq!(v["total"]["avg_power_w"], 200.0);
+    assert_eq!(v["total"]["missing_seconds"], 0.0);
+    assert_eq!(v["gpus"][0]["uuid"], "GPU-api");
+    assert_eq!(v["nodes"]["n1"]["energy_j"], 23_800.0);
+
+    let (status, _) = get_json(&store, &format!("/api/v1/containers?{range}&group_by=pet")).await;
+    assert_eq!(status, 400);
+    let (status, _) = get_json(
+        &store,
+        &format!("/api/v1/containers/container:nope?{range}"),
+    )
+    .await;
+    assert_eq!(status, 404);
+}

@@ -1,0 +1,145 @@
+// A thin wrapper over uPlot: a titled time-series panel whose data can be replaced (a
+// range was loaded) or extended (a live tick arrived). The container carries
+// data-last-ms (the newest x) so tests and users can see it advance.
+import uPlot from 'uplot';
+import 'uplot/dist/uPlot.min.css';
+import { el } from './dom';
+
+const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7',
+  '#9c755f', '#bab0ac'];
+
+export interface SeriesSpec {
+  label: string;
+  color?: string;
+}
+
+export interface ChartSpec {
+  title: string;
+  unit: string;
+  series: SeriesSpec[];
+  /** Formats a y value for the axis and legend. */
+  fmt?: (v: number) => string;
+  yRange?: [number, number];
+  height?: number;
+  /** Charts with the same key share the cursor (aligned timelines). */
+  sync?: string;
+  /** Event times (ms) drawn as vertical red lines. */
+  marks?: number[];
+}
+
+export class Chart {
+  readonly root: HTMLElement;
+  private plot: uPlot | null = null;
+  private data: (number | null)[][];
+  private marks: number[];
+  private windowMs: number | null = null;
+
+  constructor(private spec: ChartSpec) {
+    this.root = el('section', { class: 'panel', 'data-title': spec.title, 'data-last-ms': '' },
+      el('h3', {}, spec.title, spec.unit ? el('span', { class: 'unit' }, ` (${spec.unit})`) : null));
+    this.data = [[], ...spec.series.map(() => [])];
+    this.marks = spec.marks ?? [];
+  }
+
+  /** Creates the plot once the panel is in the document (uPlot measures it). */
+  mount(): void {
+    const width = Math.max(300, this.root.clientWidth - 16);
+    const fmt = this.spec.fmt ?? ((v: number) => String(Math.round(v * 10) / 10));
+    const marks = () => this.marks;
+    const opts: uPlot.Options = {
+      width,
+      height: this.spec.height ?? 180,
+      cursor: this.spec.sync ? { sync: { key: this.spec.sync } } : {},
+      scales: { x: { time: true }, y: this.spec.yRange ? { range: this.spec.yRange } : {} },
+      axes: [{}, { values: (_u, vals) => vals.map((v) => (v === null ? '' : fmt(v))), size: 84 }],
+      series: [
+        {},
+        ...this.spec.series.map((s, i) => ({
+          label: s.label,
+          stroke: s.color ?? PALETTE[i % PALETTE.length],
+          width: 1.5,
+          spanGaps: false,
+          value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? '–' : v === null ? 'n/a' : fmt(v)),
+        })),
+      ],
+      hooks: {
+        draw: [
+          (u: uPlot) => {
+            const ctx = u.ctx;
+            ctx.save();
+            ctx.strokeStyle = '#d62728';
+            ctx.lineWidth = 2;
+            for (const t of marks()) {
+              const x = u.valToPos(t / 1000, 'x', true);
+              if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+              ctx.beginPath();
+              ctx.moveTo(x, u.bbox.top);
+              ctx.lineTo(x, u.bbox.top + u.bbox.height);
+              ctx.stroke();
+            }
+            ctx.restore();
+          },
+        ],
+      },
+    };
+    this.plot = new uPlot(opts, this.data as uPlot.AlignedData, this.root);
+  }
+
+  /** Replaces the data: xs in ms, one array of values per series. */
+  setData(xsMs: number[], ys: (number | null)[][]): void {
+    this.data = [xsMs.map((x) => x / 1000), ...ys];
+    this.redraw();
+  }
+
+  setMarks(times: number[]): void {
+    this.marks = times;
+    this.plot?.redraw(false);
+  }
+
+  /** Keeps only the last `ms` of data when points are appended (live view). */
+  setWindow(ms: number | null): void {
+    this.windowMs = ms;
+  }
+
+  /** Appends one point per series at time `tMs` (ignored if not newer than the last). */
+  append(tMs: number, values: (number | null)[]): void {
+    const xs = this.data[0];
+    const t = tMs / 1000;
+    if (xs.length > 0 && (xs[xs.length - 1] as number) >= t) return;
+    xs.push(t);
+    for (let i = 0; i < values.length && i + 1 < this.data.length; i++) this.data[i + 1].push(values[i]);
+    if (this.windowMs !== null) {
+      const min = t - this.windowMs / 1000;
+      let drop = 0;
+      while (drop < xs.length && (xs[drop] as number) < min) drop++;
+      if (drop > 0) for (const arr of this.data) arr.splice(0, drop);
+    }
+    this.redraw();
+  }
+
+  private redraw(): void {
+    const xs = this.data[0];
+    this.root.dataset.lastMs = xs.length ? String(Math.round((xs[xs.length - 1] as number) * 1000)) : '';
+    this.root.dataset.points = String(xs.length);
+    this.plot?.setData(this.data as uPlot.AlignedData);
+  }
+
+  destroy(): void {
+    this.plot?.destroy();
+    this.plot = null;
+  }
+}
+
+/** Aligns per-series point lists on one sorted x axis (null where a series has no point). */
+export function align(series: [number, number | null][][]): { xs: number[]; ys: (number | null)[][] } {
+  const set = new Set<number>();
+  for (const s of series) for (const [t] of s) set.add(t);
+  const xs = [...set].sort((a, b) => a - b);
+  const index = new Map(xs.map((x, i) => [x, i]));
+  const ys = series.map((s) => {
+    const col: (number | null)[] = new Array(xs.length).fill(null);
+    for (const [t, v] of s) col[index.get(t) as number] = v;
+    return col;
+  });
+  return { xs, ys };
+}

@@ -1,0 +1,195 @@
+// The fleet page: every node as a card of GPU tiles, filtered, sorted and paginated
+// (PAGE_SIZE nodes per page, so 1,000 nodes x 8 GPUs stay fast). One /api/v1/nodes load,
+// then one live stream for everything.
+import { getJson, type GpuView, type LiveStatus, type LiveTick, type NodeView } from './api';
+import { ago, bytes, clear, el, loadClass, num, watts } from './dom';
+import { openLive } from './live';
+
+const PAGE_SIZE = 48;
+const RENDER_EVERY_MS = 250;
+/** A GPU counts as busy at or above this utilization. */
+export const BUSY_PCT = 10;
+
+type SortKey = 'name' | 'load' | 'status';
+
+function nodeLoad(n: NodeView): number {
+  const vals = n.gpus.map((g) => g.latest?.util_gpu_pct).filter((v): v is number => typeof v === 'number');
+  return vals.length ? vals.reduce((a, b) => a + b, 0) / vals.length : -1;
+}
+
+function matches(n: NodeView, q: string): boolean {
+  if (!q) return true;
+  const terms = q.toLowerCase().split(/\s+/).filter(Boolean);
+  const hay = [n.name, ...Object.entries(n.labels).flatMap(([k, v]) => [k, v, `${k}=${v}`]), n.status]
+    .map((s) => s.toLowerCase());
+  return terms.every((t) => hay.some((h) => h.includes(t)));
+}
+
+function tile(n: NodeView, g: GpuView): HTMLElement {
+  const l = n.status === 'offline' ? null : g.latest;
+  const util = l?.util_gpu_pct ?? null;
+  const memPct = l && l.mem_used_bytes !== null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
+  const t = el('a', {
+    class: `tile ${loadClass(util)}`,
+    href: `/gpu/${encodeURIComponent(g.uuid)}`,
+    title: `${g.name} ${g.uuid}`,
+    'data-uuid': g.uuid,
+  },
+  el('span', { class: 'idx' }, `GPU ${g.index}`),
+  el('span', { class: 'util' }, num(util, 0, '%')),
+  el('span', { class: 'mem' }, 'mem ', num(memPct, 0, '%')),
+  el('span', { class: 'pow' }, watts(l?.power_mw), ' / ', watts(l?.power_limit_mw)),
+  el('span', { class: 'temp' }, num(l?.temp_gpu_c, 0, '°C')));
+  return t;
+}
+
+function card(n: NodeView, now: number): HTMLElement {
+  const labels = el('div', { class: 'labels' });
+  for (const [k, v] of Object.entries(n.labels)) labels.append(el('span', { class: 'label' }, `${k}=${v}`));
+  const tiles = el('div', { class: 'tiles' });
+  for (const g of n.gpus) tiles.append(tile(n, g));
+  const host = n.host.latest;
+  return el('article', { class: `node ${n.status}`, 'data-node': n.name, 'data-status': n.status },
+    el('header', {},
+      el('a', { class: 'name', href: `/node/${encodeURIComponent(n.name)}` }, n.name),
+      el('span', { class: `badge ${n.status}` }, n.status),
+      el('span', { class: 'seen' }, ago(n.last_seen_ms, now)),
+      host ? el('span', { class: 'host' }, 'cpu ', num(host.cpu_util_pct, 0, '%'), ' · mem ', bytes(host.mem_used_bytes)) : null),
+    labels,
+    tiles);
+}
+
+export async function fleetPage(app: HTMLElement): Promise<() => void> {
+  let nodes = new Map<string, NodeView>();
+  let now = Date.now();
+  const q = new URLSearchParams(location.search);
+  let filter = q.get('q') ?? '';
+  let sort = (q.get('sort') as SortKey) ?? 'name';
+  let page = Math.max(0, Number(q.get('page') ?? '0') || 0);
+
+  const totals = el('div', { class: 'totals', id: 'totals' });
+  const search = el('input', { type: 'search', id: 'filter', placeholder: 'filter: name, label (rack=r1), status', value: filter });
+  const sortSel = el('select', { id: 'sort', 'aria-label': 'sort' },
+    el('option', { value: 'name' }, 'sort by name'),
+    el('option', { value: 'load' }, 'sort by load'),
+    el('option', { value: 'status' }, 'sort by status'));
+  sortSel.value = sort;
+  const pager = el('div', { class: 'pager' });
+  const grid = el('div', { class: 'fleet', id: 'fleet' });
+  clear(app);
+  app.append(el('div', { class: 'toolbar' }, search, sortSel, pager), totals, grid);
+
+  const keepUrl = () => {
+    const p = new URLSearchParams();
+    if (filter) p.set('q', filter);
+    if (sort !== 'name') p.set('sort', sort);
+    if (page) p.set('page', String(page));
+    const s = p.toString();
+    history.replaceState(null, '', s ? `/?${s}` : '/');
+  };
+
+  let scheduled = false;
+  const render = () => {
+    scheduled = false;
+    const all = [...nodes.values()];
+    let gpus = 0;
+    let busy = 0;
+    let powerMw = 0;
+    let powerKnown = false;
+    const counts = { online: 0, stale: 0, offline: 0 };
+    for (const n of all) {
+      counts[n.status]++;
+      gpus += n.gpus.length;
+      if (n.status === 'offline') continue;
+      for (const g of n.gpus) {
+        const u = g.latest?.util_gpu_pct;
+        if (typeof u === 'number' && u >= BUSY_PCT) busy++;
+        const p = g.latest?.power_mw;
+        if (typeof p === 'number') {
+          powerMw += p;
+          powerKnown = true;
+        }
+      }
+    }
+    clear(totals);
+    totals.append(
+      el('span', { 'data-total': 'nodes' }, `${all.length} nodes`),
+      el('span', {}, `${counts.online} online · ${counts.stale} stale · ${counts.offline} offline`),
+      el('span', { 'data-total': 'gpus' }, `${gpus} GPUs`),
+      el('span', { 'data-total': 'busy' }, `${busy} busy (≥ ${BUSY_PCT}%)`),
+      el('span', { 'data-total': 'power' }, `power now ${powerKnown ? (powerMw / 1e6).toFixed(2) + ' kW' : 'n/a'}`));
+
+    const shown = all.filter((n) => matches(n, filter));
+    if (sort === 'load') shown.sort((a, b) => nodeLoad(b) - nodeLoad(a) || a.name.localeCompare(b.name));
+    else if (sort === 'status') {
+      const rank = { offline: 0, stale: 1, online: 2 };
+      shown.sort((a, b) => rank[a.status] - rank[b.status] || a.name.localeCompare(b.name));
+    }
+    const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
+    page = Math.min(page, pages - 1);
+    clear(pager);
+    const prev = el('button', { type: 'button', id: 'prev' }, '‹');
+    const next = el('button', { type: 'button', id: 'next' }, '›');
+    prev.disabled = page === 0;
+    next.disabled = page >= pages - 1;
+    prev.addEventListener('click', () => { page--; keepUrl(); render(); });
+    next.addEventListener('click', () => { page++; keepUrl(); render(); });
+    pager.append(prev, el('span', {}, `page ${page + 1} / ${pages} (${shown.length} nodes)`), next);
+
+    const frag = document.createDocumentFragment();
+    for (const n of shown.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE)) frag.append(card(n, now));
+    clear(grid);
+    if (all.length === 0) grid.append(el('p', {}, 'No nodes yet. Start an agent: gpufleet-agent run --collector URL'));
+    grid.append(frag);
+  };
+  // At most one render per RENDER_EVERY_MS however many ticks arrive (1,000 nodes at 1 Hz
+  // are 1,000 ticks a second); only the current page's cards are rebuilt.
+  const schedule = () => {
+    if (!scheduled) {
+      scheduled = true;
+      setTimeout(() => requestAnimationFrame(render), RENDER_EVERY_MS);
+    }
+  };
+
+  search.addEventListener('input', () => { filter = search.value; page = 0; keepUrl(); schedule(); });
+  sortSel.addEventListener('change', () => { sort = sortSel.value as SortKey; keepUrl(); schedule(); });
+
+  const load = async () => {
+    // The brief listing (a fraction of /api/v1/nodes): what the tiles show.
+    const list = await getJson<NodeView[]>('/api/v1/fleet');
+    nodes = new Map(list.map((n) => [n.name, n]));
+    now = Date.now();
+    schedule();
+  };
+  await load();
+
+  const onTick = (t: LiveTick) => {
+    const n = nodes.get(t.node);
+    if (!n) {
+      void load(); // a new node: one reload of the list
+      return;
+    }
+    for (const s of t.gpus) {
+      const g = n.gpus.find((x) => x.uuid === s.uuid);
+      if (!g) continue;
+      g.latest = { ...s, time_ms: t.time_ms };
+      g.processes = t.processes.filter((p) => p.gpu_uuid === s.uuid);
+    }
+    if (t.host) n.host.latest = t.host;
+    n.last_seen_ms = Math.max(n.last_seen_ms ?? 0, t.time_ms);
+    schedule();
+  };
+  const onStatus = (s: LiveStatus) => {
+    now = s.now_ms;
+    for (const x of s.nodes) {
+      const n = nodes.get(x.name);
+      if (!n) continue;
+      n.status = x.status;
+      n.last_seen_ms = x.last_seen_ms;
+      n.connected = x.connected;
+    }
+    if (s.nodes.length !== nodes.size) void load();
+    schedule();
+  };
+  return openLive(null, { tick: onTick, status: onStatus, resync: () => void load() });
+}

@@ -1,0 +1,90 @@
+// The GPU page: every metric of one GPU over the chosen range, with its events (Xid, ECC,
+// ...) drawn as red lines on every chart and listed below.
+import { enc, getJson, type EventView, type GpuSeries, type GpuView } from './api';
+import { Chart } from './chart';
+import { bytes, clear, el, NA, rate, watts } from './dom';
+import { openLive } from './live';
+import { currentRange, rangePicker, rangeQuery } from './range';
+
+interface GpuDetail extends GpuView {
+  node: string;
+  interval_ms: number;
+}
+
+const METRICS: [string, string, (v: number) => string][] = [
+  ['util_gpu_pct', 'GPU utilization', (v) => `${Math.round(v)}%`],
+  ['util_mem_pct', 'memory controller utilization', (v) => `${Math.round(v)}%`],
+  ['mem_used_bytes', 'memory used', (v) => bytes(v)],
+  ['power_mw', 'power', (v) => watts(v)],
+  ['power_limit_mw', 'power limit', (v) => watts(v)],
+  ['energy_mj', 'energy counter', (v) => `${(v / 3.6e9).toFixed(3)} kWh`],
+  ['temp_gpu_c', 'temperature', (v) => `${Math.round(v)}°C`],
+  ['temp_mem_c', 'memory temperature', (v) => `${Math.round(v)}°C`],
+  ['fan_pct', 'fan', (v) => `${Math.round(v)}%`],
+  ['clock_sm_mhz', 'SM clock', (v) => `${Math.round(v)} MHz`],
+  ['clock_mem_mhz', 'memory clock', (v) => `${Math.round(v)} MHz`],
+  ['clock_graphics_mhz', 'graphics clock', (v) => `${Math.round(v)} MHz`],
+  ['pstate', 'performance state', (v) => `P${Math.round(v)}`],
+  ['pcie_tx_bps', 'PCIe tx', (v) => rate(v)],
+  ['pcie_rx_bps', 'PCIe rx', (v) => rate(v)],
+  ['nvlink_tx_bps', 'NVLink tx', (v) => rate(v)],
+  ['nvlink_rx_bps', 'NVLink rx', (v) => rate(v)],
+  ['ecc_corrected_volatile', 'ECC corrected (volatile)', (v) => String(Math.round(v))],
+  ['ecc_uncorrected_volatile', 'ECC uncorrected (volatile)', (v) => String(Math.round(v))],
+  ['enc_util_pct', 'encoder utilization', (v) => `${Math.round(v)}%`],
+  ['dec_util_pct', 'decoder utilization', (v) => `${Math.round(v)}%`],
+];
+
+export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: string) => void): Promise<() => void> {
+  const g = await getJson<GpuDetail>(`/api/v1/gpus/${enc(uuid)}`);
+  const r = currentRange();
+  const q = rangeQuery(r, g.interval_ms || 1000);
+  const events = await getJson<{ events: EventView[] }>(`/api/v1/nodes/${enc(g.node)}/events?from=${r.fromMs}&to=${r.toMs}`)
+    .then((e) => e.events.filter((x) => x.gpu_uuid === uuid || x.gpu_uuid === ''))
+    .catch(() => [] as EventView[]);
+  const marks = events.map((e) => e.time_ms);
+  const charts = METRICS.map(([m, title, fmt]) => new Chart({ title, unit: m, series: [{ label: title }], fmt, marks, height: 140, sync: 'gpu' }));
+  const evBody = el('tbody');
+  for (const e of events) {
+    evBody.append(el('tr', {}, el('td', {}, new Date(e.time_ms).toISOString()), el('td', {}, e.kind),
+      el('td', {}, e.code === null ? NA : String(e.code)), el('td', {}, e.detail)));
+  }
+  if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '4' }, 'no events in this range')));
+  clear(app);
+  app.append(
+    el('h2', {}, el('a', { href: `/node/${enc(g.node)}` }, g.node), ` / GPU ${g.index} · ${g.name}`),
+    el('p', { class: 'muted' }, `${g.uuid} · bus ${g.inventory.pci_bus_id ?? NA}`),
+    rangePicker(r, (qs) => navigate(`/gpu/${enc(uuid)}${qs}`)),
+    el('div', { class: 'panels small', id: 'panels' }, ...charts.map((c) => c.root)),
+    el('h3', {}, 'Events'),
+    el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'detail'].map((h) => el('th', {}, h)))), evBody));
+  for (const c of charts) c.mount();
+  await Promise.all(METRICS.map(async ([m], i) => {
+    try {
+      const s = await getJson<GpuSeries>(`/api/v1/gpus/${enc(uuid)}/series?metric=${m}&${q}`);
+      charts[i].setData(s.points.map((p) => p[0]), [s.points.map((p) => p[1])]);
+      if (s.points.length > 0 && s.points.every((p) => p[1] === null)) {
+        charts[i].root.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: this GPU does not report it`));
+      }
+    } catch (e) {
+      charts[i].root.append(el('p', { class: 'error' }, String(e)));
+    }
+  }));
+  if (!r.live) return () => charts.forEach((c) => c.destroy());
+  // Live view: the node's stream extends every chart.
+  for (const c of charts) c.setWindow(r.toMs - r.fromMs);
+  const close = openLive(g.node, {
+    tick: (t) => {
+      const s = t.gpus.find((x) => x.uuid === uuid);
+      if (!s) return;
+      METRICS.forEach(([m], i) => {
+        const v = s[m];
+        charts[i].append(t.time_ms, [typeof v === 'number' ? v : null]);
+      });
+    },
+  });
+  return () => {
+    close();
+    charts.forEach((c) => c.destroy());
+  };
+}

@@ -1,0 +1,58 @@
+// The dashboard's entry: a tiny client-side router over /, /node/NAME and /gpu/UUID.
+import './style.css';
+import { clear, el } from './dom';
+import { fleetPage } from './fleet';
+import { gpuPage } from './gpu';
+import { nodePage } from './node';
+
+let teardown: (() => void) | null = null;
+
+function crumbs(parts: [string, string][]): void {
+  const nav = document.getElementById('crumbs');
+  if (!nav) return;
+  clear(nav);
+  for (const [text, href] of parts) nav.append(' / ', el('a', { href }, text));
+}
+
+async function route(): Promise<void> {
+  teardown?.();
+  teardown = null;
+  const app = document.getElementById('app') as HTMLElement;
+  const path = location.pathname;
+  try {
+    const node = /^\/node\/([^/]+)$/.exec(path);
+    const gpu = /^\/gpu\/([^/]+)$/.exec(path);
+    if (node) {
+      const name = decodeURIComponent(node[1]);
+      crumbs([[name, path]]);
+      teardown = await nodePage(app, name, navigate);
+    } else if (gpu) {
+      const uuid = decodeURIComponent(gpu[1]);
+      crumbs([[uuid, path]]);
+      teardown = await gpuPage(app, uuid, navigate);
+    } else {
+      crumbs([]);
+      teardown = await fleetPage(app);
+    }
+  } catch (e) {
+    clear(app);
+    app.append(el('p', { class: 'error', id: 'error' }, `cannot show this page: ${e instanceof Error ? e.message : String(e)}`));
+  }
+}
+
+function navigate(url: string): void {
+  history.pushState(null, '', url);
+  void route();
+}
+
+// Same-origin links are handled here, without reloading the page.
+document.addEventListener('click', (e) => {
+  const a = (e.target as Element | null)?.closest('a');
+  if (!a || e.defaultPrevented || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey) return;
+  const url = new URL(a.href, location.href);
+  if (url.origin !== location.origin || url.pathname.startsWith('/api/') || url.pathname === '/metrics') return;
+  e.preventDefault();
+  navigate(url.pathname + url.search);
+});
+window.addEventListener('popstate', () => void route());
+void route();

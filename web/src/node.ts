@@ -1,0 +1,252 @@
+// The node page: NVDashboard's panels for one node plus nvidia-smi's GPU and process
+// tables. History comes from the downsampled series API; in live view the charts and
+// tables follow the node's live stream.
+import { enc, getJson, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView, type Process } from './api';
+import { align, Chart } from './chart';
+import { ago, bytes, clear, el, NA, num, rate, watts } from './dom';
+import { openLive } from './live';
+import { currentRange, rangePicker, rangeQuery, type Range } from './range';
+
+const pct = (v: number) => `${Math.round(v)}%`;
+const gib = (v: number) => `${(v / 2 ** 30).toFixed(1)} GiB`;
+const bps = (v: number) => rate(v);
+
+function workload(p: Process): string {
+  const w = p.workload as Record<string, unknown>;
+  const s = (k: string) => (typeof w[k] === 'string' ? (w[k] as string) : null);
+  switch (p.workload.kind) {
+    case 'slurm':
+      return `slurm job ${s('job_id') ?? '?'}${s('step') ? ' step ' + s('step') : ''}`;
+    case 'container': {
+      const pod = s('pod_uid');
+      const id = s('container_id');
+      return `${s('runtime') ?? 'container'} ${pod ? 'pod ' + pod.slice(0, 8) + ' ' : ''}${id ? id.slice(0, 12) : ''}`.trim();
+    }
+    default:
+      return 'host';
+  }
+}
+
+function gpuTable(n: NodeView): HTMLTableElement {
+  const head = ['GPU', 'name', 'bus id', 'temp', 'perf', 'power / cap', 'memory', 'util', 'ECC corr / uncorr', 'fan', 'SM / mem clock'];
+  const tbody = el('tbody');
+  for (const g of n.gpus) {
+    const l = n.status === 'offline' ? null : g.latest;
+    tbody.append(el('tr', { 'data-uuid': g.uuid },
+      el('td', {}, el('a', { href: `/gpu/${enc(g.uuid)}` }, String(g.index))),
+      el('td', {}, g.name),
+      el('td', {}, g.inventory.pci_bus_id ?? NA),
+      el('td', {}, num(l?.temp_gpu_c, 0, '°C')),
+      el('td', {}, l?.pstate === null || l?.pstate === undefined ? NA : `P${l.pstate}`),
+      el('td', {}, `${watts(l?.power_mw)} / ${watts(l?.power_limit_mw)}`),
+      el('td', {}, `${bytes(l?.mem_used_bytes)} / ${bytes(l?.mem_total_bytes)}`),
+      el('td', {}, num(l?.util_gpu_pct, 0, '%')),
+      el('td', {}, `${num(l?.ecc_corrected_volatile)} / ${num(l?.ecc_uncorrected_volatile)}`),
+      el('td', {}, num(l?.fan_pct, 0, '%')),
+      el('td', {}, `${num(l?.clock_sm_mhz, 0, ' MHz')} / ${num(l?.clock_mem_mhz, 0, ' MHz')}`)));
+  }
+  return el('table', { class: 'smi', id: 'gpu-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
+}
+
+function processTable(n: NodeView): HTMLElement {
+  const tbody = el('tbody');
+  const byUuid = new Map(n.gpus.map((g) => [g.uuid, g.index]));
+  const procs = n.status === 'offline' ? [] : n.gpus.flatMap((g) => g.processes);
+  for (const p of procs) {
+    tbody.append(el('tr', { 'data-pid': String(p.pid) },
+      el('td', {}, String(byUuid.get(p.gpu_uuid) ?? NA)),
+      el('td', {}, String(p.pid)),
+      el('td', {}, p.user ?? NA),
+      el('td', {}, workload(p)),
+      el('td', { class: 'cmd' }, p.command ?? NA),
+      el('td', {}, bytes(p.gpu_mem_bytes)),
+      el('td', {}, num(p.sm_util_pct, 0, '%'))));
+  }
+  if (procs.length === 0) tbody.append(el('tr', {}, el('td', { colspan: '7' }, 'no processes')));
+  const head = ['GPU', 'pid', 'user', 'container / pod / job', 'command', 'GPU mem', 'SM'];
+  return el('table', { class: 'procs', id: 'process-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
+}
+
+function hostInfo(n: NodeView, now: number): HTMLElement {
+  const h = n.host;
+  const labels = Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(' ');
+  return el('div', { class: 'nodeinfo' },
+    el('h2', {}, n.name, ' ', el('span', { class: `badge ${n.status}`, id: 'node-status' }, n.status)),
+    el('p', {},
+      `last sample ${ago(n.last_seen_ms, now)} · ${n.gpus.length} GPUs · driver ${h.driver_version ?? NA} · CUDA ${h.cuda_driver_version ?? NA}`,
+      ` · ${h.os ?? NA} · kernel ${h.kernel ?? NA} · ${h.cpu_count ?? NA} CPUs · ${bytes(h.memory_total_bytes)} RAM`,
+      labels ? ` · ${labels}` : ''));
+}
+
+interface Panels {
+  util: Chart;
+  mem: Chart;
+  resUtil: Chart;
+  resMem: Chart;
+  resPcie: Chart;
+  resNvlink: Chart;
+  pcie: Chart;
+  nvlink: Chart;
+  cpu: Chart;
+  hostMem: Chart;
+  disk: Chart;
+  net: Chart;
+}
+
+function makePanels(n: NodeView): Panels {
+  const perGpu = n.gpus.map((g) => ({ label: `GPU ${g.index}` }));
+  const perGpuDir = n.gpus.flatMap((g) => [{ label: `GPU ${g.index} tx` }, { label: `GPU ${g.index} rx` }]);
+  return {
+    util: new Chart({ title: 'GPU Utilization', unit: '%', series: perGpu, fmt: pct, yRange: [0, 100] }),
+    mem: new Chart({ title: 'GPU Memory', unit: 'GiB used', series: perGpu, fmt: gib }),
+    resUtil: new Chart({ title: 'GPU Resources: utilization', unit: '% (mean of GPUs)', series: [{ label: 'util' }, { label: 'memory used' }], fmt: pct, yRange: [0, 100], height: 110, sync: 'res' }),
+    resMem: new Chart({ title: 'GPU Resources: memory', unit: 'GiB (sum)', series: [{ label: 'used' }], fmt: gib, height: 110, sync: 'res' }),
+    resPcie: new Chart({ title: 'GPU Resources: PCIe', unit: 'sum', series: [{ label: 'tx' }, { label: 'rx' }], fmt: bps, height: 110, sync: 'res' }),
+    resNvlink: new Chart({ title: 'GPU Resources: NVLink', unit: 'sum', series: [{ label: 'tx' }, { label: 'rx' }], fmt: bps, height: 110, sync: 'res' }),
+    pcie: new Chart({ title: 'PCIe Throughput', unit: 'per GPU', series: perGpuDir, fmt: bps }),
+    nvlink: new Chart({ title: 'NVLink Throughput', unit: 'per GPU', series: perGpuDir, fmt: bps }),
+    cpu: new Chart({ title: 'Machine Resources: CPU', unit: '%', series: [{ label: 'cpu' }], fmt: pct, yRange: [0, 100] }),
+    hostMem: new Chart({ title: 'Machine Resources: memory', unit: 'GiB', series: [{ label: 'used' }, { label: 'total' }], fmt: gib }),
+    disk: new Chart({ title: 'Machine Resources: disk', unit: '', series: [{ label: 'read' }, { label: 'write' }], fmt: bps }),
+    net: new Chart({ title: 'Machine Resources: network', unit: '', series: [{ label: 'rx' }, { label: 'tx' }], fmt: bps }),
+  };
+}
+
+const sum = (vs: (number | null | undefined)[]): number | null => {
+  let s = 0;
+  let any = false;
+  for (const v of vs) if (typeof v === 'number') { s += v; any = true; }
+  return any ? s : null;
+};
+const mean = (vs: (number | null | undefined)[]): number | null => {
+  const xs = vs.filter((v): v is number => typeof v === 'number');
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
+};
+
+/** Mean over GPUs of mem used / total, in %. */
+function memPct(used: (number | null)[], total: (number | null)[]): number | null {
+  return mean(used.map((u, i) => (u !== null && total[i] ? (100 * u) / (total[i] as number) : null)));
+}
+
+async function loadHistory(name: string, n: NodeView, r: Range, p: Panels): Promise<void> {
+  const q = rangeQuery(r, n.interval_ms || 1000);
+  const base = `/api/v1/nodes/${enc(name)}`;
+  const metrics = ['util_gpu_pct', 'mem_used_bytes', 'mem_total_bytes', 'pcie_tx_bps', 'pcie_rx_bps', 'nvlink_tx_bps', 'nvlink_rx_bps'];
+  const [series, host] = await Promise.all([
+    Promise.all(metrics.map((m) => getJson<NodeSeries>(`${base}/series?metric=${m}&${q}`))),
+    getJson<HostSeries>(`${base}/host/series?${q}`).catch(() => null),
+  ]);
+  const by = Object.fromEntries(metrics.map((m, i) => [m, series[i]]));
+  const pts = (m: string) => n.gpus.map((g) => by[m].gpus.find((x) => x.uuid === g.uuid)?.points ?? []);
+  const all = align([...pts('util_gpu_pct'), ...pts('mem_used_bytes'), ...pts('mem_total_bytes'),
+    ...pts('pcie_tx_bps'), ...pts('pcie_rx_bps'), ...pts('nvlink_tx_bps'), ...pts('nvlink_rx_bps')]);
+  const k = n.gpus.length;
+  const col = (block: number) => all.ys.slice(block * k, (block + 1) * k);
+  const [util, used, total, ptx, prx, ntx, nrx] = [0, 1, 2, 3, 4, 5, 6].map(col);
+  const row = (cols: (number | null)[][], i: number) => cols.map((c) => c[i]);
+  const xs = all.xs;
+  p.util.setData(xs, util);
+  p.mem.setData(xs, used);
+  p.resUtil.setData(xs, [xs.map((_, i) => mean(row(util, i))), xs.map((_, i) => memPct(row(used, i), row(total, i)))]);
+  p.resMem.setData(xs, [xs.map((_, i) => sum(row(used, i)))]);
+  p.resPcie.setData(xs, [xs.map((_, i) => sum(row(ptx, i))), xs.map((_, i) => sum(row(prx, i)))]);
+  p.resNvlink.setData(xs, [xs.map((_, i) => sum(row(ntx, i))), xs.map((_, i) => sum(row(nrx, i)))]);
+  p.pcie.setData(xs, ptx.flatMap((c, i) => [c, prx[i]]));
+  p.nvlink.setData(xs, ntx.flatMap((c, i) => [c, nrx[i]]));
+  const hp = host?.points ?? [];
+  const hx = hp.map((h) => h.time_ms);
+  p.cpu.setData(hx, [hp.map((h) => h.cpu_util_pct)]);
+  p.hostMem.setData(hx, [hp.map((h) => h.mem_used_bytes), hp.map((h) => h.mem_total_bytes)]);
+  p.disk.setData(hx, [hp.map((h) => h.disk_read_bps), hp.map((h) => h.disk_write_bps)]);
+  p.net.setData(hx, [hp.map((h) => h.net_rx_bps), hp.map((h) => h.net_tx_bps)]);
+}
+
+function appendTick(n: NodeView, t: LiveTick, p: Panels): void {
+  const s = n.gpus.map((g) => t.gpus.find((x) => x.uuid === g.uuid));
+  const f = (k: 'util_gpu_pct' | 'mem_used_bytes' | 'mem_total_bytes' | 'pcie_tx_bps' | 'pcie_rx_bps' | 'nvlink_tx_bps' | 'nvlink_rx_bps') =>
+    s.map((x) => (x ? (x[k] as number | null) : null));
+  const util = f('util_gpu_pct');
+  const used = f('mem_used_bytes');
+  const total = f('mem_total_bytes');
+  const ptx = f('pcie_tx_bps');
+  const prx = f('pcie_rx_bps');
+  const ntx = f('nvlink_tx_bps');
+  const nrx = f('nvlink_rx_bps');
+  p.util.append(t.time_ms, util);
+  p.mem.append(t.time_ms, used);
+  p.resUtil.append(t.time_ms, [mean(util), memPct(used, total)]);
+  p.resMem.append(t.time_ms, [sum(used)]);
+  p.resPcie.append(t.time_ms, [sum(ptx), sum(prx)]);
+  p.resNvlink.append(t.time_ms, [sum(ntx), sum(nrx)]);
+  p.pcie.append(t.time_ms, ptx.flatMap((v, i) => [v, prx[i]]));
+  p.nvlink.append(t.time_ms, ntx.flatMap((v, i) => [v, nrx[i]]));
+  if (t.host) {
+    const h = t.host;
+    p.cpu.append(t.time_ms, [h.cpu_util_pct]);
+    p.hostMem.append(t.time_ms, [h.mem_used_bytes, h.mem_total_bytes]);
+    p.disk.append(t.time_ms, [h.disk_read_bps, h.disk_write_bps]);
+    p.net.append(t.time_ms, [h.net_rx_bps, h.net_tx_bps]);
+  }
+}
+
+export async function nodePage(app: HTMLElement, name: string, navigate: (url: string) => void): Promise<() => void> {
+  const base = `/api/v1/nodes/${enc(name)}`;
+  let n = await getJson<NodeView>(base);
+  const r = currentRange();
+  const info = el('div', { id: 'info' });
+  const tables = el('div', { id: 'tables' });
+  const panels = makePanels(n);
+  const grid = el('div', { class: 'panels', id: 'panels' },
+    panels.util.root, panels.mem.root,
+    el('div', { class: 'timeline', id: 'resources' }, panels.resUtil.root, panels.resMem.root, panels.resPcie.root, panels.resNvlink.root),
+    panels.pcie.root, panels.nvlink.root,
+    panels.cpu.root, panels.hostMem.root, panels.disk.root, panels.net.root);
+  const showTables = () => {
+    clear(info);
+    info.append(hostInfo(n, Date.now()));
+    clear(tables);
+    tables.append(el('h3', {}, 'GPUs'), gpuTable(n), el('h3', {}, 'Processes'), processTable(n));
+  };
+  clear(app);
+  app.append(info, rangePicker(r, (q) => navigate(`/node/${enc(name)}${q}`)), tables, grid);
+  showTables();
+  for (const c of Object.values(panels)) c.mount();
+  await loadHistory(name, n, r, panels);
+  if (!r.live) return () => Object.values(panels).forEach((c) => c.destroy());
+
+  const windowMs = r.toMs - r.fromMs;
+  for (const c of Object.values(panels)) c.setWindow(windowMs);
+  let pending = false;
+  const close = openLive(name, {
+    tick: (t) => {
+      for (const s of t.gpus) {
+        const g: GpuView | undefined = n.gpus.find((x) => x.uuid === s.uuid);
+        if (!g) continue;
+        g.latest = { ...s, time_ms: t.time_ms };
+        g.processes = t.processes.filter((p) => p.gpu_uuid === s.uuid);
+      }
+      if (t.host) n.host.latest = t.host;
+      n.last_seen_ms = Math.max(n.last_seen_ms ?? 0, t.time_ms);
+      appendTick(n, t, panels);
+      if (!pending) {
+        pending = true;
+        requestAnimationFrame(() => { pending = false; showTables(); });
+      }
+    },
+    status: (s) => {
+      const x = s.nodes.find((y) => y.name === name);
+      if (x && x.status !== n.status) {
+        n.status = x.status;
+        showTables();
+      }
+    },
+    resync: async () => {
+      n = await getJson<NodeView>(base);
+      showTables();
+    },
+  });
+  return () => {
+    close();
+    Object.values(panels).forEach((c) => c.destroy());
+  };
+}
