@@ -182,38 +182,6 @@ pub fn accept(
     rx
 }
 
-/// A listener for `axum::serve` fed by one of our accept loops.
-pub struct ChannelListener<Io> {
-    rx: mpsc::Receiver<(Io, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl<Io> ChannelListener<Io> {
-    pub fn new(rx: mpsc::Receiver<(Io, SocketAddr)>, local: SocketAddr) -> Self {
-        ChannelListener { rx, local }
-    }
-}
-
-impl<Io> axum::serve::Listener for ChannelListener<Io>
-where
-    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    type Io = Io;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Io, SocketAddr) {
-        match self.rx.recv().await {
-            Some(c) => c,
-            // The accept task stopped (shutdown): accept nothing more.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes"}`; 503 when the database does not answer |
+//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes", "warnings"}` (`warnings`: exposure warnings, [`crate::exposure`]); 503 when the database does not answer |
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
 //! | `GET /metrics` | Prometheus text exposition |
@@ -15,13 +15,14 @@
 //! `now` or `now-15m`. Absent metrics are `null`, never 0. Errors are
 //! `{"error": "what went wrong and what to do"}` and never carry database details.
 
+use crate::exposure::ExposureWarnings;
 use crate::live::{Live, LiveGpu, LiveNode};
 use crate::metrics::Metrics;
 use crate::status::{Clock, NodeStatus, StatusPolicy};
 use crate::store::{GpuMetric, SeriesPoint, Store, StoreError, TimeRange};
 use crate::writer::WriterHandle;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -117,19 +118,26 @@ async fn not_found() -> ApiError {
 
 // ------------------------------------------------------------------ health
 
-async fn health(State(st): State<AppState>) -> Response {
+async fn health(
+    State(st): State<AppState>,
+    warnings: Option<Extension<ExposureWarnings>>,
+) -> Response {
+    let warnings = warnings.map(|Extension(w)| w).unwrap_or_default();
+    let warnings = warnings.0.as_slice();
     let nodes = st.live.read(|s| s.nodes.len());
     let db = st.store.backend();
     let version = env!("CARGO_PKG_VERSION");
     match st.store.ping().await {
         Ok(()) => Json(serde_json::json!({
             "status": "ok", "version": version, "db": db, "nodes": nodes,
+            "warnings": warnings,
         }))
         .into_response(),
         Err(e) => {
             error!(error = %e, "health check: the database does not answer");
             let body = serde_json::json!({
                 "status": "error", "version": version, "db": db, "nodes": nodes,
+                "warnings": warnings,
                 "error": "the database does not answer; see the collector's log",
             });
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()

@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the collector: gRPC ingest for agents, HTTP API and /metrics.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
     Demo(DemoArgs),
@@ -126,6 +126,8 @@ struct ServeArgs {
     max_message_bytes: usize,
     #[command(flatten)]
     tls: gpufleet_collector::tls::TlsArgs,
+    #[command(flatten)]
+    limits: gpufleet_collector::limits::LimitArgs,
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
@@ -142,7 +144,7 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(args)),
+        Command::Serve(args) => runtime.block_on(run_serve(*args)),
         Command::Demo(args) => runtime.block_on(run_demo(args)),
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
@@ -205,6 +207,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         tls: args.tls.options(),
         web_auth: args.tls.web_auth(),
         max_connections_per_ip: args.tls.max_connections_per_ip,
+        limits: args.limits.options(),
         writer: WriterOptions {
             debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
             ..Default::default()

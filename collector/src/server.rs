@@ -8,7 +8,7 @@
 //! is still queued, and the store is closed.
 
 use crate::accountant::{self, EnergyOptions};
-use crate::conn_limit::{self, ChannelListener, PerIpLimit};
+use crate::conn_limit::{self, PerIpLimit};
 use crate::http::{self, AppState};
 use crate::ingest::{IngestOptions, IngestService};
 use crate::live::Live;
@@ -19,7 +19,6 @@ use crate::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::writer::{self, WriterOptions};
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -45,6 +44,8 @@ pub struct ServeOptions {
     pub web_auth: crate::web_auth::WebAuthMode,
     /// Most connections open at once from one client address, per listener.
     pub max_connections_per_ip: usize,
+    /// Header deadline and per-address request rates ([`crate::limits`]).
+    pub limits: crate::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
     pub energy: EnergyOptions,
 }
@@ -60,6 +61,7 @@ impl Default for ServeOptions {
             tls: TlsOptions::default(),
             web_auth: crate::web_auth::WebAuthMode::Auto,
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
+            limits: crate::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
         }
     }
@@ -114,8 +116,7 @@ pub async fn serve_with_store(
     };
     let grpc_tls = load(&options.tls.grpc, Alpn::Grpc)?;
     let http_tls = load(&options.tls.http, Alpn::Http)?;
-    warn_if_exposed("gRPC ingest", grpc_addr, grpc_tls.is_some());
-    warn_if_exposed("HTTP API", http_addr, http_tls.is_some());
+    let (grpc_has_tls, http_has_tls) = (grpc_tls.is_some(), http_tls.is_some());
     let reloader = tls::spawn_reloader(
         grpc_tls.iter().chain(http_tls.iter()).cloned().collect(),
         options.tls.reload_poll,
@@ -142,11 +143,7 @@ pub async fn serve_with_store(
     ingest_options.agent_auth = ingest_options
         .agent_auth
         .resolve(grpc_addr.ip().is_loopback());
-    if ingest_options.agent_auth == crate::identity::AgentAuth::Optional
-        && !grpc_addr.ip().is_loopback()
-    {
-        warn!(listen = %grpc_addr, "agents may connect without credentials (--allow-unauthenticated-agents): any host that reaches this port can write as any node");
-    }
+    let agent_auth_optional = ingest_options.agent_auth == crate::identity::AgentAuth::Optional;
     let accountant_stop = CancellationToken::new();
     let accountant_task = accountant::spawn(
         Arc::clone(&store),
@@ -166,7 +163,12 @@ pub async fn serve_with_store(
     let grpc_router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(ingest.into_server());
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            ingest.into_server(),
+            crate::rate_limit::grpc_interceptor(crate::rate_limit::PerIpRate::new(
+                options.limits.grpc_stream_rate,
+            )),
+        ));
     let stop = shutdown.clone().cancelled_owned();
     let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
@@ -207,24 +209,33 @@ pub async fn serve_with_store(
         clock: system_clock(),
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
-    if web_auth == crate::web_auth::WebAuthMode::Off && !http_addr.ip().is_loopback() {
-        warn!(listen = %http_addr, "the dashboard and API are open to anyone who reaches this port (--allow-anonymous-viewers)");
+    let warnings = crate::exposure::warnings(&crate::exposure::Exposure {
+        grpc: grpc_addr,
+        grpc_tls: grpc_has_tls,
+        http: http_addr,
+        http_tls: http_has_tls,
+        agents_unauthenticated: agent_auth_optional,
+        viewers_anonymous: web_auth == crate::web_auth::WebAuthMode::Off,
+    });
+    for w in &warnings {
+        warn!("{w}");
     }
     let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
-    let app = crate::web_security::with_security_headers(crate::web_auth::with_auth(
-        http::app(state),
-        auth,
+    let app = crate::web_security::with_security_headers(crate::rate_limit::with_http_rate_limit(
+        crate::web_auth::with_auth(
+            http::app(state).layer(axum::Extension(crate::exposure::ExposureWarnings(
+                Arc::new(warnings),
+            ))),
+            auth,
+        ),
+        crate::rate_limit::PerIpRate::new(options.limits.http_rate),
     ));
+    let header_timeout = options.limits.http_header_timeout;
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => {
             let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
-            let listener = ChannelListener::new(rx, http_addr);
-            Box::pin(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .into_future(),
-            )
+            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
         }
         Some(tls) => {
             let rx = tls::accept_tls(
@@ -234,12 +245,7 @@ pub async fn serve_with_store(
                 per_ip(),
                 shutdown.clone(),
             );
-            let listener = ChannelListener::new(rx, http_addr);
-            Box::pin(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(stop)
-                    .into_future(),
-            )
+            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
         }
     };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");
@@ -282,14 +288,4 @@ pub async fn serve_with_store(
     http_result.map_err(ServeError::Http)?;
     info!("collector stopped");
     Ok(())
-}
-
-fn warn_if_exposed(what: &str, addr: SocketAddr, tls: bool) {
-    if !addr.ip().is_loopback() && !tls {
-        warn!(
-            listen = %addr,
-            "{what} listens on a non-loopback address without TLS: anyone on the path \
-             can read and alter its traffic; see SECURITY.md"
-        );
-    }
 }

@@ -410,38 +410,67 @@ pub fn accept_tls(
 
 /// Reloads `configs` on SIGHUP, and when one of their files changed (checked every
 /// `poll`), until `shutdown`. A failed reload keeps the previous configuration and logs
-/// why.
+/// why. The SIGHUP handler is installed before this returns (and only when there is
+/// something to reload).
 pub fn spawn_reloader(
     configs: Vec<Arc<ReloadableTls>>,
     poll: Duration,
     shutdown: CancellationToken,
 ) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        if configs.is_empty() {
-            return;
+    if configs.is_empty() {
+        return Box::pin(async {});
+    }
+    reloader(configs, poll, shutdown, hangups())
+}
+
+/// SIGHUPs, as a stream; never yields where there are none (or the handler cannot be
+/// installed, which is logged).
+fn hangups() -> futures::stream::BoxStream<'static, ()> {
+    use futures::StreamExt as _;
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(signal) => {
+            return futures::stream::unfold(signal, |mut s| async move {
+                s.recv().await.map(|()| ((), s))
+            })
+            .boxed();
         }
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        Err(e) => {
+            warn!(error = %e, "cannot install the SIGHUP handler; certificates reload only when their files change")
+        }
+    }
+    futures::stream::pending().boxed()
+}
+
+/// The reload loop of [`spawn_reloader`], with the forced-reload trigger (SIGHUP there)
+/// given as a stream: each item reloads every config now, changed or not.
+pub fn reloader(
+    configs: Vec<Arc<ReloadableTls>>,
+    poll: Duration,
+    shutdown: CancellationToken,
+    mut triggers: futures::stream::BoxStream<'static, ()>,
+) -> BoxFuture<'static, ()> {
+    use futures::StreamExt as _;
+    Box::pin(async move {
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut triggers_open = true;
         loop {
-            #[cfg(unix)]
-            let hangup = async {
-                match hup.as_mut() {
-                    Some(s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            #[cfg(not(unix))]
-            let hangup = std::future::pending::<()>();
             let forced = tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = hangup => true,
+                t = triggers.next(), if triggers_open => match t {
+                    Some(()) => true,
+                    None => {
+                        triggers_open = false;
+                        continue;
+                    }
+                },
                 _ = tick.tick() => false,
             };
+            if forced {
+                info!("reloading TLS certificates (SIGHUP)");
+            }
             for tls in &configs {
                 if !forced && !tls.changed() {
                     continue;

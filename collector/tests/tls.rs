@@ -12,7 +12,7 @@ use gpufleet_collector::ServeOptions;
 use gpufleet_collector::certs::{DevCa, Pem, Validity};
 use gpufleet_collector::identity::AgentAuth;
 use gpufleet_collector::ingest::IngestOptions;
-use gpufleet_collector::tls::{TlsFiles, TlsOptions};
+use gpufleet_collector::tls::{self as ctls, Alpn, ReloadableTls, TlsFiles, TlsOptions};
 use gpufleet_collector::tokens::{self, TokensCommand};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
@@ -64,6 +64,24 @@ impl Pki {
             key,
             client_ca: client_ca.then_some(ca),
         }
+    }
+
+    /// Renews the server certificate in `files`: the same name, now signed by the other
+    /// CA (written beside and renamed, as certificate managers do).
+    fn renew_with_other_ca(&self, files: &TlsFiles) {
+        let renewed = self
+            .other_ca
+            .server(&["localhost".into()], Validity::days(1))
+            .expect("renewed");
+        replace(&files.key, &renewed.key);
+        replace(&files.cert, &renewed.cert);
+    }
+
+    /// A client TLS config trusting only the other CA (a renewed certificate).
+    fn client_trusting_other_ca(&self) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.other_ca.pem.cert))
+            .domain_name("localhost")
     }
 
     /// A client TLS config trusting our CA, presenting `identity` if given.
@@ -288,16 +306,8 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
     let mut open = hello(&https_url(&c), pki.client(None), "reload-node")
         .await
         .expect("first connection");
-    // Renew: the same name, now signed by the other CA.
-    let renewed = pki
-        .other_ca
-        .server(&["localhost".into()], Validity::days(1))
-        .expect("renewed");
-    replace(&files.key, &renewed.key);
-    replace(&files.cert, &renewed.cert);
-    let trusts_new = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&pki.other_ca.pem.cert))
-        .domain_name("localhost");
+    pki.renew_with_other_ca(&files);
+    let trusts_new = pki.client_trusting_other_ca();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         if hello(&https_url(&c), trusts_new.clone(), "reload-node-2")
@@ -333,6 +343,173 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         "the batch on the pre-renewal stream is acked"
     );
     c.stop().await;
+}
+
+/// A rustls client config (ring) trusting only `ca`.
+fn rustls_client_trusting(ca: &DevCa) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let ca: rustls_pki_types::CertificateDer<'static> =
+        rustls_pki_types::pem::PemObject::from_pem_slice(ca.pem.cert.as_bytes()).expect("ca der");
+    roots.add(ca).expect("root");
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
+/// Whether a client trusting only `ca` completes a handshake with `tls`'s current config.
+async fn handshake_trusting(tls: &ReloadableTls, ca: &DevCa) -> bool {
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    let connector = tokio_rustls::TlsConnector::from(rustls_client_trusting(ca));
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let (client, _server) = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(
+            connector.connect(name, client_io),
+            tls.acceptor().accept(server_io)
+        )
+    })
+    .await
+    .expect("handshake ends within 10 s");
+    client.is_ok()
+}
+
+#[tokio::test]
+async fn the_sighup_trigger_reloads_the_certificate_at_once() {
+    use futures::StreamExt as _;
+    let pki = Pki::new();
+    let files = pki.server_files(false);
+    let tls = ReloadableTls::load(files.clone(), Alpn::Grpc).expect("load");
+    let (trigger, triggers) = mpsc::channel(1);
+    let shutdown = CancellationToken::new();
+    // A poll interval far beyond the test: only the trigger can reload.
+    let task = tokio::spawn(ctls::reloader(
+        vec![Arc::clone(&tls)],
+        Duration::from_secs(3600),
+        shutdown.clone(),
+        ReceiverStream::new(triggers).boxed(),
+    ));
+    pki.renew_with_other_ca(&files);
+    assert!(
+        handshake_trusting(&tls, &pki.ca).await,
+        "old certificate until the trigger"
+    );
+    assert!(!handshake_trusting(&tls, &pki.other_ca).await);
+
+    trigger.send(()).await.expect("trigger");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !handshake_trusting(&tls, &pki.other_ca).await {
+        assert!(
+            Instant::now() < deadline,
+            "not reloaded within 10 s of the trigger"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !handshake_trusting(&tls, &pki.ca).await,
+        "the old certificate is gone"
+    );
+
+    // A broken file on the next trigger keeps the renewed certificate in use.
+    replace(&files.cert, "not a certificate");
+    trigger.send(()).await.expect("trigger");
+    trigger
+        .send(())
+        .await
+        .expect("second trigger: the first was handled");
+    assert!(
+        handshake_trusting(&tls, &pki.other_ca).await,
+        "previous config kept"
+    );
+    shutdown.cancel();
+    task.await.expect("reloader stops");
+}
+
+/// Reads `lines` until one contains `needle`; panics at EOF or after 30 s.
+async fn wait_for_line<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+    needle: &str,
+) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match lines.next_line().await.expect("read log") {
+                Some(line) if line.contains(needle) => return,
+                Some(_) => {}
+                None => panic!("the collector's log ended before {needle:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {needle:?} in the collector's log within 30 s"));
+}
+
+#[tokio::test]
+async fn sighup_makes_the_collector_binary_serve_the_renewed_certificate() {
+    use tokio::io::AsyncBufReadExt as _;
+    let pki = Pki::new();
+    let files = pki.server_files(false);
+    let db = format!("sqlite://{}", pki.dir.path().join("sighup.db").display());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
+        .args(["serve", "--db", &db, "--grpc-listen", "127.0.0.1:0"])
+        .args(["--http-listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&files.cert)
+        .arg("--tls-key")
+        .arg(&files.key)
+        .env("GPUFLEET_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start gpufleet-collector");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut log = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), stdout.next_line())
+        .await
+        .expect("address line in time")
+        .expect("read")
+        .expect("a line");
+    let grpc = first
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("grpc="))
+        .expect("grpc=")
+        .to_owned();
+    // The SIGHUP handler is installed before the collector says it serves.
+    wait_for_line(&mut log, "collector serving").await;
+
+    pki.renew_with_other_ca(&files);
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    wait_for_line(&mut log, "reloading TLS certificates (SIGHUP)").await;
+    wait_for_line(&mut log, "TLS certificate reloaded").await;
+    let trusts_new = pki.client_trusting_other_ca();
+    hello(&format!("https://{grpc}"), trusts_new, "sighup-node")
+        .await
+        .expect("the renewed certificate is served after SIGHUP");
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    // Drain the log so the collector never blocks on a full pipe while stopping.
+    tokio::spawn(async move { while let Ok(Some(_)) = log.next_line().await {} });
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("stops within 30 s")
+        .expect("wait");
+    assert!(
+        exit.success(),
+        "the collector survived SIGHUP and stopped cleanly: {exit}"
+    );
 }
 
 /// `tokens add NODE` on the collector's store; returns the printed token.
@@ -518,19 +695,7 @@ async fn the_http_api_is_served_over_tls_and_refuses_plain_text() {
         ..TlsOptions::default()
     })
     .await;
-    let mut roots = rustls::RootCertStore::empty();
-    let ca: rustls_pki_types::CertificateDer<'static> =
-        rustls_pki_types::pem::PemObject::from_pem_slice(pki.ca.pem.cert.as_bytes())
-            .expect("ca der");
-    roots.add(ca).expect("root");
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let connector = tokio_rustls::TlsConnector::from(rustls_client_trusting(&pki.ca));
     let tcp = tokio::net::TcpStream::connect(c.http)
         .await
         .expect("connect");

@@ -273,11 +273,19 @@ pub struct TestCollector {
 
 /// Starts a collector with `options` on 127.0.0.1:0 (gRPC and HTTP).
 pub async fn start_collector(options: gpufleet_collector::ServeOptions) -> TestCollector {
+    start_collector_on(options, "127.0.0.1:0").await
+}
+
+/// Starts a collector with `options`, both listeners bound to `addr` (port 0: a free one).
+pub async fn start_collector_on(
+    options: gpufleet_collector::ServeOptions,
+    addr: &str,
+) -> TestCollector {
     let (dir, store) = sqlite_store().await;
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let grpc = tokio::net::TcpListener::bind(addr)
         .await
         .expect("bind grpc");
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let http = tokio::net::TcpListener::bind(addr)
         .await
         .expect("bind http");
     let grpc_addr = grpc.local_addr().expect("grpc addr");
