@@ -1,5 +1,6 @@
 // The dashboard's entry: a tiny client-side router over /, /node/NAME and /gpu/UUID.
 import './style.css';
+import { getJson } from './api';
 import { clear, el } from './dom';
 import { fleetPage } from './fleet';
 import { gpuPage } from './gpu';
@@ -56,3 +57,19 @@ document.addEventListener('click', (e) => {
 });
 window.addEventListener('popstate', () => void route());
 void route();
+void showWarnings();
+
+// The collector's exposure warnings (e.g. listening on the network without TLS or login),
+// from /api/v1/health, as a banner on every page: an operator must not miss them.
+async function showWarnings(): Promise<void> {
+  let warnings: string[] = [];
+  try {
+    warnings = (await getJson<{ warnings?: string[] }>('/api/v1/health')).warnings ?? [];
+  } catch {
+    return; // the pages say themselves when the collector cannot be reached
+  }
+  if (warnings.length === 0) return;
+  const box = el('div', { id: 'warnings', class: 'warnings', role: 'alert' });
+  for (const w of warnings) box.append(el('p', {}, `⚠ ${w}`));
+  document.getElementById('top')?.after(box);
+}

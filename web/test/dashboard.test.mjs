@@ -8,7 +8,8 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -196,6 +197,33 @@ test('a node whose agent stops is marked stale; its strings are shown as text', 
   assert.equal(await card.locator('.badge').innerText(), 'stale');
   await page.screenshot({ path: `${shots}/stale.png` });
   await page.context().close();
+});
+
+test('exposure warnings are shown as a banner; a loopback demo shows none', async () => {
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.locator('article.node').first().waitFor();
+  assert.equal(await page.locator('#warnings').count(), 0, 'loopback demo: no warning');
+  await page.context().close();
+
+  // gRPC on every address without TLS or agent credentials: the collector warns.
+  const dir = mkdtempSync(`${tmpdir()}/gpufleet-warn-`);
+  const s = startAndWait(`${bins}/gpufleet-collector`, [
+    'serve', '--db', `sqlite://${dir}/w.db`, '--grpc-listen', '0.0.0.0:0', '--http-listen', '127.0.0.1:0',
+    '--allow-unauthenticated-agents',
+  ], /^listening grpc=(\S+) http=(\S+)$/, 'gpufleet-collector serve');
+  try {
+    const m = await s.found;
+    const exposed = await newPage();
+    await exposed.goto(`http://${m[2]}/`);
+    const banner = exposed.locator('#warnings');
+    await banner.waitFor({ timeout: 10_000 });
+    assert.match(await banner.innerText(), /0\.0\.0\.0/);
+    await exposed.screenshot({ path: `${shots}/warnings.png` });
+    await exposed.context().close();
+  } finally {
+    stop(s.child);
+  }
 });
 
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
