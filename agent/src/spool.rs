@@ -93,7 +93,7 @@ impl SpoolArgs {
         let dir = self.spool_dir.clone().unwrap_or_else(|| {
             gpufleet_core::config::default_state_dir()
                 .join("spool")
-                .join(node)
+                .join(spool_dir_name(node))
         });
         SpoolConfig {
             dir,
@@ -101,6 +101,30 @@ impl SpoolArgs {
             fsync: self.spool_fsync,
         }
     }
+}
+
+/// A directory name for `node`'s default spool that stays inside the spool folder:
+/// letters, digits, `-`, `_` and `.` are kept; anything else (a `/`, `..`, spaces) is
+/// replaced, and a hash of the original name is appended so two names never share a spool.
+fn spool_dir_name(node: &str) -> String {
+    let safe: String = node
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if safe == node && !node.is_empty() && !node.starts_with('.') {
+        return safe;
+    }
+    // FNV-1a: stable across runs and versions (unlike std's hasher).
+    let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("node-{}-{hash:016x}", safe.trim_start_matches('.'))
 }
 
 /// Where and how the spool lives.
@@ -903,6 +927,35 @@ impl Outbox for Spool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_name_cannot_move_the_default_spool_out_of_its_folder() {
+        assert_eq!(spool_dir_name("gpu-node-01.lab"), "gpu-node-01.lab");
+        for hostile in [
+            "../../etc",
+            "/abs/path",
+            "a/b",
+            "..",
+            ".",
+            "",
+            "</script> x",
+        ] {
+            let name = spool_dir_name(hostile);
+            assert!(name.starts_with("node-"), "{hostile:?} -> {name:?}");
+            assert!(!name.contains('/') && !name.contains(' ') && !name.starts_with('.'));
+            let dir = std::path::Path::new("/state/spool").join(&name);
+            assert_eq!(
+                dir.parent(),
+                Some(std::path::Path::new("/state/spool")),
+                "{hostile:?}"
+            );
+        }
+        assert_ne!(
+            spool_dir_name("a/b"),
+            spool_dir_name("a_b"),
+            "distinct names, distinct spools"
+        );
+    }
     use gpufleet_core::GpuSample;
     use proptest::prelude::*;
 

@@ -176,7 +176,8 @@ test('a GPU page shows every metric over the range', async () => {
 test('a node whose agent stops is marked stale; its strings are shown as text', async () => {
   agent = spawn(`${bins}/gpufleet-agent`, [
     'run', '--simulate', '--sim-gpus', '2', '--node', 'zz-lost-node', '--collector', `http://${grpc}`,
-    '--interval', '200ms', '--label', 'note=<img src=x id=injected>',
+    '--interval', '200ms', '--spool-dir', mkdtempSync(`${tmpdir()}/gpufleet-spool-`),
+    '--label', 'note=<img src=x id=injected>',
     '--label', "sql=<script>window.pwned=1</script>'; DROP TABLE nodes;--",
   ], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, RUST_LOG: 'warn' } });
   const page = await newPage();
@@ -197,6 +198,30 @@ test('a node whose agent stops is marked stale; its strings are shown as text', 
   assert.equal(await card.locator('.badge').innerText(), 'stale');
   await page.screenshot({ path: `${shots}/stale.png` });
   await page.context().close();
+});
+
+test('a node named with markup and SQL is shown literally and never runs', async () => {
+  const name = "<script>window.pwned=1</script>'; DROP TABLE nodes;--";
+  const hostile = spawn(`${bins}/gpufleet-agent`, [
+    'run', '--simulate', '--sim-gpus', '1', '--node', name, '--collector', `http://${grpc}`,
+    '--interval', '200ms', '--spool-dir', mkdtempSync(`${tmpdir()}/gpufleet-spool-`),
+  ], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, RUST_LOG: 'warn' } });
+  try {
+    const page = await newPage();
+    await page.goto(`${http}/?q=${encodeURIComponent('DROP TABLE')}`);
+    const card = page.locator('article.node').filter({ hasText: 'DROP TABLE' });
+    await card.first().waitFor({ timeout: 20_000 });
+    assert.equal(await card.first().getAttribute('data-node'), name, 'stored and served literally');
+    assert.equal(await card.first().locator('.name').innerText(), name, 'shown as text');
+    assert.equal(await page.evaluate(() => window.pwned), undefined, 'never runs');
+    // Its node page opens by the encoded name and shows it as text too.
+    await card.first().locator('.name').click();
+    await page.waitForFunction((n) => document.getElementById('crumbs')?.textContent?.includes(n), name);
+    assert.equal(await page.evaluate(() => window.pwned), undefined, 'never runs');
+    await page.context().close();
+  } finally {
+    stop(hostile);
+  }
 });
 
 test('exposure warnings are shown as a banner; a loopback demo shows none', async () => {
