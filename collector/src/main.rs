@@ -133,6 +133,8 @@ struct ServeArgs {
     debug_write_delay_per_row: Option<Duration>,
     #[command(flatten)]
     energy: EnergyArgs,
+    #[command(flatten)]
+    retention: gpufleet_collector::rollups::RetentionArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -175,6 +177,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             humantime::format_duration(args.stale_after)
         );
     }
+    let retention = args.retention.options().map_err(anyhow::Error::msg)?;
     let grpc = TcpListener::bind(&args.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on --grpc-listen {}", args.grpc_listen))?;
@@ -213,6 +216,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         energy: args.energy.options(),
+        retention,
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

@@ -48,6 +48,8 @@ pub struct ServeOptions {
     pub limits: crate::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
     pub energy: EnergyOptions,
+    /// Per-minute rollups and retention (issue 8).
+    pub retention: crate::rollups::RetentionOptions,
 }
 
 impl Default for ServeOptions {
@@ -63,6 +65,7 @@ impl Default for ServeOptions {
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
             limits: crate::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
+            retention: crate::rollups::RetentionOptions::default(),
         }
     }
 }
@@ -151,6 +154,14 @@ pub async fn serve_with_store(
         options.energy.clone(),
         system_clock(),
         accountant_stop.clone(),
+    );
+    let rollups_stop = CancellationToken::new();
+    let rollups_task = crate::rollups::spawn(
+        Arc::clone(&store),
+        Arc::clone(&live),
+        options.retention.clone(),
+        system_clock(),
+        rollups_stop.clone(),
     );
     let ingest = IngestService::new(
         Arc::clone(&store),
@@ -283,6 +294,10 @@ pub async fn serve_with_store(
     accountant_stop.cancel();
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");
+    }
+    rollups_stop.cancel();
+    if let Err(e) = rollups_task.await {
+        warn!(error = %e, "the rollup task ended abnormally");
     }
     grpc_result?;
     http_result.map_err(ServeError::Http)?;
