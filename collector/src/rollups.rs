@@ -153,6 +153,11 @@ impl Rollups {
         }
     }
 
+    /// Marks one minute of one series for recomputation.
+    pub fn mark(&mut self, key: RollupKey, time_ms: UnixMs) {
+        self.dirty.insert((key, minute_of(time_ms)));
+    }
+
     /// One pass: recompute touched minutes behind the watermarks, then advance them.
     /// Returns the minutes written.
     pub async fn pass(&mut self) -> Result<usize, StoreError> {
