@@ -635,3 +635,36 @@ async fn after_raw_expiry_reports_stay_exact_and_series_come_from_rollups() {
         .expect("check");
     assert_eq!(report.violations, vec![]);
 }
+
+#[test]
+fn retention_flags_come_from_the_config_file_and_are_checked() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("collector.toml");
+    std::fs::write(
+        &config,
+        "[serve]\nretain_raw = \"30d\"\nretain_rollups = \"10d\"\n",
+    )
+    .expect("write config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "serve",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--db")
+        .arg(format!("sqlite://{}", dir.path().join("c.db").display()))
+        .env_remove("GPUFLEET_RETAIN_RAW")
+        .env_remove("GPUFLEET_RETAIN_ROLLUPS")
+        .output()
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--retain-rollups (10days) must not be shorter than --retain-raw (30days)"),
+        "{stderr}"
+    );
+}
