@@ -225,9 +225,10 @@ impl Rollups {
         }
         out.horizons_raised += more.horizons_raised;
         out.transactions += more.transactions;
+        out.partitions_dropped.extend(more.partitions_dropped);
         self.last_expiry = Some(now_ms);
-        if out.total() > 0 {
-            info!(deleted = ?out.deleted, transactions = out.transactions, "retention: expired data deleted");
+        if out.total() > 0 || !out.partitions_dropped.is_empty() {
+            info!(deleted = ?out.deleted, transactions = out.transactions, partitions_dropped = ?out.partitions_dropped, "retention: expired data deleted");
         }
         Ok(out)
     }

@@ -126,6 +126,8 @@ pub struct RetentionOutcome {
     pub horizons_raised: usize,
     /// Statements (each its own short transaction) executed.
     pub transactions: usize,
+    /// Whole raw partitions dropped (PostgreSQL), by name.
+    pub partitions_dropped: Vec<String>,
 }
 
 impl RetentionOutcome {
