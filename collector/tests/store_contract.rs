@@ -510,7 +510,7 @@ mod contract {
 
     const MIN: i64 = 60_000;
 
-    fn clock_at(t: UnixMs) -> gpufleet_collector::status::Clock {
+    pub fn clock_at(t: UnixMs) -> gpufleet_collector::status::Clock {
         Arc::new(move || t)
     }
 
@@ -551,7 +551,7 @@ mod contract {
             .expect("write");
     }
 
-    fn rollups(store: &Arc<dyn Store>, now: UnixMs) -> Rollups {
+    pub fn rollups(store: &Arc<dyn Store>, now: UnixMs) -> Rollups {
         let options = RetentionOptions {
             batch_rows: 50,
             ..Default::default()
@@ -735,7 +735,7 @@ mod contract {
     }
 
     /// Everything the reports read, to compare before and after retention.
-    async fn accounted(store: &Arc<dyn Store>, rec: &NodeRecord) -> String {
+    pub async fn accounted(store: &Arc<dyn Store>, rec: &NodeRecord) -> String {
         let mut out = format!(
             "{:?}\n{:?}\n{:?}\n",
             store.gpu_energy(ALL_TIME).await.expect("gpu energy"),
@@ -1153,6 +1153,80 @@ async fn postgres_partitions_are_created_on_demand_and_dropped_by_day() {
             .len(),
         4
     );
+    pg.close().await;
+    store.close().await;
+}
+
+/// Retention on PostgreSQL drops the raw day partitions that hold nothing to keep and
+/// deletes the rest behind the horizons; rollups and energy stay as they were.
+#[tokio::test]
+async fn postgres_retention_drops_whole_days_behind_the_watermarks() {
+    use gpufleet_collector::store::postgres::{DAY_MS, PgStore};
+    let (schema, store) = pg_store().await;
+    let rec = store
+        .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
+        .await
+        .expect("register");
+    // 100 s of samples on each of three days: 2027-01-13, -14 and -15 (T0 is 08:00 UTC).
+    for (seq, start) in [(1, T0 - 2 * DAY_MS), (2, T0 - DAY_MS), (3, T0)] {
+        store
+            .write_batches(&[node_batch(&rec, batch(seq, start, 100, &["GPU-a"]))])
+            .await
+            .expect("write");
+    }
+    Accountant::new(
+        Arc::clone(&store),
+        EnergyOptions::default(),
+        contract::clock_at(T0),
+    )
+    .pass()
+    .await
+    .expect("account");
+    let mut r = contract::rollups(&store, T0);
+    r.pass().await.expect("roll up");
+    let before = contract::accounted(&store, &rec).await;
+
+    // A week after T0: raw before T0 may go (the watermarks are past it).
+    let out = r.expire(T0 + 7 * DAY_MS).await.expect("expire");
+    // (The empty partitions made at open for the wall clock's today, before T0, go too.)
+    let mut dropped = out.partitions_dropped.clone();
+    dropped.retain(|n| n.contains("_p2027"));
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        [
+            "gpu_samples_p20270113",
+            "host_samples_p20270113",
+            "process_samples_p20270113"
+        ],
+        "the day before the kept sample goes whole"
+    );
+    // 2027-01-14 keeps its last GPU sample (where the first interval after it starts):
+    // the rest of that day is deleted row by row.
+    assert_eq!(out.deleted.get("gpu_samples"), Some(&99), "{out:?}");
+    assert_eq!(out.deleted.get("process_samples"), Some(&100));
+    assert_eq!(out.deleted.get("host_samples"), Some(&100));
+    let pg = PgStore::open(&schema.url()).await.expect("reopen");
+    let names: Vec<String> = pg
+        .raw_partitions()
+        .await
+        .expect("partitions")
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with("20270113")), "{names:?}");
+    assert!(names.iter().any(|n| n == "gpu_samples_p20270114"));
+    let left = store
+        .gpu_samples(rec.gpus[0].id, ALL_TIME, 1000)
+        .await
+        .expect("read");
+    assert_eq!(left.len(), 101);
+    assert_eq!(left[0].0, T0 - DAY_MS + 99_000);
+    assert_eq!(contract::accounted(&store, &rec).await, before);
+    let report = energy_check::check(store.as_ref(), ALL_TIME)
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
     pg.close().await;
     store.close().await;
 }
