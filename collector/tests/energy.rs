@@ -583,8 +583,19 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
 
 #[tokio::test]
 async fn after_raw_expiry_reports_stay_exact_and_series_come_from_rollups() {
-    use gpufleet_collector::rollups::{RetentionOptions, Rollups};
     let (_dir, store) = sqlite_store().await;
+    after_raw_expiry_reports_stay_exact_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn pg_after_raw_expiry_reports_stay_exact_and_series_come_from_rollups() {
+    let (_schema, store) = pg_store().await;
+    after_raw_expiry_reports_stay_exact_on(store).await;
+}
+
+async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
+    use gpufleet_collector::rollups::{RetentionOptions, Rollups};
     let node = one_gpu_node(&store, "GPU-ret").await;
     // 200 W for 6 minutes and 1 s, shares 3 : 1.
     let ticks = (0..=361)
