@@ -135,3 +135,35 @@ impl RetentionOutcome {
         self.deleted.values().sum()
     }
 }
+
+/// Where one kind of series lives. Every name is a fixed identifier of this module, never
+/// user input.
+pub(crate) struct Spec {
+    /// The raw table and its id column.
+    pub(crate) raw: &'static str,
+    pub(crate) id: &'static str,
+    /// The rollup table.
+    pub(crate) minutes: &'static str,
+    /// Rolled-up columns and whether they are REAL (else INTEGER holding u64 bits).
+    pub(crate) cols: Vec<(&'static str, bool)>,
+}
+
+pub(crate) fn spec(kind: RollupKind) -> Spec {
+    match kind {
+        RollupKind::Gpu => Spec {
+            raw: "gpu_samples",
+            id: "gpu_id",
+            minutes: "gpu_minutes",
+            cols: GpuMetric::ALL.iter().map(|m| (m.name(), false)).collect(),
+        },
+        RollupKind::Host => Spec {
+            raw: "host_samples",
+            id: "node_id",
+            minutes: "host_minutes",
+            cols: HOST_METRICS
+                .iter()
+                .map(|&c| (c, c == "cpu_util_pct" || c == "load1"))
+                .collect(),
+        },
+    }
+}

@@ -11,44 +11,13 @@ use super::{from_i64, get, q};
 use crate::energy::{MINUTE_MS, minute_of};
 use crate::store::rollup::{
     HOST_METRICS, MetricStats, RetentionOutcome, RollupCursor, RollupKey, RollupKind, RollupMinute,
+    spec,
 };
 use crate::store::{GpuId, GpuMetric, NodeId, SeriesPoint, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgRow};
 use std::collections::HashMap;
-
-/// Where one kind of series lives. Every name is a fixed identifier of this module, never
-/// user input.
-struct Spec {
-    /// The raw table and its id column.
-    raw: &'static str,
-    id: &'static str,
-    /// The rollup table.
-    minutes: &'static str,
-    /// Rolled-up columns and whether they are REAL (else INTEGER holding u64 bits).
-    cols: Vec<(&'static str, bool)>,
-}
-
-fn spec(kind: RollupKind) -> Spec {
-    match kind {
-        RollupKind::Gpu => Spec {
-            raw: "gpu_samples",
-            id: "gpu_id",
-            minutes: "gpu_minutes",
-            cols: GpuMetric::ALL.iter().map(|m| (m.name(), false)).collect(),
-        },
-        RollupKind::Host => Spec {
-            raw: "host_samples",
-            id: "node_id",
-            minutes: "host_minutes",
-            cols: HOST_METRICS
-                .iter()
-                .map(|&c| (c, c == "cpu_util_pct" || c == "load1"))
-                .collect(),
-        },
-    }
-}
 
 fn stats_from_row(row: &PgRow, col: &str, real: bool) -> Result<MetricStats, StoreError> {
     let n: i32 = get(row, &format!("{col}_n"))?;
