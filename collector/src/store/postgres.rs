@@ -123,7 +123,7 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(5))
             .idle_timeout(Some(Duration::from_secs(300)))
             .connect_with(options)
             .await
