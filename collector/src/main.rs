@@ -91,7 +91,8 @@ struct DemoArgs {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// Database URL: sqlite://PATH (the file is created if missing).
+    /// Database URL: sqlite://PATH (the file is created if missing) or
+    /// postgres://USER:PASSWORD@HOST:PORT/DATABASE.
     #[arg(
         long,
         env = "GPUFLEET_DB",
@@ -261,8 +262,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
         writeln!(
             stdout,
-            "gpufleet demo: {} simulated nodes x {} GPUs, database {db_url}",
-            args.nodes, args.gpus_per_node
+            "gpufleet demo: {} simulated nodes x {} GPUs, database {}",
+            args.nodes,
+            args.gpus_per_node,
+            gpufleet_collector::store::redact_url(&db_url)
         )?;
         writeln!(stdout, "dashboard: http://{http_addr}/   (Ctrl-C to stop)")?;
         writeln!(

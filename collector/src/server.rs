@@ -29,7 +29,7 @@ use tracing::{info, warn};
 /// Everything `serve` needs besides the listeners.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// `sqlite://PATH` (created if missing) or `sqlite::memory:`.
+    /// `sqlite://PATH` (created if missing), `sqlite::memory:` or `postgres://...`.
     pub db_url: String,
     /// When nodes count as stale / offline.
     pub status: StatusPolicy,

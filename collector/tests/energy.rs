@@ -115,7 +115,7 @@ async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter(
 
 /// The same on PostgreSQL.
 #[tokio::test]
-async fn pg_two_containers_sm_three_to_one_get_the_h() {
+async fn postgres_two_containers_get_the_hand_computed_joules() {
     let (_schema, store) = pg_store().await;
     two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_on(store).await;
 }
@@ -222,7 +222,7 @@ async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing
 
 /// The same on PostgreSQL.
 #[tokio::test]
-async fn pg_late_data_behind_the_watermark_is_recomp() {
+async fn postgres_late_data_behind_the_watermark_is_recomputed() {
     let (_schema, store) = pg_store().await;
     late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing_on(store).await;
 }
@@ -516,7 +516,7 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total() {
 
 /// The same on PostgreSQL.
 #[tokio::test]
-async fn pg_the_api_reports_energy_per_container_per() {
+async fn postgres_the_api_reports_energy_per_container() {
     let (_schema, store) = pg_store().await;
     the_api_reports_energy_per_container_per_gpu_and_in_total_on(store).await;
 }

@@ -8,8 +8,8 @@
 //! and the statements' prepared forms never change.
 //!
 //! The raw sample tables are partitioned by UTC day (`<table>_pYYYYMMDD`). Partitions are
-//! created ahead: today's and tomorrow's at open, and any other day's before the first
-//! write that needs it, each under a transaction-scoped advisory lock so collectors racing
+//! created ahead: today's and tomorrow's at open and by any write on a new day, and any
+//! other day's before the first write that needs it, each under a transaction-scoped advisory lock so collectors racing
 //! to create the same day wait for each other instead of failing. The days known to exist
 //! are cached; a write that finds a partition missing anyway (another collector dropped
 //! it) clears the cache and is redone once. [`PgStore::drop_raw_before`] is retention:
@@ -559,9 +559,14 @@ impl Store for PgStore {
         if batches.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        // The batches' days, and today's and tomorrow's: a collector running for days
+        // creates each day's partitions a day ahead (creating a partition locks its
+        // table briefly), not when the day's first samples arrive.
+        let today = now_ms().div_euclid(DAY_MS);
         let days: Vec<i64> = batches
             .iter()
             .flat_map(|nb| nb.batch.ticks.iter().map(|t| t.time_ms.div_euclid(DAY_MS)))
+            .chain([today, today + 1])
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
