@@ -495,10 +495,17 @@ async fn a_forecast_later_replaced_by_the_actual_reprices_and_marks_actual() {
             .all(|m| m.kind == IntensityKind::Actual && m.g_per_kwh == 200.0)
     );
 
-    // A later forecast never overwrites the actual in the cache.
+    // A later forecast (the hourly 24 h prefetch serves the forecast-only answer again)
+    // never overwrites the actual in the cache.
     set_mode(&stub, Mode::Up);
-    now.fetch_add(16 * MIN, Ordering::SeqCst);
+    let before = stub.requests.lock().expect("lock").len();
+    now.fetch_add(61 * MIN, Ordering::SeqCst);
     p.run_once().await.expect("pass");
+    let asked = stub.requests.lock().expect("lock").clone();
+    assert!(
+        asked[before..].iter().any(|r| r.ends_with("/fw24h")),
+        "{asked:?}"
+    );
     let cached = store
         .intensity_slots(
             ProviderKind::Uk,
