@@ -87,6 +87,9 @@ struct DemoArgs {
     /// dashboard's stale marking quickly).
     #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
     stale_after: Duration,
+    /// Carbon pricing of the simulated energy (e.g. --carbon-g-per-kwh 200); off by default.
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -152,7 +155,10 @@ fn main() -> anyhow::Result<()> {
             let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
             runtime.block_on(run_serve(*args, file))
         }
-        Command::Demo(args) => runtime.block_on(run_demo(args)),
+        Command::Demo(args) => {
+            let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
+            runtime.block_on(run_demo(args, file))
+        }
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
             let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
@@ -243,7 +249,11 @@ fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+async fn run_demo(
+    args: DemoArgs,
+    carbon_file: gpufleet_carbon::config::CarbonFile,
+) -> anyhow::Result<()> {
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
     // Keeps the temporary database alive for the whole run; removed on drop.
     let mut _tmp = None;
     let db_url = match args.db {
@@ -297,6 +307,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         status: StatusPolicy {
             stale_after: args.stale_after,
             offline_after: default_status.offline_after.max(args.stale_after),
+        },
+        carbon: gpufleet_collector::carbon::CarbonOptions {
+            config: std::sync::Arc::new(carbon),
+            ..Default::default()
         },
         ..Default::default()
     };
