@@ -440,9 +440,11 @@ impl CarbonConfig {
             ProviderKind::Uk if s.factor_type == Some(FactorType::Lifecycle) => {
                 fail("the UK API reports direct (operational) intensities only")
             }
-            ProviderKind::Uk => UkRegion::parse(&region)
-                .map(|_| ())
-                .or_else(|e| fail(&e.to_string())),
+            ProviderKind::Uk => match UkRegion::parse(&region) {
+                Ok(_) => Ok(()),
+                Err(CarbonError::Config(m)) => fail(&m),
+                Err(e) => fail(&e.to_string()),
+            },
             ProviderKind::Electricitymaps if region.is_empty() => {
                 fail("the electricitymaps provider needs a zone (--carbon-region, e.g. DE)")
             }
