@@ -5,7 +5,10 @@
 mod common;
 
 use common::*;
-use gpufleet_collector::store::{GpuMetric, NodeRecord, Store, TimeRange};
+use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
+use gpufleet_collector::energy::GpuMinute;
+use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
+use gpufleet_collector::store::{GpuId, GpuMetric, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use std::sync::Arc;
 
@@ -501,6 +504,191 @@ mod contract {
             );
         }
     }
+
+    // ---- carbon (issue 7)
+
+    fn slot(region: &str, from_ms: i64, g: f64, kind: IntensityKind) -> IntensitySlot {
+        IntensitySlot {
+            from_ms,
+            to_ms: from_ms + 30 * 60_000,
+            g_per_kwh: g,
+            kind,
+            factor_type: FactorType::Direct,
+            provider: ProviderKind::Uk,
+            region: region.into(),
+            fetched_at_ms: T0,
+            estimated: false,
+        }
+    }
+
+    fn price(
+        gpu: GpuId,
+        minute_ms: i64,
+        energy_mj: u64,
+        g: f64,
+        kind: IntensityKind,
+        basis: PriceBasis,
+    ) -> CarbonMinute {
+        CarbonMinute {
+            gpu,
+            minute_ms,
+            energy_mj,
+            g_per_kwh: g,
+            pue: 1.5,
+            carbon_g: energy_mj as f64 / 3.6e9 * g * 1.5,
+            provider: ProviderKind::Uk,
+            region: "13".into(),
+            kind,
+            factor_type: FactorType::Direct,
+            estimated: basis != PriceBasis::Slot,
+            basis,
+            priced_at_ms: T0 + 1,
+        }
+    }
+
+    pub async fn carbon_cache_and_minute_prices(store: Arc<dyn Store>) {
+        use IntensityKind::{Actual, Forecast};
+        // The cache: an actual replaces a forecast, never the reverse; regions apart.
+        store
+            .upsert_intensity(&[slot("13", T0, 100.0, Forecast)])
+            .await
+            .expect("upsert");
+        store
+            .upsert_intensity(&[slot("13", T0, 90.0, Actual)])
+            .await
+            .expect("upsert");
+        store
+            .upsert_intensity(&[
+                slot("13", T0, 120.0, Forecast),
+                slot("7", T0, 55.0, Forecast),
+            ])
+            .await
+            .expect("upsert");
+        let half = 30 * 60_000;
+        store
+            .upsert_intensity(&[slot("13", T0 + half, 80.0, Forecast)])
+            .await
+            .expect("upsert");
+        let got = store
+            .intensity_slots(
+                ProviderKind::Uk,
+                "13",
+                TimeRange {
+                    from_ms: T0 + 1,
+                    to_ms: T0 + half + 1,
+                },
+            )
+            .await
+            .expect("slots");
+        assert_eq!(
+            got,
+            vec![
+                slot("13", T0, 90.0, Actual),
+                slot("13", T0 + half, 80.0, Forecast)
+            ]
+        );
+        let none = store
+            .intensity_slots(ProviderKind::Electricitymaps, "13", ALL_TIME)
+            .await
+            .expect("slots");
+        assert!(none.is_empty(), "providers apart");
+        let last = store
+            .last_intensity_before(ProviderKind::Uk, "7", T0 + 10 * half)
+            .await
+            .expect("last");
+        assert_eq!(last, Some(slot("7", T0, 55.0, Forecast)));
+        assert_eq!(
+            store
+                .last_intensity_before(ProviderKind::Uk, "13", T0 - 1)
+                .await
+                .expect("last"),
+            None
+        );
+
+        // Energy minutes to price, and what stays pending once priced.
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let gpu = rec.gpus[0].id;
+        let minute = |k: i64, e: u64| GpuMinute {
+            minute_ms: T0 + k * 60_000,
+            energy_mj: e,
+            counter_mj: e,
+            attributed_mj: 0,
+            idle_mj: e,
+            covered_ms: 60_000,
+            samples: 60,
+            ..Default::default()
+        };
+        let e = 36_000_000; // 0.01 kWh
+        store
+            .replace_energy_minutes(
+                gpu,
+                T0,
+                T0 + 3 * 60_000,
+                &[minute(0, e), minute(1, e), minute(2, e)],
+                None,
+            )
+            .await
+            .expect("energy");
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        assert_eq!(pending.len(), 3);
+        assert!(
+            pending
+                .iter()
+                .all(|p| p.priced.is_none() && p.energy_mj == e && p.node_name == "node-a")
+        );
+        let prices = vec![
+            price(gpu, T0, e, 90.0, Actual, PriceBasis::Slot),
+            price(gpu, T0 + 60_000, e, 80.0, Forecast, PriceBasis::Slot),
+            price(gpu, T0 + 120_000, e, 200.0, Actual, PriceBasis::Default),
+        ];
+        store.replace_carbon_minutes(&prices).await.expect("prices");
+        assert_eq!(
+            store
+                .carbon_minutes(Some(gpu), ALL_TIME)
+                .await
+                .expect("read"),
+            prices,
+            "field for field"
+        );
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        let minutes: Vec<i64> = pending.iter().map(|p| p.minute_ms - T0).collect();
+        assert_eq!(
+            minutes,
+            vec![60_000, 120_000],
+            "forecast and estimated prices stay pending"
+        );
+        assert_eq!(pending[0].priced.as_ref(), Some(&prices[1]));
+        // Recomputed energy makes a priced minute pending again.
+        store
+            .replace_energy_minutes(gpu, T0, T0 + 60_000, &[minute(0, e + 1)], None)
+            .await
+            .expect("energy");
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        assert_eq!(pending.len(), 3);
+        assert!(
+            store
+                .pending_carbon_minutes(T0 + 60_000, 100)
+                .await
+                .expect("since")
+                .len()
+                == 2
+        );
+
+        // Totals per GPU: Σ energy × g × PUE, with the forecast and estimated energy.
+        let totals = &store.gpu_carbon(ALL_TIME).await.expect("gpu carbon")[0].totals;
+        let want = 0.01 * (90.0 + 80.0 + 200.0) * 1.5;
+        assert!(
+            (totals.carbon_g - want).abs() < 1e-9,
+            "{} vs {want}",
+            totals.carbon_g
+        );
+        assert_eq!(
+            (totals.priced_mj, totals.forecast_mj, totals.estimated_mj),
+            (3 * e, e, e)
+        );
+        assert_eq!(totals.sources, vec!["uk:13:direct".to_owned()]);
+        assert_eq!(totals.avg_g_per_kwh(), Some((90.0 + 80.0 + 200.0) / 3.0));
+    }
 }
 
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
@@ -517,6 +705,7 @@ macro_rules! contract_tests {
                 latest_samples_seed_the_live_state,
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
+                carbon_cache_and_minute_prices,
             );
         }
     };
