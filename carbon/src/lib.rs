@@ -2,7 +2,8 @@
 //! a region, and where that figure came from.
 //!
 //! - [`slot`]: the domain types ([`IntensitySlot`], [`IntensityKind`], [`FactorType`],
-//!   [`ProviderKind`]) and the error of this boundary ([`CarbonError`]).
+//!   [`ProviderKind`]), the error of this boundary ([`CarbonError`]), and the pure pricing
+//!   ([`carbon_g`]: energy × intensity × PUE; [`slot_at`]).
 //! - [`provider`]: the [`IntensityProvider`] trait every source implements.
 //! - [`fixed`] and [`csv_series`]: a static g/kWh and a CSV time series (no network).
 //! - [`uk`] and [`electricitymaps`]: the UK Carbon Intensity API and Electricity Maps,
@@ -24,4 +25,6 @@ pub mod uk;
 
 pub use config::{CarbonArgs, CarbonConfig, NodeCarbon, NodeOverride, ProviderSettings};
 pub use provider::IntensityProvider;
-pub use slot::{CarbonError, FactorType, IntensityKind, IntensitySlot, ProviderKind};
+pub use slot::{
+    CarbonError, FactorType, IntensityKind, IntensitySlot, ProviderKind, carbon_g, slot_at,
+};

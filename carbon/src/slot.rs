@@ -158,6 +158,16 @@ impl IntensitySlot {
     }
 }
 
+/// gCO2 of `energy_mj` (millijoules) at `g_per_kwh` and `pue`: kWh × g/kWh × PUE.
+pub fn carbon_g(energy_mj: u64, g_per_kwh: f64, pue: f64) -> f64 {
+    energy_mj as f64 / 3.6e9 * g_per_kwh * pue
+}
+
+/// The slot holding `t_ms`, if any (slots need not be sorted).
+pub fn slot_at(slots: &[IntensitySlot], t_ms: UnixMs) -> Option<&IntensitySlot> {
+    slots.iter().find(|s| s.contains(t_ms))
+}
+
 /// What can go wrong getting intensities. Messages name the provider and, for HTTP, the
 /// URL (never the token).
 #[derive(Debug, Error)]
@@ -247,6 +257,27 @@ mod tests {
         assert!(parse_provider_time("now").is_err());
         assert!(parse_provider_time("2026-11-20").is_err());
         assert_eq!(format_minute_utc(1_795_168_800_000), "2026-11-20T10:00Z");
+    }
+
+    #[test]
+    fn pricing() {
+        // 3.6e9 mJ = 1 kWh; at 200 g/kWh and PUE 1.5: 300 g.
+        assert!((carbon_g(3_600_000_000, 200.0, 1.5) - 300.0).abs() < 1e-9);
+        let s = |from_ms, g| IntensitySlot {
+            from_ms,
+            to_ms: from_ms + 10,
+            g_per_kwh: g,
+            kind: IntensityKind::Actual,
+            factor_type: FactorType::Direct,
+            provider: ProviderKind::Static,
+            region: String::new(),
+            fetched_at_ms: 0,
+            estimated: false,
+        };
+        let slots = [s(10, 1.0), s(0, 2.0)];
+        assert_eq!(slot_at(&slots, 9).map(|x| x.g_per_kwh), Some(2.0));
+        assert_eq!(slot_at(&slots, 10).map(|x| x.g_per_kwh), Some(1.0));
+        assert!(slot_at(&slots, 20).is_none());
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct Pricer {
     fetched: HashMap<(ProviderKind, String), UnixMs>,
     /// (provider, region) → when its forecast was last prefetched.
     prefetched: HashMap<(ProviderKind, String), UnixMs>,
+    /// Where the next pass starts listing when the last one got a full batch, so minutes
+    /// that cannot be priced yet never starve newer ones; cleared after a short batch.
+    cursor: Option<UnixMs>,
 }
 
 /// A group of minutes priced by one provider in one region.
@@ -100,6 +103,7 @@ impl Pricer {
             clock,
             fetched: HashMap::new(),
             prefetched: HashMap::new(),
+            cursor: None,
         }
     }
 
@@ -130,11 +134,18 @@ impl Pricer {
             }
         };
 
-        let since = now - self.options.window.as_millis() as i64;
+        let window_start = now - self.options.window.as_millis() as i64;
+        let since = self.cursor.map_or(window_start, |c| c.max(window_start));
         let pending = self
             .store
             .pending_carbon_minutes(since, self.options.batch)
             .await?;
+        self.cursor = if pending.len() >= self.options.batch {
+            // Resume after the newest minute listed (minutes are listed oldest first).
+            pending.last().map(|m| m.minute_ms + 1)
+        } else {
+            None
+        };
         let mut groups: BTreeMap<(ProviderKind, String, String), Group> = BTreeMap::new();
         let mut per_node: HashMap<String, Option<NodeCarbon>> = HashMap::new();
         for m in pending {
@@ -272,7 +283,7 @@ impl Pricer {
         };
 
         for (m, pue) in group.minutes {
-            let chosen = match slots.iter().find(|s| s.contains(m.minute_ms)) {
+            let chosen = match gpufleet_carbon::slot_at(&slots, m.minute_ms) {
                 Some(s) => Some((s.clone(), PriceBasis::Slot)),
                 None => {
                     let last = if cached(kind) {
@@ -341,10 +352,8 @@ fn cached(kind: ProviderKind) -> bool {
     matches!(kind, ProviderKind::Uk | ProviderKind::Electricitymaps)
 }
 
-/// gCO2 of `energy_mj` at `g_per_kwh` and `pue`.
-pub fn carbon_g(energy_mj: u64, g_per_kwh: f64, pue: f64) -> f64 {
-    energy_mj as f64 / 3.6e9 * g_per_kwh * pue
-}
+/// gCO2 of `energy_mj` at `g_per_kwh` and `pue` (the crate's pure pricing).
+pub use gpufleet_carbon::carbon_g;
 
 /// Runs the pricer every `options.interval` until `stop`.
 pub fn spawn(

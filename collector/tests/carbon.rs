@@ -736,3 +736,36 @@ async fn electricity_maps_per_node_override_records_lifecycle_and_sends_the_toke
         "{asked:?}"
     );
 }
+
+#[tokio::test]
+async fn minutes_that_cannot_be_priced_never_starve_newer_ones() {
+    let (url, _stub) = start_stub().await;
+    let (_dir, store) = sqlite_store().await;
+    let off = one_gpu_node(&store, "off-1", "GPU-off").await;
+    let on = one_gpu_node(&store, "lon-9", "GPU-on").await;
+    // Node off-1 has no provider (a selector that matches nothing else): its 11 minutes
+    // come first in time and stay unpriced.
+    write_trace(&store, &off, "GPU-off", DAY0 + 20 * MIN, DAY0 + 31 * MIN).await;
+    write_trace(&store, &on, "GPU-on", DAY0 + 40 * MIN, DAY0 + 44 * MIN).await;
+    let file = CarbonFile::from_toml_str(&format!(
+        "[[carbon.nodes]]\nnode = \"lon-9\"\nprovider = \"uk\"\nregion = \"13\"\nurl = \"{url}\"\n"
+    ))
+    .expect("carbon file");
+    let config = CarbonConfig::new(CarbonArgs::default(), file).expect("valid");
+    let clock_now = DAY0 + 2 * HOUR;
+    let clock: Clock = Arc::new(move || clock_now);
+    let options = CarbonOptions {
+        config: Arc::new(config),
+        batch: 5,
+        ..Default::default()
+    };
+    let mut p = Pricer::new(Arc::clone(&store), options, clock);
+    let mut priced = 0;
+    for _ in 0..5 {
+        priced += p.run_once().await.expect("pass").priced;
+    }
+    assert_eq!(
+        priced, 4,
+        "lon-9's minutes 00:40..00:43 are priced despite the backlog"
+    );
+}
