@@ -301,13 +301,6 @@ pub struct CarbonConfig {
     built: Mutex<HashMap<String, Arc<dyn IntensityProvider>>>,
 }
 
-impl Clone for CarbonConfig {
-    fn clone(&self) -> Self {
-        CarbonConfig::new(self.args.clone(), self.file.clone())
-            .unwrap_or_else(|_| CarbonConfig::default())
-    }
-}
-
 impl CarbonConfig {
     /// Checks the settings (every override names a node or a selector, PUEs in range,
     /// regions valid for their provider) without reading files or the network.
