@@ -288,8 +288,19 @@ fn f(v: &serde_json::Value) -> f64 {
 
 #[tokio::test]
 async fn a_trace_over_three_half_hours_is_priced_slot_by_slot_times_pue() {
-    let (url, stub) = start_stub().await;
     let (_dir, store) = sqlite_store().await;
+    priced_slot_by_slot_times_pue(store).await;
+}
+
+/// The same pricing, through the API too, on PostgreSQL.
+#[tokio::test]
+async fn postgres_a_trace_over_three_half_hours_is_priced_slot_by_slot_times_pue() {
+    let (_schema, store) = pg_store().await;
+    priced_slot_by_slot_times_pue(store).await;
+}
+
+async fn priced_slot_by_slot_times_pue(store: Arc<dyn Store>) {
+    let (url, stub) = start_stub().await;
     let node = one_gpu_node(&store, "lon-1", "GPU-c1").await;
     // 00:20:00 .. 01:10:00 at 300 W: minutes 00:20 .. 01:09 are closed.
     write_trace(&store, &node, "GPU-c1", DAY0 + 20 * MIN, DAY0 + 70 * MIN).await;
@@ -433,8 +444,18 @@ async fn a_trace_over_three_half_hours_is_priced_slot_by_slot_times_pue() {
 
 #[tokio::test]
 async fn a_forecast_later_replaced_by_the_actual_reprices_and_marks_actual() {
-    let (url, stub) = start_stub().await;
     let (_dir, store) = sqlite_store().await;
+    forecast_replaced_by_actual_reprices(store).await;
+}
+
+#[tokio::test]
+async fn postgres_a_forecast_later_replaced_by_the_actual_reprices_and_marks_actual() {
+    let (_schema, store) = pg_store().await;
+    forecast_replaced_by_actual_reprices(store).await;
+}
+
+async fn forecast_replaced_by_actual_reprices(store: Arc<dyn Store>) {
+    let (url, stub) = start_stub().await;
     let node = one_gpu_node(&store, "gb-1", "GPU-c2").await;
     let t1030 = DAY0 + 10 * HOUR + 30 * MIN;
     write_trace(&store, &node, "GPU-c2", t1030, t1030 + 11 * MIN).await;

@@ -604,6 +604,27 @@ mod contract {
                 .expect("last"),
             None
         );
+        // One call holding the same slot several times acts as those writes in order.
+        store
+            .upsert_intensity(&[
+                slot("9", T0, 70.0, Forecast),
+                slot("9", T0, 60.0, Actual),
+                slot("9", T0, 65.0, Forecast),
+                slot("9", T0 + half, 50.0, Forecast),
+                slot("9", T0 + half, 45.0, Forecast),
+            ])
+            .await
+            .expect("upsert with repeats");
+        assert_eq!(
+            store
+                .intensity_slots(ProviderKind::Uk, "9", ALL_TIME)
+                .await
+                .expect("slots"),
+            vec![
+                slot("9", T0, 60.0, Actual),
+                slot("9", T0 + half, 45.0, Forecast)
+            ]
+        );
 
         // Energy minutes to price, and what stays pending once priced.
         let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
@@ -641,7 +662,10 @@ mod contract {
             price(gpu, T0 + 60_000, e, 80.0, Forecast, PriceBasis::Slot),
             price(gpu, T0 + 120_000, e, 200.0, Actual, PriceBasis::Default),
         ];
-        store.replace_carbon_minutes(&prices).await.expect("prices");
+        // A GPU-minute priced twice in one call keeps the later price.
+        let mut twice = vec![price(gpu, T0, e, 999.0, Forecast, PriceBasis::Slot)];
+        twice.extend(prices.iter().cloned());
+        store.replace_carbon_minutes(&twice).await.expect("prices");
         assert_eq!(
             store
                 .carbon_minutes(Some(gpu), ALL_TIME)

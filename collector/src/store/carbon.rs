@@ -1,7 +1,7 @@
 //! What the store keeps and returns for carbon accounting (issue 7). The pricing is in
 //! [`crate::carbon`]; these are the shapes crossing the store boundary.
 
-use super::GpuId;
+use super::{GpuId, StoreError};
 use gpufleet_carbon::{FactorType, IntensityKind, ProviderKind};
 use gpufleet_core::UnixMs;
 
@@ -125,3 +125,16 @@ pub struct GpuCarbon {
     pub node_name: String,
     pub totals: CarbonTotals,
 }
+
+/// A text column holding a value its enum does not know: the row was tampered with.
+pub(super) fn unknown_value(column: &str, v: &str) -> StoreError {
+    StoreError::Corrupt(format!("{column} has an unknown value {v:?}"))
+}
+
+/// The columns of `carbon_gpu_minutes c`, prefixed `c_` (so a query joining energy
+/// minutes can read both); the same text on both backends.
+pub(super) const MINUTE_COLS: &str = "c.gpu_id AS c_gpu_id, c.minute_ms AS c_minute_ms, \
+    c.energy_mj AS c_energy_mj, c.g_per_kwh AS c_g_per_kwh, c.pue AS c_pue, \
+    c.carbon_g AS c_carbon_g, c.provider AS c_provider, c.region AS c_region, \
+    c.kind AS c_kind, c.factor_type AS c_factor_type, c.estimated AS c_estimated, \
+    c.basis AS c_basis, c.priced_at_ms AS c_priced_at_ms";

@@ -3,30 +3,27 @@
 
 use super::{get, limit_i64, q};
 use crate::store::carbon::{
-    CarbonMinute, CarbonTotals, GpuCarbon, PendingCarbonMinute, PriceBasis, WorkloadCarbon,
+    CarbonMinute, CarbonTotals, GpuCarbon, MINUTE_COLS, PendingCarbonMinute, PriceBasis,
+    WorkloadCarbon, unknown_value,
 };
 use crate::store::{GpuId, StoreError, TimeRange};
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 
-fn corrupt(column: &str, v: &str) -> StoreError {
-    StoreError::Corrupt(format!("{column} has an unknown value {v:?}"))
-}
-
 fn provider(row: &SqliteRow, column: &str) -> Result<ProviderKind, StoreError> {
     let v: String = get(row, column)?;
-    ProviderKind::parse(&v).ok_or_else(|| corrupt(column, &v))
+    ProviderKind::parse(&v).ok_or_else(|| unknown_value(column, &v))
 }
 
 fn kind(row: &SqliteRow, column: &str) -> Result<IntensityKind, StoreError> {
     let v: String = get(row, column)?;
-    IntensityKind::parse(&v).ok_or_else(|| corrupt(column, &v))
+    IntensityKind::parse(&v).ok_or_else(|| unknown_value(column, &v))
 }
 
 fn factor(row: &SqliteRow, column: &str) -> Result<FactorType, StoreError> {
     let v: String = get(row, column)?;
-    FactorType::parse(&v).ok_or_else(|| corrupt(column, &v))
+    FactorType::parse(&v).ok_or_else(|| unknown_value(column, &v))
 }
 
 fn nonneg(row: &SqliteRow, column: &str) -> Result<u64, StoreError> {
@@ -137,16 +134,10 @@ fn minute_from_row(row: &SqliteRow, prefix: &str) -> Result<CarbonMinute, StoreE
         kind: kind(row, &c("kind"))?,
         factor_type: factor(row, &c("factor_type"))?,
         estimated: get::<i64>(row, &c("estimated"))? != 0,
-        basis: PriceBasis::parse(&basis).ok_or_else(|| corrupt("basis", &basis))?,
+        basis: PriceBasis::parse(&basis).ok_or_else(|| unknown_value("basis", &basis))?,
         priced_at_ms: get(row, &c("priced_at_ms"))?,
     })
 }
-
-const MINUTE_COLS: &str = "c.gpu_id AS c_gpu_id, c.minute_ms AS c_minute_ms, \
-    c.energy_mj AS c_energy_mj, c.g_per_kwh AS c_g_per_kwh, c.pue AS c_pue, \
-    c.carbon_g AS c_carbon_g, c.provider AS c_provider, c.region AS c_region, \
-    c.kind AS c_kind, c.factor_type AS c_factor_type, c.estimated AS c_estimated, \
-    c.basis AS c_basis, c.priced_at_ms AS c_priced_at_ms";
 
 pub(super) async fn pending_carbon_minutes(
     pool: &SqlitePool,
