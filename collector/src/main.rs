@@ -87,6 +87,9 @@ struct DemoArgs {
     /// dashboard's stale marking quickly).
     #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
     stale_after: Duration,
+    /// Carbon pricing of the simulated energy (e.g. --carbon-g-per-kwh 200); off by default.
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -136,10 +139,13 @@ struct ServeArgs {
     energy: EnergyArgs,
     #[command(flatten)]
     retention: gpufleet_collector::rollups::RetentionArgs,
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = args_with_config_file(std::env::args_os().collect(), &Cli::command())?;
+    let raw_args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args = args_with_config_file(raw_args.clone(), &Cli::command())?;
     let cli = Cli::parse_from(args);
     init_tracing("info");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -147,8 +153,15 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(*args)),
-        Command::Demo(args) => runtime.block_on(run_demo(args)),
+        Command::Serve(args) => {
+            // The config file's `[carbon]` table: per-node / per-label overrides.
+            let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
+            runtime.block_on(run_serve(*args, file))
+        }
+        Command::Demo(args) => {
+            let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
+            runtime.block_on(run_demo(args, file))
+        }
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
             let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
@@ -170,7 +183,11 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn run_serve(
+    args: ServeArgs,
+    carbon_file: gpufleet_carbon::config::CarbonFile,
+) -> anyhow::Result<()> {
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
     if args.offline_after < args.stale_after {
         anyhow::bail!(
             "--offline-after ({}) must not be shorter than --stale-after ({})",
@@ -218,6 +235,10 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         energy: args.energy.options(),
         retention,
+        carbon: gpufleet_collector::carbon::CarbonOptions {
+            config: std::sync::Arc::new(carbon),
+            ..Default::default()
+        },
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
@@ -233,7 +254,11 @@ fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
+async fn run_demo(
+    args: DemoArgs,
+    carbon_file: gpufleet_carbon::config::CarbonFile,
+) -> anyhow::Result<()> {
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
     // Keeps the temporary database alive for the whole run; removed on drop.
     let mut _tmp = None;
     let db_url = match args.db {
@@ -289,6 +314,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         status: StatusPolicy {
             stale_after: args.stale_after,
             offline_after: default_status.offline_after.max(args.stale_after),
+        },
+        carbon: gpufleet_collector::carbon::CarbonOptions {
+            config: std::sync::Arc::new(carbon),
+            ..Default::default()
         },
         ..Default::default()
     };

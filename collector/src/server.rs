@@ -50,6 +50,8 @@ pub struct ServeOptions {
     pub energy: EnergyOptions,
     /// Per-minute rollups and retention (issue 8).
     pub retention: crate::rollups::RetentionOptions,
+    /// Carbon accounting: providers, regions, PUE ([`crate::carbon`]).
+    pub carbon: crate::carbon::CarbonOptions,
 }
 
 impl Default for ServeOptions {
@@ -66,6 +68,7 @@ impl Default for ServeOptions {
             limits: crate::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
             retention: crate::rollups::RetentionOptions::default(),
+            carbon: crate::carbon::CarbonOptions::default(),
         }
     }
 }
@@ -162,6 +165,12 @@ pub async fn serve_with_store(
         options.retention.clone(),
         system_clock(),
         rollups_stop.clone(),
+    );
+    let carbon_task = crate::carbon::spawn(
+        Arc::clone(&store),
+        options.carbon.clone(),
+        system_clock(),
+        accountant_stop.clone(),
     );
     let ingest = IngestService::new(
         Arc::clone(&store),
@@ -292,6 +301,9 @@ pub async fn serve_with_store(
         warn!(error = %e, "the writer task ended abnormally");
     }
     accountant_stop.cancel();
+    if let Err(e) = carbon_task.await {
+        warn!(error = %e, "the carbon task ended abnormally");
+    }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");
     }

@@ -5,11 +5,14 @@
 mod common;
 
 use common::*;
+use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_collector::accountant::{self, Accountant, EnergyOptions};
+use gpufleet_collector::energy::GpuMinute;
 use gpufleet_collector::energy_check;
 use gpufleet_collector::rollups::{RetentionOptions, Rollups};
+use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
-use gpufleet_collector::store::{GpuMetric, NodeRecord, Store, TimeRange};
+use gpufleet_collector::store::{GpuId, GpuMetric, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use std::sync::Arc;
 
@@ -945,6 +948,236 @@ mod contract {
         r.expire(far).await.expect("expire");
         assert_eq!(horizon_a().await, Some(T0 + 11 * MIN));
     }
+
+    // ---- carbon (issue 7)
+
+    fn slot(region: &str, from_ms: i64, g: f64, kind: IntensityKind) -> IntensitySlot {
+        IntensitySlot {
+            from_ms,
+            to_ms: from_ms + 30 * 60_000,
+            g_per_kwh: g,
+            kind,
+            factor_type: FactorType::Direct,
+            provider: ProviderKind::Uk,
+            region: region.into(),
+            fetched_at_ms: T0,
+            estimated: false,
+        }
+    }
+
+    fn price(
+        gpu: GpuId,
+        minute_ms: i64,
+        energy_mj: u64,
+        g: f64,
+        kind: IntensityKind,
+        basis: PriceBasis,
+    ) -> CarbonMinute {
+        CarbonMinute {
+            gpu,
+            minute_ms,
+            energy_mj,
+            g_per_kwh: g,
+            pue: 1.5,
+            carbon_g: energy_mj as f64 / 3.6e9 * g * 1.5,
+            provider: ProviderKind::Uk,
+            region: "13".into(),
+            kind,
+            factor_type: FactorType::Direct,
+            estimated: basis != PriceBasis::Slot,
+            basis,
+            priced_at_ms: T0 + 1,
+        }
+    }
+
+    pub async fn carbon_cache_and_minute_prices(store: Arc<dyn Store>) {
+        use IntensityKind::{Actual, Forecast};
+        // The cache: an actual replaces a forecast, never the reverse; regions apart.
+        store
+            .upsert_intensity(&[slot("13", T0, 100.0, Forecast)])
+            .await
+            .expect("upsert");
+        store
+            .upsert_intensity(&[slot("13", T0, 90.0, Actual)])
+            .await
+            .expect("upsert");
+        store
+            .upsert_intensity(&[
+                slot("13", T0, 120.0, Forecast),
+                slot("7", T0, 55.0, Forecast),
+            ])
+            .await
+            .expect("upsert");
+        let half = 30 * 60_000;
+        store
+            .upsert_intensity(&[slot("13", T0 + half, 80.0, Forecast)])
+            .await
+            .expect("upsert");
+        let got = store
+            .intensity_slots(
+                ProviderKind::Uk,
+                "13",
+                TimeRange {
+                    from_ms: T0 + 1,
+                    to_ms: T0 + half + 1,
+                },
+            )
+            .await
+            .expect("slots");
+        assert_eq!(
+            got,
+            vec![
+                slot("13", T0, 90.0, Actual),
+                slot("13", T0 + half, 80.0, Forecast)
+            ]
+        );
+        let none = store
+            .intensity_slots(ProviderKind::Electricitymaps, "13", ALL_TIME)
+            .await
+            .expect("slots");
+        assert!(none.is_empty(), "providers apart");
+        let last = store
+            .last_intensity_before(ProviderKind::Uk, "7", T0 + 10 * half)
+            .await
+            .expect("last");
+        assert_eq!(last, Some(slot("7", T0, 55.0, Forecast)));
+        assert_eq!(
+            store
+                .last_intensity_before(ProviderKind::Uk, "13", T0 - 1)
+                .await
+                .expect("last"),
+            None
+        );
+        // One call holding the same slot several times acts as those writes in order.
+        store
+            .upsert_intensity(&[
+                slot("9", T0, 70.0, Forecast),
+                slot("9", T0, 60.0, Actual),
+                slot("9", T0, 65.0, Forecast),
+                slot("9", T0 + half, 50.0, Forecast),
+                slot("9", T0 + half, 45.0, Forecast),
+            ])
+            .await
+            .expect("upsert with repeats");
+        assert_eq!(
+            store
+                .intensity_slots(ProviderKind::Uk, "9", ALL_TIME)
+                .await
+                .expect("slots"),
+            vec![
+                slot("9", T0, 60.0, Actual),
+                slot("9", T0 + half, 45.0, Forecast)
+            ]
+        );
+
+        // Energy minutes to price, and what stays pending once priced.
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let gpu = rec.gpus[0].id;
+        let minute = |k: i64, e: u64| GpuMinute {
+            minute_ms: T0 + k * 60_000,
+            energy_mj: e,
+            counter_mj: e,
+            attributed_mj: 0,
+            idle_mj: e,
+            covered_ms: 60_000,
+            samples: 60,
+            ..Default::default()
+        };
+        let e = 36_000_000; // 0.01 kWh
+        store
+            .replace_energy_minutes(
+                gpu,
+                T0,
+                T0 + 3 * 60_000,
+                &[minute(0, e), minute(1, e), minute(2, e)],
+                None,
+            )
+            .await
+            .expect("energy");
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        assert_eq!(pending.len(), 3);
+        assert!(
+            pending
+                .iter()
+                .all(|p| p.priced.is_none() && p.energy_mj == e && p.node_name == "node-a")
+        );
+        let prices = vec![
+            price(gpu, T0, e, 90.0, Actual, PriceBasis::Slot),
+            price(gpu, T0 + 60_000, e, 80.0, Forecast, PriceBasis::Slot),
+            price(gpu, T0 + 120_000, e, 200.0, Actual, PriceBasis::Default),
+        ];
+        // A GPU-minute priced twice in one call keeps the later price.
+        let mut twice = vec![price(gpu, T0, e, 999.0, Forecast, PriceBasis::Slot)];
+        twice.extend(prices.iter().cloned());
+        store.replace_carbon_minutes(&twice).await.expect("prices");
+        assert_eq!(
+            store
+                .carbon_minutes(Some(gpu), ALL_TIME)
+                .await
+                .expect("read"),
+            prices,
+            "field for field"
+        );
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        let minutes: Vec<i64> = pending.iter().map(|p| p.minute_ms - T0).collect();
+        assert_eq!(
+            minutes,
+            vec![60_000, 120_000],
+            "forecast and estimated prices stay pending"
+        );
+        assert_eq!(pending[0].priced.as_ref(), Some(&prices[1]));
+        // Recomputed energy makes a priced minute pending again.
+        store
+            .replace_energy_minutes(gpu, T0, T0 + 60_000, &[minute(0, e + 1)], None)
+            .await
+            .expect("energy");
+        let pending = store.pending_carbon_minutes(0, 100).await.expect("pending");
+        assert_eq!(pending.len(), 3);
+        assert!(
+            store
+                .pending_carbon_minutes(T0 + 60_000, 100)
+                .await
+                .expect("since")
+                .len()
+                == 2
+        );
+
+        // Totals per GPU: Σ energy × g × PUE, with the forecast and estimated energy.
+        let totals = &store.gpu_carbon(ALL_TIME).await.expect("gpu carbon")[0].totals;
+        let want = 0.01 * (90.0 + 80.0 + 200.0) * 1.5;
+        assert!(
+            (totals.carbon_g - want).abs() < 1e-9,
+            "{} vs {want}",
+            totals.carbon_g
+        );
+        assert_eq!(
+            (totals.priced_mj, totals.forecast_mj, totals.estimated_mj),
+            (3 * e, e, e)
+        );
+        assert_eq!(totals.sources, vec!["uk:13:direct".to_owned()]);
+        assert_eq!(totals.avg_g_per_kwh(), Some((90.0 + 80.0 + 200.0) / 3.0));
+
+        // Retention of rollups takes prices and cached slots older than the cutoff.
+        store
+            .expire_rollups_before(T0 + 60_000, 10)
+            .await
+            .expect("expire");
+        let kept = store.carbon_minutes(None, ALL_TIME).await.expect("read");
+        assert_eq!(kept, prices[1..].to_vec(), "minute 0's price is gone");
+        store
+            .expire_rollups_before(T0 + half + 60_000, 10)
+            .await
+            .expect("expire");
+        let slots = store
+            .intensity_slots(ProviderKind::Uk, "13", ALL_TIME)
+            .await
+            .expect("slots");
+        assert_eq!(
+            slots,
+            vec![slot("13", T0 + half, 80.0, Forecast)],
+            "a slot that ended before the cutoff is gone"
+        );
+    }
 }
 
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
@@ -964,6 +1197,7 @@ macro_rules! contract_tests {
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
+                carbon_cache_and_minute_prices,
             );
         }
     };

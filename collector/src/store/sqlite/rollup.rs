@@ -485,6 +485,7 @@ pub(super) async fn expire_rollups_before(
             "gpu_minutes",
             "energy_gpu_minutes",
             "energy_workload_minutes",
+            "carbon_gpu_minutes",
         ] {
             let key = Some(("gpu_id", id));
             delete_before(pool, table, "minute_ms", key, cutoff, batch, &mut out).await?;
@@ -508,5 +509,8 @@ pub(super) async fn expire_rollups_before(
         .await?;
     }
     delete_before(pool, "events", "ts_ms", None, cutoff, batch, &mut out).await?;
+    // Cached intensity slots price energy minutes only: they go with them.
+    let slots = "carbon_intensity";
+    delete_before(pool, slots, "to_ms", None, cutoff, batch, &mut out).await?;
     Ok(out)
 }
