@@ -13,9 +13,12 @@
 use crate::proctree;
 use crate::sampler::{Sampler, sample_loop};
 use crate::source::{GpuSource, SourceError};
+use gpufleet_carbon::{IntensityKind, IntensitySlot, NodeCarbon};
 use gpufleet_core::config::now_ms;
 use gpufleet_core::{Inventory, Tick, UnixMs};
-use gpufleet_report::{EnergySummary, GpuRef, MetricsBuilder, Report, Subject};
+use gpufleet_report::{
+    CarbonSummary, EnergySummary, GpuRef, IntensityPoint, MetricsBuilder, Report, Subject,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -39,6 +42,9 @@ pub struct ExecOptions {
     pub proc_root: PathBuf,
     /// Bucket of the report's series (`None`: one point per sample).
     pub series_step: Option<Duration>,
+    /// The carbon intensity provider, region and PUE to price the energy with; `None`:
+    /// no carbon figures (absent, not 0).
+    pub carbon: Option<NodeCarbon>,
 }
 
 /// Why a command could not be measured.
@@ -298,10 +304,128 @@ pub async fn run_exec(
         exit_code: status.code(),
     };
     info!(exit_code = code, elapsed = ?elapsed, "command finished");
+    let mut report = measure.report(subject, Some(elapsed));
+    if let Some(carbon) = &opts.carbon {
+        price_report(&mut report, &measure.intervals, carbon).await;
+    }
     Ok(ExecOutcome {
-        report: measure.report(subject, Some(elapsed)),
+        report,
         exit_code: code,
     })
+}
+
+/// Fetches the intensity over the report's range and prices its intervals. When the
+/// provider fails, the latest figure it gives is used and every interval is marked
+/// estimated; when that fails too, carbon stays absent (never 0) and a warning says why.
+async fn price_report(
+    report: &mut Report,
+    intervals: &[(String, UnixMs, UnixMs, u64)],
+    carbon: &NodeCarbon,
+) {
+    let (from, to) = (report.from_ms, report.to_ms.max(report.from_ms + 1));
+    let slots = match carbon.provider.slots(&carbon.region, from, to).await {
+        Ok(slots) if !slots.is_empty() => slots,
+        first => {
+            if let Err(e) = &first {
+                warn!(error = %e, "no carbon intensity for the run; trying the latest figure");
+            }
+            match carbon.provider.latest(&carbon.region).await {
+                Ok(mut latest) => {
+                    latest.estimated = true;
+                    vec![latest]
+                }
+                Err(e) => {
+                    warn!(error = %e, "no carbon intensity at all: the report has no carbon figures");
+                    return;
+                }
+            }
+        }
+    };
+    let (summary, points) = price(intervals, &slots, carbon.pue);
+    report.carbon = summary;
+    report.intensity = points;
+}
+
+/// Prices energy intervals `(gpu, from, to, mJ)` with intensity slots: each interval's
+/// energy is split over the slots it overlaps, in proportion to the overlap; a part that no
+/// slot covers is priced at the nearest slot before it (else the first one) and counted
+/// as estimated. Returns the carbon summary and the slots as plot points.
+pub fn price(
+    intervals: &[(String, UnixMs, UnixMs, u64)],
+    slots: &[IntensitySlot],
+    pue: f64,
+) -> (CarbonSummary, Vec<IntensityPoint>) {
+    let mut slots: Vec<&IntensitySlot> = slots.iter().collect();
+    slots.sort_by_key(|s| s.from_ms);
+    let points = slots
+        .iter()
+        .map(|s| IntensityPoint {
+            time_ms: s.from_ms,
+            g_per_kwh: s.g_per_kwh,
+            region: s.region.clone(),
+            kind: if s.estimated {
+                "estimated".to_owned()
+            } else {
+                s.kind.as_str().to_owned()
+            },
+        })
+        .collect();
+    let Some(&first) = slots.first() else {
+        return (CarbonSummary::default(), points);
+    };
+    let (mut kwh, mut weighted, mut forecast, mut estimated) = (0.0, 0.0, 0.0, 0.0);
+    let mut add = |part_kwh: f64, s: &IntensitySlot, est: bool| {
+        kwh += part_kwh;
+        weighted += part_kwh * s.g_per_kwh;
+        if s.kind == IntensityKind::Forecast {
+            forecast += part_kwh;
+        }
+        if est || s.estimated {
+            estimated += part_kwh;
+        }
+    };
+    for (_, a, b, mj) in intervals {
+        let dur = (b - a).max(1) as f64;
+        let e_kwh = *mj as f64 / 3.6e9;
+        let mut covered = 0i64;
+        for s in &slots {
+            let ov = s.to_ms.min(*b) - s.from_ms.max(*a);
+            if ov > 0 {
+                covered += ov;
+                add(e_kwh * ov as f64 / dur, s, false);
+            }
+        }
+        let rest = (b - a).max(1) - covered;
+        if rest > 0 {
+            let s = slots
+                .iter()
+                .rev()
+                .find(|s| s.from_ms <= *a)
+                .copied()
+                .unwrap_or(first);
+            add(e_kwh * rest as f64 / dur, s, true);
+        }
+    }
+    let mut sources: Vec<String> = slots
+        .iter()
+        .map(|s| s.provider.as_str().to_owned())
+        .collect();
+    sources.sort();
+    sources.dedup();
+    let mut regions: Vec<String> = slots.iter().map(|s| s.region.clone()).collect();
+    regions.sort();
+    regions.dedup();
+    let share = |x: f64| (kwh > 0.0).then(|| x / kwh);
+    let summary = CarbonSummary {
+        carbon_g: (!intervals.is_empty()).then_some(weighted * pue),
+        avg_intensity_g_per_kwh: share(weighted),
+        sources,
+        regions,
+        forecast_share: share(forecast),
+        estimated_share: share(estimated),
+        pue: Some(pue),
+    };
+    (summary, points)
 }
 
 fn forward(pid: Option<u32>, sig: rustix::process::Signal) {
@@ -411,6 +535,51 @@ mod tests {
             all.report(Subject::default(), None).energy.energy_j,
             Some(1.1)
         );
+    }
+
+    fn slot(from: UnixMs, to: UnixMs, g: f64, kind: IntensityKind) -> IntensitySlot {
+        IntensitySlot {
+            from_ms: from,
+            to_ms: to,
+            g_per_kwh: g,
+            kind,
+            factor_type: gpufleet_carbon::FactorType::Direct,
+            provider: gpufleet_carbon::ProviderKind::Uk,
+            region: "13".into(),
+            fetched_at_ms: 0,
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn each_interval_is_priced_at_the_slots_it_overlaps() {
+        const KWH: u64 = 3_600_000_000; // mJ
+        let slots = [
+            slot(1000, 2000, 100.0, IntensityKind::Actual),
+            slot(2000, 3000, 300.0, IntensityKind::Forecast),
+        ];
+        // 1 kWh inside slot 1; 1 kWh half in each; 1 kWh past the last slot (estimated).
+        let intervals = vec![
+            ("g".to_owned(), 1000, 1500, KWH),
+            ("g".to_owned(), 1500, 2500, KWH),
+            ("g".to_owned(), 3000, 3500, KWH),
+        ];
+        let (c, points) = price(&intervals, &slots, 1.5);
+        let g = 100.0 + (50.0 + 150.0) + 300.0;
+        assert!(
+            (c.carbon_g.expect("carbon") - g * 1.5).abs() < 1e-6,
+            "{c:?}"
+        );
+        assert!((c.avg_intensity_g_per_kwh.expect("avg") - g / 3.0).abs() < 1e-9);
+        assert!((c.forecast_share.expect("forecast") - 1.5 / 3.0).abs() < 1e-9);
+        assert!((c.estimated_share.expect("estimated") - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(c.sources, ["uk"]);
+        assert_eq!(c.regions, ["13"]);
+        assert_eq!(c.pue, Some(1.5));
+        assert_eq!(points.len(), 2);
+        // No slots: absent, not zero.
+        let (none, _) = price(&intervals, &[], 1.0);
+        assert_eq!(none.carbon_g, None);
     }
 
     #[test]

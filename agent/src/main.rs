@@ -73,6 +73,8 @@ struct ExecArgs {
     series_step: Option<Duration>,
     #[command(flatten)]
     source: SourceArgs,
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -296,8 +298,14 @@ fn exec_cmd(args: ExecArgs) -> anyhow::Result<i32> {
         None => None,
     };
     let node = node_name(args.node, &args.source.proc_root)?;
+    let carbon_file = gpufleet_carbon::config::CarbonFile::from_config_file(
+        &std::env::args_os().collect::<Vec<_>>(),
+    )?;
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon, carbon_file)?
+        .node(&node, &BTreeMap::new())?;
     let source = source(&args.source, &node)?;
     let opts = ExecOptions {
+        carbon,
         node,
         command: args.command,
         interval: args.interval,

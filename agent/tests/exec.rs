@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpufleet-agent");
 
-fn exec(dir: &std::path::Path, command: &[&str]) -> Command {
+fn exec(dir: &std::path::Path, extra: &[&str], command: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args([
         "exec",
@@ -24,6 +24,7 @@ fn exec(dir: &std::path::Path, command: &[&str]) -> Command {
         "n1",
     ])
     .args(["--all-gpus", "--interval", "200ms"])
+    .args(extra)
     .arg("--report")
     .arg(dir.join("report.json"))
     .arg("--plot")
@@ -43,9 +44,13 @@ fn read_report(dir: &std::path::Path) -> Report {
 #[test]
 fn energy_equals_the_simulator_counters_over_the_run_and_the_exit_code_is_kept() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let out = exec(dir.path(), &["sh", "-c", "sleep 3; exit 3"])
-        .output()
-        .expect("run exec");
+    let out = exec(
+        dir.path(),
+        &["--carbon-g-per-kwh", "200", "--pue", "1.5"],
+        &["sh", "-c", "sleep 3; exit 3"],
+    )
+    .output()
+    .expect("run exec");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(
@@ -90,6 +95,16 @@ fn energy_equals_the_simulator_counters_over_the_run_and_the_exit_code_is_kept()
     let got_mj = (r.energy.energy_j.expect("energy") * 1000.0).round() as u64;
     assert_eq!(got_mj, expected_mj, "report energy vs counter delta");
     assert_eq!(r.energy.counter_share, Some(1.0));
+    // Static intensity: carbon = kWh × 200 g/kWh × PUE 1.5.
+    let kwh = expected_mj as f64 / 3.6e9;
+    let carbon = r.carbon.carbon_g.expect("carbon");
+    assert!(
+        (carbon - kwh * 300.0).abs() < 1e-9 * carbon.max(1.0),
+        "{carbon} vs {}",
+        kwh * 300.0
+    );
+    assert_eq!(r.carbon.pue, Some(1.5));
+    assert_eq!(r.carbon.sources, ["static"]);
     assert!(r.metrics.power_avg_w.is_some() && r.metrics.util_gpu_avg_pct.is_some());
     let png = std::fs::read(dir.path().join("plot.png")).expect("the plot");
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
@@ -98,7 +113,7 @@ fn energy_equals_the_simulator_counters_over_the_run_and_the_exit_code_is_kept()
 #[test]
 fn sigterm_is_forwarded_and_the_report_still_written() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = exec(dir.path(), &["sleep", "30"])
+    let mut child = exec(dir.path(), &[], &["sleep", "30"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn exec");
@@ -133,6 +148,8 @@ fn sigterm_is_forwarded_and_the_report_still_written() {
     assert_eq!(status.code(), Some(143));
     let r = read_report(dir.path());
     assert_eq!(r.subject.exit_code, None);
+    // Without a carbon provider the carbon figures are absent, not 0.
+    assert_eq!(r.carbon.carbon_g, None);
     assert!(r.elapsed_s.expect("elapsed") < 20.0);
 }
 

@@ -160,6 +160,16 @@ fn with_unit(v: Option<f64>, decimals: usize, unit: &str) -> Option<String> {
     v.map(|v| format!("{v:.decimals$} {unit}"))
 }
 
+fn joules(j: f64) -> String {
+    if j >= 1e6 {
+        format!("{:.3} MJ", j / 1e6)
+    } else if j >= 1e3 {
+        format!("{:.3} kJ", j / 1e3)
+    } else {
+        format!("{j:.1} J")
+    }
+}
+
 fn duration(s: f64) -> String {
     let total = s.round() as u64;
     let (h, m, sec) = (total / 3600, total / 60 % 60, total % 60);
@@ -225,9 +235,19 @@ pub fn table(r: &Report) -> String {
         ("GPUs", gpus),
         (
             "GPU energy",
-            or_na(e.energy_kwh.map(|k| format!("{k:.6} kWh{method}"))),
+            or_na(
+                e.energy_kwh
+                    .zip(e.energy_j)
+                    .map(|(k, j)| format!("{k:.6} kWh = {}{method}", joules(j))),
+            ),
         ),
-        ("Carbon", or_na(with_unit(c.carbon_g, 2, "gCO2"))),
+        (
+            "Carbon",
+            or_na(c.carbon_g.map(|g| {
+                let d = if g < 10.0 { 4 } else { 2 };
+                format!("{g:.d$} gCO2")
+            })),
+        ),
         (
             "Avg intensity",
             or_na(

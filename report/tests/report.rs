@@ -116,7 +116,7 @@ fn every_format_carries_the_figures() {
     let table = render(&r, Format::Table).expect("table");
     assert!(
         table.contains(
-            "GPU energy       0.112222 kWh (energy counter 99.0 %, power integrated 1.0 %)"
+            "GPU energy       0.112222 kWh = 404.000 kJ (energy counter 99.0 %, power integrated 1.0 %)"
         ),
         "{table}"
     );
