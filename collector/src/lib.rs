@@ -44,6 +44,8 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod rate_limit;
+pub mod report;
+pub mod report_api;
 pub mod server;
 pub mod sse;
 pub mod status;
