@@ -173,6 +173,18 @@ pub struct CarbonFile {
 }
 
 impl CarbonFile {
+    /// The `[carbon]` table of a config file's text (empty without one).
+    pub fn from_toml_str(text: &str) -> Result<Self, CarbonError> {
+        let mut table: toml::Table = toml::from_str(text)
+            .map_err(|e| CarbonError::Config(format!("config file is not valid TOML: {e}")))?;
+        match table.remove("carbon") {
+            None => Ok(CarbonFile::default()),
+            Some(v) => v
+                .try_into()
+                .map_err(|e| CarbonError::Config(format!("config file, [carbon]: {e}"))),
+        }
+    }
+
     /// Reads the `[carbon]` table from the config file named on the command line
     /// (`--config`) or by `GPUFLEET_CONFIG`; empty without one.
     pub fn from_config_file(args: &[std::ffi::OsString]) -> Result<Self, CarbonError> {

@@ -7,7 +7,19 @@ use std::fmt;
 use thiserror::Error;
 
 /// Where intensities come from (`--carbon-provider`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// One configured g/kWh (`--carbon-g-per-kwh`), at every time.
@@ -49,7 +61,7 @@ impl fmt::Display for ProviderKind {
 
 /// Whether a slot's value was forecast or measured. A forecast is replaced by the actual
 /// when the provider later gives one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IntensityKind {
     Forecast,
@@ -75,7 +87,19 @@ impl IntensityKind {
 
 /// Which emissions an intensity counts. Figures of different factor types are never mixed
 /// silently: every stored figure records its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum FactorType {
     /// Operational (combustion) emissions only; what the UK API reports.
