@@ -419,6 +419,7 @@ pub fn price(
     let summary = CarbonSummary {
         carbon_g: (!intervals.is_empty()).then_some(weighted * pue),
         avg_intensity_g_per_kwh: share(weighted),
+        priced_share: share(kwh),
         sources,
         regions,
         forecast_share: share(forecast),

@@ -9,9 +9,12 @@
 
 use crate::energy::MINUTE_MS;
 use crate::energy_cli::{EnergyCliError, EnergyRangeArgs};
+use crate::store::carbon::CarbonTotals;
 use crate::store::{self, GpuId, Store, StoreError, TimeRange};
 use gpufleet_core::{UnixMs, Workload, WorkloadKind};
-use gpufleet_report::{EnergySummary, Format, GpuRef, MetricsBuilder, Report, Subject};
+use gpufleet_report::{
+    CarbonSummary, EnergySummary, Format, GpuRef, IntensityPoint, MetricsBuilder, Report, Subject,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::PathBuf;
@@ -111,6 +114,7 @@ pub async fn build(
     let mut nodes: BTreeSet<String> = BTreeSet::new();
     let mut name: Option<String> = None;
     let (mut first, mut last) = (i64::MAX, i64::MIN);
+    let mut carbon = CarbonTotals::default();
     let key;
     match subject {
         ReportSubject::Node(node) => {
@@ -123,6 +127,11 @@ pub async fn build(
                 .collect();
             if rows.is_empty() {
                 return Err(not_found(format!("node {node:?}")));
+            }
+            for c in store.gpu_carbon(range).await? {
+                if &c.node_name == node {
+                    carbon.add(&c.totals);
+                }
             }
             for g in rows {
                 counter += g.counter_mj;
@@ -170,6 +179,12 @@ pub async fn build(
                 ReportSubject::Job(j) => (format!("slurm:{j}"), Some(format!("job {j}"))),
                 _ => (w.key(), w.container_name.clone().or_else(|| w.unit.clone())),
             };
+            let keys: BTreeSet<String> = rows.iter().map(|r| r.workload.key()).collect();
+            for c in store.workload_carbon(range, None, key_filter).await? {
+                if keys.contains(&c.workload_key) {
+                    carbon.add(&c.totals);
+                }
+            }
             for r in rows {
                 counter += r.counter_mj;
                 trapezoid += r.trapezoid_mj;
@@ -237,8 +252,75 @@ pub async fn build(
     }
     report.metrics = metrics.summary();
     report.series = metrics.series();
+    report.carbon = carbon_summary(counter + trapezoid, &carbon);
+    if report.carbon.carbon_g.is_some() {
+        report.intensity = intensity_points(store, &gpus, &gpus_by_uuid, span).await?;
+    }
     report.gpus = gpus.into_iter().collect();
     Ok(report)
+}
+
+/// The report's carbon figures from the stored prices; all absent when nothing was priced.
+fn carbon_summary(energy_mj: u64, c: &CarbonTotals) -> CarbonSummary {
+    // As the energy API: a figure when some energy has a price (0 g of 0 J is a figure).
+    if c.priced_mj == 0 && c.sources.is_empty() {
+        return CarbonSummary::default();
+    }
+    let (mut sources, mut regions) = (BTreeSet::new(), BTreeSet::new());
+    for s in &c.sources {
+        // `provider:region:factor_type`; a region may itself hold ':'.
+        let mut parts = s.splitn(2, ':');
+        let provider = parts.next().unwrap_or_default();
+        let rest = parts.next().unwrap_or_default();
+        let region = rest.rsplit_once(':').map_or(rest, |(r, _)| r);
+        sources.insert(provider.to_owned());
+        regions.insert(region.to_owned());
+    }
+    let share = |mj: u64| (c.priced_mj > 0).then(|| mj as f64 / c.priced_mj as f64);
+    CarbonSummary {
+        priced_share: (energy_mj > 0).then(|| c.priced_mj.min(energy_mj) as f64 / energy_mj as f64),
+        carbon_g: Some(c.carbon_g),
+        avg_intensity_g_per_kwh: c.avg_g_per_kwh(),
+        sources: sources.into_iter().collect(),
+        regions: regions.into_iter().collect(),
+        forecast_share: share(c.forecast_mj),
+        estimated_share: share(c.estimated_mj),
+        // carbon = Σ kWh × g × PUE, so the energy-weighted PUE is carbon / Σ kWh × g.
+        pue: (c.intensity_mj_g > 0.0).then(|| c.carbon_g * 3.6e9 / c.intensity_mj_g),
+    }
+}
+
+/// The intensity each priced minute of the subject's GPUs used, one point per region and
+/// minute, for the plot.
+async fn intensity_points(
+    store: &dyn Store,
+    gpus: &BTreeSet<GpuRef>,
+    ids: &BTreeMap<String, (GpuId, u32, String, String)>,
+    span: TimeRange,
+) -> Result<Vec<IntensityPoint>, StoreError> {
+    let mut points: BTreeMap<(String, UnixMs), IntensityPoint> = BTreeMap::new();
+    for g in gpus {
+        let Some((gpu, ..)) = ids.get(&g.uuid) else {
+            continue;
+        };
+        for m in store.carbon_minutes(Some(*gpu), span).await? {
+            points
+                .entry((m.region.clone(), m.minute_ms))
+                .or_insert_with(|| IntensityPoint {
+                    time_ms: m.minute_ms,
+                    g_per_kwh: m.g_per_kwh,
+                    region: m.region.clone(),
+                    kind: if m.estimated {
+                        "estimated".to_owned()
+                    } else {
+                        m.kind.as_str().to_owned()
+                    },
+                });
+        }
+    }
+    let mut out: Vec<IntensityPoint> = points.into_values().collect();
+    out.sort_by_key(|p| p.time_ms);
+    Ok(out)
 }
 
 /// `gpufleet-collector report` arguments.

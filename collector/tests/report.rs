@@ -334,3 +334,60 @@ async fn on_a_simulated_node_every_workload_report_matches_the_energy_api() {
         assert!(r.metrics.samples > 0, "{key} has resident samples");
     }
 }
+
+/// Priced by the carbon task (static 250 g/kWh, PUE 1.3): the report's carbon is the
+/// energy API's, with its provenance, and the plot gets the intensity.
+#[tokio::test]
+async fn the_report_carries_the_stored_carbon_prices() {
+    use gpufleet_carbon::{CarbonArgs, CarbonConfig, config::CarbonFile};
+    use gpufleet_collector::carbon::{CarbonOptions, Pricer};
+    let (_dir, store) = seeded().await;
+    let config = CarbonConfig::new(
+        CarbonArgs {
+            carbon_g_per_kwh: Some(250.0),
+            pue: 1.3,
+            ..Default::default()
+        },
+        CarbonFile::default(),
+    )
+    .expect("carbon config");
+    let options = CarbonOptions {
+        config: Arc::new(config),
+        ..Default::default()
+    };
+    Pricer::new(Arc::clone(&store), options, clock_at(T0 + 10 * MIN))
+        .run_once()
+        .await
+        .expect("pricing pass");
+    let range = format!("from={T0}&to={}", T0 + 10 * MIN);
+    for (q, api) in [
+        (
+            format!("container={A}"),
+            format!("/api/v1/containers/container:{A}?{range}"),
+        ),
+        ("node=n1".to_owned(), format!("/api/v1/energy?{range}")),
+    ] {
+        let api = get_json(&store, &api).await;
+        let api_g = api["carbon_g"]
+            .as_f64()
+            .or_else(|| api["total"]["carbon_g"].as_f64())
+            .expect("the API has carbon");
+        let r: Report =
+            serde_json::from_value(get_json(&store, &format!("/api/v1/report?{q}&{range}")).await)
+                .expect("report");
+        let g = r.carbon.carbon_g.expect("carbon");
+        assert!((g - api_g).abs() < 1e-9, "{q}: {g} vs {api_g}");
+        let kwh = r.energy.energy_kwh.expect("kwh");
+        assert!(
+            (g - kwh * 250.0 * 1.3).abs() < 1e-9,
+            "{q}: {g} vs {}",
+            kwh * 325.0
+        );
+        assert!((r.carbon.pue.expect("pue") - 1.3).abs() < 1e-12);
+        assert_eq!(r.carbon.avg_intensity_g_per_kwh, Some(250.0));
+        assert_eq!(r.carbon.sources, ["static"]);
+        assert_eq!(r.carbon.priced_share, Some(1.0));
+        assert_eq!(r.carbon.estimated_share, Some(0.0));
+        assert!(!r.intensity.is_empty());
+    }
+}

@@ -105,6 +105,9 @@ pub struct CarbonSummary {
     pub carbon_g: Option<f64>,
     /// Energy-weighted average intensity, gCO2/kWh (before PUE).
     pub avg_intensity_g_per_kwh: Option<f64>,
+    /// Share of the energy that has a price (0..1); `carbon_g` covers that share only
+    /// (the collector prices minutes as intensities arrive).
+    pub priced_share: Option<f64>,
     /// Providers the intensities came from (`static`, `csv`, `uk`, `electricitymaps`).
     pub sources: Vec<String>,
     /// Regions / zones.

@@ -110,6 +110,7 @@ fn columns(r: &Report) -> Vec<(&'static str, Option<String>)> {
         ("trapezoid_j", num(e.trapezoid_j, 3)),
         ("carbon_g", num(c.carbon_g, 4)),
         ("avg_intensity_g_per_kwh", num(c.avg_intensity_g_per_kwh, 2)),
+        ("priced_share", num(c.priced_share, 4)),
         ("intensity_sources", join(&c.sources)),
         ("intensity_regions", join(&c.regions)),
         ("forecast_share", num(c.forecast_share, 4)),
@@ -254,6 +255,10 @@ pub fn table(r: &Report) -> String {
                 c.avg_intensity_g_per_kwh
                     .map(|i| format!("{i:.1} gCO2/kWh{sources}")),
             ),
+        ),
+        (
+            "Priced share",
+            or_na(pct(c.priced_share).map(|p| format!("{p} % of the energy"))),
         ),
         (
             "Forecast share",

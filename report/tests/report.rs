@@ -54,6 +54,7 @@ fn full() -> Report {
     r.carbon = CarbonSummary {
         carbon_g: Some(12.5),
         avg_intensity_g_per_kwh: Some(111.4),
+        priced_share: Some(1.0),
         sources: vec!["uk".into()],
         regions: vec!["13".into()],
         forecast_share: Some(0.25),
