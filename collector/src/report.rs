@@ -348,6 +348,9 @@ pub struct ReportArgs {
     /// Also write the time-series plot (PNG) to this file.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// Include the per-GPU time series and the intensities in JSON / YAML (long).
+    #[arg(long)]
+    pub series: bool,
 }
 
 impl ReportArgs {
@@ -380,12 +383,17 @@ pub async fn run_report(args: &ReportArgs, out: &mut dyn Write) -> Result<(), En
         Err(ReportError::Store(e)) => return Err(e.into()),
         Err(ReportError::NotFound(m)) => return Err(EnergyCliError::Args(m)),
     };
-    let text = gpufleet_report::render(&report, args.format)
-        .map_err(|e| EnergyCliError::Output(e.to_string()))?;
-    out.write_all(text.as_bytes())?;
     if let Some(path) = &args.plot {
         gpufleet_report::plot::write_png(&report, path)
             .map_err(|e| EnergyCliError::Output(e.to_string()))?;
     }
+    let report = if args.series {
+        report
+    } else {
+        report.without_series()
+    };
+    let text = gpufleet_report::render(&report, args.format)
+        .map_err(|e| EnergyCliError::Output(e.to_string()))?;
+    out.write_all(text.as_bytes())?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /api/v1/report?container=KEY\|pod=\|job=\|node=&from=&to=&format=` | the report: `json` (default), `yaml`, `csv`, `table` |
+//! | `GET /api/v1/report?container=KEY\|pod=\|job=\|node=&from=&to=&format=&series=` | the report: `json` (default), `yaml`, `csv`, `table`; `series=true` adds the time series |
 //! | `GET /api/v1/report/plot.png?…&width=&height=` | its time-series plot (PNG) |
 //!
 //! `from` / `to` as for `/api/v1/containers` (default: today, UTC). Absent figures are
@@ -38,6 +38,8 @@ struct ReportParams {
     format: Option<String>,
     width: Option<u32>,
     height: Option<u32>,
+    /// `true`: include the per-GPU series and the intensities.
+    series: Option<bool>,
 }
 
 async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
@@ -76,7 +78,10 @@ async fn report(
     let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
     let format =
         Format::parse(p.format.as_deref().unwrap_or("json")).map_err(ApiError::BadRequest)?;
-    let report = load(&st, &p).await?;
+    let mut report = load(&st, &p).await?;
+    if p.series != Some(true) {
+        report = report.without_series();
+    }
     let body = render(&report, format).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }

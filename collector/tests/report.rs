@@ -215,6 +215,14 @@ async fn every_format_the_plot_and_clear_errors_from_the_api() {
     assert_eq!((status, ctype.as_str()), (200, "application/yaml"));
     let yaml = String::from_utf8(body).expect("utf-8");
     assert!(yaml.contains("carbon_g: null"), "{yaml}");
+    assert!(
+        !yaml.contains("series:"),
+        "the series only on request: {yaml}"
+    );
+    let (_, _, body) = get(&store, &format!("/api/v1/report?{q}&series=true")).await;
+    let r: Report = serde_json::from_slice(&body).expect("report");
+    assert_eq!(r.series.len(), 1);
+    assert!(r.series[0].points.len() > 100, "1 s buckets over 2 minutes");
     let (status, ctype, body) = get(&store, &format!("/api/v1/report?{q}&format=csv")).await;
     assert_eq!((status, ctype.as_str()), (200, "text/csv; charset=utf-8"));
     let csv = String::from_utf8(body).expect("utf-8");
@@ -372,9 +380,10 @@ async fn the_report_carries_the_stored_carbon_prices() {
             .as_f64()
             .or_else(|| api["total"]["carbon_g"].as_f64())
             .expect("the API has carbon");
-        let r: Report =
-            serde_json::from_value(get_json(&store, &format!("/api/v1/report?{q}&{range}")).await)
-                .expect("report");
+        let r: Report = serde_json::from_value(
+            get_json(&store, &format!("/api/v1/report?{q}&{range}&series=true")).await,
+        )
+        .expect("report");
         let g = r.carbon.carbon_g.expect("carbon");
         assert!((g - api_g).abs() < 1e-9, "{q}: {g} vs {api_g}");
         let kwh = r.energy.energy_kwh.expect("kwh");

@@ -183,6 +183,13 @@ impl Report {
         }
     }
 
+    /// The report without its time series and intensities (the summary only).
+    pub fn without_series(mut self) -> Self {
+        self.series.clear();
+        self.intensity.clear();
+        self
+    }
+
     /// The distinct GPU model names, with counts (`2 × NVIDIA H100 80GB HBM3`).
     pub fn gpu_names(&self) -> Vec<String> {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
