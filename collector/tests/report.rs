@@ -7,7 +7,6 @@ use common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
 use gpufleet_collector::energy::IdlePolicy;
-use gpufleet_collector::live::Live;
 use gpufleet_collector::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store};
 use gpufleet_core::*;
@@ -105,35 +104,7 @@ async fn seeded() -> (tempfile::TempDir, Arc<dyn Store>) {
 }
 
 async fn get(store: &Arc<dyn Store>, uri: &str) -> (u16, String, Vec<u8>) {
-    use tower::ServiceExt as _;
-    let state = gpufleet_collector::http::AppState {
-        store: Arc::clone(store),
-        live: Arc::new(Live::new()),
-        metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
-        writer: None,
-        status: Default::default(),
-        clock: clock_at(T0 + 10 * MIN),
-    };
-    let response = gpufleet_collector::http::app(state)
-        .oneshot(
-            axum::http::Request::builder()
-                .uri(uri)
-                .body(axum::body::Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("response");
-    let status = response.status().as_u16();
-    let ctype = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .expect("body");
-    (status, ctype, body.to_vec())
+    api_get(store, T0 + 10 * MIN, uri).await
 }
 
 async fn get_json(store: &Arc<dyn Store>, uri: &str) -> serde_json::Value {
