@@ -20,6 +20,8 @@
 //! - [`tls`]: the agent's credentials: CA, client certificate, token.
 //! - [`run`]: [`run_agent`], the whole pipeline until shutdown.
 //! - [`snapshot`]: `gpufleet-agent snapshot` (table or JSON).
+//! - [`exec`]: `gpufleet-agent exec -- COMMAND`: one command measured, its report.
+//! - [`proctree`]: a process and its descendants, from `/proc`.
 //!
 //! Running simulated agents in-process (what `gpufleet-collector demo` does):
 //!
@@ -41,8 +43,10 @@
 
 pub mod cgroup;
 pub mod cost;
+pub mod exec;
 pub mod host;
 pub mod nvml;
+pub mod proctree;
 pub mod queue;
 pub mod run;
 pub mod sampler;

@@ -1,6 +1,7 @@
 //! `gpufleet-agent`: `run` streams this node's GPU samples to a collector; `snapshot`
-//! prints one local reading. Every flag also reads `GPUFLEET_<FLAG>` and the `--config`
-//! TOML file (precedence: command line > environment > file > default).
+//! prints one local reading; `exec` measures one command. Every flag also reads
+//! `GPUFLEET_<FLAG>` and the `--config` TOML file (precedence: command line > environment
+//! > file > default).
 
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -41,6 +42,42 @@ enum Command {
     Run(Box<RunArgs>),
     /// Print one local reading, like nvidia-smi / gpustat.
     Snapshot(SnapshotArgs),
+    /// Run a command and measure the GPUs its processes use while it runs; at its exit
+    /// print the energy / carbon report (to stderr) and write it as JSON / YAML / CSV
+    /// (+ a PNG plot). Exits with the command's exit code.
+    Exec(Box<ExecArgs>),
+}
+
+#[derive(Debug, Args)]
+struct ExecArgs {
+    /// Node name in the report [default: the host name].
+    #[arg(long, env = "GPUFLEET_NODE", value_name = "NAME")]
+    node: Option<String>,
+    /// Sampling interval (200ms, 1s).
+    #[arg(long, env = "GPUFLEET_INTERVAL", value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Measure every GPU of the node for the whole run, not only those the command's
+    /// processes use (needed with --simulate: simulated processes are not the command's).
+    #[arg(long, env = "GPUFLEET_ALL_GPUS")]
+    all_gpus: bool,
+    /// Write the report to FILE; the extension picks the format: .json, .yaml/.yml,
+    /// .csv, .txt (the table).
+    #[arg(long, env = "GPUFLEET_REPORT", value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Write the time-series plot (utilization, power, memory, temperature, carbon
+    /// intensity) to FILE.png.
+    #[arg(long, env = "GPUFLEET_PLOT", value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+    /// Average the report's series over buckets of this length [default: every sample].
+    #[arg(long, env = "GPUFLEET_SERIES_STEP", value_name = "DURATION", value_parser = parse_duration)]
+    series_step: Option<Duration>,
+    #[command(flatten)]
+    source: SourceArgs,
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
 }
 
 /// Where readings come from.
@@ -141,6 +178,10 @@ fn real_main() -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => run(*args),
         Command::Snapshot(args) => snapshot_cmd(args),
+        Command::Exec(args) => {
+            let code = exec_cmd(*args)?;
+            std::process::exit(code);
+        }
     }
 }
 
@@ -235,6 +276,60 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<tokio::task::Joi
         warn!("second signal: exiting without delivering");
         std::process::exit(130);
     }))
+}
+
+/// Runs `exec`; returns the exit code to leave with (the command's).
+fn exec_cmd(args: ExecArgs) -> anyhow::Result<i32> {
+    use gpufleet_agent::exec::{ExecOptions, run_exec};
+    use gpufleet_report::{Format, plot, render};
+    if args.source.simulate && !args.all_gpus {
+        bail!(
+            "with --simulate, the simulated GPU processes are not the command's: add --all-gpus \
+             to measure every simulated GPU"
+        );
+    }
+    let report_format = match &args.report {
+        Some(path) => Some(Format::from_path(path).with_context(|| {
+            format!(
+                "--report {}: name the file .json, .yaml, .yml, .csv or .txt",
+                path.display()
+            )
+        })?),
+        None => None,
+    };
+    let node = node_name(args.node, &args.source.proc_root)?;
+    let carbon_file = gpufleet_carbon::config::CarbonFile::from_config_file(
+        &std::env::args_os().collect::<Vec<_>>(),
+    )?;
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon, carbon_file)?
+        .node(&node, &BTreeMap::new())?;
+    let source = source(&args.source, &node)?;
+    let opts = ExecOptions {
+        carbon,
+        node,
+        command: args.command,
+        interval: args.interval,
+        all_gpus: args.all_gpus,
+        proc_root: args.source.proc_root.clone(),
+        series_step: args.series_step,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(run_exec(opts, source))?;
+    let report = outcome.report;
+    eprint!("{}", render(&report, Format::Table)?);
+    if let (Some(path), Some(format)) = (&args.report, report_format) {
+        std::fs::write(path, render(&report, format)?)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        plot::write_png(&report, path)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    Ok(outcome.exit_code)
 }
 
 fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {

@@ -76,12 +76,15 @@ impl Sampler {
 /// runs on the blocking pool; timestamps are the system clock in Unix ms, strictly
 /// increasing. A tick that fails is skipped and logged (the first failure, then every
 /// 60th). If the sampler itself dies, `stop` is cancelled so the agent shuts down.
+///
+/// Returns the sampler when it stops (so `exec` can take one last reading at the
+/// command's exit), `None` if the sampling thread panicked.
 pub async fn sample_loop(
     mut sampler: Sampler,
     interval: Duration,
     ticks: mpsc::Sender<Tick>,
     stop: CancellationToken,
-) {
+) -> Option<Sampler> {
     let mut ticker = tokio::time::interval(interval);
     // A slow tick (NVML stalls) must not cause a burst of catch-up samples.
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -108,7 +111,7 @@ pub async fn sample_loop(
             Err(e) => {
                 error!(error = %e, "the sampling thread panicked; stopping the agent");
                 stop.cancel();
-                return;
+                return None;
             }
         };
         match result {
@@ -126,4 +129,5 @@ pub async fn sample_loop(
             }
         }
     }
+    Some(sampler)
 }

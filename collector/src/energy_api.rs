@@ -37,17 +37,19 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/energy", get(energy))
 }
 
-#[derive(Debug, Deserialize)]
-struct RangeParams {
-    from: Option<String>,
-    to: Option<String>,
-    node: Option<String>,
-    group_by: Option<String>,
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RangeParams {
+    pub(crate) from: Option<String>,
+    pub(crate) to: Option<String>,
+    pub(crate) node: Option<String>,
+    pub(crate) group_by: Option<String>,
 }
 
 const DAY_MS: i64 = 86_400_000;
 
-fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
+/// The range of `from` / `to` (default: today, UTC midnight .. now), from the minute
+/// holding `from`.
+pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
     let now = (st.clock)();
     let to = match p.to.as_deref() {
         Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,

@@ -79,10 +79,14 @@ pub enum EnergyCliError {
     Store(#[from] StoreError),
     #[error("cannot write the report: {0}")]
     Io(#[from] std::io::Error),
+    /// A report could not be rendered or its plot written.
+    #[error("{0}")]
+    Output(String),
 }
 
 impl EnergyRangeArgs {
-    fn range(&self) -> Result<TimeRange, EnergyCliError> {
+    /// The range the flags give (default: the beginning .. now).
+    pub fn range(&self) -> Result<TimeRange, EnergyCliError> {
         let now = now_ms();
         let to = match &self.to {
             Some(t) => {

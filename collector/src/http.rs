@@ -68,6 +68,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::energy_api::routes())
         // Carbon intensity per region with forecast and the lowest window (issue 7).
         .merge(crate::carbon_api::routes())
+        // Reports per container / pod / job / node, and their plot (issue 7).
+        .merge(crate::report_api::routes())
         .fallback(not_found)
         .with_state(state)
 }

@@ -47,6 +47,8 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod rate_limit;
+pub mod report;
+pub mod report_api;
 pub mod rollups;
 pub mod server;
 pub mod sse;

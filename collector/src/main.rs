@@ -48,6 +48,9 @@ enum Command {
     CheckEnergy(EnergyRangeArgs),
     /// Rebuild the energy rollups of a range from raw samples (after a policy change).
     RecomputeEnergy(RecomputeArgs),
+    /// Print the energy / carbon report of a container, pod, Slurm job or node over a
+    /// range (table, JSON, YAML or CSV), optionally with its time-series plot (PNG).
+    Report(Box<gpufleet_collector::report::ReportArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +181,13 @@ fn main() -> anyhow::Result<()> {
         }
         Command::RecomputeEnergy(args) => {
             runtime.block_on(run_recompute(&args, &mut std::io::stdout().lock()))?;
+            Ok(())
+        }
+        Command::Report(args) => {
+            runtime.block_on(gpufleet_collector::report::run_report(
+                &args,
+                &mut std::io::stdout().lock(),
+            ))?;
             Ok(())
         }
     }

@@ -451,3 +451,37 @@ pub fn knob(name: &str, default: u32) -> u32 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// Calls the HTTP API in-process (no socket) with the clock fixed at `now`: the status,
+/// the content type and the body.
+pub async fn api_get(store: &Arc<dyn Store>, now: UnixMs, uri: &str) -> (u16, String, Vec<u8>) {
+    use tower::ServiceExt as _;
+    let state = gpufleet_collector::http::AppState {
+        store: Arc::clone(store),
+        live: Arc::new(gpufleet_collector::live::Live::new()),
+        metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
+        writer: None,
+        status: Default::default(),
+        clock: Arc::new(move || now),
+    };
+    let response = gpufleet_collector::http::app(state)
+        .oneshot(
+            axum::http::Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("response");
+    let status = response.status().as_u16();
+    let ctype = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+        .await
+        .expect("body");
+    (status, ctype, body.to_vec())
+}
