@@ -87,6 +87,10 @@ struct DemoArgs {
     /// dashboard's stale marking quickly).
     #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
     stale_after: Duration,
+    /// Simulated past written before the agents start (the same simulators, at the same
+    /// interval), so energy and carbon pages have figures at once; 0s for none.
+    #[arg(long, env = "GPUFLEET_HISTORY", default_value = "30m", value_parser = parse_duration, value_name = "DURATION")]
+    history: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -275,6 +279,7 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         gpus_per_node: args.gpus_per_node,
         interval: args.interval,
         seed: args.sim_seed,
+        history: args.history,
     };
     let default_status = StatusPolicy::default();
     let options = ServeOptions {

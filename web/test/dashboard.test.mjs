@@ -24,6 +24,8 @@ const GPUS_PER_NODE = 4;
 const CSP = "default-src 'self'";
 
 let demo;
+/** When the demo started: its simulated history (--history) ends here. */
+let demoStartMs;
 let agent;
 let http;
 let grpc;
@@ -58,9 +60,11 @@ function stop(child) {
 }
 
 before(async () => {
+  demoStartMs = Date.now();
   const d = startAndWait(`${bins}/gpufleet-collector`, [
     'demo', '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
     '--gpus-per-node', String(GPUS_PER_NODE), '--interval', '200ms', '--stale-after', '2s',
+    '--history', '3m',
   ], /^listening grpc=(\S+) http=(\S+)$/, 'gpufleet-collector demo');
   demo = d.child;
   const m = await d.found;
@@ -249,6 +253,160 @@ test('exposure warnings are shown as a banner; a loopback demo shows none', asyn
   } finally {
     stop(s.child);
   }
+});
+
+// ---- The energy page. Its range is two whole minutes of the demo's simulated history
+// (written before the collector started, accounted at start-up), so the figures are fixed
+// while the test compares them with the API.
+const MINUTE_MS = 60_000;
+function historyRange() {
+  const to = Math.floor(demoStartMs / MINUTE_MS) * MINUTE_MS - 1;
+  const from = to + 1 - 2 * MINUTE_MS;
+  return { from, to, query: `from=${new Date(from).toISOString()}&to=${new Date(to).toISOString()}` };
+}
+
+async function api(path) {
+  const r = await fetch(`${http}${path}`);
+  assert.equal(r.status, 200, `${path}: ${r.status}`);
+  return r.json();
+}
+
+/** The API's view of the history range, once the start-up accounting has produced it. */
+async function historyFigures(groupBy = 'container') {
+  const { from, to } = historyRange();
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const energy = await api(`/api/v1/energy?from=${from}&to=${to}`);
+    const rows = (await api(`/api/v1/containers?from=${from}&to=${to}&group_by=${groupBy}`)).rows;
+    if (energy.total.covered_seconds >= 2 * 60 * NODES.length * GPUS_PER_NODE * 0.99 || Date.now() > deadline) {
+      return { energy, rows };
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** What the energy table shows: [key, exact energy J, carbon cell text] per row, in order. */
+function tableRows(page) {
+  return page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), Number(tr.getAttribute('data-energy-j')),
+    tr.querySelector('[data-col=co2]')?.textContent ?? '']));
+}
+
+test('the energy page lists the demo\'s workloads with their energy, and its totals are the API\'s', async () => {
+  const { energy, rows } = await historyFigures();
+  assert.ok(energy.total.energy_j > 0, 'the history range has energy');
+  assert.ok(rows.filter((r) => r.key.startsWith('container:')).length >= 4, 'the demo runs containers');
+
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.click('#nav-energy');
+  await page.waitForURL(`${http}/energy`);
+  await page.locator('#energy-table').waitFor();
+  await page.goto(`${http}/energy?${historyRange().query}`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+
+  const shown = await tableRows(page);
+  assert.deepEqual(shown.map((r) => r[0]), rows.map((r) => r.key), 'one row per workload, biggest first');
+  for (const [key, j] of shown) {
+    assert.ok(j > 0, `${key} has energy`);
+    assert.equal(j, rows.find((r) => r.key === key).energy_j, `${key}: the API's joules`);
+  }
+  const names = await page.$$eval('#energy-table tbody tr[data-key^="container:"] td:first-child a', (as) => as.map((a) => a.textContent));
+  assert.ok(names.includes('pytorch') || names.length >= 4, `container names shown: ${names}`);
+
+  // Totals: the fleet's energy and shares are the API's; the table's sum is its rows' sum,
+  // and with idle and unattributed it makes up the fleet's energy (conservation).
+  const total = (k) => page.locator(`[data-total=${k}]`).getAttribute('data-value').then(Number);
+  assert.equal(await total('energy'), energy.total.energy_j);
+  assert.equal(await total('idle'), energy.total.idle_j);
+  assert.equal(await total('unattributed'), energy.total.unattributed_j);
+  const sum = Number(await page.locator('#energy-sum').getAttribute('data-energy-j'));
+  const apiSum = rows.reduce((a, r) => a + r.energy_j, 0);
+  assert.ok(Math.abs(sum - apiSum) < 1e-6, `table sum ${sum} == API rows ${apiSum}`);
+  assert.ok(Math.abs(apiSum + energy.total.idle_j + energy.total.unattributed_j - energy.total.energy_j) < 0.01);
+  assert.match(await page.locator('[data-total=energy] strong').innerText(), /^\d+\.\d+ kWh$/);
+
+  // Carbon: a number where the API has one, "n/a" where it has none (never 0).
+  for (const [key, , cell] of shown) {
+    const g = rows.find((r) => r.key === key).carbon_g;
+    if (typeof g === 'number') assert.match(cell, /^\d+(\.\d+)? k?g$/, `${key}: CO2 shown`);
+    else assert.equal(cell, 'n/a', `${key}: no carbon figure is n/a`);
+  }
+
+  // Sorting by a column reorders the rows and is kept in the URL.
+  await page.click('#energy-table th[data-sort=gpu_seconds]');
+  await page.waitForURL(/sort=gpu_seconds/);
+  const secs = await page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
+  const bySecs = [...rows].sort((a, b) => b.gpu_seconds - a.gpu_seconds || (a.key < b.key ? -1 : 1)).map((r) => r.key);
+  assert.deepEqual(secs, bySecs);
+  await page.context().close();
+});
+
+test('energy group-by changes the rows and is kept in the URL', async () => {
+  const page = await newPage();
+  const { query } = historyRange();
+  await page.goto(`${http}/energy?${query}`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  const before = (await tableRows(page)).map((r) => r[0]);
+
+  await page.selectOption('#group-by', 'namespace');
+  await page.waitForURL(/group_by=namespace/);
+  await page.locator('#energy-table[data-group-by=namespace] tbody tr[data-key]').first().waitFor();
+  const { rows } = await historyFigures('namespace');
+  const after = (await tableRows(page)).map((r) => r[0]);
+  assert.deepEqual(after, rows.map((r) => r.key));
+  assert.ok(after.every((k) => k.startsWith('namespace:')), `namespace rows: ${after}`);
+  assert.notDeepEqual(after, before);
+
+  // Kept across a reload; and per node the rows are the fleet's nodes.
+  await page.reload();
+  await page.locator('#energy-table[data-group-by=namespace] tbody tr[data-key]').first().waitFor();
+  assert.equal(await page.locator('#group-by').inputValue(), 'namespace');
+  await page.selectOption('#group-by', 'node');
+  await page.waitForURL(/group_by=node/);
+  await page.locator('#energy-table[data-group-by=node] tbody tr[data-key]').first().waitFor();
+  const nodes = (await tableRows(page)).map((r) => r[0]).sort();
+  assert.deepEqual(nodes, NODES.map((n) => `node:${n}`));
+  await page.context().close();
+});
+
+test('a workload\'s detail shows its energy per minute', async () => {
+  const page = await newPage();
+  const { from, to, query } = historyRange();
+  await page.goto(`${http}/energy?${query}`);
+  const row = page.locator('#energy-table tbody tr[data-key^="container:"]').first();
+  await row.waitFor({ timeout: 10_000 });
+  const key = await row.getAttribute('data-key');
+  await row.locator('td').nth(2).click();
+  await page.waitForURL((u) => new URL(u).searchParams.get('workload') === key);
+  const chart = page.locator('#workload-detail .panel[data-title="energy per minute"]');
+  await chart.locator('canvas').waitFor();
+  await page.waitForFunction(() => Number(document.querySelector('#workload-detail .panel[data-title="energy per minute"]')?.getAttribute('data-points')) > 0);
+  const detail = await api(`/api/v1/containers/${encodeURIComponent(key)}?from=${from}&to=${to}`);
+  assert.equal(Number(await chart.getAttribute('data-points')), detail.series.length);
+  assert.ok(detail.series.length >= 2, 'two minutes of history');
+  // The selected workload is part of the URL: a reload shows it again.
+  await page.reload();
+  await page.locator('#workload-detail .panel[data-title="energy per minute"][data-points]').waitFor();
+  await page.screenshot({ path: `${shots}/energy.png`, fullPage: true });
+  await page.context().close();
+});
+
+test('the GPU and node pages show energy and CO2 beside each other', async () => {
+  const page = await newPage();
+  const { query } = historyRange();
+  await page.goto(`${http}/node/${NODES[0]}?${query}`);
+  await page.waitForFunction(() => /kWh$/.test(document.querySelector('#gpu-table tbody tr [data-col=energy]')?.textContent ?? ''));
+  const co2Cells = await page.$$eval('#gpu-table tbody [data-col=co2]', (tds) => tds.map((t) => t.textContent));
+  assert.equal(co2Cells.length, GPUS_PER_NODE);
+  for (const c of co2Cells) assert.match(c, /^(n\/a|\d+(\.\d+)? k?g)$/);
+  await page.click('#gpu-table tbody tr:first-child a');
+  await page.waitForURL(/\/gpu\/GPU-/);
+  const row = page.locator('#gpu-energy');
+  await row.waitFor({ timeout: 10_000 });
+  assert.match(await row.locator('[data-col=energy]').innerText(), /kWh$/);
+  assert.match(await row.locator('[data-col=co2]').innerText(), /^(n\/a|\d+(\.\d+)? k?g)$/);
+  await page.context().close();
 });
 
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
