@@ -10,10 +10,15 @@
 //! covers the minutes that start in it (the one holding `from` included). Energy is given
 //! exactly (`energy_mj`) and as `energy_j` / `energy_kwh`; `method` says how much of it
 //! the energy counter measured and how much was integrated from power.
+//!
+//! Carbon (issue 7) sits beside every energy figure: `carbon_g` (null when none of the
+//! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
+//! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::energy::{MINUTE_MS, minute_of};
 use crate::http::{ApiError, AppState};
 use crate::store::TimeRange;
+use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuEnergy, WorkloadEnergy};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -169,7 +174,48 @@ struct ContainerRow {
     split: SplitMix,
     first_minute: String,
     last_minute: String,
+    /// gCO2 of the priced energy; `null` when none of it has a price.
+    carbon_g: Option<f64>,
+    carbon: CarbonView,
 }
+
+/// Where a carbon figure came from.
+#[derive(Debug, Default, Serialize)]
+pub struct CarbonView {
+    /// Energy-weighted average intensity used (gCO2/kWh, before PUE).
+    avg_g_per_kwh: Option<f64>,
+    /// Share of the energy that has a price (0..1); the rest is `unpriced_j`.
+    priced_share: Option<f64>,
+    /// Share of the priced energy priced with a forecast intensity.
+    forecast_share: Option<f64>,
+    /// Share of the priced energy priced with an estimate (provider unreachable: last
+    /// known intensity or the configured default; or the provider's own estimate).
+    estimated_share: Option<f64>,
+    /// Energy without a price yet.
+    unpriced_j: f64,
+    /// `provider:region:factor_type` of the intensities used.
+    sources: Vec<String>,
+}
+
+/// The carbon figures of `energy_mj` of which `c` is priced.
+pub fn carbon_view(energy_mj: u64, c: &CarbonTotals) -> (Option<f64>, CarbonView) {
+    let share = |part: u64, whole: u64| (whole > 0).then(|| part as f64 / whole as f64);
+    let carbon_g = (c.priced_mj > 0 || !c.sources.is_empty()).then_some(c.carbon_g);
+    (
+        carbon_g,
+        CarbonView {
+            avg_g_per_kwh: c.avg_g_per_kwh(),
+            priced_share: share(c.priced_mj.min(energy_mj), energy_mj),
+            forecast_share: share(c.forecast_mj, c.priced_mj),
+            estimated_share: share(c.estimated_mj, c.priced_mj),
+            unpriced_j: j(energy_mj.saturating_sub(c.priced_mj)),
+            sources: c.sources.clone(),
+        },
+    )
+}
+
+/// Carbon per (workload key, GPU UUID).
+type WorkloadCarbonMap = BTreeMap<(String, String), CarbonTotals>;
 
 #[derive(Default)]
 struct Acc {
@@ -188,6 +234,7 @@ struct Acc {
     equal_ms: i64,
     first: UnixMs,
     last: UnixMs,
+    carbon: CarbonTotals,
 }
 
 fn j(mj: u64) -> f64 {
@@ -198,7 +245,7 @@ fn kwh(mj: u64) -> f64 {
     mj as f64 / 3.6e9
 }
 
-fn group(rows: Vec<WorkloadEnergy>, by: GroupBy) -> Vec<ContainerRow> {
+fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> Vec<ContainerRow> {
     let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
     for r in rows {
         let a = groups.entry(by.key(&r.workload)).or_insert_with(|| Acc {
@@ -206,6 +253,9 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy) -> Vec<ContainerRow> {
             last: i64::MIN,
             ..Default::default()
         });
+        if let Some(c) = carbon.get(&(r.workload.key(), r.gpu_uuid.clone())) {
+            a.carbon.add(c);
+        }
         a.workloads.insert(r.workload.key());
         a.identity.get_or_insert_with(|| r.workload.clone());
         a.nodes.insert(r.node_name.clone());
@@ -229,29 +279,34 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy) -> Vec<ContainerRow> {
     }
     let mut out: Vec<ContainerRow> = groups
         .into_iter()
-        .map(|(key, a)| ContainerRow {
-            key,
-            identity: a.identity.unwrap_or_default(),
-            workloads: a.workloads.into_iter().collect(),
-            nodes: a.nodes.into_iter().collect(),
-            gpus: a.gpus.into_values().collect(),
-            energy_mj: a.energy_mj,
-            energy_j: j(a.energy_mj),
-            energy_kwh: kwh(a.energy_mj),
-            idle_j: j(a.idle_mj),
-            gpu_seconds: a.gpu_ms as f64 / 1000.0,
-            avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
-            method: MethodMix {
-                counter_j: j(a.counter_mj),
-                trapezoid_j: j(a.trapezoid_mj),
-            },
-            split: SplitMix {
-                sm_s: a.sm_ms as f64 / 1000.0,
-                memory_s: a.memory_ms as f64 / 1000.0,
-                equal_s: a.equal_ms as f64 / 1000.0,
-            },
-            first_minute: format_time(a.first),
-            last_minute: format_time(a.last + MINUTE_MS),
+        .map(|(key, a)| {
+            let (carbon_g, carbon) = carbon_view(a.energy_mj, &a.carbon);
+            ContainerRow {
+                key,
+                identity: a.identity.unwrap_or_default(),
+                workloads: a.workloads.into_iter().collect(),
+                nodes: a.nodes.into_iter().collect(),
+                gpus: a.gpus.into_values().collect(),
+                energy_mj: a.energy_mj,
+                energy_j: j(a.energy_mj),
+                energy_kwh: kwh(a.energy_mj),
+                idle_j: j(a.idle_mj),
+                gpu_seconds: a.gpu_ms as f64 / 1000.0,
+                avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
+                method: MethodMix {
+                    counter_j: j(a.counter_mj),
+                    trapezoid_j: j(a.trapezoid_mj),
+                },
+                split: SplitMix {
+                    sm_s: a.sm_ms as f64 / 1000.0,
+                    memory_s: a.memory_ms as f64 / 1000.0,
+                    equal_s: a.equal_ms as f64 / 1000.0,
+                },
+                first_minute: format_time(a.first),
+                last_minute: format_time(a.last + MINUTE_MS),
+                carbon_g,
+                carbon,
+            }
         })
         .collect();
     // Biggest spenders first.
@@ -277,13 +332,14 @@ async fn containers(
     let r = range(&st, &p)?;
     let by = GroupBy::parse(p.group_by.as_deref())?;
     let rows = st.store.workload_energy(r, p.node.as_deref(), None).await?;
+    let carbon = workload_carbon(&st, r, p.node.as_deref(), None).await?;
     Ok(Json(ContainersView {
         from: format_time(r.from_ms),
         to: format_time(r.to_ms),
         from_ms: r.from_ms,
         to_ms: r.to_ms,
         group_by: by.as_str(),
-        rows: group(rows, by),
+        rows: group(rows, by, &carbon),
     }))
 }
 
@@ -315,7 +371,8 @@ async fn container(
     let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
     let r = range(&st, &p)?;
     let rows = st.store.workload_energy(r, None, Some(&key)).await?;
-    let row = group(rows, GroupBy::Container)
+    let carbon = workload_carbon(&st, r, None, Some(&key)).await?;
+    let row = group(rows, GroupBy::Container, &carbon)
         .into_iter()
         .next()
         .ok_or_else(|| {
@@ -365,12 +422,37 @@ struct EnergyTotals {
     /// Average power over the measured time; `null` without any.
     avg_power_w: Option<f64>,
     method: MethodMix,
+    /// gCO2 of the priced energy; `null` when none of it has a price.
+    carbon_g: Option<f64>,
+    carbon: CarbonView,
 }
 
-fn totals<'a>(gpus: impl IntoIterator<Item = &'a GpuEnergy>) -> EnergyTotals {
+async fn workload_carbon(
+    st: &AppState,
+    r: TimeRange,
+    node: Option<&str>,
+    key: Option<&str>,
+) -> Result<WorkloadCarbonMap, ApiError> {
+    Ok(st
+        .store
+        .workload_carbon(r, node, key)
+        .await?
+        .into_iter()
+        .map(|c| ((c.workload_key, c.gpu_uuid), c.totals))
+        .collect())
+}
+
+fn totals<'a>(
+    gpus: impl IntoIterator<Item = &'a GpuEnergy>,
+    carbon: &BTreeMap<String, CarbonTotals>,
+) -> EnergyTotals {
+    let mut ct = CarbonTotals::default();
     let (mut e, mut at, mut id, mut un, mut cov, mut mis, mut c, mut t) =
         (0u64, 0u64, 0u64, 0u64, 0i64, 0i64, 0u64, 0u64);
     for g in gpus {
+        if let Some(c) = carbon.get(&g.uuid) {
+            ct.add(c);
+        }
         e += g.energy_mj;
         at += g.attributed_mj;
         id += g.idle_mj;
@@ -380,7 +462,10 @@ fn totals<'a>(gpus: impl IntoIterator<Item = &'a GpuEnergy>) -> EnergyTotals {
         c += g.counter_mj;
         t += g.trapezoid_mj;
     }
+    let (carbon_g, carbon) = carbon_view(e, &ct);
     EnergyTotals {
+        carbon_g,
+        carbon,
         energy_mj: e,
         energy_j: j(e),
         energy_kwh: kwh(e),
@@ -430,6 +515,13 @@ async fn energy(
     if let Some(node) = &p.node {
         gpus.retain(|g| &g.node_name == node);
     }
+    let carbon: BTreeMap<String, CarbonTotals> = st
+        .store
+        .gpu_carbon(r)
+        .await?
+        .into_iter()
+        .map(|c| (c.uuid, c.totals))
+        .collect();
     let mut by_node: BTreeMap<String, Vec<&GpuEnergy>> = BTreeMap::new();
     for g in &gpus {
         by_node.entry(g.node_name.clone()).or_default().push(g);
@@ -439,8 +531,11 @@ async fn energy(
         to: format_time(r.to_ms),
         from_ms: r.from_ms,
         to_ms: r.to_ms,
-        total: totals(&gpus),
-        nodes: by_node.into_iter().map(|(n, gs)| (n, totals(gs))).collect(),
+        total: totals(&gpus, &carbon),
+        nodes: by_node
+            .into_iter()
+            .map(|(n, gs)| (n, totals(gs, &carbon)))
+            .collect(),
         gpus: gpus
             .iter()
             .map(|g| GpuEnergyView {
@@ -448,7 +543,7 @@ async fn energy(
                 uuid: g.uuid.clone(),
                 index: g.index,
                 name: g.name.clone(),
-                totals: totals([g]),
+                totals: totals([g], &carbon),
             })
             .collect(),
     }))

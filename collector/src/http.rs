@@ -65,6 +65,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::dashboard::routes())
         // Energy per container / pod / job / user, per GPU, fleet totals (issue 6).
         .merge(crate::energy_api::routes())
+        // Carbon intensity per region with forecast and the lowest window (issue 7).
+        .merge(crate::carbon_api::routes())
         .fallback(not_found)
         .with_state(state)
 }

@@ -26,6 +26,8 @@
 //!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
 pub mod accountant;
+pub mod carbon;
+pub mod carbon_api;
 pub mod certs;
 pub mod conn_limit;
 pub mod dashboard;

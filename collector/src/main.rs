@@ -137,10 +137,13 @@ struct ServeArgs {
     debug_write_delay_per_row: Option<Duration>,
     #[command(flatten)]
     energy: EnergyArgs,
+    #[command(flatten)]
+    carbon: gpufleet_carbon::CarbonArgs,
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = args_with_config_file(std::env::args_os().collect(), &Cli::command())?;
+    let raw_args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args = args_with_config_file(raw_args.clone(), &Cli::command())?;
     let cli = Cli::parse_from(args);
     init_tracing("info");
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -148,7 +151,11 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(run_serve(*args)),
+        Command::Serve(args) => {
+            // The config file's `[carbon]` table: per-node / per-label overrides.
+            let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
+            runtime.block_on(run_serve(*args, file))
+        }
         Command::Demo(args) => runtime.block_on(run_demo(args)),
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
@@ -171,7 +178,11 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+async fn run_serve(
+    args: ServeArgs,
+    carbon_file: gpufleet_carbon::config::CarbonFile,
+) -> anyhow::Result<()> {
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
     if args.offline_after < args.stale_after {
         anyhow::bail!(
             "--offline-after ({}) must not be shorter than --stale-after ({})",
@@ -217,6 +228,10 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
         energy: args.energy.options(),
+        carbon: gpufleet_collector::carbon::CarbonOptions {
+            config: std::sync::Arc::new(carbon),
+            ..Default::default()
+        },
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;

@@ -48,6 +48,8 @@ pub struct ServeOptions {
     pub limits: crate::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
     pub energy: EnergyOptions,
+    /// Carbon accounting: providers, regions, PUE ([`crate::carbon`]).
+    pub carbon: crate::carbon::CarbonOptions,
 }
 
 impl Default for ServeOptions {
@@ -63,6 +65,7 @@ impl Default for ServeOptions {
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
             limits: crate::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
+            carbon: crate::carbon::CarbonOptions::default(),
         }
     }
 }
@@ -149,6 +152,12 @@ pub async fn serve_with_store(
         Arc::clone(&store),
         Arc::clone(&live),
         options.energy.clone(),
+        system_clock(),
+        accountant_stop.clone(),
+    );
+    let carbon_task = crate::carbon::spawn(
+        Arc::clone(&store),
+        options.carbon.clone(),
         system_clock(),
         accountant_stop.clone(),
     );
@@ -281,6 +290,9 @@ pub async fn serve_with_store(
         warn!(error = %e, "the writer task ended abnormally");
     }
     accountant_stop.cancel();
+    if let Err(e) = carbon_task.await {
+        warn!(error = %e, "the carbon task ended abnormally");
+    }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");
     }

@@ -77,6 +77,8 @@ pub fn args_with_config_file(
     let mut settings: Vec<(String, toml::Value)> = Vec::new();
     for (key, value) in table {
         match value {
+            // Structured sections are read by their owners (`config_file_section`).
+            toml::Value::Table(_) if SECTIONS.contains(&key.as_str()) => {}
             toml::Value::Table(t) if cmd.find_subcommand(&key).is_some() => {
                 if key == sub_name {
                     settings.extend(t);
@@ -141,6 +143,34 @@ pub fn args_with_config_file(
     out.extend(inserted);
     out.extend(tail);
     Ok(out)
+}
+
+/// Top-level tables of the config file that are not flags: settings with structure (lists
+/// of per-node overrides), read with [`config_file_section`] by the code that owns them.
+pub const SECTIONS: &[&str] = &["carbon"];
+
+/// The top-level table `name` (one of [`SECTIONS`]) of the config file named by `--config`
+/// or `GPUFLEET_CONFIG`; `None` without a file or without that table.
+pub fn config_file_section(
+    args: &[OsString],
+    name: &str,
+) -> Result<Option<toml::Value>, ConfigError> {
+    let strs: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let Some(path) = config_path(&strs) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.clone(),
+        source: Box::new(source),
+    })?;
+    Ok(table.remove(name))
 }
 
 fn config_path(args: &[String]) -> Option<PathBuf> {
@@ -308,6 +338,36 @@ mod tests {
         assert!(
             err.contains("unknown key `dbb`") && err.contains("http_listen"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn sections_are_skipped_by_flags_and_read_by_their_owner() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "db = \"sqlite://f.db\"\n[[carbon.nodes]]\nnode = \"a\"\ng_per_kwh = 5\n",
+        )
+        .expect("write");
+        let args: Vec<OsString> = vec![
+            "bin".into(),
+            "serve".into(),
+            "--config".into(),
+            path.as_os_str().to_owned(),
+        ];
+        use clap::CommandFactory;
+        let with = args_with_config_file(args.clone(), &Cli::command()).expect("carbon skipped");
+        let Cmd::Serve { db, .. } = Cli::try_parse_from(with).expect("parses").cmd;
+        assert_eq!(db, "sqlite://f.db");
+        let carbon = config_file_section(&args, "carbon")
+            .expect("reads")
+            .expect("has [carbon]");
+        assert_eq!(carbon["nodes"][0]["node"].as_str(), Some("a"));
+        assert!(
+            config_file_section(&args, "other")
+                .expect("reads")
+                .is_none()
         );
     }
 

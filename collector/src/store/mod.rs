@@ -12,6 +12,7 @@
 //! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
+pub mod carbon;
 pub mod energy;
 pub mod sqlite;
 
@@ -496,6 +497,64 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
+
+    // ---- carbon (issue 7)
+
+    /// Caches intensity slots (key: provider, region, slot start). An existing actual is
+    /// never replaced by a forecast; otherwise the newer fetch wins.
+    async fn upsert_intensity(
+        &self,
+        slots: &[gpufleet_carbon::IntensitySlot],
+    ) -> Result<(), StoreError>;
+
+    /// Cached slots of a provider and region overlapping `range`, oldest first.
+    async fn intensity_slots(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        range: TimeRange,
+    ) -> Result<Vec<gpufleet_carbon::IntensitySlot>, StoreError>;
+
+    /// The newest cached slot of a provider and region starting at or before `at_ms`.
+    async fn last_intensity_before(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        at_ms: UnixMs,
+    ) -> Result<Option<gpufleet_carbon::IntensitySlot>, StoreError>;
+
+    /// Energy minutes from `since_ms` on that need pricing: no price, a price of other
+    /// energy, or a forecast / estimated price. Oldest first, at most `limit`.
+    async fn pending_carbon_minutes(
+        &self,
+        since_ms: UnixMs,
+        limit: usize,
+    ) -> Result<Vec<carbon::PendingCarbonMinute>, StoreError>;
+
+    /// Writes (replaces) prices of GPU-minutes, in one transaction.
+    async fn replace_carbon_minutes(
+        &self,
+        minutes: &[carbon::CarbonMinute],
+    ) -> Result<(), StoreError>;
+
+    /// Stored prices in `range`, of one GPU or all, by GPU then minute.
+    async fn carbon_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<carbon::CarbonMinute>, StoreError>;
+
+    /// Carbon per (workload, GPU) over the minutes in `range`: each workload-minute's
+    /// energy priced at its GPU-minute's intensity and PUE. Filters as `workload_energy`.
+    async fn workload_carbon(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<carbon::WorkloadCarbon>, StoreError>;
+
+    /// Carbon per GPU over the minutes in `range` (GPUs with priced minutes only).
+    async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<carbon::GpuCarbon>, StoreError>;
 }
 
 /// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.

@@ -53,6 +53,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent tokens",
         include_str!("../../../migrations/sqlite/0009_agent_tokens.sql"),
     ),
+    (
+        10,
+        "carbon",
+        include_str!("../../../migrations/sqlite/0010_carbon.sql"),
+    ),
 ];
 
 /// SQLite's default limit on bound parameters per statement (SQLITE_MAX_VARIABLE_NUMBER).
@@ -64,6 +69,7 @@ const MAX_ROWS_PER_STATEMENT: usize = 512;
 /// then fetched again by the next upsert, so clearing only costs a few statements).
 const WORKLOAD_CACHE_MAX: usize = 50_000;
 
+mod carbon;
 mod energy;
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
@@ -751,6 +757,72 @@ impl Store for SqliteStore {
         range: TimeRange,
     ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
         energy::gpu_energy(&self.pool, range).await
+    }
+
+    // ---- carbon (issue 7)
+
+    async fn upsert_intensity(
+        &self,
+        slots: &[gpufleet_carbon::IntensitySlot],
+    ) -> Result<(), StoreError> {
+        carbon::upsert_intensity(&self.pool, slots).await
+    }
+
+    async fn intensity_slots(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        range: TimeRange,
+    ) -> Result<Vec<gpufleet_carbon::IntensitySlot>, StoreError> {
+        carbon::intensity_slots(&self.pool, provider, region, range).await
+    }
+
+    async fn last_intensity_before(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        at_ms: UnixMs,
+    ) -> Result<Option<gpufleet_carbon::IntensitySlot>, StoreError> {
+        carbon::last_intensity_before(&self.pool, provider, region, at_ms).await
+    }
+
+    async fn pending_carbon_minutes(
+        &self,
+        since_ms: UnixMs,
+        limit: usize,
+    ) -> Result<Vec<super::carbon::PendingCarbonMinute>, StoreError> {
+        carbon::pending_carbon_minutes(&self.pool, since_ms, limit).await
+    }
+
+    async fn replace_carbon_minutes(
+        &self,
+        minutes: &[super::carbon::CarbonMinute],
+    ) -> Result<(), StoreError> {
+        carbon::replace_carbon_minutes(&self.pool, minutes).await
+    }
+
+    async fn carbon_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<super::carbon::CarbonMinute>, StoreError> {
+        carbon::carbon_minutes(&self.pool, gpu, range).await
+    }
+
+    async fn workload_carbon(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<super::carbon::WorkloadCarbon>, StoreError> {
+        carbon::workload_carbon(&self.pool, range, node, workload_key).await
+    }
+
+    async fn gpu_carbon(
+        &self,
+        range: TimeRange,
+    ) -> Result<Vec<super::carbon::GpuCarbon>, StoreError> {
+        carbon::gpu_carbon(&self.pool, range).await
     }
 }
 
