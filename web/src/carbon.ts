@@ -6,12 +6,17 @@ import { el, NA } from './dom';
 export interface CarbonFields {
   carbon_g?: number | null;
   carbon?: {
-    /** Share (0..1) of the energy priced with a forecast intensity. */
+    /** Energy-weighted average intensity used (gCO2/kWh, before PUE). */
+    avg_g_per_kwh?: number | null;
+    /** Share (0..1) of the energy that has a price; the rest is `unpriced_j`. */
+    priced_share?: number | null;
+    /** Share (0..1) of the priced energy priced with a forecast intensity. */
     forecast_share?: number | null;
-    /** Share (0..1) priced with a fallback (provider unreachable: last known / default). */
+    /** Share (0..1) priced with an estimate (provider unreachable: last known / default). */
     estimated_share?: number | null;
-    sources?: { source: string; region: string }[];
-    [k: string]: unknown;
+    unpriced_j?: number;
+    /** `provider:region:factor_type` of the intensities used. */
+    sources?: string[];
   } | null;
   [k: string]: unknown;
 }
@@ -50,12 +55,35 @@ export function provenanceMarks(x: CarbonFields | null | undefined): HTMLElement
   if (f !== null) {
     marks.push(el('span', { class: 'mark forecast', 'data-mark': 'forecast', title: `${Math.round(f * 100)}% priced with a forecast intensity` }, 'forecast'));
   }
+  const p = c?.priced_share;
+  if (carbonG(x) !== null && typeof p === 'number' && p < 0.9995) {
+    marks.push(el('span', { class: 'mark partial', 'data-mark': 'partial', title: `CO2 of ${Math.round(p * 100)}% of the energy: the rest is not priced yet (minutes are priced shortly after they are accounted)` }, 'partly priced'));
+  }
   return marks;
 }
 
-/** "uk/13, static/lab" from the sources of a figure; null when none. */
-export function sourcesText(x: CarbonFields | null | undefined): string | null {
+/** A source of intensities: `provider:region:factor_type` split. */
+export interface Source {
+  provider: string;
+  region: string;
+  factorType: string;
+}
+
+export function sources(x: CarbonFields | null | undefined): Source[] {
   const s = x?.carbon?.sources;
-  if (!Array.isArray(s) || s.length === 0) return null;
-  return s.map((v) => `${v.source}${v.region ? '/' + v.region : ''}`).join(', ');
+  if (!Array.isArray(s)) return [];
+  return s.filter((v): v is string => typeof v === 'string').map((v) => {
+    const [provider, ...rest] = v.split(':');
+    const factorType = rest.length > 1 ? (rest.pop() as string) : '';
+    return { provider, region: rest.join(':'), factorType };
+  });
+}
+
+/** "uk 13 (direct), static demo (direct)" and the average intensity; null without sources. */
+export function sourcesText(x: CarbonFields | null | undefined): string | null {
+  const s = sources(x);
+  if (s.length === 0) return null;
+  const avg = x?.carbon?.avg_g_per_kwh;
+  return s.map((v) => `${v.provider} ${v.region}${v.factorType ? ` (${v.factorType})` : ''}`).join(', ') +
+    (typeof avg === 'number' ? ` · average ${Math.round(avg)} gCO2/kWh` : '');
 }

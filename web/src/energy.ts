@@ -223,6 +223,7 @@ function totalsBox(t: EnergyTotals, r: Range): HTMLElement {
   return el('div', { class: 'energy-totals', id: 'energy-totals' },
     item('energy', `energy ${when}`, kwh(t.energy_kwh), undefined, t.energy_j),
     item('co2', 'CO2', co2(carbonG(t)), sourcesText(t) ?? undefined, carbonG(t)),
+    item('intensity', 'average intensity', t.carbon?.avg_g_per_kwh == null ? NA : `${Math.round(t.carbon.avg_g_per_kwh)} g/kWh`, sourcesText(t) ?? undefined, t.carbon?.avg_g_per_kwh),
     item('gpu-hours', 'GPU-hours measured', num(t.covered_seconds / 3600, 2)),
     item('avg-power', 'average power per GPU', t.avg_power_w === null ? NA : `${t.avg_power_w.toFixed(0)} W`),
     item('idle', 'idle', share(t.idle_j, t.energy_j), `${(t.idle_j / 3.6e6).toFixed(4)} kWh on GPUs with no process (or idle under policy separate)`, t.idle_j),
@@ -295,16 +296,17 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     detail.append(el('p', { class: 'muted' },
       `${kwh(row.energyKwh)} · CO2 ${co2(carbonG(row))} · ${duration(row.gpuSeconds)} of GPU time · `,
       `${gpus.length} GPU${gpus.length === 1 ? '' : 's'}: ${gpus.join(', ') || NA}`));
-    const energyChart = new Chart({ title: 'energy per minute', unit: 'Wh', series: [{ label: 'energy' }], fmt: (v) => `${v.toFixed(2)} Wh`, height: 200 });
-    const carbonChart = new Chart({ title: 'CO2 per minute', unit: 'g', series: [{ label: 'CO2' }], fmt: (v) => `${v.toFixed(2)} g`, height: 200, sync: undefined });
-    detailChart = [energyChart, carbonChart];
-    detail.append(el('div', { class: 'panels' }, energyChart.root, carbonChart.root));
-    energyChart.mount();
-    carbonChart.mount();
-    energyChart.setData(xs, [xs.map((x) => (byMinute.get(x) as { e: number }).e / 3600)]);
     const cs = xs.map((x) => (byMinute.get(x) as { c: number | null }).c);
-    carbonChart.setData(xs, [cs]);
-    if (cs.every((c) => c === null)) carbonChart.root.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: no carbon intensity for this workload's nodes`));
+    const energyChart = new Chart({ title: 'energy per minute', unit: 'Wh', series: [{ label: 'energy' }], fmt: (v) => `${v.toFixed(2)} Wh`, height: 200 });
+    // CO2 per minute where the API gives it per minute (the row's total is above).
+    const carbonChart = cs.some((c) => c !== null)
+      ? new Chart({ title: 'CO2 per minute', unit: 'g', series: [{ label: 'CO2' }], fmt: (v) => `${v.toFixed(2)} g`, height: 200 })
+      : null;
+    detailChart = carbonChart ? [energyChart, carbonChart] : [energyChart];
+    detail.append(el('div', { class: 'panels' }, ...detailChart.map((c) => c.root)));
+    for (const c of detailChart) c.mount();
+    energyChart.setData(xs, [xs.map((x) => (byMinute.get(x) as { e: number }).e / 3600)]);
+    carbonChart?.setData(xs, [cs]);
   };
 
   const renderTable = (): void => {
@@ -357,7 +359,7 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     table.append(el('thead', {}, head), body, foot);
   };
 
-  const intensity = await intensitySection(r);
+  const intensity = await intensitySection(r, energy.total);
   const conn = document.getElementById('conn');
   if (conn) {
     conn.textContent = '';

@@ -1,7 +1,8 @@
 // The carbon intensity of each region the fleet's nodes are in, over the range and the
 // next 24 h: measured / provider-actual slots as a solid line, forecast slots dashed, and
 // the lowest-intensity window ahead where a forecast exists.
-import { getJson } from './api';
+import { enc, getJson } from './api';
+import { sources, type CarbonFields } from './carbon';
 import { Chart } from './chart';
 import { el, NA } from './dom';
 import type { Range } from './range';
@@ -16,10 +17,10 @@ export interface IntensitySlot {
   estimated?: boolean;
 }
 
+/** /api/v1/carbon/intensity's answer. */
 export interface RegionIntensity {
+  provider: string | null;
   region: string;
-  source: string;
-  nodes?: string[];
   slots: IntensitySlot[];
   /** The lowest-intensity window in the next 24 h (a forecast exists), else null. */
   lowest_window?: { from_ms: number; to_ms: number; avg_g_per_kwh: number } | null;
@@ -60,53 +61,71 @@ export interface Section {
   destroy: () => void;
 }
 
-export async function intensitySection(r: Range): Promise<Section> {
+const none: Omit<Section, 'root'> = { mount: () => {}, destroy: () => {} };
+
+/** The regions whose intensities priced the fleet's energy (`fleet`: /api/v1/energy's
+ * total): a curve for providers with a time series (uk, electricitymaps), a line of text
+ * for local figures (static, csv). */
+export async function intensitySection(r: Range, fleet: CarbonFields): Promise<Section> {
   const box = el('section', { id: 'intensity', class: 'intensity' }, el('h3', {}, 'Carbon intensity by region'));
-  let regions: RegionIntensity[] | null = null;
-  try {
-    const to = Math.max(r.toMs, Date.now()) + 24 * HOUR_MS;
-    regions = (await getJson<{ regions: RegionIntensity[] }>(`/api/v1/carbon/intensity?from=${r.fromMs}&to=${to}`)).regions;
-  } catch (e) {
-    box.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: no carbon intensity available (${e instanceof Error ? e.message : String(e)})`));
-    return { root: box, mount: () => {}, destroy: () => {} };
+  const used = sources(fleet);
+  if (used.length === 0) {
+    box.append(el('p', { class: 'muted', 'data-na': '' },
+      `${NA}: no energy in this range was priced with a carbon intensity (no provider configured, or not priced yet)`));
+    return { root: box, ...none };
   }
-  if (regions.length === 0) {
-    box.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: no carbon-intensity provider is configured`));
-    return { root: box, mount: () => {}, destroy: () => {} };
-  }
+  const now = Date.now();
+  const from = Math.min(r.fromMs, now - 24 * HOUR_MS);
+  const to = now + 24 * HOUR_MS;
   const grid = el('div', { class: 'panels' });
   box.append(grid);
-  const charts: Chart[] = [];
-  for (const reg of regions) {
+  const drawn: [Chart, RegionIntensity][] = [];
+  const seen = new Set<string>();
+  for (const s of used) {
+    const id = `${s.provider}:${s.region}`;
+    if (seen.has(id)) continue;
+    seen.add(id);
+    if (s.provider !== 'uk' && s.provider !== 'electricitymaps') {
+      grid.append(el('section', { class: 'panel', 'data-region': s.region, 'data-provider': s.provider },
+        el('h3', {}, `${s.region} (${s.provider})`),
+        el('p', { class: 'muted' }, `${s.provider === 'static' ? 'a fixed figure' : 'a local CSV series'} (${s.factorType || 'direct'}): no provider curve or forecast`)));
+      continue;
+    }
+    let reg: RegionIntensity;
+    try {
+      reg = await getJson<RegionIntensity>(`/api/v1/carbon/intensity?region=${enc(s.region)}&provider=${enc(s.provider)}&from=${from}&to=${to}`);
+    } catch (e) {
+      grid.append(el('section', { class: 'panel', 'data-region': s.region },
+        el('h3', {}, `${s.region} (${s.provider})`), el('p', { class: 'error' }, String(e))));
+      continue;
+    }
     const chart = new Chart({
-      title: `${reg.region} (${reg.source})`,
+      title: `${reg.region} (${s.provider})`,
       unit: 'gCO2/kWh',
       series: [{ label: 'actual', color: '#2e7d32' }, { label: 'forecast', color: '#8e8e93' }],
       fmt: (v) => `${Math.round(v)} g/kWh`,
       height: 160,
       dashed: [false, true],
-      now: Date.now(),
+      now,
     });
     chart.root.dataset.region = reg.region;
+    chart.root.dataset.provider = s.provider;
     const w = reg.lowest_window;
-    const hint = w
+    chart.root.append(w
       ? el('p', { class: 'hint', 'data-lowest': '' },
         `lowest in the next 24 h: ${hhmm(w.from_ms)}–${hhmm(w.to_ms)}, ${Math.round(w.avg_g_per_kwh)} g/kWh on average`)
-      : el('p', { class: 'muted' }, 'no forecast for this region: no lowest-intensity hint');
-    if (reg.nodes?.length) chart.root.append(el('p', { class: 'muted' }, `nodes: ${reg.nodes.join(', ')}`));
-    chart.root.append(hint);
+      : el('p', { class: 'muted' }, 'no forecast for the next 24 h: no lowest-intensity hint'));
     grid.append(chart.root);
-    charts.push(chart);
+    drawn.push([chart, reg]);
   }
-  const list = regions;
   return {
     root: box,
-    mount: () => list.forEach((reg, i) => {
-      charts[i].mount();
-      const s = splitSeries(reg.slots);
-      charts[i].setData(s.xs, [s.actual, s.forecast]);
-      charts[i].root.dataset.forecastPoints = String(s.forecast.filter((v) => v !== null).length);
+    mount: () => drawn.forEach(([chart, reg]) => {
+      chart.mount();
+      const sp = splitSeries(reg.slots);
+      chart.setData(sp.xs, [sp.actual, sp.forecast]);
+      chart.root.dataset.forecastPoints = String(sp.forecast.filter((v) => v !== null).length);
     }),
-    destroy: () => charts.forEach((c) => c.destroy()),
+    destroy: () => drawn.forEach(([c]) => c.destroy()),
   };
 }

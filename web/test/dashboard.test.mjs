@@ -8,7 +8,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -22,6 +22,10 @@ mkdirSync(shots, { recursive: true });
 const NODES = ['gpu-node-01', 'gpu-node-02', 'gpu-node-03'];
 const GPUS_PER_NODE = 4;
 const CSP = "default-src 'self'";
+/** The demo's carbon: a static intensity for the lab-east nodes (01 and 03) only, so
+ * gpu-node-02's energy has no price and must show "n/a". */
+const G_PER_KWH = 180;
+const PRICED_NODES = ['gpu-node-01', 'gpu-node-03'];
 
 let demo;
 /** When the demo started: its simulated history (--history) ends here. */
@@ -60,9 +64,11 @@ function stop(child) {
 }
 
 before(async () => {
+  const config = `${mkdtempSync(`${tmpdir()}/gpufleet-demo-conf-`)}/demo.toml`;
+  writeFileSync(config, `[[carbon.nodes]]\nselector = "site=lab-east"\nprovider = "static"\ng_per_kwh = ${G_PER_KWH}\nregion = "lab-east"\n`);
   demoStartMs = Date.now();
   const d = startAndWait(`${bins}/gpufleet-collector`, [
-    'demo', '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
+    'demo', '--config', config, '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
     '--gpus-per-node', String(GPUS_PER_NODE), '--interval', '200ms', '--stale-after', '2s',
     '--history', '3m',
   ], /^listening grpc=(\S+) http=(\S+)$/, 'gpufleet-collector demo');
@@ -271,25 +277,28 @@ async function api(path) {
   return r.json();
 }
 
-/** The API's view of the history range, once the start-up accounting has produced it. */
+/** The API's view of the history range, once the start-up accounting and carbon pricing
+ * have produced it. */
 async function historyFigures(groupBy = 'container') {
   const { from, to } = historyRange();
   const deadline = Date.now() + 15_000;
   for (;;) {
     const energy = await api(`/api/v1/energy?from=${from}&to=${to}`);
     const rows = (await api(`/api/v1/containers?from=${from}&to=${to}&group_by=${groupBy}`)).rows;
-    if (energy.total.covered_seconds >= 2 * 60 * NODES.length * GPUS_PER_NODE * 0.99 || Date.now() > deadline) {
-      return { energy, rows };
-    }
+    const accounted = energy.total.covered_seconds >= 2 * 60 * NODES.length * GPUS_PER_NODE * 0.99;
+    const priced = PRICED_NODES.every((n) => energy.nodes[n]?.carbon?.priced_share === 1);
+    if ((accounted && priced) || Date.now() > deadline) return { energy, rows };
     await new Promise((r) => setTimeout(r, 200));
   }
 }
 
-/** What the energy table shows: [key, exact energy J, carbon cell text] per row, in order. */
+/** What the energy table shows: [key, exact energy J, carbon cell text, exact carbon g or
+ * null] per row, in order. */
 function tableRows(page) {
   return page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => [
     tr.getAttribute('data-key'), Number(tr.getAttribute('data-energy-j')),
-    tr.querySelector('[data-col=co2]')?.textContent ?? '']));
+    tr.querySelector('[data-col=co2]')?.textContent ?? '',
+    tr.getAttribute('data-carbon-g') ? Number(tr.getAttribute('data-carbon-g')) : null]));
 }
 
 test('the energy page lists the demo\'s workloads with their energy, and its totals are the API\'s', async () => {
@@ -326,12 +335,28 @@ test('the energy page lists the demo\'s workloads with their energy, and its tot
   assert.ok(Math.abs(apiSum + energy.total.idle_j + energy.total.unattributed_j - energy.total.energy_j) < 0.01);
   assert.match(await page.locator('[data-total=energy] strong').innerText(), /^\d+\.\d+ kWh$/);
 
-  // Carbon: a number where the API has one, "n/a" where it has none (never 0).
-  for (const [key, , cell] of shown) {
-    const g = rows.find((r) => r.key === key).carbon_g;
-    if (typeof g === 'number') assert.match(cell, /^\d+(\.\d+)? k?g$/, `${key}: CO2 shown`);
-    else assert.equal(cell, 'n/a', `${key}: no carbon figure is n/a`);
+  // Carbon: workloads on the priced nodes show their CO2 (energy x the static intensity);
+  // those on gpu-node-02, which has no carbon provider, show "n/a" (never 0).
+  let priced = 0;
+  let unpriced = 0;
+  for (const [key, , cell, g] of shown) {
+    const row = rows.find((r) => r.key === key);
+    if (row.nodes.every((n) => PRICED_NODES.includes(n))) {
+      priced++;
+      assert.match(cell, /^\d+(\.\d+)? k?g$/, `${key}: CO2 shown`);
+      assert.equal(g, row.carbon_g, `${key}: the API's grams`);
+      assert.ok(Math.abs(g - row.energy_kwh * G_PER_KWH) < 1e-6 * Math.max(1, g), `${key}: ${g} g = kWh x ${G_PER_KWH}`);
+    } else if (row.nodes.every((n) => !PRICED_NODES.includes(n))) {
+      unpriced++;
+      assert.equal(cell, 'n/a', `${key}: no carbon figure is n/a`);
+      assert.equal(g, null);
+    }
   }
+  assert.ok(priced > 0 && unpriced > 0, `rows with CO2 (${priced}) and without (${unpriced})`);
+  assert.equal(await total('co2'), energy.total.carbon_g);
+  assert.ok(energy.total.carbon_g > 0);
+  // The intensity section names the static region (no curve: a fixed figure).
+  await page.locator('#intensity .panel[data-provider=static][data-region=lab-east]').waitFor();
 
   // Sorting by a column reorders the rows and is kept in the URL.
   await page.click('#energy-table th[data-sort=gpu_seconds]');
@@ -399,13 +424,14 @@ test('the GPU and node pages show energy and CO2 beside each other', async () =>
   await page.waitForFunction(() => /kWh$/.test(document.querySelector('#gpu-table tbody tr [data-col=energy]')?.textContent ?? ''));
   const co2Cells = await page.$$eval('#gpu-table tbody [data-col=co2]', (tds) => tds.map((t) => t.textContent));
   assert.equal(co2Cells.length, GPUS_PER_NODE);
-  for (const c of co2Cells) assert.match(c, /^(n\/a|\d+(\.\d+)? k?g)$/);
+  // gpu-node-01 has a carbon intensity: every GPU's CO2 is a figure.
+  for (const c of co2Cells) assert.match(c, /^\d+(\.\d+)? k?g$/);
   await page.click('#gpu-table tbody tr:first-child a');
   await page.waitForURL(/\/gpu\/GPU-/);
   const row = page.locator('#gpu-energy');
   await row.waitFor({ timeout: 10_000 });
   assert.match(await row.locator('[data-col=energy]').innerText(), /kWh$/);
-  assert.match(await row.locator('[data-col=co2]').innerText(), /^(n\/a|\d+(\.\d+)? k?g)$/);
+  assert.match(await row.locator('[data-col=co2]').innerText(), /^\d+(\.\d+)? k?g$/);
   await page.context().close();
 });
 
