@@ -8,7 +8,8 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -22,10 +23,47 @@ mkdirSync(shots, { recursive: true });
 const NODES = ['gpu-node-01', 'gpu-node-02', 'gpu-node-03'];
 const GPUS_PER_NODE = 4;
 const CSP = "default-src 'self'";
-/** The demo's carbon: a static intensity for the lab-east nodes (01 and 03) only, so
- * gpu-node-02's energy has no price and must show "n/a". */
+/** The demo's carbon: gpu-node-01 a static intensity, gpu-node-03 the UK Carbon Intensity
+ * API (national; a local stub below), gpu-node-02 none, so its energy must show "n/a". */
 const G_PER_KWH = 180;
-const PRICED_NODES = ['gpu-node-01', 'gpu-node-03'];
+const STATIC_NODE = 'gpu-node-01';
+const UK_NODE = 'gpu-node-03';
+const PRICED_NODES = [STATIC_NODE, UK_NODE];
+
+// ---- A stub of the UK Carbon Intensity API (national endpoints), answering in the real
+// JSON shape (shared/carbon/uk-intensity.json) with half-hour slots on a daily curve:
+// slots that ended before the energy page's test range (see historyRange) carry an
+// actual, later ones a forecast only, so that range is always priced by a forecast.
+const HALF_HOUR_MS = 1_800_000;
+const sharedCarbon = existsSync(`${repo}../shared/carbon`) ? `${repo}../shared/carbon` : `${repo}shared/carbon`;
+const ukTemplate = JSON.parse(readFileSync(`${sharedCarbon}/uk-intensity.json`, 'utf8')).data[0];
+const ukTime = (ms) => new Date(ms).toISOString().slice(0, 16) + 'Z';
+const ukValue = (ms) => Math.round(200 + 120 * Math.sin((2 * Math.PI * ms) / 86_400_000));
+function ukSlots(fromMs, toMs) {
+  const out = [];
+  for (let t = Math.floor(fromMs / HALF_HOUR_MS) * HALF_HOUR_MS; t < toMs && out.length < 2000; t += HALF_HOUR_MS) {
+    const ended = t + HALF_HOUR_MS <= demoStartMs - 3 * 60_000;
+    const forecast = ukValue(t);
+    out.push({
+      ...ukTemplate, from: ukTime(t), to: ukTime(t + HALF_HOUR_MS),
+      intensity: { ...ukTemplate.intensity, forecast, actual: ended ? forecast - 3 : null },
+    });
+  }
+  return out;
+}
+function startUkStub() {
+  const server = createServer((req, res) => {
+    const p = new URL(req.url, 'http://stub').pathname.split('/').filter(Boolean).map(decodeURIComponent);
+    let data = null;
+    if (p[0] === 'intensity' && p.length === 1) data = ukSlots(Date.now(), Date.now() + 1);
+    else if (p[0] === 'intensity' && p[2] === 'fw24h') data = ukSlots(Date.parse(p[1]), Date.parse(p[1]) + 86_400_000);
+    else if (p[0] === 'intensity' && p.length === 3) data = ukSlots(Date.parse(p[1]), Date.parse(p[2]));
+    res.writeHead(data ? 200 : 404, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(data ? { data } : { error: { code: '404', message: 'no such endpoint in the stub' } }));
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+let ukStub;
 
 let demo;
 /** When the demo started: its simulated history (--history) ends here. */
@@ -65,12 +103,16 @@ function stop(child) {
 
 before(async () => {
   const config = `${mkdtempSync(`${tmpdir()}/gpufleet-demo-conf-`)}/demo.toml`;
-  writeFileSync(config, `[[carbon.nodes]]\nselector = "site=lab-east"\nprovider = "static"\ng_per_kwh = ${G_PER_KWH}\nregion = "lab-east"\n`);
   demoStartMs = Date.now();
+  ukStub = await startUkStub();
+  writeFileSync(config, [
+    '[[carbon.nodes]]', `node = "${STATIC_NODE}"`, 'provider = "static"', `g_per_kwh = ${G_PER_KWH}`, 'region = "lab-east"',
+    '[[carbon.nodes]]', `node = "${UK_NODE}"`, 'provider = "uk"', 'region = "national"',
+    `url = "http://127.0.0.1:${ukStub.address().port}"`, ''].join('\n'));
   const d = startAndWait(`${bins}/gpufleet-collector`, [
     'demo', '--config', config, '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
     '--gpus-per-node', String(GPUS_PER_NODE), '--interval', '200ms', '--stale-after', '2s',
-    '--history', '3m',
+    '--history', '35m', // covers an ended half-hour slot (actual intensity) and two whole minutes before the start
   ], /^listening grpc=(\S+) http=(\S+)$/, 'gpufleet-collector demo');
   demo = d.child;
   const m = await d.found;
@@ -86,6 +128,7 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
+  ukStub?.close();
   stop(agent);
   stop(demo);
 });
@@ -345,7 +388,12 @@ test('the energy page lists the demo\'s workloads with their energy, and its tot
       priced++;
       assert.match(cell, /^\d+(\.\d+)? k?g$/, `${key}: CO2 shown`);
       assert.equal(g, row.carbon_g, `${key}: the API's grams`);
-      assert.ok(Math.abs(g - row.energy_kwh * G_PER_KWH) < 1e-6 * Math.max(1, g), `${key}: ${g} g = kWh x ${G_PER_KWH}`);
+      if (row.nodes.every((n) => n === STATIC_NODE)) {
+        assert.ok(Math.abs(g - row.energy_kwh * G_PER_KWH) < 1e-6 * Math.max(1, g), `${key}: ${g} g = kWh x ${G_PER_KWH}`);
+      }
+      // Priced (partly) with a forecast: marked so.
+      const marks = await page.locator(`#energy-table tr[data-key="${key}"] [data-mark]`).evaluateAll((ms) => ms.map((m) => m.getAttribute('data-mark')));
+      assert.equal(marks.includes('forecast'), (row.carbon.forecast_share ?? 0) > 0, `${key}: forecast mark ${marks}`);
     } else if (row.nodes.every((n) => !PRICED_NODES.includes(n))) {
       unpriced++;
       assert.equal(cell, 'n/a', `${key}: no carbon figure is n/a`);
@@ -355,8 +403,23 @@ test('the energy page lists the demo\'s workloads with their energy, and its tot
   assert.ok(priced > 0 && unpriced > 0, `rows with CO2 (${priced}) and without (${unpriced})`);
   assert.equal(await total('co2'), energy.total.carbon_g);
   assert.ok(energy.total.carbon_g > 0);
-  // The intensity section names the static region (no curve: a fixed figure).
+  assert.ok(shown.some(([key]) => rows.find((r) => r.key === key).carbon.forecast_share > 0), 'some energy priced by a forecast');
+  // The intensity section: the static region as a fixed figure; the UK one as a curve of
+  // actuals and a dashed forecast, with the lowest-intensity window of the next 24 h.
   await page.locator('#intensity .panel[data-provider=static][data-region=lab-east]').waitFor();
+  const uk = page.locator('#intensity .panel[data-provider=uk][data-region=national]');
+  await uk.locator('canvas').waitFor();
+  const intensity = await api('/api/v1/carbon/intensity?region=national&provider=uk');
+  assert.ok(intensity.lowest_window, 'the stub has a forecast');
+  const hhmm = (ms) => new Date(ms).toISOString().slice(11, 16) + ' UTC';
+  assert.equal(await uk.locator('[data-lowest]').innerText(),
+    `lowest in the next 24 h: ${hhmm(intensity.lowest_window.from_ms)}–${hhmm(intensity.lowest_window.to_ms)}, ${Math.round(intensity.lowest_window.avg_g_per_kwh)} g/kWh on average`);
+  // Two points (start, end) per half-hour slot, each in its own series.
+  const count = (kind) => 2 * intensity.slots.filter((x) => x.kind === kind).length;
+  assert.ok(count('forecast') > 0);
+  assert.ok(count('actual') > 0, 'the history reaches an ended slot');
+  assert.equal(Number(await uk.getAttribute('data-actual-points')), count('actual'), 'actuals drawn');
+  assert.ok(Number(await uk.getAttribute('data-forecast-points')) >= count('forecast'), 'forecast drawn');
 
   // Sorting by a column reorders the rows and is kept in the URL.
   await page.click('#energy-table th[data-sort=gpu_seconds]');
