@@ -92,10 +92,22 @@ pub async fn run_demo(
             node: node.clone(),
             source,
         })?;
-        if !opts.history.is_zero() {
-            write_history(&store, &mut sim, &node, labels(i), &opts).await?;
+        let history = if opts.history.is_zero() {
+            None
+        } else {
+            let mut h = start_history(&store, &mut sim, &node, labels(i), &opts).await?;
+            h.fill(&store, &mut sim).await?;
+            Some(h)
+        };
+        sims.push((i, node, sim, history));
+    }
+    // Writing the others took time: bring every node's history up to now again, so the
+    // live agents carry on without a gap.
+    for (_, node, sim, history) in &mut sims {
+        if let Some(h) = history {
+            h.fill(&store, sim).await?;
+            info!(node = %node, batches = h.seq, "simulated history written");
         }
-        sims.push((i, node, sim));
     }
     let collector_stop = CancellationToken::new();
     let collector = tokio::spawn({
@@ -111,7 +123,7 @@ pub async fn run_demo(
 
     let agents_stop = CancellationToken::new();
     let mut agents = JoinSet::new();
-    for (i, node, sim) in sims {
+    for (i, node, sim, _) in sims {
         let mut run = RunOptions::new(node.clone(), vec![format!("http://{grpc_addr}")]);
         run.interval = opts.interval;
         run.labels = labels(i);
@@ -150,59 +162,90 @@ pub async fn run_demo(
 /// Ticks per history batch (well under the ingest limit of 1,000).
 const HISTORY_BATCH: usize = 500;
 
-/// Registers `node` as its agent would and writes `opts.history` of its simulator's ticks,
-/// ending now, through the store (seqs 1, 2, …; the live agent's seqs start above them).
-async fn write_history(
+/// A node's simulated history being written: where it stands.
+struct History {
+    node: String,
+    keys: Arc<crate::store::NodeKeys>,
+    /// The last seq written.
+    seq: u64,
+    /// The time of the next tick.
+    next_ms: UnixMs,
+    step_ms: i64,
+}
+
+/// Registers `node` as its agent would and starts its history `opts.history` ago.
+async fn start_history(
     store: &Arc<dyn Store>,
     sim: &mut Simulator,
     node: &str,
     labels: BTreeMap<String, String>,
     opts: &DemoOptions,
-) -> Result<(), DemoError> {
-    let step = i64::try_from(opts.interval.as_millis().max(1)).unwrap_or(i64::MAX);
+) -> Result<History, DemoError> {
+    let step_ms = i64::try_from(opts.interval.as_millis().max(1)).unwrap_or(i64::MAX);
     let span = i64::try_from(opts.history.as_millis()).unwrap_or(i64::MAX);
     let now: UnixMs = gpufleet_core::config::now_ms();
-    let sim_err = |e: gpufleet_agent::SourceError| DemoError::HistorySim {
+    let inventory = sim.inventory().map_err(|e| DemoError::HistorySim {
         node: node.to_owned(),
         reason: e.to_string(),
-    };
-    let store_err = |source| DemoError::History {
-        node: node.to_owned(),
-        source,
-    };
-    let inventory = sim.inventory().map_err(sim_err)?;
+    })?;
     let hello = HelloInfo {
         node: node.to_owned(),
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         boot_id: sim.boot_id().unwrap_or_default(),
         labels,
-        interval_ms: u32::try_from(step).unwrap_or(u32::MAX),
+        interval_ms: u32::try_from(step_ms).unwrap_or(u32::MAX),
         source: sim.name().to_owned(),
     };
     let record = store
         .register_node(&hello, &inventory, now)
         .await
-        .map_err(store_err)?;
-    let keys = Arc::new(record.keys());
-    let mut t = now - span;
-    let mut seq = 0;
-    while t < now {
-        let mut ticks = Vec::with_capacity(HISTORY_BATCH);
-        while t < now && ticks.len() < HISTORY_BATCH {
-            ticks.push(sim.sample(t).map_err(sim_err)?);
-            t += step;
+        .map_err(|source| DemoError::History {
+            node: node.to_owned(),
+            source,
+        })?;
+    Ok(History {
+        node: node.to_owned(),
+        keys: Arc::new(record.keys()),
+        seq: 0,
+        next_ms: now.saturating_sub(span),
+        step_ms,
+    })
+}
+
+impl History {
+    /// Writes the simulator's ticks from where the history stands up to now, through the
+    /// store (seqs 1, 2, …; the live agent's seqs start above them).
+    async fn fill(&mut self, store: &Arc<dyn Store>, sim: &mut Simulator) -> Result<(), DemoError> {
+        let now: UnixMs = gpufleet_core::config::now_ms();
+        while self.next_ms < now {
+            let mut ticks = Vec::with_capacity(HISTORY_BATCH);
+            while self.next_ms < now && ticks.len() < HISTORY_BATCH {
+                ticks.push(
+                    sim.sample(self.next_ms)
+                        .map_err(|e| DemoError::HistorySim {
+                            node: self.node.clone(),
+                            reason: e.to_string(),
+                        })?,
+                );
+                self.next_ms += self.step_ms;
+            }
+            self.seq += 1;
+            let batch = NodeBatch {
+                keys: Arc::clone(&self.keys),
+                batch: Batch {
+                    seq: self.seq,
+                    ticks,
+                    delivery: DeliveryStats::default(),
+                },
+            };
+            store
+                .write_batches(&[batch])
+                .await
+                .map_err(|source| DemoError::History {
+                    node: self.node.clone(),
+                    source,
+                })?;
         }
-        seq += 1;
-        let batch = NodeBatch {
-            keys: Arc::clone(&keys),
-            batch: Batch {
-                seq,
-                ticks,
-                delivery: DeliveryStats::default(),
-            },
-        };
-        store.write_batches(&[batch]).await.map_err(store_err)?;
+        Ok(())
     }
-    info!(node = %node, batches = seq, "simulated history written");
-    Ok(())
 }

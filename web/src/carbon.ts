@@ -57,7 +57,7 @@ export function provenanceMarks(x: CarbonFields | null | undefined): HTMLElement
   }
   const p = c?.priced_share;
   if (carbonG(x) !== null && typeof p === 'number' && p < 0.9995) {
-    marks.push(el('span', { class: 'mark partial', 'data-mark': 'partial', title: `CO2 of ${Math.round(p * 100)}% of the energy: the rest is not priced yet (minutes are priced shortly after they are accounted)` }, 'partly priced'));
+    marks.push(el('span', { class: 'mark partial', 'data-mark': 'partial', title: `CO2 of ${Math.round(p * 100)}% of the energy: the rest has no price (its node has no carbon provider, or the minutes are not priced yet)` }, 'partly priced'));
   }
   return marks;
 }

@@ -476,6 +476,10 @@ test('a workload\'s detail shows its energy per minute', async () => {
   // The selected workload is part of the URL: a reload shows it again.
   await page.reload();
   await page.locator('#workload-detail .panel[data-title="energy per minute"][data-points]').waitFor();
+  // The README's picture (docs/energy.png): today, with the workload selected.
+  await page.goto(`${http}/energy?workload=${encodeURIComponent(key)}`);
+  await page.locator('#workload-detail .panel[data-title="energy per minute"][data-points]').waitFor();
+  await page.locator('#intensity canvas').first().waitFor();
   await page.screenshot({ path: `${shots}/energy.png`, fullPage: true });
   await page.context().close();
 });
