@@ -138,6 +138,8 @@ export class Chart {
     const xs = this.data[0];
     this.root.dataset.lastMs = xs.length ? String(Math.round((xs[xs.length - 1] as number) * 1000)) : '';
     this.root.dataset.points = String(xs.length);
+    // Per series, the points drawn (not null): "12,30".
+    this.root.dataset.seriesPoints = this.data.slice(1).map((ys) => ys.filter((v) => v !== null).length).join(',');
     this.plot?.setData(this.data as uPlot.AlignedData);
   }
 

@@ -124,8 +124,6 @@ export async function intensitySection(r: Range, fleet: CarbonFields): Promise<S
       chart.mount();
       const sp = splitSeries(reg.slots);
       chart.setData(sp.xs, [sp.actual, sp.forecast]);
-      chart.root.dataset.forecastPoints = String(sp.forecast.filter((v) => v !== null).length);
-      chart.root.dataset.actualPoints = String(sp.actual.filter((v) => v !== null).length);
     }),
     destroy: () => drawn.forEach(([c]) => c.destroy()),
   };
