@@ -173,6 +173,18 @@ pub struct CarbonFile {
 }
 
 impl CarbonFile {
+    /// The `[carbon]` table of a config file's text (empty without one).
+    pub fn from_toml_str(text: &str) -> Result<Self, CarbonError> {
+        let mut table: toml::Table = toml::from_str(text)
+            .map_err(|e| CarbonError::Config(format!("config file is not valid TOML: {e}")))?;
+        match table.remove("carbon") {
+            None => Ok(CarbonFile::default()),
+            Some(v) => v
+                .try_into()
+                .map_err(|e| CarbonError::Config(format!("config file, [carbon]: {e}"))),
+        }
+    }
+
     /// Reads the `[carbon]` table from the config file named on the command line
     /// (`--config`) or by `GPUFLEET_CONFIG`; empty without one.
     pub fn from_config_file(args: &[std::ffi::OsString]) -> Result<Self, CarbonError> {
@@ -428,9 +440,11 @@ impl CarbonConfig {
             ProviderKind::Uk if s.factor_type == Some(FactorType::Lifecycle) => {
                 fail("the UK API reports direct (operational) intensities only")
             }
-            ProviderKind::Uk => UkRegion::parse(&region)
-                .map(|_| ())
-                .or_else(|e| fail(&e.to_string())),
+            ProviderKind::Uk => match UkRegion::parse(&region) {
+                Ok(_) => Ok(()),
+                Err(CarbonError::Config(m)) => fail(&m),
+                Err(e) => fail(&e.to_string()),
+            },
             ProviderKind::Electricitymaps if region.is_empty() => {
                 fail("the electricitymaps provider needs a zone (--carbon-region, e.g. DE)")
             }
