@@ -166,7 +166,7 @@ const HISTORY_BATCH: usize = 500;
 struct History {
     node: String,
     keys: Arc<crate::store::NodeKeys>,
-    /// The last seq written.
+    /// The last seq written (the node's stored one to begin with).
     seq: u64,
     /// The time of the next tick.
     next_ms: UnixMs,
@@ -203,11 +203,15 @@ async fn start_history(
             node: node.to_owned(),
             source,
         })?;
+    // A reused database (`--db`) may hold this node's samples already: carry on after them.
+    let start = now.saturating_sub(span);
     Ok(History {
         node: node.to_owned(),
         keys: Arc::new(record.keys()),
-        seq: 0,
-        next_ms: now.saturating_sub(span),
+        seq: record.last_acked_seq,
+        next_ms: record
+            .last_seen_ms
+            .map_or(start, |seen| start.max(seen + step_ms)),
         step_ms,
     })
 }
