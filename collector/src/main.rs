@@ -37,7 +37,7 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run the collector on an embedded SQLite file plus simulated agents that stream to
     /// it over real loopback gRPC; prints the dashboard URL.
-    Demo(DemoArgs),
+    Demo(Box<DemoArgs>),
     /// Make a development CA, a server certificate and per-node client certificates
     /// (PEM) for TLS and mTLS; see SECURITY.md.
     Certs(gpufleet_collector::certs::CertsArgs),
@@ -90,7 +90,12 @@ struct DemoArgs {
     /// dashboard's stale marking quickly).
     #[arg(long, env = "GPUFLEET_STALE_AFTER", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
     stale_after: Duration,
-    /// Carbon pricing of the simulated energy (e.g. --carbon-g-per-kwh 200); off by default.
+    /// Simulated past written before the agents start (the same simulators, at the same
+    /// interval), so energy and carbon pages have figures at once; 0s for none.
+    #[arg(long, env = "GPUFLEET_HISTORY", default_value = "30m", value_parser = parse_duration, value_name = "DURATION")]
+    history: Duration,
+    /// Carbon intensity, as for `serve` (and the config file's `[carbon]` table). With
+    /// none of them the demo prices energy at a static 250 gCO2/kWh (region `demo`).
     #[command(flatten)]
     carbon: gpufleet_carbon::CarbonArgs,
 }
@@ -163,7 +168,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Demo(args) => {
             let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
-            runtime.block_on(run_demo(args, file))
+            runtime.block_on(run_demo(*args, file))
         }
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
@@ -264,11 +269,23 @@ fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The demo's carbon intensity when none is configured (gCO2/kWh, `static`, region
+/// `demo`): about a European grid average, so every energy figure has its CO2 beside it.
+const DEMO_G_PER_KWH: f64 = 250.0;
+
 async fn run_demo(
     args: DemoArgs,
     carbon_file: gpufleet_carbon::config::CarbonFile,
 ) -> anyhow::Result<()> {
-    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
+    let mut carbon_args = args.carbon.clone();
+    if !gpufleet_carbon::CarbonConfig::new(carbon_args.clone(), carbon_file.clone())?.enabled() {
+        carbon_args.carbon_provider = Some(gpufleet_carbon::ProviderKind::Static);
+        carbon_args.carbon_g_per_kwh = Some(DEMO_G_PER_KWH);
+        carbon_args
+            .carbon_region
+            .get_or_insert_with(|| "demo".to_owned());
+    }
+    let carbon = gpufleet_carbon::CarbonConfig::new(carbon_args, carbon_file)?;
     // Keeps the temporary database alive for the whole run; removed on drop.
     let mut _tmp = None;
     let db_url = match args.db {
@@ -317,6 +334,7 @@ async fn run_demo(
         gpus_per_node: args.gpus_per_node,
         interval: args.interval,
         seed: args.sim_seed,
+        history: args.history,
     };
     let default_status = StatusPolicy::default();
     let options = ServeOptions {
@@ -327,6 +345,8 @@ async fn run_demo(
         },
         carbon: gpufleet_collector::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
+            // Short, so the demo's history is priced within seconds of the start.
+            interval: Duration::from_secs(2),
             ..Default::default()
         },
         ..Default::default()

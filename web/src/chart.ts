@@ -25,6 +25,10 @@ export interface ChartSpec {
   sync?: string;
   /** Event times (ms) drawn as vertical red lines. */
   marks?: number[];
+  /** Per series: drawn dashed (e.g. a forecast). */
+  dashed?: boolean[];
+  /** A time (ms) drawn as a grey vertical line labelled "now". */
+  now?: number;
 }
 
 export class Chart {
@@ -58,6 +62,7 @@ export class Chart {
           label: s.label,
           stroke: s.color ?? PALETTE[i % PALETTE.length],
           width: 1.5,
+          dash: this.spec.dashed?.[i] ? [6, 4] : undefined,
           spanGaps: false,
           value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? '–' : v === null ? 'n/a' : fmt(v)),
         })),
@@ -76,6 +81,18 @@ export class Chart {
               ctx.moveTo(x, u.bbox.top);
               ctx.lineTo(x, u.bbox.top + u.bbox.height);
               ctx.stroke();
+            }
+            if (this.spec.now !== undefined) {
+              const x = u.valToPos(this.spec.now / 1000, 'x', true);
+              if (x >= u.bbox.left && x <= u.bbox.left + u.bbox.width) {
+                ctx.strokeStyle = '#8e8e93';
+                ctx.lineWidth = 1;
+                ctx.setLineDash([2, 3]);
+                ctx.beginPath();
+                ctx.moveTo(x, u.bbox.top);
+                ctx.lineTo(x, u.bbox.top + u.bbox.height);
+                ctx.stroke();
+              }
             }
             ctx.restore();
           },
@@ -121,6 +138,8 @@ export class Chart {
     const xs = this.data[0];
     this.root.dataset.lastMs = xs.length ? String(Math.round((xs[xs.length - 1] as number) * 1000)) : '';
     this.root.dataset.points = String(xs.length);
+    // Per series, the points drawn (not null): "12,30".
+    this.root.dataset.seriesPoints = this.data.slice(1).map((ys) => ys.filter((v) => v !== null).length).join(',');
     this.plot?.setData(this.data as uPlot.AlignedData);
   }
 

@@ -2,7 +2,9 @@
 // ...) drawn as red lines on every chart and listed below.
 import { enc, getJson, type EventView, type GpuSeries, type GpuView } from './api';
 import { Chart } from './chart';
+import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
 import { bytes, clear, el, NA, rate, watts } from './dom';
+import type { EnergyView } from './energy';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
 
@@ -59,6 +61,15 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     el('h3', {}, 'Events'),
     el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'detail'].map((h) => el('th', {}, h)))), evBody));
   for (const c of charts) c.mount();
+  // The energy counter's panel also says what the GPU spent in the range, and its CO2.
+  const counter = charts[METRICS.findIndex(([m]) => m === 'energy_mj')];
+  void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(g.node)}`).then((e) => {
+    const mine = e.gpus.find((x) => x.uuid === uuid);
+    counter.root.append(el('p', { class: 'energy-row', id: 'gpu-energy' },
+      'accounted in range: ', el('strong', { 'data-col': 'energy' }, mine ? kwh(mine.energy_kwh) : NA),
+      ' · CO2 ', el('strong', { 'data-col': 'co2', title: sourcesText(mine) ?? undefined }, co2(carbonG(mine))),
+      ' ', ...provenanceMarks(mine)));
+  }).catch((err) => counter.root.append(el('p', { class: 'error' }, `energy: ${String(err)}`)));
   await Promise.all(METRICS.map(async ([m], i) => {
     try {
       const s = await getJson<GpuSeries>(`/api/v1/gpus/${enc(uuid)}/series?metric=${m}&${q}`);

@@ -1,7 +1,9 @@
-// The dashboard's entry: a tiny client-side router over /, /node/NAME and /gpu/UUID.
+// The dashboard's entry: a tiny client-side router over /, /node/NAME, /gpu/UUID and
+// /energy.
 import './style.css';
 import { getJson } from './api';
 import { clear, el } from './dom';
+import { energyPage } from './energy';
 import { fleetPage } from './fleet';
 import { gpuPage } from './gpu';
 import { nodePage } from './node';
@@ -27,6 +29,9 @@ async function route(): Promise<void> {
       const name = decodeURIComponent(node[1]);
       crumbs([[name, path]]);
       teardown = await nodePage(app, name, navigate);
+    } else if (path === '/energy') {
+      crumbs([['energy', path]]);
+      teardown = await energyPage(app, navigate);
     } else if (gpu) {
       const uuid = decodeURIComponent(gpu[1]);
       crumbs([[uuid, path]]);
@@ -43,6 +48,7 @@ async function route(): Promise<void> {
 
 function navigate(url: string): void {
   history.pushState(null, '', url);
+  markNav();
   void route();
 }
 
@@ -56,7 +62,14 @@ document.addEventListener('click', (e) => {
   navigate(url.pathname + url.search);
 });
 window.addEventListener('popstate', () => void route());
-void route();
+// The header's links, marked when their page is shown.
+function markNav(): void {
+  for (const a of document.querySelectorAll<HTMLAnchorElement>('#nav a')) {
+    a.classList.toggle('active', new URL(a.href).pathname === location.pathname);
+  }
+}
+window.addEventListener('popstate', markNav);
+void route().then(markNav);
 void showWarnings();
 
 // The collector's exposure warnings (e.g. listening on the network without TLS or login),

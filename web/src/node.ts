@@ -3,7 +3,9 @@
 // tables follow the node's live stream.
 import { enc, getJson, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView, type Process } from './api';
 import { align, Chart } from './chart';
+import { carbonG, co2, kwh } from './carbon';
 import { ago, bytes, clear, el, NA, num, rate, watts } from './dom';
+import type { EnergyTotals, EnergyView } from './energy';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
 
@@ -27,8 +29,12 @@ function workload(p: Process): string {
   }
 }
 
-function gpuTable(n: NodeView): HTMLTableElement {
-  const head = ['GPU', 'name', 'bus id', 'temp', 'perf', 'power / cap', 'memory', 'util', 'ECC corr / uncorr', 'fan', 'SM / mem clock'];
+/** The GPUs' energy in the page's range (absent until loaded, or when not accounted). */
+type EnergyByGpu = Map<string, EnergyTotals>;
+
+function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
+  const head = ['GPU', 'name', 'bus id', 'temp', 'perf', 'power / cap', 'memory', 'util', 'ECC corr / uncorr', 'fan', 'SM / mem clock',
+    'energy (range)', 'CO2 (range)'];
   const tbody = el('tbody');
   for (const g of n.gpus) {
     const l = n.status === 'offline' ? null : g.latest;
@@ -43,7 +49,9 @@ function gpuTable(n: NodeView): HTMLTableElement {
       el('td', {}, num(l?.util_gpu_pct, 0, '%')),
       el('td', {}, `${num(l?.ecc_corrected_volatile)} / ${num(l?.ecc_uncorrected_volatile)}`),
       el('td', {}, num(l?.fan_pct, 0, '%')),
-      el('td', {}, `${num(l?.clock_sm_mhz, 0, ' MHz')} / ${num(l?.clock_mem_mhz, 0, ' MHz')}`)));
+      el('td', {}, `${num(l?.clock_sm_mhz, 0, ' MHz')} / ${num(l?.clock_mem_mhz, 0, ' MHz')}`),
+      el('td', { 'data-col': 'energy' }, energy ? kwh(energy.get(g.uuid)?.energy_kwh) : '…'),
+      el('td', { 'data-col': 'co2' }, energy ? co2(carbonG(energy.get(g.uuid))) : '…')));
   }
   return el('table', { class: 'smi', id: 'gpu-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
 }
@@ -201,12 +209,22 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
     el('div', { class: 'timeline', id: 'resources' }, panels.resUtil.root, panels.resMem.root, panels.resPcie.root, panels.resNvlink.root),
     panels.pcie.root, panels.nvlink.root,
     panels.cpu.root, panels.hostMem.root, panels.disk.root, panels.net.root);
+  let energy: EnergyByGpu | null = null;
   const showTables = () => {
     clear(info);
     info.append(hostInfo(n, Date.now()));
     clear(tables);
-    tables.append(el('h3', {}, 'GPUs'), gpuTable(n), el('h3', {}, 'Processes'), processTable(n));
+    tables.append(el('h3', {}, 'GPUs'), gpuTable(n, energy), el('h3', {}, 'Processes'), processTable(n));
   };
+  void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(name)}`)
+    .then((e) => {
+      energy = new Map(e.gpus.map((g) => [g.uuid, g]));
+      showTables();
+    })
+    .catch(() => {
+      energy = new Map();
+      showTables();
+    });
   clear(app);
   app.append(info, rangePicker(r, (q) => navigate(`/node/${enc(name)}${q}`)), tables, grid);
   showTables();

@@ -10,6 +10,16 @@ export const RANGES: [string, number][] = [
   ['7d', 7 * 86_400_000],
 ];
 
+/** The energy pages' choices: "today" (since UTC midnight, the API's default) first. */
+export const ENERGY_RANGES: [string, number][] = [
+  ['today', 0],
+  ['1h', 3_600_000],
+  ['24h', 86_400_000],
+  ['7d', 7 * 86_400_000],
+];
+
+const DAY_MS = 86_400_000;
+
 export interface Range {
   key: string; // live, 15m, ..., custom
   fromMs: number;
@@ -20,7 +30,7 @@ export interface Range {
 /** Points a chart should get at most: the step keeps every range at about this many. */
 const TARGET_POINTS = 600;
 
-export function currentRange(now = Date.now()): Range {
+export function currentRange(now = Date.now(), choices: [string, number][] = RANGES): Range {
   const q = new URLSearchParams(location.search);
   const from = q.get('from');
   const to = q.get('to');
@@ -29,9 +39,10 @@ export function currentRange(now = Date.now()): Range {
     const t = Date.parse(to);
     if (Number.isFinite(f) && Number.isFinite(t) && f < t) return { key: 'custom', fromMs: f, toMs: t, live: false };
   }
-  const key = q.get('range') ?? 'live';
-  const found = RANGES.find(([k]) => k === key) ?? RANGES[0];
-  return { key: found[0], fromMs: now - found[1], toMs: now, live: found[0] === 'live' };
+  const key = q.get('range') ?? choices[0][0];
+  const found = choices.find(([k]) => k === key) ?? choices[0];
+  const fromMs = found[0] === 'today' ? Math.floor(now / DAY_MS) * DAY_MS : now - found[1];
+  return { key: found[0], fromMs, toMs: now, live: found[0] === 'live' };
 }
 
 /** The step (ms, whole seconds) for a range: at least the sampling interval. */
@@ -51,12 +62,13 @@ function toLocalInput(ms: number): string {
   return d.toISOString().slice(0, 16);
 }
 
-/** The range picker; `go` navigates to the same page with the new query. */
-export function rangePicker(r: Range, go: (query: string) => void): HTMLElement {
+/** The range picker; `go` navigates to the same page with the new query (the first
+ * choice is the default, so it has no query). */
+export function rangePicker(r: Range, go: (query: string) => void, choices: [string, number][] = RANGES): HTMLElement {
   const bar = el('div', { class: 'ranges', role: 'toolbar', 'aria-label': 'time range' });
-  for (const [k] of RANGES) {
+  for (const [k] of choices) {
     const b = el('button', { type: 'button', class: k === r.key ? 'active' : '', 'data-range': k }, k);
-    b.addEventListener('click', () => go(k === 'live' ? '' : `?range=${k}`));
+    b.addEventListener('click', () => go(k === choices[0][0] ? '' : `?range=${k}`));
     bar.append(b);
   }
   const from = el('input', { type: 'datetime-local', 'aria-label': 'from', value: toLocalInput(r.fromMs) });

@@ -8,7 +8,8 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -22,8 +23,51 @@ mkdirSync(shots, { recursive: true });
 const NODES = ['gpu-node-01', 'gpu-node-02', 'gpu-node-03'];
 const GPUS_PER_NODE = 4;
 const CSP = "default-src 'self'";
+/** The demo's carbon: gpu-node-01 a static intensity, gpu-node-03 the UK Carbon Intensity
+ * API (national; a local stub below), gpu-node-02 none, so its energy must show "n/a". */
+const G_PER_KWH = 180;
+const STATIC_NODE = 'gpu-node-01';
+const UK_NODE = 'gpu-node-03';
+const PRICED_NODES = [STATIC_NODE, UK_NODE];
+
+// ---- A stub of the UK Carbon Intensity API (national endpoints), answering in the real
+// JSON shape (shared/carbon/uk-intensity.json) with half-hour slots on a daily curve:
+// slots that ended before the energy page's test range (see historyRange) carry an
+// actual, later ones a forecast only, so that range is always priced by a forecast.
+const HALF_HOUR_MS = 1_800_000;
+const sharedCarbon = existsSync(`${repo}../shared/carbon`) ? `${repo}../shared/carbon` : `${repo}shared/carbon`;
+const ukTemplate = JSON.parse(readFileSync(`${sharedCarbon}/uk-intensity.json`, 'utf8')).data[0];
+const ukTime = (ms) => new Date(ms).toISOString().slice(0, 16) + 'Z';
+const ukValue = (ms) => Math.round(200 + 120 * Math.sin((2 * Math.PI * ms) / 86_400_000));
+function ukSlots(fromMs, toMs) {
+  const out = [];
+  for (let t = Math.floor(fromMs / HALF_HOUR_MS) * HALF_HOUR_MS; t < toMs && out.length < 2000; t += HALF_HOUR_MS) {
+    const ended = t + HALF_HOUR_MS <= demoStartMs - 3 * 60_000;
+    const forecast = ukValue(t);
+    out.push({
+      ...ukTemplate, from: ukTime(t), to: ukTime(t + HALF_HOUR_MS),
+      intensity: { ...ukTemplate.intensity, forecast, actual: ended ? forecast - 3 : null },
+    });
+  }
+  return out;
+}
+function startUkStub() {
+  const server = createServer((req, res) => {
+    const p = new URL(req.url, 'http://stub').pathname.split('/').filter(Boolean).map(decodeURIComponent);
+    let data = null;
+    if (p[0] === 'intensity' && p.length === 1) data = ukSlots(Date.now(), Date.now() + 1);
+    else if (p[0] === 'intensity' && p[2] === 'fw24h') data = ukSlots(Date.parse(p[1]), Date.parse(p[1]) + 86_400_000);
+    else if (p[0] === 'intensity' && p.length === 3) data = ukSlots(Date.parse(p[1]), Date.parse(p[2]));
+    res.writeHead(data ? 200 : 404, { 'content-type': 'application/json' });
+    res.end(JSON.stringify(data ? { data } : { error: { code: '404', message: 'no such endpoint in the stub' } }));
+  });
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)));
+}
+let ukStub;
 
 let demo;
+/** When the demo started: its simulated history (--history) ends here. */
+let demoStartMs;
 let agent;
 let http;
 let grpc;
@@ -58,9 +102,17 @@ function stop(child) {
 }
 
 before(async () => {
+  const config = `${mkdtempSync(`${tmpdir()}/gpufleet-demo-conf-`)}/demo.toml`;
+  demoStartMs = Date.now();
+  ukStub = await startUkStub();
+  writeFileSync(config, [
+    '[[carbon.nodes]]', `node = "${STATIC_NODE}"`, 'provider = "static"', `g_per_kwh = ${G_PER_KWH}`, 'region = "lab-east"',
+    '[[carbon.nodes]]', `node = "${UK_NODE}"`, 'provider = "uk"', 'region = "national"',
+    `url = "http://127.0.0.1:${ukStub.address().port}"`, ''].join('\n'));
   const d = startAndWait(`${bins}/gpufleet-collector`, [
-    'demo', '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
+    'demo', '--config', config, '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
     '--gpus-per-node', String(GPUS_PER_NODE), '--interval', '200ms', '--stale-after', '2s',
+    '--history', '35m', // covers an ended half-hour slot (actual intensity) and two whole minutes before the start
   ], /^listening grpc=(\S+) http=(\S+)$/, 'gpufleet-collector demo');
   demo = d.child;
   const m = await d.found;
@@ -76,6 +128,7 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
+  ukStub?.close();
   stop(agent);
   stop(demo);
 });
@@ -249,6 +302,206 @@ test('exposure warnings are shown as a banner; a loopback demo shows none', asyn
   } finally {
     stop(s.child);
   }
+});
+
+// ---- The energy page. Its range is two whole minutes of the demo's simulated history
+// (written before the collector started, accounted at start-up), so the figures are fixed
+// while the test compares them with the API.
+const MINUTE_MS = 60_000;
+function historyRange() {
+  const to = Math.floor(demoStartMs / MINUTE_MS) * MINUTE_MS - 1;
+  const from = to + 1 - 2 * MINUTE_MS;
+  return { from, to, query: `from=${new Date(from).toISOString()}&to=${new Date(to).toISOString()}` };
+}
+
+async function api(path) {
+  const r = await fetch(`${http}${path}`);
+  assert.equal(r.status, 200, `${path}: ${r.status}`);
+  return r.json();
+}
+
+/** The API's view of the history range, once the start-up accounting and carbon pricing
+ * have produced it. */
+async function historyFigures(groupBy = 'container') {
+  const { from, to } = historyRange();
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    const energy = await api(`/api/v1/energy?from=${from}&to=${to}`);
+    const rows = (await api(`/api/v1/containers?from=${from}&to=${to}&group_by=${groupBy}`)).rows;
+    const accounted = energy.total.covered_seconds >= 2 * 60 * NODES.length * GPUS_PER_NODE * 0.99;
+    const priced = PRICED_NODES.every((n) => energy.nodes[n]?.carbon?.priced_share === 1);
+    if ((accounted && priced) || Date.now() > deadline) return { energy, rows };
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** What the energy table shows: [key, exact energy J, carbon cell text, exact carbon g or
+ * null] per row, in order. */
+function tableRows(page) {
+  return page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), Number(tr.getAttribute('data-energy-j')),
+    tr.querySelector('[data-col=co2]')?.textContent ?? '',
+    tr.getAttribute('data-carbon-g') ? Number(tr.getAttribute('data-carbon-g')) : null]));
+}
+
+test('the energy page lists the demo\'s workloads with their energy, and its totals are the API\'s', async () => {
+  const { energy, rows } = await historyFigures();
+  assert.ok(energy.total.energy_j > 0, 'the history range has energy');
+  assert.ok(rows.filter((r) => r.key.startsWith('container:')).length >= 4, 'the demo runs containers');
+
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.click('#nav-energy');
+  await page.waitForURL(`${http}/energy`);
+  await page.locator('#energy-table').waitFor();
+  await page.goto(`${http}/energy?${historyRange().query}`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+
+  const shown = await tableRows(page);
+  assert.deepEqual(shown.map((r) => r[0]), rows.map((r) => r.key), 'one row per workload, biggest first');
+  for (const [key, j] of shown) {
+    assert.ok(j > 0, `${key} has energy`);
+    assert.equal(j, rows.find((r) => r.key === key).energy_j, `${key}: the API's joules`);
+  }
+  const names = await page.$$eval('#energy-table tbody tr[data-key^="container:"] td:first-child a', (as) => as.map((a) => a.textContent));
+  assert.ok(names.includes('pytorch') || names.length >= 4, `container names shown: ${names}`);
+
+  // Totals: the fleet's energy and shares are the API's; the table's sum is its rows' sum,
+  // and with idle and unattributed it makes up the fleet's energy (conservation).
+  const total = (k) => page.locator(`[data-total=${k}]`).getAttribute('data-value').then(Number);
+  assert.equal(await total('energy'), energy.total.energy_j);
+  assert.equal(await total('idle'), energy.total.idle_j);
+  assert.equal(await total('unattributed'), energy.total.unattributed_j);
+  const sum = Number(await page.locator('#energy-sum').getAttribute('data-energy-j'));
+  const apiSum = rows.reduce((a, r) => a + r.energy_j, 0);
+  assert.ok(Math.abs(sum - apiSum) < 1e-6, `table sum ${sum} == API rows ${apiSum}`);
+  assert.ok(Math.abs(apiSum + energy.total.idle_j + energy.total.unattributed_j - energy.total.energy_j) < 0.01);
+  assert.match(await page.locator('[data-total=energy] strong').innerText(), /^\d+\.\d+ kWh$/);
+
+  // Carbon: workloads on the priced nodes show their CO2 (energy x the static intensity);
+  // those on gpu-node-02, which has no carbon provider, show "n/a" (never 0).
+  let priced = 0;
+  let unpriced = 0;
+  for (const [key, , cell, g] of shown) {
+    const row = rows.find((r) => r.key === key);
+    if (row.nodes.every((n) => PRICED_NODES.includes(n))) {
+      priced++;
+      assert.match(cell, /^\d+(\.\d+)? k?g$/, `${key}: CO2 shown`);
+      assert.equal(g, row.carbon_g, `${key}: the API's grams`);
+      if (row.nodes.every((n) => n === STATIC_NODE)) {
+        assert.ok(Math.abs(g - row.energy_kwh * G_PER_KWH) < 1e-6 * Math.max(1, g), `${key}: ${g} g = kWh x ${G_PER_KWH}`);
+      }
+      // Priced (partly) with a forecast: marked so.
+      const marks = await page.locator(`#energy-table tr[data-key="${key}"] [data-mark]`).evaluateAll((ms) => ms.map((m) => m.getAttribute('data-mark')));
+      assert.equal(marks.includes('forecast'), (row.carbon.forecast_share ?? 0) > 0, `${key}: forecast mark ${marks}`);
+    } else if (row.nodes.every((n) => !PRICED_NODES.includes(n))) {
+      unpriced++;
+      assert.equal(cell, 'n/a', `${key}: no carbon figure is n/a`);
+      assert.equal(g, null);
+    }
+  }
+  assert.ok(priced > 0 && unpriced > 0, `rows with CO2 (${priced}) and without (${unpriced})`);
+  assert.equal(await total('co2'), energy.total.carbon_g);
+  assert.ok(energy.total.carbon_g > 0);
+  assert.ok(shown.some(([key]) => rows.find((r) => r.key === key).carbon.forecast_share > 0), 'some energy priced by a forecast');
+  // The intensity section: the static region as a fixed figure; the UK one as a curve of
+  // actuals and a dashed forecast, with the lowest-intensity window of the next 24 h.
+  await page.locator('#intensity .panel[data-provider=static][data-region=lab-east]').waitFor();
+  const uk = page.locator('#intensity .panel[data-provider=uk][data-region=national]');
+  await uk.locator('canvas').waitFor();
+  const intensity = await api('/api/v1/carbon/intensity?region=national&provider=uk');
+  assert.ok(intensity.lowest_window, 'the stub has a forecast');
+  const hhmm = (ms) => new Date(ms).toISOString().slice(11, 16) + ' UTC';
+  assert.equal(await uk.locator('[data-lowest]').innerText(),
+    `lowest in the next 24 h: ${hhmm(intensity.lowest_window.from_ms)}–${hhmm(intensity.lowest_window.to_ms)}, ${Math.round(intensity.lowest_window.avg_g_per_kwh)} g/kWh on average`);
+  // Two points (start, end) per half-hour slot, each in its own series.
+  const count = (kind) => 2 * intensity.slots.filter((x) => x.kind === kind).length;
+  assert.ok(count('forecast') > 0);
+  assert.ok(count('actual') > 0, 'the history reaches an ended slot');
+  const [actualDrawn, forecastDrawn] = (await uk.getAttribute('data-series-points')).split(',').map(Number);
+  assert.equal(actualDrawn, count('actual'), 'actuals drawn');
+  // The forecast series also repeats the last actual point, so the curve has no hole.
+  assert.ok(forecastDrawn === count('forecast') || forecastDrawn === count('forecast') + 1, `forecast drawn: ${forecastDrawn}`);
+
+  // Sorting by a column reorders the rows and is kept in the URL.
+  await page.click('#energy-table th[data-sort=gpu_seconds]');
+  await page.waitForURL(/sort=gpu_seconds/);
+  const secs = await page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
+  const bySecs = [...rows].sort((a, b) => b.gpu_seconds - a.gpu_seconds || (a.key < b.key ? -1 : 1)).map((r) => r.key);
+  assert.deepEqual(secs, bySecs);
+  await page.context().close();
+});
+
+test('energy group-by changes the rows and is kept in the URL', async () => {
+  const page = await newPage();
+  const { query } = historyRange();
+  await page.goto(`${http}/energy?${query}`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  const before = (await tableRows(page)).map((r) => r[0]);
+
+  await page.selectOption('#group-by', 'namespace');
+  await page.waitForURL(/group_by=namespace/);
+  await page.locator('#energy-table[data-group-by=namespace] tbody tr[data-key]').first().waitFor();
+  const { rows } = await historyFigures('namespace');
+  const after = (await tableRows(page)).map((r) => r[0]);
+  assert.deepEqual(after, rows.map((r) => r.key));
+  assert.ok(after.every((k) => k.startsWith('namespace:')), `namespace rows: ${after}`);
+  assert.notDeepEqual(after, before);
+
+  // Kept across a reload; and per node the rows are the fleet's nodes.
+  await page.reload();
+  await page.locator('#energy-table[data-group-by=namespace] tbody tr[data-key]').first().waitFor();
+  assert.equal(await page.locator('#group-by').inputValue(), 'namespace');
+  await page.selectOption('#group-by', 'node');
+  await page.waitForURL(/group_by=node/);
+  await page.locator('#energy-table[data-group-by=node] tbody tr[data-key]').first().waitFor();
+  const nodes = (await tableRows(page)).map((r) => r[0]).sort();
+  assert.deepEqual(nodes, NODES.map((n) => `node:${n}`));
+  await page.context().close();
+});
+
+test('a workload\'s detail shows its energy per minute', async () => {
+  const page = await newPage();
+  const { from, to, query } = historyRange();
+  await page.goto(`${http}/energy?${query}`);
+  const row = page.locator('#energy-table tbody tr[data-key^="container:"]').first();
+  await row.waitFor({ timeout: 10_000 });
+  const key = await row.getAttribute('data-key');
+  await row.locator('td').nth(2).click();
+  await page.waitForURL((u) => new URL(u).searchParams.get('workload') === key);
+  const chart = page.locator('#workload-detail .panel[data-title="energy per minute"]');
+  await chart.locator('canvas').waitFor();
+  await page.waitForFunction(() => Number(document.querySelector('#workload-detail .panel[data-title="energy per minute"]')?.getAttribute('data-points')) > 0);
+  const detail = await api(`/api/v1/containers/${encodeURIComponent(key)}?from=${from}&to=${to}`);
+  assert.equal(Number(await chart.getAttribute('data-points')), detail.series.length);
+  assert.ok(detail.series.length >= 2, 'two minutes of history');
+  // The selected workload is part of the URL: a reload shows it again.
+  await page.reload();
+  await page.locator('#workload-detail .panel[data-title="energy per minute"][data-points]').waitFor();
+  // The README's picture (docs/energy.png): today, with the workload selected.
+  await page.goto(`${http}/energy?workload=${encodeURIComponent(key)}`);
+  await page.locator('#workload-detail .panel[data-title="energy per minute"][data-points]').waitFor();
+  await page.locator('#intensity canvas').first().waitFor();
+  await page.screenshot({ path: `${shots}/energy.png`, fullPage: true });
+  await page.context().close();
+});
+
+test('the GPU and node pages show energy and CO2 beside each other', async () => {
+  const page = await newPage();
+  const { query } = historyRange();
+  await page.goto(`${http}/node/${NODES[0]}?${query}`);
+  await page.waitForFunction(() => /kWh$/.test(document.querySelector('#gpu-table tbody tr [data-col=energy]')?.textContent ?? ''));
+  const co2Cells = await page.$$eval('#gpu-table tbody [data-col=co2]', (tds) => tds.map((t) => t.textContent));
+  assert.equal(co2Cells.length, GPUS_PER_NODE);
+  // gpu-node-01 has a carbon intensity: every GPU's CO2 is a figure.
+  for (const c of co2Cells) assert.match(c, /^\d+(\.\d+)? k?g$/);
+  await page.click('#gpu-table tbody tr:first-child a');
+  await page.waitForURL(/\/gpu\/GPU-/);
+  const row = page.locator('#gpu-energy');
+  await row.waitFor({ timeout: 10_000 });
+  assert.match(await row.locator('[data-col=energy]').innerText(), /kWh$/);
+  assert.match(await row.locator('[data-col=co2]').innerText(), /^\d+(\.\d+)? k?g$/);
+  await page.context().close();
 });
 
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
