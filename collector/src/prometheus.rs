@@ -438,6 +438,24 @@ pub fn render(
         writer_queued as f64,
     );
 
+    let jobs = metrics.leading();
+    if !jobs.is_empty() {
+        family(
+            &mut out,
+            "gpufleet_collector_job_leader",
+            "gauge",
+            "1 if this collector runs the background job now (it holds the job's lease).",
+        );
+        for (job, leading) in jobs {
+            sample(
+                &mut out,
+                "gpufleet_collector_job_leader",
+                &[("job", job)],
+                f64::from(u8::from(leading)),
+            );
+        }
+    }
+
     let h = "gpufleet_collector_commit_duration_seconds";
     family(
         &mut out,

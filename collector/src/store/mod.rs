@@ -13,13 +13,14 @@
 //!   durable when it returns `Ok`, or none is.
 
 pub mod energy;
+pub mod lease;
 pub mod sqlite;
 
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, Event, GpuInfo, GpuSample, HostInfo, HostSample, Inventory, NvLinkSample,
-    ProcessSample, SamplerCost, UnixMs,
+    ProcessSample, SamplerCost, Tick, UnixMs,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -55,6 +56,8 @@ pub enum StoreError {
     },
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    #[error("cannot take the lease of job {job:?}: {why}")]
+    Lease { job: String, why: String },
     #[error("batch {seq} of node {node:?} names GPU {uuid:?}, which the node did not register")]
     UnknownGpu {
         node: String,
@@ -496,6 +499,60 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
+
+    // ---- several collectors (issue 8)
+
+    /// Whether several collectors may share this database (PostgreSQL), so each must follow
+    /// what the others commit ([`crate::follow`]). SQLite: one collector per file.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// The lease of a background job ([`lease`]): `Some` when this caller may run `job`
+    /// now, `None` while someone else (another collector on the same database) holds it.
+    /// Run jobs through [`crate::leader::spawn`] rather than calling this directly.
+    async fn try_lead(&self, job: &str) -> Result<Option<lease::Lease>, StoreError>;
+
+    /// A node's stored ticks in `range` (GPU samples with their processes, host row,
+    /// events), oldest first, the newest `limit` at most: what another collector committed,
+    /// for the live state ([`crate::follow`]). The default composes the per-GPU reads;
+    /// a backend may answer it in fewer queries.
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Tick>, StoreError> {
+        fn at(ticks: &mut BTreeMap<UnixMs, Tick>, t: UnixMs) -> &mut Tick {
+            ticks.entry(t).or_insert_with(|| Tick {
+                time_ms: t,
+                ..Tick::default()
+            })
+        }
+        let mut ticks: BTreeMap<UnixMs, Tick> = BTreeMap::new();
+        for g in &node.gpus {
+            for (t, s) in self.gpu_samples(g.id, range, limit).await? {
+                at(&mut ticks, t).gpus.push(s);
+            }
+            // Processes per GPU per tick are few; the range is what bounds the read.
+            for (t, p) in self
+                .process_samples(g.id, range, limit.saturating_mul(256))
+                .await?
+            {
+                at(&mut ticks, t).processes.push(p);
+            }
+        }
+        for h in self.host_samples(node.id, range, limit).await? {
+            let tick = at(&mut ticks, h.time_ms);
+            tick.host = h.sample;
+            tick.cost = h.cost;
+        }
+        for e in self.events(node.id, range, limit).await? {
+            at(&mut ticks, e.time_ms).events.push(e);
+        }
+        let skip = ticks.len().saturating_sub(limit);
+        Ok(ticks.into_values().skip(skip).collect())
+    }
 }
 
 /// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
