@@ -3,19 +3,26 @@
 //! - `postgres_leases_*`: the PostgreSQL advisory-lock lease on the local server
 //!   (127.0.0.1:5432, user postgres, database test): exclusive, released when dropped, lost
 //!   (and taken over) when its session is terminated.
+//! - `the_follower_*`: one pass of the store follower against commits that did not go
+//!   through this live state (another collector's).
 //! - `two_collectors_on_one_sqlite_file_*`: two in-process collectors on one SQLite file
 //!   (WAL), a simulated agent on each: both show both nodes live, the energy job runs on
 //!   exactly one, and moves to the other when it stops.
 
+use common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::follow::FollowMode;
+use gpufleet_collector::follow::follow_once;
 use gpufleet_collector::leader::LeadOptions;
+use gpufleet_collector::live::Live;
 use gpufleet_collector::store::{self, lease};
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+mod common;
 
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -299,4 +306,71 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
     }
     survivor.stop.cancel();
     survivor.task.await.expect("join").expect("clean stop");
+}
+
+#[tokio::test]
+async fn the_follower_takes_new_nodes_and_ticks_flags_late_data_and_leaves_own_nodes_alone() {
+    let (_dir, store) = common::sqlite_store().await;
+    let live = Live::new();
+    let gpus = ["GPU-follow-0", "GPU-follow-1"];
+    let inv = inventory(vec![gpu_info_full(gpus[0], 0), gpu_info_full(gpus[1], 1)]);
+    let rec = store
+        .register_node(&hello("elsewhere"), &inv, T0)
+        .await
+        .expect("register");
+
+    // A node registered through another collector appears, without samples yet.
+    assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
+    live.read(|s| {
+        let n = &s.nodes["elsewhere"];
+        assert_eq!(
+            (n.connections, n.record.gpus.len(), n.gpus.len()),
+            (0, 2, 0)
+        );
+    });
+
+    // Its ticks arrive: the newest become the latest samples and are announced.
+    let mut rx = live.subscribe();
+    store
+        .write_batches(&[node_batch(&rec, batch(1, T0 + 10_000, 3, &gpus))])
+        .await
+        .expect("write");
+    assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 3);
+    live.read(|s| {
+        let n = &s.nodes["elsewhere"];
+        assert_eq!(n.record.last_seen_ms, Some(T0 + 12_000));
+        assert_eq!((n.record.stored_samples, n.record.last_acked_seq), (6, 1));
+        assert_eq!(n.gpus.len(), 2);
+        assert!(n.gpus.values().all(|g| g.time_ms == T0 + 12_000));
+        assert_eq!(n.host.as_ref().map(|h| h.time_ms), Some(T0 + 12_000));
+    });
+    let announced = rx.try_recv().expect("announced");
+    assert_eq!(announced.node, "elsewhere");
+    assert_eq!(announced.batch.ticks.len(), 3);
+    assert!(!live.take_late_data());
+    // Nothing new: nothing read, nothing announced.
+    assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
+    assert!(rx.try_recv().is_err());
+
+    // Older data stored elsewhere (a replayed spool): counted, and the accountant is told.
+    store
+        .write_batches(&[node_batch(&rec, batch(2, T0, 2, &gpus))])
+        .await
+        .expect("write");
+    assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
+    assert!(live.take_late_data(), "late data noted");
+    live.read(|s| {
+        let n = &s.nodes["elsewhere"];
+        assert_eq!((n.record.stored_samples, n.record.last_acked_seq), (10, 2));
+        assert_eq!(n.record.last_seen_ms, Some(T0 + 12_000));
+    });
+
+    // Once the node streams to this collector, its own commits keep it current.
+    live.connected(rec.clone());
+    store
+        .write_batches(&[node_batch(&rec, batch(3, T0 + 20_000, 1, &gpus))])
+        .await
+        .expect("write");
+    assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
+    live.read(|s| assert_eq!(s.nodes["elsewhere"].record.last_seen_ms, Some(T0 + 12_000)));
 }
