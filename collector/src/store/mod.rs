@@ -502,11 +502,10 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     // ---- several collectors (issue 8)
 
-    /// Whether several collectors may share this database (PostgreSQL), so each must follow
-    /// what the others commit ([`crate::follow`]). SQLite: one collector per file.
-    fn shared(&self) -> bool {
-        false
-    }
+    /// Whether several collectors may share this database (PostgreSQL: `true`), so each
+    /// follows what the others commit ([`crate::follow`], `--follow-store auto`). SQLite:
+    /// `false`, one collector per file.
+    fn shared(&self) -> bool;
 
     /// The lease of a background job ([`lease`]): `Some` when this caller may run `job`
     /// now, `None` while someone else (another collector on the same database) holds it.

@@ -772,6 +772,10 @@ impl Store for SqliteStore {
 
     // ---- several collectors (issue 8)
 
+    fn shared(&self) -> bool {
+        false
+    }
+
     async fn try_lead(&self, job: &str) -> Result<Option<super::lease::Lease>, StoreError> {
         match &self.leases {
             Leases::File(db) => super::lease::file(db, job),
