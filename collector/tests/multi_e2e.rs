@@ -201,6 +201,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
         .expect("SIGKILL the leading collector");
     gone.child.wait().await.expect("reap");
     let killed_at = gpufleet_core::config::now_ms();
+    let killed = Instant::now();
     let alive = &http[survivor];
     poll(
         "both agents streaming to the survivor, samples newer than the kill",
@@ -214,12 +215,20 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
         },
     )
     .await;
+    let failed_over = killed.elapsed();
     poll(
         "the survivor to lead the energy job",
         Duration::from_secs(15),
         async || (leads_energy(&client, alive).await == Some(true)).then_some(()),
     )
     .await;
+
+    let took_over = killed.elapsed();
+    eprintln!(
+        "leader SIGKILLed: agents streaming to the survivor after {} ms, energy job led there after {} ms",
+        failed_over.as_millis(),
+        took_over.as_millis()
+    );
 
     // --- stop the agents: all they sampled is acked and stored exactly once
     for a in &agents {
@@ -260,5 +269,6 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
         .expect("the survivor stops within 30 s")
         .expect("wait");
     assert!(status.success(), "the survivor exited with {status}");
+    eprintln!("GPU samples sampled == acked == stored per node: {sampled:?}");
     sampled
 }
