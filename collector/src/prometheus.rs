@@ -232,7 +232,7 @@ const NODE_FAMILIES: &[(&str, &str, &str, NodeValue)] = &[
     (
         "gpufleet_node_connected",
         "gauge",
-        "1 while the node has an open ingest stream.",
+        "1 while the node has an open ingest stream to this collector.",
         |n| Some(f64::from(u8::from(n.connections > 0))),
     ),
     (
