@@ -163,24 +163,31 @@ struct PgHold {
 pub async fn postgres(pool: &sqlx::PgPool, job: &str) -> Result<Option<Lease>, StoreError> {
     use sqlx::Connection;
     let q = |op| move |source| StoreError::Query { op, source };
-    // Out of the pool: the lock belongs to this session, which must never serve anyone
-    // else, and closing it is how the lock is released.
-    let mut conn = pool
+    let mut pooled = pool
         .acquire()
         .await
-        .map_err(q("take a connection for a job lease"))?
-        .detach();
-    let got: bool = sqlx::query_scalar(
+        .map_err(q("take a connection for a job lease"))?;
+    let got = sqlx::query_scalar::<_, bool>(
         "SELECT pg_try_advisory_lock(hashtextextended('gpufleet:' || current_schema() || ':' || $1, 0))",
     )
     .bind(job)
-    .fetch_one(&mut conn)
-    .await
-    .map_err(q("try a job's advisory lock"))?;
+    .fetch_one(&mut *pooled)
+    .await;
+    let got = match got {
+        Ok(got) => got,
+        Err(e) => {
+            // Whether the lock was taken is unknown: end the session rather than pool it.
+            let _ = pooled.close().await;
+            return Err(q("try a job's advisory lock")(e));
+        }
+    };
     if !got {
-        let _ = conn.close().await;
+        // It holds no lock: back to the pool (asking every few seconds costs no new session).
         return Ok(None);
     }
+    // Out of the pool: the lock belongs to this session, which must never serve anyone
+    // else, and closing it is how the lock is released.
+    let mut conn = pooled.detach();
     let lost = CancellationToken::new();
     let release = CancellationToken::new();
     let job_name = job.to_owned();
