@@ -110,6 +110,19 @@ async fn stored_mj(store: &Arc<dyn Store>, key: &str) -> u64 {
 #[tokio::test]
 async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter() {
     let (_dir, store) = sqlite_store().await;
+    two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn pg_two_containers_sm_three_to_one_get_the_h() {
+    let (_schema, store) = pg_store().await;
+    two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_on(store).await;
+}
+
+async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_on(
+    store: Arc<dyn Store>,
+) {
     let node = one_gpu_node(&store, "GPU-e").await;
     // A known power trace at 1 Hz for 3 minutes and 1 s; the counter is its exact integral.
     let power = |k: i64| 150_000 + ((k * 37_123) % 200_000) as u32;
@@ -204,6 +217,19 @@ async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
 #[tokio::test]
 async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing() {
     let (_dir, store) = sqlite_store().await;
+    late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn pg_late_data_behind_the_watermark_is_recomp() {
+    let (_schema, store) = pg_store().await;
+    late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing_on(store).await;
+}
+
+async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing_on(
+    store: Arc<dyn Store>,
+) {
     let node = one_gpu_node(&store, "GPU-l").await;
     let live = Live::new();
     live.connected(node.clone());
@@ -477,6 +503,17 @@ async fn get_json(store: &Arc<dyn Store>, uri: &str) -> (u16, serde_json::Value)
 #[tokio::test]
 async fn the_api_reports_energy_per_container_per_gpu_and_in_total() {
     let (_dir, store) = sqlite_store().await;
+    the_api_reports_energy_per_container_per_gpu_and_in_total_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn pg_the_api_reports_energy_per_container_per() {
+    let (_schema, store) = pg_store().await;
+    the_api_reports_energy_per_container_per_gpu_and_in_total_on(store).await;
+}
+
+async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc<dyn Store>) {
     let node = one_gpu_node(&store, "GPU-api").await;
     // 200 W for 2 minutes and 1 s, idle 40 W, shares 3 : 1.
     let ticks = (0..=121)

@@ -1,6 +1,6 @@
 //! The store contract: what every `Store` implementation must do, written against
-//! `Arc<dyn Store>` only. `contract_tests!` instantiates the suite per backend (SQLite
-//! now; PostgreSQL adds one line once it exists).
+//! `Arc<dyn Store>` only. `contract_tests!` instantiates the suite per backend: SQLite in
+//! a temporary file, PostgreSQL in a schema of its own on `GPUFLEET_TEST_PG_URL`.
 
 mod common;
 
@@ -533,6 +533,7 @@ macro_rules! contract_tests {
 }
 
 contract_tests!(sqlite, sqlite_store);
+contract_tests!(postgres, pg_store);
 
 // ------------------------------------------------------------------ SQLite specifics
 
@@ -570,15 +571,14 @@ async fn sqlite_reopen_keeps_data() {
 
 #[tokio::test]
 async fn unsupported_urls_say_what_to_use() {
-    let err = gpufleet_collector::store::open("postgres://u:secret@localhost/db")
+    let err = gpufleet_collector::store::open("mysql://u:secret@localhost/db")
         .await
-        .expect_err("not yet");
+        .expect_err("not supported");
     let msg = err.to_string();
     assert!(
-        msg.contains("sqlite://") && !msg.contains("secret"),
+        msg.contains("sqlite://") && msg.contains("postgres://") && !msg.contains("secret"),
         "{msg}"
     );
-    assert!(gpufleet_collector::store::open("mysql://x").await.is_err());
 }
 
 /// The on-disk size of a raw GPU sample (the design's budget is <= 120 bytes), measured
@@ -590,6 +590,172 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
     let store = gpufleet_collector::store::open(&format!("sqlite://{}", path.display()))
         .await
         .expect("open");
+    let rows = write_size_fixture(&store).await;
+    store.close().await;
+
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("connect");
+    let bytes: i64 =
+        sqlx::query_scalar("SELECT sum(pgsize) FROM dbstat WHERE name = 'gpu_samples'")
+            .fetch_one(&pool)
+            .await
+            .expect("dbstat");
+    let per_row = bytes as f64 / rows as f64;
+    println!("gpu_samples: {rows} rows, {bytes} bytes on disk, {per_row:.1} bytes per sample");
+    assert!(
+        per_row <= 120.0,
+        "{per_row:.1} bytes per GPU sample exceeds the 120-byte budget"
+    );
+    pool.close().await;
+}
+
+// ------------------------------------------------------------------ PostgreSQL specifics
+
+/// Batches for days without a partition get one on demand (a day long past and one in the
+/// future); retention drops whole days before the cutoff and nothing newer.
+#[tokio::test]
+async fn postgres_partitions_are_created_on_demand_and_dropped_by_day() {
+    use gpufleet_collector::store::postgres::{DAY_MS, PgStore};
+    let schema = PgSchema::create().await;
+    let pg = PgStore::open(&schema.url()).await.expect("open");
+    let at_open = pg.raw_partitions().await.expect("partitions");
+    assert_eq!(
+        at_open.len(),
+        6,
+        "today and tomorrow, three tables: {at_open:?}"
+    );
+
+    let store: Arc<dyn Store> = Arc::new(pg);
+    let rec = store
+        .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
+        .await
+        .expect("register");
+    let old = T0 - 400 * DAY_MS; // 2025-12-11
+    let new = T0; // 2027-01-15
+    for (seq, start) in [(1, old), (2, new)] {
+        store
+            .write_batches(&[node_batch(&rec, batch(seq, start, 3, &["GPU-a"]))])
+            .await
+            .expect("write into a day without a partition yet");
+    }
+    let gpu = rec.gpus[0].id;
+    assert_eq!(
+        store
+            .gpu_samples(gpu, ALL_TIME, 100)
+            .await
+            .expect("read")
+            .len(),
+        6
+    );
+
+    // The store is behind the trait now: reopen the same schema for the inherent methods.
+    let pg = PgStore::open(&schema.url()).await.expect("reopen");
+    let names: Vec<String> = pg
+        .raw_partitions()
+        .await
+        .expect("partitions")
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    for want in [
+        "gpu_samples_p20251211",
+        "process_samples_p20251211",
+        "host_samples_p20251211",
+        "gpu_samples_p20270115",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+
+    let cutoff = new - DAY_MS;
+    let dropped = pg.drop_raw_before(cutoff).await.expect("drop");
+    for want in [
+        "gpu_samples_p20251211",
+        "host_samples_p20251211",
+        "process_samples_p20251211",
+    ] {
+        assert!(dropped.iter().any(|n| n == want), "{want} in {dropped:?}");
+    }
+    let kept = pg.raw_partitions().await.expect("partitions");
+    assert!(
+        kept.iter().all(|p| p.to_ms.is_some_and(|to| to > cutoff)),
+        "only days ending after the cutoff are kept: {kept:?}"
+    );
+    assert!(kept.iter().any(|p| p.name == "gpu_samples_p20270115"));
+    let left = store.gpu_samples(gpu, ALL_TIME, 100).await.expect("read");
+    assert_eq!(left.len(), 3, "the newer day is untouched");
+    assert!(left.iter().all(|(t, _)| *t >= T0));
+    assert!(
+        pg.drop_raw_before(new - DAY_MS)
+            .await
+            .expect("again")
+            .is_empty()
+    );
+
+    // Late data for the dropped day: the partition is created again, by the store that
+    // dropped it and by one whose cache still believes it exists.
+    store
+        .write_batches(&[node_batch(&rec, batch(3, old, 1, &["GPU-a"]))])
+        .await
+        .expect("late write after retention");
+    assert_eq!(
+        store
+            .gpu_samples(gpu, ALL_TIME, 100)
+            .await
+            .expect("read")
+            .len(),
+        4
+    );
+    pg.close().await;
+    store.close().await;
+}
+
+/// A password in the URL never reaches an error message.
+#[tokio::test]
+async fn postgres_errors_do_not_show_the_password() {
+    // Port 1: nothing listens there.
+    let err = gpufleet_collector::store::open("postgres://postgres:sekrit@127.0.0.1:1/test")
+        .await
+        .expect_err("nothing listens on port 1");
+    let msg = err.to_string();
+    assert!(!msg.contains("sekrit"), "{msg}");
+    assert!(
+        msg.contains("postgres://postgres:***@127.0.0.1:1/test"),
+        "{msg}"
+    );
+    assert!(
+        err.is_transient(),
+        "an unreachable server may come back: {err:?}"
+    );
+}
+
+/// The on-disk size of a raw GPU sample on PostgreSQL (heap, TOAST and primary key), over
+/// the same realistic samples as the SQLite test.
+#[tokio::test]
+async fn postgres_gpu_sample_rows_have_a_known_size() {
+    let (schema, store) = pg_store().await;
+    let rows = write_size_fixture(&store).await;
+    store.close().await;
+    let mut conn = pg_connect(&schema.url()).await;
+    let bytes: i64 = sqlx::query_scalar(
+        "SELECT sum(pg_total_relation_size(i.inhrelid))::int8 FROM pg_inherits i \
+         WHERE i.inhparent = 'gpu_samples'::regclass",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("relation size");
+    let per_row = bytes as f64 / rows as f64;
+    println!("gpu_samples (PostgreSQL): {rows} rows, {bytes} bytes, {per_row:.1} bytes per sample");
+    // A heap row is ~180 bytes (24-byte tuple header, 12 bigints, 8 integers, 6
+    // smallints, 4-byte line pointer); the primary key adds ~32.
+    assert!(
+        per_row <= 240.0,
+        "{per_row:.1} bytes per GPU sample exceeds the 240-byte PostgreSQL budget"
+    );
+}
+
+/// Writes 2,500 ticks of 8 realistic H100 samples (no per-link NVLink); returns the rows.
+async fn write_size_fixture(store: &Arc<dyn Store>) -> u64 {
     let uuids: Vec<String> = (0..8)
         .map(|i| format!("GPU-{i:08x}-aaaa-bbbb-cccc-0123456789ab"))
         .collect();
@@ -634,22 +800,5 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
             .await
             .expect("write");
     }
-    store.close().await;
-
-    let rows = u64::from(batches * ticks_per_batch) * 8;
-    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .expect("connect");
-    let bytes: i64 =
-        sqlx::query_scalar("SELECT sum(pgsize) FROM dbstat WHERE name = 'gpu_samples'")
-            .fetch_one(&pool)
-            .await
-            .expect("dbstat");
-    let per_row = bytes as f64 / rows as f64;
-    println!("gpu_samples: {rows} rows, {bytes} bytes on disk, {per_row:.1} bytes per sample");
-    assert!(
-        per_row <= 120.0,
-        "{per_row:.1} bytes per GPU sample exceeds the 120-byte budget"
-    );
-    pool.close().await;
+    u64::from(batches * ticks_per_batch) * 8
 }

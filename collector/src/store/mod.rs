@@ -2,8 +2,9 @@
 //!
 //! Only this module knows SQL. Callers hold an `Arc<dyn Store>` and speak in domain types
 //! (`gpufleet_core` samples, [`NodeRecord`], [`GpuMetric`]); the SQLite implementation lives in
-//! [`sqlite`], and a PostgreSQL one (COPY / UNNEST on the write path) fits behind the same
-//! trait. `tests/store_contract.rs` is the contract every implementation must pass.
+//! [`sqlite`], the PostgreSQL one (array binds with UNNEST on the write path, raw tables
+//! partitioned by day) in [`postgres`]. `tests/store_contract.rs` is the contract every
+//! implementation must pass.
 //!
 //! Invariants every implementation keeps:
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
@@ -14,6 +15,7 @@
 
 pub mod energy;
 pub mod lease;
+pub mod postgres;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -335,7 +337,7 @@ impl GpuMetric {
 /// metric was absent in that sample or in every sample of the bucket).
 pub type SeriesPoint = (UnixMs, Option<f64>);
 
-/// The storage boundary. Implementations: [`sqlite::SqliteStore`] (PostgreSQL later).
+/// The storage boundary. Implementations: [`sqlite::SqliteStore`], [`postgres::PgStore`].
 ///
 /// All methods are cancel-safe in the sense that dropping a pending write rolls its
 /// transaction back; nothing is half-written.
@@ -570,20 +572,20 @@ pub struct AgentTokenRecord {
     pub revoked_ms: Option<UnixMs>,
 }
 
-/// Opens the store a database URL names: `sqlite://PATH` (the file is created if missing)
-/// or `sqlite::memory:`. Migrations are applied before it returns.
+/// Opens the store a database URL names: `sqlite://PATH` (the file is created if missing),
+/// `sqlite::memory:`, or `postgres://USER:PASSWORD@HOST:PORT/DATABASE` (`postgresql://`
+/// too). Migrations are applied before it returns.
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(sqlite::SqliteStore::open(url).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Err(StoreError::UnsupportedUrl {
-            url: redact_url(url),
-            why: "PostgreSQL support comes in a later release; use sqlite://PATH".into(),
-        })
+        Ok(Arc::new(postgres::PgStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl {
             url: redact_url(url),
-            why: "expected sqlite://PATH (e.g. sqlite://gpufleet.db)".into(),
+            why: "expected sqlite://PATH (e.g. sqlite://gpufleet.db) or \
+                  postgres://USER:PASSWORD@HOST:PORT/DATABASE"
+                .into(),
         })
     }
 }

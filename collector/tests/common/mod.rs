@@ -19,6 +19,106 @@ pub async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn Store>) {
     (dir, store)
 }
 
+/// The PostgreSQL server tests use: `GPUFLEET_TEST_PG_URL`, by default the local one
+/// (`scripts/test` starts a throwaway cluster when none answers there).
+pub fn pg_url() -> String {
+    std::env::var("GPUFLEET_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A schema of its own on the test PostgreSQL server, dropped (with everything in it) when
+/// the guard is dropped. Panics, naming the URL, when the server cannot be reached: a
+/// missing server fails the tests rather than skipping them.
+pub struct PgSchema {
+    /// The server URL without a schema.
+    pub base_url: String,
+    pub name: String,
+}
+
+impl PgSchema {
+    pub async fn create() -> PgSchema {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let base_url = pg_url();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "t_{}_{}_{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut conn = pg_connect(&base_url).await;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+            .execute(&mut conn)
+            .await
+            .expect("create a test schema");
+        PgSchema { base_url, name }
+    }
+
+    /// The URL of the schema: every connection's search_path is the schema.
+    pub fn url(&self) -> String {
+        let sep = if self.base_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        };
+        format!(
+            "{}{sep}options=-c%20search_path%3D{}",
+            self.base_url, self.name
+        )
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (url, name) = (self.base_url.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: do the async work on a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async {
+                let mut conn = pg_connect(&url).await;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                )))
+                .execute(&mut conn)
+                .await
+                .map(|_| ())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) && !std::thread::panicking() {
+            panic!("could not drop test schema {}", self.name);
+        }
+    }
+}
+
+/// One connection to the test server; panics with what to do when there is none.
+pub async fn pg_connect(url: &str) -> sqlx::PgConnection {
+    use sqlx::Connection;
+    match sqlx::PgConnection::connect(url).await {
+        Ok(conn) => conn,
+        Err(e) => panic!(
+            "cannot connect to the test PostgreSQL at {}: {e}. Start one (scripts/test does) \
+             or point GPUFLEET_TEST_PG_URL at one.",
+            store::redact_url(url)
+        ),
+    }
+}
+
+/// A PostgreSQL store in a fresh schema; keep the guard alive as long as the store.
+pub async fn pg_store() -> (PgSchema, Arc<dyn Store>) {
+    let schema = PgSchema::create().await;
+    let store = store::open(&schema.url())
+        .await
+        .expect("open PostgreSQL store");
+    (schema, store)
+}
+
 pub fn hello(node: &str) -> HelloInfo {
     HelloInfo {
         node: node.into(),
