@@ -1,8 +1,9 @@
 //! Several collectors, one database (issue 8): job leases and following the store.
 //!
-//! - `postgres_leases_*`: the PostgreSQL advisory-lock lease on the local server
-//!   (127.0.0.1:5432, user postgres, database test): exclusive, released when dropped, lost
-//!   (and taken over) when its session is terminated.
+//! - `postgres_leases_*`: the PostgreSQL advisory-lock lease on the test server
+//!   (`GPUFLEET_TEST_PG_URL`, default 127.0.0.1:5432, user postgres, database test):
+//!   exclusive, released when dropped, lost (and taken over) when its session is
+//!   terminated, and separate per schema.
 //! - `the_follower_*`: one pass of the store follower against commits that did not go
 //!   through this live state (another collector's).
 //! - `two_collectors_on_one_sqlite_file_*`: two in-process collectors on one SQLite file
@@ -24,11 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 mod common;
 
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-
-async fn pg_pool(app: &str) -> sqlx::PgPool {
+async fn pg_pool(url: &str, app: &str) -> sqlx::PgPool {
     use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(PG_URL)
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)
         .expect("url")
         .application_name(app);
     sqlx::postgres::PgPoolOptions::new()
@@ -38,8 +37,9 @@ async fn pg_pool(app: &str) -> sqlx::PgPool {
         .await
         .unwrap_or_else(|e| {
             panic!(
-                "this test needs the local PostgreSQL server ({PG_URL}, trust auth): {e}. \
-                 Start it (e.g. `pg_ctlcluster 15 main start`)."
+                "this test needs the test PostgreSQL server ({}, trust auth): {e}. \
+                 Start it (e.g. `pg_ctlcluster 15 main start`) or set GPUFLEET_TEST_PG_URL.",
+                store::redact_url(url)
             )
         })
 }
@@ -67,7 +67,8 @@ async fn poll<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Optio
 async fn postgres_leases_are_exclusive_released_on_drop_and_lost_with_their_session() {
     let app_a = unique("gpufleet-lease-a");
     let app_b = unique("gpufleet-lease-b");
-    let (pool_a, pool_b) = (pg_pool(&app_a).await, pg_pool(&app_b).await);
+    let url = common::pg_url();
+    let (pool_a, pool_b) = (pg_pool(&url, &app_a).await, pg_pool(&url, &app_b).await);
     let job = unique("test-job");
 
     let a = lease::postgres(&pool_a, &job)
@@ -114,6 +115,28 @@ async fn postgres_leases_are_exclusive_released_on_drop_and_lost_with_their_sess
         async || lease::postgres(&pool_a, &job).await.expect("ask"),
     )
     .await;
+}
+
+#[tokio::test]
+async fn postgres_leases_of_different_schemas_are_independent() {
+    let (one, two) = (
+        common::PgSchema::create().await,
+        common::PgSchema::create().await,
+    );
+    let a = pg_pool(&one.url(), &unique("gpufleet-schema-a")).await;
+    let b = pg_pool(&two.url(), &unique("gpufleet-schema-b")).await;
+    let _held = lease::postgres(&a, "energy")
+        .await
+        .expect("ask")
+        .expect("leads");
+    assert!(
+        lease::postgres(&b, "energy").await.expect("ask").is_some(),
+        "another schema (another deployment) has its own lease"
+    );
+    assert!(
+        lease::postgres(&a, "energy").await.expect("ask").is_none(),
+        "the same schema shares it"
+    );
 }
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {

@@ -9,9 +9,10 @@
 //! agents stop, everything they sampled is acked, and the database holds exactly that
 //! (stored == sampled, no duplicate (GPU, time) rows).
 //!
-//! The database is a SQLite file in WAL mode shared by both processes on this host: the
-//! leases are lock files (`flock`), so the job still runs once, and `--follow-store`
-//! makes each collector follow the other's commits.
+//! Run on the supported setup, PostgreSQL (the test server, a schema of its own;
+//! `--follow-store auto` follows there, the leases are advisory locks), and on a SQLite
+//! file in WAL mode shared by both processes on this host (the leases are lock files,
+//! `--follow-store 200ms` turns following on).
 
 use harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
@@ -19,6 +20,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
+mod common;
 mod harness;
 
 const GPUS: u32 = 2;
@@ -129,6 +131,33 @@ async fn two_collectors_one_sqlite_file_agents_fail_over_and_the_job_moves() {
         assert_eq!(rows, distinct, "{name}: no duplicate (GPU, time) rows");
     }
     pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_collectors_one_postgres_database_agents_fail_over_and_the_job_moves() {
+    let schema = common::PgSchema::create().await;
+    let url = schema.url();
+    // Migrate once up front (concurrent migrations would only wait on sqlx's lock).
+    gpufleet_collector::store::open(&url)
+        .await
+        .expect("migrate the test schema")
+        .close()
+        .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sampled = fail_over(&url, &[], dir.path()).await;
+    let mut conn = common::pg_connect(&url).await;
+    for (name, want) in NODES.iter().zip(&sampled) {
+        let (rows, distinct): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*), COUNT(DISTINCT (s.gpu_id, s.ts_ms)) FROM gpu_samples s
+             JOIN gpus g ON g.id = s.gpu_id JOIN nodes n ON n.id = g.node_id WHERE n.name = $1",
+        )
+        .bind(*name)
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+        assert_eq!(rows as u64, *want, "{name}: stored == sampled");
+        assert_eq!(rows, distinct, "{name}: no duplicate (GPU, time) rows");
+    }
 }
 
 /// Two collectors on `db_url` (with `extra` flags), two agents split across them; kills
