@@ -334,6 +334,16 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
 #[tokio::test]
 async fn the_follower_takes_new_nodes_and_ticks_flags_late_data_and_leaves_own_nodes_alone() {
     let (_dir, store) = common::sqlite_store().await;
+    follower_contract(store).await;
+}
+
+#[tokio::test]
+async fn the_follower_on_postgres_takes_new_nodes_and_ticks_and_flags_late_data() {
+    let (_schema, store) = common::pg_store().await;
+    follower_contract(store).await;
+}
+
+async fn follower_contract(store: Arc<dyn store::Store>) {
     let live = Live::new();
     let gpus = ["GPU-follow-0", "GPU-follow-1"];
     let inv = inventory(vec![gpu_info_full(gpus[0], 0), gpu_info_full(gpus[1], 1)]);
@@ -370,6 +380,11 @@ async fn the_follower_takes_new_nodes_and_ticks_flags_late_data_and_leaves_own_n
     let announced = rx.try_recv().expect("announced");
     assert_eq!(announced.node, "elsewhere");
     assert_eq!(announced.batch.ticks.len(), 3);
+    let written = batch(1, T0 + 10_000, 3, &gpus);
+    assert_eq!(
+        announced.batch.ticks, written.ticks,
+        "the ticks read back are the ticks written"
+    );
     assert!(!live.take_late_data());
     // Nothing new: nothing read, nothing announced.
     assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);

@@ -524,36 +524,54 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<Tick>, StoreError> {
-        fn at(ticks: &mut BTreeMap<UnixMs, Tick>, t: UnixMs) -> &mut Tick {
-            ticks.entry(t).or_insert_with(|| Tick {
-                time_ms: t,
-                ..Tick::default()
-            })
-        }
-        let mut ticks: BTreeMap<UnixMs, Tick> = BTreeMap::new();
+        let mut gpus = Vec::new();
+        let mut processes = Vec::new();
         for g in &node.gpus {
-            for (t, s) in self.gpu_samples(g.id, range, limit).await? {
-                at(&mut ticks, t).gpus.push(s);
-            }
+            gpus.extend(self.gpu_samples(g.id, range, limit).await?);
             // Processes per GPU per tick are few; the range is what bounds the read.
-            for (t, p) in self
-                .process_samples(g.id, range, limit.saturating_mul(256))
-                .await?
-            {
-                at(&mut ticks, t).processes.push(p);
-            }
+            processes.extend(
+                self.process_samples(g.id, range, limit.saturating_mul(256))
+                    .await?,
+            );
         }
-        for h in self.host_samples(node.id, range, limit).await? {
-            let tick = at(&mut ticks, h.time_ms);
-            tick.host = h.sample;
-            tick.cost = h.cost;
-        }
-        for e in self.events(node.id, range, limit).await? {
-            at(&mut ticks, e.time_ms).events.push(e);
-        }
-        let skip = ticks.len().saturating_sub(limit);
-        Ok(ticks.into_values().skip(skip).collect())
+        let hosts = self.host_samples(node.id, range, limit).await?;
+        let events = self.events(node.id, range, limit).await?;
+        Ok(assemble_ticks(gpus, processes, hosts, events, limit))
     }
+}
+
+/// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`
+/// (what [`Store::node_ticks`] returns).
+pub fn assemble_ticks(
+    gpus: Vec<(UnixMs, GpuSample)>,
+    processes: Vec<(UnixMs, ProcessSample)>,
+    hosts: Vec<HostRow>,
+    events: Vec<Event>,
+    limit: usize,
+) -> Vec<Tick> {
+    fn at(ticks: &mut BTreeMap<UnixMs, Tick>, t: UnixMs) -> &mut Tick {
+        ticks.entry(t).or_insert_with(|| Tick {
+            time_ms: t,
+            ..Tick::default()
+        })
+    }
+    let mut ticks: BTreeMap<UnixMs, Tick> = BTreeMap::new();
+    for (t, s) in gpus {
+        at(&mut ticks, t).gpus.push(s);
+    }
+    for (t, p) in processes {
+        at(&mut ticks, t).processes.push(p);
+    }
+    for h in hosts {
+        let tick = at(&mut ticks, h.time_ms);
+        tick.host = h.sample;
+        tick.cost = h.cost;
+    }
+    for e in events {
+        at(&mut ticks, e.time_ms).events.push(e);
+    }
+    let skip = ticks.len().saturating_sub(limit);
+    ticks.into_values().skip(skip).collect()
 }
 
 /// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.
