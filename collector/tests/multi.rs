@@ -412,3 +412,68 @@ async fn follower_contract(store: Arc<dyn store::Store>) {
     assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
     live.read(|s| assert_eq!(s.nodes["elsewhere"].record.last_seen_ms, Some(T0 + 12_000)));
 }
+
+/// What one follower pass costs at 1,000 nodes × 8 GPUs (`--ignored`; figures in
+/// BENCHMARKS.md): with nothing new (one collector, or nothing committed elsewhere), and
+/// with one new tick on every node (what a second collector sees each second when the
+/// other one receives the whole fleet at 1 Hz).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run with --ignored --nocapture"]
+async fn follow_pass_cost_at_1000_nodes() {
+    let (_dir, sqlite) = common::sqlite_store().await;
+    let (_schema, pg) = common::pg_store().await;
+    for (backend, store) in [("sqlite", sqlite), ("postgres", pg)] {
+        let nodes = 1000u32;
+        let mut records = Vec::new();
+        for n in 0..nodes {
+            let uuids: Vec<String> = (0..8).map(|g| format!("GPU-bench-{n}-{g}")).collect();
+            let inv = inventory(
+                uuids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| gpu_info_full(u, i as u32))
+                    .collect(),
+            );
+            let rec = store
+                .register_node(&hello(&format!("bench-{n:04}")), &inv, T0)
+                .await
+                .expect("register");
+            records.push((rec, uuids));
+        }
+        let write_tick = async |k: u32| {
+            let batches: Vec<_> = records
+                .iter()
+                .map(|(rec, uuids)| {
+                    let gpus: Vec<&str> = uuids.iter().map(String::as_str).collect();
+                    node_batch(rec, batch(u64::from(k), T0 + i64::from(k) * 1000, 1, &gpus))
+                })
+                .collect();
+            store.write_batches(&batches).await.expect("write");
+        };
+        write_tick(1).await;
+        let live = Live::new();
+        follow_once(store.as_ref(), &live)
+            .await
+            .expect("first pass");
+        let started = Instant::now();
+        let rounds = 5;
+        for _ in 0..rounds {
+            assert_eq!(follow_once(store.as_ref(), &live).await.expect("pass"), 0);
+        }
+        let idle = started.elapsed() / rounds;
+        let mut busy = Duration::ZERO;
+        for k in 2..2 + rounds {
+            write_tick(k).await;
+            let started = Instant::now();
+            let taken = follow_once(store.as_ref(), &live).await.expect("pass");
+            busy += started.elapsed();
+            assert_eq!(taken, nodes as usize);
+        }
+        let busy = busy / rounds;
+        eprintln!(
+            "{backend}: follower pass, 1000 nodes x 8 GPUs: nothing new {:.1} ms; one new tick on every node {:.1} ms",
+            idle.as_secs_f64() * 1e3,
+            busy.as_secs_f64() * 1e3
+        );
+    }
+}
