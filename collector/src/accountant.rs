@@ -300,6 +300,22 @@ async fn run(
     debug!("energy accountant stopped");
 }
 
+/// The (GPU, minute) pairs a committed batch wrote samples into (also what the rollup
+/// task recomputes, [`crate::rollups`]).
+pub fn touched_minutes(live: &Live, c: &Committed) -> BTreeSet<(GpuId, UnixMs)> {
+    let mut out = BTreeSet::new();
+    live.read(|s| {
+        for tick in &c.batch.ticks {
+            for g in &tick.gpus {
+                if let Some((_, id)) = s.find_gpu(&g.gpu_uuid) {
+                    out.insert((id, minute_of(tick.time_ms)));
+                }
+            }
+        }
+    });
+    out
+}
+
 /// The accountant's state between passes.
 pub struct Accountant {
     store: Arc<dyn Store>,
@@ -324,15 +340,7 @@ impl Accountant {
 
     /// Records the minutes a commit touched.
     pub fn note_commit(&mut self, live: &Live, c: &Committed) {
-        live.read(|s| {
-            for tick in &c.batch.ticks {
-                for g in &tick.gpus {
-                    if let Some((_, id)) = s.find_gpu(&g.gpu_uuid) {
-                        self.dirty.insert((id, minute_of(tick.time_ms)));
-                    }
-                }
-            }
-        });
+        self.dirty.extend(touched_minutes(live, c));
     }
 
     /// Marks one minute of one GPU for recomputation.

@@ -14,9 +14,10 @@
 //! `[k*step, (k+1)*step)`. Absent values are `null`, never 0.
 
 use crate::http::{ApiError, AppState, MAX_SERIES_POINTS, node_view};
-use crate::http::{parse_metric, series_window, too_many_samples};
+use crate::http::{Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples};
 use crate::live::LiveNode;
 use crate::status::NodeStatus;
+use crate::store::rollup::RollupKey;
 use crate::store::{HostRow, NodeId, SeriesPoint, TimeRange};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -226,6 +227,8 @@ struct NodeSeriesView {
     from_ms: UnixMs,
     to_ms: UnixMs,
     step_ms: Option<i64>,
+    /// `raw` or `rollup` (see `/api/v1/gpus/{uuid}/series`).
+    tier: Tier,
     gpus: Vec<GpuPoints>,
 }
 
@@ -257,15 +260,14 @@ async fn node_series(
             })
         })
         .ok_or_else(|| no_node(&name))?;
+    // One tier for the whole node, so its GPUs' points line up.
+    let keys: Vec<RollupKey> = gpus.iter().map(|g| RollupKey::gpu(g.0)).collect();
+    let tier = tier_for(&st, &keys, w.range, w.step_ms).await?;
+    let mut step_ms = w.step_ms;
     let mut out = Vec::with_capacity(gpus.len());
     for (id, uuid, index) in gpus {
-        let points = st
-            .store
-            .gpu_series(id, metric, w.range, w.step_ms, MAX_SERIES_POINTS + 1)
-            .await?;
-        if points.len() > MAX_SERIES_POINTS {
-            return Err(too_many_samples(w.range));
-        }
+        let (points, step) = gpu_points(&st, id, metric, w.range, w.step_ms, tier).await?;
+        step_ms = step;
         out.push(GpuPoints {
             uuid,
             index,
@@ -278,7 +280,12 @@ async fn node_series(
         unit: metric.unit(),
         from_ms: w.range.from_ms,
         to_ms: w.range.to_ms,
-        step_ms: w.step_ms,
+        step_ms: if tier == Tier::Rollup {
+            step_ms.or(Some(crate::energy::MINUTE_MS))
+        } else {
+            w.step_ms
+        },
+        tier,
         gpus: out,
     })
     .into_response())
@@ -368,6 +375,8 @@ struct HostSeriesView {
     from_ms: UnixMs,
     to_ms: UnixMs,
     step_ms: Option<i64>,
+    /// `raw` or `rollup` (see `/api/v1/gpus/{uuid}/series`).
+    tier: Tier,
     /// Units are in the field names (`_pct`, `_bytes`, `_bps`); `load1` is the load average.
     points: Vec<HostPoint>,
 }
@@ -386,6 +395,35 @@ async fn host_series(
     let p = query(params)?;
     let w = window(&p, (st.clock)())?;
     let id = node_id(&st, &name)?;
+    if tier_for(&st, &[RollupKey::host(id)], w.range, w.step_ms).await? == Tier::Rollup {
+        let step = w.step_ms.unwrap_or(0).max(crate::energy::MINUTE_MS);
+        let rows = st
+            .store
+            .host_rollup_series(id, w.range, step, MAX_SERIES_POINTS + 1)
+            .await?;
+        if rows.len() > MAX_SERIES_POINTS {
+            return Err(too_many_samples(w.range));
+        }
+        let points = rows
+            .into_iter()
+            .map(|(t, v)| {
+                let mut values = [None; HOST_FIELDS];
+                for (slot, v) in values.iter_mut().zip(v) {
+                    *slot = v;
+                }
+                host_point(t, values)
+            })
+            .collect();
+        return Ok(Json(HostSeriesView {
+            node: name,
+            from_ms: w.range.from_ms,
+            to_ms: w.range.to_ms,
+            step_ms: Some(step),
+            tier: Tier::Rollup,
+            points,
+        })
+        .into_response());
+    }
     let limit = if w.step_ms.is_some() {
         MAX_HOST_ROWS
     } else {
@@ -406,6 +444,7 @@ async fn host_series(
         from_ms: w.range.from_ms,
         to_ms: w.range.to_ms,
         step_ms: w.step_ms,
+        tier: Tier::Raw,
         points: downsample_host(&rows, w.step_ms),
     })
     .into_response())

@@ -3,6 +3,7 @@
 //! recorded (idle power, idle policy, gap limit) — and reports every violation.
 
 use crate::energy::{self, GpuMinute, MINUTE_MS, minute_of};
+use crate::store::rollup::RollupKey;
 use crate::store::{Store, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeMap, HashMap};
@@ -46,6 +47,9 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
             },
         )
         .await?;
+    // Minutes before a GPU's raw horizon lost their raw samples (retention): they are
+    // checked for conservation only.
+    let horizons = store.raw_horizons().await?;
     let mut stored_by_gpu: HashMap<_, BTreeMap<UnixMs, GpuMinute>> = HashMap::new();
     for (gpu, m) in stored {
         if !by_id.contains_key(&gpu) {
@@ -76,7 +80,8 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
         }
         // Raw, chunk by chunk.
         let done = gpu.done_to_ms.unwrap_or(i64::MIN);
-        let mut chunk = from;
+        let raw_from = horizons.get(&RollupKey::gpu(gpu.gpu)).copied();
+        let mut chunk = from.max(raw_from.unwrap_or(i64::MIN));
         while chunk < to {
             // Skip stretches without samples.
             match store.next_sample_ms(gpu.gpu, chunk).await? {
@@ -117,8 +122,8 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
             }
             chunk = chunk_to;
         }
-        // What is left was stored for minutes without raw samples (retention): already
-        // checked for conservation.
+        // What is left was stored for minutes without raw samples (before the raw
+        // horizon): already checked for conservation.
     }
     Ok(report)
 }

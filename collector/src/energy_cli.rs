@@ -45,7 +45,7 @@ impl EnergyArgs {
 /// `check-energy` / `recompute-energy` arguments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EnergyRangeArgs {
-    /// Database URL: sqlite://PATH.
+    /// Database URL: sqlite://PATH or postgres://USER:PASSWORD@HOST:PORT/DATABASE.
     #[arg(
         long,
         env = "GPUFLEET_DB",

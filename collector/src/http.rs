@@ -19,6 +19,7 @@ use crate::exposure::ExposureWarnings;
 use crate::live::{Live, LiveGpu, LiveNode};
 use crate::metrics::Metrics;
 use crate::status::{Clock, NodeStatus, StatusPolicy};
+use crate::store::rollup::RollupKey;
 use crate::store::{GpuMetric, SeriesPoint, Store, StoreError, TimeRange};
 use crate::writer::WriterHandle;
 use axum::extract::rejection::QueryRejection;
@@ -318,8 +319,72 @@ struct SeriesView<'a> {
     to_ms: UnixMs,
     /// Bucket width when downsampled; `null` for raw samples.
     step_ms: Option<i64>,
+    /// Which data answered: `raw` samples or per-minute `rollup`s.
+    tier: Tier,
     /// `[time_ms, value]`; value `null` where the metric was absent.
     points: Vec<SeriesPoint>,
+}
+
+/// The data a series came from: raw samples, or per-minute rollups (used when the step is
+/// at least a minute or the range starts before the raw horizon; their buckets hold whole
+/// minutes, and the newest, still open minute is not in them yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Tier {
+    Raw,
+    Rollup,
+}
+
+/// One GPU metric over `range` from the tier `tier`: the points and the step they have
+/// (a rollup step is at least a minute).
+pub(crate) async fn gpu_points(
+    st: &AppState,
+    gpu: crate::store::GpuId,
+    metric: GpuMetric,
+    range: TimeRange,
+    step_ms: Option<i64>,
+    tier: Tier,
+) -> Result<(Vec<SeriesPoint>, Option<i64>), ApiError> {
+    let limit = MAX_SERIES_POINTS + 1;
+    let (points, step_ms) = match tier {
+        Tier::Raw => (
+            st.store
+                .gpu_series(gpu, metric, range, step_ms, limit)
+                .await?,
+            step_ms,
+        ),
+        Tier::Rollup => {
+            let step = step_ms.unwrap_or(0).max(crate::energy::MINUTE_MS);
+            let points = st
+                .store
+                .gpu_rollup_series(gpu, metric, range, step, limit)
+                .await?;
+            (points, Some(step))
+        }
+    };
+    if points.len() > MAX_SERIES_POINTS {
+        return Err(too_many_samples(range));
+    }
+    Ok((points, step_ms))
+}
+
+/// The tier for a request: rollups when the step is at least a minute or the range starts
+/// before the raw horizon of any of `keys`.
+pub(crate) async fn tier_for(
+    st: &AppState,
+    keys: &[crate::store::rollup::RollupKey],
+    range: TimeRange,
+    step_ms: Option<i64>,
+) -> Result<Tier, ApiError> {
+    let horizons = st.store.raw_horizons().await?;
+    let horizon = keys.iter().filter_map(|k| horizons.get(k).copied()).max();
+    Ok(
+        if crate::rollups::use_rollups(step_ms, range.from_ms, horizon) {
+            Tier::Rollup
+        } else {
+            Tier::Raw
+        },
+    )
 }
 
 fn valid_metrics() -> String {
@@ -428,13 +493,8 @@ async fn series(
         .live
         .read(|s| s.find_gpu(&uuid).map(|(_, id)| id))
         .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?;
-    let points = st
-        .store
-        .gpu_series(gpu, metric, range, step_ms, MAX_SERIES_POINTS + 1)
-        .await?;
-    if points.len() > MAX_SERIES_POINTS {
-        return Err(too_many_samples(range));
-    }
+    let tier = tier_for(&st, &[RollupKey::gpu(gpu)], range, step_ms).await?;
+    let (points, step_ms) = gpu_points(&st, gpu, metric, range, step_ms, tier).await?;
     Ok(Json(SeriesView {
         uuid: &uuid,
         metric: metric.name(),
@@ -444,6 +504,7 @@ async fn series(
         from_ms: from,
         to_ms: to,
         step_ms,
+        tier,
         points,
     })
     .into_response())

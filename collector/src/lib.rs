@@ -24,6 +24,7 @@
 //! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
 //! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
+//! - [`rollups`]: per-minute rollups and retention (`--retain-raw`, `--retain-rollups`).
 //! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
 //!   stream (`/api/v1/live`); [`dashboard`]: the node/GPU detail, series and events API.
 
@@ -48,6 +49,7 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod rate_limit;
+pub mod rollups;
 pub mod server;
 pub mod sse;
 pub mod status;

@@ -91,7 +91,8 @@ struct DemoArgs {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// Database URL: sqlite://PATH (the file is created if missing).
+    /// Database URL: sqlite://PATH (the file is created if missing) or
+    /// postgres://USER:PASSWORD@HOST:PORT/DATABASE.
     #[arg(
         long,
         env = "GPUFLEET_DB",
@@ -138,6 +139,8 @@ struct ServeArgs {
     /// SQLite), `off`, or a period such as `1s`.
     #[arg(long, env = "GPUFLEET_FOLLOW_STORE", default_value = "auto", value_parser = gpufleet_collector::follow::FollowMode::parse, value_name = "auto|off|DURATION")]
     follow_store: gpufleet_collector::follow::FollowMode,
+    #[command(flatten)]
+    retention: gpufleet_collector::rollups::RetentionArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -180,6 +183,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             humantime::format_duration(args.stale_after)
         );
     }
+    let retention = args.retention.options().map_err(anyhow::Error::msg)?;
     let grpc = TcpListener::bind(&args.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on --grpc-listen {}", args.grpc_listen))?;
@@ -219,6 +223,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         energy: args.energy.options(),
         follow: args.follow_store,
+        retention,
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
@@ -263,8 +268,10 @@ async fn run_demo(args: DemoArgs) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
         writeln!(
             stdout,
-            "gpufleet demo: {} simulated nodes x {} GPUs, database {db_url}",
-            args.nodes, args.gpus_per_node
+            "gpufleet demo: {} simulated nodes x {} GPUs, database {}",
+            args.nodes,
+            args.gpus_per_node,
+            gpufleet_collector::store::redact_url(&db_url)
         )?;
         writeln!(stdout, "dashboard: http://{http_addr}/   (Ctrl-C to stop)")?;
         writeln!(

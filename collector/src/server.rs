@@ -30,7 +30,7 @@ use tracing::{info, warn};
 /// Everything `serve` needs besides the listeners.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// `sqlite://PATH` (created if missing) or `sqlite::memory:`.
+    /// `sqlite://PATH` (created if missing), `sqlite::memory:` or `postgres://...`.
     pub db_url: String,
     /// When nodes count as stale / offline.
     pub status: StatusPolicy,
@@ -54,6 +54,8 @@ pub struct ServeOptions {
     pub follow: crate::follow::FollowMode,
     /// How background jobs' leases are asked for ([`crate::leader`]).
     pub lead: crate::leader::LeadOptions,
+    /// Per-minute rollups and retention (issue 8).
+    pub retention: crate::rollups::RetentionOptions,
 }
 
 impl Default for ServeOptions {
@@ -71,6 +73,7 @@ impl Default for ServeOptions {
             energy: EnergyOptions::default(),
             follow: crate::follow::FollowMode::default(),
             lead: crate::leader::LeadOptions::default(),
+            retention: crate::rollups::RetentionOptions::default(),
         }
     }
 }
@@ -170,6 +173,37 @@ pub async fn serve_with_store(
             accountant_stop.clone(),
         )
     });
+    let rollups_stop = CancellationToken::new();
+    // Rollups and retention run once across collectors sharing the database, like the
+    // energy accountant: each term of leadership starts the task afresh.
+    let rollups_task = crate::leader::spawn(
+        Arc::clone(&store),
+        crate::rollups::JOB,
+        Arc::clone(&metrics),
+        options.lead,
+        rollups_stop.clone(),
+        {
+            let (store, live, retention) = (
+                Arc::clone(&store),
+                Arc::clone(&live),
+                options.retention.clone(),
+            );
+            move |term| {
+                let task = crate::rollups::spawn(
+                    Arc::clone(&store),
+                    Arc::clone(&live),
+                    retention.clone(),
+                    system_clock(),
+                    term,
+                );
+                async move {
+                    if let Err(e) = task.await {
+                        warn!(error = %e, "the rollup task ended abnormally");
+                    }
+                }
+            }
+        },
+    );
     let ingest = IngestService::new(
         Arc::clone(&store),
         writer.clone(),
@@ -306,6 +340,10 @@ pub async fn serve_with_store(
         && let Err(e) = task.await
     {
         warn!(error = %e, "the store follower ended abnormally");
+    }
+    rollups_stop.cancel();
+    if let Err(e) = rollups_task.await {
+        warn!(error = %e, "the rollup task ended abnormally");
     }
     grpc_result?;
     http_result.map_err(ServeError::Http)?;

@@ -15,6 +15,11 @@
 //! not transient (so one poison batch cannot take others down with it); after a node's
 //! batch fails, that node's later batches in the group are refused too, so the store never
 //! holds a newer seq of a node without the older ones it was sent with.
+//!
+//! **When the database is down** (restart, failover), commits fail as transient and every
+//! batch is refused as retryable, so agents keep spooling and resend; each attempt waits
+//! for the store's connection pool (its acquire timeout paces the retries). The first
+//! commit that succeeds again logs `database is back` with the outage's length.
 
 use crate::live::{Committed, Live};
 use crate::metrics::Metrics;
@@ -26,7 +31,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 /// How the writer batches its work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +112,7 @@ pub fn spawn(
         live,
         metrics,
         options,
+        outage: None,
     };
     (WriterHandle { tx }, tokio::spawn(writer.run(rx, stop)))
 }
@@ -116,10 +122,43 @@ struct Writer {
     live: Arc<Live>,
     metrics: Arc<Metrics>,
     options: WriterOptions,
+    /// Since when commits have been failing with transient errors (the database is
+    /// unreachable or restarting), and how many failed; `None` while they succeed.
+    outage: Option<Outage>,
+}
+
+/// A run of commits that failed with transient errors.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: Instant,
+    failed_commits: u64,
 }
 
 impl Writer {
-    async fn run(self, mut rx: mpsc::Receiver<WriteRequest>, stop: CancellationToken) {
+    /// Notes a failed commit; a transient error starts or extends an outage.
+    fn failed(&mut self, e: &StoreError) {
+        self.metrics.commit_failures.fetch_add(1, Relaxed);
+        if e.is_transient() {
+            let outage = self.outage.get_or_insert(Outage {
+                since: Instant::now(),
+                failed_commits: 0,
+            });
+            outage.failed_commits += 1;
+        }
+    }
+
+    /// Notes a successful commit; ends an outage, saying so.
+    fn succeeded(&mut self) {
+        if let Some(o) = self.outage.take() {
+            info!(
+                failed_commits = o.failed_commits,
+                outage_ms = o.since.elapsed().as_millis() as u64,
+                "database is back: commits succeed again"
+            );
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<WriteRequest>, stop: CancellationToken) {
         let mut stopping = false;
         loop {
             let first = if stopping {
@@ -152,7 +191,7 @@ impl Writer {
         debug!("writer stopped");
     }
 
-    async fn commit(&self, group: Vec<WriteRequest>, rows: usize) {
+    async fn commit(&mut self, group: Vec<WriteRequest>, rows: usize) {
         let (batches, waiters): (Vec<NodeBatch>, Vec<_>) =
             group.into_iter().map(|r| (r.batch, r.done)).unzip();
         let started = Instant::now();
@@ -170,15 +209,16 @@ impl Writer {
                     ms = took.as_millis() as u64,
                     "committed"
                 );
+                self.succeeded();
                 self.finish(batches, waiters, outcome);
             }
             Err(e) if batches.len() > 1 && !e.is_transient() => {
-                self.metrics.commit_failures.fetch_add(1, Relaxed);
+                self.failed(&e);
                 warn!(error = %e, batches = batches.len(), "group commit failed; retrying batch by batch");
                 self.commit_one_by_one(batches, waiters).await;
             }
             Err(e) => {
-                self.metrics.commit_failures.fetch_add(1, Relaxed);
+                self.failed(&e);
                 error!(error = %e, batches = batches.len(), rows, "commit failed; batches refused as retryable");
                 let e = Arc::new(e);
                 for w in waiters {
@@ -189,7 +229,7 @@ impl Writer {
     }
 
     async fn commit_one_by_one(
-        &self,
+        &mut self,
         batches: Vec<NodeBatch>,
         waiters: Vec<oneshot::Sender<WriteResult>>,
     ) {
@@ -203,10 +243,11 @@ impl Writer {
             match self.store.write_batches(std::slice::from_ref(&nb)).await {
                 Ok(outcome) => {
                     self.metrics.observe_commit(started.elapsed());
+                    self.succeeded();
                     self.finish(vec![nb], vec![w], outcome);
                 }
                 Err(e) => {
-                    self.metrics.commit_failures.fetch_add(1, Relaxed);
+                    self.failed(&e);
                     error!(node = %nb.keys.name, seq = nb.batch.seq, error = %e, "batch could not be stored");
                     let e = Arc::new(e);
                     failed.insert(nb.keys.id, Arc::clone(&e));

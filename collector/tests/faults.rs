@@ -13,12 +13,11 @@
 //! Every test ends with the agents stopped cleanly and asserts, from their own summary
 //! lines against the database: stored GPU samples == sampled − dropped, and no duplicates.
 
-use harness::{Collector, agent_bin, sigterm, summary, wait_stdout};
+use harness::{Collector, sigterm, stop_agent, wait_stored};
 use serde_json::Value;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 mod harness;
 
@@ -72,53 +71,7 @@ impl Faults for Collector {
 
 /// Starts a simulated agent (2 GPUs, 50 ms unless `extra` says otherwise).
 fn start_agent(collector_grpc: &str, node: &str, spool: &Path, extra: &[&str]) -> Child {
-    let interval = if extra.contains(&"--interval") {
-        &[][..]
-    } else {
-        &["--interval", "50ms"][..]
-    };
-    Command::new(agent_bin())
-        .args(["run", "--collector", &format!("http://{collector_grpc}")])
-        .args([
-            "--node",
-            node,
-            "--simulate",
-            "--sim-gpus",
-            &GPUS.to_string(),
-        ])
-        .args(interval)
-        .args(["--shutdown-timeout", "30s"])
-        .arg("--spool-dir")
-        .arg(spool)
-        .args(extra)
-        .env("GPUFLEET_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gpufleet-agent")
-}
-
-/// Agent summary, in GPU samples.
-#[derive(Debug, Clone, Copy)]
-struct Summary {
-    sampled: u64,
-    acked: u64,
-    dropped: u64,
-    unacked: u64,
-}
-
-/// SIGTERMs an agent, waits for it, and parses its summary line.
-async fn stop_agent(child: Child, what: &str) -> Summary {
-    sigterm(&child);
-    let [sampled, acked, dropped, unacked] = summary(&wait_stdout(child, what).await);
-    let s = Summary {
-        sampled,
-        acked,
-        dropped,
-        unacked,
-    };
-    assert_eq!(s.sampled, s.acked + s.dropped + s.unacked, "{what}: {s:?}");
-    s
+    harness::start_sim_agent(collector_grpc, node, spool, GPUS, extra)
 }
 
 /// `(rows, distinct (gpu, ts) keys)` of GPU samples stored for `node`.
@@ -161,32 +114,6 @@ async fn nodes_json(http: &str) -> Value {
         .expect("GET /api/v1/nodes");
     assert!(resp.status().is_success());
     resp.json().await.expect("JSON")
-}
-
-/// Waits (bounded: the bound only fails a hung run) until every node has stored at least
-/// `min` GPU samples, per the API.
-async fn wait_stored(http: &str, nodes: &[&str], min: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(resp) = reqwest::get(format!("http://{http}/api/v1/nodes")).await
-            && let Ok(v) = resp.json::<Value>().await
-        {
-            let ok = nodes.iter().all(|n| {
-                v.as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|x| x["name"] == *n && x["stored_samples"].as_u64().unwrap_or(0) >= min)
-            });
-            if ok {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "nodes {nodes:?} did not store {min} samples in 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Stops every agent cleanly and checks, for each, that nothing was dropped or left

@@ -5,6 +5,10 @@
 mod common;
 
 use common::*;
+use gpufleet_collector::accountant::{self, Accountant, EnergyOptions};
+use gpufleet_collector::energy_check;
+use gpufleet_collector::rollups::{RetentionOptions, Rollups};
+use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
 use gpufleet_collector::store::{GpuMetric, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use std::sync::Arc;
@@ -501,6 +505,446 @@ mod contract {
             );
         }
     }
+
+    // ---------------------------------------------------------------- rollups (issue 8)
+
+    const MIN: i64 = 60_000;
+
+    pub fn clock_at(t: UnixMs) -> gpufleet_collector::status::Clock {
+        Arc::new(move || t)
+    }
+
+    /// A tick of one GPU with only the given utilization and power, and optionally a host
+    /// row with only the given CPU utilization.
+    fn util_tick(
+        t: UnixMs,
+        util: Option<u32>,
+        power: Option<u32>,
+        cpu: Option<Option<f32>>,
+    ) -> Tick {
+        Tick {
+            time_ms: t,
+            gpus: vec![GpuSample {
+                gpu_uuid: "GPU-r".into(),
+                util_gpu_pct: util,
+                power_mw: power,
+                ..Default::default()
+            }],
+            host: cpu.map(|c| HostSample {
+                cpu_util_pct: c,
+                mem_used_bytes: Some(1 << 30),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    async fn write(store: &Arc<dyn Store>, rec: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
+        let b = Batch {
+            seq,
+            ticks,
+            delivery: DeliveryStats::default(),
+        };
+        store
+            .write_batches(&[node_batch(rec, b)])
+            .await
+            .expect("write");
+    }
+
+    pub fn rollups(store: &Arc<dyn Store>, now: UnixMs) -> Rollups {
+        let options = RetentionOptions {
+            batch_rows: 50,
+            ..Default::default()
+        };
+        Rollups::new(Arc::clone(store), options, clock_at(now))
+    }
+
+    pub async fn rollups_hold_avg_min_max_and_absent_is_null(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-r", vec![gpu_info_sparse("GPU-r", 0)]).await;
+        let (gpu, node) = (RollupKey::gpu(rec.gpus[0].id), RollupKey::host(rec.id));
+        write(
+            &store,
+            &rec,
+            1,
+            vec![
+                util_tick(T0, Some(10), Some(100_000), Some(Some(10.0))),
+                util_tick(T0 + 20_000, Some(20), Some(300_000), Some(Some(30.0))),
+                util_tick(T0 + 40_000, None, Some(200_000), Some(None)),
+                util_tick(T0 + MIN, Some(100), None, None),
+                util_tick(T0 + 2 * MIN, Some(50), None, Some(Some(5.0))),
+            ],
+        )
+        .await;
+        let mut r = rollups(&store, T0);
+        r.pass().await.expect("pass");
+        let cursor = store
+            .rollup_cursors()
+            .await
+            .expect("cursors")
+            .into_iter()
+            .find(|c| c.key == gpu)
+            .expect("gpu cursor");
+        assert_eq!(
+            cursor.done_to_ms,
+            Some(T0 + 2 * MIN),
+            "minutes close when a later sample exists"
+        );
+        let minutes = store.rollup_minutes(gpu, ALL_TIME).await.expect("minutes");
+        assert_eq!(
+            minutes
+                .iter()
+                .map(|m| (m.minute_ms, m.samples))
+                .collect::<Vec<_>>(),
+            vec![(T0, 3), (T0 + MIN, 1)],
+            "the open minute is not rolled up"
+        );
+        let stats = |n, avg: Option<f64>, min: Option<f64>, max: Option<f64>| MetricStats {
+            n,
+            avg,
+            min,
+            max,
+        };
+        // By hand: util 10, 20, (absent) -> over the two samples that had it.
+        assert_eq!(
+            minutes[0].gpu(GpuMetric::UtilGpuPct),
+            stats(2, Some(15.0), Some(10.0), Some(20.0))
+        );
+        assert_eq!(
+            minutes[0].gpu(GpuMetric::PowerMw),
+            stats(3, Some(200_000.0), Some(100_000.0), Some(300_000.0))
+        );
+        assert_eq!(
+            minutes[0].gpu(GpuMetric::TempGpuC),
+            stats(0, None, None, None),
+            "a metric no sample reported is null, not 0"
+        );
+        assert_eq!(
+            minutes[1].gpu(GpuMetric::PowerMw),
+            stats(0, None, None, None)
+        );
+        assert_eq!(
+            minutes[1].gpu(GpuMetric::UtilGpuPct),
+            stats(1, Some(100.0), Some(100.0), Some(100.0))
+        );
+        let host = store
+            .rollup_minutes(node, ALL_TIME)
+            .await
+            .expect("host minutes");
+        assert_eq!(
+            host.len(),
+            1,
+            "minute 0 (minute 1 has no host row, 2 is open)"
+        );
+        assert_eq!(host[0].samples, 3);
+        assert_eq!(
+            host[0].host("cpu_util_pct"),
+            stats(2, Some(20.0), Some(10.0), Some(30.0))
+        );
+        assert_eq!(host[0].host("load1"), stats(0, None, None, None));
+
+        // Buckets of several minutes weigh each minute by the samples that had the metric:
+        // (10 + 20 + 100) / 3, not the mean of the minute averages (57.5).
+        let range = TimeRange {
+            from_ms: T0,
+            to_ms: T0 + 2 * MIN - 1,
+        };
+        let two = store
+            .gpu_rollup_series(rec.gpus[0].id, GpuMetric::UtilGpuPct, range, 2 * MIN, 100)
+            .await
+            .expect("series");
+        assert_eq!(two.len(), 1);
+        assert!(
+            (two[0].1.expect("value") - 130.0 / 3.0).abs() < 1e-9,
+            "{two:?}"
+        );
+        let power = store
+            .gpu_rollup_series(rec.gpus[0].id, GpuMetric::PowerMw, range, 2 * MIN, 100)
+            .await
+            .expect("series");
+        assert_eq!(power, vec![(T0, Some(200_000.0))]);
+        let temp = store
+            .gpu_rollup_series(rec.gpus[0].id, GpuMetric::TempGpuC, range, MIN, 100)
+            .await
+            .expect("series");
+        assert_eq!(temp, vec![(T0, None), (T0 + MIN, None)], "absent is null");
+        let host_series = store
+            .host_rollup_series(rec.id, range, MIN, 100)
+            .await
+            .expect("host series");
+        assert_eq!(host_series.len(), 1);
+        assert_eq!(host_series[0].1[0], Some(20.0));
+        assert_eq!(host_series[0].1[7], None, "load1 absent");
+    }
+
+    pub async fn rollups_are_incremental_and_late_data_is_recomputed(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-r", vec![gpu_info_sparse("GPU-r", 0)]).await;
+        let gpu = RollupKey::gpu(rec.gpus[0].id);
+        let t = |k: i64, u: u32| util_tick(T0 + k * 10_000, Some(u), Some(100_000), None);
+        write(&store, &rec, 1, (0..=12).map(|k| t(k, 10)).collect()).await;
+        let mut r = rollups(&store, T0 + 10 * MIN);
+        r.recheck = false;
+        r.pass().await.expect("pass");
+        let before = store.rollup_minutes(gpu, ALL_TIME).await.expect("minutes");
+        assert_eq!(before.len(), 2);
+
+        // New minutes: only they are added; the old ones stay as they are.
+        write(&store, &rec, 2, (13..=24).map(|k| t(k, 30)).collect()).await;
+        assert_eq!(r.pass().await.expect("pass"), 2, "two new minutes");
+        let after = store.rollup_minutes(gpu, ALL_TIME).await.expect("minutes");
+        assert_eq!(&after[..2], &before[..]);
+        // Minute 2 holds one sample of the first write (10) and five of the second (30).
+        assert_eq!(after[2].gpu(GpuMetric::UtilGpuPct).avg, Some(160.0 / 6.0));
+
+        // A late sample in minute 0, announced: recomputed.
+        write(
+            &store,
+            &rec,
+            3,
+            vec![util_tick(T0 + 5_000, Some(80), None, None)],
+        )
+        .await;
+        r.mark(gpu, T0 + 5_000);
+        r.pass().await.expect("pass");
+        let m0 = &store.rollup_minutes(gpu, ALL_TIME).await.expect("minutes")[0];
+        assert_eq!(m0.samples, 7);
+        assert_eq!(m0.gpu(GpuMetric::UtilGpuPct).avg, Some(140.0 / 7.0));
+        assert_eq!(m0.gpu(GpuMetric::UtilGpuPct).max, Some(80.0));
+        assert_eq!(
+            m0.gpu(GpuMetric::PowerMw).n,
+            6,
+            "the late sample had no power"
+        );
+
+        // Another, not announced: found by the start-up recheck of a new task.
+        write(
+            &store,
+            &rec,
+            4,
+            vec![util_tick(T0 + MIN + 5_000, Some(0), None, None)],
+        )
+        .await;
+        let stale = store.stale_rollup_minutes(0).await.expect("stale");
+        assert_eq!(stale, vec![(gpu, T0 + MIN)]);
+        rollups(&store, T0 + 10 * MIN).pass().await.expect("pass");
+        assert_eq!(store.stale_rollup_minutes(0).await.expect("stale"), vec![]);
+        let m1 = &store.rollup_minutes(gpu, ALL_TIME).await.expect("minutes")[1];
+        assert_eq!(
+            (m1.samples, m1.gpu(GpuMetric::UtilGpuPct).min),
+            (7, Some(0.0))
+        );
+    }
+
+    /// Everything the reports read, to compare before and after retention.
+    pub async fn accounted(store: &Arc<dyn Store>, rec: &NodeRecord) -> String {
+        let mut out = format!(
+            "{:?}\n{:?}\n{:?}\n",
+            store.gpu_energy(ALL_TIME).await.expect("gpu energy"),
+            store
+                .workload_energy(ALL_TIME, None, None)
+                .await
+                .expect("workloads"),
+            store.energy_minutes(None, ALL_TIME).await.expect("minutes"),
+        );
+        for g in &rec.gpus {
+            let m = store.rollup_minutes(RollupKey::gpu(g.id), ALL_TIME).await;
+            out += &format!("{:?}\n", m.expect("rollups"));
+        }
+        let h = store
+            .rollup_minutes(RollupKey::host(rec.id), ALL_TIME)
+            .await;
+        out + &format!("{:?}", h.expect("host rollups"))
+    }
+
+    pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
+        store: Arc<dyn Store>,
+    ) {
+        let rec = register(
+            &store,
+            "node-x",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        // 5.5 minutes at 1 Hz: GPU-a by energy counter, GPU-b by trapezoid; processes and
+        // host rows on every tick.
+        write(
+            &store,
+            &rec,
+            1,
+            batch(1, T0, 330, &["GPU-a", "GPU-b"]).ticks,
+        )
+        .await;
+        let energy = EnergyOptions::default();
+        Accountant::new(Arc::clone(&store), energy.clone(), clock_at(T0))
+            .pass()
+            .await
+            .expect("account");
+        let mut r = rollups(&store, T0);
+        r.pass().await.expect("roll up");
+        let before = accounted(&store, &rec).await;
+        assert!(before.contains("Container"), "workloads were accounted");
+
+        // A week and 3 minutes later: raw before minute 3 expires.
+        let week = 7 * 86_400_000;
+        let out = r.expire(T0 + week + 3 * MIN).await.expect("expire");
+        let horizon = T0 + 3 * MIN;
+        let horizons = store.raw_horizons().await.expect("horizons");
+        assert_eq!(horizons.get(&RollupKey::gpu(a)), Some(&horizon));
+        assert_eq!(horizons.get(&RollupKey::gpu(b)), Some(&horizon));
+        assert_eq!(horizons.get(&RollupKey::host(rec.id)), Some(&horizon));
+        assert_eq!(out.deleted.get("gpu_samples"), Some(&(2 * 179)), "{out:?}");
+        assert_eq!(out.deleted.get("process_samples"), Some(&(2 * 180)));
+        assert_eq!(out.deleted.get("host_samples"), Some(&180));
+        assert!(out.transactions > 15, "batches of ~50 rows: {out:?}");
+        let early = TimeRange {
+            from_ms: 0,
+            to_ms: horizon - 1,
+        };
+        let kept = store.gpu_samples(a, early, 10).await.expect("samples");
+        assert_eq!(
+            kept.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![horizon - 1000],
+            "only the start of the horizon minute's first interval stays"
+        );
+        assert!(
+            store
+                .process_samples(a, early, 10)
+                .await
+                .expect("p")
+                .is_empty()
+        );
+        assert!(
+            store
+                .host_samples(rec.id, early, 10)
+                .await
+                .expect("h")
+                .is_empty()
+        );
+        let late = TimeRange {
+            from_ms: horizon,
+            to_ms: i64::MAX,
+        };
+        assert_eq!(
+            store.gpu_samples(b, late, 1000).await.expect("s").len(),
+            150
+        );
+        assert_eq!(
+            accounted(&store, &rec).await,
+            before,
+            "rollups and energy unchanged"
+        );
+
+        // Nothing before the horizon looks stale, nothing is recomputed to zero: not by a
+        // restarted accountant or rollup task, nor by recompute-energy or late data.
+        assert_eq!(store.stale_energy_minutes(0).await.expect("stale"), vec![]);
+        assert_eq!(store.stale_rollup_minutes(0).await.expect("stale"), vec![]);
+        let mut acc = Accountant::new(Arc::clone(&store), energy.clone(), clock_at(T0));
+        acc.mark(a, T0 + 30_000);
+        acc.mark(b, T0 + 2 * MIN);
+        acc.pass().await.expect("account");
+        let mut r2 = rollups(&store, T0);
+        r2.mark(RollupKey::gpu(a), T0);
+        r2.pass().await.expect("roll up");
+        accountant::recompute(store.as_ref(), ALL_TIME, &energy)
+            .await
+            .expect("recompute");
+        write(
+            &store,
+            &rec,
+            2,
+            vec![common::tick(T0 + 30_500, &["GPU-a"], 7)],
+        )
+        .await;
+        acc.mark(a, T0 + 30_500);
+        acc.pass().await.expect("account");
+        r2.mark(RollupKey::gpu(a), T0 + 30_500);
+        r2.pass().await.expect("roll up");
+        assert_eq!(accounted(&store, &rec).await, before, "still unchanged");
+        let report = energy_check::check(store.as_ref(), ALL_TIME)
+            .await
+            .expect("check");
+        assert_eq!(
+            report.violations,
+            vec![],
+            "check-energy passes after expiry"
+        );
+        assert_eq!(report.minutes, 2 * 5);
+        assert_eq!(
+            report.compared_with_raw,
+            2 * 2,
+            "minutes 3 and 4 against raw"
+        );
+        // The late sample behind the horizon goes with the next retention run.
+        let again = r.expire(T0 + week + 3 * MIN).await.expect("expire");
+        let one = |t: &str| again.deleted.get(t).copied();
+        assert_eq!(
+            (
+                one("gpu_samples"),
+                one("process_samples"),
+                one("host_samples")
+            ),
+            (Some(1), Some(1), Some(1)),
+            "{again:?}"
+        );
+
+        // 400 days later: rollups, energy minutes and events before minute 2 go too.
+        r.expire(T0 + 400 * 86_400_000 + 2 * MIN)
+            .await
+            .expect("expire");
+        let left = store
+            .rollup_minutes(RollupKey::gpu(a), ALL_TIME)
+            .await
+            .expect("m");
+        assert_eq!(left.first().map(|m| m.minute_ms), Some(T0 + 2 * MIN));
+        let energy_left = store.energy_minutes(Some(a), ALL_TIME).await.expect("e");
+        assert_eq!(
+            energy_left.first().map(|m| m.1.minute_ms),
+            Some(T0 + 2 * MIN)
+        );
+        assert_eq!(
+            store
+                .raw_horizons()
+                .await
+                .expect("h")
+                .get(&RollupKey::gpu(a)),
+            Some(&(T0 + 5 * MIN)),
+            "raw is expired up to the watermarks"
+        );
+
+        // Raw goes only behind both watermarks: each task in turn holds it back.
+        let far = T0 + 800 * 86_400_000;
+        let horizon_a = || async {
+            let h = store.raw_horizons().await.expect("horizons");
+            h.get(&RollupKey::gpu(a)).copied()
+        };
+        write(
+            &store,
+            &rec,
+            3,
+            batch(3, T0 + 330_000, 170, &["GPU-a"]).ticks,
+        )
+        .await;
+        let mut acc = Accountant::new(Arc::clone(&store), energy.clone(), clock_at(far));
+        acc.pass().await.expect("account");
+        r.expire(far).await.expect("expire");
+        assert_eq!(horizon_a().await, Some(T0 + 5 * MIN), "held by the rollups");
+        r.pass().await.expect("roll up");
+        r.expire(far).await.expect("expire");
+        assert_eq!(horizon_a().await, Some(T0 + 8 * MIN));
+        write(
+            &store,
+            &rec,
+            4,
+            batch(4, T0 + 500_000, 200, &["GPU-a"]).ticks,
+        )
+        .await;
+        r.pass().await.expect("roll up");
+        r.expire(far).await.expect("expire");
+        assert_eq!(horizon_a().await, Some(T0 + 8 * MIN), "held by energy");
+        acc.pass().await.expect("account");
+        r.expire(far).await.expect("expire");
+        assert_eq!(horizon_a().await, Some(T0 + 11 * MIN));
+    }
 }
 
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
@@ -517,6 +961,9 @@ macro_rules! contract_tests {
                 latest_samples_seed_the_live_state,
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
+                rollups_hold_avg_min_max_and_absent_is_null,
+                rollups_are_incremental_and_late_data_is_recomputed,
+                retention_expires_raw_behind_the_watermarks_and_keeps_totals,
             );
         }
     };
@@ -706,6 +1153,80 @@ async fn postgres_partitions_are_created_on_demand_and_dropped_by_day() {
             .len(),
         4
     );
+    pg.close().await;
+    store.close().await;
+}
+
+/// Retention on PostgreSQL drops the raw day partitions that hold nothing to keep and
+/// deletes the rest behind the horizons; rollups and energy stay as they were.
+#[tokio::test]
+async fn postgres_retention_drops_whole_days_behind_the_watermarks() {
+    use gpufleet_collector::store::postgres::{DAY_MS, PgStore};
+    let (schema, store) = pg_store().await;
+    let rec = store
+        .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
+        .await
+        .expect("register");
+    // 100 s of samples on each of three days: 2027-01-13, -14 and -15 (T0 is 08:00 UTC).
+    for (seq, start) in [(1, T0 - 2 * DAY_MS), (2, T0 - DAY_MS), (3, T0)] {
+        store
+            .write_batches(&[node_batch(&rec, batch(seq, start, 100, &["GPU-a"]))])
+            .await
+            .expect("write");
+    }
+    Accountant::new(
+        Arc::clone(&store),
+        EnergyOptions::default(),
+        contract::clock_at(T0),
+    )
+    .pass()
+    .await
+    .expect("account");
+    let mut r = contract::rollups(&store, T0);
+    r.pass().await.expect("roll up");
+    let before = contract::accounted(&store, &rec).await;
+
+    // A week after T0: raw before T0 may go (the watermarks are past it).
+    let out = r.expire(T0 + 7 * DAY_MS).await.expect("expire");
+    // (The empty partitions made at open for the wall clock's today, before T0, go too.)
+    let mut dropped = out.partitions_dropped.clone();
+    dropped.retain(|n| n.contains("_p2027"));
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        [
+            "gpu_samples_p20270113",
+            "host_samples_p20270113",
+            "process_samples_p20270113"
+        ],
+        "the day before the kept sample goes whole"
+    );
+    // 2027-01-14 keeps its last GPU sample (where the first interval after it starts):
+    // the rest of that day is deleted row by row.
+    assert_eq!(out.deleted.get("gpu_samples"), Some(&99), "{out:?}");
+    assert_eq!(out.deleted.get("process_samples"), Some(&100));
+    assert_eq!(out.deleted.get("host_samples"), Some(&100));
+    let pg = PgStore::open(&schema.url()).await.expect("reopen");
+    let names: Vec<String> = pg
+        .raw_partitions()
+        .await
+        .expect("partitions")
+        .into_iter()
+        .map(|p| p.name)
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with("20270113")), "{names:?}");
+    assert!(names.iter().any(|n| n == "gpu_samples_p20270114"));
+    let left = store
+        .gpu_samples(rec.gpus[0].id, ALL_TIME, 1000)
+        .await
+        .expect("read");
+    assert_eq!(left.len(), 101);
+    assert_eq!(left[0].0, T0 - DAY_MS + 99_000);
+    assert_eq!(contract::accounted(&store, &rec).await, before);
+    let report = energy_check::check(store.as_ref(), ALL_TIME)
+        .await
+        .expect("check");
+    assert_eq!(report.violations, vec![]);
     pg.close().await;
     store.close().await;
 }

@@ -1,8 +1,11 @@
-//! Ingest throughput, end to end over loopback gRPC into a temporary SQLite file: several
-//! agents stream pre-built batches as fast as acks allow. A benchmark, not a timed test:
+//! Ingest throughput, end to end over loopback gRPC into a temporary SQLite file or a fresh
+//! PostgreSQL schema (`GPUFLEET_TEST_PG_URL`): several agents stream pre-built batches as
+//! fast as acks allow. Reports GPU-samples/s acked, the p99 time from handing a batch to
+//! the stream to its ack, and the bytes per GPU sample on disk. A benchmark, not a timed
+//! test:
 //!
 //! ```text
-//! cargo test --release -p gpufleet-collector --test throughput -- --ignored --nocapture
+//! cargo test --release -p gpufleet-collector --test throughput -- --ignored --nocapture --test-threads 1
 //! ```
 //!
 //! Knobs (environment): `AGENTS` (4), `GPUS` (8), `TICKS` per batch (50), `BATCHES` per
@@ -17,8 +20,8 @@ use gpufleet_core::*;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
 use gpufleet_proto::v1::ingest_client::IngestClient;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -27,6 +30,49 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 async fn ingest_throughput() {
+    let (dir, store) = sqlite_store().await;
+    let rows = ingest(Arc::clone(&store), "sqlite").await;
+    store.close().await;
+    let pool = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("test.db").display()
+    ))
+    .await
+    .expect("connect");
+    let bytes: i64 =
+        sqlx::query_scalar("SELECT sum(pgsize) FROM dbstat WHERE name = 'gpu_samples'")
+            .fetch_one(&pool)
+            .await
+            .expect("dbstat");
+    println!(
+        "sqlite: gpu_samples {bytes} bytes on disk = {:.1} bytes per GPU sample",
+        bytes as f64 / rows as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+async fn ingest_throughput_postgres() {
+    let (schema, store) = pg_store().await;
+    let rows = ingest(Arc::clone(&store), "postgres").await;
+    store.close().await;
+    let mut conn = pg_connect(&schema.url()).await;
+    let bytes: i64 = sqlx::query_scalar(
+        "SELECT sum(pg_total_relation_size(i.inhrelid))::int8 FROM pg_inherits i \
+         WHERE i.inhparent = 'gpu_samples'::regclass",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("relation size");
+    println!(
+        "postgres: gpu_samples {bytes} bytes on disk (heap + primary key) = {:.1} bytes per GPU sample",
+        bytes as f64 / rows as f64
+    );
+}
+
+/// Streams the pre-built batches of `AGENTS` agents into a collector on `store`, prints the
+/// rate and ack latency, and returns the GPU samples stored.
+async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str) -> u64 {
     let (agents, gpus, ticks, batches, procs) = (
         knob("AGENTS", 4),
         knob("GPUS", 8),
@@ -34,7 +80,6 @@ async fn ingest_throughput() {
         knob("BATCHES", 200),
         knob("PROCS", 0),
     );
-    let (_dir, store) = sqlite_store().await;
     let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = grpc.local_addr().expect("addr");
@@ -117,6 +162,10 @@ async fn ingest_throughput() {
     let mut handles = Vec::new();
     for (hello, wire) in prepared {
         handles.push(tokio::spawn(async move {
+            // When each batch was handed to the stream, by seq - 1.
+            let sent: Arc<Mutex<Vec<Option<Instant>>>> =
+                Arc::new(Mutex::new(vec![None; wire.len()]));
+            let mut latencies = Vec::with_capacity(wire.len());
             let mut client = IngestClient::connect(format!("http://{addr}"))
                 .await
                 .expect("connect")
@@ -129,11 +178,15 @@ async fn ingest_throughput() {
                 .await
                 .expect("stream")
                 .into_inner();
+            let sent_by_sender = Arc::clone(&sent);
             let sender = tokio::spawn(async move {
-                for m in wire {
-                    if tx.send(m).await.is_err() {
-                        break;
-                    }
+                for (i, m) in wire.into_iter().enumerate() {
+                    let permit = match tx.reserve().await {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    };
+                    sent_by_sender.lock().expect("lock")[i] = Some(Instant::now());
+                    permit.send(m);
                 }
                 tx
             });
@@ -145,24 +198,35 @@ async fn ingest_throughput() {
                     .expect("healthy")
                     .and_then(|m| m.msg)
                 {
-                    Some(Msg::Ack(_)) => acked += 1,
+                    Some(Msg::Ack(a)) => {
+                        acked += 1;
+                        let at = sent.lock().expect("lock")[a.seq as usize - 1];
+                        latencies.push(at.expect("acked after sent").elapsed());
+                    }
                     Some(Msg::Welcome(_)) => {}
                     other => panic!("unexpected {other:?}"),
                 }
             }
             drop(sender.await);
+            latencies
         }));
     }
+    let mut latencies: Vec<Duration> = Vec::new();
     for h in handles {
-        h.await.expect("agent");
+        latencies.extend(h.await.expect("agent"));
     }
     let took = began.elapsed();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let samples = u64::from(agents * gpus * ticks * batches);
     let rate = samples as f64 / took.as_secs_f64();
     println!(
-        "{agents} agents x {gpus} GPUs, {ticks} ticks/batch, {batches} batches each, {procs} processes/GPU: \
-         {samples} GPU samples acked in {:.2} s = {rate:.0} samples/s",
-        took.as_secs_f64()
+        "{backend}: {agents} agents x {gpus} GPUs, {ticks} ticks/batch, {batches} batches each, {procs} processes/GPU: \
+         {samples} GPU samples acked in {:.2} s = {rate:.0} samples/s; ack latency p50 {} ms, p99 {} ms, max {} ms",
+        took.as_secs_f64(),
+        pct(0.50).as_millis(),
+        pct(0.99).as_millis(),
+        pct(1.0).as_millis(),
     );
     let stored: u64 = store
         .nodes()
@@ -174,6 +238,7 @@ async fn ingest_throughput() {
     assert_eq!(stored, samples);
     shutdown.cancel();
     server.await.expect("server").expect("clean shutdown");
+    samples
 }
 
 /// The store alone: `write_batches` with groups of pre-built domain batches, as the

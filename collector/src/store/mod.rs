@@ -16,6 +16,7 @@
 pub mod energy;
 pub mod lease;
 pub mod postgres;
+pub mod rollup;
 pub mod sqlite;
 
 use async_trait::async_trait;
@@ -501,6 +502,85 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
+
+    // ---- retention and rollups (issue 8)
+
+    /// Every GPU and every node's host series, with its raw sample span and rollup
+    /// watermark.
+    async fn rollup_cursors(&self) -> Result<Vec<rollup::RollupCursor>, StoreError>;
+
+    /// In one transaction: recomputes the rollup minutes of `key` in `[from_ms, to_ms)`
+    /// (minute-aligned) from raw samples (a minute left without samples loses its row), and
+    /// raises the watermark to `done_to_ms` (never lowers it). Minutes before the series'
+    /// raw horizon are left as they are. Returns the minutes written.
+    async fn replace_rollups(
+        &self,
+        key: rollup::RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError>;
+
+    /// Minutes before the rollup watermark, and at or after the raw horizon, whose stored
+    /// sample count differs from the raw samples' (late data), from `since_ms` on.
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(rollup::RollupKey, UnixMs)>, StoreError>;
+
+    /// The stored rollup minutes of one series whose start is in `range`, oldest first.
+    async fn rollup_minutes(
+        &self,
+        key: rollup::RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<rollup::RollupMinute>, StoreError>;
+
+    /// One metric of one GPU from the rollups: per bucket `[k*step, (k+1)*step)` of whole
+    /// minutes (`step_ms` is at least 60 s; the minutes from the one holding `from` to
+    /// `to`), the average over the raw samples that had the metric (`None` if none had
+    /// it); buckets without minutes are omitted. At most `limit` points.
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError>;
+
+    /// A node's host metrics from the rollups, bucketed like [`Store::gpu_rollup_series`]:
+    /// `(bucket start, values in rollup::HOST_METRICS order)`.
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError>;
+
+    /// The raw horizon of every series that has one: its raw samples are complete from
+    /// there on; minutes before it are never recomputed (rollups, energy, checks).
+    async fn raw_horizons(&self) -> Result<HashMap<rollup::RollupKey, UnixMs>, StoreError>;
+
+    /// Retention of raw data: deletes GPU, process and host samples older than
+    /// `cutoff_ms`, per series only behind its rollup watermark and (GPUs) its energy
+    /// watermark, at a minute boundary (the raw horizon, raised and committed before
+    /// anything is deleted). A GPU keeps its newest sample before the horizon (the start
+    /// of the horizon minute's first interval). At most about `batch_rows` rows per
+    /// transaction. PostgreSQL may drop whole day partitions instead.
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<rollup::RetentionOutcome, StoreError>;
+
+    /// Retention of rollups: deletes rollup minutes, energy minutes and events older than
+    /// `cutoff_ms`, at most about `batch_rows` rows per transaction.
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<rollup::RetentionOutcome, StoreError>;
 
     // ---- several collectors (issue 8)
 

@@ -8,8 +8,8 @@
 //! and the statements' prepared forms never change.
 //!
 //! The raw sample tables are partitioned by UTC day (`<table>_pYYYYMMDD`). Partitions are
-//! created ahead: today's and tomorrow's at open, and any other day's before the first
-//! write that needs it, each under a transaction-scoped advisory lock so collectors racing
+//! created ahead: today's and tomorrow's at open and by any write on a new day, and any
+//! other day's before the first write that needs it, each under a transaction-scoped advisory lock so collectors racing
 //! to create the same day wait for each other instead of failing. The days known to exist
 //! are cached; a write that finds a partition missing anyway (another collector dropped
 //! it) clears the cache and is redone once. [`PgStore::drop_raw_before`] is retention:
@@ -35,6 +35,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 mod energy;
+mod rollup;
 
 /// The migrations, embedded; numbered as the SQLite ones so later migrations line up.
 const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -52,6 +53,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         9,
         "agent tokens",
         include_str!("../../../migrations/postgres/0009_agent_tokens.sql"),
+    ),
+    (
+        11,
+        "rollups",
+        include_str!("../../../migrations/postgres/0011_rollups.sql"),
     ),
 ];
 
@@ -117,7 +123,7 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(Duration::from_secs(5))
             .idle_timeout(Some(Duration::from_secs(300)))
             .connect_with(options)
             .await
@@ -553,9 +559,14 @@ impl Store for PgStore {
         if batches.is_empty() {
             return Ok(WriteOutcome::default());
         }
+        // The batches' days, and today's and tomorrow's: a collector running for days
+        // creates each day's partitions a day ahead (creating a partition locks its
+        // table briefly), not when the day's first samples arrive.
+        let today = now_ms().div_euclid(DAY_MS);
         let days: Vec<i64> = batches
             .iter()
             .flat_map(|nb| nb.batch.ticks.iter().map(|t| t.time_ms.div_euclid(DAY_MS)))
+            .chain([today, today + 1])
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -947,6 +958,87 @@ impl Store for PgStore {
         range: TimeRange,
     ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
         energy::gpu_energy(&self.pool, range).await
+    }
+
+    // ---- retention and rollups (issue 8)
+
+    async fn rollup_cursors(&self) -> Result<Vec<super::rollup::RollupCursor>, StoreError> {
+        rollup::rollup_cursors(&self.pool).await
+    }
+
+    async fn replace_rollups(
+        &self,
+        key: super::rollup::RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError> {
+        rollup::replace_rollups(&self.pool, key, from_ms, to_ms, done_to_ms).await
+    }
+
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(super::rollup::RollupKey, UnixMs)>, StoreError> {
+        rollup::stale_rollup_minutes(&self.pool, since_ms).await
+    }
+
+    async fn rollup_minutes(
+        &self,
+        key: super::rollup::RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<super::rollup::RollupMinute>, StoreError> {
+        rollup::rollup_minutes(&self.pool, key, range).await
+    }
+
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        rollup::gpu_rollup_series(&self.pool, gpu, metric, range, step_ms, limit).await
+    }
+
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
+        rollup::host_rollup_series(&self.pool, node, range, step_ms, limit).await
+    }
+
+    async fn raw_horizons(&self) -> Result<HashMap<super::rollup::RollupKey, UnixMs>, StoreError> {
+        rollup::raw_horizons(&self.pool).await
+    }
+
+    /// Raises the raw horizons, drops every raw day partition that ends before the oldest
+    /// row still to be kept, then deletes the rest behind the horizons in bounded
+    /// statements.
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
+        let mut out = super::rollup::RetentionOutcome::default();
+        rollup::raise_raw_horizons(&self.pool, cutoff_ms, &mut out).await?;
+        if let Some(bound) = rollup::droppable_before(&self.pool).await? {
+            out.partitions_dropped = self.drop_raw_before(bound).await?;
+        }
+        rollup::delete_behind_horizons(&self.pool, batch_rows, &mut out).await?;
+        Ok(out)
+    }
+
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
+        rollup::expire_rollups_before(&self.pool, cutoff_ms, batch_rows).await
     }
 
     // ---- several collectors (issue 8)

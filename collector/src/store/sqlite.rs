@@ -53,6 +53,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "agent tokens",
         include_str!("../../../migrations/sqlite/0009_agent_tokens.sql"),
     ),
+    (
+        11,
+        "rollups",
+        include_str!("../../../migrations/sqlite/0011_rollups.sql"),
+    ),
 ];
 
 /// SQLite's default limit on bound parameters per statement (SQLITE_MAX_VARIABLE_NUMBER).
@@ -65,6 +70,7 @@ const MAX_ROWS_PER_STATEMENT: usize = 512;
 const WORKLOAD_CACHE_MAX: usize = 50_000;
 
 mod energy;
+mod rollup;
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
 
@@ -768,6 +774,78 @@ impl Store for SqliteStore {
         range: TimeRange,
     ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
         energy::gpu_energy(&self.pool, range).await
+    }
+
+    // ---- retention and rollups (issue 8)
+
+    async fn rollup_cursors(&self) -> Result<Vec<super::rollup::RollupCursor>, StoreError> {
+        rollup::rollup_cursors(&self.pool).await
+    }
+
+    async fn replace_rollups(
+        &self,
+        key: super::rollup::RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError> {
+        rollup::replace_rollups(&self.pool, key, from_ms, to_ms, done_to_ms).await
+    }
+
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(super::rollup::RollupKey, UnixMs)>, StoreError> {
+        rollup::stale_rollup_minutes(&self.pool, since_ms).await
+    }
+
+    async fn rollup_minutes(
+        &self,
+        key: super::rollup::RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<super::rollup::RollupMinute>, StoreError> {
+        rollup::rollup_minutes(&self.pool, key, range).await
+    }
+
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        rollup::gpu_rollup_series(&self.pool, gpu, metric, range, step_ms, limit).await
+    }
+
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
+        rollup::host_rollup_series(&self.pool, node, range, step_ms, limit).await
+    }
+
+    async fn raw_horizons(&self) -> Result<HashMap<super::rollup::RollupKey, UnixMs>, StoreError> {
+        rollup::raw_horizons(&self.pool).await
+    }
+
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
+        rollup::expire_raw_before(&self.pool, cutoff_ms, batch_rows).await
+    }
+
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
+        rollup::expire_rollups_before(&self.pool, cutoff_ms, batch_rows).await
     }
 
     // ---- several collectors (issue 8)

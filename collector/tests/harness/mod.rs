@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
+use std::time::Instant;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -39,11 +40,25 @@ pub struct Collector {
 /// Starts `gpufleet-collector serve` on `grpc`/`http` (`127.0.0.1:0` for ephemeral
 /// ports) with the database `db_url` and `extra` flags; waits for its address line.
 pub async fn start_collector(db_url: &str, grpc: &str, http: &str, extra: &[&str]) -> Collector {
+    start_collector_logging(db_url, grpc, http, extra, "warn", Stdio::inherit()).await
+}
+
+/// [`start_collector`] with the log level `log` (`GPUFLEET_LOG`) and its log (stderr) sent
+/// to `stderr` (e.g. a file a test reads afterwards).
+pub async fn start_collector_logging(
+    db_url: &str,
+    grpc: &str,
+    http: &str,
+    extra: &[&str],
+    log: &str,
+    stderr: Stdio,
+) -> Collector {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
         .args(["serve", "--db", db_url, "--grpc-listen", grpc])
         .args(["--http-listen", http])
         .args(extra)
-        .env("GPUFLEET_LOG", "warn")
+        .env("GPUFLEET_LOG", log)
+        .stderr(stderr)
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -103,4 +118,88 @@ pub fn summary(stdout: &str) -> [u64; 4] {
             .unwrap_or_else(|| panic!("{key} missing in {line:?}"));
     }
     out
+}
+
+/// Starts a simulated agent with `gpus` GPUs (50 ms unless `extra` says otherwise) that
+/// spools in `spool`.
+pub fn start_sim_agent(
+    collector_grpc: &str,
+    node: &str,
+    spool: &std::path::Path,
+    gpus: u32,
+    extra: &[&str],
+) -> Child {
+    let interval = if extra.contains(&"--interval") {
+        &[][..]
+    } else {
+        &["--interval", "50ms"][..]
+    };
+    Command::new(agent_bin())
+        .args(["run", "--collector", &format!("http://{collector_grpc}")])
+        .args([
+            "--node",
+            node,
+            "--simulate",
+            "--sim-gpus",
+            &gpus.to_string(),
+        ])
+        .args(interval)
+        .args(["--shutdown-timeout", "30s"])
+        .arg("--spool-dir")
+        .arg(spool)
+        .args(extra)
+        .env("GPUFLEET_LOG", "error")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start gpufleet-agent")
+}
+
+/// Agent summary, in GPU samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    pub sampled: u64,
+    pub acked: u64,
+    pub dropped: u64,
+    pub unacked: u64,
+}
+
+/// SIGTERMs an agent, waits for it, and parses its summary line.
+pub async fn stop_agent(child: Child, what: &str) -> Summary {
+    sigterm(&child);
+    let [sampled, acked, dropped, unacked] = summary(&wait_stdout(child, what).await);
+    let s = Summary {
+        sampled,
+        acked,
+        dropped,
+        unacked,
+    };
+    assert_eq!(s.sampled, s.acked + s.dropped + s.unacked, "{what}: {s:?}");
+    s
+}
+
+/// Waits (bounded: the bound only fails a hung run) until every node has stored at least
+/// `min` GPU samples, per the API.
+pub async fn wait_stored(http: &str, nodes: &[&str], min: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(resp) = reqwest::get(format!("http://{http}/api/v1/nodes")).await
+            && let Ok(v) = resp.json::<serde_json::Value>().await
+        {
+            let ok = nodes.iter().all(|n| {
+                v.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|x| x["name"] == *n && x["stored_samples"].as_u64().unwrap_or(0) >= min)
+            });
+            if ok {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nodes {nodes:?} did not store {min} samples in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -180,6 +180,15 @@ pub(super) async fn replace_energy_minutes(
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(q("begin an energy transaction"))?;
+    // Minutes before the raw horizon (retention, issue 8) keep their rows: their raw
+    // samples are gone, so a recomputation could only lose energy.
+    let horizon: Option<i64> =
+        sqlx::query_scalar("SELECT raw_from_ms FROM raw_horizon WHERE kind = 'gpu' AND id = ?")
+            .bind(gpu.0)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("read a raw horizon"))?;
+    let from_ms = from_ms.max(horizon.unwrap_or(i64::MIN));
     for table in ["energy_gpu_minutes", "energy_workload_minutes"] {
         sqlx::query(AssertSqlSafe(format!(
             "DELETE FROM {table} WHERE gpu_id = ? AND minute_ms >= ? AND minute_ms < ?"
@@ -191,7 +200,7 @@ pub(super) async fn replace_energy_minutes(
         .await
         .map_err(q("delete energy minutes being recomputed"))?;
     }
-    for m in minutes {
+    for m in minutes.iter().filter(|m| m.minute_ms >= from_ms) {
         sqlx::query(
             "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, counter_mj, \
              trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
@@ -360,7 +369,9 @@ pub(super) async fn stale_energy_minutes(
         "SELECT r.gpu_id, r.minute_ms FROM ( \
            SELECT s.gpu_id, (s.ts_ms / 60000) * 60000 AS minute_ms, count(*) AS n \
            FROM gpu_samples s JOIN energy_progress p ON p.gpu_id = s.gpu_id \
-           WHERE s.ts_ms >= ?1 AND s.ts_ms < p.done_to_ms GROUP BY 1, 2) r \
+           LEFT JOIN raw_horizon h ON h.kind = 'gpu' AND h.id = s.gpu_id \
+           WHERE s.ts_ms >= ?1 AND s.ts_ms < p.done_to_ms \
+             AND (h.raw_from_ms IS NULL OR s.ts_ms >= h.raw_from_ms) GROUP BY 1, 2) r \
          LEFT JOIN energy_gpu_minutes m ON m.gpu_id = r.gpu_id AND m.minute_ms = r.minute_ms \
          WHERE m.samples IS NULL OR m.samples != r.n ORDER BY 1, 2",
     )
