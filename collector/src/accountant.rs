@@ -228,47 +228,76 @@ pub async fn compute_minutes(
     Ok(out)
 }
 
-/// Starts the accountant; it stops when `stop` is cancelled (finishing the pass it is in).
+/// The job name of energy accounting under [`crate::leader`].
+pub const JOB: &str = "energy";
+
+/// Starts the accountant under the `energy` job lease ([`crate::leader`]): it runs on one
+/// collector of those sharing the database at a time. It stops when `stop` is cancelled
+/// (finishing the pass it is in).
 pub fn spawn(
     store: Arc<dyn Store>,
     live: Arc<Live>,
     options: EnergyOptions,
     clock: crate::status::Clock,
+    metrics: Arc<crate::metrics::Metrics>,
+    lead: crate::leader::LeadOptions,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
-    let mut rx = live.subscribe();
     info!(
         idle_policy = options.idle_policy.as_str(),
         idle = ?options.idle,
         max_gap = ?options.max_gap,
         "energy accounting"
     );
-    let mut accountant = Accountant::new(store, options, clock);
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(accountant.options.period);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => break,
-                _ = ticker.tick() => {
-                    if let Err(e) = accountant.pass().await {
-                        warn!(error = %e, "energy accounting pass failed; retrying next period");
-                    }
-                }
-                msg = rx.recv() => match msg {
-                    Ok(c) => accountant.note_commit(&live, &c),
-                    Err(RecvError::Lagged(n)) => {
-                        warn!(missed = n, "energy accountant missed commit announcements; rechecking recent minutes");
-                        accountant.recheck = true;
-                    }
-                    Err(RecvError::Closed) => {
-                        rx = live.subscribe();
-                    }
-                },
-            }
-        }
-        debug!("energy accountant stopped");
+    crate::leader::spawn(Arc::clone(&store), JOB, metrics, lead, stop, move |term| {
+        run(
+            Arc::clone(&store),
+            Arc::clone(&live),
+            options.clone(),
+            Arc::clone(&clock),
+            term,
+        )
     })
+}
+
+/// One term of accounting: from a full recheck (minutes missed while another collector
+/// led, or none did) until `stop` is cancelled.
+async fn run(
+    store: Arc<dyn Store>,
+    live: Arc<Live>,
+    options: EnergyOptions,
+    clock: crate::status::Clock,
+    stop: CancellationToken,
+) {
+    let mut rx = live.subscribe();
+    let mut accountant = Accountant::new(store, options, clock);
+    let mut ticker = tokio::time::interval(accountant.options.period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = ticker.tick() => {
+                if live.take_late_data() {
+                    // Another collector stored data behind our watermarks.
+                    accountant.recheck = true;
+                }
+                if let Err(e) = accountant.pass().await {
+                    warn!(error = %e, "energy accounting pass failed; retrying next period");
+                }
+            }
+            msg = rx.recv() => match msg {
+                Ok(c) => accountant.note_commit(&live, &c),
+                Err(RecvError::Lagged(n)) => {
+                    warn!(missed = n, "energy accountant missed commit announcements; rechecking recent minutes");
+                    accountant.recheck = true;
+                }
+                Err(RecvError::Closed) => {
+                    rx = live.subscribe();
+                }
+            },
+        }
+    }
+    debug!("energy accountant stopped");
 }
 
 /// The (GPU, minute) pairs a committed batch wrote samples into (also what the rollup

@@ -156,7 +156,8 @@ async fn health(
 pub(crate) struct NodeView<'a> {
     name: &'a str,
     status: NodeStatus,
-    /// Whether an ingest stream from the node is open now.
+    /// Whether an ingest stream from the node to this collector is open now (with several
+    /// collectors, a node streaming to another one is `false` and still `online`).
     connected: bool,
     last_seen: Option<String>,
     last_seen_ms: Option<UnixMs>,

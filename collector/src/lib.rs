@@ -11,6 +11,8 @@
 //! - [`ingest`]: the `gpufleet.v1.Ingest/Stream` gRPC service: Hello, Batches, Ack/Reject.
 //! - [`writer`]: the group-commit writer: one task, a bounded queue, one transaction per group.
 //! - [`live`]: in-memory latest state per node and GPU, seeded from the store.
+//! - [`leader`]: background jobs run once across collectors sharing a database (leases).
+//! - [`follow`]: with several collectors on one database, learns what the others committed.
 //! - [`status`]: online / stale / offline from the newest sample time; the injectable clock.
 //! - [`http`]: the axum router (`app`), handlers and `ApiError`.
 //! - [`prometheus`]: the `/metrics` text exposition.
@@ -38,10 +40,12 @@ pub mod energy_api;
 pub mod energy_check;
 pub mod energy_cli;
 pub mod exposure;
+pub mod follow;
 pub mod http;
 pub mod http_serve;
 pub mod identity;
 pub mod ingest;
+pub mod leader;
 pub mod limits;
 pub mod live;
 pub mod metrics;

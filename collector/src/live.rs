@@ -3,13 +3,16 @@
 //!
 //! It is updated only after a commit (so it never shows data that is not durable), seeded
 //! from the store at start-up, and is what `/api/v1/nodes`, `/` and `/metrics` read: they
-//! never query samples. Each commit is also announced on a broadcast channel
+//! never query samples. Nodes whose agent streams to this collector are kept current by
+//! its own commits ([`Live::committed`]); when several collectors share the database, the
+//! others' nodes are kept current by [`crate::follow`] ([`Live::followed`]). Each commit is also announced on a broadcast channel
 //! ([`Live::subscribe`]) for live dashboards; a subscriber that falls behind misses
 //! announcements (`RecvError::Lagged`) instead of slowing ingest down.
 
 use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
-use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
+use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -117,6 +120,9 @@ pub struct Live {
     announce: broadcast::Sender<Arc<Committed>>,
     /// Cancelled when the collector shuts down, so live streams end (see [`Live::close`]).
     closing: CancellationToken,
+    /// Set when another collector stored samples older than a node's newest (a replayed
+    /// spool): the energy accountant rechecks recent minutes ([`Live::take_late_data`]).
+    late_data: AtomicBool,
 }
 
 impl Default for Live {
@@ -131,6 +137,7 @@ impl Live {
             state: RwLock::new(LiveState::default()),
             announce: broadcast::channel(ANNOUNCE_CAPACITY).0,
             closing: CancellationToken::new(),
+            late_data: AtomicBool::new(false),
         }
     }
 
@@ -203,41 +210,64 @@ impl Live {
         }
         r.last_acked_seq = r.last_acked_seq.max(batch.seq);
         r.stored_samples += inserted;
-        // Newest tick first: each GPU's sample is cloned at most once per batch.
-        for t in batch.ticks.iter().rev() {
-            r.last_seen_ms = Some(r.last_seen_ms.map_or(t.time_ms, |s| s.max(t.time_ms)));
-            for s in &t.gpus {
-                let Some(&id) = nb.keys.gpus.get(&s.gpu_uuid) else {
-                    continue;
-                };
-                if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
-                    continue;
-                }
-                let processes = t
-                    .processes
-                    .iter()
-                    .filter(|p| p.gpu_uuid == s.gpu_uuid)
-                    .cloned()
-                    .collect();
-                node.gpus.insert(
-                    id,
-                    LiveGpu {
-                        time_ms: t.time_ms,
-                        sample: s.clone(),
-                        processes,
-                    },
-                );
-            }
-            if (t.host.is_some() || t.cost.is_some())
-                && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
-            {
-                node.host = Some(LiveHost {
-                    time_ms: t.time_ms,
-                    sample: t.host.clone(),
-                    cost: t.cost.clone(),
-                });
-            }
+        apply_ticks(node, &nb.keys.gpus, &batch.ticks);
+    }
+
+    /// What [`crate::follow`] needs to know of a node: `None` when unknown here, else
+    /// (open streams to this collector, the node's latest Hello, its newest tick time,
+    /// its stored GPU samples).
+    pub fn follow_view(&self, node: &str) -> Option<(u32, UnixMs, Option<UnixMs>, u64)> {
+        self.read(|s| {
+            s.nodes.get(node).map(|n| {
+                (
+                    n.connections,
+                    n.record.last_hello_ms,
+                    n.record.last_seen_ms,
+                    n.record.stored_samples,
+                )
+            })
+        })
+    }
+
+    /// A node registered (or re-registered) through another collector: take its identity
+    /// and inventory as stored, without counting a connection here.
+    pub fn adopt(&self, record: NodeRecord) {
+        self.write().insert(record);
+    }
+
+    /// Another collector committed `ticks` of a node whose stored state is now `record`:
+    /// take its delivery counters from the store and its newest samples from the ticks.
+    /// Nothing changes for a node whose agent streams to this collector (its own commits
+    /// keep it current).
+    pub fn followed(&self, record: &NodeRecord, ticks: &[Tick]) {
+        let mut state = self.write();
+        let Some(node) = state.nodes.get_mut(&record.name) else {
+            return;
+        };
+        if node.connections > 0 {
+            return;
         }
+        let r = &mut node.record;
+        r.last_acked_seq = record.last_acked_seq;
+        r.delivery = record.delivery;
+        r.stored_samples = record.stored_samples;
+        r.last_seen_ms = r.last_seen_ms.max(record.last_seen_ms);
+        let keys: HashMap<String, GpuId> = record
+            .gpus
+            .iter()
+            .map(|g| (g.info.uuid.clone(), g.id))
+            .collect();
+        apply_ticks(node, &keys, ticks);
+    }
+
+    /// Notes that another collector stored data behind a node's newest sample.
+    pub fn note_late_data(&self) {
+        self.late_data.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether late data was noted since the last call (and forgets it).
+    pub fn take_late_data(&self) -> bool {
+        self.late_data.swap(false, Ordering::Relaxed)
     }
 
     /// Whether anyone listens to commit announcements (so the writer can skip building them).
@@ -273,5 +303,46 @@ impl Live {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, LiveState> {
         self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Takes each GPU's and the host's newest sample from `ticks` where it is newer than the
+/// node's, and the newest tick time as the node's `last_seen_ms`.
+fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[Tick]) {
+    let r = &mut node.record;
+    // Newest tick first: each GPU's sample is cloned at most once per batch.
+    for t in ticks.iter().rev() {
+        r.last_seen_ms = Some(r.last_seen_ms.map_or(t.time_ms, |s| s.max(t.time_ms)));
+        for s in &t.gpus {
+            let Some(&id) = gpu_ids.get(&s.gpu_uuid) else {
+                continue;
+            };
+            if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
+                continue;
+            }
+            let processes = t
+                .processes
+                .iter()
+                .filter(|p| p.gpu_uuid == s.gpu_uuid)
+                .cloned()
+                .collect();
+            node.gpus.insert(
+                id,
+                LiveGpu {
+                    time_ms: t.time_ms,
+                    sample: s.clone(),
+                    processes,
+                },
+            );
+        }
+        if (t.host.is_some() || t.cost.is_some())
+            && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
+        {
+            node.host = Some(LiveHost {
+                time_ms: t.time_ms,
+                sample: t.host.clone(),
+                cost: t.cost.clone(),
+            });
+        }
     }
 }

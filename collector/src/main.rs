@@ -145,6 +145,11 @@ struct ServeArgs {
     debug_write_delay_per_row: Option<Duration>,
     #[command(flatten)]
     energy: EnergyArgs,
+    /// Follow what other collectors sharing the database commit, so this one's dashboard,
+    /// API and /metrics show every node live: `auto` (every 500ms on PostgreSQL, off on
+    /// SQLite), `off`, or a period such as `1s`.
+    #[arg(long, env = "GPUFLEET_FOLLOW_STORE", default_value = "auto", value_parser = gpufleet_collector::follow::FollowMode::parse, value_name = "auto|off|DURATION")]
+    follow_store: gpufleet_collector::follow::FollowMode,
     #[command(flatten)]
     retention: gpufleet_collector::rollups::RetentionArgs,
     #[command(flatten)]
@@ -249,6 +254,7 @@ async fn run_serve(
             ..Default::default()
         },
         energy: args.energy.options(),
+        follow: args.follow_store,
         retention,
         carbon: gpufleet_collector::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),

@@ -2,7 +2,9 @@
 //! exposed on `/metrics` next to the fleet's GPU metrics. Lock-free: the ingest path only
 //! touches atomics.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the commit-duration histogram buckets.
@@ -32,9 +34,30 @@ pub struct Metrics {
     pub commit_buckets: [AtomicU64; COMMIT_BUCKETS.len()],
     /// Sum of commit durations, in microseconds.
     pub commit_micros_sum: AtomicU64,
+    /// Per background job run under a lease ([`crate::leader`]): whether this collector
+    /// leads it now. Written when leadership changes, read by `/metrics`.
+    leading: Mutex<BTreeMap<&'static str, bool>>,
 }
 
 impl Metrics {
+    /// Records whether this collector now leads `job`.
+    pub fn set_leading(&self, job: &'static str, leading: bool) {
+        self.leading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(job, leading);
+    }
+
+    /// Every job run under a lease here, and whether this collector leads it now.
+    pub fn leading(&self) -> Vec<(&'static str, bool)> {
+        self.leading
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(&j, &l)| (j, l))
+            .collect()
+    }
+
     /// Records one commit's duration.
     pub fn observe_commit(&self, took: Duration) {
         let secs = took.as_secs_f64();

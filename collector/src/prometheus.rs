@@ -232,7 +232,7 @@ const NODE_FAMILIES: &[(&str, &str, &str, NodeValue)] = &[
     (
         "gpufleet_node_connected",
         "gauge",
-        "1 while the node has an open ingest stream.",
+        "1 while the node has an open ingest stream to this collector.",
         |n| Some(f64::from(u8::from(n.connections > 0))),
     ),
     (
@@ -437,6 +437,24 @@ pub fn render(
         &[],
         writer_queued as f64,
     );
+
+    let jobs = metrics.leading();
+    if !jobs.is_empty() {
+        family(
+            &mut out,
+            "gpufleet_collector_job_leader",
+            "gauge",
+            "1 if this collector runs the background job now (it holds the job's lease).",
+        );
+        for (job, leading) in jobs {
+            sample(
+                &mut out,
+                "gpufleet_collector_job_leader",
+                &[("job", job)],
+                f64::from(u8::from(leading)),
+            );
+        }
+    }
 
     let h = "gpufleet_collector_commit_duration_seconds";
     family(

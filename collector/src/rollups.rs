@@ -246,8 +246,12 @@ impl Rollups {
     }
 }
 
+/// The job name of rollups and retention under [`crate::leader`].
+pub const JOB: &str = "rollups";
+
 /// Starts the rollup and retention task; it stops when `stop` is cancelled (finishing
-/// the pass it is in).
+/// the pass it is in). The collector runs it under the `rollups` job lease
+/// ([`crate::leader`]), so once across collectors sharing a database.
 pub fn spawn(
     store: Arc<dyn Store>,
     live: Arc<Live>,

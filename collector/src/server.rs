@@ -1,5 +1,6 @@
 //! Running the collector: store, live state, group-commit writer, gRPC ingest and HTTP,
-//! under one shutdown token.
+//! background jobs under leases ([`crate::leader`]) and the store follower
+//! ([`crate::follow`]), under one shutdown token.
 //!
 //! The listeners are bound by the caller (so tests and `demo` can use port 0 and learn the
 //! real address first). Shutdown order, once the token is cancelled: both servers stop
@@ -48,6 +49,11 @@ pub struct ServeOptions {
     pub limits: crate::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
     pub energy: EnergyOptions,
+    /// Whether to follow what other collectors on the same database commit
+    /// ([`crate::follow`]; default: on PostgreSQL only).
+    pub follow: crate::follow::FollowMode,
+    /// How background jobs' leases are asked for ([`crate::leader`]).
+    pub lead: crate::leader::LeadOptions,
     /// Per-minute rollups and retention (issue 8).
     pub retention: crate::rollups::RetentionOptions,
     /// Carbon accounting: providers, regions, PUE ([`crate::carbon`]).
@@ -67,6 +73,8 @@ impl Default for ServeOptions {
             max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
             limits: crate::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
+            follow: crate::follow::FollowMode::default(),
+            lead: crate::leader::LeadOptions::default(),
             retention: crate::rollups::RetentionOptions::default(),
             carbon: crate::carbon::CarbonOptions::default(),
         }
@@ -156,15 +164,48 @@ pub async fn serve_with_store(
         Arc::clone(&live),
         options.energy.clone(),
         system_clock(),
+        Arc::clone(&metrics),
+        options.lead,
         accountant_stop.clone(),
     );
+    let follower_task = options.follow.period(store.shared()).map(|period| {
+        crate::follow::spawn(
+            Arc::clone(&store),
+            Arc::clone(&live),
+            period,
+            accountant_stop.clone(),
+        )
+    });
     let rollups_stop = CancellationToken::new();
-    let rollups_task = crate::rollups::spawn(
+    // Rollups and retention run once across collectors sharing the database, like the
+    // energy accountant: each term of leadership starts the task afresh.
+    let rollups_task = crate::leader::spawn(
         Arc::clone(&store),
-        Arc::clone(&live),
-        options.retention.clone(),
-        system_clock(),
+        crate::rollups::JOB,
+        Arc::clone(&metrics),
+        options.lead,
         rollups_stop.clone(),
+        {
+            let (store, live, retention) = (
+                Arc::clone(&store),
+                Arc::clone(&live),
+                options.retention.clone(),
+            );
+            move |term| {
+                let task = crate::rollups::spawn(
+                    Arc::clone(&store),
+                    Arc::clone(&live),
+                    retention.clone(),
+                    system_clock(),
+                    term,
+                );
+                async move {
+                    if let Err(e) = task.await {
+                        warn!(error = %e, "the rollup task ended abnormally");
+                    }
+                }
+            }
+        },
     );
     let carbon_task = crate::carbon::spawn(
         Arc::clone(&store),
@@ -306,6 +347,11 @@ pub async fn serve_with_store(
     }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");
+    }
+    if let Some(task) = follower_task
+        && let Err(e) = task.await
+    {
+        warn!(error = %e, "the store follower ended abnormally");
     }
     rollups_stop.cancel();
     if let Err(e) = rollups_task.await {

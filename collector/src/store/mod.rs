@@ -15,6 +15,7 @@
 
 pub mod carbon;
 pub mod energy;
+pub mod lease;
 pub mod postgres;
 pub mod rollup;
 pub mod sqlite;
@@ -23,7 +24,7 @@ use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, Event, GpuInfo, GpuSample, HostInfo, HostSample, Inventory, NvLinkSample,
-    ProcessSample, SamplerCost, UnixMs,
+    ProcessSample, SamplerCost, Tick, UnixMs,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -59,6 +60,8 @@ pub enum StoreError {
     },
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    #[error("cannot take the lease of job {job:?}: {why}")]
+    Lease { job: String, why: String },
     #[error("batch {seq} of node {node:?} names GPU {uuid:?}, which the node did not register")]
     UnknownGpu {
         node: String,
@@ -637,6 +640,77 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Carbon per GPU over the minutes in `range` (GPUs with priced minutes only).
     async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<carbon::GpuCarbon>, StoreError>;
+
+    // ---- several collectors (issue 8)
+
+    /// Whether several collectors may share this database (PostgreSQL: `true`), so each
+    /// follows what the others commit ([`crate::follow`], `--follow-store auto`). SQLite:
+    /// `false`, one collector per file.
+    fn shared(&self) -> bool;
+
+    /// The lease of a background job ([`lease`]): `Some` when this caller may run `job`
+    /// now, `None` while someone else (another collector on the same database) holds it.
+    /// Run jobs through [`crate::leader::spawn`] rather than calling this directly.
+    async fn try_lead(&self, job: &str) -> Result<Option<lease::Lease>, StoreError>;
+
+    /// A node's stored ticks in `range` (GPU samples with their processes, host row,
+    /// events), oldest first, the newest `limit` at most: what another collector committed,
+    /// for the live state ([`crate::follow`]). The default composes the per-GPU reads;
+    /// a backend may answer it in fewer queries.
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Tick>, StoreError> {
+        let mut gpus = Vec::new();
+        let mut processes = Vec::new();
+        for g in &node.gpus {
+            gpus.extend(self.gpu_samples(g.id, range, limit).await?);
+            // Processes per GPU per tick are few; the range is what bounds the read.
+            processes.extend(
+                self.process_samples(g.id, range, limit.saturating_mul(256))
+                    .await?,
+            );
+        }
+        let hosts = self.host_samples(node.id, range, limit).await?;
+        let events = self.events(node.id, range, limit).await?;
+        Ok(assemble_ticks(gpus, processes, hosts, events, limit))
+    }
+}
+
+/// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`
+/// (what [`Store::node_ticks`] returns).
+pub fn assemble_ticks(
+    gpus: Vec<(UnixMs, GpuSample)>,
+    processes: Vec<(UnixMs, ProcessSample)>,
+    hosts: Vec<HostRow>,
+    events: Vec<Event>,
+    limit: usize,
+) -> Vec<Tick> {
+    fn at(ticks: &mut BTreeMap<UnixMs, Tick>, t: UnixMs) -> &mut Tick {
+        ticks.entry(t).or_insert_with(|| Tick {
+            time_ms: t,
+            ..Tick::default()
+        })
+    }
+    let mut ticks: BTreeMap<UnixMs, Tick> = BTreeMap::new();
+    for (t, s) in gpus {
+        at(&mut ticks, t).gpus.push(s);
+    }
+    for (t, p) in processes {
+        at(&mut ticks, t).processes.push(p);
+    }
+    for h in hosts {
+        let tick = at(&mut ticks, h.time_ms);
+        tick.host = h.sample;
+        tick.cost = h.cost;
+    }
+    for e in events {
+        at(&mut ticks, e.time_ms).events.push(e);
+    }
+    let skip = ticks.len().saturating_sub(limit);
+    ticks.into_values().skip(skip).collect()
 }
 
 /// A stored token (agent, viewer or admin): the secret itself is never stored, only its SHA-256.

@@ -1112,6 +1112,69 @@ impl Store for PgStore {
     ) -> Result<Vec<super::carbon::GpuCarbon>, StoreError> {
         carbon::gpu_carbon(&self.pool, range).await
     }
+
+    // ---- several collectors (issue 8)
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn try_lead(&self, job: &str) -> Result<Option<super::lease::Lease>, StoreError> {
+        super::lease::postgres(&self.pool, job).await
+    }
+
+    /// Four queries whatever the node's GPU count (the follower asks every period).
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<gpufleet_core::Tick>, StoreError> {
+        let ids: Vec<i64> = node.gpus.iter().map(|g| g.id.0).collect();
+        let gpu_limit = limit.saturating_mul(ids.len().max(1));
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
+             WHERE s.gpu_id = ANY($1) AND s.ts_ms BETWEEN $2 AND $3 \
+             ORDER BY s.ts_ms DESC, g.gpu_index DESC, g.uuid DESC LIMIT $4"
+        )))
+        .bind(&ids)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(gpu_limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("read a node's new GPU samples"))?;
+        let gpus = rows
+            .iter()
+            .rev()
+            .map(|row| Ok((get::<UnixMs>(row, "ts_ms")?, gpu_sample_from_row(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        // Only the ticks whose GPU rows were kept.
+        let from_ms = gpus
+            .first()
+            .map_or(range.from_ms, |g| g.0.max(range.from_ms));
+        let range = TimeRange { from_ms, ..range };
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {PROCESS_COLS} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
+             JOIN workloads w ON w.id = p.workload_id \
+             WHERE p.gpu_id = ANY($1) AND p.ts_ms BETWEEN $2 AND $3 \
+             ORDER BY p.ts_ms, g.gpu_index, g.uuid, p.pid LIMIT $4"
+        )))
+        .bind(&ids)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(gpu_limit.saturating_mul(256)))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("read a node's new process samples"))?;
+        let processes = rows
+            .iter()
+            .map(|row| Ok((get::<UnixMs>(row, "ts_ms")?, process_from_row(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let hosts = self.host_samples(node.id, range, limit).await?;
+        let events = self.events(node.id, range, limit).await?;
+        Ok(super::assemble_ticks(gpus, processes, hosts, events, limit))
+    }
 }
 
 fn token_row(row: &PgRow) -> Result<AgentTokenRecord, StoreError> {

@@ -88,6 +88,17 @@ pub struct SqliteStore {
     /// upserted once and its names stored). Only committed ids enter it: an id from a
     /// rolled-back transaction could be reused by SQLite for another workload.
     workloads: Mutex<HashMap<Workload, i64>>,
+    /// Job leases ([`super::lease`]): a lock file beside the database file, or in-process
+    /// locks for an in-memory database.
+    leases: Leases,
+}
+
+/// Where a SQLite store's job leases live.
+#[derive(Debug)]
+enum Leases {
+    /// `flock` on `<file>.lead-<job>`: exclusive across the processes of one host.
+    File(std::path::PathBuf),
+    Local(super::lease::LocalLeases),
 }
 
 fn q(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -114,6 +125,11 @@ impl SqliteStore {
         // An in-memory database is shared between connections through SQLite's shared
         // cache, whose table locks are not covered by the busy timeout: use one connection.
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let leases = if in_memory {
+            Leases::Local(super::lease::LocalLeases::default())
+        } else {
+            Leases::File(options.get_filename().to_owned())
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(if in_memory { 1 } else { 4 })
             .min_connections(1)
@@ -140,6 +156,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             pool,
             workloads: Mutex::new(HashMap::new()),
+            leases,
         })
     }
 
@@ -901,6 +918,19 @@ impl Store for SqliteStore {
         range: TimeRange,
     ) -> Result<Vec<super::carbon::GpuCarbon>, StoreError> {
         carbon::gpu_carbon(&self.pool, range).await
+    }
+
+    // ---- several collectors (issue 8)
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    async fn try_lead(&self, job: &str) -> Result<Option<super::lease::Lease>, StoreError> {
+        match &self.leases {
+            Leases::File(db) => super::lease::file(db, job),
+            Leases::Local(local) => Ok(local.try_lead(job)),
+        }
     }
 }
 
