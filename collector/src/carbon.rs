@@ -355,6 +355,9 @@ fn cached(kind: ProviderKind) -> bool {
 /// gCO2 of `energy_mj` at `g_per_kwh` and `pue` (the crate's pure pricing).
 pub use gpufleet_carbon::carbon_g;
 
+/// The background job's name: pricing runs on one collector of those sharing a database.
+pub const JOB: &str = "carbon";
+
 /// Runs the pricer every `options.interval` until `stop`.
 pub fn spawn(
     store: Arc<dyn Store>,

@@ -199,19 +199,25 @@ pub async fn serve_with_store(
                     system_clock(),
                     term,
                 );
-                async move {
-                    if let Err(e) = task.await {
-                        warn!(error = %e, "the rollup task ended abnormally");
-                    }
-                }
+                joined(crate::rollups::JOB, task)
             }
         },
     );
-    let carbon_task = crate::carbon::spawn(
+    // Carbon pricing (and its provider fetches) also run once across collectors.
+    let carbon_task = crate::leader::spawn(
         Arc::clone(&store),
-        options.carbon.clone(),
-        system_clock(),
+        crate::carbon::JOB,
+        Arc::clone(&metrics),
+        options.lead,
         accountant_stop.clone(),
+        {
+            let (store, carbon) = (Arc::clone(&store), options.carbon.clone());
+            move |term| {
+                let task =
+                    crate::carbon::spawn(Arc::clone(&store), carbon.clone(), system_clock(), term);
+                joined(crate::carbon::JOB, task)
+            }
+        },
     );
     let ingest = IngestService::new(
         Arc::clone(&store),
@@ -361,4 +367,11 @@ pub async fn serve_with_store(
     http_result.map_err(ServeError::Http)?;
     info!("collector stopped");
     Ok(())
+}
+
+/// A background job's term as a future: the spawned task, with an abnormal end logged.
+async fn joined(job: &'static str, task: tokio::task::JoinHandle<()>) {
+    if let Err(e) = task.await {
+        warn!(job, error = %e, "a background task ended abnormally");
+    }
 }
