@@ -268,7 +268,7 @@ impl PgStore {
     async fn write_any(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
         match self.write_once(batches, GpuPath::Copy).await {
             Err(e) if is_copy_duplicate(&e) => {
-                debug!(error = %e, "GPU samples already stored; writing them one conflict at a time");
+                debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
                 self.write_once(batches, GpuPath::Merge).await
             }
             other => other,
