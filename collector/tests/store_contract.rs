@@ -270,6 +270,32 @@ mod contract {
             "the counter counts rows, not writes"
         );
         assert_eq!(node.last_acked_seq, 1);
+
+        // New samples in one transaction beside old ones, or twice in it: each new
+        // sample is stored and counted once.
+        let fresh = node_batch(&rec, batch(2, T0 + 4_000, 3, &["GPU-a", "GPU-b"]));
+        let mixed = store
+            .write_batches(&[nb.clone(), fresh.clone(), fresh.clone()])
+            .await
+            .expect("old and new in one transaction");
+        assert_eq!(mixed.inserted_gpu_samples.get(&rec.id), Some(&6));
+        assert_eq!(
+            store
+                .gpu_samples(rec.gpus[0].id, ALL_TIME, 100)
+                .await
+                .expect("a")
+                .len(),
+            7
+        );
+        let twice = node_batch(&rec, batch(3, T0 + 7_000, 2, &["GPU-a", "GPU-b"]));
+        let doubled = store
+            .write_batches(&[twice.clone(), twice])
+            .await
+            .expect("a new batch twice in one transaction");
+        assert_eq!(doubled.inserted_gpu_samples.get(&rec.id), Some(&4));
+        let node = &store.nodes().await.expect("nodes")[0];
+        assert_eq!(node.stored_samples, 18);
+        assert_eq!(node.last_acked_seq, 3);
     }
 
     pub async fn last_acked_seq_and_last_seen_only_grow(store: Arc<dyn Store>) {

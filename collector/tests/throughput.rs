@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Knobs (environment): `AGENTS` (4), `GPUS` (8), `TICKS` per batch (50), `BATCHES` per
-//! agent (200), `PROCS` processes per GPU per tick (0).
+//! agent (200), `PROCS` processes per GPU per tick (0), `RATE` GPU samples/s offered by all
+//! agents together (0: as fast as acks allow, i.e. saturation; with a rate, the latency is
+//! the one a fleet of that size sees).
 
 mod common;
 
@@ -73,13 +75,17 @@ async fn ingest_throughput_postgres() {
 /// Streams the pre-built batches of `AGENTS` agents into a collector on `store`, prints the
 /// rate and ack latency, and returns the GPU samples stored.
 async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str) -> u64 {
-    let (agents, gpus, ticks, batches, procs) = (
+    let (agents, gpus, ticks, batches, procs, offered) = (
         knob("AGENTS", 4),
         knob("GPUS", 8),
         knob("TICKS", 50),
         knob("BATCHES", 200),
         knob("PROCS", 0),
+        knob("RATE", 0),
     );
+    // With a rate, each agent sends one batch per `every`.
+    let every = (offered > 0)
+        .then(|| Duration::from_secs_f64(f64::from(agents * gpus * ticks) / f64::from(offered)));
     let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = grpc.local_addr().expect("addr");
@@ -180,7 +186,15 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
                 .into_inner();
             let sent_by_sender = Arc::clone(&sent);
             let sender = tokio::spawn(async move {
+                let mut pace = every.map(|e| {
+                    let mut i = tokio::time::interval(e);
+                    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    i
+                });
                 for (i, m) in wire.into_iter().enumerate() {
+                    if let Some(p) = pace.as_mut() {
+                        p.tick().await;
+                    }
                     let permit = match tx.reserve().await {
                         Ok(p) => p,
                         Err(_) => break,
@@ -221,8 +235,13 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
     let samples = u64::from(agents * gpus * ticks * batches);
     let rate = samples as f64 / took.as_secs_f64();
     println!(
-        "{backend}: {agents} agents x {gpus} GPUs, {ticks} ticks/batch, {batches} batches each, {procs} processes/GPU: \
+        "{backend}: {agents} agents x {gpus} GPUs, {ticks} ticks/batch, {batches} batches each, {procs} processes/GPU, offered {}: \
          {samples} GPU samples acked in {:.2} s = {rate:.0} samples/s; ack latency p50 {} ms, p99 {} ms, max {} ms",
+        if offered > 0 {
+            format!("{offered}/s")
+        } else {
+            "as fast as acked".into()
+        },
         took.as_secs_f64(),
         pct(0.50).as_millis(),
         pct(0.99).as_millis(),
@@ -246,6 +265,19 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 async fn store_write_throughput() {
+    let (_dir, store) = sqlite_store().await;
+    store_write(store, "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+async fn store_write_throughput_postgres() {
+    let (_schema, store) = pg_store().await;
+    store_write(Arc::clone(&store), "postgres").await;
+    store.close().await;
+}
+
+async fn store_write(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str) {
     use gpufleet_collector::store::NodeBatch;
     let (gpus, ticks, batches, procs, group) = (
         knob("GPUS", 8),
@@ -254,7 +286,6 @@ async fn store_write_throughput() {
         knob("PROCS", 0),
         knob("GROUP", 16),
     );
-    let (_dir, store) = sqlite_store().await;
     let uuids: Vec<String> = (0..gpus)
         .map(|g| format!("GPU-{g:04}-0000-0000-000000000000"))
         .collect();
@@ -315,7 +346,7 @@ async fn store_write_throughput() {
     let took = began.elapsed();
     let samples = u64::from(gpus * ticks * batches);
     println!(
-        "store: {samples} GPU samples ({procs} processes/GPU), {group} batches of {ticks} ticks per \
+        "{backend} store: {samples} GPU samples ({procs} processes/GPU), {group} batches of {ticks} ticks per \
          transaction: {:.2} s = {:.0} samples/s",
         took.as_secs_f64(),
         samples as f64 / took.as_secs_f64()
