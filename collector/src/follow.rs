@@ -5,8 +5,9 @@
 //! row per node, maintained in each write transaction) and compares each node with the
 //! live state. A node whose agent streams to this collector is skipped: its own commits
 //! keep it current. For any other node whose newest tick time or stored-sample count moved,
-//! it reads the node's new ticks ([`Store::node_ticks`], at most [`WINDOW_MS`] back from
-//! the newest), feeds them to the live state ([`Live::followed`]) and announces them like a
+//! it reads the node's new ticks (at most [`WINDOW_MS`] back from the newest; all moved
+//! nodes' in one [`Store::nodes_ticks`], a constant number of queries per pass), feeds
+//! them to the live state ([`Live::followed`]) and announces them like a
 //! commit of its own (`/api/v1/live`, the energy accountant). More samples stored than
 //! ticks read means another collector stored older data (a replayed spool): the energy
 //! accountant is told to recheck recent minutes ([`Live::note_late_data`]).
@@ -15,7 +16,7 @@
 //! table; on SQLite (one collector per file) it does not run unless asked for.
 
 use crate::live::{Committed, Live};
-use crate::store::{Store, StoreError, TimeRange};
+use crate::store::{NodeRecord, Store, StoreError, TimeRange};
 use gpufleet_core::{Batch, UnixMs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,8 +106,10 @@ pub fn spawn(
 
 /// One pass (see the module docs). Returns the ticks taken from the store.
 pub async fn follow_once(store: &dyn Store, live: &Live) -> Result<usize, StoreError> {
-    let mut taken = 0;
-    for record in store.nodes().await? {
+    let records = store.nodes().await?;
+    // The nodes that moved, with what this collector knew of them.
+    let mut moved = Vec::new();
+    for record in &records {
         let known = live.follow_view(&record.name);
         let (seen, stored) = match known {
             None => {
@@ -129,22 +132,37 @@ pub async fn follow_once(store: &dyn Store, live: &Live) -> Result<usize, StoreE
         if !newer && record.stored_samples == stored {
             continue;
         }
-        let ticks = match record.last_seen_ms {
+        let range = match record.last_seen_ms {
             Some(last) if newer => {
                 let from = seen.map_or(UnixMs::MIN, |s| s.saturating_add(1));
-                let range = TimeRange {
+                Some(TimeRange {
                     from_ms: from.max(last.saturating_sub(WINDOW_MS)),
                     to_ms: last,
-                };
-                store.node_ticks(&record, range, MAX_TICKS).await?
+                })
             }
-            _ => Vec::new(),
+            _ => None,
+        };
+        moved.push((record, known.is_some(), stored, range));
+    }
+    // The new ticks of all of them in one read.
+    let wanted: Vec<(&NodeRecord, TimeRange)> = moved
+        .iter()
+        .filter_map(|&(record, _, _, range)| range.map(|r| (record, r)))
+        .collect();
+    let mut read = store.nodes_ticks(&wanted, MAX_TICKS).await?.into_iter();
+    let mut taken = 0;
+    for (record, known, stored, range) in moved {
+        let ticks = match range {
+            Some(_) => read.next().ok_or_else(|| {
+                StoreError::Corrupt("the store answered fewer nodes than asked".into())
+            })?,
+            None => Vec::new(),
         };
         let samples: u64 = ticks.iter().map(|t| t.gpus.len() as u64).sum();
-        if known.is_some() && record.stored_samples > stored.saturating_add(samples) {
+        if known && record.stored_samples > stored.saturating_add(samples) {
             live.note_late_data();
         }
-        live.followed(&record, &ticks);
+        live.followed(record, &ticks);
         taken += ticks.len();
         if !ticks.is_empty() && live.has_subscribers() {
             live.announce(Committed {

@@ -16,7 +16,7 @@ use gpufleet_collector::follow::FollowMode;
 use gpufleet_collector::follow::follow_once;
 use gpufleet_collector::leader::LeadOptions;
 use gpufleet_collector::live::Live;
-use gpufleet_collector::store::{self, lease};
+use gpufleet_collector::store::{self, TimeRange, lease};
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use serde_json::Value;
 use std::sync::Arc;
@@ -413,6 +413,103 @@ async fn follower_contract(store: Arc<dyn store::Store>) {
     live.read(|s| assert_eq!(s.nodes["elsewhere"].record.last_seen_ms, Some(T0 + 12_000)));
 }
 
+#[tokio::test]
+async fn many_nodes_ticks_in_one_read_are_the_newest_written_on_sqlite() {
+    let (_dir, store) = common::sqlite_store().await;
+    nodes_ticks_contract(store).await;
+}
+
+#[tokio::test]
+async fn many_nodes_ticks_in_one_read_are_the_newest_written_on_postgres() {
+    let (_schema, store) = common::pg_store().await;
+    nodes_ticks_contract(store).await;
+}
+
+/// `Store::nodes_ticks` (the follower's one read per pass) answers, node for node, the
+/// newest ticks written in the node's own range, up to the per-node limit: nodes of
+/// different GPU counts, one without ticks, events and processes.
+async fn nodes_ticks_contract(store: Arc<dyn store::Store>) {
+    use gpufleet_core::{Event, EventKind};
+    let shapes: [(&str, &[&str], u32); 3] = [
+        ("wide", &["GPU-w-0", "GPU-w-1", "GPU-w-2"], 6),
+        ("narrow", &["GPU-n-0"], 4),
+        ("quiet", &["GPU-q-0", "GPU-q-1"], 0),
+    ];
+    let mut records = Vec::new();
+    let mut written = Vec::new();
+    for (name, gpus, ticks) in shapes {
+        let inv = inventory(
+            gpus.iter()
+                .enumerate()
+                .map(|(i, u)| gpu_info_full(u, i as u32))
+                .collect(),
+        );
+        let rec = store
+            .register_node(&hello(name), &inv, T0)
+            .await
+            .expect("register");
+        let mut b = batch(1, T0 + 1000, ticks, gpus);
+        if ticks > 0 {
+            let at = b.ticks[2].time_ms;
+            b.ticks[2].events.push(Event {
+                time_ms: at,
+                gpu_uuid: gpus[0].into(),
+                kind: EventKind::Xid,
+                code: Some(79),
+                detail: "fell off the bus".into(),
+            });
+            store
+                .write_batches(&[node_batch(&rec, b.clone())])
+                .await
+                .expect("write");
+        }
+        written.push(b.ticks);
+        records.push(rec);
+    }
+    assert!(store.nodes_ticks(&[], 600).await.expect("none").is_empty());
+    let ranges = [
+        TimeRange {
+            from_ms: T0,
+            to_ms: T0 + 60_000,
+        },
+        TimeRange {
+            from_ms: T0 + 2000,
+            to_ms: T0 + 3000,
+        },
+        TimeRange {
+            from_ms: T0,
+            to_ms: T0 + 60_000,
+        },
+    ];
+    for limit in [600, 2] {
+        let wanted: Vec<(&store::NodeRecord, TimeRange)> = records.iter().zip(ranges).collect();
+        let together = store.nodes_ticks(&wanted, limit).await.expect("together");
+        assert_eq!(together.len(), 3);
+        for (((node, range), got), ticks) in wanted.iter().zip(&together).zip(&written) {
+            // The newest `limit` of the ticks written in its range, as written.
+            let mut want: Vec<_> = ticks
+                .iter()
+                .filter(|t| (range.from_ms..=range.to_ms).contains(&t.time_ms))
+                .cloned()
+                .collect();
+            want.drain(..want.len().saturating_sub(limit));
+            assert_eq!(got, &want, "{} at limit {limit}", node.name);
+        }
+        assert_eq!(together[0].len(), limit.min(6));
+        assert_eq!(together[1].len(), 2);
+        assert!(together[2].is_empty());
+    }
+    // The event and the processes come back with their tick.
+    let wanted = [(&records[0], ranges[0])];
+    let wide = &store.nodes_ticks(&wanted, 600).await.expect("wide")[0];
+    assert_eq!(wide[2].events.len(), 1);
+    assert_eq!(wide[2].events[0].code, Some(79));
+    assert!(
+        wide.iter()
+            .all(|t| t.processes.len() == 2 && t.gpus.len() == 3)
+    );
+}
+
 /// What one follower pass costs at 1,000 nodes × 8 GPUs (`--ignored`; figures in
 /// BENCHMARKS.md): with nothing new (one collector, or nothing committed elsewhere), and
 /// with one new tick on every node (what a second collector sees each second when the
@@ -462,18 +559,34 @@ async fn follow_pass_cost_at_1000_nodes() {
         }
         let idle = started.elapsed() / rounds;
         let mut busy = Duration::ZERO;
+        let mut by_node = Duration::ZERO;
         for k in 2..2 + rounds {
             write_tick(k).await;
             let started = Instant::now();
             let taken = follow_once(store.as_ref(), &live).await.expect("pass");
             busy += started.elapsed();
             assert_eq!(taken, nodes as usize);
+            // The same reads node by node (`Store::node_ticks`, what a pass did before
+            // `Store::nodes_ticks`), after the pass so they find warm caches.
+            let at = T0 + i64::from(k) * 1000;
+            let range = TimeRange {
+                from_ms: at,
+                to_ms: at,
+            };
+            let started = Instant::now();
+            for (rec, _) in &records {
+                let ticks = store.node_ticks(rec, range, 600).await.expect("node");
+                assert_eq!(ticks.len(), 1);
+            }
+            by_node += started.elapsed();
         }
         let busy = busy / rounds;
+        let by_node = by_node / rounds;
         eprintln!(
-            "{backend}: follower pass, 1000 nodes x 8 GPUs: nothing new {:.1} ms; one new tick on every node {:.1} ms",
+            "{backend}: follower pass, 1000 nodes x 8 GPUs: nothing new {:.1} ms; one new tick on every node {:.1} ms (the same ticks read node by node: {:.1} ms)",
             idle.as_secs_f64() * 1e3,
-            busy.as_secs_f64() * 1e3
+            busy.as_secs_f64() * 1e3,
+            by_node.as_secs_f64() * 1e3
         );
     }
 }

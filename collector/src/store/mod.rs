@@ -677,6 +677,22 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         let events = self.events(node.id, range, limit).await?;
         Ok(assemble_ticks(gpus, processes, hosts, events, limit))
     }
+
+    /// Many nodes' stored ticks at once: for each `(node, range)` of `wanted`, in order,
+    /// what [`Store::node_ticks`] answers for it. The follower asks this every period for
+    /// all the nodes other collectors wrote; the backends answer it in a constant number
+    /// of queries, whatever the number of nodes. The default asks node by node.
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<Tick>>, StoreError> {
+        let mut out = Vec::with_capacity(wanted.len());
+        for (node, range) in wanted {
+            out.push(self.node_ticks(node, *range, limit).await?);
+        }
+        Ok(out)
+    }
 }
 
 /// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`

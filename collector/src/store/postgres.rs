@@ -37,6 +37,7 @@ use tracing::debug;
 
 mod carbon;
 mod energy;
+mod follow;
 mod rollup;
 
 /// The migrations, embedded; numbered as the SQLite ones so later migrations line up.
@@ -1220,6 +1221,15 @@ impl Store for PgStore {
         let hosts = self.host_samples(node.id, range, limit).await?;
         let events = self.events(node.id, range, limit).await?;
         Ok(super::assemble_ticks(gpus, processes, hosts, events, limit))
+    }
+
+    /// Four queries whatever the number of nodes (see `postgres/follow.rs`).
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<gpufleet_core::Tick>>, StoreError> {
+        follow::nodes_ticks(&self.pool, wanted, limit).await
     }
 }
 

@@ -76,6 +76,7 @@ const WORKLOAD_CACHE_MAX: usize = 50_000;
 
 mod carbon;
 mod energy;
+mod follow;
 mod rollup;
 
 type SqliteQuery<'q> = sqlx::query::Query<'q, Sqlite, SqliteArguments>;
@@ -931,6 +932,15 @@ impl Store for SqliteStore {
             Leases::File(db) => super::lease::file(db, job),
             Leases::Local(local) => Ok(local.try_lead(job)),
         }
+    }
+
+    /// Four queries whatever the number of nodes (see `sqlite/follow.rs`).
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<gpufleet_core::Tick>>, StoreError> {
+        follow::nodes_ticks(&self.pool, wanted, limit).await
     }
 }
 
