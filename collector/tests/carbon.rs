@@ -13,7 +13,6 @@ use gpufleet_carbon::{CarbonArgs, CarbonConfig, IntensityKind, ProviderKind};
 use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
 use gpufleet_collector::carbon::{CarbonOptions, PassReport, Pricer};
 use gpufleet_collector::energy::IdlePolicy;
-use gpufleet_collector::live::Live;
 use gpufleet_collector::status::Clock;
 use gpufleet_collector::store::carbon::PriceBasis;
 use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
@@ -251,29 +250,7 @@ fn all_time() -> TimeRange {
 }
 
 async fn get_json(store: &Arc<dyn Store>, now: UnixMs, uri: &str) -> (u16, serde_json::Value) {
-    use tower::ServiceExt as _;
-    let state = gpufleet_collector::http::AppState {
-        store: Arc::clone(store),
-        live: Arc::new(Live::new()),
-        metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
-        writer: None,
-        status: Default::default(),
-        clock: Arc::new(move || now),
-    };
-    let response = gpufleet_collector::http::app(state)
-        .oneshot(
-            axum::http::Request::builder()
-                .uri(uri)
-                .body(axum::body::Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("response");
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .expect("body");
-    (status, serde_json::from_slice(&body).expect("json"))
+    api_get_json(store, now, uri).await
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -483,28 +483,7 @@ async fn get_json_live(
     live: Arc<Live>,
     uri: &str,
 ) -> (u16, serde_json::Value) {
-    use tower::ServiceExt as _;
-    let state = gpufleet_collector::http::AppState {
-        store: Arc::clone(store),
-        live,
-        metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
-        writer: None,
-        status: Default::default(),
-        clock: clock_at(T0 + 10 * MIN),
-    };
-    let response = gpufleet_collector::http::app(state)
-        .oneshot(
-            axum::http::Request::builder()
-                .uri(uri)
-                .body(axum::body::Body::empty())
-                .expect("request"),
-        )
-        .await
-        .expect("response");
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .expect("body");
+    let (status, _, body) = api_get_live(store, live, T0 + 10 * MIN, uri).await;
     (status, serde_json::from_slice(&body).expect("json"))
 }
 

@@ -455,10 +455,31 @@ pub fn knob(name: &str, default: u32) -> u32 {
 /// Calls the HTTP API in-process (no socket) with the clock fixed at `now`: the status,
 /// the content type and the body.
 pub async fn api_get(store: &Arc<dyn Store>, now: UnixMs, uri: &str) -> (u16, String, Vec<u8>) {
+    let live = Arc::new(gpufleet_collector::live::Live::new());
+    api_get_live(store, live, now, uri).await
+}
+
+/// [`api_get`] answered as JSON: the status and the parsed body.
+pub async fn api_get_json(
+    store: &Arc<dyn Store>,
+    now: UnixMs,
+    uri: &str,
+) -> (u16, serde_json::Value) {
+    let (status, _, body) = api_get(store, now, uri).await;
+    (status, serde_json::from_slice(&body).expect("json"))
+}
+
+/// [`api_get`] with a given live state (what `/api/v1/nodes` and friends read).
+pub async fn api_get_live(
+    store: &Arc<dyn Store>,
+    live: Arc<gpufleet_collector::live::Live>,
+    now: UnixMs,
+    uri: &str,
+) -> (u16, String, Vec<u8>) {
     use tower::ServiceExt as _;
     let state = gpufleet_collector::http::AppState {
         store: Arc::clone(store),
-        live: Arc::new(gpufleet_collector::live::Live::new()),
+        live,
         metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
         writer: None,
         status: Default::default(),
