@@ -2,9 +2,10 @@
 //! [`crate::energy`] (pure) and [`crate::accountant`]; these are the shapes crossing the
 //! store boundary.
 
-use super::{GpuId, NodeId};
-use crate::energy::EnergySample;
+use super::{GpuId, NodeId, StoreError};
+use crate::energy::{EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute};
 use gpufleet_core::{UnixMs, Workload};
+use std::collections::BTreeMap;
 
 /// A GPU as the accountant sees it: where it is, what it is, how far it is accounted.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,4 +83,95 @@ pub struct WorkloadEnergyPoint {
     pub idle_mj: u64,
     pub gpu_ms: i64,
     pub share_ppm_ms: u64,
+}
+
+/// The columns of a stored energy-minute row, whichever backend read it, so both stores
+/// decode `energy_gpu_minutes` / `energy_workload_minutes` rows with [`minutes_from_rows`].
+pub(super) trait MinuteColumns {
+    fn int(&self, column: &str) -> Result<i64, StoreError>;
+    fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError>;
+    fn text(&self, column: &str) -> Result<String, StoreError>;
+
+    /// A non-negative integer as u64 (energies and sums are never negative; a negative
+    /// value means the row was tampered with).
+    fn nonneg(&self, column: &str) -> Result<u64, StoreError> {
+        let v = self.int(column)?;
+        u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
+    }
+}
+
+/// GPU-minute rows (`SELECT *` of `energy_gpu_minutes`) with their workload rows, each
+/// ordered by GPU and minute. Workload rows without their GPU row come back under a GPU
+/// row that has nothing, so conservation fails visibly.
+pub(super) fn minutes_from_rows<R: MinuteColumns>(
+    rows: &[R],
+    wrows: &[R],
+) -> Result<Vec<(GpuId, GpuMinute)>, StoreError> {
+    let mut workloads: BTreeMap<(i64, i64), Vec<WorkloadMinute>> = BTreeMap::new();
+    for row in wrows {
+        workloads
+            .entry((row.int("gpu_id")?, row.int("minute_ms")?))
+            .or_default()
+            .push(WorkloadMinute {
+                workload: row.int("workload_id")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                gpu_ms: row.int("gpu_ms")?,
+                share_ppm_ms: row.nonneg("share_ppm_ms")?,
+                sm_ms: row.int("sm_ms")?,
+                memory_ms: row.int("memory_ms")?,
+                equal_ms: row.int("equal_ms")?,
+            });
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let gpu_id = row.int("gpu_id")?;
+        let minute_ms = row.int("minute_ms")?;
+        let policy = row.text("idle_policy")?;
+        let source = row.text("idle_source")?;
+        let samples = row.int("samples")?;
+        let idle_mw = row.int("idle_mw")?;
+        out.push((
+            GpuId(gpu_id),
+            GpuMinute {
+                minute_ms,
+                energy_mj: row.nonneg("energy_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                attributed_mj: row.nonneg("attributed_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                unattributed_mj: row.nonneg("unattributed_mj")?,
+                covered_ms: row.int("covered_ms")?,
+                missing_ms: row.int("missing_ms")?,
+                samples: u32::try_from(samples)
+                    .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
+                min_power_mw: row
+                    .opt_int("min_power_mw")?
+                    .map(u32::try_from)
+                    .transpose()
+                    .map_err(|_| StoreError::Corrupt("min_power_mw out of range".into()))?,
+                idle_mw: u32::try_from(idle_mw)
+                    .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
+                idle_policy: IdlePolicy::parse(&policy)
+                    .ok_or_else(|| StoreError::Corrupt(format!("idle_policy {policy:?}")))?,
+                idle_source: IdleSource::parse(&source)
+                    .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
+                max_gap_ms: row.int("max_gap_ms")?,
+                workloads: workloads.remove(&(gpu_id, minute_ms)).unwrap_or_default(),
+            },
+        ));
+    }
+    for ((gpu_id, minute_ms), ws) in workloads {
+        out.push((
+            GpuId(gpu_id),
+            GpuMinute {
+                minute_ms,
+                workloads: ws,
+                ..Default::default()
+            },
+        ));
+    }
+    Ok(out)
 }

@@ -5,17 +5,15 @@
 use super::{
     from_i64, get, get_small, get_u32_big, get_u32_bits, limit_i64, q, required, workload_from_row,
 };
-use crate::energy::{
-    EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
-};
+use crate::energy::{EnergyProcess, EnergySample, GpuMinute};
 use crate::store::energy::{
-    EnergyGpu, EnergyInputs, GpuEnergy, WorkloadEnergy, WorkloadEnergyPoint,
+    EnergyGpu, EnergyInputs, GpuEnergy, MinuteColumns, WorkloadEnergy, WorkloadEnergyPoint,
+    minutes_from_rows,
 };
 use crate::store::{GpuId, NodeId, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgPool, PgRow};
-use std::collections::BTreeMap;
 
 /// Workload columns, for a query joining `workloads w` (read by `workload_from_row`).
 const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
@@ -24,11 +22,21 @@ const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
     w.container_name AS w_container_name, w.image AS w_image, w.pod_name AS w_pod_name, \
     w.namespace AS w_namespace";
 
-/// A non-negative integer column as u64 (sums and energies are never negative; a
-/// negative value means the row was tampered with).
+/// A non-negative integer column as u64 (sums and energies are never negative).
 fn get_nonneg(row: &PgRow, column: &str) -> Result<u64, StoreError> {
-    let v: i64 = get(row, column)?;
-    u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
+    row.nonneg(column)
+}
+
+impl MinuteColumns for PgRow {
+    fn int(&self, column: &str) -> Result<i64, StoreError> {
+        get(self, column)
+    }
+    fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        get(self, column)
+    }
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        get(self, column)
+    }
 }
 
 fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
@@ -294,75 +302,7 @@ pub(super) async fn energy_minutes(
     .fetch_all(&mut *conn)
     .await
     .map_err(q("read workload energy minutes"))?;
-    let mut workloads: BTreeMap<(i64, i64), Vec<WorkloadMinute>> = BTreeMap::new();
-    for row in &wrows {
-        workloads
-            .entry((get(row, "gpu_id")?, get(row, "minute_ms")?))
-            .or_default()
-            .push(WorkloadMinute {
-                workload: get(row, "workload_id")?,
-                energy_mj: get_nonneg(row, "energy_mj")?,
-                idle_mj: get_nonneg(row, "idle_mj")?,
-                counter_mj: get_nonneg(row, "counter_mj")?,
-                trapezoid_mj: get_nonneg(row, "trapezoid_mj")?,
-                gpu_ms: get(row, "gpu_ms")?,
-                share_ppm_ms: get_nonneg(row, "share_ppm_ms")?,
-                sm_ms: get(row, "sm_ms")?,
-                memory_ms: get(row, "memory_ms")?,
-                equal_ms: get(row, "equal_ms")?,
-            });
-    }
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let gpu_id: i64 = get(row, "gpu_id")?;
-        let minute_ms: i64 = get(row, "minute_ms")?;
-        let policy: String = get(row, "idle_policy")?;
-        let source: String = get(row, "idle_source")?;
-        let samples: i64 = get(row, "samples")?;
-        let idle_mw: i64 = get(row, "idle_mw")?;
-        let min_power: Option<i64> = get(row, "min_power_mw")?;
-        out.push((
-            GpuId(gpu_id),
-            GpuMinute {
-                minute_ms,
-                energy_mj: get_nonneg(row, "energy_mj")?,
-                counter_mj: get_nonneg(row, "counter_mj")?,
-                trapezoid_mj: get_nonneg(row, "trapezoid_mj")?,
-                attributed_mj: get_nonneg(row, "attributed_mj")?,
-                idle_mj: get_nonneg(row, "idle_mj")?,
-                unattributed_mj: get_nonneg(row, "unattributed_mj")?,
-                covered_ms: get(row, "covered_ms")?,
-                missing_ms: get(row, "missing_ms")?,
-                samples: u32::try_from(samples)
-                    .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
-                min_power_mw: min_power
-                    .map(u32::try_from)
-                    .transpose()
-                    .map_err(|_| StoreError::Corrupt("min_power_mw out of range".into()))?,
-                idle_mw: u32::try_from(idle_mw)
-                    .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
-                idle_policy: IdlePolicy::parse(&policy)
-                    .ok_or_else(|| StoreError::Corrupt(format!("idle_policy {policy:?}")))?,
-                idle_source: IdleSource::parse(&source)
-                    .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
-                max_gap_ms: get(row, "max_gap_ms")?,
-                workloads: workloads.remove(&(gpu_id, minute_ms)).unwrap_or_default(),
-            },
-        ));
-    }
-    // Workload rows without their GPU row are a violation too: return them under a GPU
-    // row that has nothing, so conservation fails visibly.
-    for ((gpu_id, minute_ms), ws) in workloads {
-        out.push((
-            GpuId(gpu_id),
-            GpuMinute {
-                minute_ms,
-                workloads: ws,
-                ..Default::default()
-            },
-        ));
-    }
-    Ok(out)
+    minutes_from_rows(&rows, &wrows)
 }
 
 pub(super) async fn stale_energy_minutes(
