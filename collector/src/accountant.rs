@@ -1,8 +1,13 @@
 //! The accountant: turns committed samples into per-minute energy rollups, incrementally.
 //!
 //! One task. Per GPU the store keeps a watermark (`done_to_ms`): every minute before it is
-//! accounted. A pass accounts the minutes from the watermark up to the minute of the GPU's
-//! newest sample (a minute is closed once a later sample exists; agents send in order).
+//! accounted. A pass closes the minutes from the watermark up to the minute of the GPU's
+//! newest sample, and also every minute that ended more than a grace period ago (the gap
+//! limit: a few sampling intervals) whether or not a later sample came, so a node that
+//! goes silent has its energy up to its last sample accounted. The minute holding a GPU's
+//! newest sample, while still open, is computed each pass that brings it new samples and
+//! stored marked *provisional* (the watermark stays before it); it is replaced when it
+//! closes.
 //! Data that lands *behind* the watermark (a replayed spool, an out-of-order batch) is
 //! caught two ways: every commit is announced ([`crate::live::Live::subscribe`]), and each
 //! (GPU, minute) it touches is recomputed together with the minute holding the next sample
@@ -11,7 +16,7 @@
 //! recomputed. Recomputing a minute replaces its rows in one transaction, so replays never
 //! double-count. Everything computed is the pure [`crate::energy`] code.
 
-use crate::energy::{self, GpuMinute, IdlePolicy, IdleSource, MINUTE_MS, minute_of};
+use crate::energy::{self, GpuMinute, IdlePolicy, MINUTE_MS, baseline, minute_of};
 use crate::live::{Committed, Live};
 use crate::store::energy::EnergyGpu;
 use crate::store::{GpuId, Store, StoreError, TimeRange};
@@ -24,11 +29,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// The idle power of a GPU: the lowest it drew recently, or a set figure.
+/// The idle power of a GPU: its baseline ([`crate::energy::baseline`]), or a set figure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleWatts {
-    /// The lowest power the GPU reported over [`EnergyOptions::idle_window`].
-    Min,
+    /// Learned from the intervals in which the GPU did no work over
+    /// [`EnergyOptions::idle_window`]; until then the model's default, else the fallback.
+    Auto,
     /// A configured power, in milliwatts.
     Milliwatts(u32),
 }
@@ -44,15 +50,15 @@ pub struct IdleConfig {
 impl Default for IdleConfig {
     fn default() -> Self {
         IdleConfig {
-            default: IdleWatts::Min,
+            default: IdleWatts::Auto,
             per_model: Vec::new(),
         }
     }
 }
 
 impl IdleConfig {
-    /// Parses `min`, `45` (watts, every GPU), `H100=60,L40S=35` (per model; others `min`)
-    /// or a mix: `H100=60,40`.
+    /// Parses `auto`, `45` (watts, every GPU), `H100=60,L40S=35` (per model; others
+    /// `auto`) or a mix: `H100=60,40`. `min`, the old default, is read as `auto`.
     pub fn parse(s: &str) -> Result<IdleConfig, String> {
         let mut cfg = IdleConfig::default();
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -64,7 +70,9 @@ impl IdleConfig {
                     }
                     cfg.per_model.push((model.to_owned(), parse_watts(watts)?));
                 }
-                None if item.eq_ignore_ascii_case("min") => cfg.default = IdleWatts::Min,
+                None if item.eq_ignore_ascii_case("auto") || item.eq_ignore_ascii_case("min") => {
+                    cfg.default = IdleWatts::Auto;
+                }
                 None => cfg.default = IdleWatts::Milliwatts(parse_watts(item)?),
             }
         }
@@ -86,7 +94,7 @@ fn parse_watts(s: &str) -> Result<u32, String> {
     let t = t.strip_suffix(['W', 'w']).unwrap_or(t).trim();
     let w: f64 = t
         .parse()
-        .map_err(|_| format!("{s:?} is not a power in watts (e.g. 45 or 45W) nor `min`"))?;
+        .map_err(|_| format!("{s:?} is not a power in watts (e.g. 45 or 45W) nor `auto`"))?;
     if !(0.0..=100_000.0).contains(&w) {
         return Err(format!("{s:?}: idle watts must be between 0 and 100000"));
     }
@@ -103,7 +111,7 @@ pub struct EnergyOptions {
     pub max_gap: Option<Duration>,
     /// How often the accountant looks for new minutes.
     pub period: Duration,
-    /// The `min` idle policy's window.
+    /// How far back the idle baseline is learned from (stored minutes' seen-idle time).
     pub idle_window: Duration,
     /// How far back the start-up check for late data looks (it reads every sample of
     /// that window once; older late data is found by `check-energy`).
@@ -117,7 +125,7 @@ impl Default for EnergyOptions {
             idle: IdleConfig::default(),
             max_gap: None,
             period: Duration::from_secs(5),
-            idle_window: Duration::from_secs(24 * 3600),
+            idle_window: Duration::from_secs(7 * 24 * 3600),
             recheck_window: Duration::from_secs(600),
         }
     }
@@ -131,6 +139,12 @@ impl EnergyOptions {
             None if interval_ms == 0 => 15_000,
             None => 3 * i64::from(interval_ms),
         }
+    }
+
+    /// How long after its end a minute is closed without a later sample: the gap limit (a
+    /// sample later than that would start a missing interval anyway).
+    pub fn grace_ms(&self, interval_ms: u32) -> i64 {
+        self.max_gap_ms(interval_ms)
     }
 }
 
@@ -189,32 +203,32 @@ pub async fn compute_minutes(
 ) -> Result<Vec<GpuMinute>, StoreError> {
     let inputs = store.energy_inputs(gpu.gpu, from, to).await?;
     let max_gap_ms = options.max_gap_ms(gpu.interval_ms);
-    let idle = options.idle.for_model(&gpu.name);
+    let configured = match options.idle.for_model(&gpu.name) {
+        IdleWatts::Milliwatts(mw) => Some(mw),
+        IdleWatts::Auto => None,
+    };
     let window_ms = i64::try_from(options.idle_window.as_millis()).unwrap_or(i64::MAX);
+    // The seen-idle evidence stored before this range, plus the minutes computed so far.
+    let (mut seen_mj, mut seen_ms) = match configured {
+        Some(_) => (0, 0),
+        None => {
+            store
+                .energy_seen_idle(
+                    gpu.gpu,
+                    TimeRange {
+                        from_ms: from.saturating_sub(window_ms),
+                        to_ms: from - 1,
+                    },
+                )
+                .await?
+        }
+    };
     let mut out = Vec::new();
     let mut prev = inputs.prev;
-    // The lowest power of the minutes computed so far in this call (not yet stored).
-    let mut running_min: Option<u32> = None;
     for (minute, this) in energy::by_minute(&inputs.samples) {
-        let (idle_mw, source) = match idle {
-            IdleWatts::Milliwatts(mw) => (mw, IdleSource::Watts),
-            IdleWatts::Min => {
-                let stored = store
-                    .energy_min_power(
-                        gpu.gpu,
-                        TimeRange {
-                            from_ms: minute.saturating_sub(window_ms),
-                            to_ms: from - 1,
-                        },
-                    )
-                    .await?;
-                let here = energy::min_power(this);
-                running_min = [running_min, here].into_iter().flatten().min();
-                let lowest = [stored, running_min].into_iter().flatten().min();
-                (lowest.unwrap_or(0), IdleSource::Min)
-            }
-        };
-        out.push(energy::rollup_minute(
+        let (idle_mw, source) =
+            baseline::resolve(configured, seen_mj, seen_ms, &gpu.name, gpu.power_limit_mw);
+        let m = energy::rollup_minute(
             minute,
             prev.as_ref(),
             this,
@@ -222,7 +236,10 @@ pub async fn compute_minutes(
             idle_mw,
             source,
             options.idle_policy,
-        ));
+        );
+        seen_mj = seen_mj.saturating_add(m.seen_idle_mj);
+        seen_ms = seen_ms.saturating_add(m.seen_idle_ms);
+        out.push(m);
         prev = this.last().cloned();
     }
     Ok(out)
@@ -325,6 +342,8 @@ pub struct Accountant {
     dirty: BTreeSet<(GpuId, UnixMs)>,
     /// Compare stored minutes with raw sample counts on the next pass (start-up, lag).
     pub recheck: bool,
+    /// Per GPU, the newest sample its provisional (open) minute was computed with.
+    provisional: HashMap<GpuId, UnixMs>,
 }
 
 impl Accountant {
@@ -335,6 +354,7 @@ impl Accountant {
             clock,
             dirty: BTreeSet::new(),
             recheck: true,
+            provisional: HashMap::new(),
         }
     }
 
@@ -378,7 +398,9 @@ impl Accountant {
             };
             let Some(done) = gpu.done_to_ms else { continue };
             if minute >= done {
-                continue; // the forward pass below gets it
+                // The forward pass below gets it (an open minute: computed afresh).
+                self.provisional.remove(&gpu_id);
+                continue;
             }
             // The interval ending at the next sample after this minute starts in it.
             let next = store.next_sample_ms(gpu_id, minute + MINUTE_MS).await?;
@@ -401,14 +423,32 @@ impl Accountant {
             );
         }
         self.dirty.extend(failed);
+        let now = (self.clock)();
         for gpu in gpus.values() {
             let (Some(first), Some(last)) = (gpu.first_sample_ms, gpu.last_sample_ms) else {
                 continue;
             };
             let from = gpu.done_to_ms.unwrap_or_else(|| minute_of(first));
-            let upto = minute_of(last);
+            // Closed: every minute before the newest sample's, and that one too once the
+            // clock is a grace period past its end.
+            let open = minute_of(last);
+            let closed_by_clock =
+                minute_of(now.saturating_sub(self.options.grace_ms(gpu.interval_ms)));
+            let upto = open.max(closed_by_clock.min(open + MINUTE_MS));
             if from < upto {
                 written += account_range(store, gpu, from, upto, &self.options, true).await?;
+            }
+            if upto <= open && self.provisional.get(&gpu.gpu) != Some(&last) {
+                let mut minutes =
+                    compute_minutes(store, gpu, open, open + MINUTE_MS, &self.options).await?;
+                for m in &mut minutes {
+                    m.provisional = true;
+                }
+                store
+                    .replace_energy_minutes(gpu.gpu, open, open + MINUTE_MS, &minutes, None)
+                    .await?;
+                written += minutes.len();
+                self.provisional.insert(gpu.gpu, last);
             }
         }
         Ok(written)
@@ -443,6 +483,7 @@ mod tests {
     #[test]
     fn idle_config_parses_min_watts_and_per_model() {
         assert_eq!(IdleConfig::parse("min"), Ok(IdleConfig::default()));
+        assert_eq!(IdleConfig::parse("auto"), Ok(IdleConfig::default()));
         let c = IdleConfig::parse("45W").expect("watts");
         assert_eq!(c.for_model("anything"), IdleWatts::Milliwatts(45_000));
         let c = IdleConfig::parse("H100=60, l40s=35.5").expect("per model");
@@ -451,7 +492,7 @@ mod tests {
             IdleWatts::Milliwatts(60_000)
         );
         assert_eq!(c.for_model("NVIDIA L40S"), IdleWatts::Milliwatts(35_500));
-        assert_eq!(c.for_model("Tesla T4"), IdleWatts::Min);
+        assert_eq!(c.for_model("Tesla T4"), IdleWatts::Auto);
         assert!(IdleConfig::parse("lots").is_err());
         assert!(IdleConfig::parse("=5").is_err());
         assert!(IdleConfig::parse("-3").is_err());

@@ -14,18 +14,29 @@
 //! **Attribution** of an interval's energy `E` (integer millijoules), using the processes
 //! seen at its end sample (NVML's per-process utilization covers the window since the
 //! previous reading):
-//! - idle part `I = min(E, idle_mw × Δt)`; the active part is `E − I`;
+//! - idle part `I = min(E, idle_mw × Δt × (1 − u))`, where `u` is the GPU utilization at the
+//!   end sample (the share of the interval a kernel ran; unknown: 0). The baseline power
+//!   drawn while kernels run is part of running them, so only the GPU's idle *time* is
+//!   idle energy. The active part is `E − I`;
 //! - no process at all: all of `E` goes to the `idle` bucket — unless the GPU reported
 //!   utilization above 0 %, in which case the active part is `unattributed` (work we saw but
 //!   cannot name: processes NVML does not list, e.g. in another PID namespace);
 //! - otherwise the active part is split over workloads by SM-utilization share (`sm`) when
 //!   every process reports one and they sum above 0, else by GPU-memory share (`memory`),
-//!   else equally (`equal`); the idle part is split equally over the resident workloads
-//!   (policy [`IdlePolicy::Spread`], the default) or goes to the `idle` bucket
-//!   ([`IdlePolicy::Separate`]).
+//!   else equally (`equal`); the idle part is split over the resident workloads by the GPU
+//!   memory each holds (holding memory is what keeps others off the GPU), else equally.
+//!   Under [`IdlePolicy::Spread`] (the default) each workload is charged its idle share;
+//!   under [`IdlePolicy::Separate`] the idle part goes to the `idle` bucket and each
+//!   workload's idle share is reported beside its energy, not charged.
+//!
+//! An interval where the GPU did no work (0 % utilization at both ends, no compute process
+//! listed) is *seen idle*: its energy and length teach the GPU's idle baseline
+//! ([`baseline`]).
 //!
 //! Every split uses the largest-remainder rule on integers, ties to the lowest workload id,
 //! so **attributed + idle + unattributed == E exactly**, for every interval.
+
+pub mod baseline;
 
 use gpufleet_core::UnixMs;
 use std::collections::BTreeMap;
@@ -42,6 +53,8 @@ pub struct EnergyProcess {
     pub workload: WorkloadRef,
     pub sm_util_pct: Option<u32>,
     pub gpu_mem_bytes: Option<u64>,
+    /// A compute (or compute + graphics) context: a GPU with one is not seen idle.
+    pub compute: bool,
 }
 
 /// One GPU sample, as accounting needs it.
@@ -119,9 +132,13 @@ impl IdlePolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadPart {
     pub workload: WorkloadRef,
-    /// Everything attributed to it (active share + spread idle), mJ.
+    /// Everything charged to it: its active share, plus its idle share under
+    /// [`IdlePolicy::Spread`], mJ.
     pub energy_mj: u64,
-    /// Of which idle energy (only under [`IdlePolicy::Spread`]), mJ.
+    /// Its share of the active energy, mJ.
+    pub active_mj: u64,
+    /// Its share of the idle energy (by GPU memory held), under both policies; charged
+    /// (part of `energy_mj`) only under [`IdlePolicy::Spread`], mJ.
     pub idle_mj: u64,
     /// Its share of the active split, in parts per million.
     pub share_ppm: u32,
@@ -139,8 +156,15 @@ pub struct IntervalEnergy {
     pub idle_bucket_mj: u64,
     /// Active energy with no process to give it to, mJ.
     pub unattributed_mj: u64,
+    /// The idle part of the interval (to workloads and the bucket), mJ.
+    pub idle_mj: u64,
     /// `None` when no workload received active energy.
     pub split: Option<SplitMethod>,
+    /// How the idle part was split over workloads (`memory` or `equal`); `None` without
+    /// workloads.
+    pub idle_split: Option<SplitMethod>,
+    /// The GPU did no work in this interval: it teaches the idle baseline.
+    pub seen_idle: bool,
     /// By workload id.
     pub parts: Vec<WorkloadPart>,
 }
@@ -214,6 +238,14 @@ pub fn split_proportional(total: u64, weights: &[u128]) -> Vec<u64> {
     parts
 }
 
+/// Whether `(prev, cur]` shows a GPU doing no work: 0 % utilization at both ends and no
+/// compute process listed at its end (absent utilization is not 0 %).
+pub fn seen_idle(prev: &EnergySample, cur: &EnergySample) -> bool {
+    prev.util_gpu_pct == Some(0)
+        && cur.util_gpu_pct == Some(0)
+        && !cur.processes.iter().any(|p| p.compute)
+}
+
 /// Attributes one interval's energy (see the module doc).
 pub fn attribute(
     start_ms: UnixMs,
@@ -231,15 +263,21 @@ pub fn attribute(
         energy_mj,
         idle_bucket_mj: 0,
         unattributed_mj: 0,
+        idle_mj: 0,
         split: None,
+        idle_split: None,
+        seen_idle: false,
         parts: Vec::new(),
     };
     if energy_mj == 0 && method == Method::Missing {
         return out;
     }
-    let idle_cap = (u128::from(idle_mw) * dt as u128 + 500) / 1000;
+    // mW × ms × idle % = µJ × 100; / 100_000 = mJ, rounded to nearest.
+    let idle_pct = 100 - u128::from(cur.util_gpu_pct.unwrap_or(0).min(100));
+    let idle_cap = (u128::from(idle_mw) * dt as u128 * idle_pct + 50_000) / 100_000;
     let idle = u64::try_from(idle_cap.min(u128::from(energy_mj))).unwrap_or(energy_mj);
     let active = energy_mj - idle;
+    out.idle_mj = idle;
 
     // Per workload: SM sum, memory sum; a process without a reading makes the whole
     // method unusable for this interval (absent is not zero).
@@ -263,35 +301,45 @@ pub fn attribute(
             out.unattributed_mj = active;
         } else {
             out.idle_bucket_mj = energy_mj;
+            out.idle_mj = energy_mj;
         }
         return out;
     }
     let ids: Vec<WorkloadRef> = by_workload.keys().copied().collect();
     let sm: Vec<u128> = by_workload.values().map(|v| v.0).collect();
     let mem: Vec<u128> = by_workload.values().map(|v| v.1).collect();
+    let mem_usable = mem_ok && mem.iter().sum::<u128>() > 0;
     let (split, weights) = if sm_ok && sm.iter().sum::<u128>() > 0 {
         (SplitMethod::Sm, sm)
-    } else if mem_ok && mem.iter().sum::<u128>() > 0 {
+    } else if mem_usable {
+        (SplitMethod::Memory, mem.clone())
+    } else {
+        (SplitMethod::Equal, vec![1; ids.len()])
+    };
+    let (idle_split, idle_weights) = if mem_usable {
         (SplitMethod::Memory, mem)
     } else {
         (SplitMethod::Equal, vec![1; ids.len()])
     };
     let weight_sum: u128 = weights.iter().sum();
     let active_parts = split_proportional(active, &weights);
-    let idle_parts = match policy {
-        IdlePolicy::Spread => split_proportional(idle, &vec![1; ids.len()]),
+    let idle_parts = split_proportional(idle, &idle_weights);
+    let charged = match policy {
+        IdlePolicy::Spread => true,
         IdlePolicy::Separate => {
             out.idle_bucket_mj = idle;
-            vec![0; ids.len()]
+            false
         }
     };
     out.split = Some(split);
+    out.idle_split = Some(idle_split);
     out.parts = ids
         .iter()
         .enumerate()
         .map(|(i, &workload)| WorkloadPart {
             workload,
-            energy_mj: active_parts[i] + idle_parts[i],
+            energy_mj: active_parts[i] + if charged { idle_parts[i] } else { 0 },
+            active_mj: active_parts[i],
             idle_mj: idle_parts[i],
             share_ppm: u32::try_from(weights[i] * 1_000_000 / weight_sum.max(1))
                 .unwrap_or(1_000_000),
@@ -314,7 +362,9 @@ pub fn account(
     for cur in samples {
         if let Some(p) = last {
             let (method, e) = interval_energy(p, cur, max_gap_ms);
-            out.push(attribute(p.time_ms, cur, method, e, idle_mw, policy));
+            let mut iv = attribute(p.time_ms, cur, method, e, idle_mw, policy);
+            iv.seen_idle = method != Method::Missing && seen_idle(p, cur);
+            out.push(iv);
         }
         last = Some(cur);
     }
@@ -330,7 +380,11 @@ pub fn minute_of(t: UnixMs) -> UnixMs {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkloadMinute {
     pub workload: WorkloadRef,
+    /// Charged: active, plus idle under `spread`.
     pub energy_mj: u64,
+    /// Its active share.
+    pub active_mj: u64,
+    /// Its idle share by memory held (charged only under `spread`).
     pub idle_mj: u64,
     pub counter_mj: u64,
     pub trapezoid_mj: u64,
@@ -341,6 +395,9 @@ pub struct WorkloadMinute {
     pub sm_ms: i64,
     pub memory_ms: i64,
     pub equal_ms: i64,
+    /// Time its idle share was split by GPU memory held, or equally.
+    pub idle_memory_ms: i64,
+    pub idle_equal_ms: i64,
 }
 
 /// One GPU's energy in one minute, and the policy that split it.
@@ -351,20 +408,29 @@ pub struct GpuMinute {
     pub counter_mj: u64,
     pub trapezoid_mj: u64,
     pub attributed_mj: u64,
+    /// The idle bucket: idle energy charged to no workload.
     pub idle_mj: u64,
     pub unattributed_mj: u64,
+    /// The active part of `energy_mj` (the rest is idle, charged or in the bucket).
+    pub active_mj: u64,
+    /// Intervals in which the GPU did no work: their length and energy (the idle
+    /// baseline is learned from these).
+    pub seen_idle_ms: i64,
+    pub seen_idle_mj: u64,
+    /// Computed from an open minute (more samples may come): replaced once closed.
+    pub provisional: bool,
     /// Measured time (counter or trapezoid intervals).
     pub covered_ms: i64,
     /// Time in missing intervals (gaps; no energy).
     pub missing_ms: i64,
     /// Samples of this GPU in the minute.
     pub samples: u32,
-    /// Lowest power reported in the minute (the `min` idle policy's input).
+    /// Lowest power reported in the minute.
     pub min_power_mw: Option<u32>,
     /// The idle power used for this minute.
     pub idle_mw: u32,
     pub idle_policy: IdlePolicy,
-    /// Where `idle_mw` came from: `min` (lowest observed) or `watts` (configured).
+    /// Where `idle_mw` came from.
     pub idle_source: IdleSource,
     /// The gap limit used: longer intervals are missing.
     pub max_gap_ms: i64,
@@ -374,9 +440,19 @@ pub struct GpuMinute {
 /// Where an idle power came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum IdleSource {
-    #[default]
+    /// The lowest power of the last 24 h (rows computed before the learned baseline; the
+    /// rule that mistook a busy GPU's working power for idle).
     Min,
+    /// Configured (`--energy-idle`).
     Watts,
+    /// Learned from intervals in which this GPU did no work.
+    #[default]
+    Learned,
+    /// The per-model default table ([`baseline::MODELS`]).
+    Model,
+    /// Neither learned nor a known model: the conservative fallback
+    /// ([`baseline::fallback_mw`]).
+    Fallback,
 }
 
 impl IdleSource {
@@ -384,6 +460,9 @@ impl IdleSource {
         match self {
             IdleSource::Min => "min",
             IdleSource::Watts => "watts",
+            IdleSource::Learned => "learned",
+            IdleSource::Model => "model",
+            IdleSource::Fallback => "fallback",
         }
     }
 
@@ -391,6 +470,9 @@ impl IdleSource {
         match s {
             "min" => Some(IdleSource::Min),
             "watts" => Some(IdleSource::Watts),
+            "learned" => Some(IdleSource::Learned),
+            "model" => Some(IdleSource::Model),
+            "fallback" => Some(IdleSource::Fallback),
             _ => None,
         }
     }
@@ -411,6 +493,28 @@ impl GpuMinute {
             return Some(format!(
                 "workload rows sum to {workloads} mJ, but attributed_mj says {}",
                 self.attributed_mj
+            ));
+        }
+        let active: u64 = self.workloads.iter().map(|w| w.active_mj).sum();
+        if active + self.unattributed_mj != self.active_mj || self.active_mj > self.energy_mj {
+            return Some(format!(
+                "workloads' active {active} + unattributed {} mJ != active {} mJ (of {} mJ)",
+                self.unattributed_mj, self.active_mj, self.energy_mj
+            ));
+        }
+        let charged = self.idle_policy == IdlePolicy::Spread;
+        if let Some(w) = self
+            .workloads
+            .iter()
+            .find(|w| w.energy_mj != w.active_mj + if charged { w.idle_mj } else { 0 })
+        {
+            return Some(format!(
+                "workload {} was charged {} mJ, but its active {} + idle {} mJ under {} differ",
+                w.workload,
+                w.energy_mj,
+                w.active_mj,
+                w.idle_mj,
+                self.idle_policy.as_str()
             ));
         }
         if self.counter_mj + self.trapezoid_mj != self.energy_mj {
@@ -470,6 +574,11 @@ pub fn rollup_minute(
         }
         m.covered_ms += dt;
         m.energy_mj += iv.energy_mj;
+        m.active_mj += iv.energy_mj - iv.idle_mj;
+        if iv.seen_idle {
+            m.seen_idle_ms += dt;
+            m.seen_idle_mj += iv.energy_mj;
+        }
         m.idle_mj += iv.idle_bucket_mj;
         m.unattributed_mj += iv.unattributed_mj;
         for p in &iv.parts {
@@ -480,6 +589,7 @@ pub fn rollup_minute(
                     ..Default::default()
                 });
             w.energy_mj += p.energy_mj;
+            w.active_mj += p.active_mj;
             w.idle_mj += p.idle_mj;
             match iv.method {
                 Method::Counter => w.counter_mj += p.energy_mj,
@@ -491,6 +601,10 @@ pub fn rollup_minute(
                 Some(SplitMethod::Sm) => w.sm_ms += dt,
                 Some(SplitMethod::Memory) => w.memory_ms += dt,
                 _ => w.equal_ms += dt,
+            }
+            match iv.idle_split {
+                Some(SplitMethod::Memory) => w.idle_memory_ms += dt,
+                _ => w.idle_equal_ms += dt,
             }
             m.attributed_mj += p.energy_mj;
         }

@@ -11,15 +11,23 @@
 //! exactly (`energy_mj`) and as `energy_j` / `energy_kwh`; `method` says how much of it
 //! the energy counter measured and how much was integrated from power.
 //!
+//! Every row and total says how much of its energy was active and how much idle
+//! (`active_j`, `idle_j`); a workload's `idle_j` is its share (by GPU memory held) of the
+//! idle energy of the GPUs it held, charged to it (`idle_charged_j`) under the `spread`
+//! policy. `provisional_j` is the part in minutes still open (a GPU's newest minute, from
+//! the samples so far): it may still grow, and becomes final a grace period after the
+//! minute ends. Each GPU of `/api/v1/energy` carries its idle `baseline` and where it
+//! came from.
+//!
 //! Carbon (issue 7) sits beside every energy figure: `carbon_g` (null when none of the
 //! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
-use crate::energy::{MINUTE_MS, minute_of};
+use crate::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
 use crate::http::{ApiError, AppState};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
-use crate::store::energy::{GpuEnergy, WorkloadEnergy};
+use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::routing::get;
@@ -149,6 +157,10 @@ struct SplitMix {
     memory_s: f64,
     /// Seconds split equally (neither reported).
     equal_s: f64,
+    /// Seconds its idle share was split by GPU memory held, and equally (memory not
+    /// reported).
+    idle_memory_s: f64,
+    idle_equal_s: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -163,11 +175,20 @@ struct ContainerRow {
     workloads: Vec<String>,
     nodes: Vec<String>,
     gpus: Vec<GpuRef>,
+    /// Energy charged to it: `active_j` plus `idle_charged_j`.
     energy_mj: u64,
     energy_j: f64,
     energy_kwh: f64,
-    /// Of which idle energy charged to it (idle policy `spread`).
+    /// Its share of the GPUs' active energy.
+    active_j: f64,
+    /// Its share of the GPUs' idle energy while it held them (by GPU memory held):
+    /// allocated but idle.
     idle_j: f64,
+    /// Of `idle_j`, what was charged to it (all of it under `spread`, none under
+    /// `separate`).
+    idle_charged_j: f64,
+    /// Of `energy_j`, the part in minutes still open (may still grow).
+    provisional_j: f64,
     /// GPU time: seconds resident, summed over GPUs.
     gpu_seconds: f64,
     /// Average share of the active energy it received while resident (0..1).
@@ -226,7 +247,9 @@ struct Acc {
     nodes: BTreeSet<String>,
     gpus: BTreeMap<String, GpuRef>,
     energy_mj: u64,
+    active_mj: u64,
     idle_mj: u64,
+    provisional_mj: u64,
     counter_mj: u64,
     trapezoid_mj: u64,
     gpu_ms: i64,
@@ -234,6 +257,8 @@ struct Acc {
     sm_ms: i64,
     memory_ms: i64,
     equal_ms: i64,
+    idle_memory_ms: i64,
+    idle_equal_ms: i64,
     first: UnixMs,
     last: UnixMs,
     carbon: CarbonTotals,
@@ -268,7 +293,11 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
             name: r.gpu_name,
         });
         a.energy_mj += r.energy_mj;
+        a.active_mj += r.active_mj;
         a.idle_mj += r.idle_mj;
+        a.provisional_mj += r.provisional_mj;
+        a.idle_memory_ms += r.idle_memory_ms;
+        a.idle_equal_ms += r.idle_equal_ms;
         a.counter_mj += r.counter_mj;
         a.trapezoid_mj += r.trapezoid_mj;
         a.gpu_ms += r.gpu_ms;
@@ -292,7 +321,10 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
                 energy_mj: a.energy_mj,
                 energy_j: j(a.energy_mj),
                 energy_kwh: kwh(a.energy_mj),
+                active_j: j(a.active_mj),
                 idle_j: j(a.idle_mj),
+                idle_charged_j: j(a.energy_mj.saturating_sub(a.active_mj)),
+                provisional_j: j(a.provisional_mj),
                 gpu_seconds: a.gpu_ms as f64 / 1000.0,
                 avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
                 method: MethodMix {
@@ -303,6 +335,8 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
                     sm_s: a.sm_ms as f64 / 1000.0,
                     memory_s: a.memory_ms as f64 / 1000.0,
                     equal_s: a.equal_ms as f64 / 1000.0,
+                    idle_memory_s: a.idle_memory_ms as f64 / 1000.0,
+                    idle_equal_s: a.idle_equal_ms as f64 / 1000.0,
                 },
                 first_minute: format_time(a.first),
                 last_minute: format_time(a.last + MINUTE_MS),
@@ -350,7 +384,10 @@ struct MinutePoint {
     minute: String,
     minute_ms: UnixMs,
     energy_j: f64,
+    active_j: f64,
     idle_j: f64,
+    /// Part of a minute still open.
+    provisional_j: f64,
     gpu_seconds: f64,
     avg_share: Option<f64>,
 }
@@ -394,7 +431,9 @@ async fn container(
             minute: format_time(m.minute_ms),
             minute_ms: m.minute_ms,
             energy_j: j(m.energy_mj),
+            active_j: j(m.active_mj),
             idle_j: j(m.idle_mj),
+            provisional_j: j(m.provisional_mj),
             gpu_seconds: m.gpu_ms as f64 / 1000.0,
             avg_share: (m.gpu_ms > 0).then(|| m.share_ppm_ms as f64 / m.gpu_ms as f64 / 1e6),
         })
@@ -414,10 +453,19 @@ struct EnergyTotals {
     energy_kwh: f64,
     /// Given to workloads (their active share, plus idle under `spread`).
     attributed_j: f64,
-    /// The idle bucket: GPUs with no process, or idle under `separate`.
+    /// The GPUs' active energy (workloads' active shares and `unattributed_j`).
+    active_j: f64,
+    /// The GPUs' idle energy: the baseline over the time they did no work
+    /// (`idle_charged_j` + `idle_bucket_j`).
     idle_j: f64,
+    /// Of `idle_j`, charged to the workloads holding the GPUs (policy `spread`).
+    idle_charged_j: f64,
+    /// Of `idle_j`, charged to no one: GPUs with no process, or idle under `separate`.
+    idle_bucket_j: f64,
     /// Active energy with no process listed.
     unattributed_j: f64,
+    /// Of `energy_j`, the part in minutes still open (may still grow).
+    provisional_j: f64,
     /// Measured time and time lost in gaps (no energy counted for it).
     covered_seconds: f64,
     missing_seconds: f64,
@@ -451,11 +499,14 @@ fn totals<'a>(
     let mut ct = CarbonTotals::default();
     let (mut e, mut at, mut id, mut un, mut cov, mut mis, mut c, mut t) =
         (0u64, 0u64, 0u64, 0u64, 0i64, 0i64, 0u64, 0u64);
+    let (mut act, mut prov) = (0u64, 0u64);
     for g in gpus {
         if let Some(c) = carbon.get(&g.uuid) {
             ct.add(c);
         }
         e += g.energy_mj;
+        act += g.active_mj;
+        prov += g.provisional_mj;
         at += g.attributed_mj;
         id += g.idle_mj;
         un += g.unattributed_mj;
@@ -472,8 +523,13 @@ fn totals<'a>(
         energy_j: j(e),
         energy_kwh: kwh(e),
         attributed_j: j(at),
-        idle_j: j(id),
+        active_j: j(act),
+        idle_j: j(e.saturating_sub(act)),
+        // Workloads got their active shares (active − unattributed) and the charged idle.
+        idle_charged_j: j(at.saturating_sub(act.saturating_sub(un))),
+        idle_bucket_j: j(id),
         unattributed_j: j(un),
+        provisional_j: j(prov),
         covered_seconds: cov as f64 / 1000.0,
         missing_seconds: mis as f64 / 1000.0,
         avg_power_w: (cov > 0).then(|| e as f64 / cov as f64),
@@ -490,9 +546,55 @@ struct GpuEnergyView {
     uuid: String,
     index: u32,
     name: String,
+    /// The idle baseline of its newest minute; `null` before its first minute.
+    baseline: Option<BaselineView>,
     #[serde(flatten)]
     totals: EnergyTotals,
 }
+
+/// A GPU's idle baseline and where it came from.
+#[derive(Serialize)]
+pub(crate) struct BaselineView {
+    /// The idle power in force, watts.
+    idle_w: f64,
+    /// `learned` (from the intervals it did no work), `model` (datasheet default),
+    /// `fallback`, `watts` (configured with `--energy-idle`) or `min` (older minutes).
+    source: &'static str,
+    /// The minute it was last used for.
+    minute: String,
+    /// What it could be learned from over the last 7 days: seconds the GPU was seen idle
+    /// (0 % utilization, no compute process) and their average power (`null` when it was
+    /// never seen idle).
+    seen_idle_seconds: f64,
+    seen_idle_avg_w: Option<f64>,
+    /// The seen-idle time needed before a learned baseline is used.
+    learn_after_seconds: f64,
+    /// For `model`: the datasheet figure it derives from and where it is published.
+    model_max_power_w: Option<u32>,
+    model_source: Option<&'static str>,
+}
+
+impl BaselineView {
+    fn new(b: &GpuBaseline) -> BaselineView {
+        let model = (b.idle_source == IdleSource::Model)
+            .then(|| baseline::model(&b.name))
+            .flatten();
+        BaselineView {
+            idle_w: f64::from(b.idle_mw) / 1000.0,
+            source: b.idle_source.as_str(),
+            minute: format_time(b.minute_ms),
+            seen_idle_seconds: b.seen_idle_ms as f64 / 1000.0,
+            seen_idle_avg_w: (b.seen_idle_ms > 0)
+                .then(|| b.seen_idle_mj as f64 / b.seen_idle_ms as f64),
+            learn_after_seconds: baseline::MIN_SEEN_IDLE_MS as f64 / 1000.0,
+            model_max_power_w: model.map(|m| m.max_power_w),
+            model_source: model.map(|m| m.source),
+        }
+    }
+}
+
+/// How far back `seen_idle_seconds` looks (the accountant's default learning window).
+const BASELINE_WINDOW_MS: i64 = 7 * DAY_MS;
 
 #[derive(Serialize)]
 struct EnergyView {
@@ -524,6 +626,13 @@ async fn energy(
         .into_iter()
         .map(|c| (c.uuid, c.totals))
         .collect();
+    let baselines: BTreeMap<String, GpuBaseline> = st
+        .store
+        .energy_baselines((st.clock)().saturating_sub(BASELINE_WINDOW_MS))
+        .await?
+        .into_iter()
+        .map(|b| (b.uuid.clone(), b))
+        .collect();
     let mut by_node: BTreeMap<String, Vec<&GpuEnergy>> = BTreeMap::new();
     for g in &gpus {
         by_node.entry(g.node_name.clone()).or_default().push(g);
@@ -545,6 +654,7 @@ async fn energy(
                 uuid: g.uuid.clone(),
                 index: g.index,
                 name: g.name.clone(),
+                baseline: baselines.get(&g.uuid).map(BaselineView::new),
                 totals: totals([g], &carbon),
             })
             .collect(),

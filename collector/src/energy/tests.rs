@@ -6,6 +6,7 @@ fn proc(workload: WorkloadRef, sm: Option<u32>, mem: Option<u64>) -> EnergyProce
         workload,
         sm_util_pct: sm,
         gpu_mem_bytes: mem,
+        compute: true,
     }
 }
 
@@ -113,10 +114,12 @@ fn exclusive_container_gets_everything_under_spread_and_all_but_idle_under_separ
         Some(300_000),
         vec![proc(7, Some(90), Some(1 << 30))],
     );
+    // 60 W idle, but the GPU was busy half of the second: 30 J of it is idle.
     let spread = attribute(0, &b, Method::Counter, 300_000, 60_000, IdlePolicy::Spread);
     assert_eq!(spread.parts.len(), 1);
     assert_eq!(spread.parts[0].energy_mj, 300_000);
-    assert_eq!(spread.parts[0].idle_mj, 60_000);
+    assert_eq!(spread.parts[0].idle_mj, 30_000);
+    assert_eq!(spread.parts[0].active_mj, 270_000);
     assert_eq!(spread.idle_bucket_mj, 0);
     let separate = attribute(
         0,
@@ -126,20 +129,28 @@ fn exclusive_container_gets_everything_under_spread_and_all_but_idle_under_separ
         60_000,
         IdlePolicy::Separate,
     );
-    assert_eq!(separate.parts[0].energy_mj, 240_000);
-    assert_eq!(separate.idle_bucket_mj, 60_000);
+    assert_eq!(separate.parts[0].energy_mj, 270_000);
+    assert_eq!(
+        separate.parts[0].idle_mj, 30_000,
+        "its idle share is reported, not charged"
+    );
+    assert_eq!(separate.idle_bucket_mj, 30_000);
     let _ = a;
 }
 
 #[test]
 fn sm_shares_three_to_one() {
-    let b = sample(
-        1000,
-        0,
-        None,
-        vec![proc(1, Some(60), Some(1)), proc(2, Some(20), Some(100))],
-    );
-    // 260 J with 60 W idle for 1 s: 200 J active, split 150 / 50; idle 30 / 30.
+    let b = EnergySample {
+        util_gpu_pct: Some(0),
+        ..sample(
+            1000,
+            0,
+            None,
+            vec![proc(1, Some(60), Some(100)), proc(2, Some(20), Some(100))],
+        )
+    };
+    // 260 J with 60 W idle for 1 s: 200 J active, split 150 / 50; idle 30 / 30 (equal
+    // memory).
     let iv = attribute(0, &b, Method::Counter, 260_000, 60_000, IdlePolicy::Spread);
     assert_eq!(iv.split, Some(SplitMethod::Sm));
     let e: Vec<(i64, u64, u64, u32)> = iv
@@ -227,7 +238,8 @@ fn no_process_is_idle_but_busy_without_process_is_unattributed() {
         30_000,
         IdlePolicy::Spread,
     );
-    assert_eq!((iv.idle_bucket_mj, iv.unattributed_mj), (30_000, 70_000));
+    // Busy 80 % of the second: idle is 30 W × 20 % of it.
+    assert_eq!((iv.idle_bucket_mj, iv.unattributed_mj), (6_000, 94_000));
 }
 
 #[test]
@@ -260,6 +272,7 @@ fn arb_process() -> impl Strategy<Value = EnergyProcess> {
             workload,
             sm_util_pct: sm,
             gpu_mem_bytes: mem,
+            compute: workload % 2 == 0,
         })
 }
 
@@ -319,9 +332,22 @@ proptest! {
             if iv.duration_ms() > max_gap_ms {
                 prop_assert_eq!(iv.method, Method::Missing);
             }
-            if policy == IdlePolicy::Separate {
-                prop_assert!(iv.parts.iter().all(|p| p.idle_mj == 0));
+            // Idle is conserved too: workloads' idle shares + the bucket = the idle part
+            // (spread); the bucket = the idle part, shares reported beside (separate).
+            let shares: u64 = iv.parts.iter().map(|p| p.idle_mj).sum();
+            let charged = policy == IdlePolicy::Spread;
+            for p in &iv.parts {
+                prop_assert_eq!(p.energy_mj, p.active_mj + if charged { p.idle_mj } else { 0 });
             }
+            if !iv.parts.is_empty() {
+                prop_assert_eq!(shares, iv.idle_mj);
+            }
+            if charged {
+                prop_assert_eq!(shares + iv.idle_bucket_mj, iv.idle_mj);
+            } else {
+                prop_assert_eq!(iv.idle_bucket_mj, iv.idle_mj);
+            }
+            prop_assert!(iv.idle_mj <= iv.energy_mj);
         }
         // Minute rollups: every minute conserves, and together they hold every interval.
         let mut by_minute: BTreeMap<UnixMs, Vec<EnergySample>> = BTreeMap::new();
@@ -341,5 +367,139 @@ proptest! {
         prop_assert_eq!(energy, intervals.iter().map(|i| i.energy_mj).sum::<u64>());
         let span = trace[trace.len() - 1].time_ms - trace[0].time_ms;
         prop_assert_eq!(covered + missing, span);
+    }
+}
+
+/// 300 W at 90 % utilization, two workloads at 45 % and 15 % SM holding the same memory,
+/// a 70 W baseline: only the 10 % idle time is idle energy, so the split stays ~3 : 1.
+#[test]
+fn an_always_busy_gpu_splits_by_sm_not_by_idle() {
+    let gib = 1u64 << 30;
+    let b = EnergySample {
+        util_gpu_pct: Some(90),
+        ..sample(
+            1000,
+            300,
+            None,
+            vec![
+                proc(1, Some(45), Some(20 * gib)),
+                proc(2, Some(15), Some(20 * gib)),
+            ],
+        )
+    };
+    for policy in [IdlePolicy::Spread, IdlePolicy::Separate] {
+        let iv = attribute(0, &b, Method::Counter, 300_000, 70_000, policy);
+        assert_eq!(iv.idle_mj, 7_000, "70 W × 10 % of the second");
+        let ratio = iv.parts[0].energy_mj as f64 / iv.parts[1].energy_mj as f64;
+        assert!((ratio - 3.0).abs() / 3.0 < 0.05, "{policy:?}: {ratio}");
+        assert_eq!(iv.parts[0].active_mj, 219_750);
+        assert_eq!(iv.parts[1].active_mj, 73_250);
+    }
+}
+
+/// A display server at 1 % SM with 32 MiB beside two large workloads gets almost nothing,
+/// even on an idle-heavy interval: idle goes by memory held.
+#[test]
+fn a_tiny_process_gets_almost_nothing() {
+    let gib = 1u64 << 30;
+    let procs = vec![
+        proc(1, Some(45), Some(30 * gib)),
+        proc(2, Some(15), Some(10 * gib)),
+        EnergyProcess {
+            compute: false,
+            ..proc(3, Some(1), Some(32 << 20))
+        },
+    ];
+    for util in [90, 30, 0] {
+        let b = EnergySample {
+            util_gpu_pct: Some(util),
+            ..sample(1000, 300, None, procs.clone())
+        };
+        for policy in [IdlePolicy::Spread, IdlePolicy::Separate] {
+            let iv = attribute(0, &b, Method::Counter, 300_000, 70_000, policy);
+            let tiny = iv.parts[2].energy_mj as f64 / iv.energy_mj as f64;
+            assert!(tiny <= 0.02, "util {util} {policy:?}: {tiny}");
+            assert_eq!(iv.idle_split, Some(SplitMethod::Memory));
+        }
+    }
+}
+
+#[test]
+fn seen_idle_needs_zero_utilization_at_both_ends_and_no_compute_process() {
+    let idle = |t, procs| EnergySample {
+        util_gpu_pct: Some(0),
+        ..sample(t, 60, None, procs)
+    };
+    let display = EnergyProcess {
+        compute: false,
+        ..proc(3, Some(0), Some(32 << 20))
+    };
+    assert!(seen_idle(&idle(0, vec![]), &idle(1000, vec![])));
+    assert!(seen_idle(&idle(0, vec![]), &idle(1000, vec![display])));
+    assert!(!seen_idle(
+        &idle(0, vec![]),
+        &idle(1000, vec![proc(1, Some(0), Some(1))])
+    ));
+    let busy = EnergySample {
+        util_gpu_pct: Some(5),
+        ..idle(0, vec![])
+    };
+    assert!(!seen_idle(&busy, &idle(1000, vec![])));
+    let unknown = EnergySample {
+        util_gpu_pct: None,
+        ..idle(1000, vec![])
+    };
+    assert!(!seen_idle(&idle(0, vec![]), &unknown), "absent is not 0 %");
+    // A gap is not evidence.
+    let m = rollup_minute(
+        0,
+        None,
+        &[idle(0, vec![]), idle(1000, vec![]), idle(9000, vec![])],
+        3000,
+        0,
+        IdleSource::Fallback,
+        IdlePolicy::Spread,
+    );
+    assert_eq!((m.seen_idle_ms, m.seen_idle_mj), (1000, 60_000));
+}
+
+proptest! {
+    /// Minute by minute with the baseline the accountant would use (learned from the
+    /// minutes before, else the model default): every minute conserves, the baseline only
+    /// ever comes from seen-idle intervals, and those had 0 % utilization.
+    #[test]
+    fn conservation_holds_with_learned_baselines_and_memory_weighted_idle(
+        trace in arb_trace(),
+        separate in any::<bool>(),
+        max_gap_ms in 1_000i64..10_000,
+    ) {
+        let policy = if separate { IdlePolicy::Separate } else { IdlePolicy::Spread };
+        for iv in account(None, &trace, max_gap_ms, 50_000, policy) {
+            if iv.seen_idle {
+                let end = trace.iter().find(|s| s.time_ms == iv.end_ms).expect("end sample");
+                prop_assert_eq!(end.util_gpu_pct, Some(0));
+                prop_assert!(end.processes.iter().all(|p| !p.compute));
+                prop_assert!(iv.method != Method::Missing);
+            }
+        }
+        let mut by_minute: BTreeMap<UnixMs, Vec<EnergySample>> = BTreeMap::new();
+        for s in &trace {
+            by_minute.entry(minute_of(s.time_ms)).or_default().push(s.clone());
+        }
+        let (mut seen_mj, mut seen_ms) = (0u64, 0i64);
+        let mut prev: Option<EnergySample> = None;
+        for (minute, samples) in &by_minute {
+            let (idle_mw, source) =
+                baseline::resolve(None, seen_mj, seen_ms, "NVIDIA H100 80GB HBM3", None);
+            if source == IdleSource::Learned {
+                prop_assert_eq!(Some(idle_mw), baseline::learned_mw(seen_mj, seen_ms));
+            }
+            let m = rollup_minute(*minute, prev.as_ref(), samples, max_gap_ms, idle_mw, source, policy);
+            prop_assert_eq!(m.conservation_error(), None);
+            prop_assert!(m.seen_idle_mj <= m.energy_mj && m.seen_idle_ms <= m.covered_ms);
+            seen_mj += m.seen_idle_mj;
+            seen_ms += m.seen_idle_ms;
+            prev = samples.last().cloned();
+        }
     }
 }

@@ -19,6 +19,8 @@ pub struct EnergyGpu {
     pub node_name: String,
     /// The node's sampling interval (0: unknown).
     pub interval_ms: u32,
+    /// The GPU's default power limit (else its enforced one), for the fallback baseline.
+    pub power_limit_mw: Option<u32>,
     /// Oldest and newest stored sample; `None` without samples.
     pub first_sample_ms: Option<UnixMs>,
     pub last_sample_ms: Option<UnixMs>,
@@ -44,8 +46,13 @@ pub struct WorkloadEnergy {
     pub gpu_index: u32,
     pub gpu_name: String,
     pub node_name: String,
+    /// Charged to it (active, plus idle under `spread`).
     pub energy_mj: u64,
+    pub active_mj: u64,
+    /// Its idle share by memory held (charged only under `spread`).
     pub idle_mj: u64,
+    /// Of `energy_mj`, the part in minutes still open.
+    pub provisional_mj: u64,
     pub counter_mj: u64,
     pub trapezoid_mj: u64,
     pub gpu_ms: i64,
@@ -53,6 +60,8 @@ pub struct WorkloadEnergy {
     pub sm_ms: i64,
     pub memory_ms: i64,
     pub equal_ms: i64,
+    pub idle_memory_ms: i64,
+    pub idle_equal_ms: i64,
     pub first_minute_ms: UnixMs,
     pub last_minute_ms: UnixMs,
 }
@@ -69,10 +78,32 @@ pub struct GpuEnergy {
     pub counter_mj: u64,
     pub trapezoid_mj: u64,
     pub attributed_mj: u64,
+    /// The idle bucket (charged to no workload).
     pub idle_mj: u64,
     pub unattributed_mj: u64,
+    /// The active part of `energy_mj`; the rest is idle.
+    pub active_mj: u64,
+    /// Of `energy_mj`, the part in minutes still open.
+    pub provisional_mj: u64,
     pub covered_ms: i64,
     pub missing_ms: i64,
+}
+
+/// A GPU's idle baseline as its newest energy minute used it, with its evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuBaseline {
+    pub gpu: GpuId,
+    pub uuid: String,
+    pub index: u32,
+    pub name: String,
+    pub node_name: String,
+    pub idle_mw: u32,
+    pub idle_source: IdleSource,
+    /// The minute it was used for.
+    pub minute_ms: UnixMs,
+    /// Intervals seen idle in the window asked for: their energy and length.
+    pub seen_idle_mj: u64,
+    pub seen_idle_ms: i64,
 }
 
 /// One minute of one workload (all its GPUs).
@@ -80,7 +111,9 @@ pub struct GpuEnergy {
 pub struct WorkloadEnergyPoint {
     pub minute_ms: UnixMs,
     pub energy_mj: u64,
+    pub active_mj: u64,
     pub idle_mj: u64,
+    pub provisional_mj: u64,
     pub gpu_ms: i64,
     pub share_ppm_ms: u64,
 }
@@ -91,6 +124,7 @@ pub(super) trait MinuteColumns {
     fn int(&self, column: &str) -> Result<i64, StoreError>;
     fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError>;
     fn text(&self, column: &str) -> Result<String, StoreError>;
+    fn flag(&self, column: &str) -> Result<bool, StoreError>;
 
     /// A non-negative integer as u64 (energies and sums are never negative; a negative
     /// value means the row was tampered with).
@@ -115,6 +149,7 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
             .push(WorkloadMinute {
                 workload: row.int("workload_id")?,
                 energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
                 idle_mj: row.nonneg("idle_mj")?,
                 counter_mj: row.nonneg("counter_mj")?,
                 trapezoid_mj: row.nonneg("trapezoid_mj")?,
@@ -123,6 +158,8 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                 sm_ms: row.int("sm_ms")?,
                 memory_ms: row.int("memory_ms")?,
                 equal_ms: row.int("equal_ms")?,
+                idle_memory_ms: row.int("idle_memory_ms")?,
+                idle_equal_ms: row.int("idle_equal_ms")?,
             });
     }
     let mut out = Vec::with_capacity(rows.len());
@@ -143,6 +180,10 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                 attributed_mj: row.nonneg("attributed_mj")?,
                 idle_mj: row.nonneg("idle_mj")?,
                 unattributed_mj: row.nonneg("unattributed_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                seen_idle_ms: row.int("seen_idle_ms")?,
+                seen_idle_mj: row.nonneg("seen_idle_mj")?,
+                provisional: row.flag("provisional")?,
                 covered_ms: row.int("covered_ms")?,
                 missing_ms: row.int("missing_ms")?,
                 samples: u32::try_from(samples)

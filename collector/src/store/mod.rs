@@ -453,12 +453,20 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
     -> Result<Option<UnixMs>, StoreError>;
 
-    /// The lowest `min_power_mw` of a GPU's stored minutes in `range`.
-    async fn energy_min_power(
+    /// The seen-idle evidence (mJ, ms) of a GPU's stored minutes in `range`: what its
+    /// idle baseline is learned from.
+    async fn energy_seen_idle(
         &self,
         gpu: GpuId,
         range: TimeRange,
-    ) -> Result<Option<u32>, StoreError>;
+    ) -> Result<(u64, i64), StoreError>;
+
+    /// Per GPU with energy minutes: the baseline of its newest minute and where it came
+    /// from, and its seen-idle evidence from `since_ms` on.
+    async fn energy_baselines(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<energy::GpuBaseline>, StoreError>;
 
     /// In one transaction: replaces a GPU's minutes in `[from_ms, to_ms)` with `minutes`,
     /// and raises its watermark to `done_to_ms` (never lowers it).

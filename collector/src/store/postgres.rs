@@ -67,6 +67,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "rollups",
         include_str!("../../../migrations/postgres/0011_rollups.sql"),
     ),
+    (
+        20,
+        "energy split",
+        include_str!("../../../migrations/postgres/0020_energy_split.sql"),
+    ),
 ];
 
 /// One UTC day in ms: the span of one raw partition.
@@ -955,12 +960,19 @@ impl Store for PgStore {
         energy::next_sample_ms(&self.pool, gpu, at_ms).await
     }
 
-    async fn energy_min_power(
+    async fn energy_seen_idle(
         &self,
         gpu: GpuId,
         range: TimeRange,
-    ) -> Result<Option<u32>, StoreError> {
-        energy::energy_min_power(&self.pool, gpu, range).await
+    ) -> Result<(u64, i64), StoreError> {
+        energy::energy_seen_idle(&self.pool, gpu, range).await
+    }
+
+    async fn energy_baselines(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<crate::store::energy::GpuBaseline>, StoreError> {
+        energy::energy_baselines(&self.pool, since_ms).await
     }
 
     async fn replace_energy_minutes(

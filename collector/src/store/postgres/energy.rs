@@ -7,8 +7,8 @@ use super::{
 };
 use crate::energy::{EnergyProcess, EnergySample, GpuMinute};
 use crate::store::energy::{
-    EnergyGpu, EnergyInputs, GpuEnergy, MinuteColumns, WorkloadEnergy, WorkloadEnergyPoint,
-    minutes_from_rows,
+    EnergyGpu, EnergyInputs, GpuBaseline, GpuEnergy, MinuteColumns, WorkloadEnergy,
+    WorkloadEnergyPoint, minutes_from_rows,
 };
 use crate::store::{GpuId, NodeId, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
@@ -37,6 +37,9 @@ impl MinuteColumns for PgRow {
     fn text(&self, column: &str) -> Result<String, StoreError> {
         get(self, column)
     }
+    fn flag(&self, column: &str) -> Result<bool, StoreError> {
+        get(self, column)
+    }
 }
 
 fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
@@ -56,7 +59,7 @@ fn sample_from_row(row: &PgRow) -> Result<EnergySample, StoreError> {
 pub(super) async fn energy_gpus(pool: &PgPool) -> Result<Vec<EnergyGpu>, StoreError> {
     let rows = sqlx::query(
         "SELECT g.id, g.uuid, g.gpu_index, g.name, n.id AS node_id, n.name AS node_name, \
-         n.interval_ms, \
+         n.interval_ms, coalesce(g.power_limit_default_mw, g.power_limit_enforced_mw) AS limit_mw, \
          (SELECT min(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS first_ms, \
          (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS last_ms, \
          p.done_to_ms \
@@ -76,6 +79,7 @@ pub(super) async fn energy_gpus(pool: &PgPool) -> Result<Vec<EnergyGpu>, StoreEr
                 node: NodeId(get(row, "node_id")?),
                 node_name: get(row, "node_name")?,
                 interval_ms: required(get_u32_big(row, "interval_ms")?, "interval_ms")?,
+                power_limit_mw: get_u32_big(row, "limit_mw")?,
                 first_sample_ms: get(row, "first_ms")?,
                 last_sample_ms: get(row, "last_ms")?,
                 done_to_ms: get(row, "done_to_ms")?,
@@ -117,7 +121,7 @@ pub(super) async fn energy_inputs(
         .map(sample_from_row)
         .collect::<Result<Vec<_>, _>>()?;
     let procs = sqlx::query(
-        "SELECT ts_ms, workload_id, sm_util_pct, gpu_mem_bytes FROM process_samples \
+        "SELECT ts_ms, workload_id, sm_util_pct, gpu_mem_bytes, process_type FROM process_samples \
          WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3 ORDER BY ts_ms, pid",
     )
     .bind(gpu.0)
@@ -139,6 +143,8 @@ pub(super) async fn energy_inputs(
                 workload: get(row, "workload_id")?,
                 sm_util_pct: get_small(row, "sm_util_pct")?,
                 gpu_mem_bytes: get::<Option<i64>>(row, "gpu_mem_bytes")?.map(from_i64),
+                // 1 compute, 2 graphics, 3 both (the proto ProcessType numbers).
+                compute: get::<i16>(row, "process_type")? & 1 == 1,
             });
         }
     }
@@ -160,23 +166,64 @@ pub(super) async fn next_sample_ms(
     .map_err(q("find the next GPU sample"))
 }
 
-pub(super) async fn energy_min_power(
+pub(super) async fn energy_seen_idle(
     pool: &PgPool,
     gpu: GpuId,
     range: TimeRange,
-) -> Result<Option<u32>, StoreError> {
-    let v: Option<i64> = sqlx::query_scalar(
-        "SELECT min(min_power_mw) FROM energy_gpu_minutes \
-         WHERE gpu_id = $1 AND minute_ms BETWEEN $2 AND $3",
+) -> Result<(u64, i64), StoreError> {
+    let row = sqlx::query(
+        "SELECT coalesce(sum(seen_idle_mj), 0)::int8 AS mj, coalesce(sum(seen_idle_ms), 0)::int8 AS ms \
+         FROM energy_gpu_minutes WHERE gpu_id = $1 AND minute_ms BETWEEN $2 AND $3",
     )
     .bind(gpu.0)
     .bind(range.from_ms)
     .bind(range.to_ms)
     .fetch_one(pool)
     .await
-    .map_err(q("read the lowest power of a GPU"))?;
-    v.map(|v| u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("min_power_mw {v}"))))
-        .transpose()
+    .map_err(q("read the seen-idle time of a GPU"))?;
+    Ok((get_nonneg(&row, "mj")?, get(&row, "ms")?))
+}
+
+pub(super) async fn energy_baselines(
+    pool: &PgPool,
+    since_ms: UnixMs,
+) -> Result<Vec<GpuBaseline>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, m.idle_mw, \
+         m.idle_source, m.minute_ms, \
+         (SELECT coalesce(sum(s.seen_idle_mj), 0)::int8 FROM energy_gpu_minutes s \
+          WHERE s.gpu_id = g.id AND s.minute_ms >= $1) AS seen_mj, \
+         (SELECT coalesce(sum(s.seen_idle_ms), 0)::int8 FROM energy_gpu_minutes s \
+          WHERE s.gpu_id = g.id AND s.minute_ms >= $1) AS seen_ms \
+         FROM gpus g JOIN nodes n ON n.id = g.node_id \
+         JOIN energy_gpu_minutes m ON m.gpu_id = g.id AND m.minute_ms = \
+           (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = g.id) \
+         ORDER BY n.name, g.gpu_index",
+    )
+    .bind(since_ms)
+    .fetch_all(pool)
+    .await
+    .map_err(q("read the idle baselines"))?;
+    rows.iter()
+        .map(|row| {
+            let source: String = get(row, "idle_source")?;
+            let idle_mw: i64 = get(row, "idle_mw")?;
+            Ok(GpuBaseline {
+                gpu: GpuId(get(row, "id")?),
+                uuid: get(row, "uuid")?,
+                index: required(get_u32_big(row, "gpu_index")?, "gpu_index")?,
+                name: get(row, "name")?,
+                node_name: get(row, "node_name")?,
+                idle_mw: u32::try_from(idle_mw)
+                    .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
+                idle_source: crate::energy::IdleSource::parse(&source)
+                    .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
+                minute_ms: get(row, "minute_ms")?,
+                seen_idle_mj: get_nonneg(row, "seen_mj")?,
+                seen_idle_ms: get(row, "seen_ms")?,
+            })
+        })
+        .collect()
 }
 
 pub(super) async fn replace_energy_minutes(
@@ -216,8 +263,10 @@ pub(super) async fn replace_energy_minutes(
         sqlx::query(
             "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, counter_mj, \
              trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
-             samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+             samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms, active_mj, \
+             seen_idle_ms, seen_idle_mj, provisional) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18, $19, $20)",
         )
         .bind(gpu.0)
         .bind(m.minute_ms)
@@ -235,6 +284,10 @@ pub(super) async fn replace_energy_minutes(
         .bind(m.idle_source.as_str())
         .bind(m.idle_policy.as_str())
         .bind(m.max_gap_ms)
+        .bind(u64_to_i64(m.active_mj, "active_mj")?)
+        .bind(m.seen_idle_ms)
+        .bind(u64_to_i64(m.seen_idle_mj, "seen_idle_mj")?)
+        .bind(m.provisional)
         .execute(&mut *tx)
         .await
         .map_err(q("insert an energy minute of a GPU"))?;
@@ -242,7 +295,8 @@ pub(super) async fn replace_energy_minutes(
             sqlx::query(
                 "INSERT INTO energy_workload_minutes (gpu_id, minute_ms, workload_id, energy_mj, \
                  idle_mj, counter_mj, trapezoid_mj, gpu_ms, share_ppm_ms, sm_ms, memory_ms, \
-                 equal_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+                 equal_ms, active_mj, idle_memory_ms, idle_equal_ms, provisional) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                 $13, $14, $15, $16)",
             )
             .bind(gpu.0)
             .bind(m.minute_ms)
@@ -256,6 +310,10 @@ pub(super) async fn replace_energy_minutes(
             .bind(w.sm_ms)
             .bind(w.memory_ms)
             .bind(w.equal_ms)
+            .bind(u64_to_i64(w.active_mj, "active_mj")?)
+            .bind(w.idle_memory_ms)
+            .bind(w.idle_equal_ms)
+            .bind(m.provisional)
             .execute(&mut *tx)
             .await
             .map_err(q("insert an energy minute of a workload"))?;
@@ -339,6 +397,8 @@ pub(super) async fn workload_energy(
     let rows = sqlx::query(AssertSqlSafe(format!(
         "SELECT {WORKLOAD_COLS}, g.uuid, g.gpu_index, g.name AS gpu_name, n.name AS node_name, \
          sum(m.energy_mj)::int8 AS energy_mj, sum(m.idle_mj)::int8 AS idle_mj, \
+         sum(m.active_mj)::int8 AS active_mj, sum(CASE WHEN m.provisional THEN m.energy_mj ELSE 0 END)::int8 AS provisional_mj, \
+         sum(m.idle_memory_ms)::int8 AS idle_memory_ms, sum(m.idle_equal_ms)::int8 AS idle_equal_ms, \
          sum(m.counter_mj)::int8 AS counter_mj, sum(m.trapezoid_mj)::int8 AS trapezoid_mj, \
          sum(m.gpu_ms)::int8 AS gpu_ms, sum(m.share_ppm_ms)::int8 AS share_ppm_ms, sum(m.sm_ms)::int8 AS sm_ms, \
          sum(m.memory_ms)::int8 AS memory_ms, sum(m.equal_ms)::int8 AS equal_ms, \
@@ -364,7 +424,9 @@ pub(super) async fn workload_energy(
                 gpu_name: get(row, "gpu_name")?,
                 node_name: get(row, "node_name")?,
                 energy_mj: get_nonneg(row, "energy_mj")?,
+                active_mj: get_nonneg(row, "active_mj")?,
                 idle_mj: get_nonneg(row, "idle_mj")?,
+                provisional_mj: get_nonneg(row, "provisional_mj")?,
                 counter_mj: get_nonneg(row, "counter_mj")?,
                 trapezoid_mj: get_nonneg(row, "trapezoid_mj")?,
                 gpu_ms: get(row, "gpu_ms")?,
@@ -372,6 +434,8 @@ pub(super) async fn workload_energy(
                 sm_ms: get(row, "sm_ms")?,
                 memory_ms: get(row, "memory_ms")?,
                 equal_ms: get(row, "equal_ms")?,
+                idle_memory_ms: get(row, "idle_memory_ms")?,
+                idle_equal_ms: get(row, "idle_equal_ms")?,
                 first_minute_ms: get(row, "first_ms")?,
                 last_minute_ms: get(row, "last_ms")?,
             })
@@ -386,6 +450,7 @@ pub(super) async fn workload_energy_series(
 ) -> Result<Vec<WorkloadEnergyPoint>, StoreError> {
     let rows = sqlx::query(
         "SELECT m.minute_ms, sum(m.energy_mj)::int8 AS energy_mj, sum(m.idle_mj)::int8 AS idle_mj, \
+         sum(m.active_mj)::int8 AS active_mj, sum(CASE WHEN m.provisional THEN m.energy_mj ELSE 0 END)::int8 AS provisional_mj, \
          sum(m.gpu_ms)::int8 AS gpu_ms, sum(m.share_ppm_ms)::int8 AS share_ppm_ms \
          FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
          WHERE w.key = $1 AND m.minute_ms BETWEEN $2 AND $3 \
@@ -403,7 +468,9 @@ pub(super) async fn workload_energy_series(
             Ok(WorkloadEnergyPoint {
                 minute_ms: get(row, "minute_ms")?,
                 energy_mj: get_nonneg(row, "energy_mj")?,
+                active_mj: get_nonneg(row, "active_mj")?,
                 idle_mj: get_nonneg(row, "idle_mj")?,
+                provisional_mj: get_nonneg(row, "provisional_mj")?,
                 gpu_ms: get(row, "gpu_ms")?,
                 share_ppm_ms: get_nonneg(row, "share_ppm_ms")?,
             })
@@ -420,7 +487,8 @@ pub(super) async fn gpu_energy(
          sum(m.energy_mj)::int8 AS energy_mj, sum(m.counter_mj)::int8 AS counter_mj, \
          sum(m.trapezoid_mj)::int8 AS trapezoid_mj, sum(m.attributed_mj)::int8 AS attributed_mj, \
          sum(m.idle_mj)::int8 AS idle_mj, sum(m.unattributed_mj)::int8 AS unattributed_mj, \
-         sum(m.covered_ms)::int8 AS covered_ms, sum(m.missing_ms)::int8 AS missing_ms \
+         sum(m.covered_ms)::int8 AS covered_ms, sum(m.missing_ms)::int8 AS missing_ms, \
+         sum(m.active_mj)::int8 AS active_mj, sum(CASE WHEN m.provisional THEN m.energy_mj ELSE 0 END)::int8 AS provisional_mj \
          FROM energy_gpu_minutes m JOIN gpus g ON g.id = m.gpu_id \
          JOIN nodes n ON n.id = g.node_id WHERE m.minute_ms BETWEEN $1 AND $2 \
          GROUP BY g.id, n.id ORDER BY n.name, g.gpu_index",
@@ -444,6 +512,8 @@ pub(super) async fn gpu_energy(
                 attributed_mj: get_nonneg(row, "attributed_mj")?,
                 idle_mj: get_nonneg(row, "idle_mj")?,
                 unattributed_mj: get_nonneg(row, "unattributed_mj")?,
+                active_mj: get_nonneg(row, "active_mj")?,
+                provisional_mj: get_nonneg(row, "provisional_mj")?,
                 covered_ms: get(row, "covered_ms")?,
                 missing_ms: get(row, "missing_ms")?,
             })
