@@ -142,13 +142,15 @@ async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_
     );
     acc.pass().await.expect("pass");
 
-    // By hand: minutes 0..3 are closed (the newest sample is in minute 3), i.e. the
-    // intervals ending at 1 s ..= 179 s. Idle 60 W, split equally; active 3 : 1.
+    // By hand: minutes 0..3 are closed (the newest sample is in minute 3) and minute 3 is
+    // open (provisional), i.e. the intervals ending at 1 s ..= 181 s. Idle 60 W over the
+    // 20 % of the time the GPU was not busy (80 % utilization), split by memory (equal);
+    // active 3 : 1.
     let mut e_total = 0.0f64;
-    for k in 1..180 {
+    for k in 1..=181 {
         e_total += (f64::from(power(k - 1)) + f64::from(power(k))) / 2.0 / 1000.0; // J
     }
-    let idle = 60.0 * 179.0;
+    let idle = 60.0 * 181.0 * 0.2;
     let want_a = 0.75 * (e_total - idle) + idle / 2.0;
     let want_b = 0.25 * (e_total - idle) + idle / 2.0;
     let got_a = stored_mj(&store, &format!("container:{A}")).await as f64 / 1000.0;
@@ -169,12 +171,12 @@ async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_
         gpus[0].attributed_mj + gpus[0].idle_mj + gpus[0].unattributed_mj,
         gpus[0].energy_mj
     );
-    assert_eq!(gpus[0].covered_ms, 179_000);
+    assert_eq!(gpus[0].covered_ms, 181_000);
     let report = energy_check::check(store.as_ref(), all_time())
         .await
         .expect("check");
     assert_eq!(report.violations, vec![]);
-    assert_eq!(report.minutes, 3);
+    assert_eq!(report.minutes, 4, "3 closed, 1 provisional");
 }
 
 #[tokio::test]
@@ -196,9 +198,9 @@ async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
         clock_at(T0),
     );
     acc.pass().await.expect("pass");
-    // ∫₀^179 P dt, exactly.
+    // ∫₀^181 P dt, exactly.
     let w = 2.0 * std::f64::consts::PI / 37.0;
-    let exact_j = 250.0 * 179.0 + 100.0 / w * (1.0 - (w * 179.0).cos());
+    let exact_j = 250.0 * 181.0 + 100.0 / w * (1.0 - (w * 181.0).cos());
     let gpus = store.gpu_energy(all_time()).await.expect("gpu energy");
     let got_j = gpus[0].energy_mj as f64 / 1000.0;
     assert!(
@@ -207,8 +209,9 @@ async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
     );
     assert_eq!(gpus[0].counter_mj, 0);
     assert_eq!(gpus[0].trapezoid_mj, gpus[0].energy_mj);
-    // Separate: the idle bucket holds 50 W × 179 s; the containers the rest.
-    assert_eq!(gpus[0].idle_mj, 50 * 179_000);
+    // Separate: the idle bucket holds 50 W × the 20 % of 181 s the GPU was not busy; the
+    // containers the rest.
+    assert_eq!(gpus[0].idle_mj, 50 * 181_000 / 5);
     let a = stored_mj(&store, &format!("container:{A}")).await;
     let b = stored_mj(&store, &format!("container:{B}")).await;
     assert_eq!(a + b + gpus[0].idle_mj, gpus[0].energy_mj);
@@ -257,7 +260,7 @@ async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing
     assert_eq!(gpu.missing_ms, 30_000, "the hole is missing time");
     assert_eq!(
         gpu.energy_mj,
-        89 * 200_000,
+        120 * 200_000,
         "no energy bridged over the hole"
     );
 
@@ -284,8 +287,8 @@ async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing
     assert_eq!(gpu.missing_ms, 0);
     assert_eq!(
         gpu.energy_mj,
-        119 * 200_000,
-        "0 s..119 s at 200 W, counted once"
+        150 * 200_000,
+        "0 s..150 s at 200 W, counted once"
     );
     let report = energy_check::check(store.as_ref(), all_time())
         .await
@@ -358,10 +361,11 @@ async fn an_exclusive_container_gets_the_whole_energy_minus_idle_under_separate(
             .expect("pass");
         let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
         let a = stored_mj(&store, &format!("container:{A}")).await;
-        assert_eq!(gpu.energy_mj, 59 * 300_000);
+        assert_eq!(gpu.energy_mj, 61 * 300_000);
         if want_idle_bucket {
-            assert_eq!(gpu.idle_mj, 59 * 40_000);
-            assert_eq!(a, gpu.energy_mj - 59 * 40_000);
+            // 40 W over the 1 % of the time the GPU was not busy.
+            assert_eq!(gpu.idle_mj, 61 * 400);
+            assert_eq!(a, gpu.energy_mj - 61 * 400);
         } else {
             assert_eq!((a, gpu.idle_mj), (gpu.energy_mj, 0));
         }
@@ -405,8 +409,8 @@ async fn check_energy_passes_on_a_demo_database_and_catches_a_planted_violation(
     assert_eq!(report.violations, vec![]);
     assert_eq!(
         report.minutes,
-        2 * 4 * 4,
-        "2 nodes × 4 GPUs × 4 closed minutes"
+        2 * 4 * 5,
+        "2 nodes × 4 GPUs × (4 closed minutes + 1 provisional)"
     );
     assert!(report.energy_mj > 0);
     let containers = store
@@ -520,35 +524,55 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
     assert_eq!(status, 200, "{v}");
     let rows = v["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 2);
-    // 119 s × 200 W = 23,800 J; idle 40 W × 119 s = 4,760 J, half each; active 3 : 1.
-    let active = 23_800.0 - 4_760.0;
+    // 121 s × 200 W = 24,200 J; idle 40 W × 20 % of 121 s = 968 J, half each (equal
+    // memory); active 3 : 1.
+    let active = 24_200.0 - 968.0;
     assert_eq!(rows[0]["key"], format!("container:{A}"));
     assert_eq!(rows[0]["identity"]["container_id"], A);
     assert_eq!(rows[0]["identity"]["container_name"], "trainer");
-    assert_eq!(rows[0]["energy_j"], 0.75 * active + 2_380.0);
-    assert_eq!(rows[1]["energy_j"], 0.25 * active + 2_380.0);
-    assert_eq!(rows[0]["gpu_seconds"], 119.0);
+    assert_eq!(rows[0]["energy_j"], 0.75 * active + 484.0);
+    assert_eq!(rows[1]["energy_j"], 0.25 * active + 484.0);
+    assert_eq!(rows[0]["gpu_seconds"], 121.0);
+    assert_eq!(rows[0]["active_j"], 0.75 * active);
+    assert_eq!(rows[0]["idle_j"], 484.0);
+    assert_eq!(rows[0]["idle_charged_j"], 484.0, "spread: charged");
+    assert_eq!(rows[0]["split"]["idle_memory_s"], 121.0);
     assert_eq!(rows[0]["avg_share"], 0.75);
     assert_eq!(rows[0]["method"]["counter_j"], rows[0]["energy_j"]);
     assert_eq!(rows[0]["gpus"][0]["uuid"], "GPU-api");
     assert_eq!(rows[0]["nodes"][0], "n1");
     let kwh = rows[0]["energy_kwh"].as_f64().expect("kwh");
-    assert!((kwh - (0.75 * active + 2_380.0) / 3.6e6).abs() < 1e-12);
+    assert!((kwh - (0.75 * active + 484.0) / 3.6e6).abs() < 1e-12);
 
     let (status, v) = get_json(&store, &format!("/api/v1/containers/container:{B}?{range}")).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(v["energy_j"], 0.25 * active + 2_380.0);
+    assert_eq!(v["energy_j"], 0.25 * active + 484.0);
     let series = v["series"].as_array().expect("series");
-    assert_eq!(series.len(), 2, "two closed minutes");
+    assert_eq!(series.len(), 3, "two closed minutes and the open one");
+    assert_eq!(series[0]["provisional_j"], 0.0);
+    assert!(
+        series[2]["provisional_j"].as_f64() > Some(0.0),
+        "{series:?}"
+    );
     assert_eq!(series[0]["minute_ms"], T0);
 
     let (status, v) = get_json(&store, &format!("/api/v1/energy?{range}")).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(v["total"]["energy_j"], 23_800.0);
+    assert_eq!(v["total"]["energy_j"], 24_200.0);
+    assert_eq!(v["total"]["idle_j"], 968.0);
+    assert_eq!(v["total"]["active_j"], active);
+    assert_eq!(v["total"]["idle_charged_j"], 968.0);
+    assert_eq!(v["total"]["idle_bucket_j"], 0.0);
+    assert_eq!(
+        v["total"]["provisional_j"], 400.0,
+        "120 s and 121 s: the open minute"
+    );
+    assert_eq!(v["gpus"][0]["baseline"]["source"], "watts");
+    assert_eq!(v["gpus"][0]["baseline"]["idle_w"], 40.0);
     assert_eq!(v["total"]["avg_power_w"], 200.0);
     assert_eq!(v["total"]["missing_seconds"], 0.0);
     assert_eq!(v["gpus"][0]["uuid"], "GPU-api");
-    assert_eq!(v["nodes"]["n1"]["energy_j"], 23_800.0);
+    assert_eq!(v["nodes"]["n1"]["energy_j"], 24_200.0);
 
     let (status, _) = get_json(&store, &format!("/api/v1/containers?{range}&group_by=pet")).await;
     assert_eq!(status, 400);
