@@ -188,7 +188,8 @@ pub async fn build(
             for r in rows {
                 counter += r.counter_mj;
                 trapezoid += r.trapezoid_mj;
-                idle += r.idle_mj;
+                // The idle energy charged to it (its idle share under `spread`).
+                idle += r.energy_mj.saturating_sub(r.active_mj);
                 first = first.min(r.first_minute_ms);
                 last = last.max(r.last_minute_ms + MINUTE_MS);
                 nodes.insert(r.node_name.clone());

@@ -189,9 +189,9 @@ pub(super) async fn energy_baselines(
         "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, m.idle_mw, \
          m.idle_source, m.minute_ms, \
          (SELECT coalesce(sum(s.seen_idle_mj), 0) FROM energy_gpu_minutes s \
-          WHERE s.gpu_id = g.id AND s.minute_ms >= ?) AS seen_mj, \
+          WHERE s.gpu_id = g.id AND s.minute_ms >= ?1) AS seen_mj, \
          (SELECT coalesce(sum(s.seen_idle_ms), 0) FROM energy_gpu_minutes s \
-          WHERE s.gpu_id = g.id AND s.minute_ms >= ?) AS seen_ms \
+          WHERE s.gpu_id = g.id AND s.minute_ms >= ?1) AS seen_ms \
          FROM gpus g JOIN nodes n ON n.id = g.node_id \
          JOIN energy_gpu_minutes m ON m.gpu_id = g.id AND m.minute_ms = \
            (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = g.id) \
