@@ -24,7 +24,8 @@ pub struct CheckReport {
     pub minutes: usize,
     /// Of which compared with raw samples (the others' samples are gone).
     pub compared_with_raw: usize,
-    /// Minutes with samples not yet accounted (at or after a GPU's watermark).
+    /// Minutes with samples not yet accounted (at or after a GPU's watermark), or only
+    /// provisionally (open minutes: checked for conservation, not against raw).
     pub pending_minutes: usize,
     /// Total GPU energy in the checked minutes, mJ.
     pub energy_mj: u64,
@@ -93,6 +94,8 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
             let mut prev = inputs.prev;
             for (minute, this) in energy::by_minute(&inputs.samples) {
                 match stored.remove(&minute) {
+                    // An open minute: more samples may have come since it was computed.
+                    Some(m) if m.provisional => report.pending_minutes += 1,
                     Some(m) => {
                         report.compared_with_raw += 1;
                         let raw = energy::rollup_minute(
@@ -145,6 +148,9 @@ fn differences(stored: &GpuMinute, raw: &GpuMinute) -> String {
         attributed_mj,
         idle_mj,
         unattributed_mj,
+        active_mj,
+        seen_idle_ms,
+        seen_idle_mj,
         covered_ms,
         missing_ms,
         samples,
