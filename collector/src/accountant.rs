@@ -116,6 +116,10 @@ pub struct EnergyOptions {
     /// How far back the start-up check for late data looks (it reads every sample of
     /// that window once; older late data is found by `check-energy`).
     pub recheck_window: Duration,
+    /// Compute and store each GPU's open minute, marked provisional, every pass that
+    /// brings it new samples (so a job's energy shows within a pass of its end). Off:
+    /// only closed minutes are stored.
+    pub provisional: bool,
 }
 
 impl Default for EnergyOptions {
@@ -127,6 +131,7 @@ impl Default for EnergyOptions {
             period: Duration::from_secs(5),
             idle_window: Duration::from_secs(7 * 24 * 3600),
             recheck_window: Duration::from_secs(600),
+            provisional: true,
         }
     }
 }
@@ -438,7 +443,10 @@ impl Accountant {
             if from < upto {
                 written += account_range(store, gpu, from, upto, &self.options, true).await?;
             }
-            if upto <= open && self.provisional.get(&gpu.gpu) != Some(&last) {
+            if self.options.provisional
+                && upto <= open
+                && self.provisional.get(&gpu.gpu) != Some(&last)
+            {
                 let mut minutes =
                     compute_minutes(store, gpu, open, open + MINUTE_MS, &self.options).await?;
                 for m in &mut minutes {

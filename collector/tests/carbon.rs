@@ -210,6 +210,8 @@ async fn write_trace(
             per_model: vec![],
         },
         max_gap: Some(Duration::from_secs(60)),
+        // These tests price closed minutes.
+        provisional: false,
         ..Default::default()
     };
     let mut acc = Accountant::new(Arc::clone(store), options, Arc::new(move || to));

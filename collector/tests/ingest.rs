@@ -313,7 +313,9 @@ async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
     let c = start().await;
     let gpus = ["GPU-a", "GPU-b"];
     let (mut agent, _) = connect(&c, "node-a", &gpus).await;
-    // 150 s of ticks from a minute boundary three minutes ago: minutes 0 and 1 close.
+    // 150 s of ticks from a minute boundary three minutes ago: minutes 0 and 1 close, and
+    // minute 2 (its last sample 30 s or more ago) is accounted too, provisionally or,
+    // once the clock is a grace period past its end, closed.
     let start_ms = (now_ms() / 60_000 - 3) * 60_000;
     let ticks: Vec<_> = (0..150u32)
         .map(|i| tick(start_ms + i64::from(i) * 1000, &gpus, i))
@@ -331,7 +333,7 @@ async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let energy = loop {
         let e = c.store.gpu_energy(ALL_TIME).await.expect("energy");
-        if e.len() == 2 && e.iter().all(|g| g.covered_ms == 119_000) {
+        if e.len() == 2 && e.iter().all(|g| g.covered_ms == 149_000) {
             break e;
         }
         assert!(
@@ -342,7 +344,7 @@ async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
     };
     // GPU-a has a counter (+250 mJ per tick); GPU-b only power (trapezoid).
     let a = energy.iter().find(|g| g.uuid == "GPU-a").expect("GPU-a");
-    assert_eq!((a.energy_mj, a.counter_mj), (119 * 250, 119 * 250));
+    assert_eq!((a.energy_mj, a.counter_mj), (149 * 250, 149 * 250));
     let b = energy.iter().find(|g| g.uuid == "GPU-b").expect("GPU-b");
     assert_eq!((b.counter_mj, b.trapezoid_mj), (0, b.energy_mj));
     assert!(b.energy_mj > 0);
@@ -350,7 +352,7 @@ async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
         .await
         .expect("check");
     assert_eq!(report.violations, vec![]);
-    assert_eq!(report.minutes, 4);
+    assert_eq!(report.minutes, 6, "2 GPUs × 3 minutes");
     c.shutdown.cancel();
     c.task.await.expect("join").expect("clean shutdown");
 }

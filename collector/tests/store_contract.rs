@@ -897,7 +897,11 @@ mod contract {
             vec![],
             "check-energy passes after expiry"
         );
-        assert_eq!(report.minutes, 2 * 5);
+        assert_eq!(
+            report.minutes,
+            2 * 6,
+            "5 closed minutes and the open one per GPU"
+        );
         assert_eq!(
             report.compared_with_raw,
             2 * 2,
@@ -969,7 +973,9 @@ mod contract {
         .await;
         r.pass().await.expect("roll up");
         r.expire(far).await.expect("expire");
-        assert_eq!(horizon_a().await, Some(T0 + 8 * MIN), "held by energy");
+        // The energy watermark: batch 3's last minute (8) closed by the clock, long past;
+        // batch 4 not yet accounted.
+        assert_eq!(horizon_a().await, Some(T0 + 9 * MIN), "held by energy");
         acc.pass().await.expect("account");
         r.expire(far).await.expect("expire");
         assert_eq!(horizon_a().await, Some(T0 + 11 * MIN));
