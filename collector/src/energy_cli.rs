@@ -17,9 +17,10 @@ pub struct EnergyArgs {
     /// `idle` bucket).
     #[arg(long, env = "GPUFLEET_ENERGY_IDLE_POLICY", default_value = "spread", value_parser = parse_policy, value_name = "spread|separate")]
     pub energy_idle_policy: IdlePolicy,
-    /// A GPU's idle power: `min` (the lowest it reported over the last 24 h), watts for
-    /// every GPU (`45`), or per model (`H100=60,L40S=35`; unlisted models use the default).
-    #[arg(long, env = "GPUFLEET_ENERGY_IDLE", default_value = "min", value_parser = IdleConfig::parse, value_name = "min|WATTS|MODEL=WATTS,…")]
+    /// A GPU's idle power: `auto` (learned from the time the GPU did no work; until then
+    /// the model's datasheet default, else a fallback), watts for every GPU (`45`), or per
+    /// model (`H100=60,L40S=35`; unlisted models use the default). `min` is read as `auto`.
+    #[arg(long, env = "GPUFLEET_ENERGY_IDLE", default_value = "auto", value_parser = IdleConfig::parse, value_name = "auto|WATTS|MODEL=WATTS,…")]
     pub energy_idle: IdleConfig,
     /// Intervals between two samples longer than this are `missing` (no energy is
     /// invented for them). Default: 3 × the node's sampling interval.

@@ -16,8 +16,15 @@ export interface EnergyTotals extends CarbonFields {
   energy_j: number;
   energy_kwh: number;
   attributed_j: number;
+  /** The GPUs' active energy; the rest (idle_j) is the idle baseline over idle time. */
+  active_j: number;
   idle_j: number;
+  /** Of idle_j: charged to the workloads holding the GPUs (policy spread), and charged to no one. */
+  idle_charged_j: number;
+  idle_bucket_j: number;
   unattributed_j: number;
+  /** Of energy_j: in minutes still open (may still grow). */
+  provisional_j: number;
   covered_seconds: number;
   missing_seconds: number;
   avg_power_w: number | null;
@@ -29,7 +36,19 @@ export interface EnergyView {
   to_ms: number;
   total: EnergyTotals;
   nodes: Record<string, EnergyTotals>;
-  gpus: ({ node: string; uuid: string; index: number; name: string } & EnergyTotals)[];
+  gpus: ({ node: string; uuid: string; index: number; name: string; baseline: Baseline | null } & EnergyTotals)[];
+}
+
+/** A GPU's idle baseline and where it came from. */
+export interface Baseline {
+  idle_w: number;
+  source: string;
+  minute: string;
+  seen_idle_seconds: number;
+  seen_idle_avg_w: number | null;
+  learn_after_seconds: number;
+  model_max_power_w: number | null;
+  model_source: string | null;
 }
 
 interface Identity {
@@ -56,7 +75,11 @@ interface ContainerRow extends CarbonFields {
   energy_mj: number;
   energy_j: number;
   energy_kwh: number;
+  active_j: number;
+  /** Its share (by GPU memory held) of the idle energy of the GPUs it held. */
   idle_j: number;
+  idle_charged_j: number;
+  provisional_j: number;
   gpu_seconds: number;
   avg_share: number | null;
   method: { counter_j: number; trapezoid_j: number };
@@ -93,19 +116,22 @@ interface Row extends CarbonFields {
   gpuNames: string;
   energyJ: number;
   energyKwh: number;
+  /** Allocated but idle: idle energy of the GPUs while held (workloads), or all idle (nodes). */
+  idleJ: number;
   gpuSeconds: number;
   method: { counter_j: number; trapezoid_j: number };
   /** Workload keys for the detail chart (empty: not a workload, e.g. a node). */
   workloads: string[];
 }
 
-type SortKey = 'label' | 'energy' | 'carbon' | 'gpu_seconds' | 'gpus';
+type SortKey = 'label' | 'energy' | 'idle' | 'carbon' | 'gpu_seconds' | 'gpus';
 const COLUMNS: [SortKey | null, string][] = [
   ['label', 'workload'],
   [null, 'kind'],
   [null, 'nodes'],
   ['gpus', 'GPUs'],
   ['energy', 'energy'],
+  ['idle', 'idle'],
   ['carbon', 'CO2'],
   ['gpu_seconds', 'GPU time'],
   [null, 'marks'],
@@ -146,6 +172,7 @@ function workloadRows(rows: ContainerRow[]): Row[] {
       gpuNames: r.gpus.map((g) => `${g.node} GPU ${g.index} (${g.name})`).join('\n'),
       energyJ: r.energy_j,
       energyKwh: r.energy_kwh,
+      idleJ: r.idle_j,
       gpuSeconds: r.gpu_seconds,
       method: r.method,
       workloads: r.workloads,
@@ -168,6 +195,7 @@ function nodeRows(e: EnergyView): Row[] {
       gpuNames: gpus.map((g) => `GPU ${g.index} (${g.name})`).join('\n'),
       energyJ: t.energy_j,
       energyKwh: t.energy_kwh,
+      idleJ: t.idle_j,
       gpuSeconds: t.covered_seconds,
       method: t.method,
       workloads: [],
@@ -182,6 +210,7 @@ function sortRows(rows: Row[], key: SortKey, dir: 'asc' | 'desc'): Row[] {
     switch (key) {
       case 'label': return r.label.toLowerCase();
       case 'energy': return r.energyJ;
+      case 'idle': return r.idleJ;
       case 'carbon': return carbonG(r);
       case 'gpu_seconds': return r.gpuSeconds;
       case 'gpus': return r.gpus;
@@ -226,8 +255,9 @@ function totalsBox(t: EnergyTotals, r: Range): HTMLElement {
     item('intensity', 'average intensity', t.carbon?.avg_g_per_kwh == null ? NA : `${Math.round(t.carbon.avg_g_per_kwh)} g/kWh`, sourcesText(t) ?? undefined, t.carbon?.avg_g_per_kwh),
     item('gpu-hours', 'GPU-hours measured', num(t.covered_seconds / 3600, 2)),
     item('avg-power', 'average power per GPU', t.avg_power_w === null ? NA : `${t.avg_power_w.toFixed(0)} W`),
-    item('idle', 'idle', share(t.idle_j, t.energy_j), `${(t.idle_j / 3.6e6).toFixed(4)} kWh on GPUs with no process (or idle under policy separate)`, t.idle_j),
+    item('idle', 'idle', share(t.idle_j, t.energy_j), `${(t.idle_j / 3.6e6).toFixed(4)} kWh: the idle baseline over the time GPUs did no work; ${(t.idle_charged_j / 3.6e6).toFixed(4)} kWh charged to the workloads holding them, ${(t.idle_bucket_j / 3.6e6).toFixed(4)} kWh to no one`, t.idle_j),
     item('unattributed', 'unattributed', share(t.unattributed_j, t.energy_j), `${(t.unattributed_j / 3.6e6).toFixed(4)} kWh of activity with no process listed`, t.unattributed_j),
+    item('provisional', 'provisional', share(t.provisional_j, t.energy_j), `${(t.provisional_j / 3.6e6).toFixed(4)} kWh in minutes still open: final a few seconds after each minute ends`, t.provisional_j),
     item('missing', 'missing time', duration(t.missing_seconds), 'GPU time not measured (agent down, gaps): no energy is invented for it'),
     el('div', { class: 'total marks' }, ...provenanceMarks(t)));
 }
@@ -344,16 +374,18 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
         el('td', {}, row.nodes.join(', ')),
         el('td', { title: row.gpuNames }, String(row.gpus)),
         el('td', { class: 'num', 'data-col': 'energy' }, kwh(row.energyKwh)),
+        el('td', { class: 'num', 'data-col': 'idle', 'data-idle-j': String(row.idleJ), title: 'allocated but idle: the idle energy of the GPUs while held (by GPU memory held)' }, kwh(row.idleJ / 3.6e6)),
         el('td', { class: 'num', 'data-col': 'co2', title: sourcesText(row) ?? undefined }, co2(g)),
         el('td', { class: 'num' }, duration(row.gpuSeconds)),
         el('td', { 'data-col': 'marks' }, ...provenanceMarks(row)),
         el('td', {}, methodText(row.method)));
       body.append(tr);
     }
-    if (rows.length === 0) body.append(el('tr', {}, el('td', { colspan: String(COLUMNS.length) }, 'no energy accounted in this range yet (minutes are accounted once they end)')));
+    if (rows.length === 0) body.append(el('tr', {}, el('td', { colspan: String(COLUMNS.length) }, 'no energy accounted in this range yet')));
     const foot = el('tfoot', {}, el('tr', { id: 'energy-sum', 'data-energy-j': String(sumJ), 'data-carbon-g': sumG === null ? '' : String(sumG) },
       el('td', { colspan: '4' }, `${rows.length} ${groupBy === 'node' ? 'nodes' : 'rows'}`),
       el('td', { class: 'num', 'data-col': 'energy' }, kwh(sumJ / 3.6e6)),
+      el('td', {}),
       el('td', { class: 'num', 'data-col': 'co2' }, co2(sumG)),
       el('td', { colspan: '3', class: 'note' }, groupBy === 'node' ? 'all GPUs' : 'attributed to workloads (the rest: idle, unattributed)')));
     table.append(el('thead', {}, head), body, foot);

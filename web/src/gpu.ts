@@ -4,7 +4,7 @@ import { enc, getJson, type EventView, type GpuSeries, type GpuView } from './ap
 import { Chart } from './chart';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
 import { bytes, clear, el, NA, rate, watts } from './dom';
-import type { EnergyView } from './energy';
+import type { Baseline, EnergyView } from './energy';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
 
@@ -36,6 +36,18 @@ const METRICS: [string, string, (v: number) => string][] = [
   ['enc_util_pct', 'encoder utilization', (v) => `${Math.round(v)}%`],
   ['dec_util_pct', 'decoder utilization', (v) => `${Math.round(v)}%`],
 ];
+
+/** Where a GPU's idle baseline came from, in words. */
+function baselineText(b: Baseline): string {
+  const seen = `seen idle ${Math.round(b.seen_idle_seconds)} s in 7 days`;
+  switch (b.source) {
+    case 'learned': return `learned from the time it did no work (${seen})`;
+    case 'model': return `datasheet default: 7% of ${b.model_max_power_w ?? NA} W (${seen}; learned after ${b.learn_after_seconds} s)`;
+    case 'fallback': return `fallback: 7% of its power limit (${seen}; learned after ${b.learn_after_seconds} s)`;
+    case 'watts': return 'configured (--energy-idle)';
+    default: return `${b.source} (older minutes)`;
+  }
+}
 
 export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: string) => void): Promise<() => void> {
   const g = await getJson<GpuDetail>(`/api/v1/gpus/${enc(uuid)}`);
@@ -69,6 +81,10 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
       'accounted in range: ', el('strong', { 'data-col': 'energy' }, mine ? kwh(mine.energy_kwh) : NA),
       ' · CO2 ', el('strong', { 'data-col': 'co2', title: sourcesText(mine) ?? undefined }, co2(carbonG(mine))),
       ' ', ...provenanceMarks(mine)));
+    const b = mine?.baseline;
+    counter.root.append(el('p', { class: 'energy-row', id: 'gpu-baseline', 'data-source': b?.source ?? '' },
+      'idle baseline: ', el('strong', { 'data-col': 'baseline' }, b ? `${b.idle_w.toFixed(1)} W` : NA),
+      ' ', el('span', { class: 'muted', title: b?.model_source ?? undefined }, b ? baselineText(b) : 'no energy accounted yet')));
   }).catch((err) => counter.root.append(el('p', { class: 'error' }, `energy: ${String(err)}`)));
   await Promise.all(METRICS.map(async ([m], i) => {
     try {

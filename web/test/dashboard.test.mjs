@@ -375,7 +375,13 @@ test('the energy page lists the demo\'s workloads with their energy, and its tot
   const sum = Number(await page.locator('#energy-sum').getAttribute('data-energy-j'));
   const apiSum = rows.reduce((a, r) => a + r.energy_j, 0);
   assert.ok(Math.abs(sum - apiSum) < 1e-6, `table sum ${sum} == API rows ${apiSum}`);
-  assert.ok(Math.abs(apiSum + energy.total.idle_j + energy.total.unattributed_j - energy.total.energy_j) < 0.01);
+  assert.ok(Math.abs(apiSum + energy.total.idle_bucket_j + energy.total.unattributed_j - energy.total.energy_j) < 0.01);
+  // Idle is shown truthfully: the GPUs' idle energy is active's complement, and each row
+  // shows its allocated-but-idle energy as the API gives it.
+  assert.ok(Math.abs(energy.total.active_j + energy.total.idle_j - energy.total.energy_j) < 0.01);
+  const idles = await page.$$eval('#energy-table tbody tr[data-key] [data-col=idle]', (tds) => tds.map((td) => [td.closest('tr').getAttribute('data-key'), Number(td.getAttribute('data-idle-j'))]));
+  assert.ok(idles.length > 0, 'an idle column');
+  for (const [key, j] of idles) assert.equal(j, rows.find((r) => r.key === key).idle_j, `${key}: the API's idle joules`);
   assert.match(await page.locator('[data-total=energy] strong').innerText(), /^\d+\.\d+ kWh$/);
 
   // Carbon: workloads on the priced nodes show their CO2 (energy x the static intensity);
@@ -501,6 +507,10 @@ test('the GPU and node pages show energy and CO2 beside each other', async () =>
   await row.waitFor({ timeout: 10_000 });
   assert.match(await row.locator('[data-col=energy]').innerText(), /kWh$/);
   assert.match(await row.locator('[data-col=co2]').innerText(), /^\d+(\.\d+)? k?g$/);
+  // The idle baseline in force and where it came from.
+  const baseline = page.locator('#gpu-baseline');
+  assert.match(await baseline.locator('[data-col=baseline]').innerText(), /^\d+\.\d W$/);
+  assert.match(await baseline.getAttribute('data-source'), /^(learned|model|fallback)$/);
   await page.context().close();
 });
 
