@@ -5,9 +5,9 @@
 //! newest sample, and also every minute that ended more than a grace period ago (the gap
 //! limit: a few sampling intervals) whether or not a later sample came, so a node that
 //! goes silent has its energy up to its last sample accounted. The minute holding a GPU's
-//! newest sample, while still open, is computed each pass that brings it new samples and
-//! stored marked *provisional* (the watermark stays before it); it is replaced when it
-//! closes.
+//! newest sample, while still open, is stored marked *provisional* (the watermark stays
+//! before it) and replaced when it closes: computed on the first pass after the GPU's
+//! samples stop, and at most every [`PROVISIONAL_REFRESH_MS`] while they keep coming.
 //! Data that lands *behind* the watermark (a replayed spool, an out-of-order batch) is
 //! caught two ways: every commit is announced ([`crate::live::Live::subscribe`]), and each
 //! (GPU, minute) it touches is recomputed together with the minute holding the next sample
@@ -116,9 +116,10 @@ pub struct EnergyOptions {
     /// How far back the start-up check for late data looks (it reads every sample of
     /// that window once; older late data is found by `check-energy`).
     pub recheck_window: Duration,
-    /// Compute and store each GPU's open minute, marked provisional, every pass that
-    /// brings it new samples (so a job's energy shows within a pass of its end). Off:
-    /// only closed minutes are stored.
+    /// Compute and store each GPU's open minute, marked provisional (so a job's energy
+    /// shows within a pass of its node going silent, and within
+    /// [`PROVISIONAL_REFRESH_MS`] + a pass of its end). Off: only closed minutes are
+    /// stored.
     pub provisional: bool,
 }
 
@@ -151,6 +152,20 @@ impl EnergyOptions {
     pub fn grace_ms(&self, interval_ms: u32) -> i64 {
         self.max_gap_ms(interval_ms)
     }
+}
+
+/// How often a GPU that keeps sending samples has its open minute recomputed (each costs
+/// a read of the minute's samples and a write).
+pub const PROVISIONAL_REFRESH_MS: i64 = 10_000;
+
+/// A GPU's open minute as the accountant last saw it.
+#[derive(Debug, Clone, Copy)]
+struct OpenMinute {
+    /// The newest sample seen at the previous pass.
+    seen: UnixMs,
+    /// The newest sample the stored provisional minute was computed with, and when.
+    computed_with: UnixMs,
+    computed_at: UnixMs,
 }
 
 /// Most minutes accounted per transaction.
@@ -347,8 +362,8 @@ pub struct Accountant {
     dirty: BTreeSet<(GpuId, UnixMs)>,
     /// Compare stored minutes with raw sample counts on the next pass (start-up, lag).
     pub recheck: bool,
-    /// Per GPU, the newest sample its provisional (open) minute was computed with.
-    provisional: HashMap<GpuId, UnixMs>,
+    /// Per GPU, its open minute as last seen and computed.
+    provisional: HashMap<GpuId, OpenMinute>,
 }
 
 impl Accountant {
@@ -443,10 +458,16 @@ impl Accountant {
             if from < upto {
                 written += account_range(store, gpu, from, upto, &self.options, true).await?;
             }
-            if self.options.provisional
-                && upto <= open
-                && self.provisional.get(&gpu.gpu) != Some(&last)
-            {
+            let seen = self.provisional.entry(gpu.gpu).or_insert(OpenMinute {
+                seen: i64::MIN,
+                computed_with: i64::MIN,
+                computed_at: i64::MIN,
+            });
+            // No new sample since the last pass: the node may have gone silent.
+            let quiet = seen.seen == last;
+            seen.seen = last;
+            let due = quiet || now.saturating_sub(seen.computed_at) >= PROVISIONAL_REFRESH_MS;
+            if self.options.provisional && upto <= open && seen.computed_with != last && due {
                 let mut minutes =
                     compute_minutes(store, gpu, open, open + MINUTE_MS, &self.options).await?;
                 for m in &mut minutes {
@@ -456,7 +477,8 @@ impl Accountant {
                     .replace_energy_minutes(gpu.gpu, open, open + MINUTE_MS, &minutes, None)
                     .await?;
                 written += minutes.len();
-                self.provisional.insert(gpu.gpu, last);
+                seen.computed_with = last;
+                seen.computed_at = now;
             }
         }
         Ok(written)

@@ -12,6 +12,7 @@ use gpufleet_collector::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 const MIN: i64 = 60_000;
 
@@ -1124,4 +1125,79 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
         .await
         .expect("check");
     assert_eq!(check.violations, vec![]);
+}
+
+#[tokio::test]
+async fn a_job_that_ends_on_a_live_node_shows_whole_within_15_s_of_its_end() {
+    let (_dir, store) = sqlite_store().await;
+    job_end_on_a_live_node_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn postgres_a_job_that_ends_on_a_live_node_shows_whole_within_15_s_of_its_end() {
+    let (_schema, store) = pg_store().await;
+    job_end_on_a_live_node_on(store).await;
+}
+
+/// The node keeps sampling (1 Hz, batches every 5 s, as an agent sends them) after a 20 s
+/// job ends mid-minute; the accountant passes every 5 s. The job's whole energy must be
+/// in the API no later than 15 s after its last sample, though its minute is still open.
+async fn job_end_on_a_live_node_on(store: Arc<dyn Store>) {
+    let node = node_of(&store, "n1", "NVIDIA A10", &["GPU-live"]).await;
+    let job = |k: i64| (11..=30).contains(&k);
+    let tick = |k: i64| Tick {
+        time_ms: T0 + k * 1000,
+        gpus: vec![GpuSample {
+            gpu_uuid: "GPU-live".into(),
+            util_gpu_pct: Some(if job(k) { 100 } else { 0 }),
+            power_mw: Some(if job(k) { 250_000 } else { 40_000 }),
+            // 40 J per idle second, 250 J per busy one.
+            energy_mj: Some(
+                (0..=k)
+                    .filter(|i| *i > 0)
+                    .map(|i| if job(i) { 250_000 } else { 40_000 })
+                    .sum(),
+            ),
+            ..Default::default()
+        }],
+        processes: if job(k) {
+            vec![process(
+                "GPU-live",
+                9,
+                97,
+                container_workload(A, Some("job")),
+            )]
+        } else {
+            vec![]
+        },
+        ..Default::default()
+    };
+    let options = options(40, IdlePolicy::Spread);
+    let clock_now = Arc::new(AtomicI64::new(T0));
+    let clock: Clock = {
+        let n = Arc::clone(&clock_now);
+        Arc::new(move || n.load(Ordering::SeqCst))
+    };
+    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    let job_end = T0 + 30_000;
+    let mut whole_at = None;
+    for batch in 0..11 {
+        let ticks = (batch * 5..batch * 5 + 5).map(tick).collect();
+        write_ticks(&store, &node, batch as u64 + 1, ticks).await;
+        let now = T0 + (batch * 5 + 5) * 1000;
+        clock_now.store(now, Ordering::SeqCst);
+        acc.pass().await.expect("pass");
+        if whole_at.is_none() && stored_mj(&store, &format!("container:{A}")).await == 20 * 250_000
+        {
+            whole_at = Some(now);
+        }
+    }
+    let whole_at = whole_at.expect("the job's energy was never whole");
+    assert!(
+        whole_at - job_end <= 15_000,
+        "whole {} s after the job ended",
+        (whole_at - job_end) / 1000
+    );
+    assert!(whole_at < T0 + MIN, "while its minute was still open");
 }
