@@ -47,6 +47,11 @@ pub type WorkloadRef = i64;
 /// Minutes are the rollup unit.
 pub const MINUTE_MS: i64 = 60_000;
 
+/// The attribution rules minutes are computed with, stored in each minute row: 1 before
+/// the idle baseline was learned and idle split by memory (those rows are checked for
+/// conservation only; `recompute-energy` rebuilds them), 2 now.
+pub const RULES: u32 = 2;
+
 /// One process on a GPU at one sample, as accounting needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnergyProcess {
@@ -419,6 +424,8 @@ pub struct GpuMinute {
     pub seen_idle_mj: u64,
     /// Computed from an open minute (more samples may come): replaced once closed.
     pub provisional: bool,
+    /// The attribution rules it was computed with ([`RULES`]).
+    pub rules: u32,
     /// Measured time (counter or trapezoid intervals).
     pub covered_ms: i64,
     /// Time in missing intervals (gaps; no energy).
@@ -559,6 +566,7 @@ pub fn rollup_minute(
         idle_policy: policy,
         idle_source,
         max_gap_ms,
+        rules: RULES,
         ..Default::default()
     };
     let mut workloads: BTreeMap<WorkloadRef, WorkloadMinute> = BTreeMap::new();

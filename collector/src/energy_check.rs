@@ -2,7 +2,7 @@
 //! each minute equal to what the raw samples give with the parameters the minute
 //! recorded (idle power, idle policy, gap limit) — and reports every violation.
 
-use crate::energy::{self, GpuMinute, MINUTE_MS, minute_of};
+use crate::energy::{self, GpuMinute, MINUTE_MS, RULES, minute_of};
 use crate::store::rollup::RollupKey;
 use crate::store::{Store, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
@@ -24,6 +24,9 @@ pub struct CheckReport {
     pub minutes: usize,
     /// Of which compared with raw samples (the others' samples are gone).
     pub compared_with_raw: usize,
+    /// Of which computed by earlier attribution rules ([`RULES`]): checked for
+    /// conservation only (`recompute-energy` rebuilds them).
+    pub earlier_rules: usize,
     /// Minutes with samples not yet accounted (at or after a GPU's watermark), or only
     /// provisionally (open minutes: checked for conservation, not against raw).
     pub pending_minutes: usize,
@@ -96,6 +99,7 @@ pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, S
                 match stored.remove(&minute) {
                     // An open minute: more samples may have come since it was computed.
                     Some(m) if m.provisional => report.pending_minutes += 1,
+                    Some(m) if m.rules < RULES => report.earlier_rules += 1,
                     Some(m) => {
                         report.compared_with_raw += 1;
                         let raw = energy::rollup_minute(

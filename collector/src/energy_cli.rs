@@ -143,10 +143,12 @@ fn print_report(r: &CheckReport, out: &mut dyn Write) -> std::io::Result<()> {
     }
     writeln!(
         out,
-        "checked {} GPU-minutes ({} against raw samples, {} pending), {:.6} kWh: {} violations",
+        "checked {} GPU-minutes ({} against raw samples, {} pending, {} by earlier rules: \
+         conservation only, `recompute-energy` rebuilds them), {:.6} kWh: {} violations",
         r.minutes,
         r.compared_with_raw,
         r.pending_minutes,
+        r.earlier_rules,
         r.energy_mj as f64 / 3.6e9,
         r.violations.len()
     )

@@ -1294,3 +1294,54 @@ async fn exec_and_the_collector_agree_on_an_exclusive_job_but_for_the_interval_b
         );
     }
 }
+
+/// Minutes stored before an upgrade (computed by earlier attribution rules) are checked
+/// for conservation only: their raw recomputation under today's rules would differ.
+#[tokio::test]
+async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("old.db").display());
+    let store = gpufleet_collector::store::open(&url).await.expect("open");
+    let node = one_gpu_node(&store, "GPU-old").await;
+    let ticks = (0..=121)
+        .map(|k| shared_tick("GPU-old", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(
+        Arc::clone(&store),
+        options(40, IdlePolicy::Spread),
+        clock_at(T0 + 60 * MIN),
+    )
+    .pass()
+    .await
+    .expect("pass");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("pool");
+    let sql = |q: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query(q).execute(&pool).await.expect("update") }
+    };
+    // As an older collector left them: another idle power, rules 1.
+    sql("UPDATE energy_gpu_minutes SET idle_mw = idle_mw + 20000, rules = 1").await;
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(
+        (report.earlier_rules, report.violations.len()),
+        (3, 0),
+        "{report:?}"
+    );
+    sql(
+        "UPDATE energy_workload_minutes SET energy_mj = energy_mj + 1 \
+         WHERE minute_ms = (SELECT min(minute_ms) FROM energy_workload_minutes)",
+    )
+    .await;
+    let report = energy_check::check(store.as_ref(), all_time())
+        .await
+        .expect("check");
+    assert_eq!(
+        report.violations.len(),
+        1,
+        "conservation still holds them: {report:?}"
+    );
+    pool.close().await;
+}

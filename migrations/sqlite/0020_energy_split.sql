@@ -8,6 +8,8 @@
 --                 (0 % utilization, no compute process): the evidence the idle baseline
 --                 is learned from;
 --   provisional   1 while the minute is open (computed from the samples so far).
+--   rules         the attribution rules the row was computed with: 1 older rows (baseline
+--                 `min` or watts over the whole interval, idle split equally), 2 now.
 -- idle_source now also says `learned`, `model` or `fallback` (`min`: older rows).
 -- energy_workload_minutes:
 --   active_mj     its active share; idle_mj is now its idle share by GPU memory held under
@@ -18,6 +20,7 @@ ALTER TABLE energy_gpu_minutes ADD COLUMN active_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_gpu_minutes ADD COLUMN seen_idle_ms INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_gpu_minutes ADD COLUMN seen_idle_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_gpu_minutes ADD COLUMN provisional INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE energy_gpu_minutes ADD COLUMN rules INTEGER NOT NULL DEFAULT 1;
 ALTER TABLE energy_workload_minutes ADD COLUMN active_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_workload_minutes ADD COLUMN idle_memory_ms INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_workload_minutes ADD COLUMN idle_equal_ms INTEGER NOT NULL DEFAULT 0;

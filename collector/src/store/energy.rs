@@ -184,6 +184,8 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                 seen_idle_ms: row.int("seen_idle_ms")?,
                 seen_idle_mj: row.nonneg("seen_idle_mj")?,
                 provisional: row.flag("provisional")?,
+                rules: u32::try_from(row.int("rules")?)
+                    .map_err(|_| StoreError::Corrupt("rules out of range".into()))?,
                 covered_ms: row.int("covered_ms")?,
                 missing_ms: row.int("missing_ms")?,
                 samples: u32::try_from(samples)

@@ -264,9 +264,9 @@ pub(super) async fn replace_energy_minutes(
             "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, counter_mj, \
              trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
              samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms, active_mj, \
-             seen_idle_ms, seen_idle_mj, provisional) \
+             seen_idle_ms, seen_idle_mj, provisional, rules) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19, $20)",
+             $18, $19, $20, $21)",
         )
         .bind(gpu.0)
         .bind(m.minute_ms)
@@ -288,6 +288,7 @@ pub(super) async fn replace_energy_minutes(
         .bind(m.seen_idle_ms)
         .bind(u64_to_i64(m.seen_idle_mj, "seen_idle_mj")?)
         .bind(m.provisional)
+        .bind(i64::from(m.rules))
         .execute(&mut *tx)
         .await
         .map_err(q("insert an energy minute of a GPU"))?;
