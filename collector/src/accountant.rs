@@ -32,8 +32,8 @@ use tracing::{debug, info, warn};
 /// The idle power of a GPU: its baseline ([`crate::energy::baseline`]), or a set figure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdleWatts {
-    /// Learned from the intervals in which the GPU did no work over
-    /// [`EnergyOptions::idle_window`]; until then the model's default, else the fallback.
+    /// Learned from the intervals in which the GPU did no work
+    /// ([`crate::energy::baseline`]); until then the model's default, else the fallback.
     Auto,
     /// A configured power, in milliwatts.
     Milliwatts(u32),
@@ -111,8 +111,6 @@ pub struct EnergyOptions {
     pub max_gap: Option<Duration>,
     /// How often the accountant looks for new minutes.
     pub period: Duration,
-    /// How far back the idle baseline is learned from (stored minutes' seen-idle time).
-    pub idle_window: Duration,
     /// How far back the start-up check for late data looks (it reads every sample of
     /// that window once; older late data is found by `check-energy`).
     pub recheck_window: Duration,
@@ -130,7 +128,6 @@ impl Default for EnergyOptions {
             idle: IdleConfig::default(),
             max_gap: None,
             period: Duration::from_secs(5),
-            idle_window: Duration::from_secs(7 * 24 * 3600),
             recheck_window: Duration::from_secs(600),
             provisional: true,
         }
@@ -227,28 +224,19 @@ pub async fn compute_minutes(
         IdleWatts::Milliwatts(mw) => Some(mw),
         IdleWatts::Auto => None,
     };
-    let window_ms = i64::try_from(options.idle_window.as_millis()).unwrap_or(i64::MAX);
-    // The seen-idle evidence stored before this range, plus the minutes computed so far.
-    let (mut seen_mj, mut seen_ms) = match configured {
-        Some(_) => (0, 0),
-        None => {
-            store
-                .energy_seen_idle(
-                    gpu.gpu,
-                    TimeRange {
-                        from_ms: from.saturating_sub(window_ms),
-                        to_ms: from - 1,
-                    },
-                )
-                .await?
-        }
-    };
+    // The seen-idle evidence carried by the minute before this range.
+    let mut evidence = store.energy_learned_before(gpu.gpu, from).await?;
     let mut out = Vec::new();
     let mut prev = inputs.prev;
     for (minute, this) in energy::by_minute(&inputs.samples) {
-        let (idle_mw, source) =
-            baseline::resolve(configured, seen_mj, seen_ms, &gpu.name, gpu.power_limit_mw);
-        let m = energy::rollup_minute(
+        let (idle_mw, source) = baseline::resolve(
+            configured,
+            evidence.0,
+            evidence.1,
+            &gpu.name,
+            gpu.power_limit_mw,
+        );
+        let mut m = energy::rollup_minute(
             minute,
             prev.as_ref(),
             this,
@@ -257,8 +245,8 @@ pub async fn compute_minutes(
             source,
             options.idle_policy,
         );
-        seen_mj = seen_mj.saturating_add(m.seen_idle_mj);
-        seen_ms = seen_ms.saturating_add(m.seen_idle_ms);
+        evidence = baseline::carry(evidence, (m.seen_idle_mj, m.seen_idle_ms));
+        (m.learned_idle_mj, m.learned_idle_ms) = evidence;
         out.push(m);
         prev = this.last().cloned();
     }

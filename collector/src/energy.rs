@@ -422,6 +422,11 @@ pub struct GpuMinute {
     /// baseline is learned from these).
     pub seen_idle_ms: i64,
     pub seen_idle_mj: u64,
+    /// The learning's evidence after this minute: the most recent seen-idle time of the
+    /// GPU (up to [`baseline::LEARN_HORIZON_MS`]) and its energy, carried from minute to
+    /// minute ([`baseline::carry`]).
+    pub learned_idle_ms: i64,
+    pub learned_idle_mj: u64,
     /// Computed from an open minute (more samples may come): replaced once closed.
     pub provisional: bool,
     /// The attribution rules it was computed with ([`RULES`]).

@@ -562,9 +562,9 @@ pub(crate) struct BaselineView {
     source: &'static str,
     /// The minute it was last used for.
     minute: String,
-    /// What it could be learned from over the last 7 days: seconds the GPU was seen idle
-    /// (0 % utilization, no compute process) and their average power (`null` when it was
-    /// never seen idle).
+    /// What it is (or would be) learned from: the GPU's most recent seen-idle time (0 %
+    /// utilization, no compute process; up to an hour) and its average power (`null` when
+    /// it was never seen idle).
     seen_idle_seconds: f64,
     seen_idle_avg_w: Option<f64>,
     /// The seen-idle time needed before a learned baseline is used.
@@ -592,9 +592,6 @@ impl BaselineView {
         }
     }
 }
-
-/// How far back `seen_idle_seconds` looks (the accountant's default learning window).
-const BASELINE_WINDOW_MS: i64 = 7 * DAY_MS;
 
 #[derive(Serialize)]
 struct EnergyView {
@@ -628,7 +625,7 @@ async fn energy(
         .collect();
     let baselines: BTreeMap<String, GpuBaseline> = st
         .store
-        .energy_baselines((st.clock)().saturating_sub(BASELINE_WINDOW_MS))
+        .energy_baselines()
         .await?
         .into_iter()
         .map(|b| (b.uuid.clone(), b))

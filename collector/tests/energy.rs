@@ -969,7 +969,19 @@ async fn idle_then_busy_on(store: Arc<dyn Store>) {
             }
         })
         .collect();
-    write_ticks(&store, &node, 1, ticks).await;
+    // In two passes, as an agent delivers it: the busy minutes' baseline then comes from
+    // the evidence stored with the idle ones.
+    let (first, rest) = ticks.split_at(131);
+    write_ticks(&store, &node, 1, first.to_vec()).await;
+    Accountant::new(
+        Arc::clone(&store),
+        EnergyOptions::default(),
+        clock_at(T0 + 131_000),
+    )
+    .pass()
+    .await
+    .expect("pass");
+    write_ticks(&store, &node, 2, rest.to_vec()).await;
     Accountant::new(
         Arc::clone(&store),
         EnergyOptions::default(),

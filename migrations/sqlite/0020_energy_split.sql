@@ -7,6 +7,8 @@
 --   seen_idle_ms, seen_idle_mj  intervals of the minute in which the GPU did no work
 --                 (0 % utilization, no compute process): the evidence the idle baseline
 --                 is learned from;
+--   learned_idle_ms, learned_idle_mj  the evidence carried to the next minute: the GPU's
+--                 most recent hour of seen-idle time and its energy;
 --   provisional   1 while the minute is open (computed from the samples so far).
 --   rules         the attribution rules the row was computed with: 1 older rows (baseline
 --                 `min` or watts over the whole interval, idle split equally), 2 now.
@@ -21,6 +23,8 @@ ALTER TABLE energy_gpu_minutes ADD COLUMN seen_idle_ms INTEGER NOT NULL DEFAULT 
 ALTER TABLE energy_gpu_minutes ADD COLUMN seen_idle_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_gpu_minutes ADD COLUMN provisional INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_gpu_minutes ADD COLUMN rules INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE energy_gpu_minutes ADD COLUMN learned_idle_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE energy_gpu_minutes ADD COLUMN learned_idle_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_workload_minutes ADD COLUMN active_mj INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_workload_minutes ADD COLUMN idle_memory_ms INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE energy_workload_minutes ADD COLUMN idle_equal_ms INTEGER NOT NULL DEFAULT 0;

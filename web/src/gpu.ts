@@ -39,7 +39,7 @@ const METRICS: [string, string, (v: number) => string][] = [
 
 /** Where a GPU's idle baseline came from, in words. */
 function baselineText(b: Baseline): string {
-  const seen = `seen idle ${Math.round(b.seen_idle_seconds)} s in 7 days`;
+  const seen = `seen idle ${Math.round(b.seen_idle_seconds)} s, the most recent hour of it kept`;
   switch (b.source) {
     case 'learned': return `learned from the time it did no work (${seen})`;
     case 'model': return `datasheet default: 7% of ${b.model_max_power_w ?? NA} W (${seen}; learned after ${b.learn_after_seconds} s)`;

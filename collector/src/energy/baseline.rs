@@ -3,10 +3,12 @@
 //! In order of preference:
 //! 1. configured (`--energy-idle`): an operator's figure overrides everything;
 //! 2. **learned**: the average power of the intervals in which this GPU was *seen idle*
-//!    (0 % utilization at both ends, no compute process), once at least
-//!    [`MIN_SEEN_IDLE_MS`] of them have been seen in the accountant's window. Each stored
-//!    minute records what it saw (`seen_idle_ms`, `seen_idle_mj`), so the figure is
-//!    persisted with its evidence and recomputing a minute never counts it twice;
+//!    (0 % utilization at both ends, no compute process) — over its most recent
+//!    [`LEARN_HORIZON_MS`] of seen-idle time — once at least [`MIN_SEEN_IDLE_MS`] of it
+//!    was seen. Each stored minute records what it saw (`seen_idle_ms`, `seen_idle_mj`)
+//!    and the evidence carried to the next (`learned_idle_ms`, `learned_idle_mj`), so the
+//!    figure is persisted with its evidence, costs one row to read, and recomputing a
+//!    minute never counts it twice;
 //! 3. **model**: a share ([`IDLE_SHARE_PCT`]) of the maximum board power NVIDIA's datasheet
 //!    gives for the model ([`MODELS`]);
 //! 4. **fallback**: the same share of the power limit the GPU reported, or 0 W when it
@@ -23,6 +25,29 @@ use super::IdleSource;
 
 /// Seen-idle time needed before a learned baseline is trusted.
 pub const MIN_SEEN_IDLE_MS: i64 = 30_000;
+
+/// How much of its most recent seen-idle time a learned baseline averages over.
+pub const LEARN_HORIZON_MS: i64 = 3_600_000;
+
+/// The evidence `(mJ, ms)` after a minute that saw `seen` on top of `before`: at most
+/// [`LEARN_HORIZON_MS`] of the most recent seen-idle time (older evidence is scaled down
+/// to make room, keeping its average).
+pub fn carry(before: (u64, i64), seen: (u64, i64)) -> (u64, i64) {
+    let (seen_mj, seen_ms) = (seen.0, seen.1.clamp(0, LEARN_HORIZON_MS));
+    let (old_mj, old_ms) = (before.0, before.1.max(0));
+    let room = LEARN_HORIZON_MS - seen_ms;
+    if old_ms <= room {
+        return (old_mj.saturating_add(seen_mj), old_ms + seen_ms);
+    }
+    // Keep `room` ms of the older evidence at its average power.
+    let kept = u128::from(old_mj) * room as u128 / old_ms as u128;
+    (
+        u64::try_from(kept)
+            .unwrap_or(u64::MAX)
+            .saturating_add(seen_mj),
+        LEARN_HORIZON_MS,
+    )
+}
 
 /// The share of the maximum board power taken as idle when nothing was learned.
 pub const IDLE_SHARE_PCT: u32 = 7;
@@ -208,6 +233,17 @@ mod tests {
         assert_eq!(w("Tesla V100-SXM2-16GB"), Some(300));
         assert_eq!(w("NVIDIA RTX 6000 Ada Generation"), Some(300));
         assert_eq!(w("NVIDIA GeForce RTX 4090"), None);
+    }
+
+    #[test]
+    fn carried_evidence_keeps_the_most_recent_hour_at_its_average() {
+        assert_eq!(carry((0, 0), (60_000, 1_000)), (60_000, 1_000));
+        // An hour at 50 W, then a minute at 80 W: 59 min of the old average stay.
+        let hour = (50 * 3_600_000, 3_600_000);
+        let (mj, ms) = carry(hour, (80 * 60_000, 60_000));
+        assert_eq!(ms, 3_600_000);
+        assert_eq!(mj, 50 * 3_540_000 + 80 * 60_000);
+        assert_eq!(learned_mw(mj, ms), Some(50_500));
     }
 
     #[test]

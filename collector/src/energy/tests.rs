@@ -486,19 +486,19 @@ proptest! {
         for s in &trace {
             by_minute.entry(minute_of(s.time_ms)).or_default().push(s.clone());
         }
-        let (mut seen_mj, mut seen_ms) = (0u64, 0i64);
+        let mut evidence = (0u64, 0i64);
         let mut prev: Option<EnergySample> = None;
         for (minute, samples) in &by_minute {
             let (idle_mw, source) =
-                baseline::resolve(None, seen_mj, seen_ms, "NVIDIA H100 80GB HBM3", None);
+                baseline::resolve(None, evidence.0, evidence.1, "NVIDIA H100 80GB HBM3", None);
             if source == IdleSource::Learned {
-                prop_assert_eq!(Some(idle_mw), baseline::learned_mw(seen_mj, seen_ms));
+                prop_assert_eq!(Some(idle_mw), baseline::learned_mw(evidence.0, evidence.1));
             }
             let m = rollup_minute(*minute, prev.as_ref(), samples, max_gap_ms, idle_mw, source, policy);
             prop_assert_eq!(m.conservation_error(), None);
             prop_assert!(m.seen_idle_mj <= m.energy_mj && m.seen_idle_ms <= m.covered_ms);
-            seen_mj += m.seen_idle_mj;
-            seen_ms += m.seen_idle_ms;
+            evidence = baseline::carry(evidence, (m.seen_idle_mj, m.seen_idle_ms));
+            prop_assert!(evidence.1 <= baseline::LEARN_HORIZON_MS);
             prev = samples.last().cloned();
         }
     }

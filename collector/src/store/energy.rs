@@ -101,7 +101,8 @@ pub struct GpuBaseline {
     pub idle_source: IdleSource,
     /// The minute it was used for.
     pub minute_ms: UnixMs,
-    /// Intervals seen idle in the window asked for: their energy and length.
+    /// The evidence its newest minute carries: the most recent seen-idle time (up to an
+    /// hour) and its energy.
     pub seen_idle_mj: u64,
     pub seen_idle_ms: i64,
 }
@@ -183,6 +184,8 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                 active_mj: row.nonneg("active_mj")?,
                 seen_idle_ms: row.int("seen_idle_ms")?,
                 seen_idle_mj: row.nonneg("seen_idle_mj")?,
+                learned_idle_ms: row.int("learned_idle_ms")?,
+                learned_idle_mj: row.nonneg("learned_idle_mj")?,
                 provisional: row.flag("provisional")?,
                 rules: u32::try_from(row.int("rules")?)
                     .map_err(|_| StoreError::Corrupt("rules out of range".into()))?,

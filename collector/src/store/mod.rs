@@ -453,20 +453,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
     -> Result<Option<UnixMs>, StoreError>;
 
-    /// The seen-idle evidence (mJ, ms) of a GPU's stored minutes in `range`: what its
-    /// idle baseline is learned from.
-    async fn energy_seen_idle(
+    /// The idle-baseline evidence (mJ, ms) carried by a GPU's newest stored minute before
+    /// `before_ms`; (0, 0) without one.
+    async fn energy_learned_before(
         &self,
         gpu: GpuId,
-        range: TimeRange,
+        before_ms: UnixMs,
     ) -> Result<(u64, i64), StoreError>;
 
-    /// Per GPU with energy minutes: the baseline of its newest minute and where it came
-    /// from, and its seen-idle evidence from `since_ms` on.
-    async fn energy_baselines(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<energy::GpuBaseline>, StoreError>;
+    /// Per GPU with energy minutes: the baseline of its newest minute, where it came
+    /// from, and the evidence it carries.
+    async fn energy_baselines(&self) -> Result<Vec<energy::GpuBaseline>, StoreError>;
 
     /// In one transaction: replaces a GPU's minutes in `[from_ms, to_ms)` with `minutes`,
     /// and raises its watermark to `done_to_ms` (never lowers it).

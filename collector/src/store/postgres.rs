@@ -960,19 +960,16 @@ impl Store for PgStore {
         energy::next_sample_ms(&self.pool, gpu, at_ms).await
     }
 
-    async fn energy_seen_idle(
+    async fn energy_learned_before(
         &self,
         gpu: GpuId,
-        range: TimeRange,
+        before_ms: UnixMs,
     ) -> Result<(u64, i64), StoreError> {
-        energy::energy_seen_idle(&self.pool, gpu, range).await
+        energy::energy_learned_before(&self.pool, gpu, before_ms).await
     }
 
-    async fn energy_baselines(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<crate::store::energy::GpuBaseline>, StoreError> {
-        energy::energy_baselines(&self.pool, since_ms).await
+    async fn energy_baselines(&self) -> Result<Vec<crate::store::energy::GpuBaseline>, StoreError> {
+        energy::energy_baselines(&self.pool).await
     }
 
     async fn replace_energy_minutes(

@@ -163,41 +163,39 @@ pub(super) async fn next_sample_ms(
     .map_err(q("find the next GPU sample"))
 }
 
-pub(super) async fn energy_seen_idle(
+pub(super) async fn energy_learned_before(
     pool: &SqlitePool,
     gpu: GpuId,
-    range: TimeRange,
+    before_ms: UnixMs,
 ) -> Result<(u64, i64), StoreError> {
     let row = sqlx::query(
-        "SELECT coalesce(sum(seen_idle_mj), 0) AS mj, coalesce(sum(seen_idle_ms), 0) AS ms \
-         FROM energy_gpu_minutes WHERE gpu_id = ? AND minute_ms BETWEEN ? AND ?",
+        "SELECT learned_idle_mj, learned_idle_ms FROM energy_gpu_minutes \
+         WHERE gpu_id = ? AND minute_ms < ? ORDER BY minute_ms DESC LIMIT 1",
     )
     .bind(gpu.0)
-    .bind(range.from_ms)
-    .bind(range.to_ms)
-    .fetch_one(pool)
+    .bind(before_ms)
+    .fetch_optional(pool)
     .await
-    .map_err(q("read the seen-idle time of a GPU"))?;
-    Ok((get_nonneg(&row, "mj")?, get(&row, "ms")?))
+    .map_err(q("read a GPU's idle-baseline evidence"))?;
+    match row {
+        Some(row) => Ok((
+            get_nonneg(&row, "learned_idle_mj")?,
+            get(&row, "learned_idle_ms")?,
+        )),
+        None => Ok((0, 0)),
+    }
 }
 
-pub(super) async fn energy_baselines(
-    pool: &SqlitePool,
-    since_ms: UnixMs,
-) -> Result<Vec<GpuBaseline>, StoreError> {
+pub(super) async fn energy_baselines(pool: &SqlitePool) -> Result<Vec<GpuBaseline>, StoreError> {
     let rows = sqlx::query(
         "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, m.idle_mw, \
-         m.idle_source, m.minute_ms, \
-         (SELECT coalesce(sum(s.seen_idle_mj), 0) FROM energy_gpu_minutes s \
-          WHERE s.gpu_id = g.id AND s.minute_ms >= ?1) AS seen_mj, \
-         (SELECT coalesce(sum(s.seen_idle_ms), 0) FROM energy_gpu_minutes s \
-          WHERE s.gpu_id = g.id AND s.minute_ms >= ?1) AS seen_ms \
+         m.idle_source, m.minute_ms, m.learned_idle_mj AS seen_mj, \
+         m.learned_idle_ms AS seen_ms \
          FROM gpus g JOIN nodes n ON n.id = g.node_id \
          JOIN energy_gpu_minutes m ON m.gpu_id = g.id AND m.minute_ms = \
            (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = g.id) \
          ORDER BY n.name, g.gpu_index",
     )
-    .bind(since_ms)
     .fetch_all(pool)
     .await
     .map_err(q("read the idle baselines"))?;
@@ -260,8 +258,9 @@ pub(super) async fn replace_energy_minutes(
             "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, counter_mj, \
              trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
              samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms, active_mj, \
-             seen_idle_ms, seen_idle_mj, provisional, rules) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             seen_idle_ms, seen_idle_mj, provisional, rules, learned_idle_ms, \
+             learned_idle_mj) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(gpu.0)
         .bind(m.minute_ms)
@@ -284,6 +283,8 @@ pub(super) async fn replace_energy_minutes(
         .bind(u64_to_i64(m.seen_idle_mj, "seen_idle_mj")?)
         .bind(m.provisional)
         .bind(i64::from(m.rules))
+        .bind(m.learned_idle_ms)
+        .bind(u64_to_i64(m.learned_idle_mj, "learned_idle_mj")?)
         .execute(&mut *tx)
         .await
         .map_err(q("insert an energy minute of a GPU"))?;
