@@ -1357,3 +1357,86 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
     );
     pool.close().await;
 }
+
+/// What the accountant's open-minute work costs: `GPUS` GPUs (default 400) on nodes of 8,
+/// each with 90 s of 1 Hz samples and a process; one pass that closes minute 0 and stores
+/// every open minute, then a pass after 10 more seconds of samples (every open minute
+/// recomputed). A benchmark, not a timed test:
+///
+/// ```text
+/// cargo test --release -p gpufleet-collector --test energy open_minute_cost -- --ignored --nocapture
+/// ```
+#[tokio::test]
+#[ignore = "benchmark; run in release with --ignored --nocapture"]
+async fn open_minute_cost() {
+    let gpus: usize = std::env::var("GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let (_dir, store) = sqlite_store().await;
+    let mut nodes = Vec::new();
+    for n in 0..gpus.div_ceil(8) {
+        let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{n}-{i}")).collect();
+        let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        nodes.push((
+            node_of(&store, &format!("n{n}"), "NVIDIA H100 80GB HBM3", &refs).await,
+            uuids,
+        ));
+    }
+    let write = |from: i64, to: i64, seq: u64| {
+        let (store, nodes) = (Arc::clone(&store), nodes.clone());
+        async move {
+            for (node, uuids) in &nodes {
+                let ticks = (from..to)
+                    .map(|k| {
+                        let mut t = shared_tick(
+                            &uuids[0],
+                            T0 + k * 1000,
+                            300_000,
+                            Some(k as u64 * 300_000),
+                        );
+                        t.gpus = uuids
+                            .iter()
+                            .map(|u| GpuSample {
+                                gpu_uuid: u.clone(),
+                                util_gpu_pct: Some(90),
+                                power_mw: Some(300_000),
+                                energy_mj: Some(k as u64 * 300_000),
+                                ..Default::default()
+                            })
+                            .collect();
+                        t.processes = uuids
+                            .iter()
+                            .enumerate()
+                            .map(|(i, u)| {
+                                process(u, 100 + i as u32, 80, container_workload(A, None))
+                            })
+                            .collect();
+                        t
+                    })
+                    .collect();
+                write_ticks(&store, node, seq, ticks).await;
+            }
+        }
+    };
+    write(0, 90, 1).await;
+    let now = Arc::new(AtomicI64::new(T0 + 90_000));
+    let clock: Clock = {
+        let n = Arc::clone(&now);
+        Arc::new(move || n.load(Ordering::SeqCst))
+    };
+    let mut acc = Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock);
+    let t = std::time::Instant::now();
+    acc.pass().await.expect("pass");
+    let first = t.elapsed();
+    write(90, 100, 2).await;
+    now.store(T0 + 100_000, Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    acc.pass().await.expect("pass");
+    let open = t.elapsed();
+    println!(
+        "{gpus} GPUs: first pass (close minute 0, store every open minute) {first:?}; \
+         a pass recomputing every open minute {open:?} ({:?} per GPU)",
+        open / gpus as u32
+    );
+}
