@@ -1440,3 +1440,111 @@ async fn open_minute_cost() {
         open / gpus as u32
     );
 }
+
+/// As a user sees it: a served collector (real accountant task, real clock) gets a 20 s
+/// job from an agent that then stops. Its whole energy is in `/api/v1/containers` and in
+/// `report` within 15 s (the accountant's period is 5 s), whatever second of the minute
+/// the job ended in.
+#[tokio::test]
+async fn a_served_collector_shows_a_20_s_job_within_15_s_of_its_agent_stopping() {
+    use gpufleet_proto::v1 as pb;
+    use gpufleet_proto::v1::ingest_client::IngestClient;
+    let c = start_collector(Default::default()).await;
+    let mut client = IngestClient::connect(format!("http://{}", c.grpc))
+        .await
+        .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(hello_message("job-node", vec![gpu_info_full("GPU-s", 0)]))
+        .await
+        .expect("hello");
+    let mut answers = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("stream")
+        .into_inner();
+    let mut next = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(10), answers.message())
+            .await
+            .expect("an answer")
+            .expect("healthy")
+            .expect("open")
+            .msg
+            .expect("a message")
+    };
+    assert!(matches!(
+        next().await,
+        pb::collector_message::Msg::Welcome(_)
+    ));
+    let end = gpufleet_core::config::now_ms() - 500;
+    let ticks: Vec<Tick> = (0..=20u32)
+        .map(|k| tick(end - 20_000 + i64::from(k) * 1000, &["GPU-s"], k))
+        .collect();
+    let batch = Batch {
+        seq: 1,
+        ticks,
+        delivery: DeliveryStats::default(),
+    };
+    tx.send(pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Batch(batch.into())),
+    })
+    .await
+    .expect("send");
+    assert!(matches!(next().await, pb::collector_message::Msg::Ack(_)));
+    // The agent stops.
+    drop(tx);
+    drop(answers);
+    let stopped = std::time::Instant::now();
+    let key = format!("container:{}", "ab".repeat(32));
+    // From the minute holding the job's first sample.
+    let range = TimeRange {
+        from_ms: gpufleet_collector::energy::minute_of(end - 20_000),
+        to_ms: end + MIN,
+    };
+    let (row, waited) = loop {
+        let rows = c
+            .store
+            .workload_energy(range, None, Some(&key))
+            .await
+            .expect("energy");
+        let resident_ms: i64 = rows.iter().map(|r| r.gpu_ms).sum();
+        if resident_ms == 20_000 {
+            break (rows[0].clone(), stopped.elapsed());
+        }
+        assert!(
+            stopped.elapsed() < std::time::Duration::from_secs(30),
+            "not whole after 30 s: {rows:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        waited <= std::time::Duration::from_secs(15),
+        "the job's energy took {waited:?}"
+    );
+    let (status, v) = api_get_json(
+        &c.store,
+        end + 15_000,
+        &format!(
+            "/api/v1/containers?from={}&to={}",
+            range.from_ms, range.to_ms
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["rows"][0]["key"], key);
+    assert_eq!(v["rows"][0]["energy_mj"], row.energy_mj);
+    let report = gpufleet_collector::report::build(
+        c.store.as_ref(),
+        &gpufleet_collector::report::ReportSubject::Container(key.clone()),
+        range,
+    )
+    .await
+    .expect("report");
+    assert_eq!(
+        report.energy.energy_j,
+        Some(row.energy_mj as f64 / 1000.0),
+        "{:?}",
+        report.energy
+    );
+    println!("a 20 s job was whole {waited:?} after its agent stopped");
+    c.stop().await;
+}
