@@ -10,6 +10,12 @@
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
 //! - **Idempotent writes**: samples are keyed by (GPU, time), (GPU, time, pid), (node, time);
 //!   events by (node, time, GPU, kind, code). Writing the same batch twice changes nothing.
+//! - **Replays, not conflicts**: a GPU sample whose key is already stored with the same
+//!   values is a replay and is skipped; with other values it is a conflict, and its whole
+//!   batch is left out of the write and reported in [`WriteOutcome::conflicts`] (never
+//!   silently dropped while the batch is acked).
+//! - **A GPU belongs to the node that registered it**: another node's Hello naming it is
+//!   refused ([`StoreError::GpuOwned`]); only [`Store::rehome_gpu`] moves it.
 //! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
@@ -67,6 +73,19 @@ pub enum StoreError {
         node: String,
         seq: u64,
         uuid: String,
+    },
+    /// A node declared a GPU that another node registered.
+    #[error(
+        "GPU {uuid} belongs to node {owner:?}; if it really moved, re-home it with \
+         `gpufleet-collector rehome-gpu --db URL {uuid} --to NODE`"
+    )]
+    GpuOwned { uuid: String, owner: String },
+    /// A batch was not written because stored rows with its keys hold other values.
+    #[error("batch {seq} of node {node:?} was not stored: {reason}")]
+    Conflict {
+        node: String,
+        seq: u64,
+        reason: String,
     },
 }
 
@@ -186,6 +205,129 @@ impl NodeBatch {
 pub struct WriteOutcome {
     /// GPU samples newly inserted per node (replayed rows are not counted).
     pub inserted_gpu_samples: HashMap<NodeId, u64>,
+    /// Batches left out of the write because they conflict with stored rows; every other
+    /// batch was committed.
+    pub conflicts: Vec<BatchConflict>,
+}
+
+/// A batch [`Store::write_batches`] did not write: a GPU sample of it has the key of a
+/// stored sample with other values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchConflict {
+    /// Its index in the slice given to `write_batches`.
+    pub index: usize,
+    /// What conflicts, for the agent and the log.
+    pub reason: String,
+}
+
+/// What [`Store::rehome_gpu`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rehomed {
+    /// The GPU now belongs to the node; `from` is the node it belonged to.
+    Moved { from: String },
+    /// It already belonged to that node.
+    Unchanged,
+    /// No GPU has that UUID.
+    UnknownGpu,
+    /// No node has that name.
+    UnknownNode,
+}
+
+/// One GPU sample a write tried to store, with where it came from: what the conflict
+/// check compares with the stored row of the same key.
+#[derive(Debug)]
+pub(crate) struct IncomingGpuRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub gpu: i64,
+    pub ts: UnixMs,
+    pub sample: &'b GpuSample,
+}
+
+/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
+pub(crate) fn incoming_gpu_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &std::collections::HashSet<usize>,
+    want: impl Fn(i64) -> bool,
+) -> Vec<IncomingGpuRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            for s in &t.gpus {
+                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
+                    && want(gpu.0)
+                {
+                    out.push(IncomingGpuRow {
+                        batch: i,
+                        gpu: gpu.0,
+                        ts: t.time_ms,
+                        sample: s,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per GPU, the time span of `rows`: what to read back for the conflict check.
+pub(crate) fn gpu_spans(rows: &[IncomingGpuRow<'_>]) -> Vec<(i64, UnixMs, UnixMs)> {
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for r in rows {
+        let span = spans.entry(r.gpu).or_insert((r.ts, r.ts));
+        span.0 = span.0.min(r.ts);
+        span.1 = span.1.max(r.ts);
+    }
+    spans.into_iter().map(|(g, (a, b))| (g, a, b)).collect()
+}
+
+/// Write rounds before giving up on settling conflicts (a round redoes the write when a
+/// concurrent writer stored conflicting rows between its check and its inserts).
+pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
+
+/// The batches among `rows` (in arrival order) that conflict, given `known`: the stored
+/// rows by (GPU id, time). Batches are taken in order, as if written one by one: a batch
+/// conflicts when one of its samples differs from the stored one or from one of an
+/// earlier accepted batch; an accepted batch's samples join `known`. Read before the
+/// write's inserts this decides; read after them it tells whether every skipped sample
+/// was a replay (then nothing conflicts).
+pub(crate) fn find_conflicts(
+    batches: &[NodeBatch],
+    rows: &[IncomingGpuRow<'_>],
+    mut known: HashMap<(i64, UnixMs), GpuSample>,
+) -> Vec<BatchConflict> {
+    let mut out: Vec<BatchConflict> = Vec::new();
+    for run in rows.chunk_by(|a, b| a.batch == b.batch) {
+        let differs = run.iter().find(|r| {
+            known.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
+                // A stored row carries no UUID: compare everything else.
+                s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
+                s != r.sample
+            })
+        });
+        match differs {
+            Some(r) => out.push(BatchConflict {
+                index: r.batch,
+                reason: format!(
+                    "GPU {} at {} ms is already stored with other values (another agent \
+                     writing as node {:?}, or the node's clock went back); a replay must \
+                     resend what was sent",
+                    r.sample.gpu_uuid, r.ts, batches[r.batch].keys.name
+                ),
+            }),
+            None => {
+                for r in run {
+                    known
+                        .entry((r.gpu, r.ts))
+                        .or_insert_with(|| r.sample.clone());
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The newest stored sample of one GPU, with the processes seen at that tick.
@@ -352,8 +494,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Creates or updates a node and its GPUs from a Hello (`now_ms` is the collector's
-    /// clock) and returns the node as stored. A GPU UUID already registered elsewhere moves
-    /// to this node.
+    /// clock) and returns the node as stored. A GPU UUID registered by another node is
+    /// refused with [`StoreError::GpuOwned`] and nothing is changed: a GPU moves only by
+    /// [`Store::rehome_gpu`].
     async fn register_node(
         &self,
         hello: &HelloInfo,
@@ -361,11 +504,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now_ms: UnixMs,
     ) -> Result<NodeRecord, StoreError>;
 
-    /// Writes validated batches in one transaction and commits. Rows already stored (a
-    /// replay) are left as they are. Per node, `last_seen_ms` and `last_acked_seq` become
+    /// Writes validated batches in one transaction and commits. Rows already stored with
+    /// the same values (a replay) are left as they are; a batch with a GPU sample whose
+    /// key is stored with other values is left out whole and listed in
+    /// [`WriteOutcome::conflicts`]. Per node, `last_seen_ms` and `last_acked_seq` become
     /// the maximum of the stored and the new values, and the delivery stats are taken from
     /// the highest seq.
     async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError>;
+
+    /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
+    /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
+    /// list of their Hello: the new owner's agent writes it from its next Hello.
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError>;
 
     /// Every node with its inventory, by name.
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;

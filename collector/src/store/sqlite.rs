@@ -15,9 +15,9 @@
 //! and types are bound by this module.
 
 use super::{
-    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
-    NodeId, NodeRecord, SeriesPoint, Store, StoreError, TimeRange, WriteOutcome, decode_nvlinks,
-    encode_nvlinks, redact_url,
+    AgentTokenRecord, BatchConflict, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost,
+    NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, Store, StoreError, TimeRange,
+    WriteOutcome, decode_nvlinks, encode_nvlinks, redact_url,
 };
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
@@ -31,7 +31,7 @@ use sqlx::sqlite::{
     SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Arguments, AssertSqlSafe, Row, SqlSafeStr, Sqlite};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -162,24 +162,34 @@ impl SqliteStore {
     }
 
     /// One attempt at [`Store::write_batches`]: one transaction, GPU rows packed as
-    /// `packing` says.
+    /// `packing` says, without the `skip`ped batches. When `checked`, the stored rows are
+    /// compared with the batches' before anything is inserted, and the conflicting ones
+    /// join `skip` and `conflicts`.
     async fn write_once(
         &self,
         batches: &[NodeBatch],
         packing: Packing,
+        skip: &mut HashSet<usize>,
+        conflicts: &mut Vec<BatchConflict>,
+        checked: bool,
     ) -> Result<WriteOutcome, WriteFail> {
-        let mut rows = {
-            let cache = self
-                .workloads
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Rows::collect(batches, &cache)?
-        };
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(q("begin a write transaction"))?;
+        if checked {
+            let found = gpu_conflicts(&mut tx, batches, skip).await?;
+            skip.extend(found.iter().map(|c| c.index));
+            conflicts.extend(found);
+        }
+        let mut rows = {
+            let cache = self
+                .workloads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Rows::collect(batches, skip, &cache)?
+        };
         upsert_workloads(&mut tx, &mut rows.workloads).await?;
         for r in &mut rows.process {
             r.workload = rows.workloads[r.slot].id.ok_or_else(|| {
@@ -193,6 +203,14 @@ impl SqliteStore {
         if !insert_gpu_rows(&mut tx, &rows.gpu, &mut inserted, packing).await? {
             tx.rollback().await.map_err(q("roll back"))?;
             return Err(WriteFail::Ambiguous);
+        }
+        if inserted.iter().sum::<u64>() < rows.gpu.len() as u64
+            && !gpu_conflicts(&mut tx, batches, skip).await?.is_empty()
+        {
+            // Some skipped samples were not replays: decide which batches conflict
+            // before inserting, in a new transaction.
+            tx.rollback().await.map_err(q("roll back"))?;
+            return Err(WriteFail::Recheck);
         }
         insert_rows(&mut tx, &PROCESS_SAMPLES, &rows.process, bind_process)
             .await
@@ -332,7 +350,7 @@ impl Store for SqliteStore {
                    vbios_version, mig_instances, first_seen_ms) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
                    ?, ?, ?) \
-                 ON CONFLICT (uuid) DO UPDATE SET node_id = excluded.node_id, \
+                 ON CONFLICT (uuid) DO UPDATE SET \
                    gpu_index = excluded.gpu_index, name = excluded.name, \
                    serial = excluded.serial, pci_bus_id = excluded.pci_bus_id, \
                    architecture = excluded.architecture, brand = excluded.brand, \
@@ -352,7 +370,8 @@ impl Store for SqliteStore {
                    pcie_link_gen_max = excluded.pcie_link_gen_max, \
                    pcie_link_width_max = excluded.pcie_link_width_max, \
                    vbios_version = excluded.vbios_version, \
-                   mig_instances = excluded.mig_instances",
+                   mig_instances = excluded.mig_instances \
+                 WHERE gpus.node_id = excluded.node_id",
             )
             .bind(node_id)
             .bind(g.uuid.as_str())
@@ -384,6 +403,22 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(q("upsert a GPU"))?;
+            let owner: Option<String> = sqlx::query_scalar(
+                "SELECT n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 WHERE g.uuid = ? AND g.node_id <> ?",
+            )
+            .bind(g.uuid.as_str())
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("check a GPU's owner"))?;
+            if let Some(owner) = owner {
+                // Dropping the transaction rolls the node's registration back.
+                return Err(StoreError::GpuOwned {
+                    uuid: g.uuid.clone(),
+                    owner,
+                });
+            }
         }
         let node = Self::load_node(&mut tx, NodeId(node_id)).await?;
         tx.commit().await.map_err(q("commit a node registration"))?;
@@ -394,18 +429,74 @@ impl Store for SqliteStore {
         if batches.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        let retry = match self.write_once(batches, Packing::AcrossNodes).await {
-            Ok(outcome) => return Ok(outcome),
-            Err(WriteFail::Store(e)) => return Err(e),
-            Err(WriteFail::Ambiguous) => Packing::PerNode,
-        };
-        match self.write_once(batches, retry).await {
-            Ok(outcome) => Ok(outcome),
-            Err(WriteFail::Store(e)) => Err(e),
-            Err(WriteFail::Ambiguous) => Err(StoreError::Corrupt(
-                "per-node statements reported shared rows".into(),
-            )),
+        let mut packing = Packing::AcrossNodes;
+        let mut skip = HashSet::new();
+        let mut conflicts = Vec::new();
+        let mut checked = false;
+        // A round commits, or switches to per-node statements (once), or to checking
+        // conflicts first: only a concurrent writer could make the checked rounds repeat.
+        for _ in 0..super::MAX_WRITE_ROUNDS {
+            match self
+                .write_once(batches, packing, &mut skip, &mut conflicts, checked)
+                .await
+            {
+                Ok(mut outcome) => {
+                    outcome.conflicts = conflicts;
+                    return Ok(outcome);
+                }
+                Err(WriteFail::Store(e)) => return Err(e),
+                Err(WriteFail::Ambiguous) if packing == Packing::AcrossNodes => {
+                    packing = Packing::PerNode;
+                }
+                Err(WriteFail::Ambiguous) => {
+                    return Err(StoreError::Corrupt(
+                        "per-node statements reported shared rows".into(),
+                    ));
+                }
+                Err(WriteFail::Recheck) => checked = true,
+            }
         }
+        Err(StoreError::Corrupt(
+            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
+        ))
+    }
+
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(q("begin a transaction"))?;
+        let to_id: Option<i64> = sqlx::query_scalar("SELECT id FROM nodes WHERE name = ?")
+            .bind(to)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("find a node"))?;
+        let Some(to_id) = to_id else {
+            return Ok(Rehomed::UnknownNode);
+        };
+        let from: Option<(i64, String)> = sqlx::query_as(
+            "SELECT g.node_id, n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+             WHERE g.uuid = ?",
+        )
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(q("find a GPU's node"))?;
+        let Some((from_id, from)) = from else {
+            return Ok(Rehomed::UnknownGpu);
+        };
+        if from_id == to_id {
+            return Ok(Rehomed::Unchanged);
+        }
+        sqlx::query("UPDATE gpus SET node_id = ? WHERE uuid = ?")
+            .bind(to_id)
+            .bind(uuid)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("re-home a GPU"))?;
+        tx.commit().await.map_err(q("commit a GPU's move"))?;
+        Ok(Rehomed::Moved { from })
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -978,6 +1069,8 @@ enum WriteFail {
     Store(StoreError),
     /// A statement shared by several nodes met replayed rows (see [`Packing`]).
     Ambiguous,
+    /// Skipped GPU samples were not all replays: redo the write checking first.
+    Recheck,
 }
 
 impl From<StoreError> for WriteFail {
@@ -1020,9 +1113,10 @@ struct Rows<'b> {
 impl<'b> Rows<'b> {
     fn collect(
         batches: &'b [NodeBatch],
+        skip: &HashSet<usize>,
         cache: &HashMap<Workload, i64>,
     ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).collect();
+        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
         order.sort_by_key(|&i| batches[i].keys.id);
         let (mut gpu_rows, mut process_rows) = (0, 0);
         for nb in batches {
@@ -1130,6 +1224,34 @@ impl<'b> Rows<'b> {
         }
         Ok(rows)
     }
+}
+
+/// The batches of a write whose GPU samples conflict with the stored ones
+/// ([`super::find_conflicts`]): every GPU's rows are read back over the span the write
+/// covers.
+async fn gpu_conflicts(
+    conn: &mut SqliteConnection,
+    batches: &[NodeBatch],
+    skip: &HashSet<usize>,
+) -> Result<Vec<BatchConflict>, StoreError> {
+    let incoming = super::incoming_gpu_rows(batches, skip, |_| true);
+    let mut stored = HashMap::with_capacity(incoming.len());
+    for (gpu, from, to) in super::gpu_spans(&incoming) {
+        let rows = sqlx::query(
+            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
+             WHERE gpu_id = ? AND ts_ms BETWEEN ? AND ?",
+        )
+        .bind(gpu)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(q("read back GPU samples"))?;
+        for row in &rows {
+            stored.insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
+        }
+    }
+    Ok(super::find_conflicts(batches, &incoming, stored))
 }
 
 /// Upserts the workloads that have no id yet and fills their ids in.
