@@ -316,8 +316,8 @@ impl Session {
                 seq,
                 code: pb::RejectCode::OutOfOrder as i32,
                 reason: format!(
-                    "seq {seq} is more than {} above this node's highest stored seq {}; \
-                     number batches upwards from Welcome.last_acked_seq",
+                    "seq {seq} is more than {} above {}, this node's highest stored seq when \
+                     the stream began; number batches upwards from Welcome.last_acked_seq",
                     s.options.max_seq_ahead,
                     self.max_seq.saturating_sub(s.options.max_seq_ahead)
                 ),
