@@ -2,8 +2,15 @@
 //! in a loop, a slowloris) can hold at most `max_per_ip` connections, so it cannot starve
 //! the others. Connections over the limit are closed at once, before any TLS or HTTP work.
 //!
-//! Our own accept loops ([`accept`], and [`crate::tls::accept_tls`]) hand the servers
-//! [`Limited`] streams; each holds a slot that is given back when the connection closes.
+//! Our own accept loops ([`accept`], [`accept_h2`], and [`crate::tls::accept_tls`]) hand
+//! the servers [`Limited`] streams; each holds a slot that is given back when the
+//! connection closes.
+//!
+//! On the plaintext gRPC port, [`accept_h2`] also closes a connection that has not sent
+//! the HTTP/2 client preface within a deadline (a bare TCP connection would otherwise sit
+//! in the HTTP/2 server forever, holding its address's slots: its keep-alive pings only
+//! start once the preface arrived). After the preface, the gRPC server's keep-alive pings
+//! with a timeout close connections whose peer stopped answering.
 
 use std::collections::HashMap;
 use std::io;
@@ -12,7 +19,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -76,6 +83,11 @@ impl Drop for Slot {
 pub struct Limited {
     inner: TcpStream,
     _slot: Slot,
+    /// Bytes already read from `inner` to check them (the HTTP/2 preface, see
+    /// [`accept_h2`]), handed to the server before anything else; empty otherwise.
+    replay: Vec<u8>,
+    /// How much of `replay` the server has read.
+    replayed: usize,
 }
 
 impl AsyncRead for Limited {
@@ -84,7 +96,20 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        if let Some(rest) = this.replay.get(this.replayed..)
+            && !rest.is_empty()
+        {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            if this.replayed == this.replay.len() {
+                this.replay = Vec::new();
+                this.replayed = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
     }
 }
 
@@ -153,6 +178,8 @@ pub async fn accept_one(
                     Limited {
                         inner: tcp,
                         _slot: slot,
+                        replay: Vec::new(),
+                        replayed: 0,
                     },
                     peer,
                 ));
@@ -177,6 +204,51 @@ pub fn accept(
             if tx.send(conn).await.is_err() {
                 break;
             }
+        }
+    });
+    rx
+}
+
+/// The first bytes of every HTTP/2 connection a client opens with prior knowledge (RFC
+/// 9113 §3.4), as gRPC clients do on a plaintext port.
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Default for `--grpc-handshake-timeout`.
+pub const DEFAULT_H2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Like [`accept`], for a plaintext HTTP/2 server: each connection is handed on only once
+/// it sent the HTTP/2 client preface, within `deadline` of being accepted; one that is
+/// silent, too slow, or sends anything else is closed. The wait happens in a task per
+/// connection (their number is bounded by the per-address limit), so a silent client
+/// holds up nobody else.
+pub fn accept_h2(
+    listener: TcpListener,
+    limit: Arc<PerIpLimit>,
+    deadline: Duration,
+    shutdown: CancellationToken,
+) -> mpsc::Receiver<(Limited, SocketAddr)> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        while let Some((mut conn, peer)) = tokio::select! {
+            () = tx.closed() => None,
+            c = accept_one(&listener, &limit, &shutdown) => c,
+        } {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut preface = vec![0u8; H2_PREFACE.len()];
+                let read = tokio::time::timeout(deadline, conn.inner.read_exact(&mut preface));
+                match read.await {
+                    Ok(Ok(_)) if preface == H2_PREFACE => {
+                        conn.replay = preface;
+                        let _ = tx.send((conn, peer)).await;
+                    }
+                    Ok(Ok(_)) => debug!(peer = %peer, "connection closed: not HTTP/2"),
+                    Ok(Err(e)) => {
+                        debug!(peer = %peer, error = %e, "connection closed before its HTTP/2 preface")
+                    }
+                    Err(_) => debug!(peer = %peer, "connection closed: no HTTP/2 preface in time"),
+                }
+            });
         }
     });
     rx

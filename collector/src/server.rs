@@ -241,7 +241,12 @@ pub async fn serve_with_store(
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
         None => {
             // Nodelay is set on accept: acks are small and latency-bound.
-            let rx = conn_limit::accept(grpc, per_ip(), shutdown.clone());
+            let rx = conn_limit::accept_h2(
+                grpc,
+                per_ip(),
+                options.limits.grpc_handshake_timeout,
+                shutdown.clone(),
+            );
             let incoming =
                 ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
