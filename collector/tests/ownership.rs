@@ -206,7 +206,10 @@ async fn an_absurd_seq_is_refused_and_does_not_move_the_nodes_seq() {
     let answer = send(&mut a, absurd).await;
     let (code, reason) = reject_code(&answer).expect("rejected");
     assert_eq!(code, pb::RejectCode::OutOfOrder);
-    assert!(reason.contains("above 0, this node's highest stored seq"), "{reason}");
+    assert!(
+        reason.contains("above 0, this node's highest stored seq"),
+        "{reason}"
+    );
     // A seq within reach of the agent's own numbering is fine.
     assert!(matches!(
         send(&mut a, batch(5_000, t0 + 4_000, 2, &["GPU-A1"])).await,
