@@ -92,6 +92,13 @@ pub struct SqliteStore {
     /// Job leases ([`super::lease`]): a lock file beside the database file, or in-process
     /// locks for an in-memory database.
     leases: Leases,
+    /// Taken by each of this process's big write transactions (group commits, rollups,
+    /// energy minutes, each retention delete) for its duration. SQLite admits one writer
+    /// at a time and makes the others poll with sleeps (the busy timeout), which is not
+    /// fair: back-to-back retention deletes won nearly every race and the group-commit
+    /// writer waited seconds. This queue is first come, first served, so a commit waits
+    /// for at most the transaction ahead of it.
+    write_gate: tokio::sync::Mutex<()>,
 }
 
 /// Where a SQLite store's job leases live.
@@ -158,6 +165,7 @@ impl SqliteStore {
             pool,
             workloads: Mutex::new(HashMap::new()),
             leases,
+            write_gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -173,6 +181,7 @@ impl SqliteStore {
         conflicts: &mut Vec<BatchConflict>,
         checked: bool,
     ) -> Result<WriteOutcome, WriteFail> {
+        let _turn = self.write_gate.lock().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -832,6 +841,7 @@ impl Store for SqliteStore {
         minutes: &[crate::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
+        let _turn = self.write_gate.lock().await;
         energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
     }
 
@@ -887,6 +897,7 @@ impl Store for SqliteStore {
         to_ms: UnixMs,
         done_to_ms: Option<UnixMs>,
     ) -> Result<usize, StoreError> {
+        let _turn = self.write_gate.lock().await;
         rollup::replace_rollups(&self.pool, key, from_ms, to_ms, done_to_ms).await
     }
 
@@ -935,7 +946,7 @@ impl Store for SqliteStore {
         cutoff_ms: UnixMs,
         batch_rows: usize,
     ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        rollup::expire_raw_before(&self.pool, cutoff_ms, batch_rows).await
+        rollup::expire_raw_before(&self.pool, &self.write_gate, cutoff_ms, batch_rows).await
     }
 
     async fn expire_rollups_before(
@@ -943,7 +954,7 @@ impl Store for SqliteStore {
         cutoff_ms: UnixMs,
         batch_rows: usize,
     ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        rollup::expire_rollups_before(&self.pool, cutoff_ms, batch_rows).await
+        rollup::expire_rollups_before(&self.pool, &self.write_gate, cutoff_ms, batch_rows).await
     }
 
     // ---- carbon (issue 7)
