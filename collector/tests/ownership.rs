@@ -8,7 +8,6 @@ mod common;
 
 use common::*;
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::tokens::{self, TokensCommand};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
@@ -23,20 +22,6 @@ struct Agent {
     tx: mpsc::Sender<pb::AgentMessage>,
     rx: tonic::Streaming<pb::CollectorMessage>,
     welcome: pb::Welcome,
-}
-
-/// `tokens add NODE` on the collector's store; returns the token.
-async fn add_token(c: &TestCollector, node: &str) -> String {
-    let out = tokens::run_on(
-        c.store.as_ref(),
-        TokensCommand::Add {
-            node: node.to_owned(),
-            role: tokens::Role::Agent,
-        },
-    )
-    .await
-    .expect("tokens add");
-    out.lines().next().expect("token line").to_owned()
 }
 
 /// Opens a stream with `token` and says Hello as `node` with `gpus`: the Welcome, or the

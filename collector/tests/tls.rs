@@ -146,7 +146,8 @@ async fn hello_with(
         .map_err(|e| (Code::Unavailable, format!("{e:?}")))?;
     let mut client = IngestClient::new(channel);
     let (tx, rx) = mpsc::channel(8);
-    let msg = hello_message(node, vec![gpu_info_full("GPU-tls-0", 0)]);
+    // A GPU of its own per node: a GPU belongs to the node that registered it.
+    let msg = hello_message(node, vec![gpu_info_full(&format!("GPU-tls-{node}"), 0)]);
     tx.send(msg).await.expect("queue hello");
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(auth) = auth {
@@ -323,7 +324,7 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The stream opened before the renewal still works: a batch on it is acked.
-    let uuid = "GPU-tls-0";
+    let uuid = "GPU-tls-reload-node";
     let batch = common::batch(1, now_ms() - 1_000, 1, &[uuid]);
     open._tx
         .send(pb::AgentMessage {
@@ -510,20 +511,6 @@ async fn sighup_makes_the_collector_binary_serve_the_renewed_certificate() {
         exit.success(),
         "the collector survived SIGHUP and stopped cleanly: {exit}"
     );
-}
-
-/// `tokens add NODE` on the collector's store; returns the printed token.
-async fn add_token(c: &TestCollector, node: &str) -> String {
-    let out = tokens::run_on(
-        c.store.as_ref(),
-        TokensCommand::Add {
-            node: node.to_owned(),
-            role: tokens::Role::Agent,
-        },
-    )
-    .await
-    .expect("tokens add");
-    out.lines().next().expect("token line").to_owned()
 }
 
 fn required(tls: TlsOptions) -> ServeOptions {
