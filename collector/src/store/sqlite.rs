@@ -92,8 +92,8 @@ pub struct SqliteStore {
     /// Job leases ([`super::lease`]): a lock file beside the database file, or in-process
     /// locks for an in-memory database.
     leases: Leases,
-    /// Taken by each of this process's big write transactions (group commits, rollups,
-    /// energy minutes, each retention delete) for its duration. SQLite admits one writer
+    /// Taken by each of this process's big write transactions (group commits, node
+    /// registrations, rollups, energy minutes, each retention delete) for its duration. SQLite admits one writer
     /// at a time and makes the others poll with sleeps (the busy timeout), which is not
     /// fair: back-to-back retention deletes won nearly every race and the group-commit
     /// writer waited seconds. This queue is first come, first served, so a commit waits
@@ -305,6 +305,7 @@ impl Store for SqliteStore {
     ) -> Result<NodeRecord, StoreError> {
         let labels = serde_json::to_string(&hello.labels)
             .map_err(|e| StoreError::Corrupt(format!("labels do not serialize: {e}")))?;
+        let _turn = self.write_gate.lock().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
