@@ -4,12 +4,16 @@
 //! 1. The first message must be a Hello. It is validated (`decode_hello`), the node and its
 //!    GPUs are registered in the store, and the stream answers `Welcome` (with the highest
 //!    seq already stored, so the agent can trim its spool). A missing or malformed Hello
-//!    ends the call with `INVALID_ARGUMENT` and a message saying why.
+//!    ends the call with `INVALID_ARGUMENT` and a message saying why; a Hello listing a
+//!    GPU another node registered ends it with `PERMISSION_DENIED` naming the GPU.
 //! 2. Each Batch is validated against [`Limits`] and the node's inventory. An invalid batch
 //!    is answered `Reject { retryable: false }` naming the offending field; the stream stays
 //!    open. A valid batch goes to the group-commit writer ([`crate::writer`]) and is
 //!    answered `Ack` only after its transaction committed, or `Reject { UNAVAILABLE,
-//!    retryable: true }` when the store failed. Answers come in the order batches arrived.
+//!    retryable: true }` when the store failed, or `Reject { CONFLICT }` when its samples
+//!    collide with stored ones of other values (not a replay). A seq more than
+//!    [`IngestOptions::max_seq_ahead`] above the node's stored seq is refused
+//!    (`OUT_OF_ORDER`). Answers come in the order batches arrived.
 //!
 //! Backpressure: a stream has at most `max_in_flight` batches waiting for their commit;
 //! beyond that it stops reading, and when the writer's queue is full, submitting waits.

@@ -347,9 +347,12 @@ impl PgStore {
                 })
             })
             .collect::<Result<Vec<i64>, _>>()?;
+        // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
-        for &gpu in &rows.gpu.gpu {
-            *given.entry(gpu).or_default() += 1;
+        if path == GpuPath::Merge {
+            for &gpu in &rows.gpu.gpu {
+                *given.entry(gpu).or_default() += 1;
+            }
         }
         let per_gpu = match path {
             GpuPath::Copy => rows.gpu.copy(&mut tx).await?,
