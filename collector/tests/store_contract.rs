@@ -244,6 +244,44 @@ mod contract {
         );
         assert_eq!(node_a.stored_samples, 5);
 
+        // The same GPU samples with another host sample at a tick: a conflict too.
+        let mut host_forged = first.clone();
+        host_forged.seq = 8;
+        if let Some(h) = host_forged.ticks[0].host.as_mut() {
+            h.cpu_util_pct = Some(99.5);
+        }
+        let out = store
+            .write_batches(&[node_batch(&a, host_forged)])
+            .await
+            .expect("write");
+        assert_eq!(out.conflicts.len(), 1, "{:?}", out.conflicts);
+        assert!(
+            out.conflicts[0].reason.contains("host sample"),
+            "{}",
+            out.conflicts[0].reason
+        );
+        let hosts = store
+            .host_samples(a.id, ALL_TIME, 100)
+            .await
+            .expect("hosts");
+        assert_eq!(
+            hosts[0].sample, first.ticks[0].host,
+            "the stored host row is kept"
+        );
+
+        // Rows the store keeps in another shape (a host sample with no metric is stored as
+        // none, a cost without figures too) replay as replays.
+        let mut empty = batch(9, T0 + 10_000, 2, &["GPU-a"]);
+        empty.ticks[0].host = Some(HostSample::default());
+        empty.ticks[1].cost = Some(SamplerCost::default());
+        for _ in 0..2 {
+            let out = store
+                .write_batches(&[node_batch(&a, empty.clone())])
+                .await
+                .expect("write");
+            assert!(out.conflicts.is_empty(), "{:?}", out.conflicts);
+        }
+
         // A write made only of a conflict commits nothing and reports it.
         let mut forged = batch(3, T0, 1, &["GPU-a"]);
         forged.ticks[0].gpus[0].energy_mj = Some(5);

@@ -10,8 +10,8 @@
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
 //! - **Idempotent writes**: samples are keyed by (GPU, time), (GPU, time, pid), (node, time);
 //!   events by (node, time, GPU, kind, code). Writing the same batch twice changes nothing.
-//! - **Replays, not conflicts**: a GPU sample whose key is already stored with the same
-//!   values is a replay and is skipped; with other values it is a conflict, and its whole
+//! - **Replays, not conflicts**: a GPU sample or host row whose key is already stored with
+//!   the same values is a replay and is skipped; with other values it is a conflict, and its whole
 //!   batch is left out of the write and reported in [`WriteOutcome::conflicts`] (never
 //!   silently dropped while the batch is acked).
 //! - **A GPU belongs to the node that registered it**: another node's Hello naming it is
@@ -210,8 +210,8 @@ pub struct WriteOutcome {
     pub conflicts: Vec<BatchConflict>,
 }
 
-/// A batch [`Store::write_batches`] did not write: a GPU sample of it has the key of a
-/// stored sample with other values.
+/// A batch [`Store::write_batches`] did not write: a GPU sample or host row of it has the
+/// key of a stored one with other values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchConflict {
     /// Its index in the slice given to `write_batches`.
@@ -284,48 +284,154 @@ pub(crate) fn gpu_spans(rows: &[IncomingGpuRow<'_>]) -> Vec<(i64, UnixMs, UnixMs
     spans.into_iter().map(|(g, (a, b))| (g, a, b)).collect()
 }
 
+/// One host row (host metrics and sampler cost of a tick) a write tried to store.
+#[derive(Debug)]
+pub(crate) struct IncomingHostRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub node: i64,
+    pub ts: UnixMs,
+    /// As the store keeps it: absent when every host metric is absent.
+    pub sample: Option<HostSample>,
+    /// As the store keeps it: absent when it has no figure.
+    pub cost: Option<&'b SamplerCost>,
+}
+
+/// The host rows of `batches` (except the `skip`ped ones), in batch order.
+pub(crate) fn incoming_host_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &std::collections::HashSet<usize>,
+) -> Vec<IncomingHostRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            let sample = t.host.clone().filter(|h| *h != HostSample::default());
+            let cost = t.cost.as_ref().filter(|c| {
+                c.cpu_us.is_some()
+                    || c.wall_us.is_some()
+                    || c.source_us.is_some()
+                    || !c.slowest_calls_us.is_empty()
+            });
+            if t.host.is_some() || t.cost.is_some() {
+                out.push(IncomingHostRow {
+                    batch: i,
+                    node: nb.keys.id.0,
+                    ts: t.time_ms,
+                    sample,
+                    cost,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Per node, the time span of `rows`.
+pub(crate) fn host_spans(rows: &[IncomingHostRow<'_>]) -> Vec<(i64, UnixMs, UnixMs)> {
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for r in rows {
+        let span = spans.entry(r.node).or_insert((r.ts, r.ts));
+        span.0 = span.0.min(r.ts);
+        span.1 = span.1.max(r.ts);
+    }
+    spans.into_iter().map(|(n, (a, b))| (n, a, b)).collect()
+}
+
+/// What a write's conflict check compares: the rows the write tries to store, and the
+/// stored ones with the same keys.
+#[derive(Debug, Default)]
+pub(crate) struct ConflictCheck<'b> {
+    pub gpu: Vec<IncomingGpuRow<'b>>,
+    /// By (GPU id, time).
+    pub stored_gpu: HashMap<(i64, UnixMs), GpuSample>,
+    pub host: Vec<IncomingHostRow<'b>>,
+    /// By (node id, time).
+    pub stored_host: HashMap<(i64, UnixMs), HostRow>,
+}
+
 /// Write rounds before giving up on settling conflicts (a round redoes the write when a
 /// concurrent writer stored conflicting rows between its check and its inserts).
 pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
 
-/// The batches among `rows` (in arrival order) that conflict, given `known`: the stored
-/// rows by (GPU id, time). Batches are taken in order, as if written one by one: a batch
-/// conflicts when one of its samples differs from the stored one or from one of an
-/// earlier accepted batch; an accepted batch's samples join `known`. Read before the
-/// write's inserts this decides; read after them it tells whether every skipped sample
-/// was a replay (then nothing conflicts).
+/// The batches that conflict, given the stored rows in `check`. Batches are taken in
+/// arrival order, as if written one by one: a batch conflicts when one of its GPU samples
+/// or host rows differs from the stored one or from one of an earlier accepted batch; an
+/// accepted batch's rows join the known ones. Read before the write's inserts this
+/// decides; read after them it tells whether every skipped row was a replay (then
+/// nothing conflicts).
 pub(crate) fn find_conflicts(
     batches: &[NodeBatch],
-    rows: &[IncomingGpuRow<'_>],
-    mut known: HashMap<(i64, UnixMs), GpuSample>,
+    check: ConflictCheck<'_>,
 ) -> Vec<BatchConflict> {
+    let ConflictCheck {
+        gpu,
+        stored_gpu: mut known_gpu,
+        host,
+        stored_host: mut known_host,
+    } = check;
     let mut out: Vec<BatchConflict> = Vec::new();
-    for run in rows.chunk_by(|a, b| a.batch == b.batch) {
-        let differs = run.iter().find(|r| {
-            known.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
+    let (mut gpu_runs, mut host_runs) = (
+        gpu.chunk_by(|a, b| a.batch == b.batch).peekable(),
+        host.chunk_by(|a, b| a.batch == b.batch).peekable(),
+    );
+    loop {
+        let next = match (gpu_runs.peek(), host_runs.peek()) {
+            (Some(g), Some(h)) => g[0].batch.min(h[0].batch),
+            (Some(g), None) => g[0].batch,
+            (None, Some(h)) => h[0].batch,
+            (None, None) => break,
+        };
+        let g_run = gpu_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let h_run = host_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let gpu_differs = g_run.iter().find(|r| {
+            known_gpu.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
                 // A stored row carries no UUID: compare everything else.
                 s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
                 s != r.sample
             })
         });
-        match differs {
-            Some(r) => out.push(BatchConflict {
-                index: r.batch,
-                reason: format!(
-                    "GPU {} at {} ms is already stored with other values (another agent \
-                     writing as node {:?}, or the node's clock went back); a replay must \
-                     resend what was sent",
-                    r.sample.gpu_uuid, r.ts, batches[r.batch].keys.name
-                ),
-            }),
-            None => {
-                for r in run {
-                    known
+        let host_differs = h_run.iter().find(|r| {
+            known_host
+                .get(&(r.node, r.ts))
+                .is_some_and(|s| s.sample != r.sample || s.cost.as_ref() != r.cost)
+        });
+        let name = &batches[next].keys.name;
+        let reason = match (gpu_differs, host_differs) {
+            (Some(r), _) => format!(
+                "GPU {} at {} ms is already stored with other values (another agent writing \
+                 as node {name:?}, or the node's clock went back); a replay must resend what \
+                 was sent",
+                r.sample.gpu_uuid, r.ts
+            ),
+            (None, Some(r)) => format!(
+                "the host sample of node {name:?} at {} ms is already stored with other \
+                 values (another agent writing as the node, or its clock went back); a \
+                 replay must resend what was sent",
+                r.ts
+            ),
+            (None, None) => {
+                for r in g_run {
+                    known_gpu
                         .entry((r.gpu, r.ts))
                         .or_insert_with(|| r.sample.clone());
                 }
+                for r in h_run {
+                    known_host.entry((r.node, r.ts)).or_insert_with(|| HostRow {
+                        time_ms: r.ts,
+                        sample: r.sample.clone(),
+                        cost: r.cost.cloned(),
+                    });
+                }
+                continue;
             }
-        }
+        };
+        out.push(BatchConflict {
+            index: next,
+            reason,
+        });
     }
     out
 }
@@ -505,8 +611,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<NodeRecord, StoreError>;
 
     /// Writes validated batches in one transaction and commits. Rows already stored with
-    /// the same values (a replay) are left as they are; a batch with a GPU sample whose
-    /// key is stored with other values is left out whole and listed in
+    /// the same values (a replay) are left as they are; a batch with a GPU sample or host
+    /// row whose key is stored with other values is left out whole and listed in
     /// [`WriteOutcome::conflicts`]. Per node, `last_seen_ms` and `last_acked_seq` become
     /// the maximum of the stored and the new values, and the delivery stats are taken from
     /// the highest seq.

@@ -323,7 +323,7 @@ impl PgStore {
             .await
             .map_err(q("begin a write transaction"))?;
         if checked {
-            let found = gpu_conflicts(&mut tx, batches, skip, None).await?;
+            let found = conflicts_of(&mut tx, batches, skip, None).await?;
             skip.extend(found.iter().map(|c| c.index));
             conflicts.extend(found);
         }
@@ -365,18 +365,19 @@ impl PgStore {
             }
         }
         given.retain(|_, short| *short > 0);
-        if !given.is_empty()
-            && !gpu_conflicts(&mut tx, batches, skip, Some(&given))
+        rows.process.insert(&mut tx, workload_ids).await?;
+        let host_rows = rows.host.ts.len() as u64;
+        let hosts = rows.host.insert(&mut tx).await?;
+        if (!given.is_empty() || hosts < host_rows)
+            && !conflicts_of(&mut tx, batches, skip, Some(&given))
                 .await?
                 .is_empty()
         {
-            // Some skipped samples were not replays: decide which batches conflict
-            // before inserting, in a new transaction.
+            // Some skipped rows were not replays: decide which batches conflict before
+            // inserting, in a new transaction.
             tx.rollback().await.map_err(q("roll back"))?;
             return Ok(Attempt::Recheck);
         }
-        rows.process.insert(&mut tx, workload_ids).await?;
-        rows.host.insert(&mut tx).await?;
         rows.events.insert(&mut tx).await?;
         for (gpu, n) in per_gpu {
             let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
@@ -505,19 +506,22 @@ enum Attempt {
     Recheck,
 }
 
-/// The batches of a write whose GPU samples conflict with the stored ones
-/// ([`super::find_conflicts`]), among the GPUs in `only` (all when `None`).
-async fn gpu_conflicts(
+/// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
+/// host rows conflict with the stored ones ([`super::find_conflicts`]).
+async fn conflicts_of(
     conn: &mut PgConnection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
     only: Option<&HashMap<i32, i64>>,
 ) -> Result<Vec<BatchConflict>, StoreError> {
-    let incoming = super::incoming_gpu_rows(batches, skip, |gpu| {
-        only.is_none_or(|only| i32::try_from(gpu).is_ok_and(|g| only.contains_key(&g)))
-    });
-    let mut stored = HashMap::with_capacity(incoming.len());
-    for (gpu, from, to) in super::gpu_spans(&incoming) {
+    let mut check = super::ConflictCheck {
+        gpu: super::incoming_gpu_rows(batches, skip, |gpu| {
+            only.is_none_or(|only| i32::try_from(gpu).is_ok_and(|g| only.contains_key(&g)))
+        }),
+        host: super::incoming_host_rows(batches, skip),
+        ..Default::default()
+    };
+    for (gpu, from, to) in super::gpu_spans(&check.gpu) {
         let rows = sqlx::query(
             "SELECT '' AS gpu_uuid, * FROM gpu_samples \
              WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
@@ -529,10 +533,27 @@ async fn gpu_conflicts(
         .await
         .map_err(q("read back GPU samples"))?;
         for row in &rows {
-            stored.insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
+            check
+                .stored_gpu
+                .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
         }
     }
-    Ok(super::find_conflicts(batches, &incoming, stored))
+    for (node, from, to) in super::host_spans(&check.host) {
+        let rows = sqlx::query(
+            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(node)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(q("read back host samples"))?;
+        for row in &rows {
+            let host = host_from_row(row)?;
+            check.stored_host.insert((node, host.time_ms), host);
+        }
+    }
+    Ok(super::find_conflicts(batches, check))
 }
 
 /// How a write stores its GPU samples.
@@ -1892,9 +1913,10 @@ impl HostCols {
         Ok(())
     }
 
-    async fn insert(self, conn: &mut PgConnection) -> Result<(), StoreError> {
+    /// Inserts the rows; returns how many were new.
+    async fn insert(self, conn: &mut PgConnection) -> Result<u64, StoreError> {
         if self.ts.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let mut query = sqlx::query(
             "INSERT INTO host_samples (ts_ms, node_id, mem_used_bytes, mem_total_bytes, \
@@ -1916,12 +1938,12 @@ impl HostCols {
         for col in self.cost {
             query = query.bind(col);
         }
-        query
+        Ok(query
             .bind(self.slowest)
             .execute(&mut *conn)
             .await
-            .map_err(q("insert host samples"))?;
-        Ok(())
+            .map_err(q("insert host samples"))?
+            .rows_affected())
     }
 }
 

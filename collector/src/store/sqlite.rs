@@ -188,7 +188,7 @@ impl SqliteStore {
             .await
             .map_err(q("begin a write transaction"))?;
         if checked {
-            let found = gpu_conflicts(&mut tx, batches, skip).await?;
+            let found = conflicts_of(&mut tx, batches, skip).await?;
             skip.extend(found.iter().map(|c| c.index));
             conflicts.extend(found);
         }
@@ -213,20 +213,20 @@ impl SqliteStore {
             tx.rollback().await.map_err(q("roll back"))?;
             return Err(WriteFail::Ambiguous);
         }
-        if inserted.iter().sum::<u64>() < rows.gpu.len() as u64
-            && !gpu_conflicts(&mut tx, batches, skip).await?.is_empty()
-        {
-            // Some skipped samples were not replays: decide which batches conflict
-            // before inserting, in a new transaction.
-            tx.rollback().await.map_err(q("roll back"))?;
-            return Err(WriteFail::Recheck);
-        }
         insert_rows(&mut tx, &PROCESS_SAMPLES, &rows.process, bind_process)
             .await
             .map_err(q("insert process samples"))?;
-        insert_rows(&mut tx, &HOST_SAMPLES, &rows.host, bind_host)
+        let hosts = insert_rows(&mut tx, &HOST_SAMPLES, &rows.host, bind_host)
             .await
             .map_err(q("insert host samples"))?;
+        let skipped =
+            inserted.iter().sum::<u64>() < rows.gpu.len() as u64 || hosts < rows.host.len() as u64;
+        if skipped && !conflicts_of(&mut tx, batches, skip).await?.is_empty() {
+            // Some skipped rows were not replays: decide which batches conflict before
+            // inserting, in a new transaction.
+            tx.rollback().await.map_err(q("roll back"))?;
+            return Err(WriteFail::Recheck);
+        }
         insert_rows(&mut tx, &EVENTS, &rows.events, bind_event)
             .await
             .map_err(q("insert events"))?;
@@ -1238,17 +1238,20 @@ impl<'b> Rows<'b> {
     }
 }
 
-/// The batches of a write whose GPU samples conflict with the stored ones
-/// ([`super::find_conflicts`]): every GPU's rows are read back over the span the write
-/// covers.
-async fn gpu_conflicts(
+/// The batches of a write whose GPU samples or host rows conflict with the stored ones
+/// ([`super::find_conflicts`]): every GPU's and node's rows are read back over the span
+/// the write covers.
+async fn conflicts_of(
     conn: &mut SqliteConnection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
 ) -> Result<Vec<BatchConflict>, StoreError> {
-    let incoming = super::incoming_gpu_rows(batches, skip, |_| true);
-    let mut stored = HashMap::with_capacity(incoming.len());
-    for (gpu, from, to) in super::gpu_spans(&incoming) {
+    let mut check = super::ConflictCheck {
+        gpu: super::incoming_gpu_rows(batches, skip, |_| true),
+        host: super::incoming_host_rows(batches, skip),
+        ..Default::default()
+    };
+    for (gpu, from, to) in super::gpu_spans(&check.gpu) {
         let rows = sqlx::query(
             "SELECT '' AS gpu_uuid, * FROM gpu_samples \
              WHERE gpu_id = ? AND ts_ms BETWEEN ? AND ?",
@@ -1260,10 +1263,26 @@ async fn gpu_conflicts(
         .await
         .map_err(q("read back GPU samples"))?;
         for row in &rows {
-            stored.insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
+            check
+                .stored_gpu
+                .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
         }
     }
-    Ok(super::find_conflicts(batches, &incoming, stored))
+    for (node, from, to) in super::host_spans(&check.host) {
+        let rows =
+            sqlx::query("SELECT * FROM host_samples WHERE node_id = ? AND ts_ms BETWEEN ? AND ?")
+                .bind(node)
+                .bind(from)
+                .bind(to)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(q("read back host samples"))?;
+        for row in &rows {
+            let host = host_from_row(row)?;
+            check.stored_host.insert((node, host.time_ms), host);
+        }
+    }
+    Ok(super::find_conflicts(batches, check))
 }
 
 /// Upserts the workloads that have no id yet and fills their ids in.
