@@ -273,15 +273,16 @@ pub(crate) fn incoming_gpu_rows<'b>(
     out
 }
 
-/// Per GPU, the time span of `rows`: what to read back for the conflict check.
-pub(crate) fn gpu_spans(rows: &[IncomingGpuRow<'_>]) -> Vec<(i64, UnixMs, UnixMs)> {
+/// Per series id (GPU or node), the time span of `keys`: what the conflict check reads
+/// back.
+pub(crate) fn spans(keys: impl Iterator<Item = (i64, UnixMs)>) -> Vec<(i64, UnixMs, UnixMs)> {
     let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
-    for r in rows {
-        let span = spans.entry(r.gpu).or_insert((r.ts, r.ts));
-        span.0 = span.0.min(r.ts);
-        span.1 = span.1.max(r.ts);
+    for (id, ts) in keys {
+        let span = spans.entry(id).or_insert((ts, ts));
+        span.0 = span.0.min(ts);
+        span.1 = span.1.max(ts);
     }
-    spans.into_iter().map(|(g, (a, b))| (g, a, b)).collect()
+    spans.into_iter().map(|(id, (a, b))| (id, a, b)).collect()
 }
 
 /// One host row (host metrics and sampler cost of a tick) a write tried to store.
@@ -327,17 +328,6 @@ pub(crate) fn incoming_host_rows<'b>(
         }
     }
     out
-}
-
-/// Per node, the time span of `rows`.
-pub(crate) fn host_spans(rows: &[IncomingHostRow<'_>]) -> Vec<(i64, UnixMs, UnixMs)> {
-    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
-    for r in rows {
-        let span = spans.entry(r.node).or_insert((r.ts, r.ts));
-        span.0 = span.0.min(r.ts);
-        span.1 = span.1.max(r.ts);
-    }
-    spans.into_iter().map(|(n, (a, b))| (n, a, b)).collect()
 }
 
 /// What a write's conflict check compares: the rows the write tries to store, and the

@@ -521,7 +521,7 @@ async fn conflicts_of(
         host: super::incoming_host_rows(batches, skip),
         ..Default::default()
     };
-    for (gpu, from, to) in super::gpu_spans(&check.gpu) {
+    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
         let rows = sqlx::query(
             "SELECT '' AS gpu_uuid, * FROM gpu_samples \
              WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
@@ -538,7 +538,7 @@ async fn conflicts_of(
                 .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
         }
     }
-    for (node, from, to) in super::host_spans(&check.host) {
+    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
         let rows = sqlx::query(
             "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
         )
