@@ -4,6 +4,8 @@
 //! batch, then whatever else is already queued up to a row budget, writes them all in one
 //! transaction, commits, updates the live state, and only then answers each batch (so an
 //! ack always means durable). Many small batches from many nodes thus share one fsync.
+//! A batch the store left out as a conflict ([`crate::store::WriteOutcome::conflicts`])
+//! is answered with [`StoreError::Conflict`] and is not part of the live state.
 //!
 //! **When the queue is full**, [`WriterHandle::submit`] waits for room. The stream that
 //! submits stops reading its HTTP/2 stream meanwhile, so HTTP/2 flow control pushes back to
