@@ -1,6 +1,6 @@
 //! Settings of the per-client limits on the listeners (`serve` flags): the HTTP header
 //! deadline ([`crate::http_serve`]), the gRPC handshake deadline
-//! ([`crate::conn_limit::accept_h2`]) and the per-address request rates
+//! ([`crate::conn_limit::require_h2_preface`]) and the per-address request rates
 //! ([`crate::rate_limit`]). The connection limit lives with the TLS flags.
 
 use crate::rate_limit::{self, RateQuota};
@@ -16,8 +16,9 @@ pub struct LimitOptions {
     pub http_rate: RateQuota,
     /// New gRPC streams per second per client address.
     pub grpc_stream_rate: RateQuota,
-    /// How long a new plaintext gRPC connection gets to send the HTTP/2 preface
-    /// ([`crate::conn_limit::accept_h2`]).
+    /// How long a new gRPC connection gets to send the HTTP/2 preface (after its TLS
+    /// handshake, with TLS)
+    /// ([`crate::conn_limit::require_h2_preface`]).
     pub grpc_handshake_timeout: Duration,
 }
 
@@ -60,9 +61,9 @@ pub struct LimitArgs {
     /// --grpc-stream-rate-limit applies.
     #[arg(long, env = "GPUFLEET_GRPC_STREAM_RATE_BURST", default_value_t = rate_limit::DEFAULT_GRPC_STREAM_BURST, value_name = "N")]
     pub grpc_stream_rate_burst: u32,
-    /// How long a new plaintext gRPC connection gets to start HTTP/2 (send its preface);
-    /// silent ones are closed, so bare TCP connections cannot hold the per-address
-    /// connection slots. (With TLS, --tls handshakes have their own deadline.)
+    /// How long a new gRPC connection gets to start HTTP/2 (send its preface, after the
+    /// TLS handshake with TLS); silent ones are closed, so bare connections cannot hold
+    /// the per-address connection slots.
     #[arg(long, env = "GPUFLEET_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub grpc_handshake_timeout: Duration,
 }
