@@ -311,7 +311,11 @@ async fn run(
                 }
             }
             msg = rx.recv() => match msg {
-                Ok(c) => accountant.note_commit(&live, &c),
+                Ok(c) => {
+                    // An announcement without its ticks: what it touched is unknown.
+                    accountant.recheck |= c.partial;
+                    accountant.note_commit(&live, &c);
+                }
                 Err(RecvError::Lagged(n)) => {
                     warn!(missed = n, "energy accountant missed commit announcements; rechecking recent minutes");
                     accountant.recheck = true;

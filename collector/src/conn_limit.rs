@@ -4,6 +4,12 @@
 //!
 //! Our own accept loops ([`accept`], and [`crate::tls::accept_tls`]) hand the servers
 //! [`Limited`] streams; each holds a slot that is given back when the connection closes.
+//!
+//! On the gRPC port, [`require_h2_preface`] also closes a connection that has not sent
+//! the HTTP/2 client preface within a deadline (a bare TCP or TLS connection would
+//! otherwise sit in the HTTP/2 server forever, holding its address's slots: keep-alive
+//! pings only start once the preface arrived). After the preface, the gRPC server's
+//! keep-alive pings with a timeout close connections whose peer stopped answering.
 
 use std::collections::HashMap;
 use std::io;
@@ -12,7 +18,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -180,6 +186,123 @@ pub fn accept(
         }
     });
     rx
+}
+
+/// The first bytes of every HTTP/2 connection a client opens with prior knowledge (RFC
+/// 9113 §3.4), as gRPC clients do on a plaintext port.
+pub const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Default for `--grpc-handshake-timeout`.
+pub const DEFAULT_H2_PREFACE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection whose HTTP/2 client preface was read and checked; the server reads the
+/// preface from here first, then the connection.
+#[derive(Debug)]
+pub struct Preface<S> {
+    inner: S,
+    /// How much of [`H2_PREFACE`] the server has read.
+    replayed: usize,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Preface<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(rest) = H2_PREFACE.get(this.replayed..)
+            && !rest.is_empty()
+        {
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Preface<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected for Preface<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+/// For an HTTP/2-only server (gRPC): hands on each connection `rx` yields (plain TCP from
+/// [`accept`], or after its TLS handshake) only once it sent the HTTP/2 client preface,
+/// within `deadline`; one that is silent, too slow, or sends anything else is closed. The
+/// wait happens in a task per connection (their number is bounded by the per-address
+/// limit), so a silent client holds up nobody else.
+pub fn require_h2_preface<S>(
+    mut rx: mpsc::Receiver<(S, SocketAddr)>,
+    deadline: Duration,
+) -> mpsc::Receiver<(Preface<S>, SocketAddr)>
+where
+    S: AsyncRead + Unpin + Send + 'static,
+{
+    let (tx, out) = mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                () = tx.closed() => None,
+                c = rx.recv() => c,
+            };
+            let Some((mut conn, peer)) = conn else { break };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut preface = [0u8; H2_PREFACE.len()];
+                let read = tokio::time::timeout(deadline, conn.read_exact(&mut preface));
+                match read.await {
+                    Ok(Ok(_)) if &preface == H2_PREFACE => {
+                        let conn = Preface {
+                            inner: conn,
+                            replayed: 0,
+                        };
+                        let _ = tx.send((conn, peer)).await;
+                    }
+                    Ok(Ok(_)) => debug!(peer = %peer, "connection closed: not HTTP/2"),
+                    Ok(Err(e)) => {
+                        debug!(peer = %peer, error = %e, "connection closed before its HTTP/2 preface")
+                    }
+                    Err(_) => debug!(peer = %peer, "connection closed: no HTTP/2 preface in time"),
+                }
+            });
+        }
+    });
+    out
 }
 
 #[cfg(test)]

@@ -4,12 +4,16 @@
 //! 1. The first message must be a Hello. It is validated (`decode_hello`), the node and its
 //!    GPUs are registered in the store, and the stream answers `Welcome` (with the highest
 //!    seq already stored, so the agent can trim its spool). A missing or malformed Hello
-//!    ends the call with `INVALID_ARGUMENT` and a message saying why.
+//!    ends the call with `INVALID_ARGUMENT` and a message saying why; a Hello listing a
+//!    GPU another node registered ends it with `PERMISSION_DENIED` naming the GPU.
 //! 2. Each Batch is validated against [`Limits`] and the node's inventory. An invalid batch
 //!    is answered `Reject { retryable: false }` naming the offending field; the stream stays
 //!    open. A valid batch goes to the group-commit writer ([`crate::writer`]) and is
 //!    answered `Ack` only after its transaction committed, or `Reject { UNAVAILABLE,
-//!    retryable: true }` when the store failed. Answers come in the order batches arrived.
+//!    retryable: true }` when the store failed, or `Reject { CONFLICT }` when its samples
+//!    collide with stored ones of other values (not a replay). A seq more than
+//!    [`IngestOptions::max_seq_ahead`] above the node's stored seq is refused
+//!    (`OUT_OF_ORDER`). Answers come in the order batches arrived.
 //!
 //! Backpressure: a stream has at most `max_in_flight` batches waiting for their commit;
 //! beyond that it stops reading, and when the writer's queue is full, submitting waits.
@@ -39,6 +43,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
+/// Default of [`IngestOptions::max_seq_ahead`]: 2^32 batches, decades of an agent's
+/// batches at several a second, far below where a u64 seq could overflow.
+pub const DEFAULT_MAX_SEQ_AHEAD: u64 = 1 << 32;
+
 /// How the ingest service treats agents.
 #[derive(Debug, Clone)]
 pub struct IngestOptions {
@@ -50,6 +58,11 @@ pub struct IngestOptions {
     pub max_in_flight: usize,
     /// How long a new stream may take to send its Hello.
     pub hello_timeout: Duration,
+    /// How far above the node's highest stored seq (as of its Hello) a batch's seq may
+    /// be. An agent numbers new batches just above it (plus what it spooled while
+    /// disconnected); a seq beyond this is refused, so no batch can push the node's
+    /// `last_acked_seq` to an absurd value that its agent's later seqs could not pass.
+    pub max_seq_ahead: u64,
     /// Whether agents must present a token or client certificate ([`crate::identity`]).
     pub agent_auth: crate::identity::AgentAuth,
 }
@@ -61,6 +74,7 @@ impl Default for IngestOptions {
             max_message_bytes: 16 << 20,
             max_in_flight: 16,
             hello_timeout: Duration::from_secs(30),
+            max_seq_ahead: DEFAULT_MAX_SEQ_AHEAD,
             agent_auth: crate::identity::AgentAuth::Auto,
         }
     }
@@ -180,7 +194,11 @@ impl Ingest for IngestService {
             .register_node(&info, &inventory, now_ms())
             .await
             .map_err(|e| {
-                error!(node = %info.node, error = %e, "cannot register node");
+                if let StoreError::GpuOwned { uuid, owner } = &e {
+                    warn!(node = %info.node, peer = %peer, gpu = %uuid, owner = %owner, "node refused: it claims another node's GPU");
+                } else {
+                    error!(node = %info.node, error = %e, "cannot register node");
+                }
                 store_status(&e)
             })?;
         let welcome = pb::Welcome {
@@ -192,6 +210,7 @@ impl Ingest for IngestService {
             collector_version: env!("CARGO_PKG_VERSION").to_owned(),
         };
         let keys = Arc::new(record.keys());
+        let welcome_seq = record.last_acked_seq;
         info!(
             node = %record.name,
             peer = %peer,
@@ -210,6 +229,7 @@ impl Ingest for IngestService {
         let session = Session {
             shared: Arc::clone(&self.shared),
             keys,
+            max_seq: welcome_seq.saturating_add(s.options.max_seq_ahead),
         };
         tokio::spawn(session.run(inbound, out));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -220,6 +240,9 @@ impl Ingest for IngestService {
 struct Session {
     shared: Arc<Shared>,
     keys: Arc<NodeKeys>,
+    /// Highest seq accepted on this stream: the node's stored seq at Hello time plus
+    /// [`IngestOptions::max_seq_ahead`].
+    max_seq: u64,
 }
 
 impl Session {
@@ -289,6 +312,23 @@ impl Session {
         let s = &self.shared;
         let seq = b.seq;
         let keys = &self.keys;
+        if seq > self.max_seq {
+            s.metrics.batches_rejected_seq.fetch_add(1, Relaxed);
+            s.live.rejected(&keys.name);
+            warn!(node = %keys.name, seq, max_seq = self.max_seq, "batch rejected: seq out of range");
+            let reject = pb::Reject {
+                seq,
+                code: pb::RejectCode::OutOfOrder as i32,
+                reason: format!(
+                    "seq {seq} is more than {} above {}, this node's highest stored seq when \
+                     the stream began; number batches upwards from Welcome.last_acked_seq",
+                    s.options.max_seq_ahead,
+                    self.max_seq.saturating_sub(s.options.max_seq_ahead)
+                ),
+                retryable: false,
+            };
+            return send(out, CollectorMsg::Reject(reject)).await.map(|()| None);
+        }
         let known = |uuid: &str| keys.gpus.contains_key(uuid);
         let batch = match decode_batch(b, &s.options.limits, now_ms(), &known) {
             Ok(batch) => batch,
@@ -344,6 +384,16 @@ impl Session {
                 s.metrics.batches_acked.fetch_add(1, Relaxed);
                 CollectorMsg::Ack(pb::Ack { seq })
             }
+            Ok(Err(e)) if matches!(*e, StoreError::Conflict { .. }) => {
+                s.metrics.batches_rejected_conflict.fetch_add(1, Relaxed);
+                s.live.rejected(&self.keys.name);
+                CollectorMsg::Reject(pb::Reject {
+                    seq,
+                    code: pb::RejectCode::Conflict as i32,
+                    reason: e.to_string(),
+                    retryable: false,
+                })
+            }
             Ok(Err(e)) => {
                 s.metrics.batches_rejected_unavailable.fetch_add(1, Relaxed);
                 warn!(node = %self.keys.name, seq, error = %e, "batch not stored; refused as retryable");
@@ -384,6 +434,9 @@ fn unavailable(seq: u64, reason: &str) -> pb::Reject {
 /// A store error as agents see it: what to do, without the database's details (those are
 /// in the collector's log).
 fn store_status(e: &StoreError) -> Status {
+    if let StoreError::GpuOwned { .. } = e {
+        return Status::permission_denied(e.to_string());
+    }
     if e.is_transient() {
         Status::unavailable("the collector's storage is unavailable; retry later")
     } else {

@@ -23,6 +23,7 @@
 //! - [`tls`]: TLS on both listeners (rustls), mTLS, certificate reload.
 //! - [`web_auth`]: dashboard/API login (viewer/admin tokens, session cookies).
 //! - [`web_security`]: security headers (CSP, nosniff, …) on every HTTP response.
+//! - [`rehome`]: `rehome-gpu`, the only way a GPU changes node.
 //! - [`tokens`]: agent tokens (`gft_<id>_<secret>`, stored hashed) and `tokens` commands.
 //! - [`rollups`]: per-minute rollups and retention (`--retain-raw`, `--retain-rollups`).
 //! - [`web`]: the embedded dashboard (`web/`, built by `build.rs`); [`sse`]: its live
@@ -51,6 +52,7 @@ pub mod live;
 pub mod metrics;
 pub mod prometheus;
 pub mod rate_limit;
+pub mod rehome;
 pub mod report;
 pub mod report_api;
 pub mod rollups;

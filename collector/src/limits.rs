@@ -1,5 +1,6 @@
 //! Settings of the per-client limits on the listeners (`serve` flags): the HTTP header
-//! deadline ([`crate::http_serve`]) and the per-address request rates
+//! deadline ([`crate::http_serve`]), the gRPC handshake deadline
+//! ([`crate::conn_limit::require_h2_preface`]) and the per-address request rates
 //! ([`crate::rate_limit`]). The connection limit lives with the TLS flags.
 
 use crate::rate_limit::{self, RateQuota};
@@ -15,6 +16,10 @@ pub struct LimitOptions {
     pub http_rate: RateQuota,
     /// New gRPC streams per second per client address.
     pub grpc_stream_rate: RateQuota,
+    /// How long a new gRPC connection gets to send the HTTP/2 preface (after its TLS
+    /// handshake, with TLS)
+    /// ([`crate::conn_limit::require_h2_preface`]).
+    pub grpc_handshake_timeout: Duration,
 }
 
 impl Default for LimitOptions {
@@ -29,6 +34,7 @@ impl Default for LimitOptions {
                 per_second: rate_limit::DEFAULT_GRPC_STREAM_RATE,
                 burst: rate_limit::DEFAULT_GRPC_STREAM_BURST,
             },
+            grpc_handshake_timeout: crate::conn_limit::DEFAULT_H2_PREFACE_TIMEOUT,
         }
     }
 }
@@ -55,6 +61,11 @@ pub struct LimitArgs {
     /// --grpc-stream-rate-limit applies.
     #[arg(long, env = "GPUFLEET_GRPC_STREAM_RATE_BURST", default_value_t = rate_limit::DEFAULT_GRPC_STREAM_BURST, value_name = "N")]
     pub grpc_stream_rate_burst: u32,
+    /// How long a new gRPC connection gets to start HTTP/2 (send its preface, after the
+    /// TLS handshake with TLS); silent ones are closed, so bare connections cannot hold
+    /// the per-address connection slots.
+    #[arg(long, env = "GPUFLEET_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
+    pub grpc_handshake_timeout: Duration,
 }
 
 /// A duration above zero (a zero header timeout would close every connection).
@@ -78,6 +89,7 @@ impl LimitArgs {
                 per_second: self.grpc_stream_rate_limit,
                 burst: self.grpc_stream_rate_burst,
             },
+            grpc_handshake_timeout: self.grpc_handshake_timeout,
         }
     }
 }

@@ -8,17 +8,28 @@
 //! others' nodes are kept current by [`crate::follow`] ([`Live::followed`]). Each commit is also announced on a broadcast channel
 //! ([`Live::subscribe`]) for live dashboards; a subscriber that falls behind misses
 //! announcements (`RecvError::Lagged`) instead of slowing ingest down.
+//!
+//! Announced batches stay in memory until every subscriber received them, and a lagging
+//! subscriber (a dashboard that stopped reading, a background job in a long pass) leaves
+//! them in the channel's ring until they are overwritten. So the ring is bounded in bytes
+//! as well as in count: past [`ANNOUNCE_BUDGET_BYTES`] of batches not yet received, a
+//! commit is announced without its ticks ([`Announcement::partial`]), and subscribers treat
+//! that as missed announcements (resync, recheck).
 
 use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
 use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 /// Commits announced but not yet received, per subscriber, before it starts missing some.
 const ANNOUNCE_CAPACITY: usize = 1024;
+/// Most bytes of announced batches held for subscribers at once (an estimate, see
+/// [`batch_bytes`]). Measured (BENCHMARKS.md): with only the count bound, a flood of
+/// large batches kept ~250 MiB in the ring.
+pub const ANNOUNCE_BUDGET_BYTES: usize = 32 << 20;
 
 /// The newest sample of one GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,16 +124,70 @@ pub struct Committed {
     pub batch: Batch,
 }
 
+/// What subscribers receive: a commit (it derefs to [`Committed`]), and whether its ticks
+/// were left out.
+#[derive(Debug)]
+pub struct Announcement {
+    commit: Committed,
+    /// The batch's ticks were left out (the announcement budget was spent): subscribers
+    /// must treat this as missed announcements.
+    pub partial: bool,
+    /// Gives the batch's bytes back to the budget when the last subscriber is done.
+    _budget: Option<Budgeted>,
+}
+
+impl std::ops::Deref for Announcement {
+    type Target = Committed;
+
+    fn deref(&self) -> &Committed {
+        &self.commit
+    }
+}
+
+/// Bytes of one announced batch, counted in [`Live::announced_bytes`] while it lives.
+#[derive(Debug)]
+struct Budgeted {
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
+
+impl Drop for Budgeted {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// About how much memory a decoded batch holds.
+pub fn batch_bytes(batch: &Batch) -> usize {
+    use std::mem::size_of;
+    batch
+        .ticks
+        .iter()
+        .map(|t| {
+            size_of::<Tick>()
+                + t.gpus.len() * size_of::<GpuSample>()
+                + t.gpus.iter().map(|g| g.gpu_uuid.len()).sum::<usize>()
+                + t.processes.len() * (size_of::<ProcessSample>() + 256)
+                + t.events
+                    .iter()
+                    .map(|e| size_of::<gpufleet_core::Event>() + e.detail.len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
 /// The live state and its announcement channel. Shared as `Arc<Live>`.
 #[derive(Debug)]
 pub struct Live {
     state: RwLock<LiveState>,
-    announce: broadcast::Sender<Arc<Committed>>,
+    announce: broadcast::Sender<Arc<Announcement>>,
     /// Cancelled when the collector shuts down, so live streams end (see [`Live::close`]).
     closing: CancellationToken,
     /// Set when another collector stored samples older than a node's newest (a replayed
     /// spool): the energy accountant rechecks recent minutes ([`Live::take_late_data`]).
     late_data: AtomicBool,
+    /// Bytes of announced batches some subscriber has not received yet.
+    announced_bytes: Arc<AtomicUsize>,
 }
 
 impl Default for Live {
@@ -138,6 +203,7 @@ impl Live {
             announce: broadcast::channel(ANNOUNCE_CAPACITY).0,
             closing: CancellationToken::new(),
             late_data: AtomicBool::new(false),
+            announced_bytes: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -275,13 +341,39 @@ impl Live {
         self.announce.receiver_count() > 0
     }
 
-    /// Announces a commit to subscribers (none listening is fine).
-    pub fn announce(&self, committed: Committed) {
-        let _ = self.announce.send(Arc::new(committed));
+    /// Announces a commit to subscribers (none listening is fine); without its ticks when
+    /// [`ANNOUNCE_BUDGET_BYTES`] of announced batches are still held for subscribers.
+    pub fn announce(&self, mut commit: Committed) {
+        let bytes = batch_bytes(&commit.batch);
+        let held = self.announced_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let announcement = if held.saturating_add(bytes) > ANNOUNCE_BUDGET_BYTES {
+            self.announced_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            commit.batch.ticks = Vec::new();
+            Announcement {
+                commit,
+                partial: true,
+                _budget: None,
+            }
+        } else {
+            Announcement {
+                commit,
+                partial: false,
+                _budget: Some(Budgeted {
+                    bytes,
+                    total: Arc::clone(&self.announced_bytes),
+                }),
+            }
+        };
+        let _ = self.announce.send(Arc::new(announcement));
+    }
+
+    /// Bytes of announced batches not yet received by every subscriber (an estimate).
+    pub fn announced_bytes(&self) -> usize {
+        self.announced_bytes.load(Ordering::Relaxed)
     }
 
     /// Receives every commit from now on, in commit order.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Committed>> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Announcement>> {
         self.announce.subscribe()
     }
 
@@ -344,5 +436,59 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
                 cost: t.cost.clone(),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of one tick with `gpus` empty GPU samples (about `gpus` × 0.5 KB).
+    fn big_batch(seq: u64, gpus: usize) -> Batch {
+        Batch {
+            seq,
+            ticks: vec![Tick {
+                time_ms: 1,
+                gpus: vec![GpuSample::default(); gpus],
+                ..Tick::default()
+            }],
+            ..Batch::default()
+        }
+    }
+
+    #[test]
+    fn announcements_held_for_a_subscriber_that_does_not_read_are_bounded_in_bytes() {
+        let live = Live::new();
+        let mut stuck = live.subscribe();
+        let one = batch_bytes(&big_batch(0, 2_000));
+        for seq in 0..(2 * ANNOUNCE_BUDGET_BYTES / one) as u64 {
+            live.announce(Committed {
+                node: "n".into(),
+                batch: big_batch(seq, 2_000),
+            });
+            assert!(
+                live.announced_bytes() <= ANNOUNCE_BUDGET_BYTES,
+                "{} bytes held after {seq} announcements",
+                live.announced_bytes()
+            );
+        }
+        // The subscriber gets every commit, the later ones without their ticks.
+        let first = stuck.try_recv().expect("first");
+        assert!(!first.partial && first.batch.ticks.len() == 1);
+        let mut partial = 0;
+        while let Ok(a) = stuck.try_recv() {
+            if a.partial {
+                assert!(a.batch.ticks.is_empty());
+                partial += 1;
+            }
+        }
+        assert!(partial > 0, "the budget was spent");
+        drop(first);
+        assert_eq!(live.announced_bytes(), 0, "all given back once received");
+        live.announce(Committed {
+            node: "n".into(),
+            batch: big_batch(9, 10),
+        });
+        assert!(!stuck.try_recv().expect("next").partial, "room again");
     }
 }

@@ -43,6 +43,9 @@ enum Command {
     Certs(gpufleet_collector::certs::CertsArgs),
     /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
     Tokens(gpufleet_collector::tokens::TokensArgs),
+    /// Give a GPU that really moved to another node (a GPU belongs to the node that
+    /// registered it; other nodes claiming it are refused): `rehome-gpu UUID --to NODE`.
+    RehomeGpu(gpufleet_collector::rehome::RehomeArgs),
     /// Verify stored energy: conservation in every GPU-minute, and rollups equal to what
     /// the raw samples give. Prints every violation; exits non-zero if there is any.
     CheckEnergy(EnergyRangeArgs),
@@ -180,6 +183,11 @@ fn main() -> anyhow::Result<()> {
             let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(out.as_bytes())?;
+            Ok(())
+        }
+        Command::RehomeGpu(args) => {
+            let out = runtime.block_on(gpufleet_collector::rehome::run(args))?;
+            std::io::stdout().lock().write_all(out.as_bytes())?;
             Ok(())
         }
         Command::CheckEnergy(args) => {

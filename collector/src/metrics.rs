@@ -22,6 +22,13 @@ pub struct Metrics {
     pub batches_rejected_too_large: AtomicU64,
     /// Refused because the store failed (`REJECT_CODE_UNAVAILABLE`, retryable).
     pub batches_rejected_unavailable: AtomicU64,
+    /// Refused because rows with the same keys are stored with other values
+    /// (`REJECT_CODE_CONFLICT`): a second agent writing as the node, or a clock that went
+    /// back. Replays of the node's own batches are not conflicts.
+    pub batches_rejected_conflict: AtomicU64,
+    /// Refused because their seq is absurdly far above the node's highest stored seq
+    /// (`REJECT_CODE_OUT_OF_ORDER`).
+    pub batches_rejected_seq: AtomicU64,
     /// GPU samples newly stored (replays excluded).
     pub gpu_samples_ingested: AtomicU64,
     /// Transactions committed by the group-commit writer.

@@ -363,7 +363,7 @@ pub fn render(
     }
 
     type Counter<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], u64);
-    let counters: [Counter<'_>; 7] = [
+    let counters: [Counter<'_>; 9] = [
         (
             "gpufleet_collector_batches_acked_total",
             "Batches acknowledged (committed).",
@@ -387,6 +387,18 @@ pub fn render(
             "",
             &[("reason", "unavailable")],
             metrics.batches_rejected_unavailable.load(Relaxed),
+        ),
+        (
+            "gpufleet_collector_batches_rejected_total",
+            "",
+            &[("reason", "conflict")],
+            metrics.batches_rejected_conflict.load(Relaxed),
+        ),
+        (
+            "gpufleet_collector_batches_rejected_total",
+            "",
+            &[("reason", "seq_out_of_range")],
+            metrics.batches_rejected_seq.load(Relaxed),
         ),
         (
             "gpufleet_collector_gpu_samples_ingested_total",

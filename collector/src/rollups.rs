@@ -281,7 +281,11 @@ pub fn spawn(
                     }
                 }
                 msg = rx.recv() => match msg {
-                    Ok(c) => rollups.note_commit(&live, &c),
+                    Ok(c) => {
+                    // An announcement without its ticks: what it touched is unknown.
+                    rollups.recheck |= c.partial;
+                    rollups.note_commit(&live, &c);
+                }
                     Err(RecvError::Lagged(n)) => {
                         warn!(missed = n, "rollup task missed commit announcements; rechecking recent minutes");
                         rollups.recheck = true;

@@ -241,18 +241,24 @@ pub async fn serve_with_store(
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
         None => {
             // Nodelay is set on accept: acks are small and latency-bound.
-            let rx = conn_limit::accept(grpc, per_ip(), shutdown.clone());
+            let rx = conn_limit::require_h2_preface(
+                conn_limit::accept(grpc, per_ip(), shutdown.clone()),
+                options.limits.grpc_handshake_timeout,
+            );
             let incoming =
                 ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
         Some(tls) => {
-            let rx = tls::accept_tls(
-                grpc,
-                tls,
-                HandshakeLimits::default(),
-                per_ip(),
-                shutdown.clone(),
+            let rx = conn_limit::require_h2_preface(
+                tls::accept_tls(
+                    grpc,
+                    tls,
+                    HandshakeLimits::default(),
+                    per_ip(),
+                    shutdown.clone(),
+                ),
+                options.limits.grpc_handshake_timeout,
             );
             let incoming =
                 ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));

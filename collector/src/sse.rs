@@ -13,7 +13,7 @@
 //! fixed capacity: it skips instead. Streams end when the collector shuts down.
 
 use crate::http::AppState;
-use crate::live::Committed;
+use crate::live::{Announcement, Committed};
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
@@ -112,7 +112,7 @@ fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
 struct Conn {
     st: AppState,
     node: Option<String>,
-    rx: broadcast::Receiver<Arc<Committed>>,
+    rx: broadcast::Receiver<Arc<Announcement>>,
     status: tokio::time::Interval,
 }
 
@@ -127,6 +127,10 @@ impl Conn {
                     Ok(c) => {
                         if self.node.as_deref().is_some_and(|n| n != c.node) {
                             continue;
+                        }
+                        if c.partial {
+                            debug!("live stream: an announcement came without its ticks; asking the client to resync");
+                            return Some(Event::default().event("resync").data("{\"skipped\":1}"));
                         }
                         if let Some(e) = tick_event(&c) {
                             return Some(e);

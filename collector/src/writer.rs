@@ -4,6 +4,8 @@
 //! batch, then whatever else is already queued up to a row budget, writes them all in one
 //! transaction, commits, updates the live state, and only then answers each batch (so an
 //! ack always means durable). Many small batches from many nodes thus share one fsync.
+//! A batch the store left out as a conflict ([`crate::store::WriteOutcome::conflicts`])
+//! is answered with [`StoreError::Conflict`] and is not part of the live state.
 //!
 //! **When the queue is full**, [`WriterHandle::submit`] waits for room. The stream that
 //! submits stops reading its HTTP/2 stream meanwhile, so HTTP/2 flow control pushes back to
@@ -266,6 +268,34 @@ impl Writer {
     ) {
         let total: u64 = outcome.inserted_gpu_samples.values().sum();
         self.metrics.gpu_samples_ingested.fetch_add(total, Relaxed);
+        // Batches the store left out (conflicts) are answered with their reason and are
+        // not part of the live state.
+        let mut refused: HashMap<usize, Arc<StoreError>> = HashMap::new();
+        for c in std::mem::take(&mut outcome.conflicts) {
+            if let Some(nb) = batches.get(c.index) {
+                warn!(node = %nb.keys.name, seq = nb.batch.seq, reason = %c.reason, "batch conflicts with stored samples; refused");
+                refused.insert(
+                    c.index,
+                    Arc::new(StoreError::Conflict {
+                        node: nb.keys.name.clone(),
+                        seq: nb.batch.seq,
+                        reason: c.reason,
+                    }),
+                );
+            }
+        }
+        let (batches, waiters): (Vec<NodeBatch>, Vec<_>) = batches
+            .into_iter()
+            .zip(waiters)
+            .enumerate()
+            .filter_map(|(i, (nb, w))| match refused.remove(&i) {
+                Some(e) => {
+                    let _ = w.send(Err(e));
+                    None
+                }
+                None => Some((nb, w)),
+            })
+            .unzip();
         let announce = self.live.has_subscribers();
         let mut counted: HashSet<NodeId> = HashSet::new();
         for nb in &batches {

@@ -12,7 +12,9 @@ use gpufleet_collector::energy_check;
 use gpufleet_collector::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
-use gpufleet_collector::store::{GpuId, GpuMetric, NodeRecord, Store, TimeRange};
+use gpufleet_collector::store::{
+    GpuId, GpuMetric, NodeRecord, Rehomed, Store, StoreError, TimeRange,
+};
 use gpufleet_core::*;
 use std::sync::Arc;
 
@@ -67,24 +69,228 @@ mod contract {
         assert_eq!(listed, vec![again]);
     }
 
-    pub async fn gpu_moving_to_another_node_leaves_the_first(store: Arc<dyn Store>) {
-        register(
+    pub async fn gpu_of_another_node_is_refused_until_rehomed(store: Arc<dyn Store>) {
+        let a = register(
             &store,
             "node-a",
             vec![gpu_info_sparse("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
         )
         .await;
-        let b = register(&store, "node-b", vec![gpu_info_sparse("GPU-b", 0)]).await;
-        assert_eq!(b.gpus.len(), 1);
-        let nodes = store.nodes().await.expect("nodes");
-        let a = nodes.iter().find(|n| n.name == "node-a").expect("node-a");
-        assert_eq!(
-            a.gpus
-                .iter()
-                .map(|g| g.info.uuid.as_str())
-                .collect::<Vec<_>>(),
-            ["GPU-a"]
+        store
+            .write_batches(&[node_batch(&a, batch(1, T0, 2, &["GPU-a", "GPU-b"]))])
+            .await
+            .expect("a writes its GPUs");
+        let refused = store
+            .register_node(
+                &hello("node-b"),
+                &inventory(vec![
+                    gpu_info_sparse("GPU-x", 0),
+                    gpu_info_sparse("GPU-b", 1),
+                ]),
+                T0 + 1000,
+            )
+            .await
+            .expect_err("node-b claims node-a's GPU");
+        assert!(
+            matches!(&refused, StoreError::GpuOwned { uuid, owner } if uuid == "GPU-b" && owner == "node-a"),
+            "{refused:?}"
         );
+        let nodes = store.nodes().await.expect("nodes");
+        assert_eq!(
+            nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+            ["node-a"],
+            "the refused Hello registered nothing, not even node-b"
+        );
+        assert_eq!(nodes[0].gpus, a.gpus, "node-a keeps both GPUs");
+        // Re-registering node-a (same GPUs) is fine.
+        let again = register(
+            &store,
+            "node-a",
+            vec![gpu_info_sparse("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        assert_eq!(again.gpus.len(), 2);
+
+        // The GPU really moved: the admin re-homes it, with its history.
+        register(&store, "node-b", vec![gpu_info_sparse("GPU-x", 0)]).await;
+        assert_eq!(
+            store.rehome_gpu("GPU-b", "node-c").await.expect("rehome"),
+            Rehomed::UnknownNode
+        );
+        assert_eq!(
+            store.rehome_gpu("GPU-zz", "node-b").await.expect("rehome"),
+            Rehomed::UnknownGpu
+        );
+        assert_eq!(
+            store.rehome_gpu("GPU-b", "node-b").await.expect("rehome"),
+            Rehomed::Moved {
+                from: "node-a".into()
+            }
+        );
+        assert_eq!(
+            store.rehome_gpu("GPU-b", "node-b").await.expect("rehome"),
+            Rehomed::Unchanged
+        );
+        let b = store
+            .register_node(
+                &hello("node-b"),
+                &inventory(vec![
+                    gpu_info_sparse("GPU-x", 0),
+                    gpu_info_sparse("GPU-b", 1),
+                ]),
+                T0 + 2000,
+            )
+            .await
+            .expect("node-b may declare it now");
+        let moved = b
+            .gpus
+            .iter()
+            .find(|g| g.info.uuid == "GPU-b")
+            .expect("GPU-b");
+        assert_eq!(moved.id, a.gpus[1].id, "same GPU, same id");
+        assert_eq!(
+            store
+                .gpu_samples(moved.id, ALL_TIME, 10)
+                .await
+                .expect("history")
+                .len(),
+            2,
+            "its history moved with it"
+        );
+        let err = store
+            .register_node(
+                &hello("node-a"),
+                &inventory(vec![
+                    gpu_info_sparse("GPU-a", 0),
+                    gpu_info_sparse("GPU-b", 1),
+                ]),
+                T0 + 3000,
+            )
+            .await
+            .expect_err("now node-a may not claim it back");
+        assert!(matches!(err, StoreError::GpuOwned { .. }), "{err:?}");
+    }
+
+    pub async fn conflicts_are_left_out_and_replays_are_not(store: Arc<dyn Store>) {
+        let a = register(&store, "node-a", vec![gpu_info_full("GPU-a", 0)]).await;
+        let c = register(&store, "node-c", vec![gpu_info_full("GPU-c", 0)]).await;
+        let first = batch(1, T0, 3, &["GPU-a"]);
+        let out = store
+            .write_batches(&[node_batch(&a, first.clone())])
+            .await
+            .expect("first write");
+        assert!(out.conflicts.is_empty());
+
+        // Same keys, other values (a second agent writing as node-a), next to a replay of
+        // batch 1, a new batch of node-a and another node's batch, all in one write.
+        let mut forged = batch(7, T0 + 1000, 3, &["GPU-a"]);
+        for t in &mut forged.ticks {
+            t.gpus[0].power_mw = Some(1);
+        }
+        let next = batch(2, T0 + 3000, 2, &["GPU-a"]);
+        let other = batch(1, T0, 2, &["GPU-c"]);
+        let out = store
+            .write_batches(&[
+                node_batch(&a, first.clone()),
+                node_batch(&a, forged),
+                node_batch(&a, next),
+                node_batch(&c, other),
+            ])
+            .await
+            .expect("write");
+        assert_eq!(
+            out.conflicts.iter().map(|c| c.index).collect::<Vec<_>>(),
+            [1],
+            "only the forged batch conflicts: {:?}",
+            out.conflicts
+        );
+        assert!(
+            out.conflicts[0].reason.contains("GPU-a")
+                && out.conflicts[0].reason.contains("other values"),
+            "{}",
+            out.conflicts[0].reason
+        );
+        assert_eq!(
+            out.inserted_gpu_samples.get(&a.id),
+            Some(&2),
+            "batch 2 only"
+        );
+        assert_eq!(out.inserted_gpu_samples.get(&c.id), Some(&2));
+
+        let stored = store
+            .gpu_samples(a.gpus[0].id, ALL_TIME, 100)
+            .await
+            .expect("read");
+        assert_eq!(
+            stored.len(),
+            5,
+            "3 + 2: nothing of the forged batch, though its last tick was new"
+        );
+        let expected: Vec<(UnixMs, GpuSample)> = first
+            .ticks
+            .iter()
+            .chain(batch(2, T0 + 3000, 2, &["GPU-a"]).ticks.iter())
+            .map(|t| (t.time_ms, t.gpus[0].clone()))
+            .collect();
+        assert_eq!(
+            stored, expected,
+            "the stored samples are the first writer's"
+        );
+        let nodes = store.nodes().await.expect("nodes");
+        let node_a = nodes.iter().find(|n| n.name == "node-a").expect("a");
+        assert_eq!(
+            node_a.last_acked_seq, 2,
+            "the forged seq 7 was not recorded"
+        );
+        assert_eq!(node_a.stored_samples, 5);
+
+        // The same GPU samples with another host sample at a tick: a conflict too.
+        let mut host_forged = first.clone();
+        host_forged.seq = 8;
+        if let Some(h) = host_forged.ticks[0].host.as_mut() {
+            h.cpu_util_pct = Some(99.5);
+        }
+        let out = store
+            .write_batches(&[node_batch(&a, host_forged)])
+            .await
+            .expect("write");
+        assert_eq!(out.conflicts.len(), 1, "{:?}", out.conflicts);
+        assert!(
+            out.conflicts[0].reason.contains("host sample"),
+            "{}",
+            out.conflicts[0].reason
+        );
+        let hosts = store
+            .host_samples(a.id, ALL_TIME, 100)
+            .await
+            .expect("hosts");
+        assert_eq!(
+            hosts[0].sample, first.ticks[0].host,
+            "the stored host row is kept"
+        );
+
+        // Rows the store keeps in another shape (a host sample with no metric is stored as
+        // none, a cost without figures too) replay as replays.
+        let mut empty = batch(9, T0 + 10_000, 2, &["GPU-a"]);
+        empty.ticks[0].host = Some(HostSample::default());
+        empty.ticks[1].cost = Some(SamplerCost::default());
+        for _ in 0..2 {
+            let out = store
+                .write_batches(&[node_batch(&a, empty.clone())])
+                .await
+                .expect("write");
+            assert!(out.conflicts.is_empty(), "{:?}", out.conflicts);
+        }
+
+        // A write made only of a conflict commits nothing and reports it.
+        let mut forged = batch(3, T0, 1, &["GPU-a"]);
+        forged.ticks[0].gpus[0].energy_mj = Some(5);
+        let out = store
+            .write_batches(&[node_batch(&a, forged)])
+            .await
+            .expect("write");
+        assert_eq!(out.conflicts.len(), 1);
+        assert_eq!(out.inserted_gpu_samples.get(&a.id).copied().unwrap_or(0), 0);
     }
 
     pub async fn batches_read_back_field_for_field(store: Arc<dyn Store>) {
@@ -1219,7 +1425,8 @@ macro_rules! contract_tests {
             use super::*;
             contract_tests!(@each $open;
                 registration_round_trips_inventory,
-                gpu_moving_to_another_node_leaves_the_first,
+                gpu_of_another_node_is_refused_until_rehomed,
+                conflicts_are_left_out_and_replays_are_not,
                 batches_read_back_field_for_field,
                 replaying_a_batch_changes_nothing,
                 last_acked_seq_and_last_seen_only_grow,

@@ -146,7 +146,8 @@ async fn hello_with(
         .map_err(|e| (Code::Unavailable, format!("{e:?}")))?;
     let mut client = IngestClient::new(channel);
     let (tx, rx) = mpsc::channel(8);
-    let msg = hello_message(node, vec![gpu_info_full("GPU-tls-0", 0)]);
+    // A GPU of its own per node: a GPU belongs to the node that registered it.
+    let msg = hello_message(node, vec![gpu_info_full(&format!("GPU-tls-{node}"), 0)]);
     tx.send(msg).await.expect("queue hello");
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     if let Some(auth) = auth {
@@ -323,7 +324,7 @@ async fn a_renewed_certificate_is_served_without_dropping_open_streams() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The stream opened before the renewal still works: a batch on it is acked.
-    let uuid = "GPU-tls-0";
+    let uuid = "GPU-tls-reload-node";
     let batch = common::batch(1, now_ms() - 1_000, 1, &[uuid]);
     open._tx
         .send(pb::AgentMessage {
@@ -510,20 +511,6 @@ async fn sighup_makes_the_collector_binary_serve_the_renewed_certificate() {
         exit.success(),
         "the collector survived SIGHUP and stopped cleanly: {exit}"
     );
-}
-
-/// `tokens add NODE` on the collector's store; returns the printed token.
-async fn add_token(c: &TestCollector, node: &str) -> String {
-    let out = tokens::run_on(
-        c.store.as_ref(),
-        TokensCommand::Add {
-            node: node.to_owned(),
-            role: tokens::Role::Agent,
-        },
-    )
-    .await
-    .expect("tokens add");
-    out.lines().next().expect("token line").to_owned()
 }
 
 fn required(tls: TlsOptions) -> ServeOptions {
@@ -725,6 +712,64 @@ async fn the_http_api_is_served_over_tls_and_refuses_plain_text() {
     assert!(
         !String::from_utf8_lossy(&buf).contains("status"),
         "no API answer over plain text"
+    );
+    c.stop().await;
+}
+
+#[tokio::test]
+async fn a_tls_connection_that_never_starts_http2_is_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let pki = Pki::new();
+    let c = start_collector(ServeOptions {
+        tls: grpc_only(pki.server_files(false)),
+        limits: gpufleet_collector::limits::LimitOptions {
+            grpc_handshake_timeout: Duration::from_millis(300),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let connector = tokio_rustls::TlsConnector::from(rustls_client_trusting(&pki.ca));
+    let tcp = tokio::net::TcpStream::connect(c.grpc)
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut silent = connector.connect(name, tcp).await.expect("handshake");
+    // It finished TLS and then says nothing: closed after the deadline.
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await {
+            Err(_) => panic!("still open after 10 s"),
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(_)) => {}
+        }
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // An agent that speaks at once is served, and its stream outlives the deadline.
+    let mut open = hello(&https_url(&c), pki.client(None), "tls-node")
+        .await
+        .expect("welcome");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let batch = common::batch(1, now_ms() - 1_000, 1, &["GPU-tls-tls-node"]);
+    open._tx
+        .send(pb::AgentMessage {
+            msg: Some(pb::agent_message::Msg::Batch(batch.into())),
+        })
+        .await
+        .expect("send");
+    let answer = tokio::time::timeout(Duration::from_secs(10), open.rx.message())
+        .await
+        .expect("an answer")
+        .expect("stream healthy")
+        .and_then(|m| m.msg);
+    assert!(
+        matches!(answer, Some(pb::collector_message::Msg::Ack(_))),
+        "{answer:?}"
     );
     c.stop().await;
 }

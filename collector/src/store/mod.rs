@@ -10,6 +10,12 @@
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
 //! - **Idempotent writes**: samples are keyed by (GPU, time), (GPU, time, pid), (node, time);
 //!   events by (node, time, GPU, kind, code). Writing the same batch twice changes nothing.
+//! - **Replays, not conflicts**: a GPU sample or host row whose key is already stored with
+//!   the same values is a replay and is skipped; with other values it is a conflict, and its whole
+//!   batch is left out of the write and reported in [`WriteOutcome::conflicts`] (never
+//!   silently dropped while the batch is acked).
+//! - **A GPU belongs to the node that registered it**: another node's Hello naming it is
+//!   refused ([`StoreError::GpuOwned`]); only [`Store::rehome_gpu`] moves it.
 //! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
@@ -67,6 +73,19 @@ pub enum StoreError {
         node: String,
         seq: u64,
         uuid: String,
+    },
+    /// A node declared a GPU that another node registered.
+    #[error(
+        "GPU {uuid} belongs to node {owner:?}; if it really moved, re-home it with \
+         `gpufleet-collector rehome-gpu --db URL {uuid} --to NODE`"
+    )]
+    GpuOwned { uuid: String, owner: String },
+    /// A batch was not written because stored rows with its keys hold other values.
+    #[error("batch {seq} of node {node:?} was not stored: {reason}")]
+    Conflict {
+        node: String,
+        seq: u64,
+        reason: String,
     },
 }
 
@@ -186,6 +205,225 @@ impl NodeBatch {
 pub struct WriteOutcome {
     /// GPU samples newly inserted per node (replayed rows are not counted).
     pub inserted_gpu_samples: HashMap<NodeId, u64>,
+    /// Batches left out of the write because they conflict with stored rows; every other
+    /// batch was committed.
+    pub conflicts: Vec<BatchConflict>,
+}
+
+/// A batch [`Store::write_batches`] did not write: a GPU sample or host row of it has the
+/// key of a stored one with other values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchConflict {
+    /// Its index in the slice given to `write_batches`.
+    pub index: usize,
+    /// What conflicts, for the agent and the log.
+    pub reason: String,
+}
+
+/// What [`Store::rehome_gpu`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rehomed {
+    /// The GPU now belongs to the node; `from` is the node it belonged to.
+    Moved { from: String },
+    /// It already belonged to that node.
+    Unchanged,
+    /// No GPU has that UUID.
+    UnknownGpu,
+    /// No node has that name.
+    UnknownNode,
+}
+
+/// One GPU sample a write tried to store, with where it came from: what the conflict
+/// check compares with the stored row of the same key.
+#[derive(Debug)]
+pub(crate) struct IncomingGpuRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub gpu: i64,
+    pub ts: UnixMs,
+    pub sample: &'b GpuSample,
+}
+
+/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
+pub(crate) fn incoming_gpu_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &std::collections::HashSet<usize>,
+    want: impl Fn(i64) -> bool,
+) -> Vec<IncomingGpuRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            for s in &t.gpus {
+                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
+                    && want(gpu.0)
+                {
+                    out.push(IncomingGpuRow {
+                        batch: i,
+                        gpu: gpu.0,
+                        ts: t.time_ms,
+                        sample: s,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per series id (GPU or node), the time span of `keys`: what the conflict check reads
+/// back.
+pub(crate) fn spans(keys: impl Iterator<Item = (i64, UnixMs)>) -> Vec<(i64, UnixMs, UnixMs)> {
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for (id, ts) in keys {
+        let span = spans.entry(id).or_insert((ts, ts));
+        span.0 = span.0.min(ts);
+        span.1 = span.1.max(ts);
+    }
+    spans.into_iter().map(|(id, (a, b))| (id, a, b)).collect()
+}
+
+/// One host row (host metrics and sampler cost of a tick) a write tried to store.
+#[derive(Debug)]
+pub(crate) struct IncomingHostRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub node: i64,
+    pub ts: UnixMs,
+    /// As the store keeps it: absent when every host metric is absent.
+    pub sample: Option<HostSample>,
+    /// As the store keeps it: absent when it has no figure.
+    pub cost: Option<&'b SamplerCost>,
+}
+
+/// The host rows of `batches` (except the `skip`ped ones), in batch order.
+pub(crate) fn incoming_host_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &std::collections::HashSet<usize>,
+) -> Vec<IncomingHostRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            let sample = t.host.clone().filter(|h| *h != HostSample::default());
+            let cost = t.cost.as_ref().filter(|c| {
+                c.cpu_us.is_some()
+                    || c.wall_us.is_some()
+                    || c.source_us.is_some()
+                    || !c.slowest_calls_us.is_empty()
+            });
+            if t.host.is_some() || t.cost.is_some() {
+                out.push(IncomingHostRow {
+                    batch: i,
+                    node: nb.keys.id.0,
+                    ts: t.time_ms,
+                    sample,
+                    cost,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What a write's conflict check compares: the rows the write tries to store, and the
+/// stored ones with the same keys.
+#[derive(Debug, Default)]
+pub(crate) struct ConflictCheck<'b> {
+    pub gpu: Vec<IncomingGpuRow<'b>>,
+    /// By (GPU id, time).
+    pub stored_gpu: HashMap<(i64, UnixMs), GpuSample>,
+    pub host: Vec<IncomingHostRow<'b>>,
+    /// By (node id, time).
+    pub stored_host: HashMap<(i64, UnixMs), HostRow>,
+}
+
+/// Write rounds before giving up on settling conflicts (a round redoes the write when a
+/// concurrent writer stored conflicting rows between its check and its inserts).
+pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
+
+/// The batches that conflict, given the stored rows in `check`. Batches are taken in
+/// arrival order, as if written one by one: a batch conflicts when one of its GPU samples
+/// or host rows differs from the stored one or from one of an earlier accepted batch; an
+/// accepted batch's rows join the known ones. Read before the write's inserts this
+/// decides; read after them it tells whether every skipped row was a replay (then
+/// nothing conflicts).
+pub(crate) fn find_conflicts(
+    batches: &[NodeBatch],
+    check: ConflictCheck<'_>,
+) -> Vec<BatchConflict> {
+    let ConflictCheck {
+        gpu,
+        stored_gpu: mut known_gpu,
+        host,
+        stored_host: mut known_host,
+    } = check;
+    let mut out: Vec<BatchConflict> = Vec::new();
+    let (mut gpu_runs, mut host_runs) = (
+        gpu.chunk_by(|a, b| a.batch == b.batch).peekable(),
+        host.chunk_by(|a, b| a.batch == b.batch).peekable(),
+    );
+    loop {
+        let next = match (gpu_runs.peek(), host_runs.peek()) {
+            (Some(g), Some(h)) => g[0].batch.min(h[0].batch),
+            (Some(g), None) => g[0].batch,
+            (None, Some(h)) => h[0].batch,
+            (None, None) => break,
+        };
+        let g_run = gpu_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let h_run = host_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let gpu_differs = g_run.iter().find(|r| {
+            known_gpu.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
+                // A stored row carries no UUID: compare everything else.
+                s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
+                s != r.sample
+            })
+        });
+        let host_differs = h_run.iter().find(|r| {
+            known_host
+                .get(&(r.node, r.ts))
+                .is_some_and(|s| s.sample != r.sample || s.cost.as_ref() != r.cost)
+        });
+        let name = &batches[next].keys.name;
+        let reason = match (gpu_differs, host_differs) {
+            (Some(r), _) => format!(
+                "GPU {} at {} ms is already stored with other values (another agent writing \
+                 as node {name:?}, or the node's clock went back); a replay must resend what \
+                 was sent",
+                r.sample.gpu_uuid, r.ts
+            ),
+            (None, Some(r)) => format!(
+                "the host sample of node {name:?} at {} ms is already stored with other \
+                 values (another agent writing as the node, or its clock went back); a \
+                 replay must resend what was sent",
+                r.ts
+            ),
+            (None, None) => {
+                for r in g_run {
+                    known_gpu
+                        .entry((r.gpu, r.ts))
+                        .or_insert_with(|| r.sample.clone());
+                }
+                for r in h_run {
+                    known_host.entry((r.node, r.ts)).or_insert_with(|| HostRow {
+                        time_ms: r.ts,
+                        sample: r.sample.clone(),
+                        cost: r.cost.cloned(),
+                    });
+                }
+                continue;
+            }
+        };
+        out.push(BatchConflict {
+            index: next,
+            reason,
+        });
+    }
+    out
 }
 
 /// The newest stored sample of one GPU, with the processes seen at that tick.
@@ -352,8 +590,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Creates or updates a node and its GPUs from a Hello (`now_ms` is the collector's
-    /// clock) and returns the node as stored. A GPU UUID already registered elsewhere moves
-    /// to this node.
+    /// clock) and returns the node as stored. A GPU UUID registered by another node is
+    /// refused with [`StoreError::GpuOwned`] and nothing is changed: a GPU moves only by
+    /// [`Store::rehome_gpu`].
     async fn register_node(
         &self,
         hello: &HelloInfo,
@@ -361,11 +600,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         now_ms: UnixMs,
     ) -> Result<NodeRecord, StoreError>;
 
-    /// Writes validated batches in one transaction and commits. Rows already stored (a
-    /// replay) are left as they are. Per node, `last_seen_ms` and `last_acked_seq` become
+    /// Writes validated batches in one transaction and commits. Rows already stored with
+    /// the same values (a replay) are left as they are; a batch with a GPU sample or host
+    /// row whose key is stored with other values is left out whole and listed in
+    /// [`WriteOutcome::conflicts`]. Per node, `last_seen_ms` and `last_acked_seq` become
     /// the maximum of the stored and the new values, and the delivery stats are taken from
     /// the highest seq.
     async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError>;
+
+    /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
+    /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
+    /// list of their Hello: the new owner's agent writes it from its next Hello.
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError>;
 
     /// Every node with its inventory, by name.
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;

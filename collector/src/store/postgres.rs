@@ -16,9 +16,9 @@
 //! whole partitions are dropped, never rows deleted.
 
 use super::{
-    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
-    NodeId, NodeRecord, SeriesPoint, Store, StoreError, TimeRange, WriteOutcome, decode_nvlinks,
-    encode_nvlinks, redact_url,
+    AgentTokenRecord, BatchConflict, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost,
+    NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, Store, StoreError, TimeRange,
+    WriteOutcome, decode_nvlinks, encode_nvlinks, redact_url,
 };
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
@@ -277,34 +277,68 @@ impl PgStore {
     /// if any of them was already stored (a replay after a lost ack, or a duplicate within
     /// the group), the transaction failed whole and the write is redone with
     /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
+    ///
+    /// The `ON CONFLICT` write then tells replays from conflicts: a GPU whose samples were
+    /// not all inserted has its rows read back and compared; batches whose samples differ
+    /// from the stored ones are left out and the write is redone without them.
     async fn write_any(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
-        match self.write_once(batches, GpuPath::Copy).await {
-            Err(e) if is_copy_duplicate(&e) => {
-                debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
-                self.write_once(batches, GpuPath::Merge).await
+        let mut path = GpuPath::Copy;
+        let mut skip = HashSet::new();
+        let mut conflicts = Vec::new();
+        let mut checked = false;
+        // Copy, then merge, then merge checking conflicts first: only a concurrent writer
+        // of the same GPUs could make the checked rounds repeat.
+        for _ in 0..=super::MAX_WRITE_ROUNDS {
+            match self
+                .write_once(batches, path, &mut skip, &mut conflicts, checked)
+                .await
+            {
+                Err(e) if path == GpuPath::Copy && is_copy_duplicate(&e) => {
+                    debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
+                    path = GpuPath::Merge;
+                }
+                Err(e) => return Err(e),
+                Ok(Attempt::Done(mut outcome)) => {
+                    outcome.conflicts = conflicts;
+                    return Ok(outcome);
+                }
+                Ok(Attempt::Recheck) => checked = true,
             }
-            other => other,
         }
+        Err(StoreError::Corrupt(
+            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
+        ))
     }
 
-    /// One attempt at [`Store::write_batches`], GPU samples written the `path` way.
+    /// One attempt at [`Store::write_batches`] without the `skip`ped batches, GPU samples
+    /// written the `path` way. When `checked`, the stored rows are compared with the
+    /// batches' before anything is inserted, and the conflicting ones join `skip` and
+    /// `conflicts`.
     async fn write_once(
         &self,
         batches: &[NodeBatch],
         path: GpuPath,
-    ) -> Result<WriteOutcome, StoreError> {
-        let mut rows = {
-            let cache = self
-                .workloads
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Rows::collect(batches, &cache)?
-        };
+        skip: &mut HashSet<usize>,
+        conflicts: &mut Vec<BatchConflict>,
+        checked: bool,
+    ) -> Result<Attempt, StoreError> {
         let mut tx = self
             .pool
             .begin()
             .await
             .map_err(q("begin a write transaction"))?;
+        if checked {
+            let found = conflicts_of(&mut tx, batches, skip, None).await?;
+            skip.extend(found.iter().map(|c| c.index));
+            conflicts.extend(found);
+        }
+        let mut rows = {
+            let cache = self
+                .workloads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Rows::collect(batches, skip, &cache)?
+        };
         upsert_workloads(&mut tx, &mut rows.workloads).await?;
         let workload_ids = rows
             .process_slot
@@ -318,12 +352,37 @@ impl PgStore {
                 })
             })
             .collect::<Result<Vec<i64>, _>>()?;
+        // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
+        let mut given: HashMap<i32, i64> = HashMap::new();
+        if path == GpuPath::Merge {
+            for &gpu in &rows.gpu.gpu {
+                *given.entry(gpu).or_default() += 1;
+            }
+        }
         let per_gpu = match path {
             GpuPath::Copy => rows.gpu.copy(&mut tx).await?,
             GpuPath::Merge => rows.gpu.insert(&mut tx).await?,
         };
+        // GPUs some of whose samples were skipped: replays, or conflicts.
+        for &(gpu, n) in &per_gpu {
+            if let Some(g) = given.get_mut(&gpu) {
+                *g -= n;
+            }
+        }
+        given.retain(|_, short| *short > 0);
         rows.process.insert(&mut tx, workload_ids).await?;
-        rows.host.insert(&mut tx).await?;
+        let host_rows = rows.host.ts.len() as u64;
+        let hosts = rows.host.insert(&mut tx).await?;
+        if (!given.is_empty() || hosts < host_rows)
+            && !conflicts_of(&mut tx, batches, skip, Some(&given))
+                .await?
+                .is_empty()
+        {
+            // Some skipped rows were not replays: decide which batches conflict before
+            // inserting, in a new transaction.
+            tx.rollback().await.map_err(q("roll back"))?;
+            return Ok(Attempt::Recheck);
+        }
         rows.events.insert(&mut tx).await?;
         for (gpu, n) in per_gpu {
             let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
@@ -341,7 +400,7 @@ impl PgStore {
                 .entry(NodeId(node.id))
                 .or_default() += node.inserted;
         }
-        Ok(outcome)
+        Ok(Attempt::Done(outcome))
     }
 
     fn cache_workloads(&self, slots: &[WorkloadSlot<'_>]) {
@@ -443,6 +502,63 @@ fn parse_bound(bound: &str) -> Result<(Option<i64>, Option<i64>), StoreError> {
             .map_err(|_| StoreError::Corrupt(format!("partition bound {bound:?}")))
     };
     Ok((value("FROM (")?, value("TO (")?))
+}
+
+/// How one write attempt ended.
+enum Attempt {
+    Done(WriteOutcome),
+    /// Rolled back: skipped GPU samples were not all replays; redo checking first.
+    Recheck,
+}
+
+/// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
+/// host rows conflict with the stored ones ([`super::find_conflicts`]).
+async fn conflicts_of(
+    conn: &mut PgConnection,
+    batches: &[NodeBatch],
+    skip: &HashSet<usize>,
+    only: Option<&HashMap<i32, i64>>,
+) -> Result<Vec<BatchConflict>, StoreError> {
+    let mut check = super::ConflictCheck {
+        gpu: super::incoming_gpu_rows(batches, skip, |gpu| {
+            only.is_none_or(|only| i32::try_from(gpu).is_ok_and(|g| only.contains_key(&g)))
+        }),
+        host: super::incoming_host_rows(batches, skip),
+        ..Default::default()
+    };
+    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
+        let rows = sqlx::query(
+            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
+             WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(gpu_i32(gpu)?)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(q("read back GPU samples"))?;
+        for row in &rows {
+            check
+                .stored_gpu
+                .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
+        }
+    }
+    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
+        let rows = sqlx::query(
+            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(node)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(q("read back host samples"))?;
+        for row in &rows {
+            let host = host_from_row(row)?;
+            check.stored_host.insert((node, host.time_ms), host);
+        }
+    }
+    Ok(super::find_conflicts(batches, check))
 }
 
 /// How a write stores its GPU samples.
@@ -555,7 +671,7 @@ impl Store for PgStore {
                    vbios_version, mig_instances, first_seen_ms) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
                    $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
-                 ON CONFLICT (uuid) DO UPDATE SET node_id = excluded.node_id, \
+                 ON CONFLICT (uuid) DO UPDATE SET \
                    gpu_index = excluded.gpu_index, name = excluded.name, \
                    serial = excluded.serial, pci_bus_id = excluded.pci_bus_id, \
                    architecture = excluded.architecture, brand = excluded.brand, \
@@ -575,7 +691,8 @@ impl Store for PgStore {
                    pcie_link_gen_max = excluded.pcie_link_gen_max, \
                    pcie_link_width_max = excluded.pcie_link_width_max, \
                    vbios_version = excluded.vbios_version, \
-                   mig_instances = excluded.mig_instances",
+                   mig_instances = excluded.mig_instances \
+                 WHERE gpus.node_id = excluded.node_id",
             )
             .bind(node_id)
             .bind(g.uuid.as_str())
@@ -607,6 +724,22 @@ impl Store for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(q("upsert a GPU"))?;
+            let owner: Option<String> = sqlx::query_scalar(
+                "SELECT n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 WHERE g.uuid = $1 AND g.node_id <> $2",
+            )
+            .bind(g.uuid.as_str())
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("check a GPU's owner"))?;
+            if let Some(owner) = owner {
+                // Dropping the transaction rolls the node's registration back.
+                return Err(StoreError::GpuOwned {
+                    uuid: g.uuid.clone(),
+                    owner,
+                });
+            }
         }
         let node = Self::load_node(&mut tx, NodeId(node_id)).await?;
         tx.commit().await.map_err(q("commit a node registration"))?;
@@ -641,6 +774,40 @@ impl Store for PgStore {
             }
             other => other,
         }
+    }
+
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(q("begin a transaction"))?;
+        let to_id: Option<i64> = sqlx::query_scalar("SELECT id FROM nodes WHERE name = $1")
+            .bind(to)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("find a node"))?;
+        let Some(to_id) = to_id else {
+            return Ok(Rehomed::UnknownNode);
+        };
+        let from: Option<(i64, String)> = sqlx::query_as(
+            "SELECT g.node_id, n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+             WHERE g.uuid = $1 FOR UPDATE OF g",
+        )
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(q("find a GPU's node"))?;
+        let Some((from_id, from)) = from else {
+            return Ok(Rehomed::UnknownGpu);
+        };
+        if from_id == to_id {
+            return Ok(Rehomed::Unchanged);
+        }
+        sqlx::query("UPDATE gpus SET node_id = $1 WHERE uuid = $2")
+            .bind(to_id)
+            .bind(uuid)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("re-home a GPU"))?;
+        tx.commit().await.map_err(q("commit a GPU's move"))?;
+        Ok(Rehomed::Moved { from })
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -1314,9 +1481,10 @@ struct Rows<'b> {
 impl<'b> Rows<'b> {
     fn collect(
         batches: &'b [NodeBatch],
+        skip: &HashSet<usize>,
         cache: &HashMap<Workload, i64>,
     ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).collect();
+        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
         order.sort_by_key(|&i| batches[i].keys.id);
         let mut rows = Rows {
             gpu: GpuCols::default(),
@@ -1754,9 +1922,10 @@ impl HostCols {
         Ok(())
     }
 
-    async fn insert(self, conn: &mut PgConnection) -> Result<(), StoreError> {
+    /// Inserts the rows; returns how many were new.
+    async fn insert(self, conn: &mut PgConnection) -> Result<u64, StoreError> {
         if self.ts.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let mut query = sqlx::query(
             "INSERT INTO host_samples (ts_ms, node_id, mem_used_bytes, mem_total_bytes, \
@@ -1778,12 +1947,12 @@ impl HostCols {
         for col in self.cost {
             query = query.bind(col);
         }
-        query
+        Ok(query
             .bind(self.slowest)
             .execute(&mut *conn)
             .await
-            .map_err(q("insert host samples"))?;
-        Ok(())
+            .map_err(q("insert host samples"))?
+            .rows_affected())
     }
 }
 

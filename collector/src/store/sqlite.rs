@@ -15,9 +15,9 @@
 //! and types are bound by this module.
 
 use super::{
-    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
-    NodeId, NodeRecord, SeriesPoint, Store, StoreError, TimeRange, WriteOutcome, decode_nvlinks,
-    encode_nvlinks, redact_url,
+    AgentTokenRecord, BatchConflict, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost,
+    NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, Store, StoreError, TimeRange,
+    WriteOutcome, decode_nvlinks, encode_nvlinks, redact_url,
 };
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
@@ -31,7 +31,7 @@ use sqlx::sqlite::{
     SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Arguments, AssertSqlSafe, Row, SqlSafeStr, Sqlite};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -97,6 +97,13 @@ pub struct SqliteStore {
     /// Job leases ([`super::lease`]): a lock file beside the database file, or in-process
     /// locks for an in-memory database.
     leases: Leases,
+    /// Taken by each of this process's big write transactions (group commits, node
+    /// registrations, rollups, energy minutes, each retention delete) for its duration. SQLite admits one writer
+    /// at a time and makes the others poll with sleeps (the busy timeout), which is not
+    /// fair: back-to-back retention deletes won nearly every race and the group-commit
+    /// writer waited seconds. This queue is first come, first served, so a commit waits
+    /// for at most the transaction ahead of it.
+    write_gate: tokio::sync::Mutex<()>,
 }
 
 /// Where a SQLite store's job leases live.
@@ -163,28 +170,40 @@ impl SqliteStore {
             pool,
             workloads: Mutex::new(HashMap::new()),
             leases,
+            write_gate: tokio::sync::Mutex::new(()),
         })
     }
 
     /// One attempt at [`Store::write_batches`]: one transaction, GPU rows packed as
-    /// `packing` says.
+    /// `packing` says, without the `skip`ped batches. When `checked`, the stored rows are
+    /// compared with the batches' before anything is inserted, and the conflicting ones
+    /// join `skip` and `conflicts`.
     async fn write_once(
         &self,
         batches: &[NodeBatch],
         packing: Packing,
+        skip: &mut HashSet<usize>,
+        conflicts: &mut Vec<BatchConflict>,
+        checked: bool,
     ) -> Result<WriteOutcome, WriteFail> {
-        let mut rows = {
-            let cache = self
-                .workloads
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Rows::collect(batches, &cache)?
-        };
+        let _turn = self.write_gate.lock().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(q("begin a write transaction"))?;
+        if checked {
+            let found = conflicts_of(&mut tx, batches, skip).await?;
+            skip.extend(found.iter().map(|c| c.index));
+            conflicts.extend(found);
+        }
+        let mut rows = {
+            let cache = self
+                .workloads
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Rows::collect(batches, skip, &cache)?
+        };
         upsert_workloads(&mut tx, &mut rows.workloads).await?;
         for r in &mut rows.process {
             r.workload = rows.workloads[r.slot].id.ok_or_else(|| {
@@ -202,9 +221,17 @@ impl SqliteStore {
         insert_rows(&mut tx, &PROCESS_SAMPLES, &rows.process, bind_process)
             .await
             .map_err(q("insert process samples"))?;
-        insert_rows(&mut tx, &HOST_SAMPLES, &rows.host, bind_host)
+        let hosts = insert_rows(&mut tx, &HOST_SAMPLES, &rows.host, bind_host)
             .await
             .map_err(q("insert host samples"))?;
+        let skipped =
+            inserted.iter().sum::<u64>() < rows.gpu.len() as u64 || hosts < rows.host.len() as u64;
+        if skipped && !conflicts_of(&mut tx, batches, skip).await?.is_empty() {
+            // Some skipped rows were not replays: decide which batches conflict before
+            // inserting, in a new transaction.
+            tx.rollback().await.map_err(q("roll back"))?;
+            return Err(WriteFail::Recheck);
+        }
         insert_rows(&mut tx, &EVENTS, &rows.events, bind_event)
             .await
             .map_err(q("insert events"))?;
@@ -283,6 +310,7 @@ impl Store for SqliteStore {
     ) -> Result<NodeRecord, StoreError> {
         let labels = serde_json::to_string(&hello.labels)
             .map_err(|e| StoreError::Corrupt(format!("labels do not serialize: {e}")))?;
+        let _turn = self.write_gate.lock().await;
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
@@ -337,7 +365,7 @@ impl Store for SqliteStore {
                    vbios_version, mig_instances, first_seen_ms) \
                  VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, \
                    ?, ?, ?) \
-                 ON CONFLICT (uuid) DO UPDATE SET node_id = excluded.node_id, \
+                 ON CONFLICT (uuid) DO UPDATE SET \
                    gpu_index = excluded.gpu_index, name = excluded.name, \
                    serial = excluded.serial, pci_bus_id = excluded.pci_bus_id, \
                    architecture = excluded.architecture, brand = excluded.brand, \
@@ -357,7 +385,8 @@ impl Store for SqliteStore {
                    pcie_link_gen_max = excluded.pcie_link_gen_max, \
                    pcie_link_width_max = excluded.pcie_link_width_max, \
                    vbios_version = excluded.vbios_version, \
-                   mig_instances = excluded.mig_instances",
+                   mig_instances = excluded.mig_instances \
+                 WHERE gpus.node_id = excluded.node_id",
             )
             .bind(node_id)
             .bind(g.uuid.as_str())
@@ -389,6 +418,22 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(q("upsert a GPU"))?;
+            let owner: Option<String> = sqlx::query_scalar(
+                "SELECT n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 WHERE g.uuid = ? AND g.node_id <> ?",
+            )
+            .bind(g.uuid.as_str())
+            .bind(node_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("check a GPU's owner"))?;
+            if let Some(owner) = owner {
+                // Dropping the transaction rolls the node's registration back.
+                return Err(StoreError::GpuOwned {
+                    uuid: g.uuid.clone(),
+                    owner,
+                });
+            }
         }
         let node = Self::load_node(&mut tx, NodeId(node_id)).await?;
         tx.commit().await.map_err(q("commit a node registration"))?;
@@ -399,18 +444,74 @@ impl Store for SqliteStore {
         if batches.is_empty() {
             return Ok(WriteOutcome::default());
         }
-        let retry = match self.write_once(batches, Packing::AcrossNodes).await {
-            Ok(outcome) => return Ok(outcome),
-            Err(WriteFail::Store(e)) => return Err(e),
-            Err(WriteFail::Ambiguous) => Packing::PerNode,
-        };
-        match self.write_once(batches, retry).await {
-            Ok(outcome) => Ok(outcome),
-            Err(WriteFail::Store(e)) => Err(e),
-            Err(WriteFail::Ambiguous) => Err(StoreError::Corrupt(
-                "per-node statements reported shared rows".into(),
-            )),
+        let mut packing = Packing::AcrossNodes;
+        let mut skip = HashSet::new();
+        let mut conflicts = Vec::new();
+        let mut checked = false;
+        // A round commits, or switches to per-node statements (once), or to checking
+        // conflicts first: only a concurrent writer could make the checked rounds repeat.
+        for _ in 0..super::MAX_WRITE_ROUNDS {
+            match self
+                .write_once(batches, packing, &mut skip, &mut conflicts, checked)
+                .await
+            {
+                Ok(mut outcome) => {
+                    outcome.conflicts = conflicts;
+                    return Ok(outcome);
+                }
+                Err(WriteFail::Store(e)) => return Err(e),
+                Err(WriteFail::Ambiguous) if packing == Packing::AcrossNodes => {
+                    packing = Packing::PerNode;
+                }
+                Err(WriteFail::Ambiguous) => {
+                    return Err(StoreError::Corrupt(
+                        "per-node statements reported shared rows".into(),
+                    ));
+                }
+                Err(WriteFail::Recheck) => checked = true,
+            }
         }
+        Err(StoreError::Corrupt(
+            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
+        ))
+    }
+
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(q("begin a transaction"))?;
+        let to_id: Option<i64> = sqlx::query_scalar("SELECT id FROM nodes WHERE name = ?")
+            .bind(to)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(q("find a node"))?;
+        let Some(to_id) = to_id else {
+            return Ok(Rehomed::UnknownNode);
+        };
+        let from: Option<(i64, String)> = sqlx::query_as(
+            "SELECT g.node_id, n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+             WHERE g.uuid = ?",
+        )
+        .bind(uuid)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(q("find a GPU's node"))?;
+        let Some((from_id, from)) = from else {
+            return Ok(Rehomed::UnknownGpu);
+        };
+        if from_id == to_id {
+            return Ok(Rehomed::Unchanged);
+        }
+        sqlx::query("UPDATE gpus SET node_id = ? WHERE uuid = ?")
+            .bind(to_id)
+            .bind(uuid)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("re-home a GPU"))?;
+        tx.commit().await.map_err(q("commit a GPU's move"))?;
+        Ok(Rehomed::Moved { from })
     }
 
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -750,6 +851,7 @@ impl Store for SqliteStore {
         minutes: &[crate::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
+        let _turn = self.write_gate.lock().await;
         energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
     }
 
@@ -805,6 +907,7 @@ impl Store for SqliteStore {
         to_ms: UnixMs,
         done_to_ms: Option<UnixMs>,
     ) -> Result<usize, StoreError> {
+        let _turn = self.write_gate.lock().await;
         rollup::replace_rollups(&self.pool, key, from_ms, to_ms, done_to_ms).await
     }
 
@@ -853,7 +956,7 @@ impl Store for SqliteStore {
         cutoff_ms: UnixMs,
         batch_rows: usize,
     ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        rollup::expire_raw_before(&self.pool, cutoff_ms, batch_rows).await
+        rollup::expire_raw_before(&self.pool, &self.write_gate, cutoff_ms, batch_rows).await
     }
 
     async fn expire_rollups_before(
@@ -861,7 +964,7 @@ impl Store for SqliteStore {
         cutoff_ms: UnixMs,
         batch_rows: usize,
     ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        rollup::expire_rollups_before(&self.pool, cutoff_ms, batch_rows).await
+        rollup::expire_rollups_before(&self.pool, &self.write_gate, cutoff_ms, batch_rows).await
     }
 
     // ---- carbon (issue 7)
@@ -987,6 +1090,8 @@ enum WriteFail {
     Store(StoreError),
     /// A statement shared by several nodes met replayed rows (see [`Packing`]).
     Ambiguous,
+    /// Skipped GPU samples were not all replays: redo the write checking first.
+    Recheck,
 }
 
 impl From<StoreError> for WriteFail {
@@ -1029,9 +1134,10 @@ struct Rows<'b> {
 impl<'b> Rows<'b> {
     fn collect(
         batches: &'b [NodeBatch],
+        skip: &HashSet<usize>,
         cache: &HashMap<Workload, i64>,
     ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).collect();
+        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
         order.sort_by_key(|&i| batches[i].keys.id);
         let (mut gpu_rows, mut process_rows) = (0, 0);
         for nb in batches {
@@ -1139,6 +1245,53 @@ impl<'b> Rows<'b> {
         }
         Ok(rows)
     }
+}
+
+/// The batches of a write whose GPU samples or host rows conflict with the stored ones
+/// ([`super::find_conflicts`]): every GPU's and node's rows are read back over the span
+/// the write covers.
+async fn conflicts_of(
+    conn: &mut SqliteConnection,
+    batches: &[NodeBatch],
+    skip: &HashSet<usize>,
+) -> Result<Vec<BatchConflict>, StoreError> {
+    let mut check = super::ConflictCheck {
+        gpu: super::incoming_gpu_rows(batches, skip, |_| true),
+        host: super::incoming_host_rows(batches, skip),
+        ..Default::default()
+    };
+    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
+        let rows = sqlx::query(
+            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
+             WHERE gpu_id = ? AND ts_ms BETWEEN ? AND ?",
+        )
+        .bind(gpu)
+        .bind(from)
+        .bind(to)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(q("read back GPU samples"))?;
+        for row in &rows {
+            check
+                .stored_gpu
+                .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
+        }
+    }
+    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
+        let rows =
+            sqlx::query("SELECT * FROM host_samples WHERE node_id = ? AND ts_ms BETWEEN ? AND ?")
+                .bind(node)
+                .bind(from)
+                .bind(to)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(q("read back host samples"))?;
+        for row in &rows {
+            let host = host_from_row(row)?;
+            check.stored_host.insert((node, host.time_ms), host);
+        }
+    }
+    Ok(super::find_conflicts(batches, check))
 }
 
 /// Upserts the workloads that have no id yet and fills their ids in.

@@ -426,6 +426,21 @@ impl TestCollector {
     }
 }
 
+/// `tokens add NODE` (an agent token) on the collector's store; returns the token.
+pub async fn add_token(c: &TestCollector, node: &str) -> String {
+    use gpufleet_collector::tokens::{self, Role, TokensCommand};
+    let out = tokens::run_on(
+        c.store.as_ref(),
+        TokensCommand::Add {
+            node: node.to_owned(),
+            role: Role::Agent,
+        },
+    )
+    .await
+    .expect("tokens add");
+    out.lines().next().expect("token line").to_owned()
+}
+
 /// The Hello an agent for `node` with these GPUs sends.
 pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::AgentMessage {
     use gpufleet_proto::v1 as pb;

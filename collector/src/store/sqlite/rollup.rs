@@ -17,6 +17,7 @@ use gpufleet_core::UnixMs;
 use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use std::collections::HashMap;
+use tokio::sync::Mutex;
 
 fn stats_from_row(row: &SqliteRow, col: &str, real: bool) -> Result<MetricStats, StoreError> {
     let n: i64 = get(row, &format!("{col}_n"))?;
@@ -317,9 +318,12 @@ pub(super) async fn raw_horizons(
 /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
 /// number per statement: up to and including the time of the `batch`-th oldest row (so a
 /// statement deletes at least `batch` rows while more remain, and at most `batch` plus the
-/// rows sharing that time). Each statement is its own transaction.
+/// rows sharing that time). Each statement is its own transaction, taken in turn with the
+/// other writers of this process (`gate`, see `SqliteStore::write_gate`).
+#[allow(clippy::too_many_arguments)]
 async fn delete_before(
     pool: &SqlitePool,
+    gate: &Mutex<()>,
     table: &'static str,
     time_col: &str,
     id: Option<(&str, i64)>,
@@ -338,6 +342,7 @@ async fn delete_before(
     );
     let offset = i64::try_from(batch.max(1) - 1).unwrap_or(i64::MAX);
     loop {
+        let turn = gate.lock().await;
         let n = sqlx::query(AssertSqlSafe(sql.clone()))
             .bind(before)
             .bind(offset)
@@ -346,6 +351,7 @@ async fn delete_before(
             .await
             .map_err(q("delete expired rows"))?
             .rows_affected();
+        drop(turn);
         out.transactions += 1;
         if n == 0 {
             return Ok(());
@@ -382,6 +388,7 @@ async fn raise_horizon(
 
 pub(super) async fn expire_raw_before(
     pool: &SqlitePool,
+    gate: &Mutex<()>,
     cutoff_ms: UnixMs,
     batch: usize,
 ) -> Result<RetentionOutcome, StoreError> {
@@ -420,6 +427,7 @@ pub(super) async fn expire_raw_before(
         if let Some(keep) = keep {
             delete_before(
                 pool,
+                gate,
                 "gpu_samples",
                 "ts_ms",
                 Some(("gpu_id", id)),
@@ -431,6 +439,7 @@ pub(super) async fn expire_raw_before(
         }
         delete_before(
             pool,
+            gate,
             "process_samples",
             "ts_ms",
             Some(("gpu_id", id)),
@@ -457,6 +466,7 @@ pub(super) async fn expire_raw_before(
             raise_horizon(pool, RollupKey::host(NodeId(id)), target, old, &mut out).await?;
         delete_before(
             pool,
+            gate,
             "host_samples",
             "ts_ms",
             Some(("node_id", id)),
@@ -471,6 +481,7 @@ pub(super) async fn expire_raw_before(
 
 pub(super) async fn expire_rollups_before(
     pool: &SqlitePool,
+    gate: &Mutex<()>,
     cutoff_ms: UnixMs,
     batch: usize,
 ) -> Result<RetentionOutcome, StoreError> {
@@ -488,7 +499,7 @@ pub(super) async fn expire_rollups_before(
             "carbon_gpu_minutes",
         ] {
             let key = Some(("gpu_id", id));
-            delete_before(pool, table, "minute_ms", key, cutoff, batch, &mut out).await?;
+            delete_before(pool, gate, table, "minute_ms", key, cutoff, batch, &mut out).await?;
         }
     }
     let nodes: Vec<i64> = sqlx::query_scalar("SELECT id FROM nodes ORDER BY id")
@@ -499,6 +510,7 @@ pub(super) async fn expire_rollups_before(
         let key = Some(("node_id", id));
         delete_before(
             pool,
+            gate,
             "host_minutes",
             "minute_ms",
             key,
@@ -508,9 +520,9 @@ pub(super) async fn expire_rollups_before(
         )
         .await?;
     }
-    delete_before(pool, "events", "ts_ms", None, cutoff, batch, &mut out).await?;
+    delete_before(pool, gate, "events", "ts_ms", None, cutoff, batch, &mut out).await?;
     // Cached intensity slots price energy minutes only: they go with them.
     let slots = "carbon_intensity";
-    delete_before(pool, slots, "to_ms", None, cutoff, batch, &mut out).await?;
+    delete_before(pool, gate, slots, "to_ms", None, cutoff, batch, &mut out).await?;
     Ok(out)
 }
