@@ -496,7 +496,7 @@ fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, S
     by_pid
 }
 
-/// Everything the NVML thread keeps between ticks.
+/// Everything the NVML source keeps between ticks.
 struct Reader<'n> {
     /// The library (for system-level queries).
     nvml: &'n Nvml,
