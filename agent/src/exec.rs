@@ -2,7 +2,7 @@
 //! tree uses while it runs, and makes a [`Report`] of it — what iris-gpubench does for a
 //! benchmark container, without a collector.
 //!
-//! The sampling is the agent's own ([`sample_loop`] over a [`Sampler`]); this module only
+//! The sampling is the agent's own ([`spawn_sampling`] over a [`Sampler`]); this module only
 //! runs the child, forwards SIGINT / SIGTERM to it, and folds the ticks into a
 //! [`Measure`]. A GPU counts from the tick at which one of the command's processes (the
 //! child or a descendant, from `/proc`) is first listed on it until the command exits
@@ -11,7 +11,7 @@
 //! reported power.
 
 use crate::proctree;
-use crate::sampler::{Sampler, sample_loop};
+use crate::sampler::{Sampler, spawn_sampling};
 use crate::source::{GpuSource, SourceError};
 use gpufleet_carbon::{IntensityKind, IntensitySlot, NodeCarbon};
 use gpufleet_core::config::now_ms;
@@ -67,6 +67,8 @@ pub enum ExecError {
     Wait(#[source] std::io::Error),
     #[error("cannot listen for signals: {0}")]
     Signals(#[source] std::io::Error),
+    #[error("cannot start the sampling thread: {0}")]
+    SamplerThread(#[source] std::io::Error),
 }
 
 /// A finished run: the report and how the command ended.
@@ -260,7 +262,13 @@ pub async fn run_exec(
     info!(pid, command = %opts.command.join(" "), "command started");
     let stop = CancellationToken::new();
     let (tx, mut rx) = mpsc::channel::<Tick>(16);
-    let sampling = tokio::spawn(sample_loop(sampler, opts.interval, tx, stop.clone()));
+    let sampling = spawn_sampling(
+        sampler,
+        opts.interval,
+        move |tick| tx.blocking_send(tick).is_ok(),
+        stop.clone(),
+    )
+    .map_err(ExecError::SamplerThread)?;
     // Every pid ever seen in the tree: a process that left it (reparented, or exited
     // before its GPU listing caught up) still counts as the command's.
     let mut known: BTreeSet<u32> = pid.into_iter().collect();
@@ -287,7 +295,7 @@ pub async fn run_exec(
         observe(&mut measure, &tick, &mut known);
     }
     // One last reading at the exit, so the run's last interval counts.
-    if let Ok(Some(mut sampler)) = sampling.await {
+    if let Some(mut sampler) = sampling.join().await {
         let at = now_ms().max(measure.last_ms.unwrap_or(0) + 1);
         match tokio::task::spawn_blocking(move || sampler.sample(at)).await {
             Ok(Ok(tick)) => observe(&mut measure, &tick, &mut known),

@@ -6,6 +6,8 @@
 //! Each metric is absent when its file cannot be read or parsed; nothing becomes 0.
 
 use gpufleet_core::{HostInfo, HostSample, UnixMs};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Bytes per sector in `/proc/diskstats`, whatever the device's real sector size.
@@ -14,10 +16,48 @@ const DISKSTATS_SECTOR_BYTES: u64 = 512;
 /// Reads host samples under one proc root, remembering the previous counters for rates.
 #[derive(Debug)]
 pub struct HostReader {
-    /// The folder standing for `/proc`.
-    proc_root: PathBuf,
     /// Counters of the previous sample, to turn totals into rates.
     prev: Option<Counters>,
+    /// `stat`, `diskstats`, `net/dev`, `meminfo`, `loadavg`: kept open and read again from
+    /// offset 0 every tick (procfs regenerates the text on each read), so a tick costs no
+    /// open/stat/close.
+    files: [ProcFile; 5],
+}
+
+/// A `/proc` file kept open, and the buffer it is read into.
+#[derive(Debug)]
+struct ProcFile {
+    /// Its path.
+    path: PathBuf,
+    /// The open file; `None` until opened, and after a failed read (opened again next time).
+    file: Option<File>,
+    /// Its text as last read.
+    text: String,
+}
+
+impl ProcFile {
+    /// The file's whole current text, or `None` when it cannot be read.
+    fn read(&mut self) -> Option<&str> {
+        if self.file.is_none() {
+            self.file = File::open(&self.path).ok();
+        }
+        let file = self.file.as_ref()?;
+        let mut buf = std::mem::take(&mut self.text).into_bytes();
+        buf.clear();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match file.read_at(&mut chunk, buf.len() as u64) {
+                Ok(0) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(_) => {
+                    self.file = None;
+                    return None;
+                }
+            }
+        }
+        self.text = String::from_utf8(buf).ok()?;
+        Some(&self.text)
+    }
 }
 
 /// Cumulative counters at one instant.
@@ -54,23 +94,26 @@ pub struct IoTotals {
 impl HostReader {
     /// A reader of `proc_root` (normally `/proc`).
     pub fn new(proc_root: impl Into<PathBuf>) -> Self {
-        Self {
-            proc_root: proc_root.into(),
-            prev: None,
-        }
+        let proc_root = proc_root.into();
+        let files = ["stat", "diskstats", "net/dev", "meminfo", "loadavg"].map(|name| ProcFile {
+            path: proc_root.join(name),
+            file: None,
+            text: String::new(),
+        });
+        Self { prev: None, files }
     }
 
     /// The host sample at `now_ms`; rates are over the time since the previous call.
     pub fn sample(&mut self, now_ms: UnixMs) -> HostSample {
-        let read = |name: &str| std::fs::read_to_string(self.proc_root.join(name)).ok();
+        let [stat, diskstats, net_dev, meminfo, loadavg] = &mut self.files;
         let now = Counters {
             at_ms: now_ms,
-            cpu: read("stat").as_deref().and_then(parse_cpu_times),
-            disk: read("diskstats").as_deref().and_then(parse_diskstats),
-            net: read("net/dev").as_deref().and_then(parse_net_dev),
+            cpu: stat.read().and_then(parse_cpu_times),
+            disk: diskstats.read().and_then(parse_diskstats),
+            net: net_dev.read().and_then(parse_net_dev),
         };
-        let mem = read("meminfo").as_deref().and_then(parse_meminfo);
-        let load1 = read("loadavg").as_deref().and_then(parse_loadavg);
+        let mem = meminfo.read().and_then(parse_meminfo);
+        let load1 = loadavg.read().and_then(parse_loadavg);
         let prev = self.prev.replace(now);
         let elapsed_ms = prev.map(|p| now_ms - p.at_ms).filter(|ms| *ms > 0);
 
@@ -128,13 +171,23 @@ pub fn boot_id(proc_root: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// The kernel's host name (`<proc_root>/sys/kernel/hostname`), else `$HOSTNAME`.
+/// The kernel's host name (`<proc_root>/sys/kernel/hostname`), else `$HOSTNAME`, else
+/// this machine's, from gethostname(2) (uname's node name): a `--proc-root` without
+/// `sys/kernel/hostname` still has one.
 pub fn hostname(proc_root: &Path) -> Option<String> {
     std::fs::read_to_string(proc_root.join("sys/kernel/hostname"))
         .ok()
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .or_else(|| {
+            let name = rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .trim()
+                .to_owned();
+            (!name.is_empty()).then_some(name)
+        })
 }
 
 /// `(b - a)` per second over `ms`; `None` when the counter went backwards.
@@ -451,6 +504,9 @@ veth1a2b: 777 7 0 0 0 0 0 0 888 8 0 0 0 0 0 0\n";
         assert_eq!(second.net_rx_bps, Some(1000));
         assert_eq!(second.net_tx_bps, Some(500));
         assert_eq!(second.disk_write_bps, None);
+        // Files are kept open between ticks; one missing until now is opened when it appears.
+        write(root, "loadavg", "0.50 0.40 0.30 1/100 42\n");
+        assert_eq!(r.sample(14_000).load1, Some(0.5), "read once it exists");
 
         write(
             root,

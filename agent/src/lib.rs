@@ -2,7 +2,8 @@
 //! every interval and streams the ticks to a collector over gRPC.
 //!
 //! ```text
-//! GpuSource (nvml | sim) ─► Sampler (+ host, cost) ─► Outbox (queue) ─► uplink ─► collector
+//! GpuSource (nvml | sim) ─► Sampler (+ host, cost) ─► Outbox (queue | spool) ─► uplink ─► collector
+//! └──────────── the sampling thread: sample, encode, append ────────────┘   (async runtime)
 //! ```
 //!
 //! Modules, one concept each:
@@ -13,7 +14,8 @@
 //! - [`cgroup`]: process → container / pod / Slurm job / host identity.
 //! - [`host`]: host metrics from `/proc` (CPU, memory, disk, network, load).
 //! - [`cost`]: what sampling costs (thread CPU time, timed calls).
-//! - [`sampler`]: the sampling loop (off the runtime; timestamps; cost).
+//! - [`sampler`]: the sampling thread (off the runtime; timestamps; cost).
+//! - [`encoded`]: a tick encoded once; the uplink's wire messages carrying those bytes.
 //! - [`queue`]: the [`Outbox`](queue::Outbox) of unacked batches; bounded, counts drops.
 //! - [`spool`]: the on-disk [`Outbox`](queue::Outbox): segments, checksums, trimmed on ack.
 //! - [`uplink`]: the gRPC session, acks, rejects, reconnects with backoff, failover.
@@ -43,6 +45,7 @@
 
 pub mod cgroup;
 pub mod cost;
+pub mod encoded;
 pub mod exec;
 pub mod host;
 pub mod nvml;

@@ -333,7 +333,11 @@ fn exec_cmd(args: ExecArgs) -> anyhow::Result<i32> {
 }
 
 fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
-    let node = node_name(args.node, &args.source.proc_root)?;
+    // A local reading names no node: the host name only labels the table.
+    let node = args
+        .node
+        .or_else(|| host::hostname(&args.source.proc_root))
+        .unwrap_or_else(|| "localhost".into());
     let source = source(&args.source, &node)?;
     let host = (!args.source.simulate).then(|| HostReader::new(&args.source.proc_root));
     let mut sampler = Sampler::new(source, host);

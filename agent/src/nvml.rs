@@ -1,8 +1,9 @@
 //! The NVML source: the only module that knows NVML (through `nvml-wrapper`).
 //!
-//! NVML lives on a dedicated `nvml` thread that owns the library handle and the cached
-//! device handles for the source's whole life ([`NvmlSource`] talks to it over channels),
-//! so handles are looked up once and dropping the source shuts NVML down cleanly.
+//! [`NvmlSource`] owns the library handle and the device handles borrowed from it (one
+//! self-referential cell), so handles are looked up once, every call runs on the thread
+//! that samples (no hop to another thread per tick), and dropping the source shuts NVML
+//! down cleanly.
 //!
 //! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
 //! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
@@ -66,7 +67,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_int;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -76,8 +77,8 @@ const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 /// NVML's maximum number of NVLink links per GPU.
 const MAX_NVLINKS: u32 = 18;
 /// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
-/// (so dropping the source takes at most this long).
-const EVENT_WAIT: Duration = Duration::from_millis(200);
+/// (so dropping the source takes at most this long; each wake-up costs the agent CPU).
+const EVENT_WAIT: Duration = Duration::from_secs(1);
 /// Device-wide field values asked in one `nvmlDeviceGetFieldValues` call per tick (the
 /// NVLink entries join them, see [`field_batch`]).
 const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
@@ -100,73 +101,93 @@ pub struct NvmlOptions {
     pub hostname: String,
 }
 
+self_cell::self_cell!(
+    /// NVML and the reader whose device handles borrow it.
+    struct NvmlCell {
+        owner: Arc<Nvml>,
+        #[covariant]
+        dependent: Reader,
+    }
+);
+
 /// A [`GpuSource`] reading real GPUs through NVML.
-#[derive(Debug)]
 pub struct NvmlSource {
-    /// Requests to the NVML thread; `None` once dropping (closing it stops the thread).
-    requests: Option<mpsc::Sender<Request>>,
-    /// The NVML thread's answers, one per request, in order.
-    replies: mpsc::Receiver<Result<Answer, SourceError>>,
-    /// The NVML thread, joined on drop so NVML is shut down before the source is gone.
-    worker: Option<JoinHandle<()>>,
+    /// NVML and the per-GPU state; `None` only while dropping.
+    cell: Option<NvmlCell>,
+    /// Tells the event thread to stop.
+    stop: Arc<AtomicBool>,
+    /// The event thread, joined on drop before NVML shuts down.
+    events: Option<JoinHandle<()>>,
 }
 
-#[derive(Debug)]
-enum Request {
-    Inventory,
-    Sample(UnixMs),
-}
-
-#[derive(Debug)]
-enum Answer {
-    Inventory(Box<Inventory>),
-    Tick(Box<Tick>),
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource").finish_non_exhaustive()
+    }
 }
 
 impl NvmlSource {
     /// Loads NVML, initialises it and caches a handle per GPU. Fails when the library
     /// cannot be loaded or initialised, or the GPUs cannot be counted.
     pub fn open(opts: NvmlOptions) -> Result<Self, SourceError> {
-        let (req_tx, req_rx) = mpsc::channel();
-        let (rep_tx, rep_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::sync_channel(1);
-        let worker = std::thread::Builder::new()
-            .name("nvml".into())
-            .spawn(move || worker(opts, ready_tx, req_rx, rep_tx))
-            .map_err(|e| SourceError::Nvml {
-                call: "spawn the NVML thread",
-                reason: e.to_string(),
-            })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self {
-                requests: Some(req_tx),
-                replies: rep_rx,
-                worker: Some(worker),
-            }),
-            Ok(Err(e)) => {
-                let _ = worker.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = worker.join();
-                Err(SourceError::WorkerGone)
-            }
+        let lib = opts
+            .lib_path
+            .as_ref()
+            .map_or_else(|| DEFAULT_LIB.to_owned(), |p| p.display().to_string());
+        let mut builder = Nvml::builder();
+        if let Some(path) = &opts.lib_path {
+            builder.lib_path(path.as_os_str());
         }
+        let nvml = Arc::new(builder.init().map_err(|e| SourceError::NvmlInit {
+            lib: lib.clone(),
+            reason: e.to_string(),
+        })?);
+        let (event_tx, event_rx) = mpsc::channel();
+        let cell = NvmlCell::try_new(Arc::clone(&nvml), |nvml| Reader::open(nvml, opts, event_rx))?;
+        let gpus = cell
+            .borrow_dependent()
+            .devices
+            .iter()
+            .map(|d| d.index + 1)
+            .max()
+            .unwrap_or(0);
+        info!(lib = %lib, gpus = cell.borrow_dependent().devices.len(), "NVML initialised");
+        let stop = Arc::new(AtomicBool::new(false));
+        let events = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("nvml-events".into())
+                .spawn(move || watch_events(&nvml, gpus, &event_tx, &stop))
+        };
+        let events = match events {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
+                None
+            }
+        };
+        Ok(Self {
+            cell: Some(cell),
+            stop,
+            events,
+        })
     }
 
-    fn ask(&mut self, request: Request) -> Result<Answer, SourceError> {
-        let tx = self.requests.as_ref().ok_or(SourceError::WorkerGone)?;
-        tx.send(request).map_err(|_| SourceError::WorkerGone)?;
-        self.replies.recv().map_err(|_| SourceError::WorkerGone)?
+    fn reader<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> Result<T, SourceError> {
+        let cell = self.cell.as_mut().ok_or(SourceError::WorkerGone)?;
+        Ok(cell.with_dependent_mut(|_, r| f(r)))
     }
 }
 
 impl Drop for NvmlSource {
     fn drop(&mut self) {
-        self.requests.take();
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+        // The event thread ends first (it holds NVML too); then the device handles drop
+        // before NVML, whose last reference shuts it down.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.events.take() {
+            let _ = t.join();
         }
+        self.cell.take();
     }
 }
 
@@ -176,86 +197,12 @@ impl GpuSource for NvmlSource {
     }
 
     fn inventory(&mut self) -> Result<Inventory, SourceError> {
-        match self.ask(Request::Inventory)? {
-            Answer::Inventory(inv) => Ok(*inv),
-            Answer::Tick(_) => Err(SourceError::WorkerGone),
-        }
+        self.reader(|r| r.inventory())
     }
 
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
-        match self.ask(Request::Sample(now_ms))? {
-            Answer::Tick(t) => Ok(*t),
-            Answer::Inventory(_) => Err(SourceError::WorkerGone),
-        }
+        self.reader(|r| r.sample(now_ms))
     }
-}
-
-/// The NVML thread: owns `Nvml` and the device handles borrowed from it.
-fn worker(
-    opts: NvmlOptions,
-    ready: mpsc::SyncSender<Result<(), SourceError>>,
-    requests: mpsc::Receiver<Request>,
-    replies: mpsc::Sender<Result<Answer, SourceError>>,
-) {
-    let lib = opts
-        .lib_path
-        .as_ref()
-        .map_or_else(|| DEFAULT_LIB.to_owned(), |p| p.display().to_string());
-    let mut builder = Nvml::builder();
-    if let Some(path) = &opts.lib_path {
-        builder.lib_path(path.as_os_str());
-    }
-    let nvml = match builder.init() {
-        Ok(nvml) => nvml,
-        Err(e) => {
-            let _ = ready.send(Err(SourceError::NvmlInit {
-                lib,
-                reason: e.to_string(),
-            }));
-            return;
-        }
-    };
-    let (event_tx, event_rx) = mpsc::channel();
-    let mut reader = match Reader::open(&nvml, opts, event_rx) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    info!(lib = %lib, gpus = reader.devices.len(), "NVML initialised");
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let gpus = reader
-            .devices
-            .iter()
-            .map(|d| d.index + 1)
-            .max()
-            .unwrap_or(0);
-        let (nvml, event_tx, stop) = (&nvml, &event_tx, &stop);
-        let events = std::thread::Builder::new()
-            .name("nvml-events".into())
-            .spawn_scoped(scope, move || watch_events(nvml, gpus, event_tx, stop));
-        if let Err(e) = events {
-            warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
-        }
-        if ready.send(Ok(())).is_err() {
-            stop.store(true, Ordering::Relaxed);
-            return;
-        }
-        for request in requests {
-            let answer = match request {
-                Request::Inventory => Ok(Answer::Inventory(Box::new(reader.inventory()))),
-                Request::Sample(now_ms) => Ok(Answer::Tick(Box::new(reader.sample(now_ms)))),
-            };
-            if replies.send(answer).is_err() {
-                break;
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-    });
-    // The event thread has ended (the scope joined it); `reader` (and its `Device`
-    // handles) drop before `nvml`, which then shuts NVML down.
 }
 
 /// The event thread: registers every GPU that supports them for Xid and ECC double-bit
@@ -549,7 +496,7 @@ fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, S
     by_pid
 }
 
-/// Everything the NVML thread keeps between ticks.
+/// Everything the NVML source keeps between ticks.
 struct Reader<'n> {
     /// The library (for system-level queries).
     nvml: &'n Nvml,

@@ -1,8 +1,9 @@
 //! What the agent holds until the collector acks it: the [`Outbox`] boundary and its
-//! bounded in-memory implementation, [`MemoryQueue`]. (The on-disk spool of a later issue
-//! implements the same trait.)
+//! bounded in-memory implementation, [`MemoryQueue`]. (The on-disk spool implements the
+//! same trait.)
 //!
-//! Ticks arrive one by one. They become seq-numbered batches only when there is a session
+//! Ticks arrive one by one, already encoded ([`EncodedTick`]): the outbox holds and hands
+//! out their bytes, never decoding them. They become seq-numbered batches only when there is a session
 //! to send them on, so ticks that piled up during an outage are merged into few large
 //! batches (up to [`BatchLimits`]) instead of thousands of one-tick ones. A batch keeps its
 //! seq until acked: after a reconnect it is resent as it was (the collector's writes are
@@ -13,9 +14,22 @@
 //! dropped. A batch the collector rejects as not retryable is dropped and counted the same
 //! way. So, in GPU samples, `sampled == acked + dropped + unacked` at all times.
 
-use gpufleet_core::{Batch, DeliveryStats, Tick};
+use crate::encoded::{EncodedTick, OutBatch};
+use gpufleet_core::{DeliveryStats, Tick};
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// The outbox shared by the sampling thread (push, maintain) and the uplink (the rest).
+/// Each holds the lock for one short step; the spool's disk writes happen under it on the
+/// sampling thread.
+pub type SharedOutbox = Arc<Mutex<Box<dyn Outbox>>>;
+
+/// Locks the shared outbox. A thread that panicked while holding it left it usable (every
+/// step keeps its counters consistent before it can panic), so poisoning is ignored.
+pub fn lock(outbox: &SharedOutbox) -> MutexGuard<'_, Box<dyn Outbox>> {
+    outbox.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Delivery counters, in GPU samples (one GPU at one tick).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,14 +60,40 @@ impl fmt::Display for Summary {
 pub struct BatchLimits {
     /// Most ticks per batch.
     pub max_ticks: usize,
-    /// Most (estimated) encoded bytes per batch; a single tick may exceed it.
+    /// Most encoded bytes per batch; a single tick may exceed it.
     pub max_bytes: usize,
+}
+
+impl BatchLimits {
+    /// How many of the waiting ticks (their wire sizes, oldest first) the next batch
+    /// takes, and whether that batch is full: a limit cut it, not the end of the ticks.
+    pub fn fit(&self, sizes: impl IntoIterator<Item = usize>) -> (usize, bool) {
+        let (mut n, mut bytes) = (0, 0);
+        for b in sizes {
+            if n >= self.max_ticks.max(1) || (n > 0 && bytes + b > self.max_bytes) {
+                return (n, true);
+            }
+            n += 1;
+            bytes += b;
+        }
+        (n, false)
+    }
 }
 
 /// Where ticks wait for their ack.
 pub trait Outbox: Send {
-    /// Takes a freshly sampled tick, dropping the oldest data if over capacity.
-    fn push(&mut self, tick: Tick);
+    /// Takes a freshly sampled, encoded tick, dropping the oldest data if over capacity.
+    fn push_encoded(&mut self, tick: EncodedTick);
+
+    /// Encodes `tick` and takes it.
+    fn push(&mut self, tick: Tick) {
+        self.push_encoded(EncodedTick::new(tick));
+    }
+
+    /// Deferred housekeeping (the spool: persisting its watermark, deleting trimmed
+    /// segments, interval fsyncs). Called by the sampling thread after each tick, so disk
+    /// work stays off the uplink's thread.
+    fn maintain(&mut self) {}
 
     /// A new session began and the collector holds everything up to `last_acked_seq`:
     /// those batches count as acked, new seqs start above it, and every other unacked
@@ -61,8 +101,15 @@ pub trait Outbox: Send {
     fn start_session(&mut self, last_acked_seq: u64);
 
     /// The next batch to send on this session, oldest first: an unacked batch not yet sent
-    /// in this session, else a new batch of waiting ticks. `None` when nothing is waiting.
-    fn next_to_send(&mut self, limits: BatchLimits) -> Option<Batch>;
+    /// in this session, else a new batch of waiting ticks — when `partial` is false, only
+    /// a full one (the uplink lets partial batches out at a limited rate, so ticks taken
+    /// every 100 ms travel a few per message). `None` when nothing is to be sent.
+    fn next_batch(&mut self, limits: BatchLimits, partial: bool) -> Option<OutBatch>;
+
+    /// The next batch to send, partial or not.
+    fn next_to_send(&mut self, limits: BatchLimits) -> Option<OutBatch> {
+        self.next_batch(limits, true)
+    }
 
     /// The collector acked `seq`. Returns whether it was held.
     fn ack(&mut self, seq: u64) -> bool;
@@ -77,6 +124,9 @@ pub trait Outbox: Send {
     /// Whether nothing is held.
     fn is_empty(&self) -> bool;
 
+    /// Whether the newest tick waits to be put in a batch (new ticks join the back).
+    fn waiting(&self) -> bool;
+
     /// The counters.
     fn summary(&self) -> Summary;
 }
@@ -85,7 +135,7 @@ pub trait Outbox: Send {
 #[derive(Debug)]
 struct Held {
     /// The batch, seq assigned.
-    batch: Batch,
+    batch: OutBatch,
     /// Sent in the current session (awaiting its ack).
     sent: bool,
     /// Estimated encoded size.
@@ -99,15 +149,15 @@ struct Held {
 pub struct MemoryQueue {
     /// Batches with a seq, oldest first, not yet acked.
     batches: VecDeque<Held>,
-    /// Ticks not in a batch yet, oldest first, with their estimated size.
-    pending: VecDeque<(Tick, usize)>,
+    /// Ticks not in a batch yet, oldest first.
+    pending: VecDeque<EncodedTick>,
     /// Seq of the next batch formed (starts at 1).
     next_seq: u64,
     /// Most ticks held, batched or pending.
     max_ticks: usize,
     /// Ticks held now.
     ticks_held: usize,
-    /// Estimated bytes held now (reported to the collector as backlog).
+    /// Encoded bytes held now (reported to the collector as backlog).
     bytes_held: usize,
     /// Counters; `unacked` is kept up to date too.
     counts: Summary,
@@ -133,10 +183,10 @@ impl MemoryQueue {
             self.bytes_held -= h.bytes;
             self.counts.unacked -= h.samples;
             self.counts.dropped += h.samples;
-        } else if let Some((t, bytes)) = self.pending.pop_front() {
-            let samples = t.gpus.len() as u64;
+        } else if let Some(t) = self.pending.pop_front() {
+            let samples = t.samples;
             self.ticks_held -= 1;
-            self.bytes_held -= bytes;
+            self.bytes_held -= t.wire_bytes();
             self.counts.unacked -= samples;
             self.counts.dropped += samples;
         }
@@ -164,12 +214,12 @@ impl MemoryQueue {
 }
 
 impl Outbox for MemoryQueue {
-    fn push(&mut self, tick: Tick) {
-        let samples = tick.gpus.len() as u64;
-        let bytes = estimate_tick_bytes(&tick);
+    fn push_encoded(&mut self, tick: EncodedTick) {
+        let samples = tick.samples;
+        let bytes = tick.wire_bytes();
         self.counts.sampled += samples;
         self.counts.unacked += samples;
-        self.pending.push_back((tick, bytes));
+        self.pending.push_back(tick);
         self.ticks_held += 1;
         self.bytes_held += bytes;
         while self.ticks_held > self.max_ticks {
@@ -184,46 +234,40 @@ impl Outbox for MemoryQueue {
         }
     }
 
-    fn next_to_send(&mut self, limits: BatchLimits) -> Option<Batch> {
+    fn next_batch(&mut self, limits: BatchLimits, partial: bool) -> Option<OutBatch> {
         let stats = self.stats();
         if let Some(h) = self.batches.iter_mut().find(|h| !h.sent) {
             h.sent = true;
-            return Some(Batch {
+            return Some(OutBatch {
                 delivery: stats,
                 ..h.batch.clone()
             });
         }
-        if self.pending.is_empty() {
+        let (n, full) = limits.fit(self.pending.iter().map(EncodedTick::wire_bytes));
+        if n == 0 || !(full || partial) {
             return None;
         }
-        let mut ticks = Vec::new();
+        let mut ticks = Vec::with_capacity(n);
         let mut bytes = 0;
-        while let Some((_, b)) = self.pending.front() {
-            if ticks.len() >= limits.max_ticks.max(1)
-                || (!ticks.is_empty() && bytes + b > limits.max_bytes)
-            {
-                break;
-            }
-            let Some((t, b)) = self.pending.pop_front() else {
-                break;
-            };
-            bytes += b;
-            ticks.push(t);
+        let mut samples = 0;
+        for t in self.pending.drain(..n) {
+            bytes += t.wire_bytes();
+            samples += t.samples;
+            ticks.push(t.bytes);
         }
-        let batch = Batch {
+        let batch = OutBatch {
             seq: self.next_seq,
             ticks,
             delivery: DeliveryStats::default(),
         };
         self.next_seq += 1;
-        let samples = batch.gpu_samples() as u64;
         self.batches.push_back(Held {
             batch: batch.clone(),
             sent: true,
             bytes,
             samples,
         });
-        Some(Batch {
+        Some(OutBatch {
             delivery: DeliveryStats {
                 spool_backlog_batches: self.batches.len() as u64,
                 ..stats
@@ -265,60 +309,13 @@ impl Outbox for MemoryQueue {
         self.batches.is_empty() && self.pending.is_empty()
     }
 
+    fn waiting(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     fn summary(&self) -> Summary {
         self.counts
     }
-}
-
-/// An upper-bound estimate of a tick's protobuf size, cheap enough to run on every tick
-/// (used to keep batches under the collector's message limit).
-pub fn estimate_tick_bytes(t: &Tick) -> usize {
-    let s = |v: &Option<String>| v.as_ref().map_or(0, |s| s.len() + 3);
-    let gpus: usize = t
-        .gpus
-        .iter()
-        .map(|g| 220 + g.gpu_uuid.len() + g.nvlinks.len() * 32)
-        .sum();
-    let procs: usize = t
-        .processes
-        .iter()
-        .map(|p| {
-            let w = &p.workload;
-            120 + p.gpu_uuid.len()
-                + s(&p.user)
-                + s(&p.command)
-                + s(&p.mig_uuid)
-                + w.runtime.len()
-                + [
-                    &w.container_id,
-                    &w.pod_uid,
-                    &w.qos,
-                    &w.job_id,
-                    &w.step,
-                    &w.unit,
-                ]
-                .into_iter()
-                .map(s)
-                .sum::<usize>()
-                + [&w.container_name, &w.image, &w.pod_name, &w.namespace]
-                    .into_iter()
-                    .map(s)
-                    .sum::<usize>()
-        })
-        .sum();
-    let events: usize = t
-        .events
-        .iter()
-        .map(|e| 48 + e.gpu_uuid.len() + e.detail.len())
-        .sum();
-    let cost = t.cost.as_ref().map_or(0, |c| {
-        32 + c
-            .slowest_calls_us
-            .keys()
-            .map(|k| k.len() + 16)
-            .sum::<usize>()
-    });
-    32 + gpus + procs + events + cost + if t.host.is_some() { 80 } else { 0 }
 }
 
 #[cfg(test)]
@@ -380,8 +377,8 @@ mod tests {
             (b1.ticks.len(), b2.ticks.len(), b3.ticks.len()),
             (100, 100, 50)
         );
-        assert_eq!(b1.ticks[0].time_ms, 0);
-        assert_eq!(b3.ticks[49].time_ms, 249, "order kept");
+        assert_eq!(b1.decoded()[0].time_ms, 0);
+        assert_eq!(b3.decoded()[49].time_ms, 249, "order kept");
         assert!(q.next_to_send(LIMITS).is_none());
         assert_eq!(q.in_flight(), 3);
         assert!(q.ack(2));
@@ -404,7 +401,7 @@ mod tests {
         for i in 0..10 {
             q.push(tick(i, 8));
         }
-        let one = estimate_tick_bytes(&tick(0, 8));
+        let one = EncodedTick::new(tick(1, 8)).wire_bytes();
         let limits = BatchLimits {
             max_ticks: 100,
             max_bytes: one * 3 + 1,
@@ -415,6 +412,36 @@ mod tests {
             max_bytes: 1,
         };
         assert_eq!(q.next_to_send(tiny).map(|b| b.ticks.len()), Some(1));
+    }
+
+    #[test]
+    fn a_partial_batch_waits_when_asked_and_a_full_one_or_a_resend_does_not() {
+        let mut q = MemoryQueue::new(100);
+        let three = BatchLimits {
+            max_ticks: 3,
+            ..LIMITS
+        };
+        q.push(tick(1, 1));
+        q.push(tick(2, 1));
+        assert!(q.waiting());
+        assert!(
+            q.next_batch(three, false).is_none(),
+            "2 of 3 ticks: held back"
+        );
+        q.push(tick(3, 1));
+        q.push(tick(4, 1));
+        let full = q.next_batch(three, false).expect("a full batch goes");
+        assert_eq!(full.ticks.len(), 3);
+        assert!(q.next_batch(three, false).is_none());
+        q.start_session(0);
+        assert_eq!(
+            q.next_batch(three, false).map(|b| b.seq),
+            Some(full.seq),
+            "a resend goes at once"
+        );
+        let partial = q.next_batch(three, true).expect("partial allowed");
+        assert_eq!(partial.decoded()[0].time_ms, 4);
+        assert!(!q.waiting());
     }
 
     #[test]
@@ -447,7 +474,7 @@ mod tests {
         assert_eq!(q.summary().dropped, 16);
         let next = q.next_to_send(LIMITS).expect("batch");
         assert_eq!(next.seq, 2);
-        assert_eq!(next.ticks[0].time_ms, 4, "oldest surviving tick");
+        assert_eq!(next.decoded()[0].time_ms, 4, "oldest surviving tick");
         assert_eq!(
             next.delivery.dropped_samples, 16,
             "the collector hears about drops"
@@ -514,28 +541,6 @@ mod tests {
         fresh.push(tick(1, 1));
         fresh.start_session(500);
         assert_eq!(fresh.next_to_send(LIMITS).map(|b| b.seq), Some(501));
-    }
-
-    #[test]
-    fn estimate_is_an_upper_bound_of_the_encoded_size() {
-        use prost::Message;
-        let mut s = crate::sim::simulator(crate::sim::SimOptions::new("est", 8)).expect("sim");
-        use crate::source::GpuSource;
-        let mut t = 1_790_000_000_000;
-        for _ in 0..50 {
-            t += 1000;
-            let mut tick = s.sample(t).expect("tick");
-            tick.cost = Some(gpufleet_core::SamplerCost {
-                cpu_us: Some(120),
-                wall_us: Some(300),
-                source_us: Some(200),
-                slowest_calls_us: [("gpu0.power_usage".to_owned(), 40)].into_iter().collect(),
-            });
-            let est = estimate_tick_bytes(&tick);
-            let real = gpufleet_proto::v1::Tick::from(tick).encoded_len();
-            assert!(est >= real, "estimate {est} < encoded {real}");
-            assert!(est < real * 3, "estimate {est} too loose for {real}");
-        }
     }
 
     proptest! {

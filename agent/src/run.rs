@@ -1,22 +1,20 @@
 //! `run_agent`: the agent's pipeline, source → sampler → outbox → uplink, until shutdown.
 
+use crate::encoded::EncodedTick;
 use crate::host::{self, HostReader};
-use crate::queue::{MemoryQueue, Outbox, Summary};
-use crate::sampler::{Sampler, sample_loop};
+use crate::queue::{MemoryQueue, Outbox, SharedOutbox, Summary, lock};
+use crate::sampler::{Sampler, spawn_sampling};
 use crate::source::{GpuSource, SourceError};
 use crate::spool::{Spool, SpoolConfig, SpoolError};
 use crate::uplink::{self, HelloFacts, UplinkConfig, UplinkError};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
-
-/// Ticks buffered between the sampler and the uplink. The uplink drains it at once (it
-/// only moves ticks into the outbox); when full, the sampler waits: nothing is dropped here.
-const TICK_CHANNEL: usize = 16;
 
 /// How an agent runs.
 #[derive(Debug, Clone)]
@@ -92,6 +90,9 @@ pub enum AgentError {
     /// The blocking task reading the inventory panicked.
     #[error("the GPU source panicked while reading the inventory")]
     SourcePanicked,
+    /// The sampling thread could not be started.
+    #[error("cannot start the sampling thread: {0}")]
+    SamplerThread(#[source] std::io::Error),
 }
 
 /// Runs an agent: samples `source` every interval and streams to the collectors until
@@ -167,15 +168,41 @@ pub async fn run_agent(
         ),
         None => Box::new(MemoryQueue::new(opts.queue_max_ticks)),
     };
+    let outbox: SharedOutbox = Arc::new(Mutex::new(outbox));
     // A child token: the sampler may stop this agent without touching the caller's token.
     let stop = shutdown.child_token();
-    let (tx, rx) = mpsc::channel(TICK_CHANNEL);
-    let sampling = tokio::spawn(sample_loop(sampler, opts.interval, tx, stop.clone()));
-    let summary = uplink::run(cfg, outbox, rx, stop.clone()).await;
+    let wake = Arc::new(Notify::new());
+    // On the sampling thread, per tick: encode once, append to the outbox (the spool's
+    // write and fsync), deferred spool housekeeping, then one wake-up of the uplink.
+    let sink = {
+        let (outbox, wake) = (Arc::clone(&outbox), Arc::clone(&wake));
+        move |tick| {
+            let tick = EncodedTick::new(tick);
+            {
+                let mut outbox = lock(&outbox);
+                outbox.push_encoded(tick);
+                outbox.maintain();
+            }
+            wake.notify_one();
+            true
+        }
+    };
+    let sampling = spawn_sampling(sampler, opts.interval, sink, stop.clone())
+        .map_err(AgentError::SamplerThread)?;
+    let summary = uplink::run(
+        cfg,
+        Arc::clone(&outbox),
+        wake,
+        sampling.done(),
+        stop.clone(),
+    )
+    .await;
     stop.cancel();
-    if let Err(e) = sampling.await {
-        error!(error = %e, "the sampling task failed");
+    if sampling.join().await.is_none() {
+        error!("the sampling thread failed");
     }
+    // The spool persists its watermark as it closes (off the hot path, once).
+    drop(outbox);
     info!(
         node = %opts.node,
         sampled = summary.sampled,

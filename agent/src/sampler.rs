@@ -1,13 +1,11 @@
-//! The sampler: takes a tick from the source every interval, off the async runtime, adds
-//! host metrics and what the tick cost, and hands it to the uplink.
+//! The sampler: takes a tick from the source every interval on a dedicated thread, off
+//! the async runtime, adds host metrics and what the tick cost, and hands it on.
 
 use crate::cost::{micros, thread_cpu_time};
 use crate::host::HostReader;
 use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{Inventory, Tick, UnixMs};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
-use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
@@ -72,62 +70,121 @@ impl Sampler {
     }
 }
 
-/// Samples every `interval` until `stop` is cancelled or the receiver is gone. Each tick
-/// runs on the blocking pool; timestamps are the system clock in Unix ms, strictly
-/// increasing. A tick that fails is skipped and logged (the first failure, then every
-/// 60th). If the sampler itself dies, `stop` is cancelled so the agent shuts down.
+/// The sampling thread of an agent (or of `exec`): see [`spawn_sampling`].
+#[derive(Debug)]
+pub struct Sampling {
+    /// The thread; it hands the sampler back when it ends.
+    thread: Option<std::thread::JoinHandle<Sampler>>,
+    /// Cancelled when the thread ends, however it ends.
+    done: CancellationToken,
+}
+
+impl Sampling {
+    /// A token cancelled once the thread has ended (no tick will come after it).
+    pub fn done(&self) -> CancellationToken {
+        self.done.clone()
+    }
+
+    /// Waits for the thread to end (cancel the `stop` token first); returns the sampler,
+    /// so `exec` can take one last reading at the command's exit; `None` if it panicked.
+    pub async fn join(mut self) -> Option<Sampler> {
+        let thread = self.thread.take()?;
+        tokio::task::spawn_blocking(move || thread.join().ok())
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
+/// Cancels `done` when the sampling thread ends, and `stop` too if it ends by a panic
+/// (the agent then shuts down rather than run without samples).
+struct ExitGuard {
+    done: CancellationToken,
+    stop: CancellationToken,
+}
+
+impl Drop for ExitGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            error!("the sampling thread panicked; stopping the agent");
+            self.stop.cancel();
+        }
+        self.done.cancel();
+    }
+}
+
+/// Starts the sampling thread: one dedicated thread that owns `sampler` (the source and
+/// its NVML handles, the host reader) and, every `interval`, takes a tick and hands it to
+/// `sink` on that same thread — no hop to another thread per tick. The agent's sink
+/// encodes the tick and appends it to the outbox (the spool's disk write and fsync happen
+/// here, off the async runtime).
 ///
-/// Returns the sampler when it stops (so `exec` can take one last reading at the
-/// command's exit), `None` if the sampling thread panicked.
-pub async fn sample_loop(
+/// Timestamps are the system clock in Unix ms, strictly increasing; a slow tick (NVML
+/// stalls) does not cause a burst of catch-up ticks. A tick that fails is skipped and
+/// logged (the first failure, then every 60th). The thread ends when `stop` is cancelled
+/// or `sink` returns `false`. Must be called inside a Tokio runtime (it watches `stop`
+/// from a small task).
+pub fn spawn_sampling(
     mut sampler: Sampler,
     interval: Duration,
-    ticks: mpsc::Sender<Tick>,
+    mut sink: impl FnMut(Tick) -> bool + Send + 'static,
     stop: CancellationToken,
-) -> Option<Sampler> {
-    let mut ticker = tokio::time::interval(interval);
-    // A slow tick (NVML stalls) must not cause a burst of catch-up samples.
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let mut last_ms: UnixMs = 0;
-    let mut failures: u64 = 0;
-    loop {
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            _ = ticker.tick() => {}
-        }
-        let now = gpufleet_core::config::now_ms().max(last_ms + 1);
-        last_ms = now;
-        let joined = tokio::task::spawn_blocking(move || {
-            let result = sampler.sample(now);
-            (sampler, result)
-        })
-        .await;
-        let result = match joined {
-            Ok((s, r)) => {
-                sampler = s;
-                r
-            }
-            Err(e) => {
-                error!(error = %e, "the sampling thread panicked; stopping the agent");
-                stop.cancel();
-                return None;
-            }
-        };
-        match result {
-            Ok(tick) => {
-                failures = 0;
-                if ticks.send(tick).await.is_err() {
+) -> std::io::Result<Sampling> {
+    let done = CancellationToken::new();
+    // The thread sleeps in `recv_timeout`; dropping the sender wakes it to stop.
+    let (wake, sleep) = std::sync::mpsc::channel::<()>();
+    let guard = ExitGuard {
+        done: done.clone(),
+        stop: stop.clone(),
+    };
+    let thread = std::thread::Builder::new()
+        .name("sampler".into())
+        .spawn(move || {
+            let _guard = guard;
+            let mut next = Instant::now();
+            let mut last_ms: UnixMs = 0;
+            let mut failures: u64 = 0;
+            loop {
+                let wait = next.saturating_duration_since(Instant::now());
+                if !matches!(
+                    sleep.recv_timeout(wait),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+                ) {
                     break;
                 }
-            }
-            Err(e) => {
-                if failures.is_multiple_of(60) {
-                    warn!(error = %e, consecutive_failures = failures + 1, "sampling failed; skipping this tick");
+                let now = Instant::now();
+                while next <= now {
+                    next += interval;
                 }
-                failures += 1;
+                let at = gpufleet_core::config::now_ms().max(last_ms + 1);
+                last_ms = at;
+                match sampler.sample(at) {
+                    Ok(tick) => {
+                        failures = 0;
+                        if !sink(tick) {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        if failures.is_multiple_of(60) {
+                            warn!(error = %e, consecutive_failures = failures + 1, "sampling failed; skipping this tick");
+                        }
+                        failures += 1;
+                    }
+                }
             }
+            sampler
+        })?;
+    let thread_done = done.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = thread_done.cancelled() => {}
         }
-    }
-    Some(sampler)
+        drop(wake);
+    });
+    Ok(Sampling {
+        thread: Some(thread),
+        done,
+    })
 }

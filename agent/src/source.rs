@@ -57,8 +57,8 @@ pub enum SourceError {
         /// NVML's error, as text.
         reason: String,
     },
-    /// The NVML worker thread is gone (it panicked or could not start).
-    #[error("the NVML sampling thread stopped unexpectedly")]
+    /// The NVML source was already closed.
+    #[error("the NVML source is closed")]
     WorkerGone,
     /// `sample` was called with a time that does not move forward.
     #[error("sample time {now_ms} is not after the previous sample's {last_ms}")]

@@ -1,11 +1,13 @@
 //! The uplink: one gRPC `gpufleet.v1.Ingest/Stream` session at a time to a collector,
 //! fed from the [`Outbox`], reconnecting with backoff when it breaks.
 //!
-//! One task owns everything (the outbox, the session, the timers) and reacts to one thing
-//! at a time: a new tick, a collector message, a connection attempt finishing, a timer.
-//! Sampling never waits for the network: while disconnected, ticks pile up in the outbox
-//! (bounded; see [`crate::queue`]) and go out, merged into larger batches, once a session
-//! is up again.
+//! One task owns the session and the timers and reacts to one thing at a time: a new tick
+//! in the outbox, a collector message, a connection attempt finishing, a timer. The
+//! sampling thread puts encoded ticks into the shared outbox and wakes this task (a
+//! [`Notify`]: one pending wake-up at most, however many ticks arrived). Sampling never
+//! waits for the network: while disconnected, ticks pile up in the outbox (bounded; see
+//! [`crate::queue`]) and go out, merged into larger batches, once a session is up again.
+//! Batches go out as the encoded ticks the outbox holds ([`crate::encoded`]).
 //!
 //! Session protocol: Hello → Welcome (new seqs go above its `last_acked_seq`; only acks
 //! trim) → batches, each
@@ -14,16 +16,17 @@
 //! (exponential with jitter, capped at [`BACKOFF_CAP`]), try the next collector in the
 //! list, resend everything unacked, oldest first.
 
-use crate::queue::{BatchLimits, Outbox, Summary};
+use crate::encoded::RawAgentMessage;
+use crate::queue::{BatchLimits, Outbox, SharedOutbox, Summary, lock};
 use futures::future::BoxFuture;
-use gpufleet_core::{Inventory, Tick};
+use gpufleet_core::Inventory;
 use gpufleet_proto::v1 as pb;
-use gpufleet_proto::v1::ingest_client::IngestClient;
 use rand::Rng;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::time::{Instant, sleep_until};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +43,11 @@ pub const BACKOFF_CAP: Duration = Duration::from_secs(10);
 const DEFAULT_MAX_BATCH_BYTES: usize = 3 << 20;
 /// Pause before resending after a retryable reject (the collector is overloaded).
 const RETRY_AFTER_REJECT: Duration = Duration::from_secs(1);
+/// Least time between two partial batches (fewer ticks than a batch holds): ticks taken
+/// more often than this travel several per message, which costs the agent far less than
+/// one message (and one ack) per tick. Full batches (a backlog) and resends go at once;
+/// at intervals of 500 ms and more every tick still goes as soon as it is spooled.
+pub const PARTIAL_BATCH_GAP: Duration = Duration::from_millis(500);
 
 /// Why a session could not be opened or ended.
 #[derive(Debug, Error)]
@@ -181,13 +189,13 @@ struct Session {
     /// The collector's URL, for logs.
     url: String,
     /// Outgoing messages (the request stream); capacity covers the window.
-    out: mpsc::Sender<pb::AgentMessage>,
+    out: mpsc::Sender<RawAgentMessage>,
     /// The collector's answers.
     inbound: tonic::Streaming<pb::CollectorMessage>,
     /// Batch limits for this session (ours, tightened by the Welcome's).
     limits: BatchLimits,
     /// The client; kept so the connection lives as long as the session.
-    _client: IngestClient<Channel>,
+    _client: tonic::client::Grpc<Channel>,
 }
 
 /// Connects, says Hello and waits for the Welcome.
@@ -214,10 +222,18 @@ async fn open_session(
         url: shown.clone(),
         reason: error_chain(&e),
     })?;
-    let mut client = IngestClient::new(channel).max_decoding_message_size(16 << 20);
+    // `gpufleet.v1.Ingest/Stream` by hand rather than through the generated client: the
+    // request messages are `RawAgentMessage` (ticks already encoded), the answers the
+    // generated `CollectorMessage`.
+    let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(16 << 20);
+    client.ready().await.map_err(|e| UplinkError::Connect {
+        url: shown.clone(),
+        reason: error_chain(&e),
+    })?;
     let (out, rx) = mpsc::channel(WINDOW + 2);
-    let hello = pb::AgentMessage {
-        msg: Some(pb::agent_message::Msg::Hello(hello)),
+    let hello = RawAgentMessage {
+        hello: Some(hello),
+        batch: None,
     };
     // The receiver is alive and the channel empty: this cannot fail.
     let _ = out.try_send(hello);
@@ -232,7 +248,9 @@ async fn open_session(
     };
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     credentials.authorize(&mut request);
-    let response = tokio::time::timeout(timeout, client.stream(request))
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/gpufleet.v1.Ingest/Stream");
+    let codec = tonic_prost::ProstCodec::<RawAgentMessage, pb::CollectorMessage>::default();
+    let response = tokio::time::timeout(timeout, client.streaming(request, path, codec))
         .await
         .map_err(|_| no_welcome())?
         .map_err(status)?;
@@ -298,7 +316,8 @@ enum Link {
 
 /// What woke the uplink.
 enum Wake {
-    Tick(Option<Tick>),
+    Tick,
+    SamplerDone,
     Shutdown,
     Deadline,
     Resume,
@@ -335,12 +354,14 @@ pub struct UplinkConfig {
     pub credentials: crate::tls::Credentials,
 }
 
-/// Streams ticks from `ticks` to the collectors until `shutdown` is cancelled and either
-/// everything is acked or `shutdown_timeout` has passed. Returns the delivery summary.
+/// Streams the ticks the sampling thread puts into `outbox` (waking `ticks`) to the
+/// collectors until `shutdown` is cancelled, `sampler_done` says no tick will come, and
+/// either everything is acked or `shutdown_timeout` has passed. Returns the summary.
 pub async fn run(
     cfg: UplinkConfig,
-    mut outbox: Box<dyn Outbox>,
-    mut ticks: mpsc::Receiver<Tick>,
+    outbox: SharedOutbox,
+    ticks: Arc<Notify>,
+    sampler_done: CancellationToken,
     shutdown: CancellationToken,
 ) -> Summary {
     let mut link = Link::Down {
@@ -351,41 +372,47 @@ pub async fn run(
     let mut ticks_open = true;
     let mut deadline: Option<Instant> = None;
     let mut paused_until: Option<Instant> = None;
+    let mut partial_at = Instant::now();
     let far = || Instant::now() + Duration::from_secs(86_400 * 365);
     loop {
         if deadline.is_none() && shutdown.is_cancelled() {
             deadline = Some(Instant::now() + cfg.shutdown_timeout);
+            partial_at = Instant::now();
             info!(
-                unacked = outbox.summary().unacked,
+                unacked = lock(&outbox).summary().unacked,
                 timeout = ?cfg.shutdown_timeout,
                 "stopping: delivering what is not acked yet"
             );
         }
-        if deadline.is_some() && !ticks_open && outbox.is_empty() {
+        if deadline.is_some() && !ticks_open && lock(&outbox).is_empty() {
             break;
         }
         if paused_until.is_some_and(|p| Instant::now() >= p) {
             paused_until = None;
         }
         if let (Link::Up(session), None) = (&mut link, paused_until)
-            && let Err(why) = pump(session, outbox.as_mut())
+            && let Err(why) = pump(session, lock(&outbox).as_mut(), &mut partial_at)
         {
             warn!(collector = %session.url, reason = why, "session lost while sending");
             link = down(&mut attempt);
         }
+        // Woken for a held-back partial batch only when ticks wait for one.
+        let partial_due = partial_at > Instant::now() && lock(&outbox).waiting();
         let wake = tokio::select! {
-            t = ticks.recv(), if ticks_open => Wake::Tick(t),
+            _ = ticks.notified(), if ticks_open => Wake::Tick,
+            _ = sampler_done.cancelled(), if ticks_open => Wake::SamplerDone,
             _ = shutdown.cancelled(), if deadline.is_none() => Wake::Shutdown,
             _ = sleep_until(deadline.unwrap_or_else(far)), if deadline.is_some() => Wake::Deadline,
             _ = sleep_until(paused_until.unwrap_or_else(far)), if paused_until.is_some() => Wake::Resume,
+            _ = sleep_until(partial_at), if partial_due => Wake::Resume,
             w = next_link_event(&mut link) => w,
         };
         match wake {
-            Wake::Tick(Some(t)) => outbox.push(t),
-            Wake::Tick(None) => ticks_open = false,
+            Wake::Tick => {}
+            Wake::SamplerDone => ticks_open = false,
             Wake::Shutdown | Wake::Resume => {}
             Wake::Deadline => {
-                let s = outbox.summary();
+                let s = lock(&outbox).summary();
                 if s.unacked > 0 {
                     warn!(
                         unacked = s.unacked,
@@ -415,7 +442,7 @@ pub async fn run(
                         collector_version = %welcome.collector_version,
                         "connected"
                     );
-                    outbox.start_session(welcome.last_acked_seq);
+                    lock(&outbox).start_session(welcome.last_acked_seq);
                     paused_until = None;
                     link = Link::Up(Box::new(session));
                 }
@@ -436,7 +463,7 @@ pub async fn run(
                 if matches!(msg.msg, Some(pb::collector_message::Msg::Ack(_))) {
                     attempt = 0;
                 }
-                if let Some(pause) = handle(msg, outbox.as_mut()) {
+                if let Some(pause) = handle(msg, lock(&outbox).as_mut()) {
                     paused_until = Some(Instant::now() + pause);
                 }
             }
@@ -450,7 +477,7 @@ pub async fn run(
             }
         }
     }
-    outbox.summary()
+    lock(&outbox).summary()
 }
 
 /// The link after a failure: down, retrying after the next backoff delay.
@@ -468,18 +495,26 @@ fn down(attempt: &mut u32) -> Link {
     }
 }
 
-/// Sends what the window allows. Fails when the session's request stream is gone.
-fn pump(session: &mut Session, outbox: &mut dyn Outbox) -> Result<(), &'static str> {
+/// Sends what the window allows: resends and full batches, and a partial batch when
+/// `partial_at` has passed (then the next one waits [`PARTIAL_BATCH_GAP`]). Fails when the
+/// session's request stream is gone.
+fn pump(
+    session: &mut Session,
+    outbox: &mut dyn Outbox,
+    partial_at: &mut Instant,
+) -> Result<(), &'static str> {
     while outbox.in_flight() < WINDOW {
-        let Some(batch) = outbox.next_to_send(session.limits) else {
+        let now = Instant::now();
+        let partial = now >= *partial_at;
+        let Some(batch) = outbox.next_batch(session.limits, partial) else {
             return Ok(());
         };
+        if partial {
+            *partial_at = now + PARTIAL_BATCH_GAP;
+        }
         let seq = batch.seq;
         debug!(seq, ticks = batch.ticks.len(), "sending batch");
-        let msg = pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::Batch(batch.into())),
-        };
-        match session.out.try_send(msg) {
+        match session.out.try_send(batch.into_message()) {
             Ok(()) => {}
             // Cannot happen while the channel holds the window; if it does, the session is
             // wedged: reconnecting resends everything in order.

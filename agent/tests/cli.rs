@@ -96,6 +96,26 @@ fn snapshot_json_parses_and_keeps_absent_values_null() {
 }
 
 #[test]
+fn snapshot_needs_no_node_name_nor_a_hostname_file() {
+    // A --proc-root without sys/kernel/hostname, no $HOSTNAME, no --node: the table is
+    // labelled with this machine's name from gethostname(2).
+    let empty = tempfile::tempdir().expect("tempdir");
+    let out = run_ok(
+        agent()
+            .args(["snapshot", "--simulate", "--sim-gpus", "1", "--json"])
+            .arg("--proc-root")
+            .arg(empty.path())
+            .env_remove("HOSTNAME"),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    let uname = rustix::system::uname();
+    let machine = uname.nodename().to_string_lossy();
+    assert!(!machine.is_empty());
+    assert_eq!(v["inventory"]["host"]["hostname"], machine.as_ref());
+    assert_eq!(v["tick"]["gpus"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
 fn config_file_supplies_flags_and_rejects_unknown_keys() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = dir.path().join("agent.toml");

@@ -277,6 +277,34 @@ async fn delivers_every_sample_and_the_collector_accepts_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_taken_faster_than_twice_a_second_travel_several_per_batch() {
+    let stop = CancellationToken::new();
+    let (url, store) = start(Behaviour::default(), stop.clone()).await;
+    let sim = simulator(SimOptions::new("fake-b", 1)).expect("sim");
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(run_agent(
+        options("fake-b", url),
+        Box::new(sim),
+        shutdown.clone(),
+    ));
+    until(&store, "60 stored ticks", |s| s.times.len() >= 60).await;
+    shutdown.cancel();
+    let summary = agent.await.expect("join").expect("agent ran");
+    stop.cancel();
+    let s = store.lock().expect("lock");
+    check_store(&s, summary);
+    assert_eq!(summary.acked, summary.sampled, "{summary:?}");
+    // Ticks every 20 ms, a partial batch at most every 500 ms: about 25 ticks a message
+    // (never fewer than 4 on average, however loaded the machine).
+    assert!(
+        s.batches.len() * 4 <= s.times.len(),
+        "{} batches for {} ticks",
+        s.batches.len(),
+        s.times.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_stream_is_resumed_without_loss_or_duplicates() {
     let stop = CancellationToken::new();
     let behaviour = Behaviour {

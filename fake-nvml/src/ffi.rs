@@ -152,18 +152,18 @@ fn load_scenario() -> Result<Scenario, String> {
     serde_json::from_str(&text).map_err(|e| format!("bad scenario {}: {e}", path.display()))
 }
 
-#[unsafe(no_mangle)]
-pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+/// Both init functions: the first loads the scenario, later ones count a reference.
+fn init(name: &'static str) -> nvmlReturn_t {
     let mut guard = state::lock();
     if let Some(s) = guard.as_mut() {
         s.inits += 1;
-        s.system_call("nvmlInit_v2");
+        s.system_call(name);
         return SUCCESS;
     }
     match load_scenario() {
         Ok(scenario) => {
             let mut s = State::new(scenario);
-            s.system_call("nvmlInit_v2");
+            s.system_call(name);
             *guard = Some(s);
             SUCCESS
         }
@@ -172,6 +172,17 @@ pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
             UNKNOWN
         }
     }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    init("nvmlInit_v2")
+}
+
+/// What pynvml's `nvmlInit()` calls (flags 0); the fake has no flag to honour.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    init("nvmlInitWithFlags")
 }
 
 #[unsafe(no_mangle)]
@@ -821,8 +832,12 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             let mut fv = get(slot)?;
             let (id, scope) = (fv.fieldId, fv.scopeId);
             s.field_asked(i, id, scope);
-            let unsupported = s.gpu(i).is_unsupported(&format!("field:{id}"))
-                || s.gpu(i).is_unsupported(&format!("field:{id}:{scope}"));
+            let g = s.gpu(i);
+            // (No names to build when nothing is unsupported: the fake's own cost per
+            // entry stays small next to the monitors measured against it.)
+            let unsupported = !g.unsupported.is_empty()
+                && (g.is_unsupported(&format!("field:{id}"))
+                    || g.is_unsupported(&format!("field:{id}:{scope}")));
             let read: Option<(u64, bool)> = if unsupported {
                 None
             } else {
@@ -945,35 +960,36 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     data: *mut nvmlEventData_t,
     timeout_ms: c_uint,
 ) -> nvmlReturn_t {
+    // Blocks like the driver's wait (no polling: a monitor waiting here costs no CPU),
+    // woken when a device call makes an event pending.
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    let mut guard = state::lock();
     loop {
-        let taken = state::with(|s| {
-            s.system_call("nvmlEventSetWait_v2");
-            let k = set_index(s, set)?;
-            Ok(s.take_event(k))
-        });
-        match taken {
+        let Some(s) = guard.as_mut() else {
+            return UNINITIALIZED;
+        };
+        s.system_call("nvmlEventSetWait_v2");
+        let k = match set_index(s, set) {
+            Ok(k) => k,
             Err(e) => return e,
-            Ok(Some(d)) => {
-                return code(put(
-                    data,
-                    nvmlEventData_t {
-                        device: device_handle(d.gpu),
-                        eventType: d.event_type,
-                        eventData: d.data,
-                        gpuInstanceId: NO_ID,
-                        computeInstanceId: NO_ID,
-                    },
-                ));
-            }
-            Ok(None) => {
-                let now = Instant::now();
-                if now >= deadline {
-                    return TIMEOUT;
-                }
-                std::thread::sleep((deadline - now).min(Duration::from_millis(5)));
-            }
+        };
+        if let Some(d) = s.take_event(k) {
+            return code(put(
+                data,
+                nvmlEventData_t {
+                    device: device_handle(d.gpu),
+                    eventType: d.event_type,
+                    eventData: d.data,
+                    gpuInstanceId: NO_ID,
+                    computeInstanceId: NO_ID,
+                },
+            ));
         }
+        let now = Instant::now();
+        if now >= deadline {
+            return TIMEOUT;
+        }
+        guard = state::wait_for_event(guard, deadline - now);
     }
 }
 

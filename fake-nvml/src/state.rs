@@ -9,8 +9,8 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_UNINITIALIZED as UNINITIALIZED, nvmlReturn_t,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The one fake machine of this copy of the library; `None` until `nvmlInit_v2`.
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -21,9 +21,23 @@ pub const MIG_HANDLES: usize = 0x10_0000;
 /// An NVML result: the error is the return code.
 pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
 
+/// Signalled when a device call makes an event pending (event waits block on it).
+static EVENT_PENDING: Condvar = Condvar::new();
+
 /// Locks the state (a panic elsewhere cannot poison the fake for good).
 pub fn lock() -> MutexGuard<'static, Option<State>> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Releases the state until an event may be pending or `timeout` has passed.
+pub fn wait_for_event(
+    guard: MutexGuard<'static, Option<State>>,
+    timeout: Duration,
+) -> MutexGuard<'static, Option<State>> {
+    match EVENT_PENDING.wait_timeout(guard, timeout) {
+        Ok((g, _)) => g,
+        Err(e) => e.into_inner().0,
+    }
 }
 
 /// Runs `f` on the initialised state, or answers `NVML_ERROR_UNINITIALIZED`.
@@ -136,6 +150,9 @@ impl State {
         let call = self.calls[i];
         self.calls[i] += 1;
         let gpu = &self.scenario.gpus[i];
+        if gpu.events.iter().any(|e| e.after_calls == call + 1) {
+            EVENT_PENDING.notify_all();
+        }
         if gpu.is_lost_at(call) {
             return Err(GPU_IS_LOST);
         }

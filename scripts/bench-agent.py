@@ -1,0 +1,252 @@
+"""Driver of scripts/bench-agent (run that, not this): whole-process CPU and RSS of the real
+`gpufleet-agent run` (streaming to a real collector) against a pynvml loop, both on the
+same fake libnvidia-ml with the same GPUs, at each interval.
+
+CPU is read from outside the measured process: utime+stime of /proc/PID/stat (10 ms
+ticks) and the process CPU clock (clock_gettime on the pid's CPU clock, in ns: the same
+quantity without the tick rounding, threads that already exited included). Figures per
+GPU-sample divide by the ticks due in the window (window / interval × GPUs).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, what, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"error: {what} exited with {proc.returncode} before listening")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    sys.exit(f"error: {what} does not listen on {port} after {timeout} s")
+
+
+def cpu(pid):
+    """(CPU seconds from the pid's CPU clock, CPU seconds from /proc/PID/stat)."""
+    clock = ((~pid) << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+    precise = time.clock_gettime(clock)
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime + stime
+    return precise, ticks / CLK_TCK
+
+
+def rss_mib(pid):
+    """(VmRSS, VmHWM) in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) / 1024
+    return out.get("VmRSS", 0.0), out.get("VmHWM", 0.0)
+
+
+def parse_interval(text):
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    if text.endswith("s"):
+        return float(text[:-1])
+    raise SystemExit(f"error: interval {text!r}: write e.g. 1s or 100ms")
+
+
+def scenario(gpus, pids):
+    """GPUs of a busy HGX-like node: each process is a rank holding two GPUs."""
+    out = []
+    for g in range(gpus):
+        procs = [
+            {"pid": pid, "used_bytes": (20 + k) << 30, "sm_pct": 80 + k}
+            for k, pid in enumerate(pids)
+            if k == (g // 2) % len(pids)
+        ]
+        out.append(
+            {
+                "uuid": f"GPU-bench-{g:02}",
+                "util_gpu_pct": [90, 95, 99],
+                "util_mem_pct": [40, 45, 50],
+                "mem_used_bytes": 42 << 30,
+                "power_mw": {"start": 300000, "step": 7},
+                "power_instant_mw": {"start": 310000, "step": 11},
+                "energy_mj": {"start": 1000000, "step": 30000},
+                "temp_gpu_c": [61, 62, 63],
+                "clock_sm_mhz": 1410,
+                "clock_graphics_mhz": 1410,
+                "nvlink_tx_kib": [{"start": 0, "step": 4096}] * 12,
+                "nvlink_rx_kib": [{"start": 0, "step": 4096}] * 12,
+                "compute_processes": procs,
+            }
+        )
+    return {"gpus": out}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--intervals", default="1s,100ms")
+    ap.add_argument("--work-dir", required=True, help="on a real disk: the spool fsyncs")
+    ap.add_argument("--agent-arg", action="append", default=[])
+    args = ap.parse_args()
+    bins = args.bin_dir
+    lib_built = os.path.join(bins, "libfake_nvml.so")
+    for f in ("gpufleet-agent", "gpufleet-collector", "libfake_nvml.so"):
+        if not os.path.exists(os.path.join(bins, f)):
+            sys.exit(f"error: {f} not built in {bins}")
+    os.makedirs(args.work_dir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="bench-agent-", dir=args.work_dir)
+    children = []
+
+    def spawn(cmd, **kw):
+        p = subprocess.Popen(cmd, **kw)
+        children.append(p)
+        return p
+
+    try:
+        # Real processes for the GPU process lists: their /proc entries are read by the
+        # agent (user, command, cgroup) as on a node.
+        sleepers = [spawn(["sleep", "100000"]) for _ in range(args.procs)]
+        lib_dir = os.path.join(tmp, "lib")
+        os.makedirs(lib_dir)
+        lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
+        shutil.copy(lib_built, lib)
+        with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
+            json.dump(scenario(args.gpus, [s.pid for s in sleepers]), f)
+        grpc, http = free_port(), free_port()
+        collector_log = open(os.path.join(tmp, "collector.log"), "w")
+        collector = spawn(
+            [
+                os.path.join(bins, "gpufleet-collector"),
+                "serve",
+                "--db",
+                f"sqlite://{tmp}/collector.db",
+                "--grpc-listen",
+                f"127.0.0.1:{grpc}",
+                "--http-listen",
+                f"127.0.0.1:{http}",
+            ],
+            stdout=collector_log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_port(grpc, collector, "the collector")
+        print(
+            f"{args.gpus} fake GPUs, {args.procs} processes, {args.seconds:g} s per interval; "
+            f"work dir {tmp}",
+            flush=True,
+        )
+        rows = []
+        for text in args.intervals.split(","):
+            ivl = parse_interval(text.strip())
+            rows.append(run_interval(args, bins, tmp, lib, lib_dir, grpc, text.strip(), ivl, spawn))
+        print()
+        print(
+            "| interval | agent µs CPU / GPU-sample | agent % of a core | agent RSS MiB (peak) "
+            "| pynvml µs CPU / GPU-sample | pynvml % of a core | pynvml RSS MiB (peak) | pynvml ÷ agent |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['interval']} | {r['agent_us']:.1f} | {r['agent_pct']:.3f} | "
+                f"{r['agent_rss']:.1f} ({r['agent_hwm']:.1f}) | {r['py_us']:.1f} | "
+                f"{r['py_pct']:.3f} | {r['py_rss']:.1f} ({r['py_hwm']:.1f}) | "
+                f"{r['py_us'] / r['agent_us']:.1f}× |"
+            )
+    finally:
+        for p in children:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if os.environ.get("KEEP") != "1":
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
+    node = f"bench-{text}"
+    agent_log = open(os.path.join(tmp, f"agent-{text}.log"), "w")
+    agent = spawn(
+        [
+            os.path.join(bins, "gpufleet-agent"),
+            "run",
+            "--collector",
+            f"http://127.0.0.1:{grpc}",
+            "--node",
+            node,
+            "--interval",
+            text,
+            "--nvml-lib",
+            lib,
+            "--spool-dir",
+            os.path.join(tmp, f"spool-{text}"),
+            *args.agent_arg,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=agent_log,
+        text=True,
+    )
+    env = dict(os.environ, LD_LIBRARY_PATH=lib_dir)
+    loop = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-agent-pynvml.py")
+    py = spawn([sys.executable, loop, str(ivl)], stdout=subprocess.PIPE, env=env, text=True)
+    # Warm up: NVML opened, inventory sent, first acks back, Python imports done.
+    time.sleep(max(3.0, 5 * ivl))
+    for p, what in ((agent, "the agent"), (py, "the pynvml loop")):
+        if p.poll() is not None:
+            sys.exit(f"error: {what} exited with {p.returncode}; see {tmp}")
+    a0, p0 = cpu(agent.pid), cpu(py.pid)
+    time.sleep(args.seconds)
+    a1, p1 = cpu(agent.pid), cpu(py.pid)
+    a_rss, a_hwm = rss_mib(agent.pid)
+    p_rss, p_hwm = rss_mib(py.pid)
+    agent.send_signal(signal.SIGTERM)
+    py.send_signal(signal.SIGTERM)
+    a_out, _ = agent.communicate(timeout=60)
+    p_out, _ = py.communicate(timeout=60)
+    summary = a_out.strip().splitlines()[-1] if a_out.strip() else ""
+    if agent.returncode != 0 or "unacked=0" not in summary or "dropped=0" not in summary:
+        sys.exit(f"error: the agent did not deliver everything: {summary!r} (rc {agent.returncode}); see {tmp}")
+    samples = args.seconds / ivl * args.gpus
+    r = {
+        "interval": text,
+        "agent_us": (a1[0] - a0[0]) * 1e6 / samples,
+        "agent_pct": (a1[0] - a0[0]) / args.seconds * 100,
+        "agent_stat_us": (a1[1] - a0[1]) * 1e6 / samples,
+        "agent_rss": a_rss,
+        "agent_hwm": a_hwm,
+        "py_us": (p1[0] - p0[0]) * 1e6 / samples,
+        "py_pct": (p1[0] - p0[0]) / args.seconds * 100,
+        "py_stat_us": (p1[1] - p0[1]) * 1e6 / samples,
+        "py_rss": p_rss,
+        "py_hwm": p_hwm,
+    }
+    print(
+        f"{text}: agent {r['agent_us']:.1f} µs/GPU-sample (stat ticks: {r['agent_stat_us']:.1f}), "
+        f"RSS {a_rss:.1f} MiB; pynvml {r['py_us']:.1f} µs/GPU-sample (stat ticks: "
+        f"{r['py_stat_us']:.1f}), RSS {p_rss:.1f} MiB; ratio {r['py_us'] / r['agent_us']:.1f}×; "
+        f"agent {summary}; pynvml {p_out.strip()}",
+        flush=True,
+    )
+    return r
+
+
+if __name__ == "__main__":
+    main()
