@@ -10,7 +10,7 @@
 //!   intensity, where a forecast covers it (`null` otherwise) — the dashboard's hint of when
 //!   to run a job.
 
-use crate::http::{ApiError, AppState};
+use crate::http::{ApiError, AppState, time_param};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use gpufleet_carbon::{IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
-use gpufleet_core::config::{format_time, parse_duration, parse_time};
+use gpufleet_core::config::{format_time, parse_duration};
 use serde::{Deserialize, Serialize};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -85,14 +85,8 @@ async fn intensity(
             "region is required: a UK region id (13), national, or a zone (DE)".into(),
         )
     })?;
-    let from = match p.from.as_deref() {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => now - DAY_MS,
-    };
-    let to = match p.to.as_deref() {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now + DAY_MS,
-    };
+    let from = time_param("from", p.from.as_deref(), now)?.unwrap_or(now - DAY_MS);
+    let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now + DAY_MS);
     if from > to {
         return Err(ApiError::BadRequest("from is after to".into()));
     }
@@ -100,7 +94,8 @@ async fn intensity(
         Some(w) => parse_duration(w).map_err(|e| ApiError::BadRequest(format!("window: {e}")))?,
         None => std::time::Duration::from_secs(2 * 3600),
     };
-    let window_ms = window.as_millis() as i64;
+    // A window too long for i64 ms is out of range too, not wrapped into it.
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
     if !(1..=DAY_MS).contains(&window_ms) {
         return Err(ApiError::BadRequest(
             "window must be between 1ms and 24h".into(),

@@ -16,7 +16,7 @@
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::energy::{MINUTE_MS, minute_of};
-use crate::http::{ApiError, AppState};
+use crate::http::{ApiError, AppState, time_param};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuEnergy, WorkloadEnergy};
@@ -24,7 +24,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use gpufleet_core::config::{format_time, parse_time};
+use gpufleet_core::config::format_time;
 use gpufleet_core::{UnixMs, Workload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -51,14 +51,9 @@ const DAY_MS: i64 = 86_400_000;
 /// holding `from`.
 pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
     let now = (st.clock)();
-    let to = match p.to.as_deref() {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now,
-    };
-    let from = match p.from.as_deref() {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => now.div_euclid(DAY_MS) * DAY_MS,
-    };
+    let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now);
+    let from =
+        time_param("from", p.from.as_deref(), now)?.unwrap_or(now.div_euclid(DAY_MS) * DAY_MS);
     if from > to {
         return Err(ApiError::BadRequest(format!(
             "from ({}) is after to ({})",

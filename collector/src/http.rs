@@ -114,6 +114,20 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A time query parameter (`from`, `to`, …): `None` when absent, else parsed by
+/// [`parse_time`] (range-checked, so callers may add and subtract days without overflow),
+/// or a 400 that names the parameter.
+pub(crate) fn time_param(
+    name: &str,
+    value: Option<&str>,
+    now: UnixMs,
+) -> Result<Option<UnixMs>, ApiError> {
+    value
+        .map(|v| parse_time(v, now))
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("{name}: {e}")))
+}
+
 async fn not_found() -> ApiError {
     ApiError::NotFound(
         "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /api/v1/live, /metrics"
@@ -437,14 +451,8 @@ pub(crate) fn series_window(
     step: Option<&str>,
     now: UnixMs,
 ) -> Result<(TimeRange, Option<i64>), ApiError> {
-    let to = match to {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now,
-    };
-    let from = match from {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => to - DEFAULT_SERIES_RANGE_MS,
-    };
+    let to = time_param("to", to, now)?.unwrap_or(now);
+    let from = time_param("from", from, now)?.unwrap_or(to - DEFAULT_SERIES_RANGE_MS);
     if from > to {
         return Err(ApiError::BadRequest(format!(
             "from ({}) is after to ({})",
