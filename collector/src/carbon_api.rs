@@ -10,7 +10,7 @@
 //!   intensity, where a forecast covers it (`null` otherwise) — the dashboard's hint of when
 //!   to run a job.
 
-use crate::http::{ApiError, AppState, time_param};
+use crate::http::{ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -29,16 +29,23 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/api/v1/carbon/intensity", get(intensity))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct Params {
+    /// A UK region id (`13`), `national`, or a zone (`DE`).
+    #[param(required = true)]
     region: Option<String>,
+    /// `uk` or `electricitymaps`; default: whichever cached this region.
     provider: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-1h`; default 24 hours before now.
     from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now+1h`; default 24 hours after now.
     to: Option<String>,
+    /// Length of the lowest-intensity window (`2h`, between 1ms and 24h); default 2h.
     window: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct SlotView {
     from: String,
     to: String,
@@ -53,7 +60,7 @@ struct SlotView {
     fetched_at: String,
 }
 
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize, PartialEq, utoipa::ToSchema)]
 struct Window {
     from: String,
     to: String,
@@ -62,7 +69,7 @@ struct Window {
     avg_g_per_kwh: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct IntensityView {
     provider: Option<&'static str>,
     region: String,
@@ -74,6 +81,9 @@ struct IntensityView {
     window_seconds: u64,
 }
 
+/// Cached carbon intensity of a region, with the lowest-intensity window ahead.
+#[utoipa::path(get, path = "/api/v1/carbon/intensity", tag = "carbon", params(Params),
+    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses))]
 async fn intensity(
     State(st): State<AppState>,
     params: Result<Query<Params>, QueryRejection>,

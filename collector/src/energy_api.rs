@@ -16,7 +16,7 @@
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::energy::{MINUTE_MS, minute_of};
-use crate::http::{ApiError, AppState, time_param};
+use crate::http::{ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuEnergy, WorkloadEnergy};
@@ -37,11 +37,16 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/energy", get(energy))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct RangeParams {
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
     pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
     pub(crate) to: Option<String>,
+    /// Only this node's GPUs.
     pub(crate) node: Option<String>,
+    /// `container` (default), `pod`, `namespace`, `job` or `user`.
     pub(crate) group_by: Option<String>,
 }
 
@@ -120,7 +125,7 @@ impl GroupBy {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct GpuRef {
     node: String,
     uuid: String,
@@ -128,7 +133,7 @@ struct GpuRef {
     name: String,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct MethodMix {
     /// Measured by the GPU's energy counter.
     counter_j: f64,
@@ -136,7 +141,7 @@ struct MethodMix {
     trapezoid_j: f64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct SplitMix {
     /// Seconds split by per-process SM utilization.
     sm_s: f64,
@@ -146,7 +151,7 @@ struct SplitMix {
     equal_s: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct ContainerRow {
     /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
     /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `user:uid-<n>`).
@@ -177,7 +182,7 @@ struct ContainerRow {
 }
 
 /// Where a carbon figure came from.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct CarbonView {
     /// Energy-weighted average intensity used (gCO2/kWh, before PUE).
     avg_g_per_kwh: Option<f64>,
@@ -311,7 +316,7 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
     out
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ContainersView {
     from: String,
     to: String,
@@ -321,6 +326,9 @@ struct ContainersView {
     rows: Vec<ContainerRow>,
 }
 
+/// Energy per container (or pod, namespace, job, user), biggest first.
+#[utoipa::path(get, path = "/api/v1/containers", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "energy per workload", body = ContainersView), ErrorResponses))]
 async fn containers(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,
@@ -340,7 +348,7 @@ async fn containers(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct MinutePoint {
     minute: String,
     minute_ms: UnixMs,
@@ -350,7 +358,7 @@ struct MinutePoint {
     avg_share: Option<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ContainerView {
     from: String,
     to: String,
@@ -360,6 +368,10 @@ struct ContainerView {
     series: Vec<MinutePoint>,
 }
 
+/// One workload's energy, with a per-minute series.
+#[utoipa::path(get, path = "/api/v1/containers/{key}", tag = "energy",
+    params(("key" = String, Path, description = "a workload key: container:<id>, slurm:<job>, host:<unit>"), RangeParams),
+    responses((status = 200, description = "the workload", body = ContainerView), ErrorResponses))]
 async fn container(
     State(st): State<AppState>,
     Path(key): Path<String>,
@@ -402,7 +414,7 @@ async fn container(
     }))
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct EnergyTotals {
     energy_mj: u64,
     energy_j: f64,
@@ -479,7 +491,7 @@ fn totals<'a>(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct GpuEnergyView {
     node: String,
     uuid: String,
@@ -489,7 +501,7 @@ struct GpuEnergyView {
     totals: EnergyTotals,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EnergyView {
     from: String,
     to: String,
@@ -502,6 +514,9 @@ struct EnergyView {
     gpus: Vec<GpuEnergyView>,
 }
 
+/// Fleet total and energy per node and per GPU.
+#[utoipa::path(get, path = "/api/v1/energy", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "the totals", body = EnergyView), ErrorResponses))]
 async fn energy(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,

@@ -49,6 +49,7 @@ pub mod leader;
 pub mod limits;
 pub mod live;
 pub mod metrics;
+pub mod openapi;
 pub mod prometheus;
 pub mod rate_limit;
 pub mod report;

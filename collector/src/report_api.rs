@@ -9,7 +9,7 @@
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
 
 use crate::energy_api::{RangeParams, range};
-use crate::http::{ApiError, AppState};
+use crate::http::{ApiError, AppState, ErrorResponses};
 use crate::report::{ReportError, ReportSubject, build};
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -27,16 +27,27 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/report/plot.png", get(report_plot))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ReportParams {
+    /// A container (`container:<id>` or the bare id); exactly one of container, pod, job,
+    /// node.
     container: Option<String>,
+    /// A pod UID.
     pod: Option<String>,
+    /// A Slurm job id.
     job: Option<String>,
+    /// A node name.
     node: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
     from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
     to: Option<String>,
+    /// `json` (default), `yaml`, `csv` or `table`.
     format: Option<String>,
+    /// The plot's width in pixels.
     width: Option<u32>,
+    /// The plot's height in pixels.
     height: Option<u32>,
     /// `true`: include the per-GPU series and the intensities.
     series: Option<bool>,
@@ -71,6 +82,15 @@ async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
         })
 }
 
+/// The report of one container, pod, job or node over a range. Its JSON fields are
+/// described in the README ("Reports").
+#[utoipa::path(get, path = "/api/v1/report", tag = "reports", params(ReportParams),
+    responses((status = 200, description = "the report in the format asked for", content(
+        (Object = "application/json"),
+        (String = "application/yaml"),
+        (String = "text/csv; charset=utf-8"),
+        (String = "text/plain; charset=utf-8"),
+    )), ErrorResponses))]
 async fn report(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,
@@ -86,6 +106,10 @@ async fn report(
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
+/// The report's time-series plot.
+#[utoipa::path(get, path = "/api/v1/report/plot.png", tag = "reports", params(ReportParams),
+    responses((status = 200, description = "the plot", content_type = "image/png", body = Vec<u8>),
+        ErrorResponses))]
 async fn report_plot(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,
