@@ -31,18 +31,18 @@ pub fn routes() -> Router<AppState> {
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct Params {
+pub(crate) struct Params {
     /// A UK region id (`13`), `national`, or a zone (`DE`).
     #[param(required = true)]
-    region: Option<String>,
+    pub(crate) region: Option<String>,
     /// `uk` or `electricitymaps`; default: whichever cached this region.
-    provider: Option<String>,
+    pub(crate) provider: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-1h`; default 24 hours before now.
-    from: Option<String>,
+    pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now+1h`; default 24 hours after now.
-    to: Option<String>,
+    pub(crate) to: Option<String>,
     /// Length of the lowest-intensity window (`2h`, between 1ms and 24h); default 2h.
-    window: Option<String>,
+    pub(crate) window: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -81,20 +81,26 @@ struct IntensityView {
     window_seconds: u64,
 }
 
-/// Cached carbon intensity of a region, with the lowest-intensity window ahead.
-#[utoipa::path(get, path = "/api/v1/carbon/intensity", tag = "carbon", params(Params),
-    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses))]
-async fn intensity(
-    State(st): State<AppState>,
-    params: Result<Query<Params>, QueryRejection>,
-) -> Result<Json<IntensityView>, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
-    let now = (st.clock)();
-    let region = p.region.filter(|r| !r.trim().is_empty()).ok_or_else(|| {
-        ApiError::BadRequest(
-            "region is required: a UK region id (13), national, or a zone (DE)".into(),
-        )
-    })?;
+/// The checked parameters of a request (all but `provider`).
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) region: String,
+    pub(crate) from: UnixMs,
+    pub(crate) to: UnixMs,
+    pub(crate) window_ms: i64,
+}
+
+/// Checks `region`, `from` / `to` (default now-24h .. now+24h) and `window`.
+pub(crate) fn parse_query(p: &Params, now: UnixMs) -> Result<Parsed, ApiError> {
+    let region = p
+        .region
+        .clone()
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::BadRequest(
+                "region is required: a UK region id (13), national, or a zone (DE)".into(),
+            )
+        })?;
     let from = time_param("from", p.from.as_deref(), now)?.unwrap_or(now - DAY_MS);
     let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now + DAY_MS);
     if from > to {
@@ -111,6 +117,29 @@ async fn intensity(
             "window must be between 1ms and 24h".into(),
         ));
     }
+    Ok(Parsed {
+        region,
+        from,
+        to,
+        window_ms,
+    })
+}
+
+/// Cached carbon intensity of a region, with the lowest-intensity window ahead.
+#[utoipa::path(get, path = "/api/v1/carbon/intensity", tag = "carbon", params(Params),
+    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses))]
+async fn intensity(
+    State(st): State<AppState>,
+    params: Result<Query<Params>, QueryRejection>,
+) -> Result<Json<IntensityView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let now = (st.clock)();
+    let Parsed {
+        region,
+        from,
+        to,
+        window_ms,
+    } = parse_query(&p, now)?;
     let providers: Vec<ProviderKind> = match p.provider.as_deref() {
         Some(name) => vec![ProviderKind::parse(name).ok_or_else(|| {
             ApiError::BadRequest(format!(
@@ -173,7 +202,7 @@ async fn intensity(
             })
             .collect(),
         lowest_window: lowest,
-        window_seconds: window.as_secs(),
+        window_seconds: u64::try_from(window_ms / 1000).unwrap_or(0),
     }))
 }
 

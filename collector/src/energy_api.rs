@@ -55,7 +55,11 @@ const DAY_MS: i64 = 86_400_000;
 /// The range of `from` / `to` (default: today, UTC midnight .. now), from the minute
 /// holding `from`.
 pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
-    let now = (st.clock)();
+    range_at(p, (st.clock)())
+}
+
+/// [`range`] with "now" given.
+pub(crate) fn range_at(p: &RangeParams, now: UnixMs) -> Result<TimeRange, ApiError> {
     let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now);
     let from =
         time_param("from", p.from.as_deref(), now)?.unwrap_or(now.div_euclid(DAY_MS) * DAY_MS);
@@ -74,7 +78,7 @@ pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiErro
 
 /// What rows are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GroupBy {
+pub(crate) enum GroupBy {
     Container,
     Pod,
     Namespace,
@@ -83,7 +87,7 @@ enum GroupBy {
 }
 
 impl GroupBy {
-    fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
+    pub(crate) fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
         match s.unwrap_or("container") {
             "container" => Ok(GroupBy::Container),
             "pod" => Ok(GroupBy::Pod),

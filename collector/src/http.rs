@@ -395,16 +395,16 @@ async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
 /// gets an error that says what to send).
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct SeriesParams {
+pub(crate) struct SeriesParams {
     /// The metric (`util_gpu_pct`, `power_mw`, …).
     #[param(required = true)]
-    metric: Option<String>,
+    pub(crate) metric: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default 15 minutes before `to`.
-    from: Option<String>,
+    pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
-    to: Option<String>,
+    pub(crate) to: Option<String>,
     /// Bucket width (`10s`, `5m`, or ms); raw samples when absent.
-    step: Option<String>,
+    pub(crate) step: Option<String>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]

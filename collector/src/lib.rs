@@ -41,6 +41,7 @@ pub mod energy_check;
 pub mod energy_cli;
 pub mod exposure;
 pub mod follow;
+pub mod fuzz;
 pub mod http;
 pub mod http_serve;
 pub mod identity;

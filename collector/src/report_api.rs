@@ -29,28 +29,28 @@ pub fn routes() -> Router<AppState> {
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct ReportParams {
+pub(crate) struct ReportParams {
     /// A container (`container:<id>` or the bare id); exactly one of container, pod, job,
     /// node.
-    container: Option<String>,
+    pub(crate) container: Option<String>,
     /// A pod UID.
-    pod: Option<String>,
+    pub(crate) pod: Option<String>,
     /// A Slurm job id.
-    job: Option<String>,
+    pub(crate) job: Option<String>,
     /// A node name.
-    node: Option<String>,
+    pub(crate) node: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
-    from: Option<String>,
+    pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
-    to: Option<String>,
+    pub(crate) to: Option<String>,
     /// `json` (default), `yaml`, `csv` or `table`.
-    format: Option<String>,
+    pub(crate) format: Option<String>,
     /// The plot's width in pixels.
-    width: Option<u32>,
+    pub(crate) width: Option<u32>,
     /// The plot's height in pixels.
-    height: Option<u32>,
+    pub(crate) height: Option<u32>,
     /// `true`: include the per-GPU series and the intensities.
-    series: Option<bool>,
+    pub(crate) series: Option<bool>,
 }
 
 async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
