@@ -10,7 +10,7 @@
 //!   intensity, where a forecast covers it (`null` otherwise) — the dashboard's hint of when
 //!   to run a job.
 
-use crate::http::{ApiError, AppState, ErrorResponses, time_param};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -127,7 +127,7 @@ pub(crate) fn parse_query(p: &Params, now: UnixMs) -> Result<Parsed, ApiError> {
 
 /// Cached carbon intensity of a region, with the lowest-intensity window ahead.
 #[utoipa::path(get, path = "/api/v1/carbon/intensity", tag = "carbon", params(Params),
-    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses))]
+    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses, AccessResponses))]
 async fn intensity(
     State(st): State<AppState>,
     params: Result<Query<Params>, QueryRejection>,

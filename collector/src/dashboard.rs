@@ -13,7 +13,9 @@
 //! `now-15m`; `from` defaults to 15 minutes before `to`; `step` averages per bucket
 //! `[k*step, (k+1)*step)`. Absent values are `null`, never 0.
 
-use crate::http::{ApiError, AppState, ErrorResponses, MAX_SERIES_POINTS, NodeView, node_view};
+use crate::http::{
+    AccessResponses, ApiError, AppState, ErrorResponses, MAX_SERIES_POINTS, NodeView, node_view,
+};
 use crate::http::{GpuDetailView, gpu_detail};
 use crate::http::{Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples};
 use crate::live::LiveNode;
@@ -173,7 +175,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
 
 /// Every node in brief, as the fleet page's tiles show them.
 #[utoipa::path(get, path = "/api/v1/fleet", tag = "fleet", responses(
-    (status = 200, description = "every node", body = Vec<FleetNode>),
+    (status = 200, description = "every node", body = Vec<FleetNode>), AccessResponses,
 ))]
 async fn fleet(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
@@ -198,7 +200,7 @@ fn json_bytes(body: Vec<u8>) -> Response {
 /// One node, as listed by `/api/v1/nodes`.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}", tag = "fleet",
     params(("name" = String, Path, description = "the node's name")),
-    responses((status = 200, description = "the node", body = NodeView), ErrorResponses))]
+    responses((status = 200, description = "the node", body = NodeView), ErrorResponses, AccessResponses))]
 async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     let body = st.live.read(|s| {
@@ -215,7 +217,7 @@ async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Re
 /// One GPU (as in the node list) with its node's name, status and sampling interval.
 #[utoipa::path(get, path = "/api/v1/gpus/{uuid}", tag = "fleet",
     params(("uuid" = String, Path, description = "the GPU's UUID")),
-    responses((status = 200, description = "the GPU", body = GpuDetailView), ErrorResponses))]
+    responses((status = 200, description = "the GPU", body = GpuDetailView), ErrorResponses, AccessResponses))]
 async fn gpu(State(st): State<AppState>, Path(uuid): Path<String>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     let body = st.live.read(|s| {
@@ -255,7 +257,7 @@ struct GpuPoints {
 /// One metric for every GPU of a node.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/series", tag = "fleet",
     params(("name" = String, Path, description = "the node's name"), RangeParams),
-    responses((status = 200, description = "the series", body = NodeSeriesView), ErrorResponses))]
+    responses((status = 200, description = "the series", body = NodeSeriesView), ErrorResponses, AccessResponses))]
 async fn node_series(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -406,7 +408,7 @@ fn node_id(st: &AppState, name: &str) -> Result<NodeId, ApiError> {
 /// The node's host metrics over time.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/host/series", tag = "fleet",
     params(("name" = String, Path, description = "the node's name"), RangeParams),
-    responses((status = 200, description = "the series", body = HostSeriesView), ErrorResponses))]
+    responses((status = 200, description = "the series", body = HostSeriesView), ErrorResponses, AccessResponses))]
 async fn host_series(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -492,7 +494,7 @@ struct EventsView {
 /// The node's events (Xid, ECC, GPU lost, …), oldest first.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/events", tag = "fleet",
     params(("name" = String, Path, description = "the node's name"), RangeParams),
-    responses((status = 200, description = "the events", body = EventsView), ErrorResponses))]
+    responses((status = 200, description = "the events", body = EventsView), ErrorResponses, AccessResponses))]
 async fn events(
     State(st): State<AppState>,
     Path(name): Path<String>,

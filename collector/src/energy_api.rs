@@ -16,7 +16,7 @@
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::energy::{MINUTE_MS, minute_of};
-use crate::http::{ApiError, AppState, ErrorResponses, time_param};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuEnergy, WorkloadEnergy};
@@ -332,7 +332,7 @@ struct ContainersView {
 
 /// Energy per container (or pod, namespace, job, user), biggest first.
 #[utoipa::path(get, path = "/api/v1/containers", tag = "energy", params(RangeParams),
-    responses((status = 200, description = "energy per workload", body = ContainersView), ErrorResponses))]
+    responses((status = 200, description = "energy per workload", body = ContainersView), ErrorResponses, AccessResponses))]
 async fn containers(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,
@@ -375,7 +375,7 @@ struct ContainerView {
 /// One workload's energy, with a per-minute series.
 #[utoipa::path(get, path = "/api/v1/containers/{key}", tag = "energy",
     params(("key" = String, Path, description = "a workload key: container:<id>, slurm:<job>, host:<unit>"), RangeParams),
-    responses((status = 200, description = "the workload", body = ContainerView), ErrorResponses))]
+    responses((status = 200, description = "the workload", body = ContainerView), ErrorResponses, AccessResponses))]
 async fn container(
     State(st): State<AppState>,
     Path(key): Path<String>,
@@ -520,7 +520,7 @@ struct EnergyView {
 
 /// Fleet total and energy per node and per GPU.
 #[utoipa::path(get, path = "/api/v1/energy", tag = "energy", params(RangeParams),
-    responses((status = 200, description = "the totals", body = EnergyView), ErrorResponses))]
+    responses((status = 200, description = "the totals", body = EnergyView), ErrorResponses, AccessResponses))]
 async fn energy(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,

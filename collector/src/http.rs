@@ -101,9 +101,12 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
-/// The error answers every `/api/v1/*` route may give, for the OpenAPI description.
+/// The error answers of routes that take parameters, for the OpenAPI description.
 #[derive(utoipa::IntoResponses)]
-#[allow(dead_code)]
+#[allow(
+    dead_code,
+    reason = "never built: only its derived OpenAPI responses are used"
+)]
 pub(crate) enum ErrorResponses {
     /// A bad parameter; the message names it.
     #[response(status = 400)]
@@ -114,6 +117,22 @@ pub(crate) enum ErrorResponses {
     /// The database does not answer now; try again.
     #[response(status = 503)]
     Unavailable(ErrorBody),
+}
+
+/// The answers of the layers in front of every route, for the OpenAPI description:
+/// [`crate::web_auth`] (a credential is needed off loopback) and [`crate::rate_limit`].
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "never built: only its derived OpenAPI responses are used"
+)]
+pub(crate) enum AccessResponses {
+    /// No valid credential where one is needed.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// Too many requests from this address; see `Retry-After`.
+    #[response(status = 429)]
+    TooManyRequests(ErrorBody),
 }
 
 impl IntoResponse for ApiError {
@@ -183,6 +202,7 @@ pub(crate) struct HealthView<'a> {
 #[utoipa::path(get, path = "/api/v1/health", tag = "fleet", responses(
     (status = 200, description = "the collector and its database answer", body = HealthView),
     (status = 503, description = "the database does not answer", body = HealthView),
+    AccessResponses,
 ))]
 async fn health(
     State(st): State<AppState>,
@@ -373,7 +393,7 @@ pub(crate) fn gpu_detail<'a>(
 
 /// Every node with status, delivery state, host, GPUs with inventory and latest sample.
 #[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", responses(
-    (status = 200, description = "every node", body = Vec<NodeView>),
+    (status = 200, description = "every node", body = Vec<NodeView>), AccessResponses,
 ))]
 async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
@@ -575,7 +595,7 @@ pub(crate) fn too_many_samples(range: TimeRange) -> ApiError {
 /// One metric of one GPU over time.
 #[utoipa::path(get, path = "/api/v1/gpus/{uuid}/series", tag = "fleet",
     params(("uuid" = String, Path, description = "the GPU's UUID"), SeriesParams),
-    responses((status = 200, description = "the series", body = SeriesView), ErrorResponses))]
+    responses((status = 200, description = "the series", body = SeriesView), ErrorResponses, AccessResponses))]
 async fn series(
     State(st): State<AppState>,
     Path(uuid): Path<String>,

@@ -71,6 +71,7 @@ pub fn openapi_bytes() -> &'static [u8] {
 /// This description (OpenAPI 3.1, JSON).
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "fleet", responses(
     (status = 200, description = "the OpenAPI description", body = Object),
+    crate::http::AccessResponses,
 ))]
 async fn openapi_json() -> Response {
     (

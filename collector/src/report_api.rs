@@ -9,7 +9,7 @@
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
 
 use crate::energy_api::{RangeParams, range};
-use crate::http::{ApiError, AppState, ErrorResponses};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses};
 use crate::report::{ReportError, ReportSubject, build};
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -90,7 +90,7 @@ async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
         (String = "application/yaml"),
         (String = "text/csv; charset=utf-8"),
         (String = "text/plain; charset=utf-8"),
-    )), ErrorResponses))]
+    )), ErrorResponses, AccessResponses, AccessResponses))]
 async fn report(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,
@@ -109,7 +109,7 @@ async fn report(
 /// The report's time-series plot.
 #[utoipa::path(get, path = "/api/v1/report/plot.png", tag = "reports", params(ReportParams),
     responses((status = 200, description = "the plot", content_type = "image/png", body = Vec<u8>),
-        ErrorResponses))]
+        ErrorResponses, AccessResponses))]
 async fn report_plot(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,

@@ -157,7 +157,8 @@ impl Conn {
 #[utoipa::path(get, path = "/api/v1/live", tag = "fleet", params(LiveParams),
     responses((status = 200, description = "Server-Sent Events: `tick` (a node's new samples) \
         and `status` (every node's status, each second); never ends",
-        content_type = "text/event-stream", body = String)))]
+        content_type = "text/event-stream", body = String),
+        crate::http::AccessResponses))]
 pub async fn live(
     State(st): State<AppState>,
     Query(p): Query<LiveParams>,
