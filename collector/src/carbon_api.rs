@@ -33,7 +33,7 @@ pub fn routes() -> Router<AppState> {
 #[into_params(parameter_in = Query)]
 pub(crate) struct Params {
     /// A UK region id (`13`), `national`, or a zone (`DE`).
-    #[param(required = true)]
+    #[param(required = true, example = "national")]
     pub(crate) region: Option<String>,
     /// `uk` or `electricitymaps`; default: whichever cached this region.
     pub(crate) provider: Option<String>,

@@ -53,12 +53,16 @@ pub fn routes() -> Router<AppState> {
 struct RangeParams {
     /// The GPU metric (`util_gpu_pct`, `power_mw`, …); required by `series`, ignored
     /// elsewhere.
+    #[param(example = "util_gpu_pct")]
     metric: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default 15 minutes before `to`.
+    #[param(example = "now-10m")]
     from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     to: Option<String>,
     /// Bucket width (`10s`, `5m`, or ms); raw samples when absent.
+    #[param(example = "10s")]
     step: Option<String>,
 }
 
@@ -199,7 +203,7 @@ fn json_bytes(body: Vec<u8>) -> Response {
 
 /// One node, as listed by `/api/v1/nodes`.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}", tag = "fleet",
-    params(("name" = String, Path, description = "the node's name")),
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01")),
     responses((status = 200, description = "the node", body = NodeView), ErrorResponses, AccessResponses))]
 async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let now = (st.clock)();
@@ -256,7 +260,7 @@ struct GpuPoints {
 
 /// One metric for every GPU of a node.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/series", tag = "fleet",
-    params(("name" = String, Path, description = "the node's name"), RangeParams),
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
     responses((status = 200, description = "the series", body = NodeSeriesView), ErrorResponses, AccessResponses))]
 async fn node_series(
     State(st): State<AppState>,
@@ -407,7 +411,7 @@ fn node_id(st: &AppState, name: &str) -> Result<NodeId, ApiError> {
 
 /// The node's host metrics over time.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/host/series", tag = "fleet",
-    params(("name" = String, Path, description = "the node's name"), RangeParams),
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
     responses((status = 200, description = "the series", body = HostSeriesView), ErrorResponses, AccessResponses))]
 async fn host_series(
     State(st): State<AppState>,
@@ -493,7 +497,7 @@ struct EventsView {
 
 /// The node's events (Xid, ECC, GPU lost, …), oldest first.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/events", tag = "fleet",
-    params(("name" = String, Path, description = "the node's name"), RangeParams),
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
     responses((status = 200, description = "the events", body = EventsView), ErrorResponses, AccessResponses))]
 async fn events(
     State(st): State<AppState>,

@@ -41,12 +41,15 @@ pub fn routes() -> Router<AppState> {
 #[into_params(parameter_in = Query)]
 pub(crate) struct RangeParams {
     /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-10m")]
     pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     pub(crate) to: Option<String>,
     /// Only this node's GPUs.
     pub(crate) node: Option<String>,
     /// `container` (default), `pod`, `namespace`, `job` or `user`.
+    #[param(example = "pod")]
     pub(crate) group_by: Option<String>,
 }
 

@@ -417,13 +417,16 @@ async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
 #[into_params(parameter_in = Query)]
 pub(crate) struct SeriesParams {
     /// The metric (`util_gpu_pct`, `power_mw`, …).
-    #[param(required = true)]
+    #[param(required = true, example = "power_mw")]
     pub(crate) metric: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default 15 minutes before `to`.
+    #[param(example = "now-10m")]
     pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     pub(crate) to: Option<String>,
     /// Bucket width (`10s`, `5m`, or ms); raw samples when absent.
+    #[param(example = "10s")]
     pub(crate) step: Option<String>,
 }
 

@@ -38,12 +38,16 @@ pub(crate) struct ReportParams {
     /// A Slurm job id.
     pub(crate) job: Option<String>,
     /// A node name.
+    #[param(example = "gpu-node-01")]
     pub(crate) node: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-10m")]
     pub(crate) from: Option<String>,
     /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     pub(crate) to: Option<String>,
     /// `json` (default), `yaml`, `csv` or `table`.
+    #[param(example = "csv")]
     pub(crate) format: Option<String>,
     /// The plot's width in pixels.
     pub(crate) width: Option<u32>,
