@@ -224,12 +224,12 @@ pub fn parse_provider_time(s: &str) -> Result<UnixMs, String> {
     // `YYYY-MM-DDThh:mmZ` lacks seconds, which RFC 3339 requires.
     if s.len() == 17 && s.as_bytes().get(10) == Some(&b'T') && s.ends_with('Z') {
         let with_seconds = format!("{}:00Z", &s[..16]);
-        return gpufleet_core::config::parse_time(&with_seconds, 0);
+        return gpufleet_core::config::parse_time(&with_seconds, 0).map_err(|e| e.to_string());
     }
     if s.starts_with("now") || s.starts_with('-') {
         return Err(format!("invalid time {s:?}"));
     }
-    gpufleet_core::config::parse_time(s, 0)
+    gpufleet_core::config::parse_time(s, 0).map_err(|e| e.to_string())
 }
 
 /// Formats Unix ms the way the UK API's paths want it: `2026-11-20T10:00Z`.

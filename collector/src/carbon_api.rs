@@ -10,7 +10,7 @@
 //!   intensity, where a forecast covers it (`null` otherwise) — the dashboard's hint of when
 //!   to run a job.
 
-use crate::http::{ApiError, AppState};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use gpufleet_carbon::{IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
-use gpufleet_core::config::{format_time, parse_duration, parse_time};
+use gpufleet_core::config::{format_time, parse_duration};
 use serde::{Deserialize, Serialize};
 
 const HOUR_MS: i64 = 3_600_000;
@@ -29,16 +29,23 @@ pub fn routes() -> Router<AppState> {
     Router::new().route("/api/v1/carbon/intensity", get(intensity))
 }
 
-#[derive(Debug, Deserialize)]
-struct Params {
-    region: Option<String>,
-    provider: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
-    window: Option<String>,
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct Params {
+    /// A UK region id (`13`), `national`, or a zone (`DE`).
+    #[param(required = true, example = "national")]
+    pub(crate) region: Option<String>,
+    /// `uk` or `electricitymaps`; default: whichever cached this region.
+    pub(crate) provider: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-1h`; default 24 hours before now.
+    pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now+1h`; default 24 hours after now.
+    pub(crate) to: Option<String>,
+    /// Length of the lowest-intensity window (`2h`, between 1ms and 24h); default 2h.
+    pub(crate) window: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct SlotView {
     from: String,
     to: String,
@@ -53,7 +60,7 @@ struct SlotView {
     fetched_at: String,
 }
 
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Serialize, PartialEq, utoipa::ToSchema)]
 struct Window {
     from: String,
     to: String,
@@ -62,7 +69,7 @@ struct Window {
     avg_g_per_kwh: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct IntensityView {
     provider: Option<&'static str>,
     region: String,
@@ -74,25 +81,28 @@ struct IntensityView {
     window_seconds: u64,
 }
 
-async fn intensity(
-    State(st): State<AppState>,
-    params: Result<Query<Params>, QueryRejection>,
-) -> Result<Json<IntensityView>, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
-    let now = (st.clock)();
-    let region = p.region.filter(|r| !r.trim().is_empty()).ok_or_else(|| {
-        ApiError::BadRequest(
-            "region is required: a UK region id (13), national, or a zone (DE)".into(),
-        )
-    })?;
-    let from = match p.from.as_deref() {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => now - DAY_MS,
-    };
-    let to = match p.to.as_deref() {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now + DAY_MS,
-    };
+/// The checked parameters of a request (all but `provider`).
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) region: String,
+    pub(crate) from: UnixMs,
+    pub(crate) to: UnixMs,
+    pub(crate) window_ms: i64,
+}
+
+/// Checks `region`, `from` / `to` (default now-24h .. now+24h) and `window`.
+pub(crate) fn parse_query(p: &Params, now: UnixMs) -> Result<Parsed, ApiError> {
+    let region = p
+        .region
+        .clone()
+        .filter(|r| !r.trim().is_empty())
+        .ok_or_else(|| {
+            ApiError::BadRequest(
+                "region is required: a UK region id (13), national, or a zone (DE)".into(),
+            )
+        })?;
+    let from = time_param("from", p.from.as_deref(), now)?.unwrap_or(now - DAY_MS);
+    let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now + DAY_MS);
     if from > to {
         return Err(ApiError::BadRequest("from is after to".into()));
     }
@@ -100,12 +110,36 @@ async fn intensity(
         Some(w) => parse_duration(w).map_err(|e| ApiError::BadRequest(format!("window: {e}")))?,
         None => std::time::Duration::from_secs(2 * 3600),
     };
-    let window_ms = window.as_millis() as i64;
+    // A window too long for i64 ms is out of range too, not wrapped into it.
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
     if !(1..=DAY_MS).contains(&window_ms) {
         return Err(ApiError::BadRequest(
             "window must be between 1ms and 24h".into(),
         ));
     }
+    Ok(Parsed {
+        region,
+        from,
+        to,
+        window_ms,
+    })
+}
+
+/// Cached carbon intensity of a region, with the lowest-intensity window ahead.
+#[utoipa::path(get, path = "/api/v1/carbon/intensity", tag = "carbon", params(Params),
+    responses((status = 200, description = "the slots", body = IntensityView), ErrorResponses, AccessResponses))]
+async fn intensity(
+    State(st): State<AppState>,
+    params: Result<Query<Params>, QueryRejection>,
+) -> Result<Json<IntensityView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let now = (st.clock)();
+    let Parsed {
+        region,
+        from,
+        to,
+        window_ms,
+    } = parse_query(&p, now)?;
     let providers: Vec<ProviderKind> = match p.provider.as_deref() {
         Some(name) => vec![ProviderKind::parse(name).ok_or_else(|| {
             ApiError::BadRequest(format!(
@@ -168,7 +202,7 @@ async fn intensity(
             })
             .collect(),
         lowest_window: lowest,
-        window_seconds: window.as_secs(),
+        window_seconds: u64::try_from(window_ms / 1000).unwrap_or(0),
     }))
 }
 

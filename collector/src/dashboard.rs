@@ -13,7 +13,10 @@
 //! `now-15m`; `from` defaults to 15 minutes before `to`; `step` averages per bucket
 //! `[k*step, (k+1)*step)`. Absent values are `null`, never 0.
 
-use crate::http::{ApiError, AppState, MAX_SERIES_POINTS, node_view};
+use crate::http::{
+    AccessResponses, ApiError, AppState, ErrorResponses, MAX_SERIES_POINTS, NodeView, node_view,
+};
+use crate::http::{GpuDetailView, gpu_detail};
 use crate::http::{Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples};
 use crate::live::LiveNode;
 use crate::status::NodeStatus;
@@ -45,11 +48,21 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/gpus/{uuid}", get(gpu))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RangeParams {
+    /// The GPU metric (`util_gpu_pct`, `power_mw`, …); required by `series`, ignored
+    /// elsewhere.
+    #[param(example = "util_gpu_pct")]
     metric: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default 15 minutes before `to`.
+    #[param(example = "now-10m")]
     from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     to: Option<String>,
+    /// Bucket width (`10s`, `5m`, or ms); raw samples when absent.
+    #[param(example = "10s")]
     step: Option<String>,
 }
 
@@ -78,7 +91,7 @@ fn no_node(name: &str) -> ApiError {
 
 // ------------------------------------------------------------------ fleet summary
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct FleetNode<'a> {
     name: &'a str,
     status: NodeStatus,
@@ -90,12 +103,12 @@ struct FleetNode<'a> {
     gpus: Vec<FleetGpu<'a>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct FleetHost {
     latest: Option<FleetHostLatest>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct FleetHostLatest {
     time_ms: UnixMs,
     cpu_util_pct: Option<f32>,
@@ -103,7 +116,7 @@ struct FleetHostLatest {
     mem_total_bytes: Option<u64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct FleetGpu<'a> {
     uuid: &'a str,
     index: u32,
@@ -112,7 +125,7 @@ struct FleetGpu<'a> {
 }
 
 /// The GPU values a fleet tile shows (names and units as in the GPU sample).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct FleetGpuLatest {
     time_ms: UnixMs,
     util_gpu_pct: Option<u32>,
@@ -164,6 +177,10 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
     }
 }
 
+/// Every node in brief, as the fleet page's tiles show them.
+#[utoipa::path(get, path = "/api/v1/fleet", tag = "fleet", responses(
+    (status = 200, description = "every node", body = Vec<FleetNode>), AccessResponses,
+))]
 async fn fleet(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     let body = st.live.read(|s| {
@@ -184,6 +201,10 @@ fn json_bytes(body: Vec<u8>) -> Response {
 
 // ------------------------------------------------------------------ node detail
 
+/// One node, as listed by `/api/v1/nodes`.
+#[utoipa::path(get, path = "/api/v1/nodes/{name}", tag = "fleet",
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01")),
+    responses((status = 200, description = "the node", body = NodeView), ErrorResponses, AccessResponses))]
 async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     let body = st.live.read(|s| {
@@ -197,29 +218,25 @@ async fn node(State(st): State<AppState>, Path(name): Path<String>) -> Result<Re
     Ok(json_bytes(body))
 }
 
+/// One GPU (as in the node list) with its node's name, status and sampling interval.
+#[utoipa::path(get, path = "/api/v1/gpus/{uuid}", tag = "fleet",
+    params(("uuid" = String, Path, description = "the GPU's UUID")),
+    responses((status = 200, description = "the GPU", body = GpuDetailView), ErrorResponses, AccessResponses))]
 async fn gpu(State(st): State<AppState>, Path(uuid): Path<String>) -> Result<Response, ApiError> {
     let now = (st.clock)();
-    let view = st.live.read(|s| {
+    let body = st.live.read(|s| {
         let (n, _) = s.find_gpu(&uuid)?;
-        let node = serde_json::to_value(node_view(n, &st.status, now)).ok()?;
-        let mut gpu = node["gpus"]
-            .as_array()?
-            .iter()
-            .find(|g| g["uuid"] == uuid.as_str())?
-            .clone();
-        let obj = gpu.as_object_mut()?;
-        obj.insert("node".into(), node["name"].clone());
-        obj.insert("node_status".into(), node["status"].clone());
-        obj.insert("interval_ms".into(), node["interval_ms"].clone());
-        Some(gpu)
+        Some(serde_json::to_vec(&gpu_detail(n, &st.status, now, &uuid)?))
     });
-    view.map(|v| Json(v).into_response())
-        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))
+    let body = body
+        .ok_or_else(|| ApiError::NotFound(format!("no GPU with uuid {uuid:?}")))?
+        .map_err(|e| ApiError::Internal(format!("cannot encode the GPU: {e}")))?;
+    Ok(json_bytes(body))
 }
 
 // ------------------------------------------------------------------ per-node GPU series
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct NodeSeriesView {
     node: String,
     metric: &'static str,
@@ -232,14 +249,19 @@ struct NodeSeriesView {
     gpus: Vec<GpuPoints>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct GpuPoints {
     uuid: String,
     index: u32,
     /// `[time_ms, value]`; value `null` where the metric was absent.
+    #[schema(value_type = Vec<Vec<Option<f64>>>)]
     points: Vec<SeriesPoint>,
 }
 
+/// One metric for every GPU of a node.
+#[utoipa::path(get, path = "/api/v1/nodes/{name}/series", tag = "fleet",
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
+    responses((status = 200, description = "the series", body = NodeSeriesView), ErrorResponses, AccessResponses))]
 async fn node_series(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -295,7 +317,7 @@ async fn node_series(
 
 /// One host point: a sample, or the average of a bucket's samples (a field is `null` when
 /// no sample of the bucket had it).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct HostPoint {
     pub time_ms: UnixMs,
     pub cpu_util_pct: Option<f64>,
@@ -369,7 +391,7 @@ pub fn downsample_host(rows: &[HostRow], step_ms: Option<i64>) -> Vec<HostPoint>
         .collect()
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct HostSeriesView {
     node: String,
     from_ms: UnixMs,
@@ -387,6 +409,10 @@ fn node_id(st: &AppState, name: &str) -> Result<NodeId, ApiError> {
         .ok_or_else(|| no_node(name))
 }
 
+/// The node's host metrics over time.
+#[utoipa::path(get, path = "/api/v1/nodes/{name}/host/series", tag = "fleet",
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
+    responses((status = 200, description = "the series", body = HostSeriesView), ErrorResponses, AccessResponses))]
 async fn host_series(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -452,13 +478,27 @@ async fn host_series(
 
 // ------------------------------------------------------------------ events
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EventView {
     time: String,
     #[serde(flatten)]
     event: Event,
 }
 
+#[derive(Serialize, utoipa::ToSchema)]
+struct EventsView {
+    node: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    /// Whether there were more than the limit (the newest are left out).
+    truncated: bool,
+    events: Vec<EventView>,
+}
+
+/// The node's events (Xid, ECC, GPU lost, …), oldest first.
+#[utoipa::path(get, path = "/api/v1/nodes/{name}/events", tag = "fleet",
+    params(("name" = String, Path, description = "the node's name", example = "gpu-node-01"), RangeParams),
+    responses((status = 200, description = "the events", body = EventsView), ErrorResponses, AccessResponses))]
 async fn events(
     State(st): State<AppState>,
     Path(name): Path<String>,
@@ -476,13 +516,13 @@ async fn events(
             event,
         })
         .collect();
-    Ok(Json(serde_json::json!({
-        "node": name,
-        "from_ms": w.range.from_ms,
-        "to_ms": w.range.to_ms,
-        "truncated": truncated,
-        "events": events,
-    }))
+    Ok(Json(EventsView {
+        node: name,
+        from_ms: w.range.from_ms,
+        to_ms: w.range.to_ms,
+        truncated,
+        events,
+    })
     .into_response())
 }
 

@@ -24,7 +24,7 @@
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
-use crate::http::{ApiError, AppState};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
@@ -32,7 +32,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use gpufleet_core::config::{format_time, parse_time};
+use gpufleet_core::config::format_time;
 use gpufleet_core::{UnixMs, Workload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,11 +45,19 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/energy", get(energy))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct RangeParams {
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-10m")]
     pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
     pub(crate) to: Option<String>,
+    /// Only this node's GPUs.
     pub(crate) node: Option<String>,
+    /// `container` (default), `pod`, `namespace`, `job` or `user`.
+    #[param(example = "pod")]
     pub(crate) group_by: Option<String>,
 }
 
@@ -58,15 +66,14 @@ const DAY_MS: i64 = 86_400_000;
 /// The range of `from` / `to` (default: today, UTC midnight .. now), from the minute
 /// holding `from`.
 pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
-    let now = (st.clock)();
-    let to = match p.to.as_deref() {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now,
-    };
-    let from = match p.from.as_deref() {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => now.div_euclid(DAY_MS) * DAY_MS,
-    };
+    range_at(p, (st.clock)())
+}
+
+/// [`range`] with "now" given.
+pub(crate) fn range_at(p: &RangeParams, now: UnixMs) -> Result<TimeRange, ApiError> {
+    let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now);
+    let from =
+        time_param("from", p.from.as_deref(), now)?.unwrap_or(now.div_euclid(DAY_MS) * DAY_MS);
     if from > to {
         return Err(ApiError::BadRequest(format!(
             "from ({}) is after to ({})",
@@ -82,7 +89,7 @@ pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiErro
 
 /// What rows are grouped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GroupBy {
+pub(crate) enum GroupBy {
     Container,
     Pod,
     Namespace,
@@ -91,7 +98,7 @@ enum GroupBy {
 }
 
 impl GroupBy {
-    fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
+    pub(crate) fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
         match s.unwrap_or("container") {
             "container" => Ok(GroupBy::Container),
             "pod" => Ok(GroupBy::Pod),
@@ -133,7 +140,7 @@ impl GroupBy {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct GpuRef {
     node: String,
     uuid: String,
@@ -141,7 +148,7 @@ struct GpuRef {
     name: String,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct MethodMix {
     /// Measured by the GPU's energy counter.
     counter_j: f64,
@@ -149,7 +156,7 @@ struct MethodMix {
     trapezoid_j: f64,
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct SplitMix {
     /// Seconds split by per-process SM utilization.
     sm_s: f64,
@@ -163,7 +170,7 @@ struct SplitMix {
     idle_equal_s: f64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct ContainerRow {
     /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
     /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `user:uid-<n>`).
@@ -203,7 +210,7 @@ struct ContainerRow {
 }
 
 /// Where a carbon figure came from.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 pub struct CarbonView {
     /// Energy-weighted average intensity used (gCO2/kWh, before PUE).
     avg_g_per_kwh: Option<f64>,
@@ -350,7 +357,7 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
     out
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ContainersView {
     from: String,
     to: String,
@@ -360,6 +367,9 @@ struct ContainersView {
     rows: Vec<ContainerRow>,
 }
 
+/// Energy per container (or pod, namespace, job, user), biggest first.
+#[utoipa::path(get, path = "/api/v1/containers", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "energy per workload", body = ContainersView), ErrorResponses, AccessResponses))]
 async fn containers(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,
@@ -379,7 +389,7 @@ async fn containers(
     }))
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct MinutePoint {
     minute: String,
     minute_ms: UnixMs,
@@ -392,7 +402,7 @@ struct MinutePoint {
     avg_share: Option<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ContainerView {
     from: String,
     to: String,
@@ -402,6 +412,10 @@ struct ContainerView {
     series: Vec<MinutePoint>,
 }
 
+/// One workload's energy, with a per-minute series.
+#[utoipa::path(get, path = "/api/v1/containers/{key}", tag = "energy",
+    params(("key" = String, Path, description = "a workload key: container:<id>, slurm:<job>, host:<unit>"), RangeParams),
+    responses((status = 200, description = "the workload", body = ContainerView), ErrorResponses, AccessResponses))]
 async fn container(
     State(st): State<AppState>,
     Path(key): Path<String>,
@@ -446,7 +460,7 @@ async fn container(
     }))
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
 struct EnergyTotals {
     energy_mj: u64,
     energy_j: f64,
@@ -540,7 +554,7 @@ fn totals<'a>(
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct GpuEnergyView {
     node: String,
     uuid: String,
@@ -553,7 +567,7 @@ struct GpuEnergyView {
 }
 
 /// A GPU's idle baseline and where it came from.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct BaselineView {
     /// The idle power in force, watts.
     idle_w: f64,
@@ -593,7 +607,7 @@ impl BaselineView {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct EnergyView {
     from: String,
     to: String,
@@ -606,6 +620,9 @@ struct EnergyView {
     gpus: Vec<GpuEnergyView>,
 }
 
+/// Fleet total and energy per node and per GPU.
+#[utoipa::path(get, path = "/api/v1/energy", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "the totals", body = EnergyView), ErrorResponses, AccessResponses))]
 async fn energy(
     State(st): State<AppState>,
     params: Result<Query<RangeParams>, QueryRejection>,

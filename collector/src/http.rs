@@ -9,6 +9,7 @@
 //! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::web`]) |
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::sse`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::dashboard`] |
+//! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::openapi`]) |
 //!
 //! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
 //! twin (`last_seen_ms`, `time_ms`, `from_ms`). Parameters accept RFC 3339, Unix ms,
@@ -70,11 +71,20 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::carbon_api::routes())
         // Reports per container / pod / job / node, and their plot (issue 7).
         .merge(crate::report_api::routes())
+        // The OpenAPI description of all of the above.
+        .merge(crate::openapi::routes())
         .fallback(not_found)
         .with_state(state)
 }
 
 // ------------------------------------------------------------------ errors
+
+/// The body of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong and what to do; never database details.
+    error: String,
+}
 
 /// Why a request failed, as the client sees it.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +99,40 @@ pub enum ApiError {
     /// Logged in full; the client only learns that storage failed.
     #[error("storage error: {0}")]
     Store(#[from] StoreError),
+}
+
+/// The error answers of routes that take parameters, for the OpenAPI description.
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "never built: only its derived OpenAPI responses are used"
+)]
+pub(crate) enum ErrorResponses {
+    /// A bad parameter; the message names it.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No such node, GPU, workload or data.
+    #[response(status = 404)]
+    NotFound(ErrorBody),
+    /// The database does not answer now; try again.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
+/// The answers of the layers in front of every route, for the OpenAPI description:
+/// [`crate::web_auth`] (a credential is needed off loopback) and [`crate::rate_limit`].
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "never built: only its derived OpenAPI responses are used"
+)]
+pub(crate) enum AccessResponses {
+    /// No valid credential where one is needed.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// Too many requests from this address; see `Retry-After`.
+    #[response(status = 429)]
+    TooManyRequests(ErrorBody),
 }
 
 impl IntoResponse for ApiError {
@@ -110,49 +154,83 @@ impl IntoResponse for ApiError {
                 (status, "storage error; see the collector's log".to_owned())
             }
         };
-        (status, Json(serde_json::json!({ "error": message }))).into_response()
+        (status, Json(ErrorBody { error: message })).into_response()
     }
+}
+
+/// A time query parameter (`from`, `to`, …): `None` when absent, else parsed by
+/// [`parse_time`] (range-checked, so callers may add and subtract days without overflow),
+/// or a 400 that names the parameter.
+pub(crate) fn time_param(
+    name: &str,
+    value: Option<&str>,
+    now: UnixMs,
+) -> Result<Option<UnixMs>, ApiError> {
+    value
+        .map(|v| parse_time(v, now))
+        .transpose()
+        .map_err(|e| ApiError::BadRequest(format!("{name}: {e}")))
 }
 
 async fn not_found() -> ApiError {
     ApiError::NotFound(
-        "no such endpoint; see /api/v1/health, /api/v1/nodes, /api/v1/gpus/{uuid}/series, /api/v1/live, /metrics"
-            .into(),
+        "no such endpoint; see /api/v1/openapi.json for the API, and /metrics".into(),
     )
 }
 
 // ------------------------------------------------------------------ health
 
+/// What `/api/v1/health` answers.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct HealthView<'a> {
+    /// `ok`, or `error` (with status 503) when the database does not answer.
+    status: &'static str,
+    version: &'static str,
+    /// The store's backend: `sqlite` or `postgres`.
+    db: &'static str,
+    /// Nodes known to this collector.
+    nodes: usize,
+    /// Exposure warnings (plaintext or unauthenticated listeners off loopback); empty when
+    /// locked down.
+    warnings: &'a [String],
+    /// Why the status is `error`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'static str>,
+}
+
+/// Liveness and the database's state.
+#[utoipa::path(get, path = "/api/v1/health", tag = "fleet", responses(
+    (status = 200, description = "the collector and its database answer", body = HealthView),
+    (status = 503, description = "the database does not answer", body = HealthView),
+    AccessResponses,
+))]
 async fn health(
     State(st): State<AppState>,
     warnings: Option<Extension<ExposureWarnings>>,
 ) -> Response {
     let warnings = warnings.map(|Extension(w)| w).unwrap_or_default();
-    let warnings = warnings.0.as_slice();
-    let nodes = st.live.read(|s| s.nodes.len());
-    let db = st.store.backend();
-    let version = env!("CARGO_PKG_VERSION");
+    let mut view = HealthView {
+        status: "ok",
+        version: env!("CARGO_PKG_VERSION"),
+        db: st.store.backend(),
+        nodes: st.live.read(|s| s.nodes.len()),
+        warnings: warnings.0.as_slice(),
+        error: None,
+    };
     match st.store.ping().await {
-        Ok(()) => Json(serde_json::json!({
-            "status": "ok", "version": version, "db": db, "nodes": nodes,
-            "warnings": warnings,
-        }))
-        .into_response(),
+        Ok(()) => Json(view).into_response(),
         Err(e) => {
             error!(error = %e, "health check: the database does not answer");
-            let body = serde_json::json!({
-                "status": "error", "version": version, "db": db, "nodes": nodes,
-                "warnings": warnings,
-                "error": "the database does not answer; see the collector's log",
-            });
-            (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+            view.status = "error";
+            view.error = Some("the database does not answer; see the collector's log");
+            (StatusCode::SERVICE_UNAVAILABLE, Json(view)).into_response()
         }
     }
 }
 
 // ------------------------------------------------------------------ nodes
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct NodeView<'a> {
     name: &'a str,
     status: NodeStatus,
@@ -175,13 +253,13 @@ pub(crate) struct NodeView<'a> {
     gpus: Vec<GpuView<'a>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SpoolView {
     batches: u64,
     bytes: u64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct HostView<'a> {
     hostname: &'a str,
     kernel: Option<&'a str>,
@@ -194,7 +272,7 @@ struct HostView<'a> {
     latest: Option<HostLatestView<'a>>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct HostLatestView<'a> {
     time: String,
     time_ms: UnixMs,
@@ -204,7 +282,7 @@ struct HostLatestView<'a> {
     sampler_cost: Option<&'a SamplerCost>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct GpuView<'a> {
     uuid: &'a str,
     index: u32,
@@ -215,7 +293,7 @@ struct GpuView<'a> {
     processes: &'a [ProcessSample],
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct GpuLatestView<'a> {
     time: String,
     time_ms: UnixMs,
@@ -286,6 +364,37 @@ pub(crate) fn node_view<'a>(
     }
 }
 
+/// One GPU as in the node list, with its node's name, status and sampling interval.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct GpuDetailView<'a> {
+    #[serde(flatten)]
+    gpu: GpuView<'a>,
+    node: &'a str,
+    node_status: NodeStatus,
+    interval_ms: u32,
+}
+
+/// The GPU `uuid` of node `n`, if it has one.
+pub(crate) fn gpu_detail<'a>(
+    n: &'a LiveNode,
+    policy: &StatusPolicy,
+    now_ms: UnixMs,
+    uuid: &str,
+) -> Option<GpuDetailView<'a>> {
+    let node = node_view(n, policy, now_ms);
+    let gpu = node.gpus.into_iter().find(|g| g.uuid == uuid)?;
+    Some(GpuDetailView {
+        gpu,
+        node: node.name,
+        node_status: node.status,
+        interval_ms: node.interval_ms,
+    })
+}
+
+/// Every node with status, delivery state, host, GPUs with inventory and latest sample.
+#[utoipa::path(get, path = "/api/v1/nodes", tag = "fleet", responses(
+    (status = 200, description = "every node", body = Vec<NodeView>), AccessResponses,
+))]
 async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     // Copy under the read lock, encode after it: encoding a large fleet takes tens of ms,
@@ -304,15 +413,24 @@ async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
 
 /// Query parameters of the series endpoint (all optional at parse time, so a missing one
 /// gets an error that says what to send).
-#[derive(Debug, Deserialize)]
-struct SeriesParams {
-    metric: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
-    step: Option<String>,
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct SeriesParams {
+    /// The metric (`util_gpu_pct`, `power_mw`, …).
+    #[param(required = true, example = "power_mw")]
+    pub(crate) metric: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default 15 minutes before `to`.
+    #[param(example = "now-10m")]
+    pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
+    pub(crate) to: Option<String>,
+    /// Bucket width (`10s`, `5m`, or ms); raw samples when absent.
+    #[param(example = "10s")]
+    pub(crate) step: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SeriesView<'a> {
     uuid: &'a str,
     metric: &'static str,
@@ -326,13 +444,14 @@ struct SeriesView<'a> {
     /// Which data answered: `raw` samples or per-minute `rollup`s.
     tier: Tier,
     /// `[time_ms, value]`; value `null` where the metric was absent.
+    #[schema(value_type = Vec<Vec<Option<f64>>>)]
     points: Vec<SeriesPoint>,
 }
 
 /// The data a series came from: raw samples, or per-minute rollups (used when the step is
 /// at least a minute or the range starts before the raw horizon; their buckets hold whole
 /// minutes, and the newest, still open minute is not in them yet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Tier {
     Raw,
@@ -437,14 +556,8 @@ pub(crate) fn series_window(
     step: Option<&str>,
     now: UnixMs,
 ) -> Result<(TimeRange, Option<i64>), ApiError> {
-    let to = match to {
-        Some(t) => parse_time(t, now).map_err(|e| ApiError::BadRequest(format!("to: {e}")))?,
-        None => now,
-    };
-    let from = match from {
-        Some(f) => parse_time(f, now).map_err(|e| ApiError::BadRequest(format!("from: {e}")))?,
-        None => to - DEFAULT_SERIES_RANGE_MS,
-    };
+    let to = time_param("to", to, now)?.unwrap_or(now);
+    let from = time_param("from", from, now)?.unwrap_or(to - DEFAULT_SERIES_RANGE_MS);
     if from > to {
         return Err(ApiError::BadRequest(format!(
             "from ({}) is after to ({})",
@@ -482,6 +595,10 @@ pub(crate) fn too_many_samples(range: TimeRange) -> ApiError {
     ))
 }
 
+/// One metric of one GPU over time.
+#[utoipa::path(get, path = "/api/v1/gpus/{uuid}/series", tag = "fleet",
+    params(("uuid" = String, Path, description = "the GPU's UUID"), SeriesParams),
+    responses((status = 200, description = "the series", body = SeriesView), ErrorResponses, AccessResponses))]
 async fn series(
     State(st): State<AppState>,
     Path(uuid): Path<String>,

@@ -9,7 +9,7 @@
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
 
 use crate::energy_api::{RangeParams, range};
-use crate::http::{ApiError, AppState};
+use crate::http::{AccessResponses, ApiError, AppState, ErrorResponses};
 use crate::report::{ReportError, ReportSubject, build};
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
@@ -27,19 +27,34 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/report/plot.png", get(report_plot))
 }
 
-#[derive(Debug, Deserialize)]
-struct ReportParams {
-    container: Option<String>,
-    pod: Option<String>,
-    job: Option<String>,
-    node: Option<String>,
-    from: Option<String>,
-    to: Option<String>,
-    format: Option<String>,
-    width: Option<u32>,
-    height: Option<u32>,
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ReportParams {
+    /// A container (`container:<id>` or the bare id); exactly one of container, pod, job,
+    /// node.
+    pub(crate) container: Option<String>,
+    /// A pod UID.
+    pub(crate) pod: Option<String>,
+    /// A Slurm job id.
+    pub(crate) job: Option<String>,
+    /// A node name.
+    #[param(example = "gpu-node-01")]
+    pub(crate) node: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-10m")]
+    pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
+    pub(crate) to: Option<String>,
+    /// `json` (default), `yaml`, `csv` or `table`.
+    #[param(example = "csv")]
+    pub(crate) format: Option<String>,
+    /// The plot's width in pixels.
+    pub(crate) width: Option<u32>,
+    /// The plot's height in pixels.
+    pub(crate) height: Option<u32>,
     /// `true`: include the per-GPU series and the intensities.
-    series: Option<bool>,
+    pub(crate) series: Option<bool>,
 }
 
 async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
@@ -71,6 +86,15 @@ async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
         })
 }
 
+/// The report of one container, pod, job or node over a range. Its JSON fields are
+/// described in the README ("Reports").
+#[utoipa::path(get, path = "/api/v1/report", tag = "reports", params(ReportParams),
+    responses((status = 200, description = "the report in the format asked for", content(
+        (Object = "application/json"),
+        (String = "application/yaml"),
+        (String = "text/csv; charset=utf-8"),
+        (String = "text/plain; charset=utf-8"),
+    )), ErrorResponses, AccessResponses, AccessResponses))]
 async fn report(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,
@@ -86,6 +110,10 @@ async fn report(
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
+/// The report's time-series plot.
+#[utoipa::path(get, path = "/api/v1/report/plot.png", tag = "reports", params(ReportParams),
+    responses((status = 200, description = "the plot", content_type = "image/png", body = Vec<u8>),
+        ErrorResponses, AccessResponses))]
 async fn report_plot(
     State(st): State<AppState>,
     params: Result<Query<ReportParams>, QueryRejection>,

@@ -29,7 +29,8 @@ use tracing::debug;
 /// How often the `status` event is sent.
 pub const STATUS_EVERY: Duration = Duration::from_secs(1);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LiveParams {
     /// Only this node's ticks and status.
     node: Option<String>,
@@ -157,6 +158,11 @@ impl Conn {
 }
 
 /// The handler of `GET /api/v1/live`.
+#[utoipa::path(get, path = "/api/v1/live", tag = "fleet", params(LiveParams),
+    responses((status = 200, description = "Server-Sent Events: `tick` (a node's new samples) \
+        and `status` (every node's status, each second); never ends",
+        content_type = "text/event-stream", body = String),
+        crate::http::AccessResponses))]
 pub async fn live(
     State(st): State<AppState>,
     Query(p): Query<LiveParams>,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A node's liveness as the API and `/metrics` report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeStatus {
     Online,

@@ -295,3 +295,84 @@ async fn h2_answer(to: std::net::SocketAddr, from: [u8; 4]) -> Vec<u8> {
         Err(_) => panic!("no answer and not closed within 10 s"),
     }
 }
+
+/// Times that no RFC 3339 text or no `i64` of milliseconds can hold, on every route that
+/// takes `from` / `to`: each is a 400 whose message names the parameter, no connection is
+/// dropped (a panicking handler closes it), and the route keeps answering. The extremes of
+/// the accepted range are answered too (200 or 404), not crashed on.
+#[tokio::test]
+async fn out_of_range_times_are_400s_naming_the_parameter_on_every_route() {
+    let c = start().await;
+    let gpu = "GPU-times-0";
+    let mut agent = connect(&c, "tnode", gpu).await;
+    assert!(matches!(
+        send_batch(&mut agent, 1, gpu).await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    ));
+    let routes = [
+        "/api/v1/containers?",
+        "/api/v1/containers/container:abc?",
+        "/api/v1/energy?",
+        "/api/v1/report?node=tnode&",
+        "/api/v1/report/plot.png?node=tnode&",
+        "/api/v1/nodes/tnode/series?metric=power_mw&",
+        "/api/v1/nodes/tnode/host/series?",
+        "/api/v1/nodes/tnode/events?",
+        "/api/v1/gpus/GPU-times-0/series?metric=power_mw&",
+        "/api/v1/carbon/intensity?region=13&",
+    ];
+    let hostile = [
+        "300000000000000",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "99999999999999999999",
+        "-1",
+        "now-1000000000y",
+        "now-584942417y",
+        "now%2B10000y",
+        "0000-01-01T00:00:00Z",
+    ];
+    let client = reqwest::Client::new();
+    let get = async |url: &str| -> (u16, String) {
+        let r = client
+            .get(url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{url}: no response (handler died?): {e}"));
+        let status = r.status().as_u16();
+        let body = r.bytes().await.expect("body");
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    for route in routes {
+        for param in ["from", "to"] {
+            for v in hostile {
+                let url = format!("http://{}{route}{param}={v}", c.http);
+                let (status, body) = get(&url).await;
+                assert_eq!(status, 400, "{url}: {body}");
+                assert!(
+                    body.contains(&format!("\"error\":\"{param}: time ")),
+                    "{url}: {body}"
+                );
+            }
+        }
+        for range in [
+            "from=0&to=9999-12-31T23:59:59.999Z",
+            "from=253402300799999&to=253402300799999",
+            "from=0&to=0",
+        ] {
+            let url = format!("http://{}{route}{range}", c.http);
+            let (status, body) = get(&url).await;
+            assert!(matches!(status, 200 | 400 | 404), "{url}: {status} {body}");
+        }
+        // From after to, both at the edges: the message formats both without panicking.
+        let url = format!("http://{}{route}from=253402300799999&to=0", c.http);
+        let (status, body) = get(&url).await;
+        assert_eq!(status, 400, "{url}: {body}");
+        let (status, body) = get(&format!("http://{}{route}", c.http)).await;
+        assert!(
+            matches!(status, 200 | 404),
+            "{route} after hostile times: {status} {body}"
+        );
+    }
+    c.stop().await;
+}

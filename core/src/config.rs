@@ -1,5 +1,5 @@
-//! Configuration shared by both binaries: the `--config FILE` (TOML) layer, durations and
-//! timestamps as users type them, and logging set-up.
+//! Configuration shared by both binaries: the `--config FILE` (TOML) layer, durations as
+//! users type them (timestamps: [`crate::times`], re-exported here), and logging set-up.
 //!
 //! Precedence is CLI > environment (`GPUFLEET_*`, declared on each clap arg) > file >
 //! default. clap already does CLI > env > default; [`args_with_config_file`] adds the file
@@ -195,32 +195,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("invalid duration {s:?} ({e}); write e.g. 200ms, 1s, 5m"))
 }
 
-/// Parses a timestamp: RFC 3339 (`2026-11-20T10:00:00Z`), Unix milliseconds
-/// (`1795000000000`), `now`, or `now-15m` / `-15m` relative to `now_ms`.
-pub fn parse_time(s: &str, now_ms: i64) -> Result<i64, String> {
-    let s = s.trim();
-    if s == "now" {
-        return Ok(now_ms);
-    }
-    let rel = s.strip_prefix("now-").or_else(|| s.strip_prefix('-'));
-    if let Some(rel) = rel
-        && let Ok(d) = humantime::parse_duration(rel)
-    {
-        return Ok(now_ms - d.as_millis() as i64);
-    }
-    if let Ok(ms) = s.parse::<i64>() {
-        return Ok(ms);
-    }
-    humantime::parse_rfc3339_weak(s).map(unix_ms).map_err(|_| {
-        format!("invalid time {s:?}: use RFC 3339 (2026-11-20T10:00:00Z), Unix ms, now or now-15m")
-    })
-}
-
-/// Formats Unix milliseconds as RFC 3339 UTC with millisecond precision.
-pub fn format_time(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
-    humantime::format_rfc3339_millis(t).to_string()
-}
+pub use crate::times::{TimeError, format_time, parse_time};
 
 /// Converts a `SystemTime` to Unix milliseconds.
 pub fn unix_ms(t: std::time::SystemTime) -> i64 {
@@ -372,18 +347,9 @@ mod tests {
     }
 
     #[test]
-    fn durations_and_times() {
+    fn durations() {
         assert_eq!(parse_duration("200ms"), Ok(Duration::from_millis(200)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert!(parse_duration("fast").is_err());
-        let now = 1_800_000_000_000;
-        assert_eq!(parse_time("now-15m", now), Ok(now - 900_000));
-        assert_eq!(parse_time("1795000000000", now), Ok(1_795_000_000_000));
-        assert_eq!(
-            parse_time("2026-11-20T10:00:00Z", now),
-            Ok(1_795_168_800_000)
-        );
-        assert_eq!(format_time(1_795_168_800_000), "2026-11-20T10:00:00.000Z");
-        assert!(parse_time("yesterday", now).is_err());
     }
 }

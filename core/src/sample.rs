@@ -30,6 +30,7 @@ pub struct HostInfo {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub index: u32,
     pub uuid: String,
@@ -59,6 +60,7 @@ pub struct GpuInfo {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MigInstance {
     pub uuid: String,
     pub gpu_instance_id: u32,
@@ -80,6 +82,7 @@ pub struct Tick {
 
 /// One GPU at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuSample {
     pub gpu_uuid: String,
     pub util_gpu_pct: Option<u32>,
@@ -113,6 +116,7 @@ pub struct GpuSample {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NvLinkSample {
     pub link: u32,
     pub tx_bps: Option<u64>,
@@ -121,6 +125,7 @@ pub struct NvLinkSample {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ProcessType {
     #[default]
     Compute,
@@ -130,6 +135,7 @@ pub enum ProcessType {
 
 /// One process on one GPU at one instant.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProcessSample {
     pub gpu_uuid: String,
     pub pid: u32,
@@ -150,6 +156,7 @@ pub struct ProcessSample {
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WorkloadKind {
     #[default]
     Host,
@@ -179,6 +186,7 @@ impl WorkloadKind {
 /// Who a process belongs to: a container (Docker, containerd, CRI-O, Podman; with its
 /// Kubernetes pod when there is one), a Slurm job step, or a host user / systemd unit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Workload {
     pub kind: WorkloadKind,
     /// docker, containerd, cri-o, podman, unknown (containers); slurm; systemd (host).
@@ -243,6 +251,7 @@ impl Workload {
 
 /// Host-level resources (NVDashboard's "Machine Resources").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostSample {
     pub cpu_util_pct: Option<f32>,
     pub mem_used_bytes: Option<u64>,
@@ -256,6 +265,7 @@ pub struct HostSample {
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum EventKind {
     #[default]
     Xid,
@@ -282,6 +292,7 @@ impl EventKind {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     pub time_ms: UnixMs,
     /// Empty for node-level events.
@@ -294,6 +305,7 @@ pub struct Event {
 
 /// What sampling one tick cost the agent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SamplerCost {
     pub cpu_us: Option<u32>,
     pub wall_us: Option<u32>,

@@ -1,0 +1,4 @@
+//! Fuzz target: decode_batch (see fuzz/Cargo.toml).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| gpufleet_core::fuzz::batch(data));

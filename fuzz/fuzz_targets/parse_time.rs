@@ -1,0 +1,4 @@
+//! Fuzz target: parse_time (see fuzz/Cargo.toml).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| gpufleet_core::fuzz::time(data));
