@@ -18,7 +18,7 @@
 
 use crate::energy::{self, GpuMinute, IdlePolicy, MINUTE_MS, baseline, minute_of};
 use crate::live::{Committed, Live};
-use crate::store::energy::EnergyGpu;
+use crate::store::energy::{EnergyGpu, EnergyInputs, EnergyRange, MinuteReplacement};
 use crate::store::{GpuId, Store, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeSet, HashMap};
@@ -219,15 +219,58 @@ pub async fn compute_minutes(
     options: &EnergyOptions,
 ) -> Result<Vec<GpuMinute>, StoreError> {
     let inputs = store.energy_inputs(gpu.gpu, from, to).await?;
+    // The seen-idle evidence carried by the minute before this range.
+    let evidence = store.energy_learned_before(gpu.gpu, from).await?;
+    Ok(minutes_from(gpu, &inputs, evidence, options))
+}
+
+/// Most GPUs read and written together by [`compute_minutes_many`] and
+/// [`Accountant::pass`]: bounds a batch's memory and how long one transaction holds the
+/// database (on SQLite, the ingest writer waits for it).
+const BATCH_GPUS: usize = 512;
+
+/// [`compute_minutes`] of many GPUs (each with its own minute-aligned range), reading
+/// their inputs in a few queries per [`BATCH_GPUS`] rather than a few per GPU.
+pub async fn compute_minutes_many(
+    store: &dyn Store,
+    jobs: &[(&EnergyGpu, EnergyRange)],
+    options: &EnergyOptions,
+) -> Result<Vec<Vec<GpuMinute>>, StoreError> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for chunk in jobs.chunks(BATCH_GPUS) {
+        let ranges: Vec<EnergyRange> = chunk.iter().map(|(_, r)| *r).collect();
+        let inputs = store.energy_inputs_many(&ranges).await?;
+        let evidence = store.energy_learned_before_many(&ranges).await?;
+        if inputs.len() != chunk.len() || evidence.len() != chunk.len() {
+            return Err(StoreError::Corrupt(format!(
+                "energy read: {} ranges asked, {} inputs and {} baselines answered",
+                chunk.len(),
+                inputs.len(),
+                evidence.len()
+            )));
+        }
+        for (((gpu, _), inputs), evidence) in chunk.iter().zip(&inputs).zip(evidence) {
+            out.push(minutes_from(gpu, inputs, evidence, options));
+        }
+    }
+    Ok(out)
+}
+
+/// The minutes of a GPU's samples, given the evidence carried by the minute before them
+/// (pure).
+fn minutes_from(
+    gpu: &EnergyGpu,
+    inputs: &EnergyInputs,
+    mut evidence: (u64, i64),
+    options: &EnergyOptions,
+) -> Vec<GpuMinute> {
     let max_gap_ms = options.max_gap_ms(gpu.interval_ms);
     let configured = match options.idle.for_model(&gpu.name) {
         IdleWatts::Milliwatts(mw) => Some(mw),
         IdleWatts::Auto => None,
     };
-    // The seen-idle evidence carried by the minute before this range.
-    let mut evidence = store.energy_learned_before(gpu.gpu, from).await?;
     let mut out = Vec::new();
-    let mut prev = inputs.prev;
+    let mut prev = inputs.prev.clone();
     for (minute, this) in energy::by_minute(&inputs.samples) {
         let (idle_mw, source) = baseline::resolve(
             configured,
@@ -250,7 +293,7 @@ pub async fn compute_minutes(
         out.push(m);
         prev = this.last().cloned();
     }
-    Ok(out)
+    out
 }
 
 /// The job name of energy accounting under [`crate::leader`].
@@ -432,6 +475,12 @@ impl Accountant {
         }
         self.dirty.extend(failed);
         let now = (self.clock)();
+        // Minutes to close and open minutes to recompute, each done for many GPUs at once
+        // (a few queries and one transaction per batch): at a minute's end every live GPU
+        // closes one, and every refresh recomputes every live GPU's open minute.
+        let mut closing: Vec<(&EnergyGpu, EnergyRange)> = Vec::new();
+        let mut open_due: Vec<(&EnergyGpu, EnergyRange)> = Vec::new();
+        let mut due_with: Vec<UnixMs> = Vec::new();
         for gpu in gpus.values() {
             let (Some(first), Some(last)) = (gpu.first_sample_ms, gpu.last_sample_ms) else {
                 continue;
@@ -444,7 +493,19 @@ impl Accountant {
                 minute_of(now.saturating_sub(self.options.grace_ms(gpu.interval_ms)));
             let upto = open.max(closed_by_clock.min(open + MINUTE_MS));
             if from < upto {
-                written += account_range(store, gpu, from, upto, &self.options, true).await?;
+                if upto - from <= CHUNK_MINUTES * MINUTE_MS {
+                    closing.push((
+                        gpu,
+                        EnergyRange {
+                            gpu: gpu.gpu,
+                            from_ms: from,
+                            to_ms: upto,
+                        },
+                    ));
+                } else {
+                    // A long catch-up: in chunks, skipping stretches without samples.
+                    written += account_range(store, gpu, from, upto, &self.options, true).await?;
+                }
             }
             let seen = self.provisional.entry(gpu.gpu).or_insert(OpenMinute {
                 seen: i64::MIN,
@@ -456,18 +517,59 @@ impl Accountant {
             seen.seen = last;
             let due = quiet || now.saturating_sub(seen.computed_at) >= PROVISIONAL_REFRESH_MS;
             if self.options.provisional && upto <= open && seen.computed_with != last && due {
-                let mut minutes =
-                    compute_minutes(store, gpu, open, open + MINUTE_MS, &self.options).await?;
-                for m in &mut minutes {
-                    m.provisional = true;
-                }
-                store
-                    .replace_energy_minutes(gpu.gpu, open, open + MINUTE_MS, &minutes, None)
-                    .await?;
-                written += minutes.len();
+                open_due.push((
+                    gpu,
+                    EnergyRange {
+                        gpu: gpu.gpu,
+                        from_ms: open,
+                        to_ms: open + MINUTE_MS,
+                    },
+                ));
+                due_with.push(last);
+            }
+        }
+        // Closed minutes first: an open minute's baseline evidence comes from them.
+        written += self.write_many(&closing, false, true).await?;
+        written += self.write_many(&open_due, true, false).await?;
+        for ((gpu, _), last) in open_due.iter().zip(due_with) {
+            if let Some(seen) = self.provisional.get_mut(&gpu.gpu) {
                 seen.computed_with = last;
                 seen.computed_at = now;
             }
+        }
+        Ok(written)
+    }
+}
+
+impl Accountant {
+    /// Computes each job's range (every minute `provisional` or none) and replaces it,
+    /// raising the watermark to its end when `advance`; one transaction per
+    /// [`BATCH_GPUS`]. Returns the minutes written.
+    async fn write_many(
+        &self,
+        jobs: &[(&EnergyGpu, EnergyRange)],
+        provisional: bool,
+        advance: bool,
+    ) -> Result<usize, StoreError> {
+        let mut written = 0;
+        for chunk in jobs.chunks(BATCH_GPUS) {
+            let computed = compute_minutes_many(self.store.as_ref(), chunk, &self.options).await?;
+            let batch: Vec<MinuteReplacement> = chunk
+                .iter()
+                .zip(computed)
+                .map(|((_, range), mut minutes)| {
+                    for m in &mut minutes {
+                        m.provisional = provisional;
+                    }
+                    written += minutes.len();
+                    MinuteReplacement {
+                        range: *range,
+                        minutes,
+                        done_to_ms: advance.then_some(range.to_ms),
+                    }
+                })
+                .collect();
+            self.store.replace_energy_minutes_many(&batch).await?;
         }
         Ok(written)
     }
