@@ -353,7 +353,7 @@ pub(super) async fn replace_energy_minutes(
         .begin_with("BEGIN IMMEDIATE")
         .await
         .map_err(q("begin an energy transaction"))?;
-    replace_in(&mut *tx, gpu, from_ms, to_ms, minutes, done_to_ms).await?;
+    replace_in(&mut tx, gpu, from_ms, to_ms, minutes, done_to_ms).await?;
     tx.commit().await.map_err(q("commit energy minutes"))
 }
 
@@ -370,15 +370,7 @@ pub(super) async fn replace_energy_minutes_many(
         .map_err(q("begin an energy transaction"))?;
     for b in batch {
         let r = b.range;
-        replace_in(
-            &mut *tx,
-            r.gpu,
-            r.from_ms,
-            r.to_ms,
-            &b.minutes,
-            b.done_to_ms,
-        )
-        .await?;
+        replace_in(&mut tx, r.gpu, r.from_ms, r.to_ms, &b.minutes, b.done_to_ms).await?;
     }
     tx.commit().await.map_err(q("commit energy minutes"))
 }
