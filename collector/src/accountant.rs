@@ -18,7 +18,7 @@
 
 use crate::energy::{self, GpuMinute, IdlePolicy, MINUTE_MS, baseline, minute_of};
 use crate::live::{Committed, Live};
-use crate::store::energy::EnergyGpu;
+use crate::store::energy::{EnergyGpu, EnergyInputs, EnergyRange, MinuteReplacement};
 use crate::store::{GpuId, Store, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeSet, HashMap};
@@ -119,6 +119,8 @@ pub struct EnergyOptions {
     /// [`PROVISIONAL_REFRESH_MS`] + a pass of its end). Off: only closed minutes are
     /// stored.
     pub provisional: bool,
+    /// Most open minutes recomputed in one pass ([`PROVISIONAL_PER_PASS`] by default).
+    pub provisional_per_pass: usize,
 }
 
 impl Default for EnergyOptions {
@@ -130,6 +132,7 @@ impl Default for EnergyOptions {
             period: Duration::from_secs(5),
             recheck_window: Duration::from_secs(600),
             provisional: true,
+            provisional_per_pass: PROVISIONAL_PER_PASS,
         }
     }
 }
@@ -154,6 +157,13 @@ impl EnergyOptions {
 /// How often a GPU that keeps sending samples has its open minute recomputed (each costs
 /// a read of the minute's samples and a write).
 pub const PROVISIONAL_REFRESH_MS: i64 = 10_000;
+
+/// Most open minutes recomputed in one pass (each reads the minute's samples so far and
+/// rewrites its rows: ~0.35 ms per GPU in release on SQLite, BENCHMARKS.md). Up to this
+/// many live GPUs each is refreshed every [`PROVISIONAL_REFRESH_MS`]; beyond it the
+/// refresh stretches (1,000 nodes × 8 GPUs: each about every 40 s) while a pass stays
+/// well under a second.
+pub const PROVISIONAL_PER_PASS: usize = 1024;
 
 /// A GPU's open minute as the accountant last saw it.
 #[derive(Debug, Clone, Copy)]
@@ -219,15 +229,58 @@ pub async fn compute_minutes(
     options: &EnergyOptions,
 ) -> Result<Vec<GpuMinute>, StoreError> {
     let inputs = store.energy_inputs(gpu.gpu, from, to).await?;
+    // The seen-idle evidence carried by the minute before this range.
+    let evidence = store.energy_learned_before(gpu.gpu, from).await?;
+    Ok(minutes_from(gpu, &inputs, evidence, options))
+}
+
+/// Most GPUs read and written together by [`compute_minutes_many`] and
+/// [`Accountant::pass`]: bounds a batch's memory and how long one transaction holds the
+/// database (on SQLite, the ingest writer waits for it).
+const BATCH_GPUS: usize = 512;
+
+/// [`compute_minutes`] of many GPUs (each with its own minute-aligned range), reading
+/// their inputs in a few queries per [`BATCH_GPUS`] rather than a few per GPU.
+pub async fn compute_minutes_many(
+    store: &dyn Store,
+    jobs: &[(&EnergyGpu, EnergyRange)],
+    options: &EnergyOptions,
+) -> Result<Vec<Vec<GpuMinute>>, StoreError> {
+    let mut out = Vec::with_capacity(jobs.len());
+    for chunk in jobs.chunks(BATCH_GPUS) {
+        let ranges: Vec<EnergyRange> = chunk.iter().map(|(_, r)| *r).collect();
+        let inputs = store.energy_inputs_many(&ranges).await?;
+        let evidence = store.energy_learned_before_many(&ranges).await?;
+        if inputs.len() != chunk.len() || evidence.len() != chunk.len() {
+            return Err(StoreError::Corrupt(format!(
+                "energy read: {} ranges asked, {} inputs and {} baselines answered",
+                chunk.len(),
+                inputs.len(),
+                evidence.len()
+            )));
+        }
+        for (((gpu, _), inputs), evidence) in chunk.iter().zip(&inputs).zip(evidence) {
+            out.push(minutes_from(gpu, inputs, evidence, options));
+        }
+    }
+    Ok(out)
+}
+
+/// The minutes of a GPU's samples, given the evidence carried by the minute before them
+/// (pure).
+fn minutes_from(
+    gpu: &EnergyGpu,
+    inputs: &EnergyInputs,
+    mut evidence: (u64, i64),
+    options: &EnergyOptions,
+) -> Vec<GpuMinute> {
     let max_gap_ms = options.max_gap_ms(gpu.interval_ms);
     let configured = match options.idle.for_model(&gpu.name) {
         IdleWatts::Milliwatts(mw) => Some(mw),
         IdleWatts::Auto => None,
     };
-    // The seen-idle evidence carried by the minute before this range.
-    let mut evidence = store.energy_learned_before(gpu.gpu, from).await?;
     let mut out = Vec::new();
-    let mut prev = inputs.prev;
+    let mut prev = inputs.prev.clone();
     for (minute, this) in energy::by_minute(&inputs.samples) {
         let (idle_mw, source) = baseline::resolve(
             configured,
@@ -250,7 +303,7 @@ pub async fn compute_minutes(
         out.push(m);
         prev = this.last().cloned();
     }
-    Ok(out)
+    out
 }
 
 /// The job name of energy accounting under [`crate::leader`].
@@ -436,6 +489,12 @@ impl Accountant {
         }
         self.dirty.extend(failed);
         let now = (self.clock)();
+        // Minutes to close and open minutes to recompute, each done for many GPUs at once
+        // (a few queries and one transaction per batch): at a minute's end every live GPU
+        // closes one, and every refresh recomputes every live GPU's open minute.
+        let mut closing: Vec<(&EnergyGpu, EnergyRange)> = Vec::new();
+        // (GPU, its open minute; quiet, when last computed, newest sample).
+        let mut candidates: Vec<(&EnergyGpu, EnergyRange, bool, UnixMs, UnixMs)> = Vec::new();
         for gpu in gpus.values() {
             let (Some(first), Some(last)) = (gpu.first_sample_ms, gpu.last_sample_ms) else {
                 continue;
@@ -448,7 +507,19 @@ impl Accountant {
                 minute_of(now.saturating_sub(self.options.grace_ms(gpu.interval_ms)));
             let upto = open.max(closed_by_clock.min(open + MINUTE_MS));
             if from < upto {
-                written += account_range(store, gpu, from, upto, &self.options, true).await?;
+                if upto - from <= CHUNK_MINUTES * MINUTE_MS {
+                    closing.push((
+                        gpu,
+                        EnergyRange {
+                            gpu: gpu.gpu,
+                            from_ms: from,
+                            to_ms: upto,
+                        },
+                    ));
+                } else {
+                    // A long catch-up: in chunks, skipping stretches without samples.
+                    written += account_range(store, gpu, from, upto, &self.options, true).await?;
+                }
             }
             let seen = self.provisional.entry(gpu.gpu).or_insert(OpenMinute {
                 seen: i64::MIN,
@@ -460,18 +531,70 @@ impl Accountant {
             seen.seen = last;
             let due = quiet || now.saturating_sub(seen.computed_at) >= PROVISIONAL_REFRESH_MS;
             if self.options.provisional && upto <= open && seen.computed_with != last && due {
-                let mut minutes =
-                    compute_minutes(store, gpu, open, open + MINUTE_MS, &self.options).await?;
-                for m in &mut minutes {
-                    m.provisional = true;
-                }
-                store
-                    .replace_energy_minutes(gpu.gpu, open, open + MINUTE_MS, &minutes, None)
-                    .await?;
-                written += minutes.len();
+                candidates.push((
+                    gpu,
+                    EnergyRange {
+                        gpu: gpu.gpu,
+                        from_ms: open,
+                        to_ms: open + MINUTE_MS,
+                    },
+                    quiet,
+                    seen.computed_at,
+                    last,
+                ));
+            }
+        }
+        // Closed minutes first: an open minute's baseline evidence comes from them.
+        written += self.write_many(&closing, false, true).await?;
+        // At most `provisional_per_pass` open minutes a pass: GPUs whose samples stopped
+        // first (a job that ended shows whole at once), then the longest since computed;
+        // the rest wait for a later pass, so on a large fleet the refresh stretches
+        // instead of the pass.
+        candidates.sort_by_key(|&(gpu, _, quiet, computed_at, _)| (!quiet, computed_at, gpu.gpu));
+        candidates.truncate(self.options.provisional_per_pass.max(1));
+        let open_due: Vec<(&EnergyGpu, EnergyRange)> =
+            candidates.iter().map(|&(g, r, ..)| (g, r)).collect();
+        let due_with = candidates.iter().map(|&(.., last)| last);
+        written += self.write_many(&open_due, true, false).await?;
+        for ((gpu, _), last) in open_due.iter().zip(due_with) {
+            if let Some(seen) = self.provisional.get_mut(&gpu.gpu) {
                 seen.computed_with = last;
                 seen.computed_at = now;
             }
+        }
+        Ok(written)
+    }
+}
+
+impl Accountant {
+    /// Computes each job's range (every minute `provisional` or none) and replaces it,
+    /// raising the watermark to its end when `advance`; one transaction per
+    /// [`BATCH_GPUS`]. Returns the minutes written.
+    async fn write_many(
+        &self,
+        jobs: &[(&EnergyGpu, EnergyRange)],
+        provisional: bool,
+        advance: bool,
+    ) -> Result<usize, StoreError> {
+        let mut written = 0;
+        for chunk in jobs.chunks(BATCH_GPUS) {
+            let computed = compute_minutes_many(self.store.as_ref(), chunk, &self.options).await?;
+            let batch: Vec<MinuteReplacement> = chunk
+                .iter()
+                .zip(computed)
+                .map(|((_, range), mut minutes)| {
+                    for m in &mut minutes {
+                        m.provisional = provisional;
+                    }
+                    written += minutes.len();
+                    MinuteReplacement {
+                        range: *range,
+                        minutes,
+                        done_to_ms: advance.then_some(range.to_ms),
+                    }
+                })
+                .collect();
+            self.store.replace_energy_minutes_many(&batch).await?;
         }
         Ok(written)
     }

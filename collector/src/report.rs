@@ -108,8 +108,8 @@ pub async fn build(
             gpufleet_core::config::format_time(range.to_ms)
         ))
     };
-    // (counter, trapezoid, idle) mJ, GPUs, nodes, names, span.
-    let (mut counter, mut trapezoid, mut idle) = (0u64, 0u64, 0u64);
+    // (counter, trapezoid, idle, provisional) mJ, GPUs, nodes, names, span.
+    let (mut counter, mut trapezoid, mut idle, mut provisional) = (0u64, 0u64, 0u64, 0u64);
     let mut gpus: BTreeSet<GpuRef> = BTreeSet::new();
     let mut nodes: BTreeSet<String> = BTreeSet::new();
     let mut name: Option<String> = None;
@@ -137,6 +137,7 @@ pub async fn build(
                 counter += g.counter_mj;
                 trapezoid += g.trapezoid_mj;
                 idle += g.idle_mj;
+                provisional += g.provisional_mj;
                 nodes.insert(g.node_name.clone());
                 gpus.insert(GpuRef {
                     node: g.node_name,
@@ -190,6 +191,7 @@ pub async fn build(
                 trapezoid += r.trapezoid_mj;
                 // The idle energy charged to it (its idle share under `spread`).
                 idle += r.energy_mj.saturating_sub(r.active_mj);
+                provisional += r.provisional_mj;
                 first = first.min(r.first_minute_ms);
                 last = last.max(r.last_minute_ms + MINUTE_MS);
                 nodes.insert(r.node_name.clone());
@@ -219,6 +221,7 @@ pub async fn build(
     );
     report.elapsed_s = Some((span.to_ms - span.from_ms).max(0) as f64 / 1000.0);
     report.energy = EnergySummary::from_mj(Some(counter), Some(trapezoid));
+    report.energy.provisional_j = Some(provisional as f64 / 1000.0);
     if !matches!(subject, ReportSubject::Node(_)) {
         report.energy.idle_j = Some(idle as f64 / 1000.0);
     }

@@ -1358,10 +1358,104 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
     pool.close().await;
 }
 
+/// On a fleet larger than a pass's budget of open minutes, a pass recomputes only that
+/// many: GPUs whose samples stopped first (so a job that ended shows whole at once), then
+/// the longest since computed; the others come in later passes.
+#[tokio::test]
+async fn a_pass_recomputes_at_most_its_budget_of_open_minutes_quiet_gpus_first() {
+    let (_dir, store) = sqlite_store().await;
+    let node = node_of(&store, "n1", "NVIDIA H100 80GB HBM3", &["GPU-p", "GPU-q"]).await;
+    let (p, q) = (node.gpus[0].id, node.gpus[1].id);
+    let mut seq = 0;
+    // 1 Hz samples in [from, to) s of the given GPUs, busy, one process each.
+    let mut write = async |from: i64, to: i64, uuids: &[&str]| {
+        seq += 1;
+        let ticks = (from..to)
+            .map(|k| Tick {
+                time_ms: T0 + k * 1000,
+                gpus: uuids
+                    .iter()
+                    .map(|u| GpuSample {
+                        gpu_uuid: (*u).into(),
+                        util_gpu_pct: Some(90),
+                        power_mw: Some(300_000),
+                        energy_mj: Some(k as u64 * 300_000),
+                        ..Default::default()
+                    })
+                    .collect(),
+                processes: uuids
+                    .iter()
+                    .map(|u| process(u, 100, 80, container_workload(A, None)))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        write_ticks(&store, &node, seq, ticks).await;
+    };
+    let now = Arc::new(AtomicI64::new(T0));
+    let clock: Clock = {
+        let n = Arc::clone(&now);
+        Arc::new(move || n.load(Ordering::SeqCst))
+    };
+    let options = EnergyOptions {
+        provisional_per_pass: 1,
+        ..Default::default()
+    };
+    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    // The samples in each GPU's stored open minute (None: none stored).
+    let stored = async |gpu| {
+        let m = store
+            .energy_minutes(Some(gpu), all_time())
+            .await
+            .expect("minutes");
+        assert!(m.iter().all(|(_, m)| m.provisional), "{m:?}");
+        m.first().map(|(_, m)| m.samples)
+    };
+    let mut pass_at = async |s: i64| {
+        now.store(T0 + s * 1000, Ordering::SeqCst);
+        acc.pass().await.expect("pass");
+    };
+    write(0, 30, &["GPU-p", "GPU-q"]).await;
+    pass_at(30).await;
+    assert_eq!(
+        (stored(p).await, stored(q).await),
+        (Some(30), None),
+        "one a pass"
+    );
+    write(30, 35, &["GPU-p", "GPU-q"]).await;
+    pass_at(35).await;
+    assert_eq!(
+        (stored(p).await, stored(q).await),
+        (Some(30), Some(35)),
+        "then the other"
+    );
+    write(35, 38, &["GPU-p", "GPU-q"]).await;
+    pass_at(38).await;
+    assert_eq!(
+        (stored(p).await, stored(q).await),
+        (Some(30), Some(35)),
+        "neither due"
+    );
+    // GPU-q stops at 37 s; GPU-p, computed longer ago, keeps sending: q goes first.
+    write(38, 40, &["GPU-p"]).await;
+    pass_at(40).await;
+    assert_eq!(
+        (stored(p).await, stored(q).await),
+        (Some(30), Some(38)),
+        "quiet first"
+    );
+    pass_at(41).await;
+    assert_eq!(
+        (stored(p).await, stored(q).await),
+        (Some(40), Some(38)),
+        "then p"
+    );
+}
+
 /// What the accountant's open-minute work costs: `GPUS` GPUs (default 400) on nodes of 8,
 /// each with 90 s of 1 Hz samples and a process; one pass that closes minute 0 and stores
-/// every open minute, then a pass after 10 more seconds of samples (every open minute
-/// recomputed). A benchmark, not a timed test:
+/// open minutes, then a pass after 10 more seconds of samples (open minutes recomputed, at
+/// most `PROVISIONAL_PER_PASS`). A benchmark, not a timed test:
 ///
 /// ```text
 /// cargo test --release -p gpufleet-collector --test energy open_minute_cost -- --ignored --nocapture
@@ -1434,10 +1528,17 @@ async fn open_minute_cost() {
     let t = std::time::Instant::now();
     acc.pass().await.expect("pass");
     let open = t.elapsed();
+    // Of which listing the GPUs with their sample spans and watermarks.
+    let t = std::time::Instant::now();
+    store.energy_gpus().await.expect("gpus");
+    let listing = t.elapsed();
+    // A pass recomputes at most PROVISIONAL_PER_PASS open minutes.
+    let recomputed = gpus.min(gpufleet_collector::accountant::PROVISIONAL_PER_PASS);
     println!(
-        "{gpus} GPUs: first pass (close minute 0, store every open minute) {first:?}; \
-         a pass recomputing every open minute {open:?} ({:?} per GPU)",
-        open / gpus as u32
+        "{gpus} GPUs: first pass (close minute 0 of every GPU, store {recomputed} open \
+         minutes) {first:?}; a refresh pass ({recomputed} open minutes recomputed) {open:?} \
+         ({:?} per open minute; of which listing the GPUs {listing:?})",
+        open / recomputed as u32
     );
 }
 

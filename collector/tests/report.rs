@@ -127,6 +127,11 @@ async fn the_report_has_the_energy_api_figures_and_the_metrics_of_the_resident_s
         assert_eq!(r.energy.energy_kwh, api["energy_kwh"].as_f64());
         assert_eq!(r.energy.counter_j, api["method"]["counter_j"].as_f64());
         assert_eq!(r.energy.idle_j, api["idle_j"].as_f64());
+        assert_eq!(
+            r.energy.provisional_j,
+            api["provisional_j"].as_f64(),
+            "{key}: the open minute's energy, marked as the API marks it"
+        );
         assert_eq!(r.gpus.len(), 1);
         assert_eq!(r.subject.nodes, ["n1"]);
         // No carbon provider, no temperature, no memory: absent, not 0.
@@ -177,6 +182,35 @@ async fn the_report_has_the_energy_api_figures_and_the_metrics_of_the_resident_s
     );
     // 121 s at 200 W: the two closed minutes and the open one (provisional).
     assert_eq!(node.energy.energy_j, Some(24_200.0));
+    assert_eq!(
+        node.energy.provisional_j,
+        Some(400.0),
+        "the intervals ending at 120 s and 121 s"
+    );
+    assert_eq!(
+        node.energy.provisional_j,
+        energy["nodes"]["n1"]["provisional_j"].as_f64()
+    );
+    assert_eq!(a.energy.provisional_j, Some(400.0), "A alone holds the GPU");
+    // Every format says so.
+    let q = format!("node=n1&{range}");
+    let (_, _, body) = get(&store, &format!("/api/v1/report?{q}&format=table")).await;
+    let table = String::from_utf8(body).expect("utf-8");
+    assert!(
+        table.contains("400.0 J of it in minutes still open"),
+        "{table}"
+    );
+    let (_, _, body) = get(&store, &format!("/api/v1/report?{q}&format=csv")).await;
+    let csv = String::from_utf8(body).expect("utf-8");
+    let (header, row) = csv.split_once('\n').expect("two lines");
+    let i = header
+        .split(',')
+        .position(|h| h == "provisional_j")
+        .expect("a provisional_j column");
+    assert_eq!(row.split(',').nth(i), Some("400.000"), "{csv}");
+    let (_, _, body) = get(&store, &format!("/api/v1/report?{q}&format=yaml")).await;
+    let yaml = String::from_utf8(body).expect("utf-8");
+    assert!(yaml.contains("provisional_j: 400.0"), "{yaml}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use gpufleet_collector::energy::GpuMinute;
 use gpufleet_collector::energy_check;
 use gpufleet_collector::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
+use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
 use gpufleet_collector::store::{
     GpuId, GpuMetric, NodeRecord, Rehomed, Store, StoreError, TimeRange,
@@ -1416,6 +1417,123 @@ mod contract {
             "a slot that ended before the cutoff is gone"
         );
     }
+
+    /// The accountant's batched reads answer what one GPU at a time answers, range for
+    /// range (a GPU twice, a GPU without samples, a range without a sample before it), and
+    /// the batched replace acts as one replace per GPU.
+    pub async fn batched_energy_reads_and_writes_match_one_gpu_at_a_time(store: Arc<dyn Store>) {
+        let rec = register(
+            &store,
+            "node-a",
+            vec![
+                gpu_info_full("GPU-a", 0),
+                gpu_info_sparse("GPU-b", 1),
+                gpu_info_sparse("GPU-c", 2),
+            ],
+        )
+        .await;
+        let (a, b, c) = (rec.gpus[0].id, rec.gpus[1].id, rec.gpus[2].id);
+        // 150 ticks from T0 + 30 s: minute 0 half full, minutes 1 and 2 full, processes
+        // on GPU-a and GPU-b; GPU-c has none of them.
+        let start = T0 + 30_000;
+        store
+            .write_batches(&[node_batch(&rec, batch(1, start, 150, &["GPU-a", "GPU-b"]))])
+            .await
+            .expect("write");
+        let m = |k: i64| T0 + k * 60_000;
+        let range = |gpu, from, to| EnergyRange {
+            gpu,
+            from_ms: from,
+            to_ms: to,
+        };
+        let ranges = [
+            range(a, m(1), m(2)),
+            range(b, m(0), m(3)),
+            range(c, m(0), m(1)),
+            range(a, m(0), m(1)),
+            range(b, m(2), m(2) + 10_000),
+        ];
+        let many = store.energy_inputs_many(&ranges).await.expect("many");
+        assert_eq!(many.len(), ranges.len());
+        for (r, got) in ranges.iter().zip(&many) {
+            let one = store
+                .energy_inputs(r.gpu, r.from_ms, r.to_ms)
+                .await
+                .expect("one");
+            assert_eq!(got, &one, "{r:?}");
+        }
+        assert_eq!(many[0].samples.len(), 60);
+        assert!(many[0].prev.is_some() && many[3].prev.is_none());
+        assert!(many[0].samples[0].processes.len() == 1, "GPU-a's process");
+        assert!(many[2] == EnergyInputs::default(), "GPU-c has nothing");
+        assert!(
+            store
+                .energy_inputs_many(&[])
+                .await
+                .expect("none")
+                .is_empty()
+        );
+
+        // One transaction replacing minutes of two GPUs, raising one watermark.
+        let minute = |k: i64, e: u64, learned: (u64, i64)| GpuMinute {
+            minute_ms: m(k),
+            energy_mj: e,
+            counter_mj: e,
+            idle_mj: e,
+            covered_ms: 60_000,
+            samples: 60,
+            learned_idle_mj: learned.0,
+            learned_idle_ms: learned.1,
+            ..Default::default()
+        };
+        store
+            .replace_energy_minutes_many(&[
+                MinuteReplacement {
+                    range: range(a, m(0), m(2)),
+                    minutes: vec![minute(0, 10, (5, 500)), minute(1, 20, (7, 700))],
+                    done_to_ms: Some(m(2)),
+                },
+                MinuteReplacement {
+                    range: range(b, m(0), m(1)),
+                    minutes: vec![minute(0, 30, (9, 900))],
+                    done_to_ms: None,
+                },
+            ])
+            .await
+            .expect("replace many");
+        let stored = store.energy_minutes(None, ALL_TIME).await.expect("read");
+        let energies: Vec<(GpuId, i64, u64)> = stored
+            .iter()
+            .map(|(g, x)| (*g, x.minute_ms, x.energy_mj))
+            .collect();
+        assert_eq!(energies, vec![(a, m(0), 10), (a, m(1), 20), (b, m(0), 30)]);
+        let done = |gpu| {
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .energy_gpus()
+                    .await
+                    .expect("gpus")
+                    .into_iter()
+                    .find(|g| g.gpu == gpu)
+                    .expect("gpu")
+                    .done_to_ms
+            }
+        };
+        assert_eq!((done(a).await, done(b).await), (Some(m(2)), None));
+        let before = store
+            .energy_learned_before_many(&ranges)
+            .await
+            .expect("learned many");
+        for (r, got) in ranges.iter().zip(&before) {
+            let one = store
+                .energy_learned_before(r.gpu, r.from_ms)
+                .await
+                .expect("one");
+            assert_eq!(*got, one, "{r:?}");
+        }
+        assert_eq!(before, vec![(5, 500), (0, 0), (0, 0), (0, 0), (9, 900)]);
+    }
 }
 
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
@@ -1437,6 +1555,7 @@ macro_rules! contract_tests {
                 rollups_are_incremental_and_late_data_is_recomputed,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 carbon_cache_and_minute_prices,
+                batched_energy_reads_and_writes_match_one_gpu_at_a_time,
             );
         }
     };

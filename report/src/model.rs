@@ -77,6 +77,11 @@ pub struct EnergySummary {
     /// Of which idle energy charged to the subject (collector, idle policy `spread`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_j: Option<f64>,
+    /// Of which in minutes still open (collector): computed from the samples so far and
+    /// replaced when the minute closes, so it may still change. `None` where minutes do
+    /// not apply (`exec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisional_j: Option<f64>,
 }
 
 impl EnergySummary {
@@ -94,6 +99,7 @@ impl EnergySummary {
             trapezoid_j: Some(t as f64 / 1000.0),
             counter_share: (total > 0).then(|| c as f64 / total as f64),
             idle_j: None,
+            provisional_j: None,
         }
     }
 }

@@ -108,6 +108,7 @@ fn columns(r: &Report) -> Vec<(&'static str, Option<String>)> {
         ("energy_j", num(e.energy_j, 3)),
         ("counter_j", num(e.counter_j, 3)),
         ("trapezoid_j", num(e.trapezoid_j, 3)),
+        ("provisional_j", num(e.provisional_j, 3)),
         ("carbon_g", num(c.carbon_g, 4)),
         ("avg_intensity_g_per_kwh", num(c.avg_intensity_g_per_kwh, 2)),
         ("priced_share", num(c.priced_share, 4)),
@@ -242,6 +243,18 @@ pub fn table(r: &Report) -> String {
                     .map(|(k, j)| format!("{k:.6} kWh = {}{method}", joules(j))),
             ),
         ),
+    ]);
+    // Energy of minutes still open: shown only when there is some (it may still change).
+    if let Some(p) = e.provisional_j.filter(|&p| p > 0.0) {
+        rows.push((
+            "  provisional",
+            format!(
+                "{} of it in minutes still open (final when they close)",
+                joules(p)
+            ),
+        ));
+    }
+    rows.extend([
         (
             "Carbon",
             or_na(c.carbon_g.map(|g| {
@@ -346,6 +359,42 @@ mod tests {
         assert_eq!(
             Format::from_path(std::path::Path::new("r.yaml")),
             Some(Format::Yaml)
+        );
+    }
+
+    #[test]
+    fn provisional_energy_is_marked_in_every_format() {
+        let mut r = bare();
+        r.energy = crate::EnergySummary::from_mj(Some(5_000_000), Some(0));
+        r.energy.provisional_j = Some(1_500.0);
+        let t = table(&r);
+        assert!(
+            t.lines().any(|l| l.starts_with("  provisional ")
+                && l.ends_with(" 1.500 kJ of it in minutes still open (final when they close)")),
+            "{t}"
+        );
+        let s = csv(std::slice::from_ref(&r)).expect("csv");
+        let mut rd = csv::Reader::from_reader(s.as_bytes());
+        let header = rd.headers().expect("header").clone();
+        let row = rd.records().next().expect("a row").expect("row");
+        let i = header
+            .iter()
+            .position(|h| h == "provisional_j")
+            .expect("a provisional_j column");
+        assert_eq!(row.get(i), Some("1500.000"));
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&r, Format::Json).expect("json")).expect("parse");
+        assert_eq!(json["energy"]["provisional_j"], 1500.0);
+        let yaml = render(&r, Format::Yaml).expect("yaml");
+        assert!(yaml.contains("provisional_j: 1500.0"), "{yaml}");
+        // Nothing open: no line; not applicable (exec): not in JSON either.
+        r.energy.provisional_j = Some(0.0);
+        assert!(!table(&r).contains("provisional"));
+        r.energy.provisional_j = None;
+        assert!(
+            !render(&r, Format::Json)
+                .expect("json")
+                .contains("provisional")
         );
     }
 

@@ -38,6 +38,23 @@ pub struct EnergyInputs {
     pub samples: Vec<EnergySample>,
 }
 
+/// A GPU and a range `[from_ms, to_ms)` of it, for the batched reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnergyRange {
+    pub gpu: GpuId,
+    pub from_ms: UnixMs,
+    pub to_ms: UnixMs,
+}
+
+/// What [`Store::replace_energy_minutes`](super::Store::replace_energy_minutes) takes, for
+/// one GPU of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinuteReplacement {
+    pub range: EnergyRange,
+    pub minutes: Vec<GpuMinute>,
+    pub done_to_ms: Option<UnixMs>,
+}
+
 /// One workload's energy on one GPU over a range (sums of its minutes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadEnergy {

@@ -695,6 +695,32 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         to_ms: UnixMs,
     ) -> Result<energy::EnergyInputs, StoreError>;
 
+    /// [`Store::energy_inputs`] of many ranges (one per GPU) in a few queries, whatever
+    /// their number: the accountant's per-pass reads at fleet scale. Answers in order.
+    async fn energy_inputs_many(
+        &self,
+        ranges: &[energy::EnergyRange],
+    ) -> Result<Vec<energy::EnergyInputs>, StoreError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            out.push(self.energy_inputs(r.gpu, r.from_ms, r.to_ms).await?);
+        }
+        Ok(out)
+    }
+
+    /// [`Store::energy_learned_before`] of many GPUs (each before its range's `from_ms`)
+    /// in one query. Answers in order.
+    async fn energy_learned_before_many(
+        &self,
+        ranges: &[energy::EnergyRange],
+    ) -> Result<Vec<(u64, i64)>, StoreError> {
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            out.push(self.energy_learned_before(r.gpu, r.from_ms).await?);
+        }
+        Ok(out)
+    }
+
     /// The time of a GPU's first sample at or after `at_ms`.
     async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
     -> Result<Option<UnixMs>, StoreError>;
@@ -720,6 +746,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         to_ms: UnixMs,
         minutes: &[crate::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError>;
+
+    /// [`Store::replace_energy_minutes`] of many GPUs, all in one transaction.
+    async fn replace_energy_minutes_many(
+        &self,
+        batch: &[energy::MinuteReplacement],
     ) -> Result<(), StoreError>;
 
     /// Stored minutes (with their workload rows) in `range`, of one GPU or all.

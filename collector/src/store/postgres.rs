@@ -1119,6 +1119,20 @@ impl Store for PgStore {
         energy::energy_inputs(&self.pool, gpu, from_ms, to_ms).await
     }
 
+    async fn energy_inputs_many(
+        &self,
+        ranges: &[super::energy::EnergyRange],
+    ) -> Result<Vec<super::energy::EnergyInputs>, StoreError> {
+        energy::energy_inputs_many(&self.pool, ranges).await
+    }
+
+    async fn energy_learned_before_many(
+        &self,
+        ranges: &[super::energy::EnergyRange],
+    ) -> Result<Vec<(u64, i64)>, StoreError> {
+        energy::energy_learned_before_many(&self.pool, ranges).await
+    }
+
     async fn next_sample_ms(
         &self,
         gpu: GpuId,
@@ -1148,6 +1162,13 @@ impl Store for PgStore {
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
         energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
+    }
+
+    async fn replace_energy_minutes_many(
+        &self,
+        batch: &[super::energy::MinuteReplacement],
+    ) -> Result<(), StoreError> {
+        energy::replace_energy_minutes_many(&self.pool, batch).await
     }
 
     async fn energy_minutes(

@@ -7,13 +7,13 @@ use super::{
 };
 use crate::energy::{EnergyProcess, EnergySample, GpuMinute};
 use crate::store::energy::{
-    EnergyGpu, EnergyInputs, GpuBaseline, GpuEnergy, MinuteColumns, WorkloadEnergy,
-    WorkloadEnergyPoint, minutes_from_rows,
+    EnergyGpu, EnergyInputs, EnergyRange, GpuBaseline, GpuEnergy, MinuteColumns, MinuteReplacement,
+    WorkloadEnergy, WorkloadEnergyPoint, minutes_from_rows,
 };
 use crate::store::{GpuId, NodeId, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgPool, PgRow};
+use sqlx::postgres::{PgConnection, PgPool, PgRow};
 
 /// Workload columns, for a query joining `workloads w` (read by `workload_from_row`).
 const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
@@ -130,9 +130,19 @@ pub(super) async fn energy_inputs(
     .fetch_all(&mut *conn)
     .await
     .map_err(q("read process samples for energy"))?;
+    attach_processes(&mut samples, &procs)?;
+    Ok(EnergyInputs { prev, samples })
+}
+
+/// Hangs process rows (ordered by time) on the GPU samples (ordered by time) they were
+/// listed with.
+fn attach_processes<'r>(
+    samples: &mut [EnergySample],
+    procs: impl IntoIterator<Item = &'r PgRow>,
+) -> Result<(), StoreError> {
     // Both lists are ordered by time: merge.
     let mut i = 0;
-    for row in &procs {
+    for row in procs {
         let t: i64 = get(row, "ts_ms")?;
         while i < samples.len() && samples[i].time_ms < t {
             i += 1;
@@ -148,7 +158,127 @@ pub(super) async fn energy_inputs(
             });
         }
     }
-    Ok(EnergyInputs { prev, samples })
+    Ok(())
+}
+
+/// The ranges as rows `r(req, id, from_ms, to_ms)`, from three parallel arrays bound as
+/// `$1..$3` (`req`: the range's index).
+const RANGES: &str = "WITH r AS ( \
+    SELECT (o - 1) AS req, id, from_ms, to_ms \
+    FROM UNNEST($1::int8[], $2::int8[], $3::int8[]) WITH ORDINALITY AS u(id, from_ms, to_ms, o))";
+
+/// The ranges as the three arrays [`RANGES`] reads.
+fn range_arrays(ranges: &[EnergyRange]) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    (
+        ranges.iter().map(|r| r.gpu.0).collect(),
+        ranges.iter().map(|r| r.from_ms).collect(),
+        ranges.iter().map(|r| r.to_ms).collect(),
+    )
+}
+
+/// The range index of a row.
+fn req(row: &PgRow, n: usize) -> Result<usize, StoreError> {
+    let i: i64 = get(row, "req")?;
+    usize::try_from(i)
+        .ok()
+        .filter(|&i| i < n)
+        .ok_or_else(|| StoreError::Corrupt(format!("energy read: range {i} out of range")))
+}
+
+pub(super) async fn energy_inputs_many(
+    pool: &PgPool,
+    ranges: &[EnergyRange],
+) -> Result<Vec<EnergyInputs>, StoreError> {
+    let n = ranges.len();
+    let mut out = vec![EnergyInputs::default(); n];
+    if n == 0 {
+        return Ok(out);
+    }
+    let (ids, froms, tos) = range_arrays(ranges);
+    let mut conn = pool.acquire().await.map_err(q("acquire a connection"))?;
+    let prev = sqlx::query(AssertSqlSafe(format!(
+        "{RANGES} SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct \
+         FROM r CROSS JOIN LATERAL (SELECT x.ts_ms, x.power_mw, x.energy_mj, x.util_gpu_pct \
+           FROM gpu_samples x WHERE x.gpu_id = r.id AND x.ts_ms < r.from_ms \
+           ORDER BY x.ts_ms DESC LIMIT 1) s"
+    )))
+    .bind(&ids)
+    .bind(&froms)
+    .bind(&tos)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(q("read the samples before energy ranges"))?;
+    for row in &prev {
+        out[req(row, n)?].prev = Some(sample_from_row(row)?);
+    }
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "{RANGES} SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct \
+         FROM r JOIN gpu_samples s ON s.gpu_id = r.id \
+           AND s.ts_ms >= r.from_ms AND s.ts_ms < r.to_ms ORDER BY r.req, s.ts_ms"
+    )))
+    .bind(&ids)
+    .bind(&froms)
+    .bind(&tos)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(q("read GPU samples for energy"))?;
+    for row in &rows {
+        out[req(row, n)?].samples.push(sample_from_row(row)?);
+    }
+    let procs = sqlx::query(AssertSqlSafe(format!(
+        "{RANGES} SELECT r.req, p.ts_ms, p.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
+         p.process_type FROM r JOIN process_samples p ON p.gpu_id = r.id \
+           AND p.ts_ms >= r.from_ms AND p.ts_ms < r.to_ms ORDER BY r.req, p.ts_ms, p.pid"
+    )))
+    .bind(&ids)
+    .bind(&froms)
+    .bind(&tos)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(q("read process samples for energy"))?;
+    // Rows come grouped by range: hang each group on its range's samples.
+    let mut start = 0;
+    while start < procs.len() {
+        let i = req(&procs[start], n)?;
+        let mut end = start + 1;
+        while end < procs.len() && req(&procs[end], n)? == i {
+            end += 1;
+        }
+        attach_processes(&mut out[i].samples, &procs[start..end])?;
+        start = end;
+    }
+    Ok(out)
+}
+
+pub(super) async fn energy_learned_before_many(
+    pool: &PgPool,
+    ranges: &[EnergyRange],
+) -> Result<Vec<(u64, i64)>, StoreError> {
+    let n = ranges.len();
+    let mut out = vec![(0, 0); n];
+    if n == 0 {
+        return Ok(out);
+    }
+    let (ids, froms, tos) = range_arrays(ranges);
+    let rows = sqlx::query(AssertSqlSafe(format!(
+        "{RANGES} SELECT r.req, m.learned_idle_mj, m.learned_idle_ms \
+         FROM r CROSS JOIN LATERAL (SELECT x.learned_idle_mj, x.learned_idle_ms \
+           FROM energy_gpu_minutes x WHERE x.gpu_id = r.id AND x.minute_ms < r.from_ms \
+           ORDER BY x.minute_ms DESC LIMIT 1) m"
+    )))
+    .bind(&ids)
+    .bind(&froms)
+    .bind(&tos)
+    .fetch_all(pool)
+    .await
+    .map_err(q("read GPUs' idle-baseline evidence"))?;
+    for row in &rows {
+        out[req(row, n)?] = (
+            get_nonneg(row, "learned_idle_mj")?,
+            get(row, "learned_idle_ms")?,
+        );
+    }
+    Ok(out)
 }
 
 pub(super) async fn next_sample_ms(
@@ -236,6 +366,37 @@ pub(super) async fn replace_energy_minutes(
         .begin()
         .await
         .map_err(q("begin an energy transaction"))?;
+    replace_in(&mut tx, gpu, from_ms, to_ms, minutes, done_to_ms).await?;
+    tx.commit().await.map_err(q("commit energy minutes"))
+}
+
+pub(super) async fn replace_energy_minutes_many(
+    pool: &PgPool,
+    batch: &[MinuteReplacement],
+) -> Result<(), StoreError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(q("begin an energy transaction"))?;
+    for b in batch {
+        let r = b.range;
+        replace_in(&mut tx, r.gpu, r.from_ms, r.to_ms, &b.minutes, b.done_to_ms).await?;
+    }
+    tx.commit().await.map_err(q("commit energy minutes"))
+}
+
+/// The body of [`replace_energy_minutes`], inside the caller's transaction.
+async fn replace_in(
+    tx: &mut PgConnection,
+    gpu: GpuId,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    minutes: &[GpuMinute],
+    done_to_ms: Option<UnixMs>,
+) -> Result<(), StoreError> {
     // Minutes before the raw horizon (retention, issue 8) keep their rows: their raw
     // samples are gone, so a recomputation could only lose energy. (Inputs that could miss
     // deleted rows were read after the horizon was raised, so this read sees it.)
@@ -332,7 +493,7 @@ pub(super) async fn replace_energy_minutes(
         .await
         .map_err(q("advance the energy watermark"))?;
     }
-    tx.commit().await.map_err(q("commit energy minutes"))
+    Ok(())
 }
 
 pub(super) async fn energy_minutes(
