@@ -873,6 +873,7 @@ impl Store for SqliteStore {
         &self,
         batch: &[super::energy::MinuteReplacement],
     ) -> Result<(), StoreError> {
+        let _turn = self.write_gate.lock().await;
         energy::replace_energy_minutes_many(&self.pool, batch).await
     }
 
