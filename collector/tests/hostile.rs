@@ -56,13 +56,6 @@ async fn connect(c: &TestCollector, node: &str, gpu: &str) -> Agent {
     Agent { tx, rx }
 }
 
-async fn next(rx: &mut tonic::Streaming<pb::CollectorMessage>) -> Result<Msg, tonic::Status> {
-    let msg = tokio::time::timeout(Duration::from_secs(10), rx.message())
-        .await
-        .expect("an answer within 10 s")?;
-    Ok(msg.and_then(|m| m.msg).expect("a message"))
-}
-
 async fn send_batch(agent: &mut Agent, seq: u64, gpu: &str) -> Msg {
     let b = batch(seq, now_ms() - 1_000, 1, &[gpu]);
     agent

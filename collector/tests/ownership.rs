@@ -12,7 +12,6 @@ use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
 use gpufleet_proto::v1::ingest_client::IngestClient;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
@@ -54,13 +53,6 @@ async fn connect(
         Msg::Welcome(welcome) => Ok(Agent { tx, rx, welcome }),
         other => panic!("expected Welcome, got {other:?}"),
     }
-}
-
-async fn next(rx: &mut tonic::Streaming<pb::CollectorMessage>) -> Result<Msg, tonic::Status> {
-    let msg = tokio::time::timeout(Duration::from_secs(10), rx.message())
-        .await
-        .expect("an answer within 10 s")?;
-    Ok(msg.and_then(|m| m.msg).expect("a message"))
 }
 
 /// Sends `b` and returns the answer to it.

@@ -521,3 +521,13 @@ pub async fn api_get_live(
         .expect("body");
     (status, ctype, body.to_vec())
 }
+
+/// The next message on an agent's stream (10 s at most), or the status it ended with.
+pub async fn next(
+    rx: &mut tonic::Streaming<gpufleet_proto::v1::CollectorMessage>,
+) -> Result<gpufleet_proto::v1::collector_message::Msg, tonic::Status> {
+    let msg = tokio::time::timeout(std::time::Duration::from_secs(10), rx.message())
+        .await
+        .expect("an answer within 10 s")?;
+    Ok(msg.and_then(|m| m.msg).expect("a message"))
+}
