@@ -240,30 +240,30 @@ pub async fn compute_minutes(
 const BATCH_GPUS: usize = 512;
 
 /// [`compute_minutes`] of many GPUs (each with its own minute-aligned range), reading
-/// their inputs in a few queries per [`BATCH_GPUS`] rather than a few per GPU.
+/// their inputs in a few queries for all of them rather than a few per GPU (callers
+/// pass at most [`BATCH_GPUS`]).
 pub async fn compute_minutes_many(
     store: &dyn Store,
     jobs: &[(&EnergyGpu, EnergyRange)],
     options: &EnergyOptions,
 ) -> Result<Vec<Vec<GpuMinute>>, StoreError> {
-    let mut out = Vec::with_capacity(jobs.len());
-    for chunk in jobs.chunks(BATCH_GPUS) {
-        let ranges: Vec<EnergyRange> = chunk.iter().map(|(_, r)| *r).collect();
-        let inputs = store.energy_inputs_many(&ranges).await?;
-        let evidence = store.energy_learned_before_many(&ranges).await?;
-        if inputs.len() != chunk.len() || evidence.len() != chunk.len() {
-            return Err(StoreError::Corrupt(format!(
-                "energy read: {} ranges asked, {} inputs and {} baselines answered",
-                chunk.len(),
-                inputs.len(),
-                evidence.len()
-            )));
-        }
-        for (((gpu, _), inputs), evidence) in chunk.iter().zip(&inputs).zip(evidence) {
-            out.push(minutes_from(gpu, inputs, evidence, options));
-        }
+    let ranges: Vec<EnergyRange> = jobs.iter().map(|(_, r)| *r).collect();
+    let inputs = store.energy_inputs_many(&ranges).await?;
+    let evidence = store.energy_learned_before_many(&ranges).await?;
+    if inputs.len() != jobs.len() || evidence.len() != jobs.len() {
+        return Err(StoreError::Corrupt(format!(
+            "energy read: {} ranges asked, {} inputs and {} baselines answered",
+            jobs.len(),
+            inputs.len(),
+            evidence.len()
+        )));
     }
-    Ok(out)
+    Ok(jobs
+        .iter()
+        .zip(&inputs)
+        .zip(evidence)
+        .map(|(((gpu, _), inputs), evidence)| minutes_from(gpu, inputs, evidence, options))
+        .collect())
 }
 
 /// The minutes of a GPU's samples, given the evidence carried by the minute before them
@@ -454,6 +454,8 @@ impl Accountant {
             .into_iter()
             .map(|g| (g.gpu, g))
             .collect();
+        // Forget open minutes of GPUs that are gone (deleted, expired by retention).
+        self.provisional.retain(|id, _| gpus.contains_key(id));
         let mut written = 0;
         let dirty = std::mem::take(&mut self.dirty);
         let mut failed = BTreeSet::new();

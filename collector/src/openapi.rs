@@ -1,7 +1,8 @@
 //! The OpenAPI 3.1 description of `/api/v1/*`, derived from the handlers' own parameter and
-//! response types (utoipa), served at `GET /api/v1/openapi.json`. Because the schemas are
-//! the types the handlers serialize, the description cannot drift from the answers; the
-//! schemathesis run in `scripts/test` holds a running collector to it.
+//! response types (utoipa), served at `GET /api/v1/openapi.json`. The schemas are the types
+//! the handlers serialize, so they cannot drift from the answers; the list of paths below is
+//! kept by hand, so a new route must be added to it (the test here lists the routes it
+//! expects). The schemathesis run in `scripts/test` holds a running collector to it.
 
 use crate::http::AppState;
 use axum::Router;
