@@ -229,7 +229,7 @@ impl Ingest for IngestService {
         let session = Session {
             shared: Arc::clone(&self.shared),
             keys,
-            max_seq: welcome_seq.saturating_add(s.options.max_seq_ahead),
+            welcome_seq,
         };
         tokio::spawn(session.run(inbound, out));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -240,9 +240,9 @@ impl Ingest for IngestService {
 struct Session {
     shared: Arc<Shared>,
     keys: Arc<NodeKeys>,
-    /// Highest seq accepted on this stream: the node's stored seq at Hello time plus
-    /// [`IngestOptions::max_seq_ahead`].
-    max_seq: u64,
+    /// The node's highest stored seq when the stream began (its Welcome): seqs more than
+    /// [`IngestOptions::max_seq_ahead`] above it are refused.
+    welcome_seq: u64,
 }
 
 impl Session {
@@ -312,18 +312,18 @@ impl Session {
         let s = &self.shared;
         let seq = b.seq;
         let keys = &self.keys;
-        if seq > self.max_seq {
+        let max_seq = self.welcome_seq.saturating_add(s.options.max_seq_ahead);
+        if seq > max_seq {
             s.metrics.batches_rejected_seq.fetch_add(1, Relaxed);
             s.live.rejected(&keys.name);
-            warn!(node = %keys.name, seq, max_seq = self.max_seq, "batch rejected: seq out of range");
+            warn!(node = %keys.name, seq, max_seq, "batch rejected: seq out of range");
             let reject = pb::Reject {
                 seq,
                 code: pb::RejectCode::OutOfOrder as i32,
                 reason: format!(
                     "seq {seq} is more than {} above {}, this node's highest stored seq when \
                      the stream began; number batches upwards from Welcome.last_acked_seq",
-                    s.options.max_seq_ahead,
-                    self.max_seq.saturating_sub(s.options.max_seq_ahead)
+                    s.options.max_seq_ahead, self.welcome_seq
                 ),
                 retryable: false,
             };

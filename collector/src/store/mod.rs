@@ -700,26 +700,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn energy_inputs_many(
         &self,
         ranges: &[energy::EnergyRange],
-    ) -> Result<Vec<energy::EnergyInputs>, StoreError> {
-        let mut out = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            out.push(self.energy_inputs(r.gpu, r.from_ms, r.to_ms).await?);
-        }
-        Ok(out)
-    }
+    ) -> Result<Vec<energy::EnergyInputs>, StoreError>;
 
     /// [`Store::energy_learned_before`] of many GPUs (each before its range's `from_ms`)
     /// in one query. Answers in order.
     async fn energy_learned_before_many(
         &self,
         ranges: &[energy::EnergyRange],
-    ) -> Result<Vec<(u64, i64)>, StoreError> {
-        let mut out = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            out.push(self.energy_learned_before(r.gpu, r.from_ms).await?);
-        }
-        Ok(out)
-    }
+    ) -> Result<Vec<(u64, i64)>, StoreError>;
 
     /// The time of a GPU's first sample at or after `at_ms`.
     async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)

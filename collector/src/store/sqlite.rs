@@ -97,8 +97,9 @@ pub struct SqliteStore {
     /// Job leases ([`super::lease`]): a lock file beside the database file, or in-process
     /// locks for an in-memory database.
     leases: Leases,
-    /// Taken by each of this process's big write transactions (group commits, node
-    /// registrations, rollups, energy minutes, each retention delete) for its duration. SQLite admits one writer
+    /// Taken by each of this process's write transactions that can be large or frequent
+    /// (group commits, node registrations, rollups, energy minutes, carbon prices and
+    /// cached intensities, each retention delete) for its duration. SQLite admits one writer
     /// at a time and makes the others poll with sleeps (the busy timeout), which is not
     /// fair: back-to-back retention deletes won nearly every race and the group-commit
     /// writer waited seconds. This queue is first come, first served, so a commit waits
@@ -995,6 +996,7 @@ impl Store for SqliteStore {
         &self,
         slots: &[gpufleet_carbon::IntensitySlot],
     ) -> Result<(), StoreError> {
+        let _turn = self.write_gate.lock().await;
         carbon::upsert_intensity(&self.pool, slots).await
     }
 
@@ -1028,6 +1030,7 @@ impl Store for SqliteStore {
         &self,
         minutes: &[super::carbon::CarbonMinute],
     ) -> Result<(), StoreError> {
+        let _turn = self.write_gate.lock().await;
         carbon::replace_carbon_minutes(&self.pool, minutes).await
     }
 
