@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
-use gpufleet_collector::accountant::{self, Accountant, EnergyOptions};
-use gpufleet_collector::energy::GpuMinute;
-use gpufleet_collector::energy_check;
-use gpufleet_collector::rollups::{RetentionOptions, Rollups};
+use gpufleet_collector::accounting::accountant::{self, Accountant, EnergyOptions};
+use gpufleet_collector::accounting::energy::GpuMinute;
+use gpufleet_collector::accounting::check;
+use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
@@ -746,7 +746,7 @@ mod contract {
 
     const MIN: i64 = 60_000;
 
-    pub fn clock_at(t: UnixMs) -> gpufleet_collector::status::Clock {
+    pub fn clock_at(t: UnixMs) -> gpufleet_collector::live::status::Clock {
         Arc::new(move || t)
     }
 

@@ -1,5 +1,5 @@
 //! What the store keeps and returns for carbon accounting (issue 7). The pricing is in
-//! [`crate::carbon`]; these are the shapes crossing the store boundary.
+//! [`crate::accounting::carbon`]; these are the shapes crossing the store boundary.
 
 use super::{GpuId, StoreError};
 use gpufleet_carbon::{FactorType, IntensityKind, ProviderKind};

@@ -1,9 +1,9 @@
 //! What the store keeps and returns for energy accounting (issue 6). The computing is in
-//! [`crate::energy`] (pure) and [`crate::accountant`]; these are the shapes crossing the
+//! [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`]; these are the shapes crossing the
 //! store boundary.
 
 use super::{GpuId, NodeId, StoreError};
-use crate::energy::{EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute};
+use crate::accounting::energy::{EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute};
 use gpufleet_core::{UnixMs, Workload};
 use std::collections::BTreeMap;
 

@@ -1158,7 +1158,7 @@ impl Store for PgStore {
         gpu: GpuId,
         from_ms: UnixMs,
         to_ms: UnixMs,
-        minutes: &[crate::energy::GpuMinute],
+        minutes: &[crate::accounting::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
         energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
@@ -1175,7 +1175,7 @@ impl Store for PgStore {
         &self,
         gpu: Option<GpuId>,
         range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError> {
         energy::energy_minutes(&self.pool, gpu, range).await
     }
 

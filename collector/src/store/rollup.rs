@@ -1,5 +1,5 @@
 //! What the store keeps and returns for per-minute rollups and retention (issue 8). The
-//! task that drives them is [`crate::rollups`]; these are the shapes crossing the store
+//! task that drives them is [`crate::accounting::rollups`]; these are the shapes crossing the store
 //! boundary.
 
 use super::GpuMetric;

@@ -863,7 +863,7 @@ impl Store for SqliteStore {
         gpu: GpuId,
         from_ms: UnixMs,
         to_ms: UnixMs,
-        minutes: &[crate::energy::GpuMinute],
+        minutes: &[crate::accounting::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
         let _turn = self.write_gate.lock().await;
@@ -882,7 +882,7 @@ impl Store for SqliteStore {
         &self,
         gpu: Option<GpuId>,
         range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError> {
         energy::energy_minutes(&self.pool, gpu, range).await
     }
 

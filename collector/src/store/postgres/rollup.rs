@@ -8,7 +8,7 @@
 //! keep (`PgStore::drop_raw_before`), then deletes the rest in bounded statements.
 
 use super::{from_i64, get, q};
-use crate::energy::{MINUTE_MS, minute_of};
+use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::store::rollup::{
     HOST_METRICS, MetricStats, RetentionOutcome, RollupCursor, RollupKey, RollupKind, RollupMinute,
     spec,

@@ -2,7 +2,7 @@
 //! per-minute rollups, and the API's aggregates. Schema: `migrations/sqlite/0006_energy.sql`.
 
 use super::{from_i64, get, limit_i64, q, workload_from_row};
-use crate::energy::{EnergyProcess, EnergySample, GpuMinute};
+use crate::accounting::energy::{EnergyProcess, EnergySample, GpuMinute};
 use crate::store::energy::{
     EnergyGpu, EnergyInputs, EnergyRange, GpuBaseline, GpuEnergy, MinuteColumns, MinuteReplacement,
     WorkloadEnergy, WorkloadEnergyPoint, minutes_from_rows,
@@ -331,7 +331,7 @@ pub(super) async fn energy_baselines(pool: &SqlitePool) -> Result<Vec<GpuBaselin
                 node_name: get(row, "node_name")?,
                 idle_mw: u32::try_from(idle_mw)
                     .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
-                idle_source: crate::energy::IdleSource::parse(&source)
+                idle_source: crate::accounting::energy::IdleSource::parse(&source)
                     .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
                 minute_ms: get(row, "minute_ms")?,
                 seen_idle_mj: get_nonneg(row, "seen_mj")?,

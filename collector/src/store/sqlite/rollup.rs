@@ -7,7 +7,7 @@
 //! group-commit writer never waits long behind it.
 
 use super::{from_i64, get, q};
-use crate::energy::{MINUTE_MS, minute_of};
+use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::store::rollup::spec;
 use crate::store::rollup::{
     HOST_METRICS, MetricStats, RetentionOutcome, RollupCursor, RollupKey, RollupKind, RollupMinute,

@@ -1,0 +1,9 @@
+//! Subcommands other than `serve` (the binary's `main.rs` parses and dispatches them).
+//!
+//! - [`demo`]: the collector plus simulated agents over loopback gRPC.
+//! - [`energy`]: the accounting flags and the `check-energy` / `recompute-energy` commands.
+//! - [`rehome`]: `rehome-gpu`, the only way a GPU changes node.
+
+pub mod demo;
+pub mod energy;
+pub mod rehome;
