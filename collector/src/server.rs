@@ -54,7 +54,7 @@ pub struct ServeOptions {
     pub follow: crate::live::follow::FollowMode,
     /// How background jobs' leases are asked for ([`crate::accounting::leader`]).
     pub lead: crate::accounting::leader::LeadOptions,
-    /// Per-minute rollups and retention (issue 8).
+    /// Per-minute rollups and retention.
     pub retention: crate::accounting::rollups::RetentionOptions,
     /// Carbon accounting: providers, regions, PUE ([`crate::accounting::carbon`]).
     pub carbon: crate::accounting::carbon::CarbonOptions,

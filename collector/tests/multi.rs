@@ -1,4 +1,4 @@
-//! Several collectors, one database (issue 8): job leases and following the store.
+//! Several collectors, one database: job leases and following the store.
 //!
 //! - `postgres_leases_*`: the PostgreSQL advisory-lock lease on the test server
 //!   (`GPUFLEET_TEST_PG_URL`, default 127.0.0.1:5432, user postgres, database test):

@@ -742,7 +742,7 @@ mod contract {
         }
     }
 
-    // ---------------------------------------------------------------- rollups (issue 8)
+    // ---------------------------------------------------------------- rollups
 
     const MIN: i64 = 60_000;
 
@@ -1188,7 +1188,7 @@ mod contract {
         assert_eq!(horizon_a().await, Some(T0 + 11 * MIN));
     }
 
-    // ---- carbon (issue 7)
+    // ---- carbon
 
     fn slot(region: &str, from_ms: i64, g: f64, kind: IntensityKind) -> IntensitySlot {
         IntensitySlot {

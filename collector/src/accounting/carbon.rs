@@ -1,4 +1,4 @@
-//! The carbon task (issue 7): prices every stored energy minute in gCO2.
+//! The carbon task: prices every stored energy minute in gCO2.
 //!
 //! carbon(GPU-minute) = energy (kWh) × intensity of the slot holding the minute, for the
 //! node's region × the node's PUE. A pass:

@@ -1,4 +1,4 @@
-//! Reports (issue 7) from the store: what a container, pod, Slurm job or node spent over a
+//! Reports from the store: what a container, pod, Slurm job or node spent over a
 //! range ([`build`]), for `gpufleet-collector report` ([`run_report`]) and the API
 //! (`crate::api::reports`). The model and renderers are `gpufleet-report`'s, shared with
 //! `gpufleet-agent exec`.

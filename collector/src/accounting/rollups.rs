@@ -1,4 +1,4 @@
-//! Per-minute rollups and retention (issue 8): the task that keeps `gpu_minutes` /
+//! Per-minute rollups and retention: the task that keeps `gpu_minutes` /
 //! `host_minutes` up to date and expires old data, and the flags that configure it.
 //!
 //! It works like the energy [`crate::accounting::accountant`]: per series (a GPU, or a node's host

@@ -1,4 +1,4 @@
-//! The carbon-intensity API (issue 7), read from the store's intensity cache:
+//! The carbon-intensity API, read from the store's intensity cache:
 //!
 //! `GET /api/v1/carbon/intensity?region=R&provider=P&from=&to=&window=2h`
 //!

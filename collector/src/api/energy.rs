@@ -1,4 +1,4 @@
-//! The energy API (issue 6), read from the per-minute rollups:
+//! The energy API, read from the per-minute rollups:
 //!
 //! | route | what |
 //! |---|---|
@@ -19,7 +19,7 @@
 //! minute ends. Each GPU of `/api/v1/energy` carries its idle `baseline` and where it
 //! came from.
 //!
-//! Carbon (issue 7) sits beside every energy figure: `carbon_g` (null when none of the
+//! Carbon sits beside every energy figure: `carbon_g` (null when none of the
 //! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 

@@ -1,4 +1,4 @@
-//! The report API (issue 7): the same report as `gpufleet-collector report`.
+//! The report API: the same report as `gpufleet-collector report`.
 //!
 //! | route | what |
 //! |---|---|

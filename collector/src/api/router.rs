@@ -65,11 +65,11 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::api::assets::routes())
         .route("/api/v1/live", get(crate::api::live::live))
         .merge(crate::api::dashboard::routes())
-        // Energy per container / pod / job / user, per GPU, fleet totals (issue 6).
+        // Energy per container / pod / job / user, per GPU, fleet totals.
         .merge(crate::api::energy::routes())
-        // Carbon intensity per region with forecast and the lowest window (issue 7).
+        // Carbon intensity per region with forecast and the lowest window.
         .merge(crate::api::carbon::routes())
-        // Reports per container / pod / job / node, and their plot (issue 7).
+        // Reports per container / pod / job / node, and their plot.
         .merge(crate::api::reports::routes())
         // The OpenAPI description of all of the above.
         .merge(crate::api::openapi::routes())
