@@ -53,7 +53,7 @@ enum Command {
     RecomputeEnergy(RecomputeArgs),
     /// Print the energy / carbon report of a container, pod, Slurm job or node over a
     /// range (table, JSON, YAML or CSV), optionally with its time-series plot (PNG).
-    Report(Box<gpufleet_collector::accounting::report::ReportArgs>),
+    Report(Box<gpufleet_collector::cli::report::ReportArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -202,7 +202,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Report(args) => {
-            runtime.block_on(gpufleet_collector::accounting::report::run_report(
+            runtime.block_on(gpufleet_collector::cli::report::run_report(
                 &args,
                 &mut std::io::stdout().lock(),
             ))?;

@@ -10,7 +10,8 @@
 //!   intensity, where a forecast covers it (`null` otherwise) — the dashboard's hint of when
 //!   to run a job.
 
-use crate::api::router::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
+use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
+use crate::api::router::AppState;
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};

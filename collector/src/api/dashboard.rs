@@ -13,11 +13,12 @@
 //! `now-15m`; `from` defaults to 15 minutes before `to`; `step` averages per bucket
 //! `[k*step, (k+1)*step)`. Absent values are `null`, never 0.
 
-use crate::api::router::{
-    AccessResponses, ApiError, AppState, ErrorResponses, MAX_SERIES_POINTS, NodeView, node_view,
+use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
+use crate::api::nodes::{GpuDetailView, NodeView, gpu_detail, node_view};
+use crate::api::router::AppState;
+use crate::api::series::{
+    MAX_SERIES_POINTS, Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples,
 };
-use crate::api::router::{GpuDetailView, gpu_detail};
-use crate::api::router::{Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples};
 use crate::live::state::LiveNode;
 use crate::live::status::NodeStatus;
 use crate::store::rollup::RollupKey;

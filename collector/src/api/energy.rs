@@ -24,7 +24,8 @@
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
 use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
-use crate::api::router::{AccessResponses, ApiError, AppState, ErrorResponses, time_param};
+use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
+use crate::api::router::AppState;
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};

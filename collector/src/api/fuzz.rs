@@ -4,7 +4,8 @@
 //! checks the handlers run, which must answer Ok or a 400, never panic, and never let a
 //! range out that later arithmetic could overflow on.
 
-use crate::api::router::{ApiError, SeriesParams, parse_metric, series_window};
+use crate::api::error::ApiError;
+use crate::api::series::{SeriesParams, parse_metric, series_window};
 use crate::store::TimeRange;
 use axum::extract::Query;
 use axum::http::Uri;

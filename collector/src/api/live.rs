@@ -162,7 +162,7 @@ impl Conn {
     responses((status = 200, description = "Server-Sent Events: `tick` (a node's new samples) \
         and `status` (every node's status, each second); never ends",
         content_type = "text/event-stream", body = String),
-        crate::api::router::AccessResponses))]
+        crate::api::error::AccessResponses))]
 pub async fn live(
     State(st): State<AppState>,
     Query(p): Query<LiveParams>,

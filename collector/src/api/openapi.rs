@@ -23,9 +23,9 @@ use utoipa::OpenApi;
             Absent metrics are `null`, never 0. Errors are `{\"error\": \"...\"}`."
     ),
     paths(
-        crate::api::router::health,
-        crate::api::router::nodes,
-        crate::api::router::series,
+        crate::api::health::health,
+        crate::api::nodes::nodes,
+        crate::api::series::series,
         crate::api::dashboard::fleet,
         crate::api::dashboard::node,
         crate::api::dashboard::node_series,
@@ -42,7 +42,7 @@ use utoipa::OpenApi;
         openapi_json,
     ),
     // Referred to by `ErrorResponses`, which does not register it itself.
-    components(schemas(crate::api::router::ErrorBody)),
+    components(schemas(crate::api::error::ErrorBody)),
     tags(
         (name = "fleet", description = "nodes, GPUs, their samples and events"),
         (name = "energy", description = "energy per workload, GPU and node, with carbon"),
@@ -72,7 +72,7 @@ pub fn openapi_bytes() -> &'static [u8] {
 /// This description (OpenAPI 3.1, JSON).
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "fleet", responses(
     (status = 200, description = "the OpenAPI description", body = Object),
-    crate::api::router::AccessResponses,
+    crate::api::error::AccessResponses,
 ))]
 async fn openapi_json() -> Response {
     (

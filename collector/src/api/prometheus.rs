@@ -7,7 +7,12 @@
 //!   current. Node families (`gpufleet_node_*`) are emitted for every node.
 //! - Units are Prometheus base units: ratios 0..1, watts, joules, bytes, hertz, seconds.
 
+use crate::api::router::AppState;
+use crate::ingest::writer::WriterHandle;
 use crate::live::state::{LiveNode, LiveState};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use crate::metrics::{COMMIT_BUCKETS, Metrics};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use gpufleet_core::{GpuSample, HostSample, UnixMs};
@@ -525,6 +530,23 @@ fn escape_label(out: &mut String, v: &str) {
             c => out.push(c),
         }
     }
+}
+
+/// `GET /metrics`: the exposition, rendered under the live state's read lock.
+pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
+    let now = (st.clock)();
+    let queued = st.writer.as_ref().map_or(0, WriterHandle::queued);
+    let body = st
+        .live
+        .read(|s| render(s, &st.metrics, &st.status, now, queued));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 #[cfg(test)]

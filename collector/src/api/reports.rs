@@ -9,7 +9,8 @@
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
 
 use crate::api::energy::{RangeParams, range};
-use crate::api::router::{AccessResponses, ApiError, AppState, ErrorResponses};
+use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
+use crate::api::router::AppState;
 use crate::accounting::report::{ReportError, ReportSubject, build};
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
