@@ -7,8 +7,8 @@ use gpufleet_collector::cli::energy::{
     EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
 };
 use gpufleet_collector::ingest::stream::IngestOptions;
-use gpufleet_collector::live::status::StatusPolicy;
 use gpufleet_collector::ingest::writer::WriterOptions;
+use gpufleet_collector::live::status::StatusPolicy;
 use gpufleet_collector::{ServeOptions, serve};
 use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
 use std::io::Write as _;

@@ -9,15 +9,15 @@
 //! is still queued, and the store is closed.
 
 use crate::accounting::accountant::{self, EnergyOptions};
-use crate::net::conn_limit::{self, PerIpLimit};
 use crate::api::router::{self, AppState};
 use crate::ingest::stream::{IngestOptions, IngestService};
-use crate::live::state::Live;
-use crate::metrics::Metrics;
-use crate::live::status::{StatusPolicy, system_clock};
-use crate::store::{self, Store, StoreError};
-use crate::net::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::ingest::writer::{self, WriterOptions};
+use crate::live::state::Live;
+use crate::live::status::{StatusPolicy, system_clock};
+use crate::metrics::Metrics;
+use crate::net::conn_limit::{self, PerIpLimit};
+use crate::net::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
+use crate::store::{self, Store, StoreError};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -157,7 +157,8 @@ pub async fn serve_with_store(
     ingest_options.agent_auth = ingest_options
         .agent_auth
         .resolve(grpc_addr.ip().is_loopback());
-    let agent_auth_optional = ingest_options.agent_auth == crate::ingest::identity::AgentAuth::Optional;
+    let agent_auth_optional =
+        ingest_options.agent_auth == crate::ingest::identity::AgentAuth::Optional;
     let accountant_stop = CancellationToken::new();
     let accountant_task = accountant::spawn(
         Arc::clone(&store),
@@ -213,8 +214,12 @@ pub async fn serve_with_store(
         {
             let (store, carbon) = (Arc::clone(&store), options.carbon.clone());
             move |term| {
-                let task =
-                    crate::accounting::carbon::spawn(Arc::clone(&store), carbon.clone(), system_clock(), term);
+                let task = crate::accounting::carbon::spawn(
+                    Arc::clone(&store),
+                    carbon.clone(),
+                    system_clock(),
+                    term,
+                );
                 joined(crate::accounting::carbon::JOB, task)
             }
         },
@@ -294,15 +299,17 @@ pub async fn serve_with_store(
         warn!("{w}");
     }
     let auth = crate::auth::web::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
-    let app = crate::auth::security_headers::with_security_headers(crate::net::rate_limit::with_http_rate_limit(
-        crate::auth::web::with_auth(
-            http::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
-                Arc::new(warnings),
-            ))),
-            auth,
+    let app = crate::auth::security_headers::with_security_headers(
+        crate::net::rate_limit::with_http_rate_limit(
+            crate::auth::web::with_auth(
+                http::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
+                    Arc::new(warnings),
+                ))),
+                auth,
+            ),
+            crate::net::rate_limit::PerIpRate::new(options.limits.http_rate),
         ),
-        crate::net::rate_limit::PerIpRate::new(options.limits.http_rate),
-    ));
+    );
     let header_timeout = options.limits.http_header_timeout;
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {

@@ -10,7 +10,9 @@ use axum::response::IntoResponse;
 use common::*;
 use gpufleet_carbon::config::CarbonFile;
 use gpufleet_carbon::{CarbonArgs, CarbonConfig, IntensityKind, ProviderKind};
-use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
+use gpufleet_collector::accounting::accountant::{
+    Accountant, EnergyOptions, IdleConfig, IdleWatts,
+};
 use gpufleet_collector::accounting::carbon::{CarbonOptions, PassReport, Pricer};
 use gpufleet_collector::accounting::energy::IdlePolicy;
 use gpufleet_collector::live::status::Clock;

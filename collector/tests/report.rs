@@ -5,7 +5,9 @@ mod common;
 
 use common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
-use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
+use gpufleet_collector::accounting::accountant::{
+    Accountant, EnergyOptions, IdleConfig, IdleWatts,
+};
 use gpufleet_collector::accounting::energy::IdlePolicy;
 use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store};

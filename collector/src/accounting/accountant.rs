@@ -412,7 +412,11 @@ pub struct Accountant {
 }
 
 impl Accountant {
-    pub fn new(store: Arc<dyn Store>, options: EnergyOptions, clock: crate::live::status::Clock) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        options: EnergyOptions,
+        clock: crate::live::status::Clock,
+    ) -> Self {
         Accountant {
             store,
             options,

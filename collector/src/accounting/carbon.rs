@@ -96,7 +96,11 @@ struct Group {
 }
 
 impl Pricer {
-    pub fn new(store: Arc<dyn Store>, options: CarbonOptions, clock: crate::live::status::Clock) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        options: CarbonOptions,
+        clock: crate::live::status::Clock,
+    ) -> Self {
         Pricer {
             store,
             options,

@@ -423,7 +423,10 @@ async fn host_series(
     let w = window(&p, (st.clock)())?;
     let id = node_id(&st, &name)?;
     if tier_for(&st, &[RollupKey::host(id)], w.range, w.step_ms).await? == Tier::Rollup {
-        let step = w.step_ms.unwrap_or(0).max(crate::accounting::energy::MINUTE_MS);
+        let step = w
+            .step_ms
+            .unwrap_or(0)
+            .max(crate::accounting::energy::MINUTE_MS);
         let rows = st
             .store
             .host_rollup_series(id, w.range, step, MAX_SERIES_POINTS + 1)

@@ -10,11 +10,11 @@
 use crate::api::router::AppState;
 use crate::ingest::writer::WriterHandle;
 use crate::live::state::{LiveNode, LiveState};
+use crate::live::status::{NodeStatus, StatusPolicy};
+use crate::metrics::{COMMIT_BUCKETS, Metrics};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use crate::metrics::{COMMIT_BUCKETS, Metrics};
-use crate::live::status::{NodeStatus, StatusPolicy};
 use gpufleet_core::{GpuSample, HostSample, UnixMs};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;

@@ -8,10 +8,10 @@
 //! `from` / `to` as for `/api/v1/containers` (default: today, UTC). Absent figures are
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
 
+use crate::accounting::report::{ReportError, ReportSubject, build};
 use crate::api::energy::{RangeParams, range};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
 use crate::api::router::AppState;
-use crate::accounting::report::{ReportError, ReportSubject, build};
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};

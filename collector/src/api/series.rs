@@ -84,7 +84,9 @@ pub(crate) async fn gpu_points(
             step_ms,
         ),
         Tier::Rollup => {
-            let step = step_ms.unwrap_or(0).max(crate::accounting::energy::MINUTE_MS);
+            let step = step_ms
+                .unwrap_or(0)
+                .max(crate::accounting::energy::MINUTE_MS);
             let points = st
                 .store
                 .gpu_rollup_series(gpu, metric, range, step, limit)

@@ -11,8 +11,8 @@
 //! - Without a credential: API paths (`/api/…`, `/metrics`) answer 401 with a JSON error;
 //!   pages redirect to `/login`.
 
-use crate::store::Store;
 use crate::auth::tokens::{self, Role};
+use crate::store::Store;
 use axum::Router;
 use axum::body::to_bytes;
 use axum::extract::{Request, State};

@@ -2,8 +2,8 @@
 //! (flattened into their args), and the `check-energy` / `recompute-energy` commands.
 
 use crate::accounting::accountant::{self, EnergyOptions, IdleConfig};
-use crate::accounting::energy::IdlePolicy;
 use crate::accounting::check::{self, CheckReport};
+use crate::accounting::energy::IdlePolicy;
 use crate::store::{self, StoreError, TimeRange};
 use gpufleet_core::config::{format_time, now_ms, parse_duration, parse_time};
 use std::io::Write;

@@ -9,8 +9,8 @@
 //! A credential for another node → `PERMISSION_DENIED`; an unknown, malformed or revoked
 //! token, or none where one is required → `UNAUTHENTICATED`. Messages never echo a token.
 
-use crate::store::Store;
 use crate::auth::tokens;
+use crate::store::Store;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tonic::Status;
 use tonic::metadata::MetadataMap;

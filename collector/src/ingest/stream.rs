@@ -22,10 +22,10 @@
 //! On shutdown a stream stops reading, answers the batches it already handed to the writer
 //! (which commits them), and ends with `UNAVAILABLE` so the agent reconnects later.
 
+use crate::ingest::writer::{WriteResult, WriterHandle};
 use crate::live::state::Live;
 use crate::metrics::Metrics;
 use crate::store::{NodeBatch, NodeKeys, Store, StoreError};
-use crate::ingest::writer::{WriteResult, WriterHandle};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use gpufleet_core::config::now_ms;
