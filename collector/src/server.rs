@@ -302,7 +302,7 @@ pub async fn serve_with_store(
     let app = crate::auth::security_headers::with_security_headers(
         crate::net::rate_limit::with_http_rate_limit(
             crate::auth::web::with_auth(
-                http::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
+                router::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
                     Arc::new(warnings),
                 ))),
                 auth,

@@ -7,7 +7,7 @@ use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,
 };
-use gpufleet_collector::accounting::check;
+use gpufleet_collector::accounting::check as energy_check;
 use gpufleet_collector::accounting::energy::IdlePolicy;
 use gpufleet_collector::live::state::{Committed, Live};
 use gpufleet_collector::live::status::Clock;

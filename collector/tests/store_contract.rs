@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_collector::accounting::accountant::{self, Accountant, EnergyOptions};
-use gpufleet_collector::accounting::check;
+use gpufleet_collector::accounting::check as energy_check;
 use gpufleet_collector::accounting::energy::GpuMinute;
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};

@@ -9,10 +9,10 @@
 
 use crate::accounting::energy::MINUTE_MS;
 use crate::store::carbon::CarbonTotals;
-use crate::store::{self, GpuId, Store, StoreError, TimeRange};
+use crate::store::{GpuId, Store, StoreError, TimeRange};
 use gpufleet_core::{UnixMs, Workload, WorkloadKind};
 use gpufleet_report::{
-    CarbonSummary, EnergySummary, Format, GpuRef, IntensityPoint, MetricsBuilder, Report, Subject,
+    CarbonSummary, EnergySummary, GpuRef, IntensityPoint, MetricsBuilder, Report, Subject,
 };
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -123,7 +123,7 @@ pub async fn run_check(
 ) -> Result<bool, EnergyCliError> {
     let range = args.range()?;
     let store = store::open(&args.db).await?;
-    let report = energy_check::check(store.as_ref(), range).await;
+    let report = check::check(store.as_ref(), range).await;
     store.close().await;
     let report = report?;
     print_report(&report, out)?;
