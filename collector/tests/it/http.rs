@@ -2,11 +2,10 @@
 //! store, the real writer (so the live state is updated exactly as in production), and a
 //! fixed clock.
 
-mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::*;
+use crate::common::*;
 use gpufleet_collector::api::router::{AppState, app};
 use gpufleet_collector::ingest::writer::{self, WriterHandle, WriterOptions};
 use gpufleet_collector::live::state::Live;

@@ -6,13 +6,13 @@
 //! batches are refused as retryable) and started again. Afterwards, per agent: stored GPU samples == sampled, no duplicates, nothing
 //! dropped or left unacked; and the collector logged that the database came back.
 
-use harness::{stop_agent, wait_stored};
+use crate::harness::{stop_agent, wait_stored};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
-mod harness;
+use crate::harness;
 
 const GPUS: u32 = 2;
 

@@ -8,10 +8,9 @@
 //! --ignored --nocapture` (knobs: GPUFLEET_MEM_STREAMS, GPUFLEET_MEM_SECS,
 //! GPUFLEET_MEM_ROUNDS). Figures are in BENCHMARKS.md.
 
-mod common;
-mod harness;
+use crate::harness;
 
-use common::*;
+use crate::common::*;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_client::IngestClient;
 use std::time::{Duration, Instant};

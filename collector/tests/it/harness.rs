@@ -1,6 +1,5 @@
 //! Running the real binaries in tests: the collector on given (or ephemeral) ports, the
 //! agent binary beside it, signals, and the agent's exit summary.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -8,11 +8,10 @@
 //!
 //! Knobs (environment): `NODES` (1000), `GPUS` (8), `RUNS` (50).
 
-mod common;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::*;
+use crate::common::*;
 use gpufleet_collector::api::router::{AppState, app};
 use gpufleet_collector::live::state::Live;
 use gpufleet_collector::live::status::StatusPolicy;

@@ -2,9 +2,9 @@
 //! `Arc<dyn Store>` only. `contract_tests!` instantiates the suite per backend: SQLite in
 //! a temporary file, PostgreSQL in a schema of its own on `GPUFLEET_TEST_PG_URL`.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_collector::accounting::accountant::{self, Accountant, EnergyOptions};
 use gpufleet_collector::accounting::check as energy_check;

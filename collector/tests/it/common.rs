@@ -1,6 +1,5 @@
 //! Fixtures shared by the collector's integration tests: inventories, batches with every
 //! field set (and with most fields absent), and a temporary SQLite store.
-#![allow(dead_code)]
 
 use gpufleet_collector::store::{self, NodeBatch, NodeRecord, Store};
 use gpufleet_core::wire::HelloInfo;

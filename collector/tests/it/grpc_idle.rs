@@ -2,9 +2,8 @@
 //! handshake deadline, so bare TCP connections cannot hold an address's connection slots
 //! and lock its agents out.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::net::limits::LimitOptions;
 use gpufleet_proto::v1 as pb;

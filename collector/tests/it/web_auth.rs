@@ -2,9 +2,8 @@
 //! bearer tokens, the login form and its session cookie, roles, logout, and the loopback
 //! default.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::auth::tokens::{self, Role, TokensCommand};
 use gpufleet_collector::auth::web::WebAuthMode;

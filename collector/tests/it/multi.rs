@@ -10,7 +10,7 @@
 //!   (WAL), a simulated agent on each: both show both nodes live, the energy job runs on
 //!   exactly one, and moves to the other when it stops.
 
-use common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
+use crate::common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::accounting::leader::LeadOptions;
 use gpufleet_collector::live::follow::FollowMode;
@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-mod common;
+use crate::common;
 
 async fn pg_pool(url: &str, app: &str) -> sqlx::PgPool {
     use std::str::FromStr;

@@ -1,9 +1,8 @@
 //! The group-commit writer: answers only after commit, isolates a batch the store refuses,
 //! and commits what is queued when stopped.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_collector::ingest::writer::{self, WriterOptions};
 use gpufleet_collector::live::state::Live;
 use gpufleet_collector::metrics::Metrics;

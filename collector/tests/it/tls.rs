@@ -3,9 +3,9 @@
 //! client from the proto. Every refusal is asserted on both sides: the status the client
 //! sees, and a store with nothing written.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_agent::tls::Credentials;
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::ServeOptions;

@@ -3,9 +3,8 @@
 //! markup and SQL. Each time the assertion is that the collector keeps serving everyone
 //! else, and that what a node sends is stored literally and shown escaped.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_core::config::now_ms;

@@ -4,9 +4,8 @@
 //! agent writing different samples as the same node is refused as a conflict (counted in
 //! `/metrics`) instead of being acked while nothing is stored.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;

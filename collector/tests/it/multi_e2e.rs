@@ -14,14 +14,13 @@
 //! file in WAL mode shared by both processes on this host (the leases are lock files,
 //! `--follow-store 200ms` turns following on).
 
-use harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
+use crate::harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
-mod common;
-mod harness;
+use crate::common;
 
 const GPUS: u32 = 2;
 const NODES: [&str; 2] = ["multi-e2e-a", "multi-e2e-b"];

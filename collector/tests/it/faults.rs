@@ -13,13 +13,13 @@
 //! Every test ends with the agents stopped cleanly and asserts, from their own summary
 //! lines against the database: stored GPU samples == sampled − dropped, and no duplicates.
 
-use harness::{Collector, sigterm, stop_agent, wait_stored};
+use crate::harness::{Collector, sigterm, stop_agent, wait_stored};
 use serde_json::Value;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::process::Child;
 
-mod harness;
+use crate::harness;
 
 const GPUS: u32 = 2;
 

@@ -3,9 +3,8 @@
 //! second. (SQLite has one writer at a time; a waiting writer used to lose every race for
 //! the lock to retention's back-to-back delete statements until retention ended.)
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_core::{Event, EventKind};
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,8 @@
 //! Reports from a seeded store: the same energy as the energy API, GPU metrics from the
 //! samples where the workload ran, every format, the plot, the CLI.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,

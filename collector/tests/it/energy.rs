@@ -1,8 +1,7 @@
 //! Energy accounting through the real store: known traces, late data, the check, the CLI.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,

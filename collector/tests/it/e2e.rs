@@ -8,13 +8,13 @@
 //! and the API, never 0.
 
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
-use harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
+use crate::harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
-mod harness;
+use crate::harness;
 
 const SEED: u64 = 4242;
 const GPUS: u32 = 4;

@@ -1,0 +1,3 @@
+//! gpufleet-carbon's integration tests, one binary: a module per area.
+
+mod http_stub;

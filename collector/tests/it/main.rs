@@ -1,0 +1,29 @@
+//! The collector's integration tests, one binary: a module per area, and the shared
+//! fixtures (`common`: stores, batches, an in-process collector) and the harness that runs
+//! the real binaries (`harness`).
+
+mod carbon;
+mod common;
+mod e2e;
+mod energy;
+mod faults;
+mod fleet_bench;
+mod fuzz_corpus;
+mod grpc_idle;
+mod harness;
+mod hostile;
+mod http;
+mod ingest;
+mod limits;
+mod memory;
+mod multi;
+mod multi_e2e;
+mod ownership;
+mod pg_restart;
+mod report;
+mod retention_stall;
+mod store_contract;
+mod throughput;
+mod tls;
+mod web_auth;
+mod writer;

@@ -1,0 +1,3 @@
+//! gpufleet-core's integration tests, one binary: a module per area.
+
+mod fuzz_wire;

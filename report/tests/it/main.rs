@@ -1,0 +1,3 @@
+//! gpufleet-report's integration tests, one binary: a module per area.
+
+mod report;
