@@ -3,7 +3,7 @@
 //! sample and one process. A benchmark, not a timed test (figures in BENCHMARKS.md):
 //!
 //! ```text
-//! cargo test --release -p gpufleet-collector --test fleet_bench -- --ignored --nocapture
+//! cargo test --release -p gpufleet-collector --test it fleet_bench:: -- --ignored --nocapture
 //! ```
 //!
 //! Knobs (environment): `NODES` (1000), `GPUS` (8), `RUNS` (50).

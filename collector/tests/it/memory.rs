@@ -4,7 +4,7 @@
 //! period. Bounded memory means the RSS after the quiet periods does not climb round
 //! after round, and comes back near where it started.
 //!
-//! A benchmark, not a timed test: `cargo test -p gpufleet-collector --test memory --
+//! A benchmark, not a timed test: `cargo test -p gpufleet-collector --test it memory:: --
 //! --ignored --nocapture` (knobs: GPUFLEET_MEM_STREAMS, GPUFLEET_MEM_SECS,
 //! GPUFLEET_MEM_ROUNDS). Figures are in BENCHMARKS.md.
 

@@ -5,7 +5,7 @@
 //! test:
 //!
 //! ```text
-//! cargo test --release -p gpufleet-collector --test throughput -- --ignored --nocapture --test-threads 1
+//! cargo test --release -p gpufleet-collector --test it throughput:: -- --ignored --nocapture --test-threads 1
 //! ```
 //!
 //! Knobs (environment): `AGENTS` (4), `GPUS` (8), `TICKS` per batch (50), `BATCHES` per
