@@ -2,11 +2,10 @@
 //! providers, against a local stub server (127.0.0.1, ephemeral port) that serves the
 //! UK API's and Electricity Maps' answers from `../shared/carbon/`.
 
-
+use crate::common::*;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::IntoResponse;
-use crate::common::*;
 use gpufleet_carbon::config::CarbonFile;
 use gpufleet_carbon::{CarbonArgs, CarbonConfig, IntensityKind, ProviderKind};
 use gpufleet_collector::accounting::accountant::{

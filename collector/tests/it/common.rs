@@ -1,5 +1,7 @@
-//! Fixtures shared by the collector's integration tests: inventories, batches with every
-//! field set (and with most fields absent), and a temporary SQLite store.
+//! Fixtures shared by the collector's integration tests: temporary stores (SQLite, a
+//! PostgreSQL schema), inventories, samples and batches with every field set (and with most
+//! fields absent), an in-process collector with agent streams to it, the API called without
+//! a socket, and `wait_until`.
 
 use gpufleet_collector::store::{self, NodeBatch, NodeRecord, Store};
 use gpufleet_core::wire::HelloInfo;
@@ -425,6 +427,60 @@ impl TestCollector {
     }
 }
 
+/// One agent's stream to a [`TestCollector`]: what it sends and what it is answered.
+pub struct AgentStream {
+    pub tx: tokio::sync::mpsc::Sender<gpufleet_proto::v1::AgentMessage>,
+    pub rx: tonic::Streaming<gpufleet_proto::v1::CollectorMessage>,
+    pub welcome: gpufleet_proto::v1::Welcome,
+}
+
+/// Opens a stream with `token` (a bearer credential) and says Hello as `node` with `gpus`:
+/// the stream after its Welcome, or the status the stream was refused with.
+pub async fn open_stream(
+    c: &TestCollector,
+    token: Option<&str>,
+    node: &str,
+    gpus: &[&str],
+) -> Result<AgentStream, tonic::Status> {
+    use gpufleet_proto::v1::collector_message::Msg;
+    let mut client =
+        gpufleet_proto::v1::ingest_client::IngestClient::connect(format!("http://{}", c.grpc))
+            .await
+            .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let infos = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| gpu_info_full(g, i as u32))
+        .collect();
+    tx.send(hello_message(node, infos)).await.expect("hello");
+    let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header"),
+        );
+    }
+    let mut rx = client.stream(request).await?.into_inner();
+    match next(&mut rx).await? {
+        Msg::Welcome(welcome) => Ok(AgentStream { tx, rx, welcome }),
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+}
+
+impl AgentStream {
+    /// Sends `b` and returns the answer to it.
+    pub async fn send(&mut self, b: Batch) -> gpufleet_proto::v1::collector_message::Msg {
+        self.tx
+            .send(gpufleet_proto::v1::AgentMessage {
+                msg: Some(gpufleet_proto::v1::agent_message::Msg::Batch(b.into())),
+            })
+            .await
+            .expect("send");
+        next(&mut self.rx).await.expect("stream healthy")
+    }
+}
+
 /// `tokens add NODE` (an agent token) on the collector's store; returns the token.
 pub async fn add_token(c: &TestCollector, node: &str) -> String {
     use gpufleet_collector::auth::tokens::{self, Role, TokensCommand};
@@ -455,6 +511,39 @@ pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::Agen
             interval_ms: h.interval_ms,
             source: h.source,
         })),
+    }
+}
+
+/// Writes `ticks` as batch `seq` of `node`, straight into the store.
+pub async fn write_ticks(store: &Arc<dyn Store>, node: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
+    let b = Batch {
+        seq,
+        ticks,
+        delivery: DeliveryStats::default(),
+    };
+    store
+        .write_batches(&[node_batch(node, b)])
+        .await
+        .expect("write");
+}
+
+/// Polls `f` every 50 ms until it gives a value, and returns it; fails the test with
+/// `what` after `within` (the bound only fails a hung run).
+pub async fn wait_until<T>(
+    what: &str,
+    within: std::time::Duration,
+    mut f: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 

@@ -7,11 +7,11 @@
 //! timestamps; a metric the simulated boards do not support (fan) is absent in the store
 //! and the API, never 0.
 
+use crate::harness::{agent_bin, sigterm, start_collector, stop_agents, wait_stored};
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
-use crate::harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::process::{Child, Command};
 
 use crate::harness;
@@ -53,7 +53,8 @@ async fn two_agents_stream_into_sqlite_and_every_value_reads_back() {
         grpc,
         http,
     } = start_collector(&db_url, "127.0.0.1:0", "127.0.0.1:0", &[]).await;
-    let http = format!("http://{http}");
+    let http_addr = http;
+    let http = format!("http://{http_addr}");
 
     // --- two simulated agents
     let agents: Vec<Child> = NODES
@@ -85,41 +86,14 @@ async fn two_agents_stream_into_sqlite_and_every_value_reads_back() {
         })
         .collect();
 
-    // --- wait until both nodes have enough stored (bounded; the bound only fails a hung run)
+    // --- wait until both nodes have enough stored
+    wait_stored(&http_addr, &NODES, MIN_TICKS * GPUS as u64).await;
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let nodes = get_json(&client, &format!("{http}/api/v1/nodes")).await;
-        let enough = NODES.iter().all(|n| {
-            nodes.as_array().into_iter().flatten().any(|x| {
-                x["name"] == *n
-                    && x["stored_samples"].as_u64().unwrap_or(0) >= MIN_TICKS * GPUS as u64
-            })
-        });
-        if enough {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "agents did not deliver {MIN_TICKS} ticks in 60 s: {nodes}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 
     // --- stop the agents cleanly; each reports what it sampled
-    for a in &agents {
-        sigterm(a);
-    }
-    let mut sampled = Vec::new();
-    for (a, name) in agents.into_iter().zip(NODES) {
-        let [s, acked, dropped, unacked] = summary(&wait_stdout(a, name).await);
-        assert_eq!(
-            (acked, dropped, unacked),
-            (s, 0, 0),
-            "{name}: everything sampled must be acked"
-        );
+    let sampled = stop_agents(agents, &NODES).await;
+    for (s, name) in sampled.iter().zip(NODES) {
         assert_eq!(s % GPUS as u64, 0, "{name}: whole ticks");
-        sampled.push(s);
     }
 
     // --- the API lists both nodes with 4 GPUs and the exact stored counts

@@ -1,6 +1,5 @@
 //! Energy accounting through the real store: known traces, late data, the check, the CLI.
 
-
 use crate::common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
@@ -73,18 +72,6 @@ async fn one_gpu_node(store: &Arc<dyn Store>, uuid: &str) -> NodeRecord {
         .register_node(&hello("n1"), &inventory(vec![gpu_info_sparse(uuid, 0)]), T0)
         .await
         .expect("register")
-}
-
-async fn write_ticks(store: &Arc<dyn Store>, node: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
-    let b = Batch {
-        seq,
-        ticks,
-        delivery: DeliveryStats::default(),
-    };
-    store
-        .write_batches(&[node_batch(node, b)])
-        .await
-        .expect("write");
 }
 
 fn options(idle_w: u32, policy: IdlePolicy) -> EnergyOptions {

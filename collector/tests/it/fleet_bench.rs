@@ -8,10 +8,9 @@
 //!
 //! Knobs (environment): `NODES` (1000), `GPUS` (8), `RUNS` (50).
 
-
+use crate::common::*;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use crate::common::*;
 use gpufleet_collector::api::router::{AppState, app};
 use gpufleet_collector::live::state::Live;
 use gpufleet_collector::live::status::StatusPolicy;

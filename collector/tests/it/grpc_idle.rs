@@ -2,7 +2,6 @@
 //! handshake deadline, so bare TCP connections cannot hold an address's connection slots
 //! and lock its agents out.
 
-
 use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::net::limits::LimitOptions;

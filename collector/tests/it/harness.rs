@@ -177,6 +177,27 @@ pub async fn stop_agent(child: Child, what: &str) -> Summary {
     s
 }
 
+/// SIGTERMs every agent (`agents[i]` runs as `names[i]`), then checks each one's exit
+/// summary: everything it sampled acked, nothing dropped or left unacked. Returns what
+/// each sampled.
+pub async fn stop_agents(agents: impl IntoIterator<Item = Child>, names: &[&str]) -> Vec<u64> {
+    let agents: Vec<Child> = agents.into_iter().collect();
+    for a in &agents {
+        sigterm(a);
+    }
+    let mut sampled = Vec::new();
+    for (a, name) in agents.into_iter().zip(names) {
+        let [s, acked, dropped, unacked] = summary(&wait_stdout(a, name).await);
+        assert_eq!(
+            (acked, dropped, unacked),
+            (s, 0, 0),
+            "{name}: everything sampled must be acked"
+        );
+        sampled.push(s);
+    }
+    sampled
+}
+
 /// Waits (bounded: the bound only fails a hung run) until every node has stored at least
 /// `min` GPU samples, per the API.
 pub async fn wait_stored(http: &str, nodes: &[&str], min: u64) {

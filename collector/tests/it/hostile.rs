@@ -3,20 +3,16 @@
 //! markup and SQL. Each time the assertion is that the collector keeps serving everyone
 //! else, and that what a node sends is stored literally and shown escaped.
 
-
 use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
-use gpufleet_proto::v1::ingest_client::IngestClient;
 use prost::Message as _;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 const HOSTILE_NAME: &str = "<script>alert(1)</script>'; DROP TABLE nodes;--";
@@ -33,38 +29,14 @@ async fn start() -> TestCollector {
     .await
 }
 
-struct Agent {
-    tx: mpsc::Sender<pb::AgentMessage>,
-    rx: tonic::Streaming<pb::CollectorMessage>,
+/// A stream from `node` with one GPU, welcomed.
+async fn connect(c: &TestCollector, node: &str, gpu: &str) -> AgentStream {
+    open_stream(c, None, node, &[gpu]).await.expect("welcomed")
 }
 
-async fn connect(c: &TestCollector, node: &str, gpu: &str) -> Agent {
-    let mut client = IngestClient::connect(format!("http://{}", c.grpc))
-        .await
-        .expect("connect");
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(hello_message(node, vec![gpu_info_full(gpu, 0)]))
-        .await
-        .expect("queue hello");
-    let mut rx = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .expect("accepted")
-        .into_inner();
-    assert!(matches!(next(&mut rx).await, Ok(Msg::Welcome(_))));
-    Agent { tx, rx }
-}
-
-async fn send_batch(agent: &mut Agent, seq: u64, gpu: &str) -> Msg {
-    let b = batch(seq, now_ms() - 1_000, 1, &[gpu]);
-    agent
-        .tx
-        .send(pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::Batch(b.into())),
-        })
-        .await
-        .expect("send");
-    next(&mut agent.rx).await.expect("stream healthy")
+/// Sends one tick of `gpu` as batch `seq` and returns the answer.
+async fn send_batch(agent: &mut AgentStream, seq: u64, gpu: &str) -> Msg {
+    agent.send(batch(seq, now_ms() - 1_000, 1, &[gpu])).await
 }
 
 #[tokio::test]

@@ -2,10 +2,9 @@
 //! store, the real writer (so the live state is updated exactly as in production), and a
 //! fixed clock.
 
-
+use crate::common::*;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use crate::common::*;
 use gpufleet_collector::api::router::{AppState, app};
 use gpufleet_collector::ingest::writer::{self, WriterHandle, WriterOptions};
 use gpufleet_collector::live::state::Live;

@@ -1,7 +1,6 @@
 //! The ingest path end to end inside one process: a real tonic server on 127.0.0.1:0 with
 //! a temporary SQLite store, and a raw client generated from the proto.
 
-
 use crate::common::*;
 use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_collector::store::{Store, TimeRange};

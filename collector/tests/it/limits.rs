@@ -3,7 +3,6 @@
 //! client address (Linux routes all of 127.0.0.0/8 to loopback). Also: exposure
 //! warnings in `/api/v1/health`.
 
-
 use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::net::limits::LimitOptions;

@@ -10,7 +10,7 @@
 //!   (WAL), a simulated agent on each: both show both nodes live, the energy job runs on
 //!   exactly one, and moves to the other when it stops.
 
-use crate::common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
+use crate::common::{T0, batch, gpu_info_full, hello, inventory, node_batch, wait_until};
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::accounting::leader::LeadOptions;
 use gpufleet_collector::live::follow::FollowMode;
@@ -52,17 +52,6 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
-async fn poll<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_leases_are_exclusive_released_on_drop_and_lost_with_their_session() {
     let app_a = unique("gpufleet-lease-a");
@@ -87,7 +76,7 @@ async fn postgres_leases_are_exclusive_released_on_drop_and_lost_with_their_sess
         "another job is free"
     );
     drop(a);
-    let b = poll(
+    let b = wait_until(
         "b to lead once a dropped its lease",
         Duration::from_secs(10),
         async || lease::postgres(&pool_b, &job).await.expect("ask"),
@@ -109,7 +98,7 @@ async fn postgres_leases_are_exclusive_released_on_drop_and_lost_with_their_sess
     tokio::time::timeout(lease::PG_CHECK_EVERY * 3, b.lost())
         .await
         .expect("b notices that its lease is lost");
-    let _a = poll(
+    let _a = wait_until(
         "a to take the lease over",
         Duration::from_secs(10),
         async || lease::postgres(&pool_a, &job).await.expect("ask"),
@@ -260,7 +249,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
     let client = reqwest::Client::new();
     // Both collectors list both nodes online with samples, and the samples advance.
     for c in &collectors {
-        let first = poll(
+        let first = wait_until(
             "both nodes live on each collector",
             Duration::from_secs(20),
             async || {
@@ -269,7 +258,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
             },
         )
         .await;
-        poll(
+        wait_until(
             "the latest samples to advance",
             Duration::from_secs(10),
             async || {
@@ -290,7 +279,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
     }
 
     // The energy job runs on exactly one of them.
-    let leader = poll("one energy leader", Duration::from_secs(10), async || {
+    let leader = wait_until("one energy leader", Duration::from_secs(10), async || {
         let mut flags = Vec::new();
         for c in &collectors {
             flags.push(leads(
@@ -313,7 +302,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
     };
     gone.stop.cancel();
     gone.task.await.expect("join").expect("clean stop");
-    poll(
+    wait_until(
         "the survivor to take the energy job over",
         Duration::from_secs(10),
         async || {

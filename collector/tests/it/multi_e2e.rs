@@ -14,7 +14,8 @@
 //! file in WAL mode shared by both processes on this host (the leases are lock files,
 //! `--follow-store 200ms` turns following on).
 
-use crate::harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
+use crate::common::wait_until;
+use crate::harness::{agent_bin, sigterm, start_collector, stop_agents};
 use serde_json::Value;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -40,17 +41,6 @@ async fn get(client: &reqwest::Client, url: &str) -> Option<String> {
 
 async fn get_json(client: &reqwest::Client, url: &str) -> Option<Value> {
     serde_json::from_str(&get(client, url).await?).ok()
-}
-
-async fn poll<T>(what: &str, within: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Per node listed online with a latest sample on every GPU by `endpoint`
@@ -179,7 +169,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
     let client = reqwest::Client::new();
     for (i, h) in http.iter().enumerate() {
         for endpoint in ["fleet", "nodes"] {
-            let first = poll(
+            let first = wait_until(
                 &format!("both nodes online in /api/v1/{endpoint} of collector {i}"),
                 Duration::from_secs(30),
                 async || {
@@ -193,7 +183,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
                 1,
                 "collector {i}: one node streams here, the other to the other: {first:?}"
             );
-            poll(
+            wait_until(
                 &format!("the latest samples to advance in /api/v1/{endpoint} of collector {i}"),
                 Duration::from_secs(10),
                 async || {
@@ -207,7 +197,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
     }
 
     // --- the energy job runs on exactly one collector
-    let leader = poll(
+    let leader = wait_until(
         "exactly one energy leader",
         Duration::from_secs(15),
         async || match [
@@ -231,7 +221,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
     let killed_at = gpufleet_core::config::now_ms();
     let killed = Instant::now();
     let alive = &http[survivor];
-    poll(
+    wait_until(
         "both agents streaming to the survivor, samples newer than the kill",
         Duration::from_secs(30),
         async || {
@@ -244,7 +234,7 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
     )
     .await;
     let failed_over = killed.elapsed();
-    poll(
+    wait_until(
         "the survivor to lead the energy job",
         Duration::from_secs(15),
         async || (leads_energy(&client, alive).await == Some(true)).then_some(()),
@@ -259,19 +249,9 @@ async fn fail_over(db_url: &str, extra: &[&str], dir: &std::path::Path) -> Vec<u
     );
 
     // --- stop the agents: all they sampled is acked and stored exactly once
-    for a in &agents {
-        sigterm(a);
-    }
-    let mut sampled = Vec::new();
-    for (a, name) in agents.into_iter().zip(NODES) {
-        let [s, acked, dropped, unacked] = summary(&wait_stdout(a, name).await);
-        assert_eq!(
-            (acked, dropped, unacked),
-            (s, 0, 0),
-            "{name}: everything sampled must be acked"
-        );
-        assert!(s > 0, "{name} sampled");
-        sampled.push(s);
+    let sampled = stop_agents(agents, &NODES).await;
+    for (s, name) in sampled.iter().zip(NODES) {
+        assert!(*s > 0, "{name} sampled");
     }
     let nodes = get_json(&client, &format!("http://{alive}/api/v1/nodes"))
         .await

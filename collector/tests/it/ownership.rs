@@ -4,67 +4,12 @@
 //! agent writing different samples as the same node is refused as a conflict (counted in
 //! `/metrics`) instead of being acked while nothing is stored.
 
-
 use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
-use gpufleet_proto::v1::ingest_client::IngestClient;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-
-/// One agent's stream: what it sends and what it is answered.
-struct Agent {
-    tx: mpsc::Sender<pb::AgentMessage>,
-    rx: tonic::Streaming<pb::CollectorMessage>,
-    welcome: pb::Welcome,
-}
-
-/// Opens a stream with `token` and says Hello as `node` with `gpus`: the Welcome, or the
-/// status the stream was refused with.
-async fn connect(
-    c: &TestCollector,
-    token: Option<&str>,
-    node: &str,
-    gpus: &[&str],
-) -> Result<Agent, tonic::Status> {
-    let mut client = IngestClient::connect(format!("http://{}", c.grpc))
-        .await
-        .expect("connect");
-    let (tx, rx) = mpsc::channel(16);
-    let infos = gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| gpu_info_full(g, i as u32))
-        .collect();
-    tx.send(hello_message(node, infos)).await.expect("hello");
-    let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    if let Some(token) = token {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("header"),
-        );
-    }
-    let mut rx = client.stream(request).await?.into_inner();
-    match next(&mut rx).await? {
-        Msg::Welcome(welcome) => Ok(Agent { tx, rx, welcome }),
-        other => panic!("expected Welcome, got {other:?}"),
-    }
-}
-
-/// Sends `b` and returns the answer to it.
-async fn send(agent: &mut Agent, b: gpufleet_core::Batch) -> Msg {
-    agent
-        .tx
-        .send(pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::Batch(b.into())),
-        })
-        .await
-        .expect("send");
-    next(&mut agent.rx).await.expect("stream healthy")
-}
 
 fn reject_code(msg: &Msg) -> Option<(pb::RejectCode, &str)> {
     match msg {
@@ -83,12 +28,12 @@ async fn a_node_cannot_take_another_nodes_gpu() {
     // Samples a little in the past, so every tick is inside the accepted time window.
     let t0 = now_ms() - 60_000;
 
-    let mut a = connect(&c, Some(&token_a), "node-a", &["GPU-A1", "GPU-A2"])
+    let mut a = open_stream(&c, Some(&token_a), "node-a", &["GPU-A1", "GPU-A2"])
         .await
         .expect("node-a welcome");
     for seq in 1..=3 {
         let start = t0 + (seq as i64 - 1) * 5_000;
-        let answer = send(&mut a, batch(seq, start, 5, &["GPU-A1", "GPU-A2"])).await;
+        let answer = a.send(batch(seq, start, 5, &["GPU-A1", "GPU-A2"])).await;
         assert!(
             matches!(answer, Msg::Ack(pb::Ack { seq: s }) if s == seq),
             "{answer:?}"
@@ -98,7 +43,7 @@ async fn a_node_cannot_take_another_nodes_gpu() {
     // Node B holds a valid token of its own and claims A's GPU in its Hello: refused,
     // naming the GPU, and nothing of B is registered.
     for token in [Some(token_b.as_str()), None] {
-        let refused = connect(&c, token, "node-b", &["GPU-B1", "GPU-A1"])
+        let refused = open_stream(&c, token, "node-b", &["GPU-B1", "GPU-A1"])
             .await
             .err()
             .expect("node-b may not register GPU-A1");
@@ -113,15 +58,15 @@ async fn a_node_cannot_take_another_nodes_gpu() {
 
     // With only its own GPU, B is welcome, but a batch about A's GPU is refused, and so
     // is a batch sent ahead at A's next timestamps.
-    let mut b = connect(&c, Some(&token_b), "node-b", &["GPU-B1"])
+    let mut b = open_stream(&c, Some(&token_b), "node-b", &["GPU-B1"])
         .await
         .expect("node-b welcome");
     let forged = batch(1, t0 + 15_000, 5, &["GPU-A1"]);
-    let answer = send(&mut b, forged).await;
+    let answer = b.send(forged).await;
     let (code, reason) = reject_code(&answer).expect("rejected");
     assert_eq!(code, pb::RejectCode::Invalid);
     assert!(reason.contains("GPU-A1"), "{reason}");
-    let answer = send(&mut b, batch(1, t0 + 15_000, 5, &["GPU-B1"])).await;
+    let answer = b.send(batch(1, t0 + 15_000, 5, &["GPU-B1"])).await;
     assert!(
         matches!(answer, Msg::Ack(_)),
         "B's own GPU is fine: {answer:?}"
@@ -130,7 +75,7 @@ async fn a_node_cannot_take_another_nodes_gpu() {
     // A goes on; every one of its samples is stored and its GPUs are still its own.
     for seq in 4..=6 {
         let start = t0 + (seq as i64 - 1) * 5_000;
-        let answer = send(&mut a, batch(seq, start, 5, &["GPU-A1", "GPU-A2"])).await;
+        let answer = a.send(batch(seq, start, 5, &["GPU-A1", "GPU-A2"])).await;
         assert!(
             matches!(answer, Msg::Ack(pb::Ack { seq: s }) if s == seq),
             "{answer:?}"
@@ -170,16 +115,16 @@ async fn a_node_cannot_take_another_nodes_gpu() {
 async fn an_absurd_seq_is_refused_and_does_not_move_the_nodes_seq() {
     let c = start_collector(ServeOptions::default()).await;
     let t0 = now_ms() - 60_000;
-    let mut a = connect(&c, None, "node-a", &["GPU-A1"])
+    let mut a = open_stream(&c, None, "node-a", &["GPU-A1"])
         .await
         .expect("welcome");
     assert!(matches!(
-        send(&mut a, batch(1, t0, 2, &["GPU-A1"])).await,
+        a.send(batch(1, t0, 2, &["GPU-A1"])).await,
         Msg::Ack(_)
     ));
     let mut absurd = batch(2, t0 + 2_000, 2, &["GPU-A1"]);
     absurd.seq = u64::MAX - 1;
-    let answer = send(&mut a, absurd).await;
+    let answer = a.send(absurd).await;
     let (code, reason) = reject_code(&answer).expect("rejected");
     assert_eq!(code, pb::RejectCode::OutOfOrder);
     assert!(
@@ -188,11 +133,11 @@ async fn an_absurd_seq_is_refused_and_does_not_move_the_nodes_seq() {
     );
     // A seq within reach of the agent's own numbering is fine.
     assert!(matches!(
-        send(&mut a, batch(5_000, t0 + 4_000, 2, &["GPU-A1"])).await,
+        a.send(batch(5_000, t0 + 4_000, 2, &["GPU-A1"])).await,
         Msg::Ack(_)
     ));
     drop(a);
-    let again = connect(&c, None, "node-a", &["GPU-A1"])
+    let again = open_stream(&c, None, "node-a", &["GPU-A1"])
         .await
         .expect("welcome again");
     assert_eq!(again.welcome.last_acked_seq, 5_000);
@@ -205,28 +150,22 @@ async fn a_second_agent_writing_other_samples_as_the_node_is_refused_and_counted
     let c = start_collector(ServeOptions::default()).await;
     let token = add_token(&c, "node-a").await;
     let t0 = now_ms() - 60_000;
-    let mut first = connect(&c, Some(&token), "node-a", &["GPU-A1"])
+    let mut first = open_stream(&c, Some(&token), "node-a", &["GPU-A1"])
         .await
         .expect("welcome");
     let original = batch(1, t0, 5, &["GPU-A1"]);
-    assert!(matches!(
-        send(&mut first, original.clone()).await,
-        Msg::Ack(_)
-    ));
+    assert!(matches!(first.send(original.clone()).await, Msg::Ack(_)));
     // A replay of the same batch (a lost ack) is acked again and changes nothing.
-    assert!(matches!(
-        send(&mut first, original.clone()).await,
-        Msg::Ack(_)
-    ));
+    assert!(matches!(first.send(original.clone()).await, Msg::Ack(_)));
 
-    let mut second = connect(&c, Some(&token), "node-a", &["GPU-A1"])
+    let mut second = open_stream(&c, Some(&token), "node-a", &["GPU-A1"])
         .await
         .expect("welcome");
     let mut other = batch(2, t0 + 2_000, 5, &["GPU-A1"]);
     for t in &mut other.ticks {
         t.gpus[0].power_mw = Some(42_000);
     }
-    let answer = send(&mut second, other).await;
+    let answer = second.send(other).await;
     let (code, reason) = reject_code(&answer).expect("refused, not acked");
     assert_eq!(code, pb::RejectCode::Conflict);
     assert!(

@@ -1,7 +1,6 @@
 //! Reports from a seeded store: the same energy as the energy API, GPU metrics from the
 //! samples where the workload ran, every format, the plot, the CLI.
 
-
 use crate::common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
@@ -9,7 +8,7 @@ use gpufleet_collector::accounting::accountant::{
 };
 use gpufleet_collector::accounting::energy::IdlePolicy;
 use gpufleet_collector::live::status::Clock;
-use gpufleet_collector::store::{NodeRecord, Store};
+use gpufleet_collector::store::Store;
 use gpufleet_core::*;
 use gpufleet_report::Report;
 use std::sync::Arc;
@@ -31,18 +30,6 @@ fn process(uuid: &str, pid: u32, sm: u32, workload: Workload) -> ProcessSample {
         workload,
         ..Default::default()
     }
-}
-
-async fn write_ticks(store: &Arc<dyn Store>, node: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
-    let b = Batch {
-        seq,
-        ticks,
-        delivery: DeliveryStats::default(),
-    };
-    store
-        .write_batches(&[node_batch(node, b)])
-        .await
-        .expect("write");
 }
 
 /// Two minutes and a second of one GPU at 200 W, util 80 %, no temperature or memory

@@ -3,7 +3,6 @@
 //! second. (SQLite has one writer at a time; a waiting writer used to lose every race for
 //! the lock to retention's back-to-back delete statements until retention ended.)
 
-
 use crate::common::*;
 use gpufleet_core::{Event, EventKind};
 use std::time::{Duration, Instant};

@@ -13,7 +13,6 @@
 //! agents together (0: as fast as acks allow, i.e. saturation; with a rate, the latency is
 //! the one a fleet of that size sees).
 
-
 use crate::common::*;
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use gpufleet_core::config::now_ms;

@@ -2,7 +2,6 @@
 //! bearer tokens, the login form and its session cookie, roles, logout, and the loopback
 //! default.
 
-
 use crate::common::*;
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::auth::tokens::{self, Role, TokensCommand};

@@ -1,7 +1,6 @@
 //! The group-commit writer: answers only after commit, isolates a batch the store refuses,
 //! and commits what is queued when stopped.
 
-
 use crate::common::*;
 use gpufleet_collector::ingest::writer::{self, WriterOptions};
 use gpufleet_collector::live::state::Live;
