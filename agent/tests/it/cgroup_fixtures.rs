@@ -1,25 +1,13 @@
 //! `cgroup::identify` against the miniature `/proc` in `shared/cgroups/` (one GPU process
 //! per way real clusters run them), compared field by field with `expected.json`.
 
+use crate::common::cgroup_fixtures;
 use gpufleet_agent::cgroup::{ProcessIdentity, identify};
 use gpufleet_core::sample::WorkloadKind;
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
-
-/// `shared/cgroups`, which sits beside the repository checkout (`<repo>/../shared`).
-fn fixtures() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cgroups");
-    assert!(
-        dir.join("expected.json").is_file() && dir.join("proc").is_dir(),
-        "cgroup fixtures not found at {}: check out the shared/ folder beside the repository \
-         (these tests never skip)",
-        dir.display()
-    );
-    dir
-}
 
 fn expected() -> Map<String, Value> {
-    let path = fixtures().join("expected.json");
+    let path = cgroup_fixtures().join("expected.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     match serde_json::from_str(&text) {
@@ -48,13 +36,13 @@ fn identify_fixture(pid: &str) -> ProcessIdentity {
     let pid: u32 = pid
         .parse()
         .unwrap_or_else(|e| panic!("expected.json key {pid:?} is not a pid: {e}"));
-    identify(&fixtures().join("proc"), pid)
+    identify(&cgroup_fixtures().join("proc"), pid)
 }
 
 #[test]
 fn every_fixture_pid_has_an_expectation() {
     let expected = expected();
-    let mut on_disk: Vec<String> = std::fs::read_dir(fixtures().join("proc"))
+    let mut on_disk: Vec<String> = std::fs::read_dir(cgroup_fixtures().join("proc"))
         .expect("fixture proc dir is readable")
         .map(|entry| {
             entry
@@ -155,7 +143,7 @@ fn users_and_commands() {
 
 #[test]
 fn a_pid_that_is_not_there_is_an_empty_host_identity() {
-    let identity = identify(&fixtures().join("proc"), 999_999);
+    let identity = identify(&cgroup_fixtures().join("proc"), 999_999);
     assert_eq!(identity, ProcessIdentity::default());
     assert_eq!(identity.workload.kind, WorkloadKind::Host);
 }

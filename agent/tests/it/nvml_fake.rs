@@ -7,29 +7,19 @@
 //! Each test copies the built library into its own temporary folder beside its scenario,
 //! so each test has its own fake machine (the loader loads each copy separately).
 
+use crate::common::cgroup_fixtures;
 use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 use gpufleet_agent::GpuSource;
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Unix ms of the first tick; ticks are 1 s apart.
 const T0: i64 = 1_790_000_000_000;
 const GIB: u64 = 1 << 30;
-
-/// `shared/cgroups`, beside the repository checkout.
-fn fixtures() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/cgroups");
-    assert!(
-        dir.join("expected.json").is_file(),
-        "cgroup fixtures not found at {}: check out shared/ beside the repository",
-        dir.display()
-    );
-    dir
-}
 
 /// The fake library cargo built for this test binary (a dev-dependency: it sits in
 /// `target/<profile>/deps` next to this test executable).
@@ -66,7 +56,7 @@ impl Fake {
     fn open(&self) -> NvmlSource {
         NvmlSource::open(NvmlOptions {
             lib_path: Some(self.lib()),
-            proc_root: fixtures().join("proc"),
+            proc_root: cgroup_fixtures().join("proc"),
             hostname: "fake-node".into(),
         })
         .expect("the agent opens the fake NVML")
@@ -523,7 +513,7 @@ const IDENTITY_FIELDS: &[&str] = &[
 #[test]
 fn all_fixture_pids_map_to_their_containers_through_a_growing_process_list() {
     let expected: BTreeMap<String, Json> = serde_json::from_str(
-        &std::fs::read_to_string(fixtures().join("expected.json")).expect("expected.json"),
+        &std::fs::read_to_string(cgroup_fixtures().join("expected.json")).expect("expected.json"),
     )
     .expect("expected.json is an object");
     assert_eq!(expected.len(), 11);
@@ -808,7 +798,7 @@ fn a_library_that_cannot_load_its_scenario_fails_with_a_clear_error() {
     std::fs::write(fake.dir.path().join(fake_nvml::SCENARIO_FILE), "{not json").expect("write");
     let err = NvmlSource::open(NvmlOptions {
         lib_path: Some(fake.lib()),
-        proc_root: fixtures().join("proc"),
+        proc_root: cgroup_fixtures().join("proc"),
         hostname: "x".into(),
     })
     .expect_err("init fails");
@@ -847,7 +837,7 @@ fn snapshot(fake: &Fake, json: bool) -> String {
         .arg("--nvml-lib")
         .arg(fake.lib())
         .arg("--proc-root")
-        .arg(fixtures().join("proc"))
+        .arg(cgroup_fixtures().join("proc"))
         .args(["--node", "fake-node"]);
     if json {
         cmd.arg("--json");
