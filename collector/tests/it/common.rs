@@ -514,6 +514,24 @@ pub fn hello_message(node: &str, gpus: Vec<GpuInfo>) -> gpufleet_proto::v1::Agen
     }
 }
 
+/// Registers node `name` with one GPU (every inventory field set) per UUID, at `at`.
+pub async fn register_gpus<S: AsRef<str>>(
+    store: &Arc<dyn Store>,
+    name: &str,
+    uuids: &[S],
+    at: UnixMs,
+) -> NodeRecord {
+    let infos = uuids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| gpu_info_full(u.as_ref(), i as u32))
+        .collect();
+    store
+        .register_node(&hello(name), &inventory(infos), at)
+        .await
+        .expect("register")
+}
+
 /// Writes `ticks` as batch `seq` of `node`, straight into the store.
 pub async fn write_ticks(store: &Arc<dyn Store>, node: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
     let b = Batch {

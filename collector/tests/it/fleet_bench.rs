@@ -29,15 +29,7 @@ async fn nodes_endpoint_for_a_large_fleet() {
     for n in 0..nodes {
         let name = format!("node-{n:04}");
         let uuids: Vec<String> = (0..gpus).map(|g| format!("GPU-{n:04}-{g}")).collect();
-        let infos = uuids
-            .iter()
-            .enumerate()
-            .map(|(i, u)| gpu_info_full(u, i as u32))
-            .collect();
-        let rec = store
-            .register_node(&hello(&name), &inventory(infos), T0)
-            .await
-            .expect("register");
+        let rec = register_gpus(&store, &name, &uuids, T0).await;
         live.connected(rec.clone());
         let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
         let mut b = batch(1, T0, 1, &refs);

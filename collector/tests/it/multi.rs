@@ -10,7 +10,9 @@
 //!   (WAL), a simulated agent on each: both show both nodes live, the energy job runs on
 //!   exactly one, and moves to the other when it stops.
 
-use crate::common::{T0, batch, gpu_info_full, hello, inventory, node_batch, wait_until};
+use crate::common::{
+    T0, batch, gpu_info_full, hello, inventory, node_batch, register_gpus, wait_until,
+};
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::accounting::leader::LeadOptions;
 use gpufleet_collector::live::follow::FollowMode;
@@ -427,16 +429,7 @@ async fn nodes_ticks_contract(store: Arc<dyn store::Store>) {
     let mut records = Vec::new();
     let mut written = Vec::new();
     for (name, gpus, ticks) in shapes {
-        let inv = inventory(
-            gpus.iter()
-                .enumerate()
-                .map(|(i, u)| gpu_info_full(u, i as u32))
-                .collect(),
-        );
-        let rec = store
-            .register_node(&hello(name), &inv, T0)
-            .await
-            .expect("register");
+        let rec = register_gpus(&store, name, gpus, T0).await;
         let mut b = batch(1, T0 + 1000, ticks, gpus);
         if ticks > 0 {
             let at = b.ticks[2].time_ms;
@@ -513,17 +506,7 @@ async fn follow_pass_cost_at_1000_nodes() {
         let mut records = Vec::new();
         for n in 0..nodes {
             let uuids: Vec<String> = (0..8).map(|g| format!("GPU-bench-{n}-{g}")).collect();
-            let inv = inventory(
-                uuids
-                    .iter()
-                    .enumerate()
-                    .map(|(i, u)| gpu_info_full(u, i as u32))
-                    .collect(),
-            );
-            let rec = store
-                .register_node(&hello(&format!("bench-{n:04}")), &inv, T0)
-                .await
-                .expect("register");
+            let rec = register_gpus(&store, &format!("bench-{n:04}"), &uuids, T0).await;
             records.push((rec, uuids));
         }
         let write_tick = async |k: u32| {

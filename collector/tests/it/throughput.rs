@@ -287,15 +287,7 @@ async fn store_write(store: Arc<dyn gpufleet_collector::store::Store>, backend: 
     let uuids: Vec<String> = (0..gpus)
         .map(|g| format!("GPU-{g:04}-0000-0000-000000000000"))
         .collect();
-    let infos = uuids
-        .iter()
-        .enumerate()
-        .map(|(i, u)| gpu_info_full(u, i as u32))
-        .collect();
-    let rec = store
-        .register_node(&hello("bench"), &inventory(infos), now_ms())
-        .await
-        .expect("register");
+    let rec = register_gpus(&store, "bench", &uuids, now_ms()).await;
     let keys = Arc::new(rec.keys());
     let start_ms = now_ms() - 86_400_000;
     let all: Vec<NodeBatch> = (0..batches)
