@@ -7,7 +7,8 @@
 //! timestamps; a metric the simulated boards do not support (fan) is absent in the store
 //! and the API, never 0.
 
-use gpufleet_agent::{GpuSource, SimOptions, simulator};
+use gpufleet_core::GpuSource;
+use gpufleet_sim::{SimOptions, simulator};
 use harness::{agent_bin, sigterm, start_collector, summary, wait_stdout};
 use serde_json::Value;
 use std::process::Stdio;

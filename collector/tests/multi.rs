@@ -11,13 +11,14 @@
 //!   exactly one, and moves to the other when it stops.
 
 use common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
-use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::follow::FollowMode;
 use gpufleet_collector::follow::follow_once;
 use gpufleet_collector::leader::LeadOptions;
 use gpufleet_collector::live::Live;
 use gpufleet_collector::store::{self, TimeRange, lease};
 use gpufleet_collector::{ServeOptions, serve_with_store};
+use gpufleet_sim::{SimOptions, simulator};
+use gpufleet_uplink::{RunOptions, run_agent};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
