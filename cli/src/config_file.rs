@@ -288,7 +288,7 @@ mod tests {
             .iter()
             .map(OsString::from)
             .chain([path.as_os_str().to_owned()])
-            .chain(["--", "true", "--interval"].iter().map(OsString::from))
+            .chain(["--", "true", "--verbose"].iter().map(OsString::from))
             .collect();
         let with = args_with_config_file_as(args, &ExecCli::command(), "exec", &["run"])
             .expect("[run] skipped");
@@ -297,7 +297,7 @@ mod tests {
         assert!(cli.all_gpus);
         assert_eq!(
             cli.command,
-            vec!["true", "--interval"],
+            vec!["true", "--verbose"],
             "the command is left alone"
         );
     }
