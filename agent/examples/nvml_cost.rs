@@ -9,8 +9,8 @@
 //! spent inside NVML calls), the NVML calls per GPU-sample and the process's peak RSS.
 
 use fake_nvml::{Gpu, Process, Scenario, Value};
-use gpufleet_agent::GpuSource;
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
+use gpufleet_core::GpuSource;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

@@ -22,6 +22,8 @@ pub struct HostReader {
     /// offset 0 every tick (procfs regenerates the text on each read), so a tick costs no
     /// open/stat/close.
     files: [ProcFile; 5],
+    /// The proc root, for the boot id.
+    proc_root: PathBuf,
 }
 
 /// A `/proc` file kept open, and the buffer it is read into.
@@ -100,7 +102,11 @@ impl HostReader {
             file: None,
             text: String::new(),
         });
-        Self { prev: None, files }
+        Self {
+            prev: None,
+            files,
+            proc_root,
+        }
     }
 
     /// The host sample at `now_ms`; rates are over the time since the previous call.
@@ -142,6 +148,16 @@ impl HostReader {
             net_tx_bps,
             load1,
         }
+    }
+}
+
+impl gpufleet_core::HostSource for HostReader {
+    fn sample(&mut self, now_ms: UnixMs) -> HostSample {
+        HostReader::sample(self, now_ms)
+    }
+
+    fn boot_id(&self) -> Option<String> {
+        boot_id(&self.proc_root)
     }
 }
 

@@ -37,13 +37,13 @@
 //! without NVML.
 
 use crate::cgroup::{self, ProcessIdentity, UserNames};
-use crate::cost::{CallTimer, micros, thread_cpu_time};
 use crate::host;
-use crate::source::{GpuSource, SourceError};
 use gpufleet_core::{
     Event, EventKind, GpuInfo, GpuSample, Inventory, MigInstance, NvLinkSample, ProcessSample,
     ProcessType, SamplerCost, Tick, UnixMs,
 };
+use gpufleet_core::{GpuSource, SourceError};
+use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
@@ -1569,7 +1569,7 @@ mod tests {
         assert_eq!(throttle_bits(ThrottleReasons::empty()), 0);
         assert_eq!(
             throttle_bits(ThrottleReasons::SW_THERMAL_SLOWDOWN),
-            crate::sim::reasons::SW_THERMAL_SLOWDOWN,
+            gpufleet_sim::reasons::SW_THERMAL_SLOWDOWN,
             "the simulator uses the same bits"
         );
     }

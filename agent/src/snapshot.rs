@@ -1,9 +1,9 @@
 //! `gpufleet-agent snapshot`: one local reading, as an nvidia-smi / gpustat-style table or
 //! as JSON (`{"inventory": …, "tick": …}`, the core types' serde form: absent is `null`).
 
-use crate::sampler::Sampler;
-use crate::source::SourceError;
+use gpufleet_core::SourceError;
 use gpufleet_core::{Inventory, Tick, WorkloadKind};
+use gpufleet_uplink::sampler::Sampler;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -160,7 +160,7 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::{SimOptions, simulator};
+    use gpufleet_sim::{SimOptions, simulator};
 
     #[test]
     fn table_shows_every_gpu_and_na_for_absent_values() {

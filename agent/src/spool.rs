@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Tick ids only grow. Batches are formed from consecutive unacked ticks when there is a
-//! session to send them on (like [`MemoryQueue`](crate::queue::MemoryQueue)); their seqs
+//! session to send them on (like [`MemoryQueue`](gpufleet_uplink::queue::MemoryQueue)); their seqs
 //! come from a persisted reservation, so a restarted agent never reuses a seq.
 //!
 //! The payload's tick bytes are the encoded tick the sampler produced
@@ -40,11 +40,11 @@
 //! **Counters** are over the spool's lifetime, across restarts: `sampled` is every GPU
 //! sample that reached the spool; `sampled == acked + dropped + unacked` at all times.
 
-use crate::encoded::{EncodedTick, OutBatch, wire_bytes};
-use crate::queue::{BatchLimits, Outbox, Summary};
 use gpufleet_core::wire::{Limits, decode_batch};
 use gpufleet_core::{DeliveryStats, Tick};
 use gpufleet_proto::v1 as pb;
+use gpufleet_uplink::encoded::{EncodedTick, OutBatch, wire_bytes};
+use gpufleet_uplink::queue::{BatchLimits, Outbox, Summary};
 use prost::Message;
 use prost::bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -87,35 +87,23 @@ pub enum FsyncPolicy {
     Never,
 }
 
-/// Spool flags of `gpufleet-agent run`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct SpoolArgs {
-    /// Spool directory (one per agent) [default: <state dir>/spool/<node>; the state dir
-    /// is $STATE_DIRECTORY, else $XDG_STATE_HOME/gpufleet, else ~/.local/state/gpufleet].
-    #[arg(long, env = "GPUFLEET_SPOOL_DIR", value_name = "DIR")]
-    pub spool_dir: Option<PathBuf>,
-    /// Most bytes the spool holds; beyond, the oldest samples are dropped and counted.
-    /// The default (1 GiB) holds about 4 days of 8 GPUs at 1 s.
-    #[arg(long, env = "GPUFLEET_SPOOL_MAX_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(u64).range(4096..))]
-    pub spool_max_bytes: u64,
-    /// When to fsync the spool: after each tick (batch), once a second (interval), never.
-    #[arg(long, env = "GPUFLEET_SPOOL_FSYNC", value_name = "POLICY", value_enum, default_value_t = FsyncPolicy::Batch)]
-    pub spool_fsync: FsyncPolicy,
-}
-
-impl SpoolArgs {
-    /// The spool settings for node `node`.
-    pub fn config(&self, node: &str) -> SpoolConfig {
-        let dir = self.spool_dir.clone().unwrap_or_else(|| {
-            gpufleet_core::config::default_state_dir()
-                .join("spool")
-                .join(spool_dir_name(node))
-        });
-        SpoolConfig {
-            dir,
-            max_bytes: self.spool_max_bytes,
-            fsync: self.spool_fsync,
-        }
+/// The spool settings for node `node`: `dir`, else the default one under the state dir
+/// (`<state dir>/spool/<node>`).
+pub fn config_for(
+    node: &str,
+    dir: Option<PathBuf>,
+    max_bytes: u64,
+    fsync: FsyncPolicy,
+) -> SpoolConfig {
+    let dir = dir.unwrap_or_else(|| {
+        gpufleet_core::config::default_state_dir()
+            .join("spool")
+            .join(spool_dir_name(node))
+    });
+    SpoolConfig {
+        dir,
+        max_bytes,
+        fsync,
     }
 }
 
@@ -1382,8 +1370,9 @@ mod tests {
 
     #[test]
     fn the_default_bound_holds_a_day_of_eight_gpus_at_one_hertz() {
-        use crate::source::GpuSource;
-        let mut sim = crate::sim::simulator(crate::sim::SimOptions::new("size", 8)).expect("sim");
+        use gpufleet_core::GpuSource;
+        let mut sim =
+            gpufleet_sim::simulator(gpufleet_sim::SimOptions::new("size", 8)).expect("sim");
         let mut t = 1_790_000_000_000;
         let mut biggest = 0;
         for _ in 0..200 {

@@ -1,5 +1,5 @@
-//! Carbon configuration: the `--carbon-*` and `--pue` flags ([`CarbonArgs`], flattened into
-//! a binary's command), the config file's `[carbon]` table with per-node overrides, and
+//! Carbon configuration: what the `--carbon-*` and `--pue` flags set ([`CarbonSettings`]),
+//! the config file's `[carbon]` table with per-node overrides, and
 //! what one node resolves to ([`NodeCarbon`]).
 //!
 //! ```toml
@@ -31,73 +31,48 @@ use crate::http::HttpOptions;
 use crate::provider::IntensityProvider;
 use crate::slot::{CarbonError, FactorType, ProviderKind};
 use crate::uk::{self, UkProvider, UkRegion};
-use gpufleet_core::config::parse_duration;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The carbon flags, for `#[command(flatten)]`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct CarbonArgs {
+/// The carbon settings the `--carbon-*` and `--pue` flags give (the binaries' parser, in
+/// `gpufleet-cli`, fills them): the defaults for every node.
+#[derive(Debug, Clone)]
+pub struct CarbonSettings {
     /// Where carbon intensities come from. Default: none (carbon figures absent), or
     /// `static` when --carbon-g-per-kwh is given.
-    #[arg(
-        long,
-        env = "GPUFLEET_CARBON_PROVIDER",
-        value_enum,
-        value_name = "PROVIDER"
-    )]
     pub carbon_provider: Option<ProviderKind>,
     /// gCO2/kWh: the figure of the `static` provider, and for the others the value used
     /// (marked estimated) when the provider is unreachable and nothing is known yet.
-    #[arg(long, env = "GPUFLEET_CARBON_G_PER_KWH", value_name = "G", value_parser = parse_g_per_kwh)]
     pub carbon_g_per_kwh: Option<f64>,
     /// Region: UK region id 1-17 or `national` (uk); zone such as DE (electricitymaps);
     /// a name recorded with the figures (static, csv).
-    #[arg(long, env = "GPUFLEET_CARBON_REGION", value_name = "REGION")]
     pub carbon_region: Option<String>,
     /// Base URL of the provider's API (default: the public one).
-    #[arg(long, env = "GPUFLEET_CARBON_URL", value_name = "URL")]
     pub carbon_url: Option<String>,
     /// File holding the Electricity Maps API token (sent as `auth-token`; never logged).
-    #[arg(long, env = "GPUFLEET_CARBON_TOKEN_FILE", value_name = "FILE")]
     pub carbon_token_file: Option<PathBuf>,
     /// CSV series for the `csv` provider: `from,to,g_per_kwh[,kind]`, RFC 3339 or Unix ms.
-    #[arg(long, env = "GPUFLEET_CARBON_CSV", value_name = "FILE")]
     pub carbon_csv: Option<PathBuf>,
     /// Emission factors: `direct` (operational) or `lifecycle`. Asked of Electricity Maps
     /// (default lifecycle there); recorded for static and CSV figures (default direct).
     /// The UK API is always direct.
-    #[arg(
-        long,
-        env = "GPUFLEET_CARBON_FACTOR_TYPE",
-        value_enum,
-        value_name = "TYPE"
-    )]
     pub carbon_factor_type: Option<FactorType>,
     /// Power usage effectiveness: facility energy / IT energy. Carbon = GPU energy ×
     /// intensity × PUE. 1.0 counts the GPUs' energy only.
-    #[arg(long, env = "GPUFLEET_PUE", default_value_t = 1.0, value_parser = parse_pue, value_name = "RATIO")]
     pub pue: f64,
     /// Limit on one request to the provider.
-    #[arg(long, env = "GPUFLEET_CARBON_TIMEOUT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub carbon_timeout: Duration,
     /// Retries of a failed request (unreachable, HTTP 429/5xx), with exponential backoff
     /// from 500ms.
-    #[arg(
-        long,
-        env = "GPUFLEET_CARBON_RETRIES",
-        default_value_t = 3,
-        value_name = "N"
-    )]
     pub carbon_retries: u32,
 }
 
-impl Default for CarbonArgs {
+impl Default for CarbonSettings {
     fn default() -> Self {
-        CarbonArgs {
+        CarbonSettings {
             carbon_provider: None,
             carbon_g_per_kwh: None,
             carbon_region: None,
@@ -112,14 +87,16 @@ impl Default for CarbonArgs {
     }
 }
 
-fn parse_g_per_kwh(s: &str) -> Result<f64, String> {
+/// Parses a gCO2/kWh figure (a number >= 0), as `--carbon-g-per-kwh` takes it.
+pub fn parse_g_per_kwh(s: &str) -> Result<f64, String> {
     s.parse::<f64>()
         .ok()
         .filter(|g| g.is_finite() && *g >= 0.0)
         .ok_or_else(|| format!("{s:?} is not a gCO2/kWh figure (a number >= 0)"))
 }
 
-fn parse_pue(s: &str) -> Result<f64, String> {
+/// Parses a PUE (a number from 1.0 to 5.0), as `--pue` takes it.
+pub fn parse_pue(s: &str) -> Result<f64, String> {
     s.parse::<f64>()
         .ok()
         .filter(|p| valid_pue(*p))
@@ -296,7 +273,7 @@ pub struct NodeCarbon {
 /// once per distinct settings and shared.
 #[derive(Debug, Default)]
 pub struct CarbonConfig {
-    pub args: CarbonArgs,
+    pub settings: CarbonSettings,
     pub file: CarbonFile,
     built: Mutex<HashMap<String, Arc<dyn IntensityProvider>>>,
 }
@@ -304,7 +281,7 @@ pub struct CarbonConfig {
 impl CarbonConfig {
     /// Checks the settings (every override names a node or a selector, PUEs in range,
     /// regions valid for their provider) without reading files or the network.
-    pub fn new(args: CarbonArgs, file: CarbonFile) -> Result<Self, CarbonError> {
+    pub fn new(settings: CarbonSettings, file: CarbonFile) -> Result<Self, CarbonError> {
         for (i, o) in file.nodes.iter().enumerate() {
             if o.node.is_none() == o.selector.is_none() {
                 return Err(CarbonError::Config(format!(
@@ -338,7 +315,7 @@ impl CarbonConfig {
             }
         }
         let config = CarbonConfig {
-            args,
+            settings,
             file,
             built: Mutex::new(HashMap::new()),
         };
@@ -352,8 +329,8 @@ impl CarbonConfig {
 
     /// Whether any node can have carbon figures.
     pub fn enabled(&self) -> bool {
-        self.args.carbon_provider.is_some()
-            || self.args.carbon_g_per_kwh.is_some()
+        self.settings.carbon_provider.is_some()
+            || self.settings.carbon_g_per_kwh.is_some()
             || self
                 .file
                 .nodes
@@ -375,7 +352,7 @@ impl CarbonConfig {
     }
 
     fn settings(&self, o: Option<&NodeOverride>) -> Option<(ProviderSettings, String, f64)> {
-        let a = &self.args;
+        let a = &self.settings;
         let g_per_kwh = o.and_then(|o| o.g_per_kwh).or(a.carbon_g_per_kwh);
         let kind = o
             .and_then(|o| o.provider)
@@ -514,14 +491,14 @@ mod tests {
 
     #[test]
     fn off_without_a_provider() {
-        let c = CarbonConfig::new(CarbonArgs::default(), CarbonFile::default()).expect("valid");
+        let c = CarbonConfig::new(CarbonSettings::default(), CarbonFile::default()).expect("valid");
         assert!(!c.enabled());
         assert!(c.node("n1", &labels(&[])).expect("ok").is_none());
     }
 
     #[test]
     fn g_per_kwh_alone_means_static_and_pue_defaults_to_one() {
-        let args = CarbonArgs {
+        let args = CarbonSettings {
             carbon_g_per_kwh: Some(120.0),
             ..Default::default()
         };
@@ -536,7 +513,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let token = dir.path().join("tok");
         std::fs::write(&token, "secret\n").expect("write");
-        let args = CarbonArgs {
+        let args = CarbonSettings {
             carbon_provider: Some(ProviderKind::Uk),
             carbon_region: Some("13".into()),
             carbon_url: Some("http://127.0.0.1:9".into()),
@@ -589,14 +566,14 @@ mod tests {
 
     #[test]
     fn bad_settings_are_clear_errors() {
-        let uk_bad_region = CarbonArgs {
+        let uk_bad_region = CarbonSettings {
             carbon_provider: Some(ProviderKind::Uk),
             carbon_region: Some("London".into()),
             ..Default::default()
         };
         let e = CarbonConfig::new(uk_bad_region, CarbonFile::default()).expect_err("region");
         assert!(e.to_string().contains("region id 1-17"), "{e}");
-        let em_no_token = CarbonArgs {
+        let em_no_token = CarbonSettings {
             carbon_provider: Some(ProviderKind::Electricitymaps),
             carbon_region: Some("DE".into()),
             ..Default::default()
@@ -604,13 +581,13 @@ mod tests {
         let e = CarbonConfig::new(em_no_token, CarbonFile::default()).expect_err("token");
         assert!(e.to_string().contains("--carbon-token-file"), "{e}");
         let e = CarbonConfig::new(
-            CarbonArgs::default(),
+            CarbonSettings::default(),
             file("[[carbon.nodes]]\nselector = \"site\"\ng_per_kwh = 1\n"),
         )
         .expect_err("selector");
         assert!(e.to_string().contains("key=value"), "{e}");
         let e = CarbonConfig::new(
-            CarbonArgs::default(),
+            CarbonSettings::default(),
             file("[[carbon.nodes]]\nnode = \"a\"\ng_per_kwh = 1\npue = 0.5\n"),
         )
         .expect_err("pue");

@@ -8,10 +8,11 @@
 //! - [`fixed`] and [`csv_series`]: a static g/kWh and a CSV time series (no network).
 //! - [`uk`] and [`electricitymaps`]: the UK Carbon Intensity API and Electricity Maps,
 //!   over [`http`] (timeouts, retries with exponential backoff, configurable base URL).
-//! - [`config`]: the `--carbon-*` / `--pue` flags ([`CarbonArgs`]), the `[carbon]` table of
-//!   the config file with per-node overrides, and the resolved per-node settings.
+//! - [`config`]: what the `--carbon-*` / `--pue` flags set ([`CarbonSettings`]; the flags
+//!   themselves are the binaries', in `gpufleet-cli`), the `[carbon]` table of the config
+//!   file with per-node overrides, and the resolved per-node settings.
 //!
-//! Used by the collector (pricing stored energy) and the agent (`exec`, one job standalone).
+//! Used by the collector (pricing stored energy) and `gpufleet-exec` (one job standalone).
 //! Nothing here knows the store; the collector caches slots in it.
 
 pub mod config;
@@ -23,7 +24,7 @@ pub mod provider;
 pub mod slot;
 pub mod uk;
 
-pub use config::{CarbonArgs, CarbonConfig, NodeCarbon, NodeOverride, ProviderSettings};
+pub use config::{CarbonConfig, CarbonSettings, NodeCarbon, NodeOverride, ProviderSettings};
 pub use provider::IntensityProvider;
 pub use slot::{
     CarbonError, FactorType, IntensityKind, IntensitySlot, ProviderKind, carbon_g, slot_at,

@@ -7,19 +7,7 @@ use std::fmt;
 use thiserror::Error;
 
 /// Where intensities come from (`--carbon-provider`).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// One configured g/kWh (`--carbon-g-per-kwh`), at every time.
@@ -33,6 +21,14 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
+    /// Every provider, in the order the flags list them.
+    pub const ALL: [ProviderKind; 4] = [
+        ProviderKind::Static,
+        ProviderKind::Csv,
+        ProviderKind::Uk,
+        ProviderKind::Electricitymaps,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderKind::Static => "static",
@@ -50,6 +46,27 @@ impl ProviderKind {
             "electricitymaps" => Some(ProviderKind::Electricitymaps),
             _ => None,
         }
+    }
+}
+
+impl std::str::FromStr for ProviderKind {
+    type Err = String;
+
+    /// `static`, `csv`, `uk` or `electricitymaps`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        ProviderKind::parse(s).ok_or_else(|| {
+            format!("unknown carbon provider {s:?}: use static, csv, uk or electricitymaps")
+        })
+    }
+}
+
+impl std::str::FromStr for FactorType {
+    type Err = String;
+
+    /// `direct` or `lifecycle`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        FactorType::parse(s)
+            .ok_or_else(|| format!("unknown emission factor type {s:?}: use direct or lifecycle"))
     }
 }
 
@@ -87,19 +104,7 @@ impl IntensityKind {
 
 /// Which emissions an intensity counts. Figures of different factor types are never mixed
 /// silently: every stored figure records its own.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FactorType {
     /// Operational (combustion) emissions only; what the UK API reports.
@@ -109,6 +114,9 @@ pub enum FactorType {
 }
 
 impl FactorType {
+    /// Both factor types, in the order the flags list them.
+    pub const ALL: [FactorType; 2] = [FactorType::Direct, FactorType::Lifecycle];
+
     pub fn as_str(self) -> &'static str {
         match self {
             FactorType::Direct => "direct",

@@ -2,6 +2,7 @@
 
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use gpufleet_cli::args_with_config_file;
 use gpufleet_collector::cli::demo::{DemoOptions, run_demo as run_demo_on};
 use gpufleet_collector::cli::energy::{
     EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
@@ -10,7 +11,7 @@ use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_collector::ingest::writer::WriterOptions;
 use gpufleet_collector::live::status::StatusPolicy;
 use gpufleet_collector::{ServeOptions, serve};
-use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
+use gpufleet_core::config::{init_tracing, parse_duration};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -100,7 +101,7 @@ struct DemoArgs {
     /// Carbon intensity, as for `serve` (and the config file's `[carbon]` table). With
     /// none of them the demo prices energy at a static 250 gCO2/kWh (region `demo`).
     #[command(flatten)]
-    carbon: gpufleet_carbon::CarbonArgs,
+    carbon: gpufleet_cli::CarbonArgs,
 }
 
 #[derive(Debug, Args)]
@@ -156,7 +157,7 @@ struct ServeArgs {
     #[command(flatten)]
     retention: gpufleet_collector::accounting::rollups::RetentionArgs,
     #[command(flatten)]
-    carbon: gpufleet_carbon::CarbonArgs,
+    carbon: gpufleet_cli::CarbonArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -215,7 +216,7 @@ async fn run_serve(
     args: ServeArgs,
     carbon_file: gpufleet_carbon::config::CarbonFile,
 ) -> anyhow::Result<()> {
-    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone(), carbon_file)?;
+    let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone().into(), carbon_file)?;
     if args.offline_after < args.stale_after {
         anyhow::bail!(
             "--offline-after ({}) must not be shorter than --stale-after ({})",
@@ -291,7 +292,7 @@ async fn run_demo(
     args: DemoArgs,
     carbon_file: gpufleet_carbon::config::CarbonFile,
 ) -> anyhow::Result<()> {
-    let mut carbon_args = args.carbon.clone();
+    let mut carbon_args: gpufleet_carbon::CarbonSettings = args.carbon.clone().into();
     if !gpufleet_carbon::CarbonConfig::new(carbon_args.clone(), carbon_file.clone())?.enabled() {
         carbon_args.carbon_provider = Some(gpufleet_carbon::ProviderKind::Static);
         carbon_args.carbon_g_per_kwh = Some(DEMO_G_PER_KWH);

@@ -244,3 +244,43 @@ fn run_against_an_unreachable_collector_stops_on_sigterm_with_a_consistent_summa
         "whole ticks of 2 GPUs were sampled: {stdout}"
     );
 }
+
+#[test]
+fn exec_runs_the_gpufleet_exec_beside_it_with_the_rest_of_the_command_line() {
+    use std::os::unix::fs::PermissionsExt;
+    // A copy of the agent beside a stand-in gpufleet-exec that prints its arguments and
+    // leaves with code 7: what `exec` hands on, and that the exit code comes back.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent_copy = dir.path().join("gpufleet-agent");
+    std::fs::copy(BIN, &agent_copy).expect("copy the agent");
+    let stand_in = dir.path().join("gpufleet-exec");
+    std::fs::write(&stand_in, "#!/bin/sh\nprintf '%s|' \"$@\"\nexit 7\n").expect("write");
+    std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = Command::new(&agent_copy)
+        .args([
+            "--config",
+            "f.toml",
+            "exec",
+            "--all-gpus",
+            "--",
+            "train",
+            "--help",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(7), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "--config|f.toml|--all-gpus|--|train|--help|"
+    );
+    // Without gpufleet-exec beside it nor on PATH, the error says what is missing.
+    std::fs::remove_file(&stand_in).expect("rm");
+    let out = Command::new(&agent_copy)
+        .args(["exec", "--", "true"])
+        .env("PATH", dir.path())
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs the gpufleet-exec binary"), "{err}");
+}

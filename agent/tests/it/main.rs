@@ -4,6 +4,5 @@
 mod cgroup_fixtures;
 mod cli;
 mod common;
-mod exec;
 mod nvml_fake;
 mod uplink;

@@ -9,8 +9,8 @@
 
 use crate::common::cgroup_fixtures;
 use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
-use gpufleet_agent::GpuSource;
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
+use gpufleet_core::GpuSource;
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
 use serde_json::Value as Json;
 use std::collections::BTreeMap;

@@ -2,11 +2,13 @@
 //! validation by the collector's own decoder, reconnect and resend without loss or
 //! duplicates, rejects, and overflow counting while the collector is unreachable.
 
-use gpufleet_agent::spool::{FsyncPolicy, SpoolConfig};
-use gpufleet_agent::{RunOptions, SimOptions, Summary, run_agent, simulator};
+use gpufleet_agent::spool::{FsyncPolicy, Spool, SpoolConfig};
 use gpufleet_core::wire::{Limits, decode_batch, decode_hello};
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_server::{Ingest, IngestServer};
+use gpufleet_sim::{SimOptions, simulator};
+use gpufleet_uplink::sampler::Sampler;
+use gpufleet_uplink::{OutboxError, RunOptions, Summary, run_agent, run_agent_with};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -409,15 +411,24 @@ async fn run_spooled_until(
     let spool = tempfile::tempdir().expect("tempdir");
     let collectors = urls.iter().map(|u| u.to_string()).chain([url]).collect();
     let opts = RunOptions {
-        spool: Some(SpoolConfig {
-            dir: spool.path().to_owned(),
-            max_bytes: 1 << 20,
-            fsync: FsyncPolicy::Batch,
-        }),
         collectors,
         ..options(node, String::new())
     };
-    let agent = tokio::spawn(run_agent(opts, Box::new(sim), shutdown.clone()));
+    let config = SpoolConfig {
+        dir: spool.path().to_owned(),
+        max_bytes: 1 << 20,
+        fsync: FsyncPolicy::Batch,
+    };
+    let agent = tokio::spawn(run_agent_with(
+        opts,
+        Sampler::new(Box::new(sim), None),
+        Some(Box::new(move || {
+            Spool::open(config)
+                .map(|s| Box::new(s) as _)
+                .map_err(OutboxError::new)
+        })),
+        shutdown.clone(),
+    ));
     until(&store, what, done).await;
     shutdown.cancel();
     let summary = agent.await.expect("join").expect("agent ran");

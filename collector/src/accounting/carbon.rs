@@ -371,9 +371,9 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     if options.config.enabled() {
         info!(
-            provider = ?options.config.args.carbon_provider,
-            region = ?options.config.args.carbon_region,
-            pue = options.config.args.pue,
+            provider = ?options.config.settings.carbon_provider,
+            region = ?options.config.settings.carbon_region,
+            pue = options.config.settings.pue,
             overrides = options.config.file.nodes.len(),
             "carbon accounting"
         );

@@ -8,11 +8,11 @@
 
 use crate::server::{ServeError, ServeOptions, serve_with_store};
 use crate::store::{self, NodeBatch, Store, StoreError};
-use gpufleet_agent::{
-    GpuSource, RunOptions, SimError, SimOptions, Simulator, run_agent, simulator,
-};
+use gpufleet_core::GpuSource;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{Batch, DeliveryStats, UnixMs};
+use gpufleet_sim::{SimError, SimOptions, Simulator, simulator};
+use gpufleet_uplink::{RunOptions, run_agent};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::IntoResponse;
 use gpufleet_carbon::config::CarbonFile;
-use gpufleet_carbon::{CarbonArgs, CarbonConfig, IntensityKind, ProviderKind};
+use gpufleet_carbon::{CarbonConfig, CarbonSettings, IntensityKind, ProviderKind};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,
 };
@@ -218,12 +218,12 @@ async fn write_trace(
     acc.pass().await.expect("energy pass");
 }
 
-fn carbon_config(args: CarbonArgs) -> Arc<CarbonConfig> {
+fn carbon_config(args: CarbonSettings) -> Arc<CarbonConfig> {
     Arc::new(CarbonConfig::new(args, CarbonFile::default()).expect("valid carbon config"))
 }
 
-fn uk_args(url: &str, region: &str, pue: f64, default: Option<f64>) -> CarbonArgs {
-    CarbonArgs {
+fn uk_args(url: &str, region: &str, pue: f64, default: Option<f64>) -> CarbonSettings {
+    CarbonSettings {
         carbon_provider: Some(ProviderKind::Uk),
         carbon_region: Some(region.into()),
         carbon_url: Some(url.into()),
@@ -704,7 +704,7 @@ async fn electricity_maps_per_node_override_records_lifecycle_and_sends_the_toke
     ))
     .expect("carbon file");
     let config = CarbonConfig::new(
-        CarbonArgs {
+        CarbonSettings {
             carbon_g_per_kwh: Some(100.0),
             ..Default::default()
         },
@@ -751,7 +751,7 @@ async fn minutes_that_cannot_be_priced_never_starve_newer_ones() {
         "[[carbon.nodes]]\nnode = \"lon-9\"\nprovider = \"uk\"\nregion = \"13\"\nurl = \"{url}\"\n"
     ))
     .expect("carbon file");
-    let config = CarbonConfig::new(CarbonArgs::default(), file).expect("valid");
+    let config = CarbonConfig::new(CarbonSettings::default(), file).expect("valid");
     let clock_now = DAY0 + 2 * HOUR;
     let clock: Clock = Arc::new(move || clock_now);
     let options = CarbonOptions {

@@ -8,7 +8,8 @@
 //! and the API, never 0.
 
 use crate::harness::{agent_bin, sigterm, start_collector, stop_agents, wait_stored};
-use gpufleet_agent::{GpuSource, SimOptions, simulator};
+use gpufleet_core::GpuSource;
+use gpufleet_sim::{SimOptions, simulator};
 use serde_json::Value;
 use std::process::Stdio;
 use std::time::Duration;

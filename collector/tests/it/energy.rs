@@ -1,7 +1,6 @@
 //! Energy accounting through the real store: known traces, late data, the check, the CLI.
 
 use crate::common::*;
-use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,
 };
@@ -10,7 +9,9 @@ use gpufleet_collector::accounting::energy::IdlePolicy;
 use gpufleet_collector::live::state::{Committed, Live};
 use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
+use gpufleet_core::GpuSource;
 use gpufleet_core::*;
+use gpufleet_sim::{SimOptions, simulator};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -1209,7 +1210,7 @@ async fn job_end_on_a_live_node_on(store: Arc<dyn Store>) {
 /// the process and the command's exit.
 #[tokio::test]
 async fn exec_and_the_collector_agree_on_an_exclusive_job_but_for_the_interval_before_exit() {
-    use gpufleet_agent::exec::Measure;
+    use gpufleet_exec::Measure;
     for job_s in [20i64, 300] {
         let (_dir, store) = sqlite_store().await;
         let node = node_of(&store, "n1", "NVIDIA A10", &["GPU-x0"]).await;

@@ -13,13 +13,14 @@
 use crate::common::{
     T0, batch, gpu_info_full, hello, inventory, node_batch, register_gpus, wait_until,
 };
-use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::accounting::leader::LeadOptions;
 use gpufleet_collector::live::follow::FollowMode;
 use gpufleet_collector::live::follow::follow_once;
 use gpufleet_collector::live::state::Live;
 use gpufleet_collector::store::{self, TimeRange, lease};
 use gpufleet_collector::{ServeOptions, serve_with_store};
+use gpufleet_sim::{SimOptions, simulator};
+use gpufleet_uplink::{RunOptions, run_agent};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

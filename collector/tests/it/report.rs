@@ -2,7 +2,6 @@
 //! samples where the workload ran, every format, the plot, the CLI.
 
 use crate::common::*;
-use gpufleet_agent::{GpuSource, SimOptions, simulator};
 use gpufleet_collector::accounting::accountant::{
     Accountant, EnergyOptions, IdleConfig, IdleWatts,
 };
@@ -11,6 +10,7 @@ use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::Store;
 use gpufleet_core::*;
 use gpufleet_report::Report;
+use gpufleet_sim::{SimOptions, simulator};
 use std::sync::Arc;
 
 const MIN: i64 = 60_000;
@@ -341,11 +341,11 @@ async fn on_a_simulated_node_every_workload_report_matches_the_energy_api() {
 /// energy API's, with its provenance, and the plot gets the intensity.
 #[tokio::test]
 async fn the_report_carries_the_stored_carbon_prices() {
-    use gpufleet_carbon::{CarbonArgs, CarbonConfig, config::CarbonFile};
+    use gpufleet_carbon::{CarbonConfig, CarbonSettings, config::CarbonFile};
     use gpufleet_collector::accounting::carbon::{CarbonOptions, Pricer};
     let (_dir, store) = seeded().await;
     let config = CarbonConfig::new(
-        CarbonArgs {
+        CarbonSettings {
             carbon_g_per_kwh: Some(250.0),
             pue: 1.3,
             ..Default::default()

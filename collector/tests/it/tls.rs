@@ -6,8 +6,6 @@
 use crate::common;
 
 use crate::common::*;
-use gpufleet_agent::tls::Credentials;
-use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::ServeOptions;
 use gpufleet_collector::auth::tokens::{self, TokensCommand};
 use gpufleet_collector::ingest::identity::AgentAuth;
@@ -17,6 +15,9 @@ use gpufleet_collector::net::tls::{self as ctls, Alpn, ReloadableTls, TlsFiles, 
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_client::IngestClient;
+use gpufleet_sim::{SimOptions, simulator};
+use gpufleet_uplink::tls::Credentials;
+use gpufleet_uplink::{RunOptions, run_agent};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

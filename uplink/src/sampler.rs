@@ -2,20 +2,20 @@
 //! the async runtime, adds host metrics and what the tick cost, and hands it on.
 
 use crate::cost::{micros, thread_cpu_time};
-use crate::host::HostReader;
-use crate::source::{GpuSource, SourceError};
+use gpufleet_core::HostSource;
+use gpufleet_core::{GpuSource, SourceError};
 use gpufleet_core::{Inventory, Tick, UnixMs};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
-/// A source plus the host reader, measuring the cost of each tick.
+/// A source plus the host metrics source, measuring the cost of each tick.
 pub struct Sampler {
     /// Where GPU readings come from.
     source: Box<dyn GpuSource>,
-    /// Host metrics from `/proc`, used when the source does not provide them (the
-    /// simulator does; NVML does not).
-    host: Option<HostReader>,
+    /// Host metrics (the agent's `/proc` reader), used when the source does not provide
+    /// them (the simulator does; NVML does not).
+    host: Option<Box<dyn HostSource>>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -29,7 +29,7 @@ impl std::fmt::Debug for Sampler {
 
 impl Sampler {
     /// A sampler of `source`, with host metrics from `host` when given.
-    pub fn new(source: Box<dyn GpuSource>, host: Option<HostReader>) -> Self {
+    pub fn new(source: Box<dyn GpuSource>, host: Option<Box<dyn HostSource>>) -> Self {
         Self { source, host }
     }
 
@@ -38,9 +38,11 @@ impl Sampler {
         self.source.name()
     }
 
-    /// The source's boot id, if it defines one.
+    /// The node's boot id: the source's if it defines one, else the host source's.
     pub fn boot_id(&self) -> Option<String> {
-        self.source.boot_id()
+        self.source
+            .boot_id()
+            .or_else(|| self.host.as_ref().and_then(|h| h.boot_id()))
     }
 
     /// The source's inventory.
@@ -114,7 +116,7 @@ impl Drop for ExitGuard {
 }
 
 /// Starts the sampling thread: one dedicated thread that owns `sampler` (the source and
-/// its NVML handles, the host reader) and, every `interval`, takes a tick and hands it to
+/// its NVML handles, the host source) and, every `interval`, takes a tick and hands it to
 /// `sink` on that same thread — no hop to another thread per tick. The agent's sink
 /// encodes the tick and appends it to the outbox (the spool's disk write and fsync happen
 /// here, off the async runtime).

@@ -1,5 +1,5 @@
-//! The GPU source boundary: where ticks come from (NVML on a real node, the simulator in
-//! the demo and in tests).
+//! The source boundaries: where ticks come from (NVML on a real node, the simulator in
+//! the demo and in tests), and where a real node's host metrics come from.
 //!
 //! A source is **blocking** and has one job: answer "what does the hardware look like"
 //! ([`GpuSource::inventory`]) and "what does it measure now" ([`GpuSource::sample`]).
@@ -8,7 +8,7 @@
 //! Contract (shared with all-smi's reader trait): a value the source could not read is
 //! `None`, never a substituted `0`.
 
-use gpufleet_core::{Inventory, Tick, UnixMs};
+use crate::{HostSample, Inventory, Tick, UnixMs};
 use thiserror::Error;
 
 /// A source of GPU readings for one node.
@@ -33,6 +33,17 @@ pub trait GpuSource: Send {
     fn boot_id(&self) -> Option<String> {
         None
     }
+}
+
+/// Host metrics (CPU, memory, disk, network, load) for ticks whose [`GpuSource`] has none:
+/// NVML has none, so a real node reads `/proc`; the simulator invents its own. Blocking,
+/// like a GPU source, and called on the same thread.
+pub trait HostSource: Send + std::fmt::Debug {
+    /// The host sample at `now_ms`; a metric that cannot be read is absent, never 0.
+    fn sample(&mut self, now_ms: UnixMs) -> HostSample;
+
+    /// The node's boot id, when this source can read it.
+    fn boot_id(&self) -> Option<String>;
 }
 
 /// Why a source could not produce an inventory or a tick.

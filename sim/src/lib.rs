@@ -1,4 +1,6 @@
-//! The simulator: a seeded, deterministic [`GpuSource`] that behaves like a busy GPU node.
+//! gpufleet's simulator: a seeded, deterministic [`GpuSource`] that behaves like a busy GPU
+//! node. The agent runs it with `--simulate`; the collector's demo runs one per simulated
+//! node; tests replay it to check figures.
 //!
 //! It models workloads, not noise (`workload.rs`): multi-GPU training jobs, inference pods
 //! sharing a GPU, notebooks holding memory on an idle GPU, empty GPUs; they start and end.
@@ -16,20 +18,20 @@ mod gpu;
 pub mod scenario;
 mod workload;
 
-use crate::source::{GpuSource, SourceError};
 use catalog::GpuModel;
 use gpu::{GpuLoad, GpuState};
 use gpufleet_core::{
     Event, EventKind, GpuInfo, HostInfo, HostSample, Inventory, ProcessSample, ProcessType, Tick,
     UnixMs,
 };
+use gpufleet_core::{GpuSource, SourceError};
 use rand::{Rng, SeedableRng};
-use scenario::{JobKind, Scenario, ScenarioError};
+use scenario::{JobKind, ScenarioError};
 use thiserror::Error;
 use workload::{Identities, Job, SimRng, chance, hex, normal};
 
 pub use gpu::reasons;
-pub use scenario::{IdentityKind, Mix, ScriptedJob};
+pub use scenario::{IdentityKind, Mix, Scenario, ScriptedJob};
 
 /// The most GPUs a simulated node may have (the collector's default limit per node).
 pub const MAX_GPUS: u32 = 64;

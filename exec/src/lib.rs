@@ -1,24 +1,29 @@
-//! `gpufleet-agent exec -- COMMAND ARGS…`: runs one command, measures the GPUs its process
-//! tree uses while it runs, and makes a [`Report`] of it — what iris-gpubench does for a
-//! benchmark container, without a collector.
+//! `gpufleet-exec` (run as `gpufleet-agent exec -- COMMAND ARGS…`): runs one command,
+//! measures the GPUs its process tree uses while it runs, and makes a [`Report`] of it —
+//! what iris-gpubench does for a benchmark container, without a collector. Its own binary,
+//! so that the long-running agent links neither the carbon providers' HTTP client nor the
+//! plotting.
 //!
-//! The sampling is the agent's own ([`spawn_sampling`] over a [`Sampler`]); this module only
+//! The sampling is the agent's own ([`spawn_sampling`] over a [`Sampler`]); this crate only
 //! runs the child, forwards SIGINT / SIGTERM to it, and folds the ticks into a
 //! [`Measure`]. A GPU counts from the tick at which one of the command's processes (the
 //! child or a descendant, from `/proc`) is first listed on it until the command exits
 //! (`--all-gpus`: every GPU, the whole run). Energy per interval is the GPU's energy
 //! counter delta; where the counter is absent or went backwards, the trapezoid of the
 //! reported power.
+//!
+//! - [`proctree`]: a process and its descendants, from `/proc`.
 
-use crate::proctree;
-use crate::sampler::{Sampler, spawn_sampling};
-use crate::source::{GpuSource, SourceError};
+pub mod proctree;
+
 use gpufleet_carbon::{IntensityKind, IntensitySlot, NodeCarbon};
 use gpufleet_core::config::now_ms;
+use gpufleet_core::{GpuSource, SourceError};
 use gpufleet_core::{Inventory, Tick, UnixMs};
 use gpufleet_report::{
     CarbonSummary, EnergySummary, GpuRef, IntensityPoint, MetricsBuilder, Report, Subject,
 };
+use gpufleet_uplink::sampler::{Sampler, spawn_sampling};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -121,10 +121,11 @@ pub struct RawBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::GpuSource;
+    use gpufleet_core::GpuSource;
 
     fn ticks(n: usize) -> Vec<Tick> {
-        let mut sim = crate::sim::simulator(crate::sim::SimOptions::new("enc", 8)).expect("sim");
+        let mut sim =
+            gpufleet_sim::simulator(gpufleet_sim::SimOptions::new("enc", 8)).expect("sim");
         (0..n)
             .map(|i| {
                 sim.sample(1_790_000_000_000 + i as i64 * 1000)

@@ -1,14 +1,14 @@
-//! `run_agent`: the agent's pipeline, source → sampler → outbox → uplink, until shutdown.
+//! `run_agent`: the agent's pipeline, source → sampler → outbox → session, until shutdown.
+//! The node agent runs it with its `/proc` host source and its on-disk spool
+//! ([`run_agent_with`]); the collector's demo and tests with a simulator and the in-memory
+//! queue ([`run_agent`]).
 
 use crate::encoded::EncodedTick;
-use crate::host::{self, HostReader};
 use crate::queue::{MemoryQueue, Outbox, SharedOutbox, Summary, lock};
 use crate::sampler::{Sampler, spawn_sampling};
-use crate::source::{GpuSource, SourceError};
-use crate::spool::{Spool, SpoolConfig, SpoolError};
-use crate::uplink::{self, HelloFacts, UplinkConfig, UplinkError};
+use crate::session::{self, HelloFacts, UplinkConfig, UplinkError};
+use gpufleet_core::{GpuSource, SourceError};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use thiserror::Error;
@@ -28,20 +28,15 @@ pub struct RunOptions {
     pub interval: Duration,
     /// Labels sent in the Hello (`rack`, `site`, `region`, …).
     pub labels: BTreeMap<String, String>,
-    /// Root of `/proc` for host metrics (when the source has none) and the boot id.
-    /// `None` for in-process simulated agents, which must not read the real host.
-    pub proc_root: Option<PathBuf>,
-    /// Boot id to report; `None`: the source's, else `<proc_root>/sys/kernel/random/boot_id`.
+    /// Boot id to report; `None`: the source's, else the host source's.
     pub boot_id: Option<String>,
     /// After shutdown is requested, how long to keep delivering unacked batches.
     pub shutdown_timeout: Duration,
     /// Most ticks per batch.
     pub batch_max_ticks: usize,
-    /// Most ticks held unacked in memory (without a spool); beyond, the oldest are
-    /// dropped and counted.
+    /// Most ticks held unacked in memory (without a durable outbox); beyond, the oldest
+    /// are dropped and counted.
     pub queue_max_ticks: usize,
-    /// The on-disk spool; `None` holds unacked ticks in memory only (lost on exit).
-    pub spool: Option<SpoolConfig>,
     /// Limit on connecting to a collector and on its Welcome.
     pub connect_timeout: Duration,
     /// TLS trust, client certificate and token ([`crate::tls`]); none by default.
@@ -50,19 +45,17 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// Options with the CLI's defaults: 1 s interval, 100 ticks per batch, one hour of
-    /// ticks held, 10 s to deliver at shutdown, no `/proc`.
+    /// ticks held, 10 s to deliver at shutdown.
     pub fn new(node: impl Into<String>, collectors: Vec<String>) -> Self {
         Self {
             node: node.into(),
             collectors,
             interval: Duration::from_secs(1),
             labels: BTreeMap::new(),
-            proc_root: None,
             boot_id: None,
             shutdown_timeout: Duration::from_secs(10),
             batch_max_ticks: 100,
             queue_max_ticks: 3600,
-            spool: None,
             connect_timeout: Duration::from_secs(5),
             credentials: crate::tls::Credentials::none(),
         }
@@ -81,12 +74,12 @@ pub enum AgentError {
     /// The source could not say what GPUs there are.
     #[error("cannot read the GPU inventory: {0}")]
     Inventory(#[source] SourceError),
-    /// The spool could not be opened.
+    /// The durable outbox (the spool) could not be opened.
     #[error(transparent)]
-    Spool(#[from] SpoolError),
-    /// The blocking task opening the spool panicked.
+    Outbox(#[from] OutboxError),
+    /// The blocking task opening the durable outbox panicked.
     #[error("opening the spool panicked")]
-    SpoolPanicked,
+    OutboxPanicked,
     /// The blocking task reading the inventory panicked.
     #[error("the GPU source panicked while reading the inventory")]
     SourcePanicked,
@@ -95,15 +88,57 @@ pub enum AgentError {
     SamplerThread(#[source] std::io::Error),
 }
 
+/// Why the durable outbox could not be opened: its own error (the spool's), kept whole so
+/// that its message and causes read as they are.
+#[derive(Debug)]
+pub struct OutboxError(Box<dyn std::error::Error + Send + Sync>);
+
+impl OutboxError {
+    /// Wraps the outbox's own error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(error))
+    }
+}
+
+impl std::fmt::Display for OutboxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OutboxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Opens a durable outbox (the node agent's on-disk spool). [`run_agent_with`] calls it on
+/// a blocking thread, once the options and the inventory are known to be good.
+pub type OpenOutbox = Box<dyn FnOnce() -> Result<Box<dyn Outbox>, OutboxError> + Send>;
+
 /// Runs an agent: samples `source` every interval and streams to the collectors until
 /// `shutdown` is cancelled; then delivers what it can within the shutdown timeout and
 /// returns the delivery [`Summary`] (`sampled == acked + dropped + unacked`).
 ///
-/// The caller builds the source (`sim::simulator`, `nvml::NvmlSource::open`) and owns the
-/// shutdown token, so several agents can run in one process (the collector's demo).
+/// Unacked ticks are held in memory ([`MemoryQueue`], lost on exit) and no host metrics
+/// are added: what in-process simulated agents need (the collector's demo, tests), which
+/// must not report the real host as theirs. The caller builds the source and owns the
+/// shutdown token, so several agents can run in one process.
 pub async fn run_agent(
     opts: RunOptions,
     source: Box<dyn GpuSource>,
+    shutdown: CancellationToken,
+) -> Result<Summary, AgentError> {
+    run_agent_with(opts, Sampler::new(source, None), None, shutdown).await
+}
+
+/// [`run_agent`] with the node agent's parts: a sampler that may carry a host source
+/// (`/proc`), and a durable outbox opened by `open_outbox` (`None`: the in-memory queue of
+/// `opts.queue_max_ticks`).
+pub async fn run_agent_with(
+    opts: RunOptions,
+    mut sampler: Sampler,
+    open_outbox: Option<OpenOutbox>,
     shutdown: CancellationToken,
 ) -> Result<Summary, AgentError> {
     if opts.interval.is_zero() {
@@ -117,12 +152,10 @@ pub async fn run_agent(
     if opts.node.trim().is_empty() {
         return Err(AgentError::Options("the node name is empty".into()));
     }
-    let collectors = uplink::parse_collectors(&opts.collectors)?;
+    let collectors = session::parse_collectors(&opts.collectors)?;
     opts.credentials
         .check_urls(&collectors)
         .map_err(UplinkError::from)?;
-    let host = opts.proc_root.as_ref().map(HostReader::new);
-    let mut sampler = Sampler::new(source, host);
     let (sampler, inventory) = tokio::task::spawn_blocking(move || {
         let inventory = sampler.inventory();
         (sampler, inventory)
@@ -134,9 +167,8 @@ pub async fn run_agent(
         .boot_id
         .clone()
         .or_else(|| sampler.boot_id())
-        .or_else(|| opts.proc_root.as_deref().and_then(host::boot_id))
         .unwrap_or_default();
-    let shown: Vec<String> = collectors.iter().map(|u| uplink::redact(u)).collect();
+    let shown: Vec<String> = collectors.iter().map(|u| session::redact(u)).collect();
     info!(
         node = %opts.node,
         source = sampler.source_name(),
@@ -160,12 +192,10 @@ pub async fn run_agent(
         shutdown_timeout: opts.shutdown_timeout,
         credentials: opts.credentials.clone(),
     };
-    let outbox: Box<dyn Outbox> = match opts.spool.clone() {
-        Some(cfg) => Box::new(
-            tokio::task::spawn_blocking(move || Spool::open(cfg))
-                .await
-                .map_err(|_| AgentError::SpoolPanicked)??,
-        ),
+    let outbox: Box<dyn Outbox> = match open_outbox {
+        Some(open) => tokio::task::spawn_blocking(open)
+            .await
+            .map_err(|_| AgentError::OutboxPanicked)??,
         None => Box::new(MemoryQueue::new(opts.queue_max_ticks)),
     };
     let outbox: SharedOutbox = Arc::new(Mutex::new(outbox));
@@ -189,7 +219,7 @@ pub async fn run_agent(
     };
     let sampling = spawn_sampling(sampler, opts.interval, sink, stop.clone())
         .map_err(AgentError::SamplerThread)?;
-    let summary = uplink::run(
+    let summary = session::run(
         cfg,
         Arc::clone(&outbox),
         wake,

@@ -1,20 +1,21 @@
-//! `gpufleet-agent exec` end to end: the real binary runs a real command under the
+//! `gpufleet-agent exec` end to end, through the binary it runs (`gpufleet-exec`, which
+//! takes the same arguments): the real binary runs a real command under the
 //! seeded simulator; the report's energy is checked against the simulator's own energy
 //! counters, recomputed here by replaying a second simulator with the same seed at the
 //! sample times the report lists.
 
-use gpufleet_agent::{GpuSource, SimOptions, simulator};
+use gpufleet_core::GpuSource;
 use gpufleet_report::Report;
+use gpufleet_sim::{SimOptions, simulator};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_gpufleet-agent");
+const BIN: &str = env!("CARGO_BIN_EXE_gpufleet-exec");
 
 fn exec(dir: &std::path::Path, extra: &[&str], command: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args([
-        "exec",
         "--simulate",
         "--sim-gpus",
         "2",
@@ -156,14 +157,13 @@ fn sigterm_is_forwarded_and_the_report_still_written() {
 #[test]
 fn simulate_without_all_gpus_and_unknown_report_extensions_are_refused() {
     let out = Command::new(BIN)
-        .args(["exec", "--simulate", "--", "true"])
+        .args(["--simulate", "--", "true"])
         .output()
         .expect("run");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--all-gpus"));
     let out = Command::new(BIN)
         .args([
-            "exec",
             "--simulate",
             "--all-gpus",
             "--report",
@@ -176,13 +176,7 @@ fn simulate_without_all_gpus_and_unknown_report_extensions_are_refused() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(".json, .yaml"));
     let out = Command::new(BIN)
-        .args([
-            "exec",
-            "--simulate",
-            "--all-gpus",
-            "--",
-            "/nonexistent/program",
-        ])
+        .args(["--simulate", "--all-gpus", "--", "/nonexistent/program"])
         .output()
         .expect("run");
     assert!(!out.status.success());

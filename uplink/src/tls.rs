@@ -10,22 +10,18 @@ use thiserror::Error;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-/// The credential options of `gpufleet-agent run` (flattened into its arguments).
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct CredentialArgs {
+/// The credential files of `gpufleet-agent run` (`--ca`, `--cert`, `--key`,
+/// `--token-file`); each absent when not given.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialFiles {
     /// PEM CA certificate(s) that sign the collector's certificate; needed for https://
     /// collectors.
-    #[arg(long, env = "GPUFLEET_CA", value_name = "FILE")]
     pub ca: Option<PathBuf>,
-    /// PEM client certificate presented to the collector (mTLS); its DNS name must be
-    /// this node's name.
-    #[arg(long, env = "GPUFLEET_CERT", value_name = "FILE", requires = "key")]
+    /// PEM client certificate presented to the collector (mTLS).
     pub cert: Option<PathBuf>,
-    /// PEM private key of --cert.
-    #[arg(long, env = "GPUFLEET_KEY", value_name = "FILE", requires = "cert")]
+    /// PEM private key of `cert`.
     pub key: Option<PathBuf>,
-    /// File holding this node's agent token (made by `gpufleet-collector tokens add`).
-    #[arg(long, env = "GPUFLEET_TOKEN_FILE", value_name = "FILE")]
+    /// File holding this node's agent token.
     pub token_file: Option<PathBuf>,
 }
 
@@ -84,7 +80,7 @@ impl Credentials {
     }
 
     /// Reads the files the options name.
-    pub fn load(args: &CredentialArgs) -> Result<Credentials, CredentialError> {
+    pub fn load(args: &CredentialFiles) -> Result<Credentials, CredentialError> {
         let mut tls = None;
         if args.ca.is_some() || args.cert.is_some() {
             let mut config = ClientTlsConfig::new();
@@ -128,12 +124,12 @@ impl Credentials {
             let https = url.starts_with("https://");
             if https && self.tls.is_none() {
                 return Err(CredentialError::NoCa {
-                    url: crate::uplink::redact(url),
+                    url: crate::session::redact(url),
                 });
             }
             if !https && self.tls.is_some() {
                 return Err(CredentialError::PlainWithTls {
-                    url: crate::uplink::redact(url),
+                    url: crate::session::redact(url),
                 });
             }
         }
@@ -147,12 +143,12 @@ impl Credentials {
                 endpoint
                     .tls_config(tls.clone())
                     .map_err(|e| CredentialError::Tls {
-                        url: crate::uplink::redact(url),
+                        url: crate::session::redact(url),
                         reason: e.to_string(),
                     })
             }
             (None, true) => Err(CredentialError::NoCa {
-                url: crate::uplink::redact(url),
+                url: crate::session::redact(url),
             }),
             _ => Ok(endpoint),
         }

@@ -1,0 +1,154 @@
+//! The flags the agent's binaries share (`gpufleet-agent run` / `snapshot` and
+//! `gpufleet-exec`): where readings come from ([`SourceArgs`], which opens the source), the
+//! spool ([`SpoolArgs`]) and the credentials ([`CredentialArgs`]). Each flag also reads
+//! `GPUFLEET_<FLAG>`; the config file's layer is `gpufleet-cli`'s.
+
+use crate::host;
+use crate::nvml::{NvmlOptions, NvmlSource};
+use crate::spool::{self, DEFAULT_MAX_BYTES, FsyncPolicy, SpoolConfig};
+use gpufleet_core::{GpuSource, SourceError};
+use gpufleet_sim::scenario::ScenarioError;
+use gpufleet_sim::{Scenario, SimError, SimOptions, simulator};
+use gpufleet_uplink::tls::CredentialFiles;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use tracing::{info, warn};
+
+/// Where readings come from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SourceArgs {
+    /// Simulate a GPU node instead of reading NVML.
+    #[arg(long, env = "GPUFLEET_SIMULATE")]
+    pub simulate: bool,
+    /// Number of simulated GPUs.
+    #[arg(long, env = "GPUFLEET_SIM_GPUS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub sim_gpus: u32,
+    /// Scenario file for the simulator (TOML).
+    #[arg(long, env = "GPUFLEET_SIM_SCENARIO", value_name = "FILE")]
+    pub sim_scenario: Option<PathBuf>,
+    /// Simulator seed [default: derived from the node name].
+    #[arg(long, env = "GPUFLEET_SIM_SEED", value_name = "N")]
+    pub sim_seed: Option<u64>,
+    /// NVML library to load [default: the system's libnvidia-ml.so.1].
+    #[arg(long, env = "GPUFLEET_NVML_LIB", value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Where /proc is (processes, host metrics, boot id).
+    #[arg(
+        long,
+        env = "GPUFLEET_PROC_ROOT",
+        value_name = "DIR",
+        default_value = "/proc"
+    )]
+    pub proc_root: PathBuf,
+}
+
+/// Why the source the flags ask for could not be opened.
+#[derive(Debug, Error)]
+pub enum OpenSourceError {
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error(transparent)]
+    Nvml(#[from] SourceError),
+}
+
+impl SourceArgs {
+    /// Opens the source the flags ask for: the simulator of `node`, or NVML.
+    pub fn open(&self, node: &str) -> Result<Box<dyn GpuSource>, OpenSourceError> {
+        if self.simulate {
+            if self.nvml_lib.is_some() {
+                warn!("--nvml-lib is ignored with --simulate");
+            }
+            let scenario = match &self.sim_scenario {
+                Some(path) => Scenario::from_file(path)?,
+                None => Scenario::default(),
+            };
+            let sim = simulator(SimOptions {
+                node: node.to_owned(),
+                gpus: self.sim_gpus,
+                seed: self.sim_seed,
+                scenario,
+            })?;
+            info!(
+                node,
+                gpus = self.sim_gpus,
+                seed = sim.seed(),
+                model = sim.model().key,
+                "simulating"
+            );
+            Ok(Box::new(sim))
+        } else {
+            let nvml = NvmlSource::open(NvmlOptions {
+                lib_path: self.nvml_lib.clone(),
+                proc_root: self.proc_root.clone(),
+                hostname: node.to_owned(),
+            })?;
+            Ok(Box::new(nvml))
+        }
+    }
+}
+
+/// The node name: `given`, else the host name under `proc_root`.
+pub fn node_name(given: Option<String>, proc_root: &Path) -> Option<String> {
+    given.or_else(|| host::hostname(proc_root))
+}
+
+/// Spool flags of `gpufleet-agent run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpoolArgs {
+    /// Spool directory (one per agent) [default: <state dir>/spool/<node>; the state dir
+    /// is $STATE_DIRECTORY, else $XDG_STATE_HOME/gpufleet, else ~/.local/state/gpufleet].
+    #[arg(long, env = "GPUFLEET_SPOOL_DIR", value_name = "DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// Most bytes the spool holds; beyond, the oldest samples are dropped and counted.
+    /// The default (1 GiB) holds about 4 days of 8 GPUs at 1 s.
+    #[arg(long, env = "GPUFLEET_SPOOL_MAX_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(u64).range(4096..))]
+    pub spool_max_bytes: u64,
+    /// When to fsync the spool: after each tick (batch), once a second (interval), never.
+    #[arg(long, env = "GPUFLEET_SPOOL_FSYNC", value_name = "POLICY", value_enum, default_value_t = FsyncPolicy::Batch)]
+    pub spool_fsync: FsyncPolicy,
+}
+
+impl SpoolArgs {
+    /// The spool settings for node `node`.
+    pub fn config(&self, node: &str) -> SpoolConfig {
+        spool::config_for(
+            node,
+            self.spool_dir.clone(),
+            self.spool_max_bytes,
+            self.spool_fsync,
+        )
+    }
+}
+
+/// The credential options of `gpufleet-agent run` (flattened into its arguments).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CredentialArgs {
+    /// PEM CA certificate(s) that sign the collector's certificate; needed for https://
+    /// collectors.
+    #[arg(long, env = "GPUFLEET_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate presented to the collector (mTLS); its DNS name must be
+    /// this node's name.
+    #[arg(long, env = "GPUFLEET_CERT", value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "GPUFLEET_KEY", value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// File holding this node's agent token (made by `gpufleet-collector tokens add`).
+    #[arg(long, env = "GPUFLEET_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    /// The files the flags name.
+    pub fn files(&self) -> CredentialFiles {
+        CredentialFiles {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            token_file: self.token_file.clone(),
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! gpufleet-exec's integration tests, one binary: a module per area.
+
+mod exec;
