@@ -1,0 +1,127 @@
+//! Per-GPU state kept between ticks: its handle, what it does not support, and the
+//! counters rates are taken from.
+
+use super::mapping::FieldKey;
+use super::mig::MigDevice;
+use gpufleet_core::UnixMs;
+use nvml_wrapper::Device;
+use std::collections::BTreeMap;
+
+/// A per-tick NVML query; the unit of "unsupported, don't ask again".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Metric {
+    Utilization,
+    Memory,
+    Power,
+    PowerLimit,
+    Energy,
+    TempGpu,
+    Fan,
+    ClockSm,
+    ClockMem,
+    ClockGraphics,
+    Pstate,
+    PcieTx,
+    PcieRx,
+    EccCorrected,
+    EccUncorrected,
+    Throttle,
+    Encoder,
+    Decoder,
+    ComputeProcs,
+    GraphicsProcs,
+    ProcessUtil,
+    FieldValues,
+}
+
+impl Metric {
+    /// The call's name, as it appears in logs and in `slowest_calls_us`.
+    pub(super) fn call(self) -> &'static str {
+        match self {
+            Self::Utilization => "utilization_rates",
+            Self::Memory => "memory_info",
+            Self::Power => "power_usage",
+            Self::PowerLimit => "enforced_power_limit",
+            Self::Energy => "total_energy_consumption",
+            Self::TempGpu => "temperature",
+            Self::Fan => "fan_speed",
+            Self::ClockSm => "clock_info.sm",
+            Self::ClockMem => "clock_info.mem",
+            Self::ClockGraphics => "clock_info.graphics",
+            Self::Pstate => "performance_state",
+            Self::PcieTx => "pcie_throughput.tx",
+            Self::PcieRx => "pcie_throughput.rx",
+            Self::EccCorrected => "total_ecc_errors.corrected",
+            Self::EccUncorrected => "total_ecc_errors.uncorrected",
+            Self::Throttle => "current_throttle_reasons",
+            Self::Encoder => "encoder_utilization",
+            Self::Decoder => "decoder_utilization",
+            Self::ComputeProcs => "running_compute_processes",
+            Self::GraphicsProcs => "running_graphics_processes",
+            Self::ProcessUtil => "process_utilization_stats",
+            Self::FieldValues => "field_values",
+        }
+    }
+
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+/// A set of [`Metric`]s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct MetricSet(u32);
+
+impl MetricSet {
+    pub(super) fn contains(self, m: Metric) -> bool {
+        self.0 & m.bit() != 0
+    }
+
+    pub(super) fn insert(&mut self, m: Metric) {
+        self.0 |= m.bit();
+    }
+}
+
+/// One GPU: its cached handle and what we learned about it.
+pub(super) struct DeviceState<'n> {
+    /// The handle, looked up once.
+    pub(super) device: Device<'n>,
+    /// NVML index.
+    pub(super) index: u32,
+    /// UUID: the key of all its samples.
+    pub(super) uuid: String,
+    /// Metrics this device answered NOT_SUPPORTED (or no permission) for: never asked again.
+    pub(super) unsupported: MetricSet,
+    /// Metrics whose transient failure was already logged at `warn` (later ones: `debug`).
+    pub(super) warned: MetricSet,
+    /// Timestamp (µs) of the newest per-process utilization sample seen, passed to the next
+    /// call so it returns only newer samples (0 would return a long-window average).
+    pub(super) last_util_ts: u64,
+    /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
+    /// Probed once per tick until it answers again.
+    pub(super) lost: bool,
+    /// Entries still asked in the batched field-value call (an entry the device answers
+    /// NOT_SUPPORTED for is removed).
+    pub(super) fields: Vec<FieldKey>,
+    /// Its active NVLink links, found once.
+    pub(super) links: Vec<u32>,
+    /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
+    pub(super) nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
+    /// Its MIG devices (MIG enabled), found once.
+    pub(super) migs: Vec<MigDevice<'n>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_sets_remember_members() {
+        let mut s = MetricSet::default();
+        assert!(!s.contains(Metric::Fan));
+        s.insert(Metric::Fan);
+        s.insert(Metric::ProcessUtil);
+        assert!(s.contains(Metric::Fan) && s.contains(Metric::ProcessUtil));
+        assert!(!s.contains(Metric::Power));
+    }
+}

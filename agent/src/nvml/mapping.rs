@@ -1,0 +1,658 @@
+//! The NVML → domain mappings: pure functions, tested without NVML.
+
+use super::{ALL_LINKS, FIELDS};
+use gpufleet_core::{NvLinkSample, ProcessType, UnixMs};
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Brand, ComputeMode, PerformanceState};
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::{
+    FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
+};
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+};
+use std::collections::BTreeMap;
+
+/// What an NVML call's result means for the value.
+#[derive(Debug, PartialEq)]
+pub enum Reading<T> {
+    /// A value.
+    Value(T),
+    /// The device (or this driver / library) cannot report it: absent, and not asked again.
+    Unsupported(String),
+    /// The GPU fell off the bus.
+    Lost,
+    /// A transient failure: absent this tick, asked again next tick.
+    Failed(String),
+}
+
+/// Classifies an NVML result. NOT_SUPPORTED, a function missing from the driver or the
+/// library, and no permission do not change at run time: they make the value absent for
+/// good. GPU_LOST is its own case. Anything else is transient.
+pub fn classify<T>(r: Result<T, NvmlError>) -> Reading<T> {
+    match r {
+        Ok(v) => Reading::Value(v),
+        Err(
+            e @ (NvmlError::NotSupported
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+            | NvmlError::NoPermission),
+        ) => Reading::Unsupported(e.to_string()),
+        Err(NvmlError::GpuLost) => Reading::Lost,
+        Err(e) => Reading::Failed(e.to_string()),
+    }
+}
+
+/// P-state number (0 = highest performance); `None` for NVML's "unknown".
+pub fn pstate_number(p: PerformanceState) -> Option<u32> {
+    use PerformanceState as P;
+    Some(match p {
+        P::Zero => 0,
+        P::One => 1,
+        P::Two => 2,
+        P::Three => 3,
+        P::Four => 4,
+        P::Five => 5,
+        P::Six => 6,
+        P::Seven => 7,
+        P::Eight => 8,
+        P::Nine => 9,
+        P::Ten => 10,
+        P::Eleven => 11,
+        P::Twelve => 12,
+        P::Thirteen => 13,
+        P::Fourteen => 14,
+        P::Fifteen => 15,
+        P::Unknown => return None,
+    })
+}
+
+/// One entry of the field-value batch: NVML field id and `scopeId` (the link for NVLink
+/// fields, [`ALL_LINKS`] for their sum, 0 for device-wide fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FieldKey {
+    /// `NVML_FI_*`.
+    pub field: u32,
+    /// `scopeId`.
+    pub scope: u32,
+}
+
+/// The batch for a GPU with these active NVLink links: instant power, memory
+/// temperature and, with links, NVLink data TX and RX summed and per link.
+pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
+    let mut keys: Vec<FieldKey> = FIELDS
+        .iter()
+        .map(|&field| FieldKey { field, scope: 0 })
+        .collect();
+    if !links.is_empty() {
+        for scope in std::iter::once(ALL_LINKS).chain(links.iter().copied()) {
+            for field in [
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            ] {
+                keys.push(FieldKey { field, scope });
+            }
+        }
+    }
+    keys
+}
+
+/// The values of a field-value batch (entry → value; `samples[k]` answers `keys[k]`) and
+/// the entries the device answered NOT_SUPPORTED (or no permission) for. Other per-entry
+/// failures are absent this tick and asked again.
+pub fn field_readings(
+    keys: &[FieldKey],
+    samples: &[Result<FieldValueSample, NvmlError>],
+) -> (BTreeMap<FieldKey, u64>, Vec<FieldKey>) {
+    let mut values = BTreeMap::new();
+    let mut unsupported = Vec::new();
+    for (key, s) in keys.iter().zip(samples) {
+        let Ok(s) = s else { continue };
+        match &s.value {
+            Ok(v) => {
+                if let Some(v) = sample_u64(v) {
+                    values.insert(*key, v);
+                }
+            }
+            Err(NvmlError::NotSupported | NvmlError::NoPermission) => unsupported.push(*key),
+            Err(_) => {}
+        }
+    }
+    (values, unsupported)
+}
+
+/// A field value as an unsigned number, if it is one (negative, NaN and out-of-range
+/// values are absent).
+pub fn sample_u64(v: &SampleValue) -> Option<u64> {
+    match *v {
+        SampleValue::U32(v) => Some(u64::from(v)),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        // `u64::MAX as f64` is 2^64, the first value past u64's range.
+        SampleValue::F64(v) if v.is_finite() && (0.0..u64::MAX as f64).contains(&v) => {
+            Some(v.round() as u64)
+        }
+        SampleValue::F64(_) => None,
+    }
+}
+
+/// A field value as an unsigned 32-bit number, if it is one.
+pub fn sample_u32(v: &SampleValue) -> Option<u32> {
+    sample_u64(v).and_then(|v| u32::try_from(v).ok())
+}
+
+/// The byte rate of a KiB counter read `kib` at `now_ms`, from its previous reading;
+/// `None` on the first reading, when no time passed, or when the counter went backwards
+/// (reset): a rate is never made up.
+pub fn counter_rate_bps(prev: Option<(u64, UnixMs)>, kib: u64, now_ms: UnixMs) -> Option<u64> {
+    let (prev_kib, prev_ms) = prev?;
+    let dt_ms = u64::try_from(now_ms.checked_sub(prev_ms)?)
+        .ok()
+        .filter(|d| *d > 0)?;
+    let delta = kib.checked_sub(prev_kib)?;
+    u64::try_from(u128::from(delta) * 1024 * 1000 / u128::from(dt_ms)).ok()
+}
+
+/// The rates of this tick's NVLink counter readings (bytes/s), remembering each reading
+/// in `prev` for the next tick. A counter not read this tick keeps its older reading, so
+/// its next rate spans both ticks.
+pub fn counter_rates(
+    prev: &mut BTreeMap<FieldKey, (u64, UnixMs)>,
+    values: &BTreeMap<FieldKey, u64>,
+    now_ms: UnixMs,
+) -> BTreeMap<FieldKey, u64> {
+    let mut rates = BTreeMap::new();
+    for (key, kib) in values.iter().filter(|(k, _)| {
+        k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+    }) {
+        if let Some(bps) = counter_rate_bps(prev.get(key).copied(), *kib, now_ms) {
+            rates.insert(*key, bps);
+        }
+        prev.insert(*key, (*kib, now_ms));
+    }
+    rates
+}
+
+/// The summed NVLink TX / RX rates and one sample per link that has a rate (a link with
+/// neither is left out: absent, not zero).
+pub fn nvlink_samples(
+    links: &[u32],
+    rates: &BTreeMap<FieldKey, u64>,
+) -> (Option<u64>, Option<u64>, Vec<NvLinkSample>) {
+    let rate = |field, scope| rates.get(&FieldKey { field, scope }).copied();
+    let (tx, rx) = (
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    );
+    let per_link = links
+        .iter()
+        .filter_map(|&link| {
+            let (tx_bps, rx_bps) = (rate(tx, link), rate(rx, link));
+            (tx_bps.is_some() || rx_bps.is_some()).then_some(NvLinkSample {
+                link,
+                tx_bps,
+                rx_bps,
+            })
+        })
+        .collect();
+    (rate(tx, ALL_LINKS), rate(rx, ALL_LINKS), per_link)
+}
+
+/// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
+pub fn mig_profile(name: &str) -> Option<String> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty()).then(|| profile.to_owned())
+}
+
+/// The clock event (throttle) reason bit mask, as NVML defines the bits.
+pub fn throttle_bits(r: ThrottleReasons) -> u64 {
+    r.bits()
+}
+
+/// The process type from which lists the pid appeared in.
+pub fn process_type(in_compute: bool, in_graphics: bool) -> ProcessType {
+    match (in_compute, in_graphics) {
+        (true, true) => ProcessType::ComputeAndGraphics,
+        (false, true) => ProcessType::Graphics,
+        _ => ProcessType::Compute,
+    }
+}
+
+/// Memory as reported: used / total / reserved bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemFields {
+    /// Allocated by processes and the driver (v2: excludes reserved).
+    pub used: u64,
+    /// Installed.
+    pub total: u64,
+    /// Reserved by the driver, never allocatable.
+    pub reserved: u64,
+}
+
+/// The fields of NVML's v2 memory info.
+pub fn memory_fields(m: &MemoryInfo) -> MemFields {
+    MemFields {
+        used: m.used.min(m.total),
+        total: m.total,
+        reserved: m.reserved,
+    }
+}
+
+/// A process's GPU memory; `None` when NVML says it is not available (e.g. under WDDM).
+pub fn used_memory(m: &UsedGpuMemory) -> Option<u64> {
+    match m {
+        UsedGpuMemory::Used(b) => Some(*b),
+        UsedGpuMemory::Unavailable => None,
+    }
+}
+
+/// PCIe throughput: NVML reports KiB/s over the last 20 ms.
+pub fn pcie_kib_to_bps(kib: u32) -> u64 {
+    u64::from(kib) * 1024
+}
+
+/// A percentage clamped to 100 (a few boards report fan speeds above 100 %).
+pub fn pct(v: u32) -> u32 {
+    v.min(100)
+}
+
+/// `12040` → `"12.4"`.
+pub fn cuda_version_string(v: i32) -> String {
+    format!(
+        "{}.{}",
+        nvml_wrapper::cuda_driver_version_major(v),
+        nvml_wrapper::cuda_driver_version_minor(v)
+    )
+}
+
+/// The brand as users know it.
+pub fn brand_name(b: Brand) -> String {
+    match b {
+        Brand::Nvidia => "NVIDIA".into(),
+        Brand::Tesla => "Tesla".into(),
+        Brand::Quadro => "Quadro".into(),
+        Brand::GeForce => "GeForce".into(),
+        Brand::NvidiaRTX => "NVIDIA RTX".into(),
+        Brand::Titan => "Titan".into(),
+        Brand::Unknown => "Unknown".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// The compute mode's name.
+pub fn compute_mode_name(m: ComputeMode) -> &'static str {
+    match m {
+        ComputeMode::Default => "Default",
+        ComputeMode::ExclusiveThread => "Exclusive_Thread",
+        ComputeMode::Prohibited => "Prohibited",
+        ComputeMode::ExclusiveProcess => "Exclusive_Process",
+    }
+}
+
+/// One process on one GPU, merged from NVML's lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuProcess {
+    /// Process id.
+    pub pid: u32,
+    /// Which lists it was in.
+    pub process_type: ProcessType,
+    /// GPU memory it holds.
+    pub used_bytes: Option<u64>,
+    /// SM utilization since the last call.
+    pub sm_pct: Option<u32>,
+    /// Memory-bandwidth utilization since the last call.
+    pub mem_pct: Option<u32>,
+    /// Encoder utilization since the last call.
+    pub enc_pct: Option<u32>,
+    /// Decoder utilization since the last call.
+    pub dec_pct: Option<u32>,
+}
+
+/// Merges the compute and graphics process lists (a pid in both is
+/// compute-and-graphics) with the per-process utilization samples, ordered by pid.
+///
+/// `util` is `None` when utilization could not be read: utilizations are then absent.
+/// When it was read, NVML lists only processes that were busy during the period, so a
+/// process missing from it was idle: 0. Several samples of one pid: the newest wins.
+pub fn merge_processes(
+    compute: &[ProcessInfo],
+    graphics: &[ProcessInfo],
+    util: Option<&[ProcessUtilizationSample]>,
+) -> Vec<GpuProcess> {
+    let mut by_pid: BTreeMap<u32, (bool, bool, Option<u64>)> = BTreeMap::new();
+    for (list, is_compute) in [(compute, true), (graphics, false)] {
+        for p in list {
+            let e = by_pid.entry(p.pid).or_insert((false, false, None));
+            if is_compute {
+                e.0 = true;
+            } else {
+                e.1 = true;
+            }
+            e.2 = match (e.2, used_memory(&p.used_gpu_memory)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+    let mut newest: BTreeMap<u32, &ProcessUtilizationSample> = BTreeMap::new();
+    for s in util.unwrap_or(&[]) {
+        let e = newest.entry(s.pid).or_insert(s);
+        if s.timestamp > e.timestamp {
+            *e = s;
+        }
+    }
+    by_pid
+        .into_iter()
+        .map(|(pid, (c, g, used))| {
+            let u = newest.get(&pid);
+            let field = |f: fn(&ProcessUtilizationSample) -> u32| -> Option<u32> {
+                util.map(|_| u.map_or(0, |s| pct(f(s))))
+            };
+            GpuProcess {
+                pid,
+                process_type: process_type(c, g),
+                used_bytes: used,
+                sm_pct: field(|s| s.sm_util),
+                mem_pct: field(|s| s.mem_util),
+                enc_pct: field(|s| s.enc_util),
+                dec_pct: field(|s| s.dec_util),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvml_wrapper::structs::device::FieldId;
+    use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
+
+    fn proc_info(pid: u32, used: Option<u64>) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    fn util(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
+        ProcessUtilizationSample {
+            pid,
+            timestamp: ts,
+            sm_util: sm,
+            mem_util: sm / 2,
+            enc_util: 0,
+            dec_util: 7,
+        }
+    }
+
+    #[test]
+    fn errors_classify_into_absent_for_good_lost_or_transient() {
+        assert_eq!(classify(Ok(5)), Reading::Value(5));
+        for e in [
+            NvmlError::NotSupported,
+            NvmlError::FunctionNotFound,
+            NvmlError::FailedToLoadSymbol("nvmlDeviceGetFanSpeed_v2".into()),
+            NvmlError::NoPermission,
+        ] {
+            assert!(matches!(classify::<u32>(Err(e)), Reading::Unsupported(_)));
+        }
+        assert_eq!(classify::<u32>(Err(NvmlError::GpuLost)), Reading::Lost);
+        for e in [
+            NvmlError::Unknown,
+            NvmlError::Timeout,
+            NvmlError::InsufficientSize(None),
+        ] {
+            assert!(matches!(classify::<u32>(Err(e)), Reading::Failed(_)));
+        }
+    }
+
+    #[test]
+    fn field_values_map_to_numbers_and_unsupported_entries() {
+        let sample = |id: u32, value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(id),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
+        };
+        let key = |field, scope| FieldKey { field, scope };
+        let keys = [
+            key(186, 0),
+            key(82, 0),
+            key(90, 0),
+            key(91, 0),
+            key(92, 0),
+            key(138, ALL_LINKS),
+            key(138, 3),
+            key(139, 3),
+        ];
+        let samples = [
+            sample(186, Ok(SampleValue::U32(231_000))),
+            sample(82, Err(NvmlError::NotSupported)),
+            sample(90, Err(NvmlError::Unknown)),
+            sample(91, Ok(SampleValue::I64(-1))),
+            Err(NvmlError::UnexpectedVariant(9)),
+            sample(138, Ok(SampleValue::U64(1 << 40))),
+            sample(138, Ok(SampleValue::U64(7))),
+            sample(139, Err(NvmlError::NotSupported)),
+        ];
+        let (values, unsupported) = field_readings(&keys, &samples);
+        assert_eq!(
+            values.into_iter().collect::<Vec<_>>(),
+            [
+                (key(138, 3), 7),
+                (key(138, ALL_LINKS), 1 << 40),
+                (key(186, 0), 231_000)
+            ],
+            "keyed by field and scope, 64-bit counters kept whole"
+        );
+        assert_eq!(
+            unsupported,
+            [key(82, 0), key(139, 3)],
+            "transient failures are asked again"
+        );
+        assert_eq!(sample_u32(&SampleValue::U64(7)), Some(7));
+        assert_eq!(sample_u32(&SampleValue::U64(u64::MAX)), None);
+        assert_eq!(sample_u64(&SampleValue::U64(u64::MAX)), Some(u64::MAX));
+        assert_eq!(sample_u32(&SampleValue::F64(41.6)), Some(42));
+        assert_eq!(sample_u32(&SampleValue::F64(f64::NAN)), None);
+        assert_eq!(sample_u64(&SampleValue::F64(-1.0)), None);
+    }
+
+    #[test]
+    fn the_batch_asks_nvlink_summed_and_per_active_link() {
+        let keys = field_batch(&[0, 2]);
+        let pairs: Vec<(u32, u32)> = keys.iter().map(|k| (k.field, k.scope)).collect();
+        assert_eq!(
+            pairs,
+            [
+                (NVML_FI_DEV_POWER_INSTANT, 0),
+                (NVML_FI_DEV_MEMORY_TEMP, 0),
+                (138, ALL_LINKS),
+                (139, ALL_LINKS),
+                (138, 0),
+                (139, 0),
+                (138, 2),
+                (139, 2),
+            ]
+        );
+        assert_eq!(field_batch(&[]).len(), 2, "no links: no NVLink entries");
+    }
+
+    #[test]
+    fn counter_rates_come_from_deltas_and_are_never_made_up() {
+        assert_eq!(counter_rate_bps(None, 500, 1000), None, "first reading");
+        assert_eq!(
+            counter_rate_bps(Some((1000, 1000)), 3000, 3000),
+            Some(1024 * 1000),
+            "2000 KiB over 2 s"
+        );
+        assert_eq!(counter_rate_bps(Some((1000, 1000)), 1000, 2000), Some(0));
+        assert_eq!(
+            counter_rate_bps(Some((5000, 1000)), 10, 2000),
+            None,
+            "reset"
+        );
+        assert_eq!(counter_rate_bps(Some((1, 2000)), 9, 2000), None, "no time");
+        assert_eq!(
+            counter_rate_bps(Some((1, 3000)), 9, 2000),
+            None,
+            "clock back"
+        );
+        assert_eq!(
+            counter_rate_bps(Some((0, 0)), u64::MAX, 1),
+            None,
+            "out of range"
+        );
+
+        let tx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+            scope,
+        };
+        let rx = |scope| FieldKey {
+            field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+            scope,
+        };
+        let power = FieldKey {
+            field: NVML_FI_DEV_POWER_INSTANT,
+            scope: 0,
+        };
+        let mut prev = BTreeMap::new();
+        let first = BTreeMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
+        assert!(counter_rates(&mut prev, &first, 1000).is_empty());
+        assert!(!prev.contains_key(&power), "not a counter");
+        // rx(1) not read this tick: its next rate spans two ticks.
+        let second = BTreeMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
+        let rates = counter_rates(&mut prev, &second, 2000);
+        assert_eq!(rates.get(&tx(ALL_LINKS)), Some(&(200 * 1024)));
+        let third = BTreeMap::from([(rx(1), 2010)]);
+        let rates = counter_rates(&mut prev, &third, 3000);
+        assert_eq!(rates.get(&rx(1)), Some(&(1000 * 1024)), "2000 KiB over 2 s");
+
+        let rates = BTreeMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
+        let (sum_tx, sum_rx, links) = nvlink_samples(&[0, 1, 2], &rates);
+        assert_eq!((sum_tx, sum_rx), (Some(9), None));
+        assert_eq!(
+            links,
+            [
+                NvLinkSample {
+                    link: 1,
+                    tx_bps: Some(4),
+                    rx_bps: Some(5)
+                },
+                NvLinkSample {
+                    link: 2,
+                    tx_bps: None,
+                    rx_bps: Some(6)
+                },
+            ],
+            "link 0 has no rate: left out, not zero"
+        );
+    }
+
+    #[test]
+    fn mig_profiles_come_from_the_device_name() {
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-80GB MIG 3g.40gb").as_deref(),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me").as_deref(),
+            Some("1g.10gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA A100-SXM4-80GB"), None);
+        assert_eq!(mig_profile("X MIG "), None);
+    }
+
+    #[test]
+    fn pstates_map_to_numbers_and_unknown_to_absent() {
+        assert_eq!(pstate_number(PerformanceState::Zero), Some(0));
+        assert_eq!(pstate_number(PerformanceState::Eight), Some(8));
+        assert_eq!(pstate_number(PerformanceState::Fifteen), Some(15));
+        assert_eq!(pstate_number(PerformanceState::Unknown), None);
+    }
+
+    #[test]
+    fn throttle_reasons_keep_nvml_bits() {
+        let r = ThrottleReasons::GPU_IDLE
+            | ThrottleReasons::SW_POWER_CAP
+            | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+        assert_eq!(throttle_bits(r), 0x1 | 0x4 | 0x40);
+        assert_eq!(throttle_bits(ThrottleReasons::empty()), 0);
+        assert_eq!(
+            throttle_bits(ThrottleReasons::SW_THERMAL_SLOWDOWN),
+            gpufleet_sim::reasons::SW_THERMAL_SLOWDOWN,
+            "the simulator uses the same bits"
+        );
+    }
+
+    #[test]
+    fn memory_and_small_conversions() {
+        let m = MemoryInfo {
+            free: 70,
+            reserved: 5,
+            total: 100,
+            used: 25,
+            version: 0,
+        };
+        assert_eq!(
+            memory_fields(&m),
+            MemFields {
+                used: 25,
+                total: 100,
+                reserved: 5
+            }
+        );
+        assert_eq!(used_memory(&UsedGpuMemory::Used(42)), Some(42));
+        assert_eq!(used_memory(&UsedGpuMemory::Unavailable), None);
+        assert_eq!(pcie_kib_to_bps(1000), 1_024_000);
+        assert_eq!(pct(130), 100);
+        assert_eq!(cuda_version_string(12040), "12.4");
+        assert_eq!(cuda_version_string(11080), "11.8");
+        assert_eq!(brand_name(Brand::Nvidia), "NVIDIA");
+        assert_eq!(
+            compute_mode_name(ComputeMode::ExclusiveProcess),
+            "Exclusive_Process"
+        );
+        assert_eq!(process_type(true, false), ProcessType::Compute);
+        assert_eq!(process_type(false, true), ProcessType::Graphics);
+        assert_eq!(process_type(true, true), ProcessType::ComputeAndGraphics);
+    }
+
+    #[test]
+    fn processes_merge_by_pid_with_the_newest_utilization() {
+        let compute = [proc_info(300, Some(4 << 30)), proc_info(100, Some(1 << 30))];
+        let graphics = [proc_info(100, Some(2 << 30)), proc_info(200, None)];
+        let samples = [util(300, 10, 40), util(300, 20, 60), util(200, 15, 5)];
+        let merged = merge_processes(&compute, &graphics, Some(&samples));
+        let pids: Vec<u32> = merged.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [100, 200, 300]);
+        assert_eq!(merged[0].process_type, ProcessType::ComputeAndGraphics);
+        assert_eq!(merged[0].used_bytes, Some(2 << 30));
+        assert_eq!(
+            merged[0].sm_pct,
+            Some(0),
+            "not in the samples: idle during the period"
+        );
+        assert_eq!(merged[1].process_type, ProcessType::Graphics);
+        assert_eq!(
+            merged[1].used_bytes, None,
+            "memory not available stays absent"
+        );
+        assert_eq!(merged[2].sm_pct, Some(60), "newest sample wins");
+        assert_eq!(merged[2].dec_pct, Some(7));
+
+        let no_util = merge_processes(&compute, &[], None);
+        assert!(
+            no_util
+                .iter()
+                .all(|p| p.sm_pct.is_none() && p.mem_pct.is_none())
+        );
+    }
+}

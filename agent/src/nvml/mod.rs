@@ -1,0 +1,193 @@
+//! The NVML source: the only module that knows NVML (through `nvml-wrapper`).
+//!
+//! [`NvmlSource`] owns the library handle and the device handles borrowed from it (one
+//! self-referential cell), so handles are looked up once, every call runs on the thread
+//! that samples (no hop to another thread per tick), and dropping the source shuts NVML
+//! down cleanly.
+//!
+//! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
+//! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
+//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power,
+//! memory temperature and NVLink data throughput, summed and per active link (one batched
+//! `nvmlDeviceGetFieldValues` call, see `field_values_scoped`) and the processes
+//! (compute + graphics, with per-process utilization since the last call). A call that
+//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
+//! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
+//! [`SamplerCost`] carries the total and the slowest.
+//!
+//! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
+//! errors, ECC double-bit errors) with a timeout; what it receives is reported in the
+//! next tick. A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
+//! absent, the others keep being sampled, and each tick it is probed once (a fresh
+//! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
+//!
+//! MIG: on a GPU with MIG enabled, its MIG devices are found once (inventory
+//! `mig_instances`: UUID, profile, memory) and each tick their compute process lists say
+//! which process runs in which (`mig_uuid`). nvml-wrapper 0.13 does not wrap
+//! `nvmlDeviceGetGpuInstanceId` / `…ComputeInstanceId`: an instance's ids are taken from
+//! a process running in it when it is found, else NVML's "no value" (0xFFFFFFFF).
+//!
+//! NVLink: NVML's `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` fields are cumulative KiB
+//! counters that take the link in the entry's `scopeId` (`UINT_MAX`: the sum over all
+//! links). nvml-wrapper 0.13 always sends `scopeId` 0, so the batch is made by
+//! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
+//! between ticks: absent on the first tick and after a counter went backwards.
+//!
+//! Layout: [`reader`] samples each tick ([`device`] per-GPU state, [`mig`], [`fields`]
+//! for the batched field values), [`events`] is the event thread, and [`mapping`] holds
+//! the NVML → domain mappings, pure functions tested without NVML.
+
+mod device;
+mod events;
+mod fields;
+mod mapping;
+mod mig;
+mod reader;
+
+pub use mapping::*;
+
+use events::watch_events;
+use gpufleet_core::{GpuSource, SourceError};
+use gpufleet_core::{Inventory, Tick, UnixMs};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
+use reader::Reader;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// The library NVML loads when no `--nvml-lib` is given.
+const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+/// NVML's maximum number of NVLink links per GPU.
+const MAX_NVLINKS: u32 = 18;
+/// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
+/// (so dropping the source takes at most this long; each wake-up costs the agent CPU).
+const EVENT_WAIT: Duration = Duration::from_secs(1);
+/// Device-wide field values asked in one `nvmlDeviceGetFieldValues` call per tick (the
+/// NVLink entries join them, see [`field_batch`]).
+const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
+/// The `scopeId` of an NVLink field value that asks for the sum over all links.
+pub const ALL_LINKS: u32 = u32::MAX;
+/// NVML's "no value" for a GPU / compute instance id.
+const NO_INSTANCE_ID: u32 = 0xFFFF_FFFF;
+/// How often a process list is asked again when it grew between NVML's size query and
+/// the fill (`NVML_ERROR_INSUFFICIENT_SIZE`).
+const LIST_ATTEMPTS: usize = 3;
+
+/// How to open NVML.
+#[derive(Debug, Clone)]
+pub struct NvmlOptions {
+    /// The NVML library to load (`--nvml-lib`); the system's `libnvidia-ml.so.1` if `None`.
+    pub lib_path: Option<PathBuf>,
+    /// Where `/proc` is, to identify processes and read host facts.
+    pub proc_root: PathBuf,
+    /// The node name reported as the host name.
+    pub hostname: String,
+}
+
+self_cell::self_cell!(
+    /// NVML and the reader whose device handles borrow it.
+    struct NvmlCell {
+        owner: Arc<Nvml>,
+        #[covariant]
+        dependent: Reader,
+    }
+);
+
+/// A [`GpuSource`] reading real GPUs through NVML.
+pub struct NvmlSource {
+    /// NVML and the per-GPU state; `None` only while dropping.
+    cell: Option<NvmlCell>,
+    /// Tells the event thread to stop.
+    stop: Arc<AtomicBool>,
+    /// The event thread, joined on drop before NVML shuts down.
+    events: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlSource").finish_non_exhaustive()
+    }
+}
+
+impl NvmlSource {
+    /// Loads NVML, initialises it and caches a handle per GPU. Fails when the library
+    /// cannot be loaded or initialised, or the GPUs cannot be counted.
+    pub fn open(opts: NvmlOptions) -> Result<Self, SourceError> {
+        let lib = opts
+            .lib_path
+            .as_ref()
+            .map_or_else(|| DEFAULT_LIB.to_owned(), |p| p.display().to_string());
+        let mut builder = Nvml::builder();
+        if let Some(path) = &opts.lib_path {
+            builder.lib_path(path.as_os_str());
+        }
+        let nvml = Arc::new(builder.init().map_err(|e| SourceError::NvmlInit {
+            lib: lib.clone(),
+            reason: e.to_string(),
+        })?);
+        let (event_tx, event_rx) = mpsc::channel();
+        let cell = NvmlCell::try_new(Arc::clone(&nvml), |nvml| Reader::open(nvml, opts, event_rx))?;
+        let gpus = cell
+            .borrow_dependent()
+            .devices
+            .iter()
+            .map(|d| d.index + 1)
+            .max()
+            .unwrap_or(0);
+        info!(lib = %lib, gpus = cell.borrow_dependent().devices.len(), "NVML initialised");
+        let stop = Arc::new(AtomicBool::new(false));
+        let events = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("nvml-events".into())
+                .spawn(move || watch_events(&nvml, gpus, &event_tx, &stop))
+        };
+        let events = match events {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
+                None
+            }
+        };
+        Ok(Self {
+            cell: Some(cell),
+            stop,
+            events,
+        })
+    }
+
+    fn reader<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> Result<T, SourceError> {
+        let cell = self.cell.as_mut().ok_or(SourceError::WorkerGone)?;
+        Ok(cell.with_dependent_mut(|_, r| f(r)))
+    }
+}
+
+impl Drop for NvmlSource {
+    fn drop(&mut self) {
+        // The event thread ends first (it holds NVML too); then the device handles drop
+        // before NVML, whose last reference shuts it down.
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.events.take() {
+            let _ = t.join();
+        }
+        self.cell.take();
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn name(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn inventory(&mut self) -> Result<Inventory, SourceError> {
+        self.reader(|r| r.inventory())
+    }
+
+    fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
+        self.reader(|r| r.sample(now_ms))
+    }
+}

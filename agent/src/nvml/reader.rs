@@ -1,0 +1,439 @@
+//! The per-tick reader: inventory, one sample per device, lost-GPU probing and the
+//! NVML calls' error handling and timing.
+
+use super::device::{DeviceState, Metric, MetricSet};
+use super::fields::{active_nvlinks, read_fields};
+use super::mapping::{
+    GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
+    memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
+};
+use super::mig::{discover_migs, mig_processes};
+use super::{LIST_ATTEMPTS, NvmlOptions};
+use crate::cgroup::{self, ProcessIdentity, UserNames};
+use crate::host;
+use gpufleet_core::SourceError;
+use gpufleet_core::{
+    Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, SamplerCost, Tick, UnixMs,
+};
+use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+};
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Instant;
+use tracing::{debug, info, warn};
+
+/// Everything the NVML source keeps between ticks.
+pub(super) struct Reader<'n> {
+    /// The library (for system-level queries).
+    nvml: &'n Nvml,
+    /// One entry per GPU that could be opened, in NVML index order.
+    pub(super) devices: Vec<DeviceState<'n>>,
+    /// Where `/proc` is.
+    proc_root: PathBuf,
+    /// Node name, for the inventory.
+    hostname: String,
+    /// uid → login name, read once.
+    users: UserNames,
+    /// Identity of each pid seen on a GPU, kept while the pid stays on a GPU (so `/proc`
+    /// is read once per process, not once per tick).
+    identities: HashMap<u32, ProcessIdentity>,
+    /// Events from the event thread, reported in the next tick.
+    events: mpsc::Receiver<Event>,
+}
+
+impl<'n> Reader<'n> {
+    pub(super) fn open(
+        nvml: &'n Nvml,
+        opts: NvmlOptions,
+        events: mpsc::Receiver<Event>,
+    ) -> Result<Self, SourceError> {
+        let count = nvml.device_count().map_err(|e| SourceError::Nvml {
+            call: "device_count",
+            reason: e.to_string(),
+        })?;
+        let mut devices = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let device = match nvml.device_by_index(index) {
+                Ok(d) => d,
+                Err(e) => {
+                    warn!(gpu = index, error = %e, "cannot open GPU; it will not be monitored");
+                    continue;
+                }
+            };
+            let uuid = match device.uuid() {
+                Ok(u) => u,
+                Err(e) => {
+                    warn!(gpu = index, error = %e, "cannot read GPU UUID; it will not be monitored");
+                    continue;
+                }
+            };
+            let migs = discover_migs(&device, index);
+            let links = active_nvlinks(&device);
+            devices.push(DeviceState {
+                migs,
+                device,
+                index,
+                uuid,
+                unsupported: MetricSet::default(),
+                warned: MetricSet::default(),
+                last_util_ts: 0,
+                lost: false,
+                fields: field_batch(&links),
+                links,
+                nvlink_prev: BTreeMap::new(),
+            });
+        }
+        Ok(Self {
+            nvml,
+            devices,
+            users: UserNames::for_proc_root(&opts.proc_root),
+            proc_root: opts.proc_root,
+            hostname: opts.hostname,
+            identities: HashMap::new(),
+            events,
+        })
+    }
+
+    pub(super) fn inventory(&mut self) -> Inventory {
+        let gpus = self
+            .devices
+            .iter()
+            .map(|s| {
+                let d = &s.device;
+                let limits = d.power_management_limit_constraints().ok();
+                let cc = d.cuda_compute_capability().ok();
+                GpuInfo {
+                    index: s.index,
+                    uuid: s.uuid.clone(),
+                    name: d.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into()),
+                    serial: d.serial().ok(),
+                    pci_bus_id: d.pci_info().ok().map(|p| p.bus_id),
+                    architecture: d.architecture().ok().map(|a| a.to_string()),
+                    brand: d.brand().ok().map(brand_name),
+                    memory_total_bytes: d.memory_info().ok().map(|m| m.total),
+                    power_limit_default_mw: d.power_management_limit_default().ok(),
+                    power_limit_enforced_mw: d.enforced_power_limit().ok(),
+                    power_limit_min_mw: limits.as_ref().map(|l| l.min_limit),
+                    power_limit_max_mw: limits.as_ref().map(|l| l.max_limit),
+                    max_clock_sm_mhz: d.max_clock_info(Clock::SM).ok(),
+                    max_clock_mem_mhz: d.max_clock_info(Clock::Memory).ok(),
+                    max_clock_graphics_mhz: d.max_clock_info(Clock::Graphics).ok(),
+                    nvlink_count: u32::try_from(s.links.len()).ok(),
+                    mig_enabled: d.mig_mode().ok().map(|m| m.current == 1),
+                    compute_mode: d
+                        .compute_mode()
+                        .ok()
+                        .map(|m| compute_mode_name(m).to_owned()),
+                    persistence_mode: d.is_in_persistent_mode().ok(),
+                    cuda_capability_major: cc.as_ref().and_then(|c| u32::try_from(c.major).ok()),
+                    cuda_capability_minor: cc.as_ref().and_then(|c| u32::try_from(c.minor).ok()),
+                    pcie_link_gen_max: d.max_pcie_link_gen().ok(),
+                    pcie_link_width_max: d.max_pcie_link_width().ok(),
+                    vbios_version: d.vbios_version().ok(),
+                    mig_instances: s.migs.iter().map(|m| m.info.clone()).collect(),
+                }
+            })
+            .collect();
+        Inventory {
+            driver_version: self.nvml.sys_driver_version().ok(),
+            cuda_driver_version: self
+                .nvml
+                .sys_cuda_driver_version()
+                .ok()
+                .map(cuda_version_string),
+            nvml_version: self.nvml.sys_nvml_version().ok(),
+            gpus,
+            host: host::host_info(&self.proc_root, &self.hostname),
+        }
+    }
+
+    pub(super) fn sample(&mut self, now_ms: UnixMs) -> Tick {
+        let cpu_start = thread_cpu_time();
+        let mut timer = CallTimer::new();
+        let mut tick = Tick {
+            time_ms: now_ms,
+            gpus: Vec::with_capacity(self.devices.len()),
+            ..Default::default()
+        };
+        let mut seen_pids = Vec::new();
+        for dev in &mut self.devices {
+            if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
+                info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
+                tick.events.push(Event {
+                    time_ms: now_ms,
+                    gpu_uuid: dev.uuid.clone(),
+                    kind: EventKind::GpuRecovered,
+                    code: None,
+                    detail: format!("GPU {} answers again", dev.index),
+                });
+            }
+            let was_lost = dev.lost;
+            let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            let mig_of = mig_processes(dev, &mut timer);
+            if dev.lost && !was_lost {
+                tick.events.push(Event {
+                    time_ms: now_ms,
+                    gpu_uuid: dev.uuid.clone(),
+                    kind: EventKind::GpuLost,
+                    code: None,
+                    detail: format!(
+                        "GPU {} has fallen off the bus or is otherwise inaccessible",
+                        dev.index
+                    ),
+                });
+            }
+            for p in procs {
+                seen_pids.push(p.pid);
+                let id = self
+                    .identities
+                    .entry(p.pid)
+                    .or_insert_with(|| cgroup::identify_with(&self.proc_root, p.pid, &self.users));
+                tick.processes.push(ProcessSample {
+                    gpu_uuid: dev.uuid.clone(),
+                    pid: p.pid,
+                    process_type: p.process_type,
+                    user: id.user.clone(),
+                    command: id.command.clone(),
+                    gpu_mem_bytes: p.used_bytes,
+                    sm_util_pct: p.sm_pct,
+                    mem_util_pct: p.mem_pct,
+                    enc_util_pct: p.enc_pct,
+                    dec_util_pct: p.dec_pct,
+                    workload: id.workload.clone(),
+                    mig_uuid: mig_of.get(&p.pid).cloned(),
+                });
+            }
+            tick.gpus.push(sample);
+        }
+        self.identities.retain(|pid, _| seen_pids.contains(pid));
+        tick.events.extend(self.events.try_iter().map(|mut e| {
+            e.time_ms = e.time_ms.min(now_ms);
+            e
+        }));
+        tick.cost = Some(SamplerCost {
+            cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
+            wall_us: None,
+            source_us: Some(micros(timer.total())),
+            slowest_calls_us: timer.slowest_us(),
+        });
+        tick
+    }
+}
+
+/// Calls NVML for `metric` unless the device said it does not support it; times the call
+/// and turns its error into an absent value (remembering NOT_SUPPORTED).
+pub(super) fn read<'n, T>(
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
+) -> Option<T> {
+    if dev.lost || dev.unsupported.contains(metric) {
+        return None;
+    }
+    let start = Instant::now();
+    let result = call(&dev.device);
+    timer.record(dev.index, metric.call(), start.elapsed());
+    match classify(result) {
+        Reading::Value(v) => Some(v),
+        Reading::Unsupported(why) => {
+            dev.unsupported.insert(metric);
+            debug!(gpu = dev.index, call = metric.call(), reason = %why, "not supported; the value stays absent");
+            None
+        }
+        Reading::Lost => {
+            dev.lost = true;
+            warn!(gpu = dev.index, uuid = %dev.uuid, call = metric.call(), "GPU lost; its values are absent from now on");
+            None
+        }
+        Reading::Failed(why) => {
+            if dev.warned.contains(metric) {
+                debug!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed");
+            } else {
+                dev.warned.insert(metric);
+                warn!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed; the value is absent this tick (further failures logged at debug)");
+            }
+            None
+        }
+    }
+}
+
+/// One device's tick: its sample and its processes.
+pub(super) fn sample_device(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    now_ms: UnixMs,
+) -> (GpuSample, Vec<GpuProcess>) {
+    let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
+    let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
+    let power_mw = read(dev, timer, Metric::Power, |d| d.power_usage());
+    let power_limit_mw = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+    let energy_mj = read(dev, timer, Metric::Energy, |d| d.total_energy_consumption());
+    let temp_gpu_c = read(dev, timer, Metric::TempGpu, |d| {
+        d.temperature(TemperatureSensor::Gpu)
+    });
+    let fan_pct = read(dev, timer, Metric::Fan, |d| d.fan_speed(0)).map(pct);
+    let clock_sm_mhz = read(dev, timer, Metric::ClockSm, |d| d.clock_info(Clock::SM));
+    let clock_mem_mhz = read(dev, timer, Metric::ClockMem, |d| {
+        d.clock_info(Clock::Memory)
+    });
+    let clock_graphics_mhz = read(dev, timer, Metric::ClockGraphics, |d| {
+        d.clock_info(Clock::Graphics)
+    });
+    let pstate =
+        read(dev, timer, Metric::Pstate, |d| d.performance_state()).and_then(pstate_number);
+    let pcie_tx_bps = read(dev, timer, Metric::PcieTx, |d| {
+        d.pcie_throughput(PcieUtilCounter::Send)
+    })
+    .map(pcie_kib_to_bps);
+    let pcie_rx_bps = read(dev, timer, Metric::PcieRx, |d| {
+        d.pcie_throughput(PcieUtilCounter::Receive)
+    })
+    .map(pcie_kib_to_bps);
+    let ecc_corrected = read(dev, timer, Metric::EccCorrected, |d| {
+        d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+    });
+    let ecc_uncorrected = read(dev, timer, Metric::EccUncorrected, |d| {
+        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+    });
+    let throttle = read(dev, timer, Metric::Throttle, |d| {
+        d.current_throttle_reasons()
+    })
+    .map(throttle_bits);
+    let enc =
+        read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
+    let dec =
+        read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
+    let fields = read_fields(dev, timer, now_ms);
+    let compute = read(dev, timer, Metric::ComputeProcs, |d| {
+        retry_grown(|| d.running_compute_processes())
+    });
+    let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
+        retry_grown(|| d.running_graphics_processes())
+    });
+    let since = if dev.last_util_ts == 0 {
+        // First call: the last second, not the driver's whole buffer.
+        (now_ms.max(1000) as u64 - 1000) * 1000
+    } else {
+        dev.last_util_ts
+    };
+    let util_samples = read(dev, timer, Metric::ProcessUtil, |d| {
+        match d.process_utilization_stats(since) {
+            // NOT_FOUND: no process had a sample since `since`.
+            Err(NvmlError::NotFound) => Ok(Vec::new()),
+            other => other,
+        }
+    });
+    if let Some(newest) = util_samples
+        .as_ref()
+        .and_then(|s| s.iter().map(|u| u.timestamp).max())
+    {
+        dev.last_util_ts = newest.max(dev.last_util_ts);
+    }
+    let processes = merge_processes(
+        compute.as_deref().unwrap_or(&[]),
+        graphics.as_deref().unwrap_or(&[]),
+        util_samples.as_deref(),
+    );
+    let sample = GpuSample {
+        gpu_uuid: dev.uuid.clone(),
+        util_gpu_pct: util.as_ref().map(|u| pct(u.gpu)),
+        util_mem_pct: util.as_ref().map(|u| pct(u.memory)),
+        mem_used_bytes: mem.map(|m| m.used),
+        mem_total_bytes: mem.map(|m| m.total),
+        mem_reserved_bytes: mem.map(|m| m.reserved),
+        power_mw,
+        power_instant_mw: fields.power_instant_mw,
+        power_limit_mw,
+        energy_mj,
+        temp_gpu_c,
+        temp_mem_c: fields.temp_mem_c,
+        fan_pct,
+        clock_sm_mhz,
+        clock_mem_mhz,
+        clock_graphics_mhz,
+        pstate,
+        pcie_tx_bps,
+        pcie_rx_bps,
+        nvlink_tx_bps: fields.nvlink_tx_bps,
+        nvlink_rx_bps: fields.nvlink_rx_bps,
+        nvlinks: fields.nvlinks,
+        ecc_corrected_volatile: ecc_corrected,
+        ecc_uncorrected_volatile: ecc_uncorrected,
+        throttle_reasons: throttle,
+        enc_util_pct: enc,
+        dec_util_pct: dec,
+    };
+    (sample, processes)
+}
+
+/// Asks a lost GPU, through a fresh handle, whether it answers again; on success the
+/// handle replaces the old one and the GPU is sampled from this tick on.
+pub(super) fn probe_lost<'n>(
+    nvml: &'n Nvml,
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+) -> bool {
+    let start = Instant::now();
+    let fresh = nvml
+        .device_by_uuid(dev.uuid.as_str())
+        .and_then(|d| d.uuid().map(|_| d));
+    timer.record(dev.index, "probe_lost", start.elapsed());
+    match fresh {
+        Ok(device) => {
+            dev.device = device;
+            dev.lost = false;
+            true
+        }
+        Err(e) => {
+            debug!(gpu = dev.index, error = %e, "GPU still lost");
+            false
+        }
+    }
+}
+
+/// A process list asked again (up to [`LIST_ATTEMPTS`] times) when it grew between
+/// NVML's size query and the fill.
+pub(super) fn retry_grown<T>(
+    mut list: impl FnMut() -> Result<Vec<T>, NvmlError>,
+) -> Result<Vec<T>, NvmlError> {
+    let mut result = list();
+    for _ in 1..LIST_ATTEMPTS {
+        if !matches!(result, Err(NvmlError::InsufficientSize(_))) {
+            break;
+        }
+        result = list();
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_lists_are_asked_again_when_they_grew() {
+        let mut calls = 0;
+        let r = retry_grown(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(NvmlError::InsufficientSize(None))
+            } else {
+                Ok(vec![1])
+            }
+        });
+        assert_eq!((r.ok(), calls), (Some(vec![1]), 3));
+        let mut calls = 0;
+        let r: Result<Vec<u32>, _> = retry_grown(|| {
+            calls += 1;
+            Err(NvmlError::InsufficientSize(None))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, LIST_ATTEMPTS, "bounded");
+    }
+}
