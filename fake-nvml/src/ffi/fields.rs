@@ -1,0 +1,98 @@
+//! Field values (`nvmlDeviceGetFieldValues`), NVLink counters by scope included.
+
+use super::{INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, dev, get, put, u32v};
+use crate::scenario::Value;
+use nvml_wrapper_sys::bindings::field_id::{
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
+};
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{c_int, c_uint};
+
+/// Fills each requested field; the call succeeds and each entry carries its own return
+/// code (NOT_SUPPORTED for fields this GPU or this fake does not have). NVLink throughput
+/// fields honour `scopeId`: a link's counter, or (UINT_MAX) the sum over active links.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    values_count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetFieldValues", |s, i| {
+        if values.is_null() || values_count < 0 {
+            return Err(INVALID_ARGUMENT);
+        }
+        // Every NVLink entry of this call reads the same index of its counter.
+        let nvlink_read = s.nth(i, "field_nvlink");
+        for k in 0..values_count as usize {
+            // SAFETY: `values` holds `values_count` entries (NVML's contract).
+            let slot = unsafe { values.add(k) };
+            let mut fv = get(slot)?;
+            let (id, scope) = (fv.fieldId, fv.scopeId);
+            s.field_asked(i, id, scope);
+            let g = s.gpu(i);
+            // (No names to build when nothing is unsupported: the fake's own cost per
+            // entry stays small next to the monitors measured against it.)
+            let unsupported = !g.unsupported.is_empty()
+                && (g.is_unsupported(&format!("field:{id}"))
+                    || g.is_unsupported(&format!("field:{id}:{scope}")));
+            let read: Option<(u64, bool)> = if unsupported {
+                None
+            } else {
+                match id {
+                    NVML_FI_DEV_POWER_INSTANT => Some((
+                        s.read(i, "field_power_instant", |g| &g.power_instant_mw),
+                        false,
+                    )),
+                    NVML_FI_DEV_POWER_AVERAGE => {
+                        Some((s.read(i, "field_power_avg", |g| &g.power_mw), false))
+                    }
+                    NVML_FI_DEV_MEMORY_TEMP => {
+                        Some((s.read(i, "field_temp_mem", |g| &g.temp_mem_c), false))
+                    }
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
+                        let g = s.gpu(i);
+                        nvlink_kib(g.nvlinks, &g.nvlink_tx_kib, scope, nvlink_read)
+                            .map(|v| (v, true))
+                    }
+                    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => {
+                        let g = s.gpu(i);
+                        nvlink_kib(g.nvlinks, &g.nvlink_rx_kib, scope, nvlink_read)
+                            .map(|v| (v, true))
+                    }
+                    _ => None,
+                }
+            };
+            fv.timestamp = i64::try_from(s.timestamp()).unwrap_or(i64::MAX);
+            fv.latencyUsec = 0;
+            match read {
+                Some((v, true)) => {
+                    fv.nvmlReturn = SUCCESS;
+                    fv.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                    fv.value = nvmlValue_t { ullVal: v };
+                }
+                Some((v, false)) => {
+                    fv.nvmlReturn = SUCCESS;
+                    fv.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                    fv.value = nvmlValue_t { uiVal: u32v(v) };
+                }
+                None => fv.nvmlReturn = NOT_SUPPORTED,
+            }
+            put(slot, fv)?;
+        }
+        Ok(())
+    })
+}
+
+/// An NVLink KiB counter at read `n` of a GPU with `active` links: link `scope`'s, or
+/// the sum over the active links for UINT_MAX; `None` (NOT_SUPPORTED) for a link that is not active.
+pub(super) fn nvlink_kib(active: c_uint, counters: &[Value], scope: c_uint, n: u64) -> Option<u64> {
+    let link = |l: c_uint| counters.get(l as usize).map_or(0, |v| v.at(n));
+    if scope == c_uint::MAX {
+        Some((0..active).map(link).fold(0, u64::saturating_add))
+    } else if scope < active {
+        Some(link(scope))
+    } else {
+        None
+    }
+}

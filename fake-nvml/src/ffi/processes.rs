@@ -1,0 +1,121 @@
+//! Process lists and per-process utilization.
+
+use super::{
+    INSUFFICIENT_SIZE, MEM_NOT_AVAILABLE, NO_ID, NOT_FOUND, code, dev, get, handle, put, u32v,
+};
+use crate::scenario::{Gpu, Process};
+use crate::state::{self, State};
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{c_uint, c_ulonglong};
+
+/// The `_v3` process-list protocol: a call whose buffer is null or smaller than the list
+/// answers INSUFFICIENT_SIZE with the needed count (SUCCESS with 0 for an empty list).
+pub(super) fn process_list(
+    device: nvmlDevice_t,
+    name: &'static str,
+    list: fn(&Gpu) -> &Vec<Process>,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    code(state::with(|s| {
+        let (i, mig) = s.device_or_mig_call(handle(device), name)?;
+        let call = s.nth(i, name);
+        let visible = State::visible(list(s.gpu(i)), call, mig);
+        let instances = &s.gpu(i).mig_instances;
+        let capacity = get(count)? as usize;
+        put(count, u32v(visible.len() as u64))?;
+        if visible.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || capacity < visible.len() {
+            return Err(INSUFFICIENT_SIZE);
+        }
+        for (k, p) in visible.iter().enumerate() {
+            let instance = p.mig.and_then(|m| instances.get(m));
+            let info = nvmlProcessInfo_t {
+                pid: p.pid,
+                usedGpuMemory: p.used_bytes.unwrap_or(MEM_NOT_AVAILABLE),
+                gpuInstanceId: instance.map_or(NO_ID, |m| m.gpu_instance_id),
+                computeInstanceId: instance.map_or(NO_ID, |m| m.compute_instance_id),
+            };
+            // SAFETY: `infos` holds `capacity` entries (NVML's contract); k < capacity.
+            put(unsafe { infos.add(k) }, info)?;
+        }
+        Ok(())
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    process_list(
+        device,
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        |g| &g.compute_processes,
+        count,
+        infos,
+    )
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    process_list(
+        device,
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        |g| &g.graphics_processes,
+        count,
+        infos,
+    )
+}
+
+/// Samples newer than `last_seen` for every process with a utilization; NOT_FOUND when
+/// there are none; the size protocol as for the process lists.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetProcessUtilization", |s, i| {
+        let ts = s.timestamp();
+        let g = s.gpu(i);
+        let mut busy: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
+        for p in g.compute_processes.iter().chain(&g.graphics_processes) {
+            if let Some(sm) = p.sm_pct
+                && ts > last_seen
+                && !busy.iter().any(|b| b.pid == p.pid)
+            {
+                busy.push(nvmlProcessUtilizationSample_t {
+                    pid: p.pid,
+                    timeStamp: ts,
+                    smUtil: sm,
+                    memUtil: p.mem_pct,
+                    encUtil: p.enc_pct,
+                    decUtil: p.dec_pct,
+                });
+            }
+        }
+        if busy.is_empty() {
+            put(count, 0)?;
+            return Err(NOT_FOUND);
+        }
+        let capacity = get(count)? as usize;
+        put(count, u32v(busy.len() as u64))?;
+        if samples.is_null() || capacity < busy.len() {
+            return Err(INSUFFICIENT_SIZE);
+        }
+        for (k, b) in busy.into_iter().enumerate() {
+            // SAFETY: `samples` holds `capacity` entries; k < capacity.
+            put(unsafe { samples.add(k) }, b)?;
+        }
+        Ok(())
+    })
+}

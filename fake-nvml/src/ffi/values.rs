@@ -1,0 +1,193 @@
+//! Per-tick readings: utilization, memory, temperature, fan, clocks, PCIe, ECC, codecs.
+
+use super::{
+    INVALID_ARGUMENT, NOT_SUPPORTED, VERSION_MISMATCH, code, dev, dev_value, get, handle, put, u32v,
+};
+use crate::state::{self};
+use nvml_wrapper_sys::bindings::*;
+use std::ffi::{c_uint, c_ulonglong};
+
+macro_rules! value_fn {
+    ($name:ident, $ty:ty, $field:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: nvmlDevice_t, out: *mut $ty) -> nvmlReturn_t {
+            dev_value(device, stringify!($name), out, |s, i| {
+                <$ty>::try_from(s.read(i, stringify!($field), |g| &g.$field)).unwrap_or(<$ty>::MAX)
+            })
+        }
+    };
+}
+
+value_fn!(nvmlDeviceGetPowerUsage, c_uint, power_mw);
+value_fn!(nvmlDeviceGetTotalEnergyConsumption, c_ulonglong, energy_mj);
+value_fn!(nvmlDeviceGetPerformanceState, nvmlPstates_t, pstate);
+value_fn!(
+    nvmlDeviceGetCurrentClocksThrottleReasons,
+    c_ulonglong,
+    throttle_reasons
+);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    out: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetUtilizationRates", |s, i| {
+        let gpu = u32v(s.read(i, "util_gpu_pct", |g| &g.util_gpu_pct));
+        let memory = u32v(s.read(i, "util_mem_pct", |g| &g.util_mem_pct));
+        put(out, nvmlUtilization_t { gpu, memory })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    out: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    code(state::with(|s| {
+        let (i, mig) = s.device_or_mig_call(handle(device), "nvmlDeviceGetMemoryInfo_v2")?;
+        let given = get(out)?;
+        let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
+        if given.version != expected {
+            return Err(VERSION_MISMATCH);
+        }
+        if let Some(m) = mig.and_then(|k| s.gpu(i).mig_instances.get(k)) {
+            let total = m.memory_total_bytes;
+            return put(
+                out,
+                nvmlMemory_v2_t {
+                    version: given.version,
+                    total,
+                    reserved: 0,
+                    free: total,
+                    used: 0,
+                },
+            );
+        }
+        let used = s.read(i, "mem_used_bytes", |g| &g.mem_used_bytes);
+        let g = s.gpu(i);
+        let total = g.memory_total_bytes;
+        let reserved = g.memory_reserved_bytes.min(total);
+        let used = used.min(total - reserved);
+        put(
+            out,
+            nvmlMemory_v2_t {
+                version: given.version,
+                total,
+                reserved,
+                free: total - reserved - used,
+                used,
+            },
+        )
+    }))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: nvmlDevice_t,
+    sensor: nvmlTemperatureSensors_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetTemperature", |s, i| {
+        if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
+            return Err(INVALID_ARGUMENT);
+        }
+        put(out, u32v(s.read(i, "temp_gpu_c", |g| &g.temp_gpu_c)))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
+    device: nvmlDevice_t,
+    fan: c_uint,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetFanSpeed_v2", |s, i| {
+        if fan != 0 {
+            return Err(INVALID_ARGUMENT);
+        }
+        put(out, u32v(s.read(i, "fan_pct", |g| &g.fan_pct)))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
+    device: nvmlDevice_t,
+    clock: nvmlClockType_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetClockInfo", |s, i| {
+        let v = match clock {
+            nvmlClockType_enum_NVML_CLOCK_GRAPHICS => {
+                s.read(i, "clock_graphics_mhz", |g| &g.clock_graphics_mhz)
+            }
+            nvmlClockType_enum_NVML_CLOCK_SM => s.read(i, "clock_sm_mhz", |g| &g.clock_sm_mhz),
+            nvmlClockType_enum_NVML_CLOCK_MEM => s.read(i, "clock_mem_mhz", |g| &g.clock_mem_mhz),
+            _ => return Err(NOT_SUPPORTED),
+        };
+        put(out, u32v(v))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
+    device: nvmlDevice_t,
+    counter: nvmlPcieUtilCounter_t,
+    out: *mut c_uint,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetPcieThroughput", |s, i| {
+        let v = match counter {
+            nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => {
+                s.read(i, "pcie_tx_kib", |g| &g.pcie_tx_kib)
+            }
+            nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_RX_BYTES => {
+                s.read(i, "pcie_rx_kib", |g| &g.pcie_rx_kib)
+            }
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        put(out, u32v(v))
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: nvmlDevice_t,
+    error_type: nvmlMemoryErrorType_t,
+    counter: nvmlEccCounterType_t,
+    out: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    dev(device, "nvmlDeviceGetTotalEccErrors", |s, i| {
+        if counter != nvmlEccCounterType_enum_NVML_VOLATILE_ECC {
+            return Err(NOT_SUPPORTED);
+        }
+        let v = match error_type {
+            nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => {
+                s.read(i, "ecc_corrected", |g| &g.ecc_corrected)
+            }
+            nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => {
+                s.read(i, "ecc_uncorrected", |g| &g.ecc_uncorrected)
+            }
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        put(out, v)
+    })
+}
+
+macro_rules! codec_fn {
+    ($name:ident, $field:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            device: nvmlDevice_t,
+            util: *mut c_uint,
+            period_us: *mut c_uint,
+        ) -> nvmlReturn_t {
+            dev(device, stringify!($name), |s, i| {
+                put(util, u32v(s.read(i, stringify!($field), |g| &g.$field)))?;
+                put(period_us, 167_000)
+            })
+        }
+    };
+}
+
+codec_fn!(nvmlDeviceGetEncoderUtilization, enc_util_pct);
+codec_fn!(nvmlDeviceGetDecoderUtilization, dec_util_pct);
