@@ -1,0 +1,96 @@
+//! Energy through the HTTP API: per container, per GPU and in total.
+
+use super::*;
+
+#[tokio::test]
+async fn the_api_reports_energy_per_container_per_gpu_and_in_total() {
+    let (_dir, store) = sqlite_store().await;
+    the_api_reports_energy_per_container_per_gpu_and_in_total_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn postgres_the_api_reports_energy_per_container() {
+    let (_schema, store) = pg_store().await;
+    the_api_reports_energy_per_container_per_gpu_and_in_total_on(store).await;
+}
+
+async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc<dyn Store>) {
+    let node = one_gpu_node(&store, "GPU-api").await;
+    // 200 W for 2 minutes and 1 s, idle 40 W, shares 3 : 1.
+    let ticks = (0..=121)
+        .map(|k| shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(
+        Arc::clone(&store),
+        options(40, IdlePolicy::Spread),
+        clock_at(T0),
+    )
+    .pass()
+    .await
+    .expect("pass");
+    let range = format!("from={T0}&to={}", T0 + 10 * MIN);
+    let (status, v) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    // 121 s × 200 W = 24,200 J; idle 40 W × 20 % of 121 s = 968 J, half each (equal
+    // memory); active 3 : 1.
+    let active = 24_200.0 - 968.0;
+    assert_eq!(rows[0]["key"], format!("container:{A}"));
+    assert_eq!(rows[0]["identity"]["container_id"], A);
+    assert_eq!(rows[0]["identity"]["container_name"], "trainer");
+    assert_eq!(rows[0]["energy_j"], 0.75 * active + 484.0);
+    assert_eq!(rows[1]["energy_j"], 0.25 * active + 484.0);
+    assert_eq!(rows[0]["gpu_seconds"], 121.0);
+    assert_eq!(rows[0]["active_j"], 0.75 * active);
+    assert_eq!(rows[0]["idle_j"], 484.0);
+    assert_eq!(rows[0]["idle_charged_j"], 484.0, "spread: charged");
+    assert_eq!(rows[0]["split"]["idle_memory_s"], 121.0);
+    assert_eq!(rows[0]["avg_share"], 0.75);
+    assert_eq!(rows[0]["method"]["counter_j"], rows[0]["energy_j"]);
+    assert_eq!(rows[0]["gpus"][0]["uuid"], "GPU-api");
+    assert_eq!(rows[0]["nodes"][0], "n1");
+    let kwh = rows[0]["energy_kwh"].as_f64().expect("kwh");
+    assert!((kwh - (0.75 * active + 484.0) / 3.6e6).abs() < 1e-12);
+
+    let (status, v) = get_json(&store, &format!("/api/v1/containers/container:{B}?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["energy_j"], 0.25 * active + 484.0);
+    let series = v["series"].as_array().expect("series");
+    assert_eq!(series.len(), 3, "two closed minutes and the open one");
+    assert_eq!(series[0]["provisional_j"], 0.0);
+    assert!(
+        series[2]["provisional_j"].as_f64() > Some(0.0),
+        "{series:?}"
+    );
+    assert_eq!(series[0]["minute_ms"], T0);
+
+    let (status, v) = get_json(&store, &format!("/api/v1/energy?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["total"]["energy_j"], 24_200.0);
+    assert_eq!(v["total"]["idle_j"], 968.0);
+    assert_eq!(v["total"]["active_j"], active);
+    assert_eq!(v["total"]["idle_charged_j"], 968.0);
+    assert_eq!(v["total"]["idle_bucket_j"], 0.0);
+    assert_eq!(
+        v["total"]["provisional_j"], 400.0,
+        "120 s and 121 s: the open minute"
+    );
+    assert_eq!(v["gpus"][0]["baseline"]["source"], "watts");
+    assert_eq!(v["gpus"][0]["baseline"]["idle_w"], 40.0);
+    assert_eq!(v["total"]["avg_power_w"], 200.0);
+    assert_eq!(v["total"]["missing_seconds"], 0.0);
+    assert_eq!(v["gpus"][0]["uuid"], "GPU-api");
+    assert_eq!(v["nodes"]["n1"]["energy_j"], 24_200.0);
+
+    let (status, _) = get_json(&store, &format!("/api/v1/containers?{range}&group_by=pet")).await;
+    assert_eq!(status, 400);
+    let (status, _) = get_json(
+        &store,
+        &format!("/api/v1/containers/container:nope?{range}"),
+    )
+    .await;
+    assert_eq!(status, 404);
+}
