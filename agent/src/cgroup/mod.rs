@@ -91,8 +91,6 @@ const MAX_READ_BYTES: u64 = 64 * 1024;
 /// The length of a container id (Docker, containerd, CRI-O and Podman all use 256-bit ids).
 const CONTAINER_ID_LEN: usize = 64;
 
-/// Who a process is: its workload and, for display, its user and command line.
-
 /// An identity field (unit, step, user name) as read, or `None` when it would not pass the
 /// collector's checks (empty, too long, control characters). Identity is never mangled.
 fn clean_identity(s: &str) -> Option<String> {

@@ -3,6 +3,7 @@
 
 use super::{CONTAINER_ID_LEN, clean_identity};
 use gpufleet_core::sample::{Workload, WorkloadKind};
+
 /// The workload named by the content of a `/proc/<pid>/cgroup` file, v1 or v2.
 ///
 /// Each `hierarchy-id:controllers:path` line is parsed with [`workload_from_path`] and the

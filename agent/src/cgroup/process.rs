@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+
+/// Who a process is: its workload and, for display, its user and command line.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcessIdentity {
     /// The container, Slurm job or host unit the process's cgroup says it belongs to.

@@ -76,6 +76,7 @@ async fn job_end_on_a_live_node_on(store: Arc<dyn Store>) {
     );
     assert!(whole_at < T0 + MIN, "while its minute was still open");
 }
+
 /// As a user sees it: a served collector (real accountant task, real clock) gets a 20 s
 /// job from an agent that then stops. Its whole energy is in `/api/v1/containers` and in
 /// `report` within 15 s (the accountant's period is 5 s), whatever second of the minute
