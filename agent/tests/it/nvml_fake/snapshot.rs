@@ -1,0 +1,113 @@
+//! A library that cannot load its scenario, and `gpufleet-agent snapshot --nvml-lib`.
+
+use super::*;
+
+#[test]
+fn a_library_that_cannot_load_its_scenario_fails_with_a_clear_error() {
+    let fake = Fake::new(Scenario::default());
+    std::fs::write(fake.dir.path().join(fake_nvml::SCENARIO_FILE), "{not json").expect("write");
+    let err = NvmlSource::open(NvmlOptions {
+        lib_path: Some(fake.lib()),
+        proc_root: cgroup_fixtures().join("proc"),
+        hostname: "x".into(),
+    })
+    .expect_err("init fails");
+    assert!(
+        err.to_string().contains("cannot initialise NVML from"),
+        "{err}"
+    );
+}
+
+fn snapshot_scenario() -> Scenario {
+    Scenario {
+        gpus: vec![
+            Gpu {
+                util_gpu_pct: 93.into(),
+                mem_used_bytes: (61 * GIB).into(),
+                power_mw: 388_000.into(),
+                temp_gpu_c: 67.into(),
+                compute_processes: (1101..=1106).map(|p| proc_(p, 10, Some(15))).collect(),
+                ..gpu("GPU-0")
+            },
+            Gpu {
+                util_gpu_pct: 41.into(),
+                pci_bus_id: "00000000:0B:00.0".into(),
+                unsupported: vec!["nvmlDeviceGetTemperature".into()],
+                compute_processes: (1107..=1111).map(|p| proc_(p, 5, Some(8))).collect(),
+                ..gpu("GPU-1")
+            },
+        ],
+        ..Scenario::default()
+    }
+}
+
+fn snapshot(fake: &Fake, json: bool) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"));
+    cmd.arg("snapshot")
+        .arg("--nvml-lib")
+        .arg(fake.lib())
+        .arg("--proc-root")
+        .arg(cgroup_fixtures().join("proc"))
+        .args(["--node", "fake-node"]);
+    if json {
+        cmd.arg("--json");
+    }
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("GPUFLEET_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = cmd.output().expect("the agent binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+#[test]
+fn snapshot_with_nvml_lib_shows_gpus_and_processes_with_containers() {
+    let fake = Fake::new(snapshot_scenario());
+    let table = snapshot(&fake, false);
+    assert!(
+        table.starts_with("fake-node  driver 550.54.15  CUDA 12.4"),
+        "{table}"
+    );
+    let rows: Vec<&str> = table.lines().filter(|l| l.contains("A100-SXM4")).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(
+        rows[0].contains("67C") && rows[0].contains("93%"),
+        "{table}"
+    );
+    assert!(
+        rows[1].contains(" n/a ") && rows[1].contains("41%"),
+        "{table}"
+    );
+    for shown in [
+        "container 5e6f7a8b5e6f",
+        "slurm job 48213 step 0",
+        "container a1b2c3d4a1b2",
+        "host session-3.scope",
+    ] {
+        assert!(table.contains(shown), "{shown:?} missing:\n{table}");
+    }
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.contains("MiB") && !l.contains("MEMORY"))
+            .count(),
+        11,
+        "one row per process:\n{table}"
+    );
+
+    let v: Json = serde_json::from_str(&snapshot(&fake, true)).expect("JSON");
+    assert_eq!(v["inventory"]["gpus"].as_array().map(Vec::len), Some(2));
+    assert!(
+        v["tick"]["gpus"][1]["temp_gpu_c"].is_null(),
+        "absent, not 0"
+    );
+    let procs = v["tick"]["processes"].as_array().expect("processes");
+    assert_eq!(procs.len(), 11);
+    assert_eq!(procs[0]["workload"]["runtime"], "docker");
+}
