@@ -66,7 +66,7 @@
 //! ([`MAX_FIELD_BYTES`], no control characters), so an odd process can never get a batch
 //! refused.
 //!
-//! Layout: [`path`] parses a cgroup file or path into a [`Workload`]; [`process`] reads a
+//! Layout: `path` parses a cgroup file or path into a [`Workload`]; `process` reads a
 //! process's `/proc` files into its [`ProcessIdentity`] and resolves user names.
 //!
 //! [`Workload`]: gpufleet_core::sample::Workload

@@ -33,9 +33,11 @@
 //! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
 //! between ticks: absent on the first tick and after a counter went backwards.
 //!
-//! Layout: [`reader`] samples each tick ([`device`] per-GPU state, [`mig`], [`fields`]
-//! for the batched field values), [`events`] is the event thread, and [`mapping`] holds
+//! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `fields`
+//! for the batched field values), `events` is the event thread, and `mapping` holds
 //! the NVML → domain mappings, pure functions tested without NVML.
+//!
+//! [`SamplerCost`]: gpufleet_core::SamplerCost
 
 mod device;
 mod events;

@@ -40,10 +40,12 @@
 //! **Counters** are over the spool's lifetime, across restarts: `sampled` is every GPU
 //! sample that reached the spool; `sampled == acked + dropped + unacked` at all times.
 //!
-//! Layout: [`config`] (options, errors, the default folder), [`record`] (the segment
-//! record format and its checksum, scanning a segment), [`trim`] (the watermark, trimming
-//! and the size bound), [`outbox`] (the [`Outbox`] implementation); this module holds the
+//! Layout: `config` (options, errors, the default folder), `record` (the segment
+//! record format and its checksum, scanning a segment), `trim` (the watermark, trimming
+//! and the size bound), `outbox` (the [`Outbox`] implementation); this module holds the
 //! spool's state and opening, appending and rotating.
+//!
+//! [`EncodedTick`]: gpufleet_uplink::encoded::EncodedTick
 
 mod config;
 mod outbox;

@@ -5,8 +5,8 @@
 //! and say precisely what was wrong, so a bad batch is refused with a reason and nothing
 //! else is affected.
 //!
-//! Layout: [`encode`] (domain → wire), [`limits`] (the bounds and the checks decoding
-//! makes), [`decode`] (wire → domain, validated).
+//! Layout: `encode` (domain → wire), `limits` (the bounds and the checks decoding
+//! makes), `decode` (wire → domain, validated).
 
 mod decode;
 mod encode;

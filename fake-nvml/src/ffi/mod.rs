@@ -5,9 +5,9 @@
 //! symbols needs `#[unsafe(no_mangle)]`, and NVML's contract is pointers in and out.
 //! Every write goes through [`put`], which checks for null first.
 //!
-//! One module per NVML area: [`system`] (init, shutdown, driver facts, device handles),
-//! [`device`] (static device facts), [`values`] (per-tick readings), [`processes`],
-//! [`fields`] (field values) and [`events`].
+//! One module per NVML area: `system` (init, shutdown, driver facts, device handles),
+//! `device` (static device facts), `values` (per-tick readings), `processes`,
+//! `fields` (field values) and `events`.
 #![allow(unsafe_code)]
 // The safety contract of every function is NVML's own (nvml.h): valid pointers, buffers
 // of the stated length.
