@@ -3,7 +3,7 @@
 
 use super::record::seg_path;
 use super::{Entry, Spool, State};
-use std::fs::{self};
+use std::fs;
 use tracing::warn;
 
 impl Spool {

@@ -5,7 +5,7 @@ use super::{
     handle, put, put_str,
 };
 use crate::scenario::{Gpu, MigSpec};
-use crate::state::{self};
+use crate::state;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_char, c_int, c_uint};
 

@@ -3,7 +3,7 @@
 use super::{
     INVALID_ARGUMENT, NOT_SUPPORTED, VERSION_MISMATCH, code, dev, dev_value, get, handle, put, u32v,
 };
-use crate::state::{self};
+use crate::state;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
