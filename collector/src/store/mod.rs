@@ -19,21 +19,32 @@
 //! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
+mod backend;
 pub mod carbon;
 pub mod energy;
+mod fleet;
+mod follow;
 pub mod lease;
 pub mod postgres;
 pub mod rollup;
+mod rows;
 pub mod sqlite;
+
+pub use backend::{Backend, Dialect};
+pub use carbon::CarbonStore;
+pub use energy::EnergyStore;
+pub use fleet::{FleetReads, IngestWrites, TokenStore};
+pub use lease::JobLeases;
+pub use rollup::RollupStore;
 
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, Event, GpuInfo, GpuSample, HostInfo, HostSample, Inventory, NvLinkSample,
-    ProcessSample, SamplerCost, Tick, UnixMs,
+    ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use thiserror::Error;
 
 /// A node's id in the store. Issued by the store; opaque to everyone else.
@@ -963,6 +974,499 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
             out.push(self.node_ticks(node, *range, limit).await?);
         }
         Ok(out)
+    }
+}
+
+/// The store on a SQL database: every query written once over [`Backend`] (SQLite or
+/// PostgreSQL), the backends' own hot paths behind its hooks. [`sqlite::SqliteStore`] and
+/// [`postgres::PgStore`] are its two instances.
+#[derive(Debug)]
+pub struct SqlStore<DB: Backend> {
+    pool: sqlx::Pool<DB>,
+    /// Workload id per workload (all fields, so that a variant carrying new names is
+    /// upserted once and its names stored). Only committed ids enter it: an id from a
+    /// rolled-back transaction could be reused for another workload.
+    workloads: Mutex<HashMap<Workload, i64>>,
+    /// What the backend keeps besides (SQLite: its write queue and lease files;
+    /// PostgreSQL: the days whose partitions exist).
+    local: DB::Local,
+}
+
+/// Workload ids kept in memory; the cache is cleared when it grows past this (the ids are
+/// then fetched again by the next upsert, so clearing only costs a few statements).
+const WORKLOAD_CACHE_MAX: usize = 50_000;
+
+/// A write transaction: on SQLite it holds this process's turn in the write queue until
+/// it ends (see [`Backend::write_gate`]).
+pub(crate) struct WriteTx<'a, DB: Backend> {
+    tx: sqlx::Transaction<'static, DB>,
+    _turn: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
+impl<DB: Backend> WriteTx<'_, DB> {
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.tx
+    }
+
+    pub(crate) async fn commit(self, op: &'static str) -> Result<(), StoreError> {
+        self.tx
+            .commit()
+            .await
+            .map_err(|source| StoreError::Query { op, source })
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), StoreError> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "roll back",
+                source,
+            })
+    }
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    fn new(pool: sqlx::Pool<DB>, local: DB::Local) -> SqlStore<DB> {
+        SqlStore {
+            pool,
+            workloads: Mutex::new(HashMap::new()),
+            local,
+        }
+    }
+
+    /// A connection of the pool, for reads.
+    pub(crate) async fn conn(&self) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "acquire a connection",
+                source,
+            })
+    }
+
+    /// Opens a write transaction, after waiting for this process's turn where the backend
+    /// queues writers. Every write transaction of the store starts here.
+    pub(crate) async fn begin_write(
+        &self,
+        op: &'static str,
+    ) -> Result<WriteTx<'_, DB>, StoreError> {
+        let turn = match DB::write_gate(&self.local) {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
+        let tx = match DB::BEGIN_WRITE {
+            Some(begin) => self.pool.begin_with(begin).await,
+            None => self.pool.begin().await,
+        }
+        .map_err(|source| StoreError::Query { op, source })?;
+        Ok(WriteTx { tx, _turn: turn })
+    }
+
+    /// Runs one writing statement as its own transaction, in turn; returns the rows it
+    /// changed.
+    pub(crate) async fn write_one(&self, query: backend::Sql<DB>) -> Result<u64, StoreError> {
+        let _turn = match DB::write_gate(&self.local) {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
+        query.execute(&mut *self.conn().await?).await
+    }
+
+    /// The cached ids of these workloads (`None` where unknown).
+    pub(crate) fn cached_workloads(&self) -> std::sync::MutexGuard<'_, HashMap<Workload, i64>> {
+        self.workloads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers committed workload ids.
+    pub(crate) fn cache_workloads<'w>(
+        &self,
+        ids: impl Iterator<Item = (&'w Workload, Option<i64>)>,
+    ) {
+        let mut cache = self.cached_workloads();
+        let ids: Vec<_> = ids.collect();
+        if cache.len() + ids.len() > WORKLOAD_CACHE_MAX {
+            cache.clear();
+        }
+        for (workload, id) in ids {
+            if let Some(id) = id
+                && !cache.contains_key(workload)
+            {
+                cache.insert(workload.clone(), id);
+            }
+        }
+    }
+}
+
+/// Until every component takes only the traits it uses: the whole store behind one
+/// trait object.
+#[async_trait]
+impl<DB: Backend> Store for SqlStore<DB> {
+    fn backend(&self) -> &'static str {
+        DB::BACKEND
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        backend::sql::<DB>("ping the database", "SELECT 1")
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn shared(&self) -> bool {
+        DB::SHARED
+    }
+
+    async fn register_node(
+        &self,
+        hello: &HelloInfo,
+        inventory: &Inventory,
+        now_ms: UnixMs,
+    ) -> Result<NodeRecord, StoreError> {
+        IngestWrites::register_node(self, hello, inventory, now_ms).await
+    }
+
+    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
+        IngestWrites::write_batches(self, batches).await
+    }
+
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
+        IngestWrites::rehome_gpu(self, uuid, to).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        FleetReads::nodes(self).await
+    }
+
+    async fn latest_gpu_samples(&self) -> Result<Vec<LatestGpu>, StoreError> {
+        FleetReads::latest_gpu_samples(self).await
+    }
+
+    async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError> {
+        FleetReads::latest_host_samples(self).await
+    }
+
+    async fn gpu_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+        FleetReads::gpu_samples(self, gpu, range, limit).await
+    }
+
+    async fn process_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
+        FleetReads::process_samples(self, gpu, range, limit).await
+    }
+
+    async fn host_samples(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<HostRow>, StoreError> {
+        FleetReads::host_samples(self, node, range, limit).await
+    }
+
+    async fn events(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        FleetReads::events(self, node, range, limit).await
+    }
+
+    async fn gpu_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        FleetReads::gpu_series(self, gpu, metric, range, step_ms, limit).await
+    }
+
+    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
+        TokenStore::add_agent_token(self, token).await
+    }
+
+    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
+        TokenStore::agent_tokens(self).await
+    }
+
+    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {
+        TokenStore::agent_token(self, id).await
+    }
+
+    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError> {
+        TokenStore::revoke_agent_token(self, id, now_ms).await
+    }
+
+    async fn energy_gpus(&self) -> Result<Vec<energy::EnergyGpu>, StoreError> {
+        EnergyStore::energy_gpus(self).await
+    }
+
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<energy::EnergyInputs, StoreError> {
+        EnergyStore::energy_inputs(self, gpu, from_ms, to_ms).await
+    }
+
+    async fn energy_inputs_many(
+        &self,
+        ranges: &[energy::EnergyRange],
+    ) -> Result<Vec<energy::EnergyInputs>, StoreError> {
+        EnergyStore::energy_inputs_many(self, ranges).await
+    }
+
+    async fn energy_learned_before_many(
+        &self,
+        ranges: &[energy::EnergyRange],
+    ) -> Result<Vec<(u64, i64)>, StoreError> {
+        EnergyStore::energy_learned_before_many(self, ranges).await
+    }
+
+    async fn next_sample_ms(
+        &self,
+        gpu: GpuId,
+        at_ms: UnixMs,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        EnergyStore::next_sample_ms(self, gpu, at_ms).await
+    }
+
+    async fn energy_learned_before(
+        &self,
+        gpu: GpuId,
+        before_ms: UnixMs,
+    ) -> Result<(u64, i64), StoreError> {
+        EnergyStore::energy_learned_before(self, gpu, before_ms).await
+    }
+
+    async fn energy_baselines(&self) -> Result<Vec<energy::GpuBaseline>, StoreError> {
+        EnergyStore::energy_baselines(self).await
+    }
+
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[crate::energy::GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError> {
+        EnergyStore::replace_energy_minutes(self, gpu, from_ms, to_ms, minutes, done_to_ms).await
+    }
+
+    async fn replace_energy_minutes_many(
+        &self,
+        batch: &[energy::MinuteReplacement],
+    ) -> Result<(), StoreError> {
+        EnergyStore::replace_energy_minutes_many(self, batch).await
+    }
+
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+        EnergyStore::energy_minutes(self, gpu, range).await
+    }
+
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
+        EnergyStore::stale_energy_minutes(self, since_ms).await
+    }
+
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<energy::WorkloadEnergy>, StoreError> {
+        EnergyStore::workload_energy(self, range, node, workload_key).await
+    }
+
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<energy::WorkloadEnergyPoint>, StoreError> {
+        EnergyStore::workload_energy_series(self, workload_key, range).await
+    }
+
+    async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError> {
+        EnergyStore::gpu_energy(self, range).await
+    }
+
+    async fn rollup_cursors(&self) -> Result<Vec<rollup::RollupCursor>, StoreError> {
+        RollupStore::rollup_cursors(self).await
+    }
+
+    async fn replace_rollups(
+        &self,
+        key: rollup::RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError> {
+        RollupStore::replace_rollups(self, key, from_ms, to_ms, done_to_ms).await
+    }
+
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(rollup::RollupKey, UnixMs)>, StoreError> {
+        RollupStore::stale_rollup_minutes(self, since_ms).await
+    }
+
+    async fn rollup_minutes(
+        &self,
+        key: rollup::RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<rollup::RollupMinute>, StoreError> {
+        RollupStore::rollup_minutes(self, key, range).await
+    }
+
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        RollupStore::gpu_rollup_series(self, gpu, metric, range, step_ms, limit).await
+    }
+
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
+        RollupStore::host_rollup_series(self, node, range, step_ms, limit).await
+    }
+
+    async fn raw_horizons(&self) -> Result<HashMap<rollup::RollupKey, UnixMs>, StoreError> {
+        RollupStore::raw_horizons(self).await
+    }
+
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<rollup::RetentionOutcome, StoreError> {
+        RollupStore::expire_raw_before(self, cutoff_ms, batch_rows).await
+    }
+
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<rollup::RetentionOutcome, StoreError> {
+        RollupStore::expire_rollups_before(self, cutoff_ms, batch_rows).await
+    }
+
+    async fn upsert_intensity(
+        &self,
+        slots: &[gpufleet_carbon::IntensitySlot],
+    ) -> Result<(), StoreError> {
+        CarbonStore::upsert_intensity(self, slots).await
+    }
+
+    async fn intensity_slots(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        range: TimeRange,
+    ) -> Result<Vec<gpufleet_carbon::IntensitySlot>, StoreError> {
+        CarbonStore::intensity_slots(self, provider, region, range).await
+    }
+
+    async fn last_intensity_before(
+        &self,
+        provider: gpufleet_carbon::ProviderKind,
+        region: &str,
+        at_ms: UnixMs,
+    ) -> Result<Option<gpufleet_carbon::IntensitySlot>, StoreError> {
+        CarbonStore::last_intensity_before(self, provider, region, at_ms).await
+    }
+
+    async fn pending_carbon_minutes(
+        &self,
+        since_ms: UnixMs,
+        limit: usize,
+    ) -> Result<Vec<carbon::PendingCarbonMinute>, StoreError> {
+        CarbonStore::pending_carbon_minutes(self, since_ms, limit).await
+    }
+
+    async fn replace_carbon_minutes(
+        &self,
+        minutes: &[carbon::CarbonMinute],
+    ) -> Result<(), StoreError> {
+        CarbonStore::replace_carbon_minutes(self, minutes).await
+    }
+
+    async fn carbon_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<carbon::CarbonMinute>, StoreError> {
+        CarbonStore::carbon_minutes(self, gpu, range).await
+    }
+
+    async fn workload_carbon(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<carbon::WorkloadCarbon>, StoreError> {
+        CarbonStore::workload_carbon(self, range, node, workload_key).await
+    }
+
+    async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<carbon::GpuCarbon>, StoreError> {
+        CarbonStore::gpu_carbon(self, range).await
+    }
+
+    async fn try_lead(&self, job: &str) -> Result<Option<lease::Lease>, StoreError> {
+        JobLeases::try_lead(self, job).await
+    }
+
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Tick>, StoreError> {
+        FleetReads::node_ticks(self, node, range, limit).await
+    }
+
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<Tick>>, StoreError> {
+        FleetReads::nodes_ticks(self, wanted, limit).await
     }
 }
 
