@@ -29,6 +29,7 @@ pub mod postgres;
 pub mod rollup;
 mod rows;
 pub mod sqlite;
+mod write;
 
 pub use backend::{Backend, Dialect};
 pub use carbon::CarbonStore;
@@ -242,199 +243,6 @@ pub enum Rehomed {
     UnknownGpu,
     /// No node has that name.
     UnknownNode,
-}
-
-/// One GPU sample a write tried to store, with where it came from: what the conflict
-/// check compares with the stored row of the same key.
-#[derive(Debug)]
-pub(crate) struct IncomingGpuRow<'b> {
-    /// Index of its batch in the write.
-    pub batch: usize,
-    pub gpu: i64,
-    pub ts: UnixMs,
-    pub sample: &'b GpuSample,
-}
-
-/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
-pub(crate) fn incoming_gpu_rows<'b>(
-    batches: &'b [NodeBatch],
-    skip: &std::collections::HashSet<usize>,
-    want: impl Fn(i64) -> bool,
-) -> Vec<IncomingGpuRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
-        for t in &nb.batch.ticks {
-            for s in &t.gpus {
-                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
-                    && want(gpu.0)
-                {
-                    out.push(IncomingGpuRow {
-                        batch: i,
-                        gpu: gpu.0,
-                        ts: t.time_ms,
-                        sample: s,
-                    });
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Per series id (GPU or node), the time span of `keys`: what the conflict check reads
-/// back.
-pub(crate) fn spans(keys: impl Iterator<Item = (i64, UnixMs)>) -> Vec<(i64, UnixMs, UnixMs)> {
-    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
-    for (id, ts) in keys {
-        let span = spans.entry(id).or_insert((ts, ts));
-        span.0 = span.0.min(ts);
-        span.1 = span.1.max(ts);
-    }
-    spans.into_iter().map(|(id, (a, b))| (id, a, b)).collect()
-}
-
-/// One host row (host metrics and sampler cost of a tick) a write tried to store.
-#[derive(Debug)]
-pub(crate) struct IncomingHostRow<'b> {
-    /// Index of its batch in the write.
-    pub batch: usize,
-    pub node: i64,
-    pub ts: UnixMs,
-    /// As the store keeps it: absent when every host metric is absent.
-    pub sample: Option<HostSample>,
-    /// As the store keeps it: absent when it has no figure.
-    pub cost: Option<&'b SamplerCost>,
-}
-
-/// The host rows of `batches` (except the `skip`ped ones), in batch order.
-pub(crate) fn incoming_host_rows<'b>(
-    batches: &'b [NodeBatch],
-    skip: &std::collections::HashSet<usize>,
-) -> Vec<IncomingHostRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
-        for t in &nb.batch.ticks {
-            let sample = t.host.clone().filter(|h| *h != HostSample::default());
-            let cost = t.cost.as_ref().filter(|c| {
-                c.cpu_us.is_some()
-                    || c.wall_us.is_some()
-                    || c.source_us.is_some()
-                    || !c.slowest_calls_us.is_empty()
-            });
-            if t.host.is_some() || t.cost.is_some() {
-                out.push(IncomingHostRow {
-                    batch: i,
-                    node: nb.keys.id.0,
-                    ts: t.time_ms,
-                    sample,
-                    cost,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// What a write's conflict check compares: the rows the write tries to store, and the
-/// stored ones with the same keys.
-#[derive(Debug, Default)]
-pub(crate) struct ConflictCheck<'b> {
-    pub gpu: Vec<IncomingGpuRow<'b>>,
-    /// By (GPU id, time).
-    pub stored_gpu: HashMap<(i64, UnixMs), GpuSample>,
-    pub host: Vec<IncomingHostRow<'b>>,
-    /// By (node id, time).
-    pub stored_host: HashMap<(i64, UnixMs), HostRow>,
-}
-
-/// Write rounds before giving up on settling conflicts (a round redoes the write when a
-/// concurrent writer stored conflicting rows between its check and its inserts).
-pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
-
-/// The batches that conflict, given the stored rows in `check`. Batches are taken in
-/// arrival order, as if written one by one: a batch conflicts when one of its GPU samples
-/// or host rows differs from the stored one or from one of an earlier accepted batch; an
-/// accepted batch's rows join the known ones. Read before the write's inserts this
-/// decides; read after them it tells whether every skipped row was a replay (then
-/// nothing conflicts).
-pub(crate) fn find_conflicts(
-    batches: &[NodeBatch],
-    check: ConflictCheck<'_>,
-) -> Vec<BatchConflict> {
-    let ConflictCheck {
-        gpu,
-        stored_gpu: mut known_gpu,
-        host,
-        stored_host: mut known_host,
-    } = check;
-    let mut out: Vec<BatchConflict> = Vec::new();
-    let (mut gpu_runs, mut host_runs) = (
-        gpu.chunk_by(|a, b| a.batch == b.batch).peekable(),
-        host.chunk_by(|a, b| a.batch == b.batch).peekable(),
-    );
-    loop {
-        let next = match (gpu_runs.peek(), host_runs.peek()) {
-            (Some(g), Some(h)) => g[0].batch.min(h[0].batch),
-            (Some(g), None) => g[0].batch,
-            (None, Some(h)) => h[0].batch,
-            (None, None) => break,
-        };
-        let g_run = gpu_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
-        let h_run = host_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
-        let gpu_differs = g_run.iter().find(|r| {
-            known_gpu.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
-                // A stored row carries no UUID: compare everything else.
-                s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
-                s != r.sample
-            })
-        });
-        let host_differs = h_run.iter().find(|r| {
-            known_host
-                .get(&(r.node, r.ts))
-                .is_some_and(|s| s.sample != r.sample || s.cost.as_ref() != r.cost)
-        });
-        let name = &batches[next].keys.name;
-        let reason = match (gpu_differs, host_differs) {
-            (Some(r), _) => format!(
-                "GPU {} at {} ms is already stored with other values (another agent writing \
-                 as node {name:?}, or the node's clock went back); a replay must resend what \
-                 was sent",
-                r.sample.gpu_uuid, r.ts
-            ),
-            (None, Some(r)) => format!(
-                "the host sample of node {name:?} at {} ms is already stored with other \
-                 values (another agent writing as the node, or its clock went back); a \
-                 replay must resend what was sent",
-                r.ts
-            ),
-            (None, None) => {
-                for r in g_run {
-                    known_gpu
-                        .entry((r.gpu, r.ts))
-                        .or_insert_with(|| r.sample.clone());
-                }
-                for r in h_run {
-                    known_host.entry((r.node, r.ts)).or_insert_with(|| HostRow {
-                        time_ms: r.ts,
-                        sample: r.sample.clone(),
-                        cost: r.cost.cloned(),
-                    });
-                }
-                continue;
-            }
-        };
-        out.push(BatchConflict {
-            index: next,
-            reason,
-        });
-    }
-    out
 }
 
 /// The newest stored sample of one GPU, with the processes seen at that tick.
@@ -1468,6 +1276,83 @@ impl<DB: Backend> Store for SqlStore<DB> {
     ) -> Result<Vec<Vec<Tick>>, StoreError> {
         FleetReads::nodes_ticks(self, wanted, limit).await
     }
+}
+
+/// The migrations of a backend's folder (`migrations/sqlite`, `migrations/postgres`),
+/// embedded so an installed binary needs no files beside it; numbered alike on both
+/// backends, so later migrations line up.
+macro_rules! migrations {
+    ($dir:literal) => {
+        &[
+            (
+                1,
+                "init",
+                include_str!(concat!("../../../migrations/", $dir, "/0001_init.sql")),
+            ),
+            (
+                6,
+                "energy",
+                include_str!(concat!("../../../migrations/", $dir, "/0006_energy.sql")),
+            ),
+            (
+                9,
+                "agent tokens",
+                include_str!(concat!(
+                    "../../../migrations/",
+                    $dir,
+                    "/0009_agent_tokens.sql"
+                )),
+            ),
+            (
+                10,
+                "carbon",
+                include_str!(concat!("../../../migrations/", $dir, "/0010_carbon.sql")),
+            ),
+            (
+                11,
+                "rollups",
+                include_str!(concat!("../../../migrations/", $dir, "/0011_rollups.sql")),
+            ),
+            (
+                20,
+                "energy split",
+                include_str!(concat!(
+                    "../../../migrations/",
+                    $dir,
+                    "/0020_energy_split.sql"
+                )),
+            ),
+        ]
+    };
+}
+pub(crate) use migrations;
+
+/// Applies `migrations` (version, description, SQL) that the database has not seen.
+async fn migrate<DB: Backend>(
+    pool: &sqlx::Pool<DB>,
+    migrations: &[(i64, &'static str, &'static str)],
+) -> Result<(), StoreError>
+where
+    DB::Connection: sqlx::migrate::Migrate,
+{
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let migrations = migrations
+        .iter()
+        .map(|&(version, description, sql)| {
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    Migrator::with_migrations(migrations)
+        .run(pool)
+        .await
+        .map_err(StoreError::Migrate)
 }
 
 /// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`

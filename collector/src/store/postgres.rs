@@ -21,58 +21,26 @@
 use super::backend::{Backend, Dialect, Value, run};
 use super::carbon::{CarbonMinute, energy_i64};
 use super::lease::{self, Lease};
-use super::rows::{self, to_i64};
+use super::rows::to_i64;
+use super::write::{
+    Collected, NodeUpdate, RowSink, WorkloadSlot, collect_rows, conflicts_of, outcome, workload_id,
+};
 use super::{
-    BatchConflict, GpuId, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, encode_nvlinks,
-    redact_url,
+    BatchConflict, GpuId, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate,
+    migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use gpufleet_carbon::{IntensityKind, IntensitySlot, ProviderKind};
-use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, ProcessType, UnixMs, Workload};
+use gpufleet_core::{Event, GpuSample, ProcessSample, ProcessType, Tick, UnixMs, Workload};
 use sqlx::error::BoxDynError;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use tracing::debug;
-
-/// The migrations, embedded; numbered as the SQLite ones so later migrations line up.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../migrations/postgres/0001_init.sql"),
-    ),
-    (
-        6,
-        "energy",
-        include_str!("../../../migrations/postgres/0006_energy.sql"),
-    ),
-    (
-        9,
-        "agent tokens",
-        include_str!("../../../migrations/postgres/0009_agent_tokens.sql"),
-    ),
-    (
-        10,
-        "carbon",
-        include_str!("../../../migrations/postgres/0010_carbon.sql"),
-    ),
-    (
-        11,
-        "rollups",
-        include_str!("../../../migrations/postgres/0011_rollups.sql"),
-    ),
-    (
-        20,
-        "energy split",
-        include_str!("../../../migrations/postgres/0020_energy_split.sql"),
-    ),
-];
 
 /// One UTC day in ms: the span of one raw partition.
 pub const DAY_MS: i64 = 86_400_000;
@@ -139,22 +107,7 @@ impl SqlStore<Postgres> {
             .connect_with(options)
             .await
             .map_err(open_err)?;
-        let migrations = MIGRATIONS
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    description.into(),
-                    MigrationType::Simple,
-                    sql.into_sql_str(),
-                    false,
-                )
-            })
-            .collect();
-        Migrator::with_migrations(migrations)
-            .run(&pool)
-            .await
-            .map_err(StoreError::Migrate)?;
+        migrate(&pool, migrations!("postgres")).await?;
         let store = SqlStore::new(
             pool,
             PgLocal {
@@ -296,7 +249,7 @@ impl SqlStore<Postgres> {
         let mut checked = false;
         // Copy, then merge, then merge checking conflicts first: only a concurrent writer
         // of the same GPUs could make the checked rounds repeat.
-        for _ in 0..=super::MAX_WRITE_ROUNDS {
+        for _ in 0..=super::write::MAX_WRITE_ROUNDS {
             match self
                 .write_once(batches, path, &mut skip, &mut conflicts, checked)
                 .await
@@ -332,23 +285,20 @@ impl SqlStore<Postgres> {
     ) -> Result<Attempt, StoreError> {
         let mut tx = self.begin_write("begin a write transaction").await?;
         if checked {
-            let found = conflicts_of(tx.conn(), batches, skip, None).await?;
+            let found = conflicts_of::<Postgres>(tx.conn(), batches, skip, None).await?;
             skip.extend(found.iter().map(|c| c.index));
             conflicts.extend(found);
         }
-        let mut rows = Rows::collect(batches, skip, &self.cached_workloads())?;
-        upsert_workloads(tx.conn(), &mut rows.workloads).await?;
+        let mut rows = Rows::default();
+        let Collected {
+            mut nodes,
+            mut workloads,
+        } = collect_rows(batches, skip, &self.cached_workloads(), &mut rows)?;
+        upsert_workloads(tx.conn(), &mut workloads).await?;
         let workload_ids = rows
             .process_slot
             .iter()
-            .map(|&slot| {
-                rows.workloads[slot].id.ok_or_else(|| {
-                    StoreError::Corrupt(format!(
-                        "workload {} has no id",
-                        rows.workloads[slot].workload.key()
-                    ))
-                })
-            })
+            .map(|&slot| workload_id(&workloads[slot]))
             .collect::<Result<Vec<i64>, _>>()?;
         // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
@@ -367,12 +317,16 @@ impl SqlStore<Postgres> {
                 *g -= n;
             }
         }
-        given.retain(|_, short| *short > 0);
+        let short: HashSet<i64> = given
+            .into_iter()
+            .filter(|&(_, short)| short > 0)
+            .map(|(gpu, _)| i64::from(gpu))
+            .collect();
         rows.process.insert(tx.conn(), workload_ids).await?;
         let host_rows = rows.host.ts.len() as u64;
         let hosts = rows.host.insert(tx.conn()).await?;
-        if (!given.is_empty() || hosts < host_rows)
-            && !conflicts_of(tx.conn(), batches, skip, Some(&given))
+        if (!short.is_empty() || hosts < host_rows)
+            && !conflicts_of::<Postgres>(tx.conn(), batches, skip, Some(&short))
                 .await?
                 .is_empty()
         {
@@ -386,18 +340,12 @@ impl SqlStore<Postgres> {
             let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
                 StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
             })?;
-            rows.nodes[group].inserted += u64::try_from(n).unwrap_or(0);
+            nodes[group].inserted += u64::try_from(n).unwrap_or(0);
         }
-        update_nodes(tx.conn(), &rows.nodes).await?;
+        update_nodes(tx.conn(), &nodes).await?;
         tx.commit("commit").await?;
-        self.cache_workloads(rows.workloads.iter().map(|s| (s.workload, s.id)));
-        let mut outcome = WriteOutcome::default();
-        for node in &rows.nodes {
-            *outcome
-                .inserted_gpu_samples
-                .entry(NodeId(node.id))
-                .or_default() += node.inserted;
-        }
+        self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
+        let outcome = outcome(&nodes);
         Ok(Attempt::Done(outcome))
     }
 }
@@ -473,56 +421,6 @@ enum Attempt {
     Done(WriteOutcome),
     /// Rolled back: skipped GPU samples were not all replays; redo checking first.
     Recheck,
-}
-
-/// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
-/// host rows conflict with the stored ones ([`super::find_conflicts`]).
-async fn conflicts_of(
-    conn: &mut PgConnection,
-    batches: &[NodeBatch],
-    skip: &HashSet<usize>,
-    only: Option<&HashMap<i32, i64>>,
-) -> Result<Vec<BatchConflict>, StoreError> {
-    let mut check = super::ConflictCheck {
-        gpu: super::incoming_gpu_rows(batches, skip, |gpu| {
-            only.is_none_or(|only| i32::try_from(gpu).is_ok_and(|g| only.contains_key(&g)))
-        }),
-        host: super::incoming_host_rows(batches, skip),
-        ..Default::default()
-    };
-    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
-        let rows = sqlx::query(
-            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
-             WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
-        )
-        .bind(gpu_i32(gpu)?)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read back GPU samples"))?;
-        for row in &rows {
-            check
-                .stored_gpu
-                .insert((gpu, get(row, "ts_ms")?), rows::gpu_sample(row)?);
-        }
-    }
-    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
-        let rows = sqlx::query(
-            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
-        )
-        .bind(node)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read back host samples"))?;
-        for row in &rows {
-            let host = rows::host(row)?;
-            check.stored_host.insert((node, host.time_ms), host);
-        }
-    }
-    Ok(super::find_conflicts(batches, check))
 }
 
 /// How a write stores its GPU samples.
@@ -765,124 +663,50 @@ fn fold_slots(slots: &[IntensitySlot]) -> Vec<&IntensitySlot> {
 
 // ------------------------------------------------------------------ one write's rows
 
-/// One distinct workload of a write.
-struct WorkloadSlot<'b> {
-    workload: &'b Workload,
-    /// The first tick it appears in (`first_seen_ms` of a new workload).
-    first_ms: UnixMs,
-    /// From the cache, or from the upsert.
-    id: Option<i64>,
-}
-
-/// The delivery-state update of one node.
-struct NodeUpdate {
-    id: i64,
-    newest_ms: i64,
-    seq: u64,
-    delivery: DeliveryStats,
-    inserted: u64,
-}
-
-/// Every row of one write, column by column, ready to be bound as arrays.
-struct Rows<'b> {
+/// A write's sample rows, column by column, ready to be bound as arrays (see
+/// [`super::write::collect_rows`]).
+#[derive(Default)]
+struct Rows {
     gpu: GpuCols,
-    /// The node group (index in `nodes`) of each GPU written.
+    /// The node group (index in the collected nodes) of each GPU written.
     gpu_group: HashMap<i32, usize>,
     process: ProcessCols,
-    /// Per process row: its index in `workloads`.
+    /// Per process row: its index in the collected workloads.
     process_slot: Vec<usize>,
     host: HostCols,
     events: EventCols,
-    nodes: Vec<NodeUpdate>,
-    workloads: Vec<WorkloadSlot<'b>>,
 }
 
-impl<'b> Rows<'b> {
-    fn collect(
-        batches: &'b [NodeBatch],
-        skip: &HashSet<usize>,
-        cache: &HashMap<Workload, i64>,
-    ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
-        order.sort_by_key(|&i| batches[i].keys.id);
-        let mut rows = Rows {
-            gpu: GpuCols::default(),
-            gpu_group: HashMap::new(),
-            process: ProcessCols::default(),
-            process_slot: Vec::new(),
-            host: HostCols::default(),
-            events: EventCols::default(),
-            nodes: Vec::new(),
-            workloads: Vec::new(),
-        };
-        let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
-        for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
-            let keys = &batches[group[0]].keys;
-            let g = rows.nodes.len();
-            let mut update = NodeUpdate {
-                id: keys.id.0,
-                newest_ms: i64::MIN,
-                seq: 0,
-                delivery: DeliveryStats::default(),
-                inserted: 0,
-            };
-            for &i in group {
-                let batch = &batches[i].batch;
-                if batch.seq >= update.seq {
-                    update.seq = batch.seq;
-                    update.delivery = batch.delivery;
-                }
-                let gpu_id = |uuid: &str| -> Result<i64, StoreError> {
-                    keys.gpus
-                        .get(uuid)
-                        .map(|g| g.0)
-                        .ok_or_else(|| StoreError::UnknownGpu {
-                            node: keys.name.clone(),
-                            seq: batch.seq,
-                            uuid: uuid.to_owned(),
-                        })
-                };
-                for t in &batch.ticks {
-                    update.newest_ms = update.newest_ms.max(t.time_ms);
-                    for s in &t.gpus {
-                        let gpu = gpu_i32(gpu_id(&s.gpu_uuid)?)?;
-                        rows.gpu_group.entry(gpu).or_insert(g);
-                        rows.gpu.push(gpu, t.time_ms, s)?;
-                    }
-                    for p in &t.processes {
-                        let slot = *distinct.entry(&p.workload).or_insert_with(|| {
-                            rows.workloads.push(WorkloadSlot {
-                                workload: &p.workload,
-                                first_ms: t.time_ms,
-                                id: cache.get(&p.workload).copied(),
-                            });
-                            rows.workloads.len() - 1
-                        });
-                        rows.process_slot.push(slot);
-                        rows.process
-                            .push(gpu_i32(gpu_id(&p.gpu_uuid)?)?, t.time_ms, p)?;
-                    }
-                    if t.host.is_some() || t.cost.is_some() {
-                        rows.host.push(keys.id.0, t.time_ms, t)?;
-                    }
-                    for e in &t.events {
-                        let gpu = if e.gpu_uuid.is_empty() {
-                            None
-                        } else {
-                            Some(gpu_id(&e.gpu_uuid)?)
-                        };
-                        rows.events.node.push(keys.id.0);
-                        rows.events.ts.push(e.time_ms);
-                        rows.events.gpu.push(gpu);
-                        rows.events.kind.push(e.kind.as_str().to_owned());
-                        rows.events.code.push(e.code.map(to_i64));
-                        rows.events.detail.push(e.detail.clone());
-                    }
-                }
-            }
-            rows.nodes.push(update);
-        }
-        Ok(rows)
+impl<'b> RowSink<'b> for Rows {
+    fn gpu(&mut self, group: usize, gpu: i64, ts: UnixMs, s: &GpuSample) -> Result<(), StoreError> {
+        let gpu = gpu_i32(gpu)?;
+        self.gpu_group.entry(gpu).or_insert(group);
+        self.gpu.push(gpu, ts, s)
+    }
+
+    fn process(
+        &mut self,
+        gpu: i64,
+        ts: UnixMs,
+        slot: usize,
+        p: &ProcessSample,
+    ) -> Result<(), StoreError> {
+        self.process_slot.push(slot);
+        self.process.push(gpu_i32(gpu)?, ts, p)
+    }
+
+    fn host(&mut self, node: i64, ts: UnixMs, t: &Tick) -> Result<(), StoreError> {
+        self.host.push(node, ts, t)
+    }
+
+    fn event(&mut self, node: i64, gpu: Option<i64>, e: &Event) -> Result<(), StoreError> {
+        self.events.node.push(node);
+        self.events.ts.push(e.time_ms);
+        self.events.gpu.push(gpu);
+        self.events.kind.push(e.kind.as_str().to_owned());
+        self.events.code.push(e.code.map(to_i64));
+        self.events.detail.push(e.detail.clone());
+        Ok(())
     }
 }
 

@@ -20,64 +20,31 @@ use super::backend::Get as _;
 use super::backend::{Backend, Dialect, Value, run};
 use super::carbon::{self, CarbonMinute};
 use super::lease::{self, Lease, LocalLeases};
-use super::rows::{self, to_i64};
+use super::rows::to_i64;
+use super::write::{
+    Collected, NodeUpdate, RowSink, WorkloadSlot, collect_rows, conflicts_of, outcome, workload_id,
+};
 use super::{
-    BatchConflict, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, encode_nvlinks,
-    redact_url,
+    BatchConflict, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate,
+    migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use gpufleet_carbon::IntensitySlot;
 use gpufleet_core::{
-    DeliveryStats, Event, GpuSample, HostSample, ProcessSample, ProcessType, SamplerCost, UnixMs,
-    Workload,
+    Event, GpuSample, HostSample, ProcessSample, ProcessType, SamplerCost, Tick, UnixMs,
 };
 use sqlx::error::BoxDynError;
-use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Arguments, AssertSqlSafe, SqlSafeStr, Sqlite};
+use sqlx::{Arguments, AssertSqlSafe, Sqlite};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-
-/// The migrations, embedded so an installed binary needs no files beside it.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../migrations/sqlite/0001_init.sql"),
-    ),
-    (
-        6,
-        "energy",
-        include_str!("../../../migrations/sqlite/0006_energy.sql"),
-    ),
-    (
-        9,
-        "agent tokens",
-        include_str!("../../../migrations/sqlite/0009_agent_tokens.sql"),
-    ),
-    (
-        10,
-        "carbon",
-        include_str!("../../../migrations/sqlite/0010_carbon.sql"),
-    ),
-    (
-        11,
-        "rollups",
-        include_str!("../../../migrations/sqlite/0011_rollups.sql"),
-    ),
-    (
-        20,
-        "energy split",
-        include_str!("../../../migrations/sqlite/0020_energy_split.sql"),
-    ),
-];
 
 /// SQLite's default limit on bound parameters per statement (SQLITE_MAX_VARIABLE_NUMBER).
 const MAX_PARAMS: usize = 32_766;
@@ -150,22 +117,7 @@ impl SqlStore<Sqlite> {
             .connect_with(options)
             .await
             .map_err(open_err)?;
-        let migrations = MIGRATIONS
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    description.into(),
-                    MigrationType::Simple,
-                    sql.into_sql_str(),
-                    false,
-                )
-            })
-            .collect();
-        Migrator::with_migrations(migrations)
-            .run(&pool)
-            .await
-            .map_err(StoreError::Migrate)?;
+        migrate(&pool, migrations!("sqlite")).await?;
         let local = SqliteLocal {
             leases,
             write_gate: tokio::sync::Mutex::new(()),
@@ -187,21 +139,20 @@ impl SqlStore<Sqlite> {
     ) -> Result<WriteOutcome, WriteFail> {
         let mut tx = self.begin_write("begin a write transaction").await?;
         if checked {
-            let found = conflicts_of(tx.conn(), batches, skip).await?;
+            let found = conflicts_of::<Sqlite>(tx.conn(), batches, skip, None).await?;
             skip.extend(found.iter().map(|c| c.index));
             conflicts.extend(found);
         }
-        let mut rows = Rows::collect(batches, skip, &self.cached_workloads())?;
-        upsert_workloads(tx.conn(), &mut rows.workloads).await?;
+        let mut rows = Rows::with_capacity(batches);
+        let Collected {
+            mut nodes,
+            mut workloads,
+        } = collect_rows(batches, skip, &self.cached_workloads(), &mut rows)?;
+        upsert_workloads(tx.conn(), &mut workloads).await?;
         for r in &mut rows.process {
-            r.workload = rows.workloads[r.slot].id.ok_or_else(|| {
-                StoreError::Corrupt(format!(
-                    "workload {} has no id",
-                    rows.workloads[r.slot].workload.key()
-                ))
-            })?;
+            r.workload = workload_id(&workloads[r.slot])?;
         }
-        let mut inserted = vec![0u64; rows.nodes.len()];
+        let mut inserted = vec![0u64; nodes.len()];
         if !insert_gpu_rows(tx.conn(), &rows.gpu, &mut inserted, packing).await? {
             tx.rollback().await?;
             return Err(WriteFail::Ambiguous);
@@ -214,7 +165,11 @@ impl SqlStore<Sqlite> {
             .map_err(q("insert host samples"))?;
         let skipped =
             inserted.iter().sum::<u64>() < rows.gpu.len() as u64 || hosts < rows.host.len() as u64;
-        if skipped && !conflicts_of(tx.conn(), batches, skip).await?.is_empty() {
+        if skipped
+            && !conflicts_of::<Sqlite>(tx.conn(), batches, skip, None)
+                .await?
+                .is_empty()
+        {
             // Some skipped rows were not replays: decide which batches conflict before
             // inserting, in a new transaction.
             tx.rollback().await?;
@@ -223,22 +178,15 @@ impl SqlStore<Sqlite> {
         insert_rows(tx.conn(), &EVENTS, &rows.events, bind_event)
             .await
             .map_err(q("insert events"))?;
-        for (node, n) in rows.nodes.iter_mut().zip(&inserted) {
+        for (node, n) in nodes.iter_mut().zip(&inserted) {
             node.inserted = *n;
         }
-        insert_rows(tx.conn(), &NODE_UPDATES, &rows.nodes, bind_node_update)
+        insert_rows(tx.conn(), &NODE_UPDATES, &nodes, bind_node_update)
             .await
             .map_err(q("update the nodes' delivery state"))?;
         tx.commit("commit").await?;
-        self.cache_workloads(rows.workloads.iter().map(|s| (s.workload, s.id)));
-        let mut outcome = WriteOutcome::default();
-        for node in &rows.nodes {
-            *outcome
-                .inserted_gpu_samples
-                .entry(NodeId(node.id))
-                .or_default() += node.inserted;
-        }
-        Ok(outcome)
+        self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
+        Ok(outcome(&nodes))
     }
 }
 
@@ -266,7 +214,7 @@ impl Backend for Sqlite {
         let mut checked = false;
         // A round commits, or switches to per-node statements (once), or to checking
         // conflicts first: only a concurrent writer could make the checked rounds repeat.
-        for _ in 0..super::MAX_WRITE_ROUNDS {
+        for _ in 0..super::write::MAX_WRITE_ROUNDS {
             match store
                 .write_once(batches, packing, &mut skip, &mut conflicts, checked)
                 .await
@@ -347,45 +295,17 @@ impl From<StoreError> for WriteFail {
     }
 }
 
-/// One distinct workload of a write.
-struct WorkloadSlot<'b> {
-    workload: &'b Workload,
-    /// The first tick it appears in (recorded as `first_seen_ms` for a new workload).
-    first_ms: UnixMs,
-    /// Its id: from the cache, or from the upsert.
-    id: Option<i64>,
-}
-
-/// The delivery-state update of one node.
-struct NodeUpdate {
-    id: i64,
-    newest_ms: i64,
-    /// The highest seq written for the node, and that batch's delivery stats.
-    seq: u64,
-    delivery: DeliveryStats,
-    /// GPU samples newly inserted.
-    inserted: u64,
-}
-
-/// Every row of one write, grouped by node (a node's batches keep their order).
+/// A write's sample rows, as the multi-row statements bind them (see
+/// [`super::write::collect_rows`]).
 struct Rows<'b> {
     gpu: Vec<GpuRow<'b>>,
     process: Vec<ProcessRow<'b>>,
     host: Vec<HostRowRef<'b>>,
     events: Vec<EventRow<'b>>,
-    /// One per node, in group order (`GpuRow::group` indexes it).
-    nodes: Vec<NodeUpdate>,
-    workloads: Vec<WorkloadSlot<'b>>,
 }
 
 impl<'b> Rows<'b> {
-    fn collect(
-        batches: &'b [NodeBatch],
-        skip: &HashSet<usize>,
-        cache: &HashMap<Workload, i64>,
-    ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
-        order.sort_by_key(|&i| batches[i].keys.id);
+    fn with_capacity(batches: &[NodeBatch]) -> Rows<'b> {
         let (mut gpu_rows, mut process_rows) = (0, 0);
         for nb in batches {
             for t in &nb.batch.ticks {
@@ -393,152 +313,58 @@ impl<'b> Rows<'b> {
                 process_rows += t.processes.len();
             }
         }
-        let mut rows = Rows {
+        Rows {
             gpu: Vec::with_capacity(gpu_rows),
             process: Vec::with_capacity(process_rows),
             host: Vec::new(),
             events: Vec::new(),
-            nodes: Vec::new(),
-            workloads: Vec::new(),
-        };
-        let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
-        let (mut prev_slots, mut slots): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
-        for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
-            let keys = &batches[group[0]].keys;
-            let g = rows.nodes.len();
-            let mut update = NodeUpdate {
-                id: keys.id.0,
-                newest_ms: i64::MIN,
-                seq: 0,
-                delivery: DeliveryStats::default(),
-                inserted: 0,
-            };
-            for &i in group {
-                let batch = &batches[i].batch;
-                if batch.seq >= update.seq {
-                    update.seq = batch.seq;
-                    update.delivery = batch.delivery;
-                }
-                let gpu_id = |uuid: &str| {
-                    keys.gpus
-                        .get(uuid)
-                        .map(|g| g.0)
-                        .ok_or_else(|| StoreError::UnknownGpu {
-                            node: keys.name.clone(),
-                            seq: batch.seq,
-                            uuid: uuid.to_owned(),
-                        })
-                };
-                // Processes usually repeat tick after tick: comparing with the process at
-                // the same position in the previous tick avoids hashing the workload.
-                let mut prev: &[ProcessSample] = &[];
-                for t in &batch.ticks {
-                    update.newest_ms = update.newest_ms.max(t.time_ms);
-                    for s in &t.gpus {
-                        rows.gpu.push(GpuRow {
-                            group: g,
-                            gpu: gpu_id(&s.gpu_uuid)?,
-                            ts: t.time_ms,
-                            s,
-                        });
-                    }
-                    slots.clear();
-                    for (j, p) in t.processes.iter().enumerate() {
-                        let slot = match prev.get(j) {
-                            Some(q) if q.workload == p.workload => prev_slots[j],
-                            _ => *distinct.entry(&p.workload).or_insert_with(|| {
-                                rows.workloads.push(WorkloadSlot {
-                                    workload: &p.workload,
-                                    first_ms: t.time_ms,
-                                    id: cache.get(&p.workload).copied(),
-                                });
-                                rows.workloads.len() - 1
-                            }),
-                        };
-                        slots.push(slot);
-                        rows.process.push(ProcessRow {
-                            gpu: gpu_id(&p.gpu_uuid)?,
-                            ts: t.time_ms,
-                            slot,
-                            workload: 0,
-                            p,
-                        });
-                    }
-                    prev = &t.processes;
-                    std::mem::swap(&mut prev_slots, &mut slots);
-                    if t.host.is_some() || t.cost.is_some() {
-                        rows.host.push(HostRowRef {
-                            node: keys.id.0,
-                            ts: t.time_ms,
-                            host: t.host.as_ref(),
-                            cost: t.cost.as_ref(),
-                        });
-                    }
-                    for e in &t.events {
-                        let gpu = if e.gpu_uuid.is_empty() {
-                            None
-                        } else {
-                            Some(gpu_id(&e.gpu_uuid)?)
-                        };
-                        rows.events.push(EventRow {
-                            node: keys.id.0,
-                            gpu,
-                            e,
-                        });
-                    }
-                }
-            }
-            rows.nodes.push(update);
         }
-        Ok(rows)
     }
 }
 
-/// The batches of a write whose GPU samples or host rows conflict with the stored ones
-/// ([`super::find_conflicts`]): every GPU's and node's rows are read back over the span
-/// the write covers.
-async fn conflicts_of(
-    conn: &mut SqliteConnection,
-    batches: &[NodeBatch],
-    skip: &HashSet<usize>,
-) -> Result<Vec<BatchConflict>, StoreError> {
-    let mut check = super::ConflictCheck {
-        gpu: super::incoming_gpu_rows(batches, skip, |_| true),
-        host: super::incoming_host_rows(batches, skip),
-        ..Default::default()
-    };
-    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
-        let rows = sqlx::query(
-            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
-             WHERE gpu_id = ? AND ts_ms BETWEEN ? AND ?",
-        )
-        .bind(gpu)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read back GPU samples"))?;
-        for row in &rows {
-            check
-                .stored_gpu
-                .insert((gpu, row.get("ts_ms")?), rows::gpu_sample(row)?);
-        }
+impl<'b> RowSink<'b> for Rows<'b> {
+    fn gpu(
+        &mut self,
+        group: usize,
+        gpu: i64,
+        ts: UnixMs,
+        s: &'b GpuSample,
+    ) -> Result<(), StoreError> {
+        self.gpu.push(GpuRow { group, gpu, ts, s });
+        Ok(())
     }
-    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
-        let rows =
-            sqlx::query("SELECT * FROM host_samples WHERE node_id = ? AND ts_ms BETWEEN ? AND ?")
-                .bind(node)
-                .bind(from)
-                .bind(to)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(q("read back host samples"))?;
-        for row in &rows {
-            let host = rows::host(row)?;
-            check.stored_host.insert((node, host.time_ms), host);
-        }
+
+    fn process(
+        &mut self,
+        gpu: i64,
+        ts: UnixMs,
+        slot: usize,
+        p: &'b ProcessSample,
+    ) -> Result<(), StoreError> {
+        self.process.push(ProcessRow {
+            gpu,
+            ts,
+            slot,
+            workload: 0,
+            p,
+        });
+        Ok(())
     }
-    Ok(super::find_conflicts(batches, check))
+
+    fn host(&mut self, node: i64, ts: UnixMs, t: &'b Tick) -> Result<(), StoreError> {
+        self.host.push(HostRowRef {
+            node,
+            ts,
+            host: t.host.as_ref(),
+            cost: t.cost.as_ref(),
+        });
+        Ok(())
+    }
+
+    fn event(&mut self, node: i64, gpu: Option<i64>, e: &'b Event) -> Result<(), StoreError> {
+        self.events.push(EventRow { node, gpu, e });
+        Ok(())
+    }
 }
 
 /// Upserts the workloads that have no id yet and fills their ids in.
