@@ -283,12 +283,7 @@ impl SqlStore<Postgres> {
         conflicts: &mut Vec<BatchConflict>,
         checked: bool,
     ) -> Result<Attempt, StoreError> {
-        let mut tx = self.begin_write("begin a write transaction").await?;
-        if checked {
-            let found = conflicts_of::<Postgres>(tx.conn(), batches, skip, None).await?;
-            skip.extend(found.iter().map(|c| c.index));
-            conflicts.extend(found);
-        }
+        let mut tx = self.begin_group(batches, skip, conflicts, checked).await?;
         let mut rows = Rows::default();
         let Collected {
             mut nodes,

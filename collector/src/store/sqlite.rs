@@ -137,12 +137,7 @@ impl SqlStore<Sqlite> {
         conflicts: &mut Vec<BatchConflict>,
         checked: bool,
     ) -> Result<WriteOutcome, WriteFail> {
-        let mut tx = self.begin_write("begin a write transaction").await?;
-        if checked {
-            let found = conflicts_of::<Sqlite>(tx.conn(), batches, skip, None).await?;
-            skip.extend(found.iter().map(|c| c.index));
-            conflicts.extend(found);
-        }
+        let mut tx = self.begin_group(batches, skip, conflicts, checked).await?;
         let mut rows = Rows::with_capacity(batches);
         let Collected {
             mut nodes,

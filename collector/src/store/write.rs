@@ -3,7 +3,9 @@
 //! that tells replays from conflicts ([`conflicts_of`], [`find_conflicts`]).
 
 use super::backend::{Backend, Get, sql};
-use super::{BatchConflict, HostRow, NodeBatch, NodeId, StoreError, WriteOutcome, rows};
+use super::{
+    BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, WriteTx, rows,
+};
 use gpufleet_core::{
     DeliveryStats, Event, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
@@ -163,6 +165,26 @@ pub(crate) fn outcome(nodes: &[NodeUpdate]) -> WriteOutcome {
             .or_default() += node.inserted;
     }
     outcome
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// Opens a group commit's transaction; when `checked`, first leaves out the batches
+    /// whose rows conflict with stored ones (they join `skip` and `conflicts`).
+    pub(crate) async fn begin_group(
+        &self,
+        batches: &[NodeBatch],
+        skip: &mut HashSet<usize>,
+        conflicts: &mut Vec<BatchConflict>,
+        checked: bool,
+    ) -> Result<WriteTx<'_, DB>, StoreError> {
+        let mut tx = self.begin_write("begin a write transaction").await?;
+        if checked {
+            let found = conflicts_of::<DB>(tx.conn(), batches, skip, None).await?;
+            skip.extend(found.iter().map(|c| c.index));
+            conflicts.extend(found);
+        }
+        Ok(tx)
+    }
 }
 
 /// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
