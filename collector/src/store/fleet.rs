@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{Event, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// What ingest writes: node registrations and validated batches.
 #[async_trait]
@@ -136,51 +137,50 @@ pub trait TokenStore: Send + Sync {
     async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
 }
 
-const NODE_UPSERT: &str = "INSERT INTO nodes (name, labels, agent_version, boot_id, source, \
-       interval_ms, first_seen_ms, last_hello_ms, driver_version, cuda_driver_version, \
-       nvml_version, hostname, kernel, os, cpu_count, memory_total_bytes) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-     ON CONFLICT (name) DO UPDATE SET labels = excluded.labels, \
-       agent_version = excluded.agent_version, boot_id = excluded.boot_id, \
-       source = excluded.source, interval_ms = excluded.interval_ms, \
-       last_hello_ms = excluded.last_hello_ms, driver_version = excluded.driver_version, \
-       cuda_driver_version = excluded.cuda_driver_version, \
-       nvml_version = excluded.nvml_version, hostname = excluded.hostname, \
-       kernel = excluded.kernel, os = excluded.os, cpu_count = excluded.cpu_count, \
-       memory_total_bytes = excluded.memory_total_bytes \
-     RETURNING id";
+/// `INSERT INTO table (columns) VALUES ($1, ...) ON CONFLICT (key) DO UPDATE SET` every
+/// column but the key and `keep` to the new value, then `tail`.
+fn upsert(table: &str, columns: &str, key: &str, keep: &[&str], tail: &str) -> String {
+    let columns: Vec<&str> = columns.split(", ").collect();
+    let params: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
+    let set: Vec<String> = columns
+        .iter()
+        .filter(|c| **c != key && !keep.contains(c))
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {table} ({}) VALUES ({}) ON CONFLICT ({key}) DO UPDATE SET {} {tail}",
+        columns.join(", "),
+        params.join(", "),
+        set.join(", ")
+    )
+}
 
-const GPU_UPSERT: &str = "INSERT INTO gpus (node_id, uuid, gpu_index, name, serial, pci_bus_id, \
-       architecture, brand, memory_total_bytes, power_limit_default_mw, \
-       power_limit_enforced_mw, power_limit_min_mw, power_limit_max_mw, \
-       max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz, nvlink_count, \
-       mig_enabled, compute_mode, persistence_mode, cuda_capability_major, \
-       cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, \
-       vbios_version, mig_instances, first_seen_ms) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-       $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
-     ON CONFLICT (uuid) DO UPDATE SET \
-       gpu_index = excluded.gpu_index, name = excluded.name, \
-       serial = excluded.serial, pci_bus_id = excluded.pci_bus_id, \
-       architecture = excluded.architecture, brand = excluded.brand, \
-       memory_total_bytes = excluded.memory_total_bytes, \
-       power_limit_default_mw = excluded.power_limit_default_mw, \
-       power_limit_enforced_mw = excluded.power_limit_enforced_mw, \
-       power_limit_min_mw = excluded.power_limit_min_mw, \
-       power_limit_max_mw = excluded.power_limit_max_mw, \
-       max_clock_sm_mhz = excluded.max_clock_sm_mhz, \
-       max_clock_mem_mhz = excluded.max_clock_mem_mhz, \
-       max_clock_graphics_mhz = excluded.max_clock_graphics_mhz, \
-       nvlink_count = excluded.nvlink_count, mig_enabled = excluded.mig_enabled, \
-       compute_mode = excluded.compute_mode, \
-       persistence_mode = excluded.persistence_mode, \
-       cuda_capability_major = excluded.cuda_capability_major, \
-       cuda_capability_minor = excluded.cuda_capability_minor, \
-       pcie_link_gen_max = excluded.pcie_link_gen_max, \
-       pcie_link_width_max = excluded.pcie_link_width_max, \
-       vbios_version = excluded.vbios_version, \
-       mig_instances = excluded.mig_instances \
-     WHERE gpus.node_id = excluded.node_id";
+/// A node's registration: everything but its first sighting follows the latest Hello.
+static NODE_UPSERT: LazyLock<String> = LazyLock::new(|| {
+    let columns = "name, labels, agent_version, boot_id, source, interval_ms, first_seen_ms, \
+        last_hello_ms, driver_version, cuda_driver_version, nvml_version, hostname, kernel, os, \
+        cpu_count, memory_total_bytes";
+    upsert("nodes", columns, "name", &["first_seen_ms"], "RETURNING id")
+});
+
+/// A GPU's registration: its inventory follows the latest Hello of the node that owns it
+/// (a GPU another node owns is left alone; the caller then refuses the registration).
+static GPU_UPSERT: LazyLock<String> = LazyLock::new(|| {
+    let columns = "node_id, uuid, gpu_index, name, serial, pci_bus_id, architecture, brand, \
+        memory_total_bytes, power_limit_default_mw, power_limit_enforced_mw, power_limit_min_mw, \
+        power_limit_max_mw, max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz, \
+        nvlink_count, mig_enabled, compute_mode, persistence_mode, cuda_capability_major, \
+        cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, vbios_version, \
+        mig_instances, first_seen_ms";
+    let keep = ["node_id", "first_seen_ms"];
+    upsert(
+        "gpus",
+        columns,
+        "uuid",
+        &keep,
+        "WHERE gpus.node_id = excluded.node_id",
+    )
+});
 
 impl<DB: Backend> SqlStore<DB> {
     async fn load_node(conn: &mut DB::Connection, id: NodeId) -> Result<NodeRecord, StoreError> {
@@ -213,7 +213,7 @@ impl<DB: Backend> IngestWrites for SqlStore<DB> {
             .map_err(|e| StoreError::Corrupt(format!("labels do not serialize: {e}")))?;
         let host = &inventory.host;
         let mut tx = self.begin_write("begin a transaction").await?;
-        let row = sql::<DB>("upsert a node", NODE_UPSERT)
+        let row = sql::<DB>("upsert a node", NODE_UPSERT.as_str())
             .bind(hello.node.as_str())
             .bind(labels)
             .bind(hello.agent_version.as_str())
@@ -243,7 +243,7 @@ impl<DB: Backend> IngestWrites for SqlStore<DB> {
             let mig = serde_json::to_string(&g.mig_instances)
                 .map_err(|e| StoreError::Corrupt(format!("MIG instances do not serialize: {e}")))?;
             let u = |v: Option<u32>| v.map(i64::from);
-            sql::<DB>("upsert a GPU", GPU_UPSERT)
+            sql::<DB>("upsert a GPU", GPU_UPSERT.as_str())
                 .bind(node_id)
                 .bind(g.uuid.as_str())
                 .bind(i64::from(g.index))

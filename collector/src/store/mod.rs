@@ -280,112 +280,66 @@ pub struct TimeRange {
     pub to_ms: UnixMs,
 }
 
-/// The numeric per-GPU metrics a time series can be asked for. The names are the
-/// `GpuSample` field names (and the API's `metric=` values); the mapping to storage is the
-/// store's business, so user input never reaches SQL. `throttle_reasons` is a bit mask and
-/// is not a series (an average of masks means nothing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GpuMetric {
-    UtilGpuPct,
-    UtilMemPct,
-    MemUsedBytes,
-    MemTotalBytes,
-    MemReservedBytes,
-    PowerMw,
-    PowerInstantMw,
-    PowerLimitMw,
-    EnergyMj,
-    TempGpuC,
-    TempMemC,
-    FanPct,
-    ClockSmMhz,
-    ClockMemMhz,
-    ClockGraphicsMhz,
-    Pstate,
-    PcieTxBps,
-    PcieRxBps,
-    NvlinkTxBps,
-    NvlinkRxBps,
-    EccCorrectedVolatile,
-    EccUncorrectedVolatile,
-    EncUtilPct,
-    DecUtilPct,
+/// Defines [`GpuMetric`]: each metric's variant, name and unit, in storage order.
+macro_rules! gpu_metrics {
+    ($count:literal; $($variant:ident $name:literal $unit:literal,)*) => {
+        /// The numeric per-GPU metrics a time series can be asked for. The names are the
+        /// `GpuSample` field names (and the API's `metric=` values); the mapping to storage
+        /// is the store's business, so user input never reaches SQL. `throttle_reasons` is a
+        /// bit mask and is not a series (an average of masks means nothing).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum GpuMetric {
+            $($variant,)*
+        }
+
+        impl GpuMetric {
+            pub const ALL: [GpuMetric; $count] = [$(GpuMetric::$variant,)*];
+
+            /// The metric's name: the `GpuSample` field and the API's `metric=` value.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(GpuMetric::$variant => $name,)*
+                }
+            }
+
+            /// The unit of the metric's values.
+            pub fn unit(self) -> &'static str {
+                match self {
+                    $(GpuMetric::$variant => $unit,)*
+                }
+            }
+        }
+    };
 }
 
+gpu_metrics!(24;
+    UtilGpuPct "util_gpu_pct" "percent",
+    UtilMemPct "util_mem_pct" "percent",
+    MemUsedBytes "mem_used_bytes" "bytes",
+    MemTotalBytes "mem_total_bytes" "bytes",
+    MemReservedBytes "mem_reserved_bytes" "bytes",
+    PowerMw "power_mw" "milliwatts",
+    PowerInstantMw "power_instant_mw" "milliwatts",
+    PowerLimitMw "power_limit_mw" "milliwatts",
+    EnergyMj "energy_mj" "millijoules",
+    TempGpuC "temp_gpu_c" "celsius",
+    TempMemC "temp_mem_c" "celsius",
+    FanPct "fan_pct" "percent",
+    ClockSmMhz "clock_sm_mhz" "megahertz",
+    ClockMemMhz "clock_mem_mhz" "megahertz",
+    ClockGraphicsMhz "clock_graphics_mhz" "megahertz",
+    Pstate "pstate" "pstate",
+    PcieTxBps "pcie_tx_bps" "bytes_per_second",
+    PcieRxBps "pcie_rx_bps" "bytes_per_second",
+    NvlinkTxBps "nvlink_tx_bps" "bytes_per_second",
+    NvlinkRxBps "nvlink_rx_bps" "bytes_per_second",
+    EccCorrectedVolatile "ecc_corrected_volatile" "errors",
+    EccUncorrectedVolatile "ecc_uncorrected_volatile" "errors",
+    EncUtilPct "enc_util_pct" "percent",
+    DecUtilPct "dec_util_pct" "percent",
+);
+
 impl GpuMetric {
-    pub const ALL: [GpuMetric; 24] = [
-        GpuMetric::UtilGpuPct,
-        GpuMetric::UtilMemPct,
-        GpuMetric::MemUsedBytes,
-        GpuMetric::MemTotalBytes,
-        GpuMetric::MemReservedBytes,
-        GpuMetric::PowerMw,
-        GpuMetric::PowerInstantMw,
-        GpuMetric::PowerLimitMw,
-        GpuMetric::EnergyMj,
-        GpuMetric::TempGpuC,
-        GpuMetric::TempMemC,
-        GpuMetric::FanPct,
-        GpuMetric::ClockSmMhz,
-        GpuMetric::ClockMemMhz,
-        GpuMetric::ClockGraphicsMhz,
-        GpuMetric::Pstate,
-        GpuMetric::PcieTxBps,
-        GpuMetric::PcieRxBps,
-        GpuMetric::NvlinkTxBps,
-        GpuMetric::NvlinkRxBps,
-        GpuMetric::EccCorrectedVolatile,
-        GpuMetric::EccUncorrectedVolatile,
-        GpuMetric::EncUtilPct,
-        GpuMetric::DecUtilPct,
-    ];
-
-    /// The metric's name: the `GpuSample` field and the API's `metric=` value.
-    pub fn name(self) -> &'static str {
-        match self {
-            GpuMetric::UtilGpuPct => "util_gpu_pct",
-            GpuMetric::UtilMemPct => "util_mem_pct",
-            GpuMetric::MemUsedBytes => "mem_used_bytes",
-            GpuMetric::MemTotalBytes => "mem_total_bytes",
-            GpuMetric::MemReservedBytes => "mem_reserved_bytes",
-            GpuMetric::PowerMw => "power_mw",
-            GpuMetric::PowerInstantMw => "power_instant_mw",
-            GpuMetric::PowerLimitMw => "power_limit_mw",
-            GpuMetric::EnergyMj => "energy_mj",
-            GpuMetric::TempGpuC => "temp_gpu_c",
-            GpuMetric::TempMemC => "temp_mem_c",
-            GpuMetric::FanPct => "fan_pct",
-            GpuMetric::ClockSmMhz => "clock_sm_mhz",
-            GpuMetric::ClockMemMhz => "clock_mem_mhz",
-            GpuMetric::ClockGraphicsMhz => "clock_graphics_mhz",
-            GpuMetric::Pstate => "pstate",
-            GpuMetric::PcieTxBps => "pcie_tx_bps",
-            GpuMetric::PcieRxBps => "pcie_rx_bps",
-            GpuMetric::NvlinkTxBps => "nvlink_tx_bps",
-            GpuMetric::NvlinkRxBps => "nvlink_rx_bps",
-            GpuMetric::EccCorrectedVolatile => "ecc_corrected_volatile",
-            GpuMetric::EccUncorrectedVolatile => "ecc_uncorrected_volatile",
-            GpuMetric::EncUtilPct => "enc_util_pct",
-            GpuMetric::DecUtilPct => "dec_util_pct",
-        }
-    }
-
-    /// The unit of the metric's values.
-    pub fn unit(self) -> &'static str {
-        use GpuMetric::*;
-        match self {
-            UtilGpuPct | UtilMemPct | FanPct | EncUtilPct | DecUtilPct => "percent",
-            MemUsedBytes | MemTotalBytes | MemReservedBytes => "bytes",
-            PowerMw | PowerInstantMw | PowerLimitMw => "milliwatts",
-            EnergyMj => "millijoules",
-            TempGpuC | TempMemC => "celsius",
-            ClockSmMhz | ClockMemMhz | ClockGraphicsMhz => "megahertz",
-            Pstate => "pstate",
-            PcieTxBps | PcieRxBps | NvlinkTxBps | NvlinkRxBps => "bytes_per_second",
-            EccCorrectedVolatile | EccUncorrectedVolatile => "errors",
-        }
-    }
-
     /// Looks a metric up by its name.
     pub fn parse(name: &str) -> Option<GpuMetric> {
         GpuMetric::ALL.into_iter().find(|m| m.name() == name)
