@@ -2,13 +2,13 @@
 
 use anyhow::Context as _;
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use gpufleet_collector::demo::{DemoOptions, run_demo as run_demo_on};
-use gpufleet_collector::energy_cli::{
+use gpufleet_collector::cli::demo::{DemoOptions, run_demo as run_demo_on};
+use gpufleet_collector::cli::energy::{
     EnergyArgs, EnergyRangeArgs, RecomputeArgs, run_check, run_recompute,
 };
-use gpufleet_collector::ingest::IngestOptions;
-use gpufleet_collector::status::StatusPolicy;
-use gpufleet_collector::writer::WriterOptions;
+use gpufleet_collector::ingest::stream::IngestOptions;
+use gpufleet_collector::ingest::writer::WriterOptions;
+use gpufleet_collector::live::status::StatusPolicy;
 use gpufleet_collector::{ServeOptions, serve};
 use gpufleet_core::config::{args_with_config_file, init_tracing, parse_duration};
 use std::io::Write as _;
@@ -40,12 +40,12 @@ enum Command {
     Demo(Box<DemoArgs>),
     /// Make a development CA, a server certificate and per-node client certificates
     /// (PEM) for TLS and mTLS; see SECURITY.md.
-    Certs(gpufleet_collector::certs::CertsArgs),
+    Certs(gpufleet_collector::net::certs::CertsArgs),
     /// Manage agent tokens: `add NODE` (prints the token once), `list`, `revoke ID`.
-    Tokens(gpufleet_collector::tokens::TokensArgs),
+    Tokens(gpufleet_collector::auth::tokens::TokensArgs),
     /// Give a GPU that really moved to another node (a GPU belongs to the node that
     /// registered it; other nodes claiming it are refused): `rehome-gpu UUID --to NODE`.
-    RehomeGpu(gpufleet_collector::rehome::RehomeArgs),
+    RehomeGpu(gpufleet_collector::cli::rehome::RehomeArgs),
     /// Verify stored energy: conservation in every GPU-minute, and rollups equal to what
     /// the raw samples give. Prints every violation; exits non-zero if there is any.
     CheckEnergy(EnergyRangeArgs),
@@ -53,7 +53,7 @@ enum Command {
     RecomputeEnergy(RecomputeArgs),
     /// Print the energy / carbon report of a container, pod, Slurm job or node over a
     /// range (table, JSON, YAML or CSV), optionally with its time-series plot (PNG).
-    Report(Box<gpufleet_collector::report::ReportArgs>),
+    Report(Box<gpufleet_collector::cli::report::ReportArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -140,9 +140,9 @@ struct ServeArgs {
     #[arg(long, env = "GPUFLEET_MAX_MESSAGE_BYTES", default_value_t = 16 << 20, value_name = "BYTES")]
     max_message_bytes: usize,
     #[command(flatten)]
-    tls: gpufleet_collector::tls::TlsArgs,
+    tls: gpufleet_collector::net::tls::TlsArgs,
     #[command(flatten)]
-    limits: gpufleet_collector::limits::LimitArgs,
+    limits: gpufleet_collector::net::limits::LimitArgs,
     /// Test aid (hidden): wait this long per row before each commit (a slow store).
     #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
     debug_write_delay_per_row: Option<Duration>,
@@ -151,10 +151,10 @@ struct ServeArgs {
     /// Follow what other collectors sharing the database commit, so this one's dashboard,
     /// API and /metrics show every node live: `auto` (every 500ms on PostgreSQL, off on
     /// SQLite), `off`, or a period such as `1s`.
-    #[arg(long, env = "GPUFLEET_FOLLOW_STORE", default_value = "auto", value_parser = gpufleet_collector::follow::FollowMode::parse, value_name = "auto|off|DURATION")]
-    follow_store: gpufleet_collector::follow::FollowMode,
+    #[arg(long, env = "GPUFLEET_FOLLOW_STORE", default_value = "auto", value_parser = gpufleet_collector::live::follow::FollowMode::parse, value_name = "auto|off|DURATION")]
+    follow_store: gpufleet_collector::live::follow::FollowMode,
     #[command(flatten)]
-    retention: gpufleet_collector::rollups::RetentionArgs,
+    retention: gpufleet_collector::accounting::rollups::RetentionArgs,
     #[command(flatten)]
     carbon: gpufleet_carbon::CarbonArgs,
 }
@@ -180,13 +180,13 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
-            let out = runtime.block_on(gpufleet_collector::tokens::run(args))?;
+            let out = runtime.block_on(gpufleet_collector::auth::tokens::run(args))?;
             let mut stdout = std::io::stdout().lock();
             stdout.write_all(out.as_bytes())?;
             Ok(())
         }
         Command::RehomeGpu(args) => {
-            let out = runtime.block_on(gpufleet_collector::rehome::run(args))?;
+            let out = runtime.block_on(gpufleet_collector::cli::rehome::run(args))?;
             std::io::stdout().lock().write_all(out.as_bytes())?;
             Ok(())
         }
@@ -202,7 +202,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Report(args) => {
-            runtime.block_on(gpufleet_collector::report::run_report(
+            runtime.block_on(gpufleet_collector::cli::report::run_report(
                 &args,
                 &mut std::io::stdout().lock(),
             ))?;
@@ -264,7 +264,7 @@ async fn run_serve(
         energy: args.energy.options(),
         follow: args.follow_store,
         retention,
-        carbon: gpufleet_collector::carbon::CarbonOptions {
+        carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
             ..Default::default()
         },
@@ -274,8 +274,8 @@ async fn run_serve(
     Ok(())
 }
 
-fn run_certs(args: gpufleet_collector::certs::CertsArgs) -> anyhow::Result<()> {
-    let written = gpufleet_collector::certs::write_plan(&args.into())?;
+fn run_certs(args: gpufleet_collector::net::certs::CertsArgs) -> anyhow::Result<()> {
+    let written = gpufleet_collector::net::certs::write_plan(&args.into())?;
     let mut stdout = std::io::stdout().lock();
     for path in written {
         writeln!(stdout, "wrote {}", path.display())?;
@@ -357,7 +357,7 @@ async fn run_demo(
             stale_after: args.stale_after,
             offline_after: default_status.offline_after.max(args.stale_after),
         },
-        carbon: gpufleet_collector::carbon::CarbonOptions {
+        carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
             // Short, so the demo's history is priced within seconds of the start.
             interval: Duration::from_secs(2),

@@ -41,7 +41,7 @@ pub struct Metrics {
     pub commit_buckets: [AtomicU64; COMMIT_BUCKETS.len()],
     /// Sum of commit durations, in microseconds.
     pub commit_micros_sum: AtomicU64,
-    /// Per background job run under a lease ([`crate::leader`]): whether this collector
+    /// Per background job run under a lease ([`crate::accounting::leader`]): whether this collector
     /// leads it now. Written when leadership changes, read by `/metrics`.
     leading: Mutex<BTreeMap<&'static str, bool>>,
 }

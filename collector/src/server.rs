@@ -1,6 +1,6 @@
 //! Running the collector: store, live state, group-commit writer, gRPC ingest and HTTP,
-//! background jobs under leases ([`crate::leader`]) and the store follower
-//! ([`crate::follow`]), under one shutdown token.
+//! background jobs under leases ([`crate::accounting::leader`]) and the store follower
+//! ([`crate::live::follow`]), under one shutdown token.
 //!
 //! The listeners are bound by the caller (so tests and `demo` can use port 0 and learn the
 //! real address first). Shutdown order, once the token is cancelled: both servers stop
@@ -8,16 +8,16 @@
 //! to the writer, and end with `UNAVAILABLE`; then the writer commits and answers whatever
 //! is still queued, and the store is closed.
 
-use crate::accountant::{self, EnergyOptions};
-use crate::conn_limit::{self, PerIpLimit};
-use crate::http::{self, AppState};
-use crate::ingest::{IngestOptions, IngestService};
-use crate::live::Live;
+use crate::accounting::accountant::{self, EnergyOptions};
+use crate::api::router::{self, AppState};
+use crate::ingest::stream::{IngestOptions, IngestService};
+use crate::ingest::writer::{self, WriterOptions};
+use crate::live::state::Live;
+use crate::live::status::{StatusPolicy, system_clock};
 use crate::metrics::Metrics;
-use crate::status::{StatusPolicy, system_clock};
+use crate::net::conn_limit::{self, PerIpLimit};
+use crate::net::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::store::{self, Store, StoreError};
-use crate::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
-use crate::writer::{self, WriterOptions};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -41,23 +41,23 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// TLS on the gRPC and HTTP listeners; `None` each: plain TCP.
     pub tls: TlsOptions,
-    /// Whether dashboard and API viewers must log in ([`crate::web_auth`]).
-    pub web_auth: crate::web_auth::WebAuthMode,
+    /// Whether dashboard and API viewers must log in ([`crate::auth::web`]).
+    pub web_auth: crate::auth::web::WebAuthMode,
     /// Most connections open at once from one client address, per listener.
     pub max_connections_per_ip: usize,
-    /// Header deadline and per-address request rates ([`crate::limits`]).
-    pub limits: crate::limits::LimitOptions,
+    /// Header deadline and per-address request rates ([`crate::net::limits`]).
+    pub limits: crate::net::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
     pub energy: EnergyOptions,
     /// Whether to follow what other collectors on the same database commit
-    /// ([`crate::follow`]; default: on PostgreSQL only).
-    pub follow: crate::follow::FollowMode,
-    /// How background jobs' leases are asked for ([`crate::leader`]).
-    pub lead: crate::leader::LeadOptions,
-    /// Per-minute rollups and retention (issue 8).
-    pub retention: crate::rollups::RetentionOptions,
-    /// Carbon accounting: providers, regions, PUE ([`crate::carbon`]).
-    pub carbon: crate::carbon::CarbonOptions,
+    /// ([`crate::live::follow`]; default: on PostgreSQL only).
+    pub follow: crate::live::follow::FollowMode,
+    /// How background jobs' leases are asked for ([`crate::accounting::leader`]).
+    pub lead: crate::accounting::leader::LeadOptions,
+    /// Per-minute rollups and retention.
+    pub retention: crate::accounting::rollups::RetentionOptions,
+    /// Carbon accounting: providers, regions, PUE ([`crate::accounting::carbon`]).
+    pub carbon: crate::accounting::carbon::CarbonOptions,
 }
 
 impl Default for ServeOptions {
@@ -69,14 +69,14 @@ impl Default for ServeOptions {
             writer: WriterOptions::default(),
             shutdown_grace: Duration::from_secs(10),
             tls: TlsOptions::default(),
-            web_auth: crate::web_auth::WebAuthMode::Auto,
-            max_connections_per_ip: crate::conn_limit::DEFAULT_MAX_PER_IP,
-            limits: crate::limits::LimitOptions::default(),
+            web_auth: crate::auth::web::WebAuthMode::Auto,
+            max_connections_per_ip: crate::net::conn_limit::DEFAULT_MAX_PER_IP,
+            limits: crate::net::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
-            follow: crate::follow::FollowMode::default(),
-            lead: crate::leader::LeadOptions::default(),
-            retention: crate::rollups::RetentionOptions::default(),
-            carbon: crate::carbon::CarbonOptions::default(),
+            follow: crate::live::follow::FollowMode::default(),
+            lead: crate::accounting::leader::LeadOptions::default(),
+            retention: crate::accounting::rollups::RetentionOptions::default(),
+            carbon: crate::accounting::carbon::CarbonOptions::default(),
         }
     }
 }
@@ -157,7 +157,8 @@ pub async fn serve_with_store(
     ingest_options.agent_auth = ingest_options
         .agent_auth
         .resolve(grpc_addr.ip().is_loopback());
-    let agent_auth_optional = ingest_options.agent_auth == crate::identity::AgentAuth::Optional;
+    let agent_auth_optional =
+        ingest_options.agent_auth == crate::ingest::identity::AgentAuth::Optional;
     let accountant_stop = CancellationToken::new();
     let accountant_task = accountant::spawn(
         Arc::clone(&store),
@@ -169,7 +170,7 @@ pub async fn serve_with_store(
         accountant_stop.clone(),
     );
     let follower_task = options.follow.period(store.shared()).map(|period| {
-        crate::follow::spawn(
+        crate::live::follow::spawn(
             Arc::clone(&store),
             Arc::clone(&live),
             period,
@@ -179,9 +180,9 @@ pub async fn serve_with_store(
     let rollups_stop = CancellationToken::new();
     // Rollups and retention run once across collectors sharing the database, like the
     // energy accountant: each term of leadership starts the task afresh.
-    let rollups_task = crate::leader::spawn(
+    let rollups_task = crate::accounting::leader::spawn(
         Arc::clone(&store),
-        crate::rollups::JOB,
+        crate::accounting::rollups::JOB,
         Arc::clone(&metrics),
         options.lead,
         rollups_stop.clone(),
@@ -192,30 +193,34 @@ pub async fn serve_with_store(
                 options.retention.clone(),
             );
             move |term| {
-                let task = crate::rollups::spawn(
+                let task = crate::accounting::rollups::spawn(
                     Arc::clone(&store),
                     Arc::clone(&live),
                     retention.clone(),
                     system_clock(),
                     term,
                 );
-                joined(crate::rollups::JOB, task)
+                joined(crate::accounting::rollups::JOB, task)
             }
         },
     );
     // Carbon pricing (and its provider fetches) also run once across collectors.
-    let carbon_task = crate::leader::spawn(
+    let carbon_task = crate::accounting::leader::spawn(
         Arc::clone(&store),
-        crate::carbon::JOB,
+        crate::accounting::carbon::JOB,
         Arc::clone(&metrics),
         options.lead,
         accountant_stop.clone(),
         {
             let (store, carbon) = (Arc::clone(&store), options.carbon.clone());
             move |term| {
-                let task =
-                    crate::carbon::spawn(Arc::clone(&store), carbon.clone(), system_clock(), term);
-                joined(crate::carbon::JOB, task)
+                let task = crate::accounting::carbon::spawn(
+                    Arc::clone(&store),
+                    carbon.clone(),
+                    system_clock(),
+                    term,
+                );
+                joined(crate::accounting::carbon::JOB, task)
             }
         },
     );
@@ -232,7 +237,7 @@ pub async fn serve_with_store(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             ingest.into_server(),
-            crate::rate_limit::grpc_interceptor(crate::rate_limit::PerIpRate::new(
+            crate::net::rate_limit::grpc_interceptor(crate::net::rate_limit::PerIpRate::new(
                 options.limits.grpc_stream_rate,
             )),
         ));
@@ -282,33 +287,35 @@ pub async fn serve_with_store(
         clock: system_clock(),
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
-    let warnings = crate::exposure::warnings(&crate::exposure::Exposure {
+    let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {
         grpc: grpc_addr,
         grpc_tls: grpc_has_tls,
         http: http_addr,
         http_tls: http_has_tls,
         agents_unauthenticated: agent_auth_optional,
-        viewers_anonymous: web_auth == crate::web_auth::WebAuthMode::Off,
+        viewers_anonymous: web_auth == crate::auth::web::WebAuthMode::Off,
     });
     for w in &warnings {
         warn!("{w}");
     }
-    let auth = crate::web_auth::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
-    let app = crate::web_security::with_security_headers(crate::rate_limit::with_http_rate_limit(
-        crate::web_auth::with_auth(
-            http::app(state).layer(axum::Extension(crate::exposure::ExposureWarnings(
-                Arc::new(warnings),
-            ))),
-            auth,
+    let auth = crate::auth::web::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
+    let app = crate::auth::security_headers::with_security_headers(
+        crate::net::rate_limit::with_http_rate_limit(
+            crate::auth::web::with_auth(
+                router::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
+                    Arc::new(warnings),
+                ))),
+                auth,
+            ),
+            crate::net::rate_limit::PerIpRate::new(options.limits.http_rate),
         ),
-        crate::rate_limit::PerIpRate::new(options.limits.http_rate),
-    ));
+    );
     let header_timeout = options.limits.http_header_timeout;
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => {
             let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
-            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
+            Box::pin(crate::net::http::serve(rx, app, header_timeout, stop))
         }
         Some(tls) => {
             let rx = tls::accept_tls(
@@ -318,7 +325,7 @@ pub async fn serve_with_store(
                 per_ip(),
                 shutdown.clone(),
             );
-            Box::pin(crate::http_serve::serve(rx, app, header_timeout, stop))
+            Box::pin(crate::net::http::serve(rx, app, header_timeout, stop))
         }
     };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");

@@ -10,10 +10,12 @@ use axum::response::IntoResponse;
 use common::*;
 use gpufleet_carbon::config::CarbonFile;
 use gpufleet_carbon::{CarbonArgs, CarbonConfig, IntensityKind, ProviderKind};
-use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
-use gpufleet_collector::carbon::{CarbonOptions, PassReport, Pricer};
-use gpufleet_collector::energy::IdlePolicy;
-use gpufleet_collector::status::Clock;
+use gpufleet_collector::accounting::accountant::{
+    Accountant, EnergyOptions, IdleConfig, IdleWatts,
+};
+use gpufleet_collector::accounting::carbon::{CarbonOptions, PassReport, Pricer};
+use gpufleet_collector::accounting::energy::IdlePolicy;
+use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::carbon::PriceBasis;
 use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
 use gpufleet_core::*;

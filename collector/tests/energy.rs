@@ -4,11 +4,13 @@ mod common;
 
 use common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
-use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
-use gpufleet_collector::energy::IdlePolicy;
-use gpufleet_collector::energy_check;
-use gpufleet_collector::live::{Committed, Live};
-use gpufleet_collector::status::Clock;
+use gpufleet_collector::accounting::accountant::{
+    Accountant, EnergyOptions, IdleConfig, IdleWatts,
+};
+use gpufleet_collector::accounting::check as energy_check;
+use gpufleet_collector::accounting::energy::IdlePolicy;
+use gpufleet_collector::live::state::{Committed, Live};
+use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use std::sync::Arc;
@@ -599,7 +601,7 @@ async fn pg_after_raw_expiry_reports_stay_exact_and_series_come_from_rollups() {
 }
 
 async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
-    use gpufleet_collector::rollups::{RetentionOptions, Rollups};
+    use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
     let node = one_gpu_node(&store, "GPU-ret").await;
     // 200 W for 6 minutes and 1 s, shares 3 : 1.
     let ticks = (0..=361)
@@ -858,7 +860,7 @@ async fn always_busy_gpus_split_by_sm_on(store: Arc<dyn Store>) {
         // Long after: every minute closed.
         let mut acc = Accountant::new(Arc::clone(&store), options.clone(), clock_at(T0 + 60 * MIN));
         acc.pass().await.expect("pass");
-        gpufleet_collector::accountant::recompute(store.as_ref(), all_time(), &options)
+        gpufleet_collector::accounting::accountant::recompute(store.as_ref(), all_time(), &options)
             .await
             .expect("recompute with the policy");
         let gpus = store.gpu_energy(all_time()).await.expect("gpu energy");
@@ -1111,9 +1113,9 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
     assert_eq!(rows[0]["energy_j"], 5_000.0);
     assert_eq!(rows[0]["gpu_seconds"], 20.0);
     assert_eq!(rows[0]["provisional_j"], 5_000.0);
-    let report = gpufleet_collector::report::build(
+    let report = gpufleet_collector::accounting::report::build(
         store.as_ref(),
-        &gpufleet_collector::report::ReportSubject::Container(format!("container:{A}")),
+        &gpufleet_collector::accounting::report::ReportSubject::Container(format!("container:{A}")),
         TimeRange {
             from_ms: T0,
             to_ms: last + 5_000,
@@ -1533,7 +1535,7 @@ async fn open_minute_cost() {
     store.energy_gpus().await.expect("gpus");
     let listing = t.elapsed();
     // A pass recomputes at most PROVISIONAL_PER_PASS open minutes.
-    let recomputed = gpus.min(gpufleet_collector::accountant::PROVISIONAL_PER_PASS);
+    let recomputed = gpus.min(gpufleet_collector::accounting::accountant::PROVISIONAL_PER_PASS);
     println!(
         "{gpus} GPUs: first pass (close minute 0 of every GPU, store {recomputed} open \
          minutes) {first:?}; a refresh pass ({recomputed} open minutes recomputed) {open:?} \
@@ -1598,7 +1600,7 @@ async fn a_served_collector_shows_a_20_s_job_within_15_s_of_its_agent_stopping()
     let key = format!("container:{}", "ab".repeat(32));
     // From the minute holding the job's first sample.
     let range = TimeRange {
-        from_ms: gpufleet_collector::energy::minute_of(end - 20_000),
+        from_ms: gpufleet_collector::accounting::energy::minute_of(end - 20_000),
         to_ms: end + MIN,
     };
     let (row, waited) = loop {
@@ -1633,9 +1635,9 @@ async fn a_served_collector_shows_a_20_s_job_within_15_s_of_its_agent_stopping()
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["rows"][0]["key"], key);
     assert_eq!(v["rows"][0]["energy_mj"], row.energy_mj);
-    let report = gpufleet_collector::report::build(
+    let report = gpufleet_collector::accounting::report::build(
         c.store.as_ref(),
-        &gpufleet_collector::report::ReportSubject::Container(key.clone()),
+        &gpufleet_collector::accounting::report::ReportSubject::Container(key.clone()),
         range,
     )
     .await

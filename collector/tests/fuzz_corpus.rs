@@ -50,7 +50,7 @@ fn decode_batch_corpus() {
 
 #[test]
 fn api_query_corpus() {
-    run("api_query", gpufleet_collector::fuzz::api_query);
+    run("api_query", gpufleet_collector::api::fuzz::api_query);
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::limits::LimitOptions;
+use gpufleet_collector::net::limits::LimitOptions;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_client::IngestClient;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::ingest::IngestOptions;
+use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;

@@ -7,12 +7,12 @@ mod common;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::*;
-use gpufleet_collector::http::{AppState, app};
-use gpufleet_collector::live::Live;
+use gpufleet_collector::api::router::{AppState, app};
+use gpufleet_collector::ingest::writer::{self, WriterHandle, WriterOptions};
+use gpufleet_collector::live::state::Live;
+use gpufleet_collector::live::status::StatusPolicy;
 use gpufleet_collector::metrics::Metrics;
-use gpufleet_collector::status::StatusPolicy;
 use gpufleet_collector::store::{NodeRecord, Store};
-use gpufleet_collector::writer::{self, WriterHandle, WriterOptions};
 use gpufleet_core::*;
 use serde_json::Value;
 use std::sync::Arc;
@@ -813,7 +813,7 @@ async fn a_client_that_falls_behind_is_told_to_resync_instead_of_buffering() {
     let mut body = response.into_body().into_data_stream();
     // More commits than the announcement buffer holds, while the client reads nothing.
     for seq in 0..1100 {
-        f.live.announce(gpufleet_collector::live::Committed {
+        f.live.announce(gpufleet_collector::live::state::Committed {
             node: "node-a".into(),
             batch: batch(seq, T0, 1, &["GPU-a"]),
         });

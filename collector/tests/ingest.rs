@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gpufleet_collector::ingest::IngestOptions;
+use gpufleet_collector::ingest::stream::IngestOptions;
 use gpufleet_collector::store::{Store, TimeRange};
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use gpufleet_core::config::now_ms;
@@ -348,7 +348,7 @@ async fn the_served_collector_accounts_the_energy_of_what_agents_send() {
     let b = energy.iter().find(|g| g.uuid == "GPU-b").expect("GPU-b");
     assert_eq!((b.counter_mj, b.trapezoid_mj), (0, b.energy_mj));
     assert!(b.energy_mj > 0);
-    let report = gpufleet_collector::energy_check::check(c.store.as_ref(), ALL_TIME)
+    let report = gpufleet_collector::accounting::check::check(c.store.as_ref(), ALL_TIME)
         .await
         .expect("check");
     assert_eq!(report.violations, vec![]);

@@ -7,8 +7,8 @@ mod common;
 
 use common::*;
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::limits::LimitOptions;
-use gpufleet_collector::rate_limit::RateQuota;
+use gpufleet_collector::net::limits::LimitOptions;
+use gpufleet_collector::net::rate_limit::RateQuota;
 use gpufleet_proto::v1::collector_message::Msg;
 use gpufleet_proto::v1::ingest_client::IngestClient;
 use std::net::{IpAddr, Ipv4Addr};
@@ -223,7 +223,7 @@ async fn exposed_listeners_are_warned_about_in_health() {
     // Both listeners on all addresses, without TLS, viewers allowed in anonymously.
     let c = start_collector_on(
         ServeOptions {
-            web_auth: gpufleet_collector::web_auth::WebAuthMode::Off,
+            web_auth: gpufleet_collector::auth::web::WebAuthMode::Off,
             ..Default::default()
         },
         "0.0.0.0:0",

@@ -1,4 +1,4 @@
-//! Several collectors, one database (issue 8): job leases and following the store.
+//! Several collectors, one database: job leases and following the store.
 //!
 //! - `postgres_leases_*`: the PostgreSQL advisory-lock lease on the test server
 //!   (`GPUFLEET_TEST_PG_URL`, default 127.0.0.1:5432, user postgres, database test):
@@ -12,10 +12,10 @@
 
 use common::{T0, batch, gpu_info_full, hello, inventory, node_batch};
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
-use gpufleet_collector::follow::FollowMode;
-use gpufleet_collector::follow::follow_once;
-use gpufleet_collector::leader::LeadOptions;
-use gpufleet_collector::live::Live;
+use gpufleet_collector::accounting::leader::LeadOptions;
+use gpufleet_collector::live::follow::FollowMode;
+use gpufleet_collector::live::follow::follow_once;
+use gpufleet_collector::live::state::Live;
 use gpufleet_collector::store::{self, TimeRange, lease};
 use gpufleet_collector::{ServeOptions, serve_with_store};
 use serde_json::Value;

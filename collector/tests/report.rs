@@ -5,9 +5,11 @@ mod common;
 
 use common::*;
 use gpufleet_agent::{GpuSource, SimOptions, simulator};
-use gpufleet_collector::accountant::{Accountant, EnergyOptions, IdleConfig, IdleWatts};
-use gpufleet_collector::energy::IdlePolicy;
-use gpufleet_collector::status::Clock;
+use gpufleet_collector::accounting::accountant::{
+    Accountant, EnergyOptions, IdleConfig, IdleWatts,
+};
+use gpufleet_collector::accounting::energy::IdlePolicy;
+use gpufleet_collector::live::status::Clock;
 use gpufleet_collector::store::{NodeRecord, Store};
 use gpufleet_core::*;
 use gpufleet_report::Report;
@@ -354,7 +356,7 @@ async fn on_a_simulated_node_every_workload_report_matches_the_energy_api() {
 #[tokio::test]
 async fn the_report_carries_the_stored_carbon_prices() {
     use gpufleet_carbon::{CarbonArgs, CarbonConfig, config::CarbonFile};
-    use gpufleet_collector::carbon::{CarbonOptions, Pricer};
+    use gpufleet_collector::accounting::carbon::{CarbonOptions, Pricer};
     let (_dir, store) = seeded().await;
     let config = CarbonConfig::new(
         CarbonArgs {

@@ -6,10 +6,10 @@ mod common;
 
 use common::*;
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
-use gpufleet_collector::accountant::{self, Accountant, EnergyOptions};
-use gpufleet_collector::energy::GpuMinute;
-use gpufleet_collector::energy_check;
-use gpufleet_collector::rollups::{RetentionOptions, Rollups};
+use gpufleet_collector::accounting::accountant::{self, Accountant, EnergyOptions};
+use gpufleet_collector::accounting::check as energy_check;
+use gpufleet_collector::accounting::energy::GpuMinute;
+use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
@@ -742,11 +742,11 @@ mod contract {
         }
     }
 
-    // ---------------------------------------------------------------- rollups (issue 8)
+    // ---------------------------------------------------------------- rollups
 
     const MIN: i64 = 60_000;
 
-    pub fn clock_at(t: UnixMs) -> gpufleet_collector::status::Clock {
+    pub fn clock_at(t: UnixMs) -> gpufleet_collector::live::status::Clock {
         Arc::new(move || t)
     }
 
@@ -1188,7 +1188,7 @@ mod contract {
         assert_eq!(horizon_a().await, Some(T0 + 11 * MIN));
     }
 
-    // ---- carbon (issue 7)
+    // ---- carbon
 
     fn slot(region: &str, from_ms: i64, g: f64, kind: IntensityKind) -> IntensitySlot {
         IntensitySlot {

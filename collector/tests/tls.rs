@@ -1,4 +1,4 @@
-//! TLS and mTLS with real certificates made in the test (rcgen, `gpufleet_collector::certs`):
+//! TLS and mTLS with real certificates made in the test (rcgen, `gpufleet_collector::net::certs`):
 //! a real collector (`serve_with_store`) on loopback, real agents (`run_agent`) or a raw
 //! client from the proto. Every refusal is asserted on both sides: the status the client
 //! sees, and a store with nothing written.
@@ -9,11 +9,11 @@ use common::*;
 use gpufleet_agent::tls::Credentials;
 use gpufleet_agent::{RunOptions, SimOptions, run_agent, simulator};
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::certs::{DevCa, Pem, Validity};
-use gpufleet_collector::identity::AgentAuth;
-use gpufleet_collector::ingest::IngestOptions;
-use gpufleet_collector::tls::{self as ctls, Alpn, ReloadableTls, TlsFiles, TlsOptions};
-use gpufleet_collector::tokens::{self, TokensCommand};
+use gpufleet_collector::auth::tokens::{self, TokensCommand};
+use gpufleet_collector::ingest::identity::AgentAuth;
+use gpufleet_collector::ingest::stream::IngestOptions;
+use gpufleet_collector::net::certs::{DevCa, Pem, Validity};
+use gpufleet_collector::net::tls::{self as ctls, Alpn, ReloadableTls, TlsFiles, TlsOptions};
 use gpufleet_core::config::now_ms;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::ingest_client::IngestClient;
@@ -722,7 +722,7 @@ async fn a_tls_connection_that_never_starts_http2_is_closed() {
     let pki = Pki::new();
     let c = start_collector(ServeOptions {
         tls: grpc_only(pki.server_files(false)),
-        limits: gpufleet_collector::limits::LimitOptions {
+        limits: gpufleet_collector::net::limits::LimitOptions {
             grpc_handshake_timeout: Duration::from_millis(300),
             ..Default::default()
         },

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use gpufleet_collector::ServeOptions;
-use gpufleet_collector::tokens::{self, Role, TokensCommand};
-use gpufleet_collector::web_auth::WebAuthMode;
+use gpufleet_collector::auth::tokens::{self, Role, TokensCommand};
+use gpufleet_collector::auth::web::WebAuthMode;
 use reqwest::StatusCode;
 use reqwest::redirect::Policy;
 

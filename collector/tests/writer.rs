@@ -4,10 +4,10 @@
 mod common;
 
 use common::*;
-use gpufleet_collector::live::Live;
+use gpufleet_collector::ingest::writer::{self, WriterOptions};
+use gpufleet_collector::live::state::Live;
 use gpufleet_collector::metrics::Metrics;
 use gpufleet_collector::store::{NodeBatch, NodeKeys};
-use gpufleet_collector::writer::{self, WriterOptions};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;

@@ -1,4 +1,4 @@
 //! Fuzz target: api_query (see fuzz/Cargo.toml).
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| gpufleet_collector::fuzz::api_query(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| gpufleet_collector::api::fuzz::api_query(data));

@@ -1,7 +1,7 @@
 //! Carbon accounting in the store ([`CarbonStore`]): the intensity cache, per-minute
 //! prices and the API's carbon aggregates, with their SQL once for both backends (the
 //! writes of many rows are backend hooks: PostgreSQL binds one array per column). The
-//! pricing is in [`crate::carbon`].
+//! pricing is in [`crate::accounting::carbon`].
 
 use super::backend::{Backend, Get, GetExt, List, sql};
 use super::rows::limit_i64;

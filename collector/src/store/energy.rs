@@ -1,11 +1,11 @@
 //! Energy accounting in the store: what the accountant reads and writes
 //! ([`EnergyStore`]), the shapes crossing the boundary, and their SQL, once for both
-//! backends. The computing is in [`crate::energy`] (pure) and [`crate::accountant`].
+//! backends. The computing is in [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`].
 
 use super::backend::{Backend, Dialect, Get, GetExt, sql};
 use super::rows::{self, WORKLOAD_COLS, limit_i64};
 use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
-use crate::energy::{
+use crate::accounting::energy::{
     EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
 };
 use async_trait::async_trait;

@@ -102,7 +102,7 @@ pub trait FleetReads: Send + Sync {
 
     /// A node's stored ticks in `range` (GPU samples with their processes, host row,
     /// events), oldest first, the newest `limit` at most: what another collector committed,
-    /// for the live state ([`crate::follow`]).
+    /// for the live state ([`crate::live::follow`]).
     async fn node_ticks(
         &self,
         node: &NodeRecord,

@@ -240,13 +240,13 @@ pub async fn postgres(pool: &sqlx::PgPool, job: &str) -> Result<Option<Lease>, S
 #[async_trait]
 pub trait JobLeases: Send + Sync {
     /// Whether several collectors may share this database (PostgreSQL: `true`), so each
-    /// follows what the others commit ([`crate::follow`], `--follow-store auto`). SQLite:
+    /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
     /// `false`, one collector per file.
     fn shared(&self) -> bool;
 
     /// The lease of a background job: `Some` when this caller may run `job` now, `None`
     /// while someone else (another collector on the same database) holds it. Run jobs
-    /// through [`crate::leader::spawn`] rather than calling this directly.
+    /// through [`crate::accounting::leader::spawn`] rather than calling this directly.
     async fn try_lead(&self, job: &str) -> Result<Option<Lease>, StoreError>;
 }
 

@@ -505,7 +505,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         gpu: GpuId,
         from_ms: UnixMs,
         to_ms: UnixMs,
-        minutes: &[crate::energy::GpuMinute],
+        minutes: &[crate::accounting::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError>;
 
@@ -520,7 +520,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         &self,
         gpu: Option<GpuId>,
         range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError>;
+    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError>;
 
     /// Minutes before the watermark whose stored sample count differs from the raw
     /// samples' (late or replayed data since they were computed), from `since_ms` on.
@@ -688,18 +688,18 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     // ---- several collectors (issue 8)
 
     /// Whether several collectors may share this database (PostgreSQL: `true`), so each
-    /// follows what the others commit ([`crate::follow`], `--follow-store auto`). SQLite:
+    /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
     /// `false`, one collector per file.
     fn shared(&self) -> bool;
 
     /// The lease of a background job ([`lease`]): `Some` when this caller may run `job`
     /// now, `None` while someone else (another collector on the same database) holds it.
-    /// Run jobs through [`crate::leader::spawn`] rather than calling this directly.
+    /// Run jobs through [`crate::accounting::leader::spawn`] rather than calling this directly.
     async fn try_lead(&self, job: &str) -> Result<Option<lease::Lease>, StoreError>;
 
     /// A node's stored ticks in `range` (GPU samples with their processes, host row,
     /// events), oldest first, the newest `limit` at most: what another collector committed,
-    /// for the live state ([`crate::follow`]). The default composes the per-GPU reads;
+    /// for the live state ([`crate::live::follow`]). The default composes the per-GPU reads;
     /// a backend may answer it in fewer queries.
     async fn node_ticks(
         &self,
@@ -1030,7 +1030,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         gpu: GpuId,
         from_ms: UnixMs,
         to_ms: UnixMs,
-        minutes: &[crate::energy::GpuMinute],
+        minutes: &[crate::accounting::energy::GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
         EnergyStore::replace_energy_minutes(self, gpu, from_ms, to_ms, minutes, done_to_ms).await
@@ -1047,7 +1047,7 @@ impl<DB: Backend> Store for SqlStore<DB> {
         &self,
         gpu: Option<GpuId>,
         range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::energy::GpuMinute)>, StoreError> {
+    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError> {
         EnergyStore::energy_minutes(self, gpu, range).await
     }
 

@@ -1,6 +1,6 @@
 //! Per-minute rollups and retention in the store ([`RollupStore`]): the shapes crossing
 //! the boundary and their SQL, once for both backends. The task that drives them is
-//! [`crate::rollups`].
+//! [`crate::accounting::rollups`].
 //!
 //! Rollups are computed in SQL (`INSERT ... SELECT ... GROUP BY minute`) from the raw
 //! tables, so a minute costs one pass over its rows inside the database. Retention deletes
@@ -9,7 +9,7 @@
 
 use super::backend::{Backend, Dialect, Get, sql};
 use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange};
-use crate::energy::{MINUTE_MS, minute_of};
+use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -428,7 +428,7 @@ impl TestCollector {
 
 /// `tokens add NODE` (an agent token) on the collector's store; returns the token.
 pub async fn add_token(c: &TestCollector, node: &str) -> String {
-    use gpufleet_collector::tokens::{self, Role, TokensCommand};
+    use gpufleet_collector::auth::tokens::{self, Role, TokensCommand};
     let out = tokens::run_on(
         c.store.as_ref(),
         TokensCommand::Add {
@@ -470,7 +470,7 @@ pub fn knob(name: &str, default: u32) -> u32 {
 /// Calls the HTTP API in-process (no socket) with the clock fixed at `now`: the status,
 /// the content type and the body.
 pub async fn api_get(store: &Arc<dyn Store>, now: UnixMs, uri: &str) -> (u16, String, Vec<u8>) {
-    let live = Arc::new(gpufleet_collector::live::Live::new());
+    let live = Arc::new(gpufleet_collector::live::state::Live::new());
     api_get_live(store, live, now, uri).await
 }
 
@@ -487,12 +487,12 @@ pub async fn api_get_json(
 /// [`api_get`] with a given live state (what `/api/v1/nodes` and friends read).
 pub async fn api_get_live(
     store: &Arc<dyn Store>,
-    live: Arc<gpufleet_collector::live::Live>,
+    live: Arc<gpufleet_collector::live::state::Live>,
     now: UnixMs,
     uri: &str,
 ) -> (u16, String, Vec<u8>) {
     use tower::ServiceExt as _;
-    let state = gpufleet_collector::http::AppState {
+    let state = gpufleet_collector::api::router::AppState {
         store: Arc::clone(store),
         live,
         metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
@@ -500,7 +500,7 @@ pub async fn api_get_live(
         status: Default::default(),
         clock: Arc::new(move || now),
     };
-    let response = gpufleet_collector::http::app(state)
+    let response = gpufleet_collector::api::router::app(state)
         .oneshot(
             axum::http::Request::builder()
                 .uri(uri)

@@ -1,0 +1,630 @@
+//! Energy accounting: how much energy each GPU spent per interval, and who spent it.
+//!
+//! Pure functions, no SQL and no clock: the accountant ([`crate::accounting::accountant`]) feeds them
+//! stored samples and stores what they return; `check-energy` runs them again over the raw
+//! samples and compares.
+//!
+//! **Per interval** (two consecutive samples of one GPU, `(t0, t1]`):
+//! - `counter`: the delta of the total-energy counter, when both samples carry it and it did
+//!   not go backwards (a driver reload resets it);
+//! - `trapezoid`: otherwise, `(p0 + p1) / 2 × (t1 − t0)` over the reported power;
+//! - `missing`: when the interval is longer than the gap limit (agent down, samples lost) or
+//!   neither method has its inputs. No energy is invented for it; its duration is counted.
+//!
+//! **Attribution** of an interval's energy `E` (integer millijoules), using the processes
+//! seen at its end sample (NVML's per-process utilization covers the window since the
+//! previous reading):
+//! - idle part `I = min(E, idle_mw × Δt × (1 − u))`, where `u` is the GPU utilization at the
+//!   end sample (the share of the interval a kernel ran; unknown: 0). The baseline power
+//!   drawn while kernels run is part of running them, so only the GPU's idle *time* is
+//!   idle energy. The active part is `E − I`;
+//! - no process at all: all of `E` goes to the `idle` bucket — unless the GPU reported
+//!   utilization above 0 %, in which case the active part is `unattributed` (work we saw but
+//!   cannot name: processes NVML does not list, e.g. in another PID namespace);
+//! - otherwise the active part is split over workloads by SM-utilization share (`sm`) when
+//!   every process reports one and they sum above 0, else by GPU-memory share (`memory`),
+//!   else equally (`equal`); the idle part is split over the resident workloads by the GPU
+//!   memory each holds (holding memory is what keeps others off the GPU), else equally.
+//!   Under [`IdlePolicy::Spread`] (the default) each workload is charged its idle share;
+//!   under [`IdlePolicy::Separate`] the idle part goes to the `idle` bucket and each
+//!   workload's idle share is reported beside its energy, not charged.
+//!
+//! An interval where the GPU did no work (0 % utilization at both ends, no compute process
+//! listed) is *seen idle*: its energy and length teach the GPU's idle baseline
+//! ([`baseline`]).
+//!
+//! Every split uses the largest-remainder rule on integers, ties to the lowest workload id,
+//! so **attributed + idle + unattributed == E exactly**, for every interval.
+
+pub mod baseline;
+
+use gpufleet_core::UnixMs;
+use std::collections::BTreeMap;
+
+/// A workload's id in the store (`workloads.id`); ties in a split go to the lowest.
+pub type WorkloadRef = i64;
+
+/// Minutes are the rollup unit.
+pub const MINUTE_MS: i64 = 60_000;
+
+/// The attribution rules minutes are computed with, stored in each minute row: 1 before
+/// the idle baseline was learned and idle split by memory (those rows are checked for
+/// conservation only; `recompute-energy` rebuilds them), 2 now.
+pub const RULES: u32 = 2;
+
+/// One process on a GPU at one sample, as accounting needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnergyProcess {
+    pub workload: WorkloadRef,
+    pub sm_util_pct: Option<u32>,
+    pub gpu_mem_bytes: Option<u64>,
+    /// A compute (or compute + graphics) context: a GPU with one is not seen idle.
+    pub compute: bool,
+}
+
+/// One GPU sample, as accounting needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnergySample {
+    pub time_ms: UnixMs,
+    pub power_mw: Option<u32>,
+    pub energy_mj: Option<u64>,
+    pub util_gpu_pct: Option<u32>,
+    pub processes: Vec<EnergyProcess>,
+}
+
+/// How an interval's energy was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Method {
+    /// Delta of NVML's total-energy counter.
+    Counter,
+    /// Trapezoid integration of the reported power.
+    Trapezoid,
+    /// Not measured (gap, or neither counter nor power): no energy, duration counted.
+    Missing,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Counter => "counter",
+            Method::Trapezoid => "trapezoid",
+            Method::Missing => "missing",
+        }
+    }
+}
+
+/// How an interval's active energy was split over workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SplitMethod {
+    /// By per-process SM utilization.
+    Sm,
+    /// By per-process GPU memory (SM utilization missing or all zero).
+    Memory,
+    /// Equally (neither is usable).
+    Equal,
+}
+
+/// Where idle energy goes when workloads are resident on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdlePolicy {
+    /// Split equally over the workloads resident on the GPU: whoever holds a GPU pays for
+    /// keeping it powered (the default: a GPU allocated but idle is the waste operators
+    /// hunt, and its owner should see it).
+    #[default]
+    Spread,
+    /// Into a per-GPU (per-node) `idle` bucket: workloads pay only for their active share.
+    Separate,
+}
+
+impl IdlePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdlePolicy::Spread => "spread",
+            IdlePolicy::Separate => "separate",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IdlePolicy> {
+        match s {
+            "spread" => Some(IdlePolicy::Spread),
+            "separate" => Some(IdlePolicy::Separate),
+            _ => None,
+        }
+    }
+}
+
+/// One workload's part of an interval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadPart {
+    pub workload: WorkloadRef,
+    /// Everything charged to it: its active share, plus its idle share under
+    /// [`IdlePolicy::Spread`], mJ.
+    pub energy_mj: u64,
+    /// Its share of the active energy, mJ.
+    pub active_mj: u64,
+    /// Its share of the idle energy (by GPU memory held), under both policies; charged
+    /// (part of `energy_mj`) only under [`IdlePolicy::Spread`], mJ.
+    pub idle_mj: u64,
+    /// Its share of the active split, in parts per million.
+    pub share_ppm: u32,
+}
+
+/// The accounting of one interval `(start_ms, end_ms]` of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntervalEnergy {
+    pub start_ms: UnixMs,
+    pub end_ms: UnixMs,
+    pub method: Method,
+    /// The GPU's energy in the interval (0 when `Missing`), mJ.
+    pub energy_mj: u64,
+    /// Idle energy not given to workloads (the `idle` bucket), mJ.
+    pub idle_bucket_mj: u64,
+    /// Active energy with no process to give it to, mJ.
+    pub unattributed_mj: u64,
+    /// The idle part of the interval (to workloads and the bucket), mJ.
+    pub idle_mj: u64,
+    /// `None` when no workload received active energy.
+    pub split: Option<SplitMethod>,
+    /// How the idle part was split over workloads (`memory` or `equal`); `None` without
+    /// workloads.
+    pub idle_split: Option<SplitMethod>,
+    /// The GPU did no work in this interval: it teaches the idle baseline.
+    pub seen_idle: bool,
+    /// By workload id.
+    pub parts: Vec<WorkloadPart>,
+}
+
+impl IntervalEnergy {
+    pub fn duration_ms(&self) -> i64 {
+        self.end_ms - self.start_ms
+    }
+
+    /// attributed + idle bucket + unattributed; equals `energy_mj` by construction.
+    pub fn accounted_mj(&self) -> u64 {
+        self.parts.iter().map(|p| p.energy_mj).sum::<u64>()
+            + self.idle_bucket_mj
+            + self.unattributed_mj
+    }
+}
+
+/// The GPU's energy over `(prev, cur]` and the method that produced it.
+pub fn interval_energy(prev: &EnergySample, cur: &EnergySample, max_gap_ms: i64) -> (Method, u64) {
+    let dt = cur.time_ms - prev.time_ms;
+    if dt <= 0 || dt > max_gap_ms {
+        return (Method::Missing, 0);
+    }
+    if let (Some(e0), Some(e1)) = (prev.energy_mj, cur.energy_mj)
+        && e1 >= e0
+    {
+        return (Method::Counter, e1 - e0);
+    }
+    match (prev.power_mw, cur.power_mw) {
+        (Some(p0), Some(p1)) => {
+            // mW × ms = µJ; / 1000 = mJ; the trapezoid halves: / 2000, rounded to nearest.
+            let twice_uj = (u128::from(p0) + u128::from(p1)) * dt as u128;
+            let mj = (twice_uj + 1000) / 2000;
+            (Method::Trapezoid, u64::try_from(mj).unwrap_or(u64::MAX))
+        }
+        _ => (Method::Missing, 0),
+    }
+}
+
+/// Splits `total` into integers proportional to `weights` (largest remainder; ties to the
+/// earlier index). The parts always sum to `total`. All-zero weights split equally.
+pub fn split_proportional(total: u64, weights: &[u128]) -> Vec<u64> {
+    if weights.is_empty() {
+        return Vec::new();
+    }
+    let sum: u128 = weights.iter().sum();
+    let (weights, sum): (Vec<u128>, u128) = if sum == 0 {
+        (vec![1; weights.len()], weights.len() as u128)
+    } else {
+        (weights.to_vec(), sum)
+    };
+    let total128 = u128::from(total);
+    let mut parts: Vec<u64> = Vec::with_capacity(weights.len());
+    let mut remainders: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
+    for (i, w) in weights.iter().enumerate() {
+        let num = total128 * w;
+        parts.push(u64::try_from(num / sum).unwrap_or(u64::MAX));
+        remainders.push((num % sum, i));
+    }
+    let given: u64 = parts.iter().sum();
+    let mut left = total - given; // < weights.len()
+    // Largest remainder first; equal remainders: lower index first.
+    remainders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for (_, i) in remainders {
+        if left == 0 {
+            break;
+        }
+        parts[i] += 1;
+        left -= 1;
+    }
+    parts
+}
+
+/// Whether `(prev, cur]` shows a GPU doing no work: 0 % utilization at both ends and no
+/// compute process listed at its end (absent utilization is not 0 %).
+pub fn seen_idle(prev: &EnergySample, cur: &EnergySample) -> bool {
+    prev.util_gpu_pct == Some(0)
+        && cur.util_gpu_pct == Some(0)
+        && !cur.processes.iter().any(|p| p.compute)
+}
+
+/// Attributes one interval's energy (see the module doc).
+pub fn attribute(
+    start_ms: UnixMs,
+    cur: &EnergySample,
+    method: Method,
+    energy_mj: u64,
+    idle_mw: u32,
+    policy: IdlePolicy,
+) -> IntervalEnergy {
+    let dt = (cur.time_ms - start_ms).max(0);
+    let mut out = IntervalEnergy {
+        start_ms,
+        end_ms: cur.time_ms,
+        method,
+        energy_mj,
+        idle_bucket_mj: 0,
+        unattributed_mj: 0,
+        idle_mj: 0,
+        split: None,
+        idle_split: None,
+        seen_idle: false,
+        parts: Vec::new(),
+    };
+    if energy_mj == 0 && method == Method::Missing {
+        return out;
+    }
+    // mW × ms × idle % = µJ × 100; / 100_000 = mJ, rounded to nearest.
+    let idle_pct = 100 - u128::from(cur.util_gpu_pct.unwrap_or(0).min(100));
+    let idle_cap = (u128::from(idle_mw) * dt as u128 * idle_pct + 50_000) / 100_000;
+    let idle = u64::try_from(idle_cap.min(u128::from(energy_mj))).unwrap_or(energy_mj);
+    let active = energy_mj - idle;
+    out.idle_mj = idle;
+
+    // Per workload: SM sum, memory sum; a process without a reading makes the whole
+    // method unusable for this interval (absent is not zero).
+    let mut by_workload: BTreeMap<WorkloadRef, (u128, u128)> = BTreeMap::new();
+    let mut sm_ok = true;
+    let mut mem_ok = true;
+    for p in &cur.processes {
+        let e = by_workload.entry(p.workload).or_default();
+        match p.sm_util_pct {
+            Some(v) => e.0 += u128::from(v),
+            None => sm_ok = false,
+        }
+        match p.gpu_mem_bytes {
+            Some(v) => e.1 += u128::from(v),
+            None => mem_ok = false,
+        }
+    }
+    if by_workload.is_empty() {
+        if cur.util_gpu_pct.is_some_and(|u| u > 0) {
+            out.idle_bucket_mj = idle;
+            out.unattributed_mj = active;
+        } else {
+            out.idle_bucket_mj = energy_mj;
+            out.idle_mj = energy_mj;
+        }
+        return out;
+    }
+    let ids: Vec<WorkloadRef> = by_workload.keys().copied().collect();
+    let sm: Vec<u128> = by_workload.values().map(|v| v.0).collect();
+    let mem: Vec<u128> = by_workload.values().map(|v| v.1).collect();
+    let mem_usable = mem_ok && mem.iter().sum::<u128>() > 0;
+    let (split, weights) = if sm_ok && sm.iter().sum::<u128>() > 0 {
+        (SplitMethod::Sm, sm)
+    } else if mem_usable {
+        (SplitMethod::Memory, mem.clone())
+    } else {
+        (SplitMethod::Equal, vec![1; ids.len()])
+    };
+    let (idle_split, idle_weights) = if mem_usable {
+        (SplitMethod::Memory, mem)
+    } else {
+        (SplitMethod::Equal, vec![1; ids.len()])
+    };
+    let weight_sum: u128 = weights.iter().sum();
+    let active_parts = split_proportional(active, &weights);
+    let idle_parts = split_proportional(idle, &idle_weights);
+    let charged = match policy {
+        IdlePolicy::Spread => true,
+        IdlePolicy::Separate => {
+            out.idle_bucket_mj = idle;
+            false
+        }
+    };
+    out.split = Some(split);
+    out.idle_split = Some(idle_split);
+    out.parts = ids
+        .iter()
+        .enumerate()
+        .map(|(i, &workload)| WorkloadPart {
+            workload,
+            energy_mj: active_parts[i] + if charged { idle_parts[i] } else { 0 },
+            active_mj: active_parts[i],
+            idle_mj: idle_parts[i],
+            share_ppm: u32::try_from(weights[i] * 1_000_000 / weight_sum.max(1))
+                .unwrap_or(1_000_000),
+        })
+        .collect();
+    out
+}
+
+/// Accounts every interval that ends at one of `samples` (sorted by time, distinct
+/// times); `prev` is the sample before the first, if any.
+pub fn account(
+    prev: Option<&EnergySample>,
+    samples: &[EnergySample],
+    max_gap_ms: i64,
+    idle_mw: u32,
+    policy: IdlePolicy,
+) -> Vec<IntervalEnergy> {
+    let mut out = Vec::with_capacity(samples.len());
+    let mut last = prev;
+    for cur in samples {
+        if let Some(p) = last {
+            let (method, e) = interval_energy(p, cur, max_gap_ms);
+            let mut iv = attribute(p.time_ms, cur, method, e, idle_mw, policy);
+            iv.seen_idle = method != Method::Missing && seen_idle(p, cur);
+            out.push(iv);
+        }
+        last = Some(cur);
+    }
+    out
+}
+
+/// The start of the minute holding `t`.
+pub fn minute_of(t: UnixMs) -> UnixMs {
+    t.div_euclid(MINUTE_MS) * MINUTE_MS
+}
+
+/// One workload's energy on one GPU in one minute (intervals ending in that minute).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkloadMinute {
+    pub workload: WorkloadRef,
+    /// Charged: active, plus idle under `spread`.
+    pub energy_mj: u64,
+    /// Its active share.
+    pub active_mj: u64,
+    /// Its idle share by memory held (charged only under `spread`).
+    pub idle_mj: u64,
+    pub counter_mj: u64,
+    pub trapezoid_mj: u64,
+    /// Time it was resident (had a process) in measured intervals.
+    pub gpu_ms: i64,
+    /// Σ share_ppm × interval ms: average share = share_ppm_ms / gpu_ms / 1e6.
+    pub share_ppm_ms: u64,
+    pub sm_ms: i64,
+    pub memory_ms: i64,
+    pub equal_ms: i64,
+    /// Time its idle share was split by GPU memory held, or equally.
+    pub idle_memory_ms: i64,
+    pub idle_equal_ms: i64,
+}
+
+/// One GPU's energy in one minute, and the policy that split it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuMinute {
+    pub minute_ms: UnixMs,
+    pub energy_mj: u64,
+    pub counter_mj: u64,
+    pub trapezoid_mj: u64,
+    pub attributed_mj: u64,
+    /// The idle bucket: idle energy charged to no workload.
+    pub idle_mj: u64,
+    pub unattributed_mj: u64,
+    /// The active part of `energy_mj` (the rest is idle, charged or in the bucket).
+    pub active_mj: u64,
+    /// Intervals in which the GPU did no work: their length and energy (the idle
+    /// baseline is learned from these).
+    pub seen_idle_ms: i64,
+    pub seen_idle_mj: u64,
+    /// The learning's evidence after this minute: the most recent seen-idle time of the
+    /// GPU (up to [`baseline::LEARN_HORIZON_MS`]) and its energy, carried from minute to
+    /// minute ([`baseline::carry`]).
+    pub learned_idle_ms: i64,
+    pub learned_idle_mj: u64,
+    /// Computed from an open minute (more samples may come): replaced once closed.
+    pub provisional: bool,
+    /// The attribution rules it was computed with ([`RULES`]).
+    pub rules: u32,
+    /// Measured time (counter or trapezoid intervals).
+    pub covered_ms: i64,
+    /// Time in missing intervals (gaps; no energy).
+    pub missing_ms: i64,
+    /// Samples of this GPU in the minute.
+    pub samples: u32,
+    /// Lowest power reported in the minute.
+    pub min_power_mw: Option<u32>,
+    /// The idle power used for this minute.
+    pub idle_mw: u32,
+    pub idle_policy: IdlePolicy,
+    /// Where `idle_mw` came from.
+    pub idle_source: IdleSource,
+    /// The gap limit used: longer intervals are missing.
+    pub max_gap_ms: i64,
+    pub workloads: Vec<WorkloadMinute>,
+}
+
+/// Where an idle power came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum IdleSource {
+    /// The lowest power of the last 24 h (rows computed before the learned baseline; the
+    /// rule that mistook a busy GPU's working power for idle).
+    Min,
+    /// Configured (`--energy-idle`).
+    Watts,
+    /// Learned from intervals in which this GPU did no work.
+    #[default]
+    Learned,
+    /// The per-model default table ([`baseline::MODELS`]).
+    Model,
+    /// Neither learned nor a known model: the conservative fallback
+    /// ([`baseline::fallback_mw`]).
+    Fallback,
+}
+
+impl IdleSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdleSource::Min => "min",
+            IdleSource::Watts => "watts",
+            IdleSource::Learned => "learned",
+            IdleSource::Model => "model",
+            IdleSource::Fallback => "fallback",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IdleSource> {
+        match s {
+            "min" => Some(IdleSource::Min),
+            "watts" => Some(IdleSource::Watts),
+            "learned" => Some(IdleSource::Learned),
+            "model" => Some(IdleSource::Model),
+            "fallback" => Some(IdleSource::Fallback),
+            _ => None,
+        }
+    }
+}
+
+impl GpuMinute {
+    /// Violations of conservation in this row, if any (for `check-energy`).
+    pub fn conservation_error(&self) -> Option<String> {
+        let workloads: u64 = self.workloads.iter().map(|w| w.energy_mj).sum();
+        let accounted = workloads + self.idle_mj + self.unattributed_mj;
+        if accounted != self.energy_mj {
+            return Some(format!(
+                "workloads {workloads} + idle {} + unattributed {} = {accounted} mJ, but the GPU spent {} mJ",
+                self.idle_mj, self.unattributed_mj, self.energy_mj
+            ));
+        }
+        if workloads != self.attributed_mj {
+            return Some(format!(
+                "workload rows sum to {workloads} mJ, but attributed_mj says {}",
+                self.attributed_mj
+            ));
+        }
+        let active: u64 = self.workloads.iter().map(|w| w.active_mj).sum();
+        if active + self.unattributed_mj != self.active_mj || self.active_mj > self.energy_mj {
+            return Some(format!(
+                "workloads' active {active} + unattributed {} mJ != active {} mJ (of {} mJ)",
+                self.unattributed_mj, self.active_mj, self.energy_mj
+            ));
+        }
+        let charged = self.idle_policy == IdlePolicy::Spread;
+        if let Some(w) = self
+            .workloads
+            .iter()
+            .find(|w| w.energy_mj != w.active_mj + if charged { w.idle_mj } else { 0 })
+        {
+            return Some(format!(
+                "workload {} was charged {} mJ, but its active {} + idle {} mJ under {} differ",
+                w.workload,
+                w.energy_mj,
+                w.active_mj,
+                w.idle_mj,
+                self.idle_policy.as_str()
+            ));
+        }
+        if self.counter_mj + self.trapezoid_mj != self.energy_mj {
+            return Some(format!(
+                "counter {} + trapezoid {} mJ != energy {} mJ",
+                self.counter_mj, self.trapezoid_mj, self.energy_mj
+            ));
+        }
+        None
+    }
+}
+
+/// Splits time-ordered samples into runs of one minute each: `(minute start, samples)`.
+pub fn by_minute(samples: &[EnergySample]) -> impl Iterator<Item = (UnixMs, &[EnergySample])> {
+    samples
+        .chunk_by(|a, b| minute_of(a.time_ms) == minute_of(b.time_ms))
+        .map(|run| (minute_of(run[0].time_ms), run))
+}
+
+/// The minute's lowest reported power.
+pub fn min_power(samples: &[EnergySample]) -> Option<u32> {
+    samples.iter().filter_map(|s| s.power_mw).min()
+}
+
+/// Rolls up one minute: `samples` are the GPU's samples in `[minute, minute + 1 min)`,
+/// `prev` the sample just before them (any age: the gap limit decides).
+pub fn rollup_minute(
+    minute_ms: UnixMs,
+    prev: Option<&EnergySample>,
+    samples: &[EnergySample],
+    max_gap_ms: i64,
+    idle_mw: u32,
+    idle_source: IdleSource,
+    policy: IdlePolicy,
+) -> GpuMinute {
+    let intervals = account(prev, samples, max_gap_ms, idle_mw, policy);
+    let mut m = GpuMinute {
+        minute_ms,
+        samples: u32::try_from(samples.len()).unwrap_or(u32::MAX),
+        min_power_mw: min_power(samples),
+        idle_mw,
+        idle_policy: policy,
+        idle_source,
+        max_gap_ms,
+        rules: RULES,
+        ..Default::default()
+    };
+    let mut workloads: BTreeMap<WorkloadRef, WorkloadMinute> = BTreeMap::new();
+    for iv in &intervals {
+        let dt = iv.duration_ms();
+        match iv.method {
+            Method::Missing => {
+                m.missing_ms += dt;
+                continue;
+            }
+            Method::Counter => m.counter_mj += iv.energy_mj,
+            Method::Trapezoid => m.trapezoid_mj += iv.energy_mj,
+        }
+        m.covered_ms += dt;
+        m.energy_mj += iv.energy_mj;
+        m.active_mj += iv.energy_mj - iv.idle_mj;
+        if iv.seen_idle {
+            m.seen_idle_ms += dt;
+            m.seen_idle_mj += iv.energy_mj;
+        }
+        m.idle_mj += iv.idle_bucket_mj;
+        m.unattributed_mj += iv.unattributed_mj;
+        for p in &iv.parts {
+            let w = workloads
+                .entry(p.workload)
+                .or_insert_with(|| WorkloadMinute {
+                    workload: p.workload,
+                    ..Default::default()
+                });
+            w.energy_mj += p.energy_mj;
+            w.active_mj += p.active_mj;
+            w.idle_mj += p.idle_mj;
+            match iv.method {
+                Method::Counter => w.counter_mj += p.energy_mj,
+                _ => w.trapezoid_mj += p.energy_mj,
+            }
+            w.gpu_ms += dt;
+            w.share_ppm_ms += u64::from(p.share_ppm) * dt as u64;
+            match iv.split {
+                Some(SplitMethod::Sm) => w.sm_ms += dt,
+                Some(SplitMethod::Memory) => w.memory_ms += dt,
+                _ => w.equal_ms += dt,
+            }
+            match iv.idle_split {
+                Some(SplitMethod::Memory) => w.idle_memory_ms += dt,
+                _ => w.idle_equal_ms += dt,
+            }
+            m.attributed_mj += p.energy_mj;
+        }
+    }
+    m.workloads = workloads.into_values().collect();
+    m
+}
+
+#[cfg(test)]
+mod tests;

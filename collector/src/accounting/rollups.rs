@@ -1,0 +1,326 @@
+//! Per-minute rollups and retention: the task that keeps `gpu_minutes` /
+//! `host_minutes` up to date and expires old data, and the flags that configure it.
+//!
+//! It works like the energy [`crate::accounting::accountant`]: per series (a GPU, or a node's host
+//! metrics) the store keeps a watermark; a pass rolls up the minutes from the watermark to
+//! the minute of the newest sample (a minute is closed once a later sample exists). Late
+//! data behind the watermark is found from the commit announcements
+//! ([`crate::live::state::Live::subscribe`], the accountant's [`accountant::touched_minutes`]) and,
+//! at start-up or after missed announcements, by comparing stored sample counts with raw
+//! counts. The rollups themselves are computed by the store (one `GROUP BY` per range).
+//!
+//! Retention runs in the same task every `retention_period`: raw samples older than
+//! `--retain-raw` go, but only behind both the rollup and the energy watermarks
+//! ([`crate::store::Store::expire_raw_before`]); rollups, energy minutes and events older
+//! than `--retain-rollups` go too. Minutes before a series' raw horizon are never
+//! recomputed from raw (the store refuses), so reports and energy totals stay exact.
+
+use crate::accounting::accountant;
+use crate::accounting::energy::{MINUTE_MS, minute_of};
+use crate::live::state::{Committed, Live};
+use crate::store::rollup::{RetentionOutcome, RollupKey};
+use crate::store::{Store, StoreError};
+use gpufleet_core::UnixMs;
+use gpufleet_core::config::parse_duration;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+/// Most minutes rolled up per transaction (6 h: 21,600 rows of a GPU at 1 Hz).
+const CHUNK_MINUTES: i64 = 360;
+
+/// How rollups and retention run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetentionOptions {
+    /// Raw samples (GPU, process, host) are kept this long.
+    pub retain_raw: Duration,
+    /// Rollups, energy minutes and events are kept this long.
+    pub retain_rollups: Duration,
+    /// How often the task rolls up new minutes.
+    pub period: Duration,
+    /// How often retention runs.
+    pub retention_period: Duration,
+    /// Most rows deleted per transaction (about; see `Store::expire_raw_before`).
+    pub batch_rows: usize,
+    /// How far back the start-up check for late data looks.
+    pub recheck_window: Duration,
+}
+
+impl Default for RetentionOptions {
+    fn default() -> Self {
+        RetentionOptions {
+            retain_raw: Duration::from_secs(7 * 86_400),
+            retain_rollups: Duration::from_secs(400 * 86_400),
+            period: Duration::from_secs(5),
+            retention_period: Duration::from_secs(600),
+            batch_rows: 5_000,
+            recheck_window: Duration::from_secs(600),
+        }
+    }
+}
+
+/// `--retain-raw` / `--retain-rollups` (on `serve`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// How long raw samples (GPU, process and host samples) are kept. Older ones are
+    /// deleted once they are rolled up and energy-accounted; charts of older ranges come
+    /// from the per-minute rollups.
+    #[arg(long, env = "GPUFLEET_RETAIN_RAW", default_value = "7d", value_parser = parse_duration, value_name = "DURATION")]
+    pub retain_raw: Duration,
+    /// How long per-minute rollups, energy minutes and events are kept.
+    #[arg(long, env = "GPUFLEET_RETAIN_ROLLUPS", default_value = "400d", value_parser = parse_duration, value_name = "DURATION")]
+    pub retain_rollups: Duration,
+}
+
+impl RetentionArgs {
+    /// The options, or why the flags do not make sense together.
+    pub fn options(&self) -> Result<RetentionOptions, String> {
+        if self.retain_rollups < self.retain_raw {
+            return Err(format!(
+                "--retain-rollups ({}) must not be shorter than --retain-raw ({}): \
+                 rollups replace raw samples once these expire",
+                humantime::format_duration(self.retain_rollups),
+                humantime::format_duration(self.retain_raw)
+            ));
+        }
+        if self.retain_raw < Duration::from_secs(3600) {
+            return Err(format!(
+                "--retain-raw ({}) must be at least 1h (late data needs its raw samples)",
+                humantime::format_duration(self.retain_raw)
+            ));
+        }
+        Ok(RetentionOptions {
+            retain_raw: self.retain_raw,
+            retain_rollups: self.retain_rollups,
+            ..Default::default()
+        })
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Which tier answers a series request: the rollups when the step is at least a minute
+/// or the range starts before the raw horizon (raw samples are gone there), else raw.
+pub fn use_rollups(step_ms: Option<i64>, from_ms: UnixMs, horizon: Option<UnixMs>) -> bool {
+    step_ms.is_some_and(|s| s >= MINUTE_MS) || horizon.is_some_and(|h| from_ms < h)
+}
+
+/// The rollup task's state between passes.
+pub struct Rollups {
+    store: Arc<dyn Store>,
+    options: RetentionOptions,
+    clock: crate::live::status::Clock,
+    /// (series, minute) touched by commits since the last pass.
+    dirty: BTreeSet<(RollupKey, UnixMs)>,
+    /// Compare stored minutes with raw sample counts on the next pass (start-up, lag).
+    pub recheck: bool,
+    /// When retention last ran (collector clock).
+    last_expiry: Option<UnixMs>,
+}
+
+impl Rollups {
+    pub fn new(
+        store: Arc<dyn Store>,
+        options: RetentionOptions,
+        clock: crate::live::status::Clock,
+    ) -> Self {
+        Rollups {
+            store,
+            options,
+            clock,
+            dirty: BTreeSet::new(),
+            recheck: true,
+            last_expiry: None,
+        }
+    }
+
+    /// Records the minutes a commit touched (its GPUs' and its node's host minutes).
+    pub fn note_commit(&mut self, live: &Live, c: &Committed) {
+        for (gpu, minute) in accountant::touched_minutes(live, c) {
+            self.dirty.insert((RollupKey::gpu(gpu), minute));
+        }
+        if let Some(node) = live.read(|s| s.nodes.get(&c.node).map(|n| n.record.id)) {
+            for tick in &c.batch.ticks {
+                self.dirty
+                    .insert((RollupKey::host(node), minute_of(tick.time_ms)));
+            }
+        }
+    }
+
+    /// Marks one minute of one series for recomputation.
+    pub fn mark(&mut self, key: RollupKey, time_ms: UnixMs) {
+        self.dirty.insert((key, minute_of(time_ms)));
+    }
+
+    /// One pass: recompute touched minutes behind the watermarks, then advance them.
+    /// Returns the minutes written.
+    pub async fn pass(&mut self) -> Result<usize, StoreError> {
+        let store = Arc::clone(&self.store);
+        if self.recheck {
+            let since = (self.clock)().saturating_sub(ms(self.options.recheck_window));
+            self.dirty.extend(store.stale_rollup_minutes(since).await?);
+            self.recheck = false;
+        }
+        let cursors: HashMap<RollupKey, _> = store
+            .rollup_cursors()
+            .await?
+            .into_iter()
+            .map(|c| (c.key, c))
+            .collect();
+        let mut written = 0;
+        let mut failed = BTreeSet::new();
+        for (key, minute) in std::mem::take(&mut self.dirty) {
+            let Some(done) = cursors.get(&key).and_then(|c| c.done_to_ms) else {
+                continue;
+            };
+            if minute >= done {
+                continue; // the forward pass below gets it
+            }
+            match store
+                .replace_rollups(key, minute, minute + MINUTE_MS, None)
+                .await
+            {
+                Ok(n) => written += n,
+                Err(e) => {
+                    warn!(series = ?key, minute_ms = minute, error = %e, "cannot recompute a rollup minute");
+                    failed.insert((key, minute));
+                }
+            }
+        }
+        self.dirty.extend(failed);
+        for c in cursors.values() {
+            let (Some(first), Some(last)) = (c.first_sample_ms, c.last_sample_ms) else {
+                continue;
+            };
+            let mut from = c.done_to_ms.unwrap_or_else(|| minute_of(first));
+            let upto = minute_of(last);
+            while from < upto {
+                let to = (from + CHUNK_MINUTES * MINUTE_MS).min(upto);
+                written += store.replace_rollups(c.key, from, to, Some(to)).await?;
+                from = to;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Retention as of `now_ms`: raw samples older than `retain_raw` (behind the
+    /// watermarks), then rollups, energy minutes and events older than `retain_rollups`.
+    pub async fn expire(&mut self, now_ms: UnixMs) -> Result<RetentionOutcome, StoreError> {
+        let batch = self.options.batch_rows;
+        let raw_cutoff = now_ms.saturating_sub(ms(self.options.retain_raw));
+        let mut out = self.store.expire_raw_before(raw_cutoff, batch).await?;
+        let rollup_cutoff = now_ms.saturating_sub(ms(self.options.retain_rollups));
+        let more = self
+            .store
+            .expire_rollups_before(rollup_cutoff, batch)
+            .await?;
+        for (table, n) in more.deleted {
+            *out.deleted.entry(table).or_default() += n;
+        }
+        out.horizons_raised += more.horizons_raised;
+        out.transactions += more.transactions;
+        out.partitions_dropped.extend(more.partitions_dropped);
+        self.last_expiry = Some(now_ms);
+        if out.total() > 0 || !out.partitions_dropped.is_empty() {
+            info!(deleted = ?out.deleted, transactions = out.transactions, partitions_dropped = ?out.partitions_dropped, "retention: expired data deleted");
+        }
+        Ok(out)
+    }
+
+    /// Runs [`Rollups::expire`] when `retention_period` has passed since the last run.
+    async fn expire_if_due(&mut self) -> Result<(), StoreError> {
+        let now = (self.clock)();
+        let due = self
+            .last_expiry
+            .is_none_or(|t| now - t >= ms(self.options.retention_period));
+        if due {
+            self.expire(now).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The job name of rollups and retention under [`crate::accounting::leader`].
+pub const JOB: &str = "rollups";
+
+/// Starts the rollup and retention task; it stops when `stop` is cancelled (finishing
+/// the pass it is in). The collector runs it under the `rollups` job lease
+/// ([`crate::accounting::leader`]), so once across collectors sharing a database.
+pub fn spawn(
+    store: Arc<dyn Store>,
+    live: Arc<Live>,
+    options: RetentionOptions,
+    clock: crate::live::status::Clock,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let mut rx = live.subscribe();
+    info!(
+        retain_raw = %humantime::format_duration(options.retain_raw),
+        retain_rollups = %humantime::format_duration(options.retain_rollups),
+        "rollups and retention"
+    );
+    let period = options.period;
+    let mut rollups = Rollups::new(store, options, clock);
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = ticker.tick() => {
+                    if let Err(e) = rollups.pass().await {
+                        warn!(error = %e, "rollup pass failed; retrying next period");
+                    } else if let Err(e) = rollups.expire_if_due().await {
+                        warn!(error = %e, "retention failed; retrying next period");
+                    }
+                }
+                msg = rx.recv() => match msg {
+                    Ok(c) => {
+                    // An announcement without its ticks: what it touched is unknown.
+                    rollups.recheck |= c.partial;
+                    rollups.note_commit(&live, &c);
+                }
+                    Err(RecvError::Lagged(n)) => {
+                        warn!(missed = n, "rollup task missed commit announcements; rechecking recent minutes");
+                        rollups.recheck = true;
+                    }
+                    Err(RecvError::Closed) => {
+                        rx = live.subscribe();
+                    }
+                },
+            }
+        }
+        debug!("rollup task stopped");
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tier_is_rollups_for_minute_steps_or_ranges_before_the_horizon() {
+        assert!(!use_rollups(None, 1_000, None));
+        assert!(!use_rollups(Some(59_999), 1_000, None));
+        assert!(use_rollups(Some(60_000), 1_000, None));
+        assert!(use_rollups(None, 1_000, Some(60_000)));
+        assert!(!use_rollups(Some(10_000), 60_000, Some(60_000)));
+    }
+
+    #[test]
+    fn retention_flags_must_make_sense_together() {
+        let args = |raw: u64, rollups: u64| RetentionArgs {
+            retain_raw: Duration::from_secs(raw),
+            retain_rollups: Duration::from_secs(rollups),
+        };
+        assert!(args(7 * 86_400, 400 * 86_400).options().is_ok());
+        assert!(args(7 * 86_400, 86_400).options().is_err());
+        assert!(args(60, 86_400).options().is_err());
+    }
+}

@@ -1,0 +1,677 @@
+//! The energy API, read from the per-minute rollups:
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/v1/containers?from=&to=&node=&group_by=` | energy per container (or pod, namespace, job, user) |
+//! | `GET /api/v1/containers/{key}?from=&to=` | one workload (`Workload::key()`), with a per-minute series |
+//! | `GET /api/v1/energy?from=&to=` | fleet total and energy per GPU (missing time, idle, method mix) |
+//!
+//! `from` / `to` default to today (UTC midnight) .. now. Rollups are per minute: a range
+//! covers the minutes that start in it (the one holding `from` included). Energy is given
+//! exactly (`energy_mj`) and as `energy_j` / `energy_kwh`; `method` says how much of it
+//! the energy counter measured and how much was integrated from power.
+//!
+//! Every row and total says how much of its energy was active and how much idle
+//! (`active_j`, `idle_j`); a workload's `idle_j` is its share (by GPU memory held) of the
+//! idle energy of the GPUs it held, charged to it (`idle_charged_j`) under the `spread`
+//! policy. `provisional_j` is the part in minutes still open (a GPU's newest minute, from
+//! the samples so far): it may still grow, and becomes final a grace period after the
+//! minute ends. Each GPU of `/api/v1/energy` carries its idle `baseline` and where it
+//! came from.
+//!
+//! Carbon sits beside every energy figure: `carbon_g` (null when none of the
+//! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
+//! (average intensity, forecast / estimated shares, unpriced energy, sources).
+
+use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
+use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
+use crate::api::router::AppState;
+use crate::store::TimeRange;
+use crate::store::carbon::CarbonTotals;
+use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use gpufleet_core::config::format_time;
+use gpufleet_core::{UnixMs, Workload};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The routes, merged into [`crate::api::router::app`].
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/containers", get(containers))
+        .route("/api/v1/containers/{key}", get(container))
+        .route("/api/v1/energy", get(energy))
+}
+
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct RangeParams {
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-10m")]
+    pub(crate) from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
+    pub(crate) to: Option<String>,
+    /// Only this node's GPUs.
+    pub(crate) node: Option<String>,
+    /// `container` (default), `pod`, `namespace`, `job` or `user`.
+    #[param(example = "pod")]
+    pub(crate) group_by: Option<String>,
+}
+
+const DAY_MS: i64 = 86_400_000;
+
+/// The range of `from` / `to` (default: today, UTC midnight .. now), from the minute
+/// holding `from`.
+pub(crate) fn range(st: &AppState, p: &RangeParams) -> Result<TimeRange, ApiError> {
+    range_at(p, (st.clock)())
+}
+
+/// [`range`] with "now" given.
+pub(crate) fn range_at(p: &RangeParams, now: UnixMs) -> Result<TimeRange, ApiError> {
+    let to = time_param("to", p.to.as_deref(), now)?.unwrap_or(now);
+    let from =
+        time_param("from", p.from.as_deref(), now)?.unwrap_or(now.div_euclid(DAY_MS) * DAY_MS);
+    if from > to {
+        return Err(ApiError::BadRequest(format!(
+            "from ({}) is after to ({})",
+            format_time(from),
+            format_time(to)
+        )));
+    }
+    Ok(TimeRange {
+        from_ms: minute_of(from),
+        to_ms: to,
+    })
+}
+
+/// What rows are grouped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupBy {
+    Container,
+    Pod,
+    Namespace,
+    Job,
+    User,
+}
+
+impl GroupBy {
+    pub(crate) fn parse(s: Option<&str>) -> Result<GroupBy, ApiError> {
+        match s.unwrap_or("container") {
+            "container" => Ok(GroupBy::Container),
+            "pod" => Ok(GroupBy::Pod),
+            "namespace" => Ok(GroupBy::Namespace),
+            "job" => Ok(GroupBy::Job),
+            "user" => Ok(GroupBy::User),
+            other => Err(ApiError::BadRequest(format!(
+                "group_by {other:?}: expected container, pod, namespace, job or user"
+            ))),
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            GroupBy::Container => "container",
+            GroupBy::Pod => "pod",
+            GroupBy::Namespace => "namespace",
+            GroupBy::Job => "job",
+            GroupBy::User => "user",
+        }
+    }
+
+    /// The group a workload falls in. Workloads without the grouping identity (a host
+    /// process has no pod) stay on their own under their workload key.
+    fn key(self, w: &Workload) -> String {
+        let own = w.key();
+        match self {
+            GroupBy::Container => own,
+            GroupBy::Pod => w.pod_uid.as_ref().map_or(own, |p| format!("pod:{p}")),
+            GroupBy::Namespace => w.namespace.as_ref().map_or_else(
+                || "namespace:(none)".to_owned(),
+                |n| format!("namespace:{n}"),
+            ),
+            GroupBy::Job => w.job_id.as_ref().map_or(own, |j| format!("slurm:{j}")),
+            GroupBy::User => w
+                .uid
+                .map_or_else(|| "user:(unknown)".to_owned(), |u| format!("user:uid-{u}")),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct GpuRef {
+    node: String,
+    uuid: String,
+    index: u32,
+    name: String,
+}
+
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+struct MethodMix {
+    /// Measured by the GPU's energy counter.
+    counter_j: f64,
+    /// Integrated from reported power (counter unsupported or reset).
+    trapezoid_j: f64,
+}
+
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+struct SplitMix {
+    /// Seconds split by per-process SM utilization.
+    sm_s: f64,
+    /// Seconds split by GPU memory (SM utilization not reported).
+    memory_s: f64,
+    /// Seconds split equally (neither reported).
+    equal_s: f64,
+    /// Seconds its idle share was split by GPU memory held, and equally (memory not
+    /// reported).
+    idle_memory_s: f64,
+    idle_equal_s: f64,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct ContainerRow {
+    /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
+    /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `user:uid-<n>`).
+    key: String,
+    /// The identity of the (first) workload: kind, runtime, full container id, pod UID,
+    /// names, job id, as known.
+    identity: Workload,
+    /// The workload keys in this row (one unless grouped).
+    workloads: Vec<String>,
+    nodes: Vec<String>,
+    gpus: Vec<GpuRef>,
+    /// Energy charged to it: `active_j` plus `idle_charged_j`.
+    energy_mj: u64,
+    energy_j: f64,
+    energy_kwh: f64,
+    /// Its share of the GPUs' active energy.
+    active_j: f64,
+    /// Its share of the GPUs' idle energy while it held them (by GPU memory held):
+    /// allocated but idle.
+    idle_j: f64,
+    /// Of `idle_j`, what was charged to it (all of it under `spread`, none under
+    /// `separate`).
+    idle_charged_j: f64,
+    /// Of `energy_j`, the part in minutes still open (may still grow).
+    provisional_j: f64,
+    /// GPU time: seconds resident, summed over GPUs.
+    gpu_seconds: f64,
+    /// Average share of the active energy it received while resident (0..1).
+    avg_share: Option<f64>,
+    method: MethodMix,
+    split: SplitMix,
+    first_minute: String,
+    last_minute: String,
+    /// gCO2 of the priced energy; `null` when none of it has a price.
+    carbon_g: Option<f64>,
+    carbon: CarbonView,
+}
+
+/// Where a carbon figure came from.
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+pub struct CarbonView {
+    /// Energy-weighted average intensity used (gCO2/kWh, before PUE).
+    avg_g_per_kwh: Option<f64>,
+    /// Share of the energy that has a price (0..1); the rest is `unpriced_j`.
+    priced_share: Option<f64>,
+    /// Share of the priced energy priced with a forecast intensity.
+    forecast_share: Option<f64>,
+    /// Share of the priced energy priced with an estimate (provider unreachable: last
+    /// known intensity or the configured default; or the provider's own estimate).
+    estimated_share: Option<f64>,
+    /// Energy without a price yet.
+    unpriced_j: f64,
+    /// `provider:region:factor_type` of the intensities used.
+    sources: Vec<String>,
+}
+
+/// The carbon figures of `energy_mj` of which `c` is priced.
+pub fn carbon_view(energy_mj: u64, c: &CarbonTotals) -> (Option<f64>, CarbonView) {
+    let share = |part: u64, whole: u64| (whole > 0).then(|| part as f64 / whole as f64);
+    let carbon_g = (c.priced_mj > 0 || !c.sources.is_empty()).then_some(c.carbon_g);
+    (
+        carbon_g,
+        CarbonView {
+            avg_g_per_kwh: c.avg_g_per_kwh(),
+            priced_share: share(c.priced_mj.min(energy_mj), energy_mj),
+            forecast_share: share(c.forecast_mj, c.priced_mj),
+            estimated_share: share(c.estimated_mj, c.priced_mj),
+            unpriced_j: j(energy_mj.saturating_sub(c.priced_mj)),
+            sources: c.sources.clone(),
+        },
+    )
+}
+
+/// Carbon per (workload key, GPU UUID).
+type WorkloadCarbonMap = BTreeMap<(String, String), CarbonTotals>;
+
+#[derive(Default)]
+struct Acc {
+    identity: Option<Workload>,
+    workloads: BTreeSet<String>,
+    nodes: BTreeSet<String>,
+    gpus: BTreeMap<String, GpuRef>,
+    energy_mj: u64,
+    active_mj: u64,
+    idle_mj: u64,
+    provisional_mj: u64,
+    counter_mj: u64,
+    trapezoid_mj: u64,
+    gpu_ms: i64,
+    share_ppm_ms: u64,
+    sm_ms: i64,
+    memory_ms: i64,
+    equal_ms: i64,
+    idle_memory_ms: i64,
+    idle_equal_ms: i64,
+    first: UnixMs,
+    last: UnixMs,
+    carbon: CarbonTotals,
+}
+
+fn j(mj: u64) -> f64 {
+    mj as f64 / 1000.0
+}
+
+fn kwh(mj: u64) -> f64 {
+    mj as f64 / 3.6e9
+}
+
+fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> Vec<ContainerRow> {
+    let mut groups: BTreeMap<String, Acc> = BTreeMap::new();
+    for r in rows {
+        let a = groups.entry(by.key(&r.workload)).or_insert_with(|| Acc {
+            first: i64::MAX,
+            last: i64::MIN,
+            ..Default::default()
+        });
+        if let Some(c) = carbon.get(&(r.workload.key(), r.gpu_uuid.clone())) {
+            a.carbon.add(c);
+        }
+        a.workloads.insert(r.workload.key());
+        a.identity.get_or_insert_with(|| r.workload.clone());
+        a.nodes.insert(r.node_name.clone());
+        a.gpus.entry(r.gpu_uuid.clone()).or_insert(GpuRef {
+            node: r.node_name,
+            uuid: r.gpu_uuid,
+            index: r.gpu_index,
+            name: r.gpu_name,
+        });
+        a.energy_mj += r.energy_mj;
+        a.active_mj += r.active_mj;
+        a.idle_mj += r.idle_mj;
+        a.provisional_mj += r.provisional_mj;
+        a.idle_memory_ms += r.idle_memory_ms;
+        a.idle_equal_ms += r.idle_equal_ms;
+        a.counter_mj += r.counter_mj;
+        a.trapezoid_mj += r.trapezoid_mj;
+        a.gpu_ms += r.gpu_ms;
+        a.share_ppm_ms += r.share_ppm_ms;
+        a.sm_ms += r.sm_ms;
+        a.memory_ms += r.memory_ms;
+        a.equal_ms += r.equal_ms;
+        a.first = a.first.min(r.first_minute_ms);
+        a.last = a.last.max(r.last_minute_ms);
+    }
+    let mut out: Vec<ContainerRow> = groups
+        .into_iter()
+        .map(|(key, a)| {
+            let (carbon_g, carbon) = carbon_view(a.energy_mj, &a.carbon);
+            ContainerRow {
+                key,
+                identity: a.identity.unwrap_or_default(),
+                workloads: a.workloads.into_iter().collect(),
+                nodes: a.nodes.into_iter().collect(),
+                gpus: a.gpus.into_values().collect(),
+                energy_mj: a.energy_mj,
+                energy_j: j(a.energy_mj),
+                energy_kwh: kwh(a.energy_mj),
+                active_j: j(a.active_mj),
+                idle_j: j(a.idle_mj),
+                idle_charged_j: j(a.energy_mj.saturating_sub(a.active_mj)),
+                provisional_j: j(a.provisional_mj),
+                gpu_seconds: a.gpu_ms as f64 / 1000.0,
+                avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
+                method: MethodMix {
+                    counter_j: j(a.counter_mj),
+                    trapezoid_j: j(a.trapezoid_mj),
+                },
+                split: SplitMix {
+                    sm_s: a.sm_ms as f64 / 1000.0,
+                    memory_s: a.memory_ms as f64 / 1000.0,
+                    equal_s: a.equal_ms as f64 / 1000.0,
+                    idle_memory_s: a.idle_memory_ms as f64 / 1000.0,
+                    idle_equal_s: a.idle_equal_ms as f64 / 1000.0,
+                },
+                first_minute: format_time(a.first),
+                last_minute: format_time(a.last + MINUTE_MS),
+                carbon_g,
+                carbon,
+            }
+        })
+        .collect();
+    // Biggest spenders first.
+    out.sort_by(|a, b| b.energy_mj.cmp(&a.energy_mj).then(a.key.cmp(&b.key)));
+    out
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct ContainersView {
+    from: String,
+    to: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    group_by: &'static str,
+    rows: Vec<ContainerRow>,
+}
+
+/// Energy per container (or pod, namespace, job, user), biggest first.
+#[utoipa::path(get, path = "/api/v1/containers", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "energy per workload", body = ContainersView), ErrorResponses, AccessResponses))]
+async fn containers(
+    State(st): State<AppState>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<ContainersView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let by = GroupBy::parse(p.group_by.as_deref())?;
+    let rows = st.store.workload_energy(r, p.node.as_deref(), None).await?;
+    let carbon = workload_carbon(&st, r, p.node.as_deref(), None).await?;
+    Ok(Json(ContainersView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        from_ms: r.from_ms,
+        to_ms: r.to_ms,
+        group_by: by.as_str(),
+        rows: group(rows, by, &carbon),
+    }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct MinutePoint {
+    minute: String,
+    minute_ms: UnixMs,
+    energy_j: f64,
+    active_j: f64,
+    idle_j: f64,
+    /// Part of a minute still open.
+    provisional_j: f64,
+    gpu_seconds: f64,
+    avg_share: Option<f64>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct ContainerView {
+    from: String,
+    to: String,
+    #[serde(flatten)]
+    row: ContainerRow,
+    /// Per minute, all GPUs together; minutes without energy rows are absent.
+    series: Vec<MinutePoint>,
+}
+
+/// One workload's energy, with a per-minute series.
+#[utoipa::path(get, path = "/api/v1/containers/{key}", tag = "energy",
+    params(("key" = String, Path, description = "a workload key: container:<id>, slurm:<job>, host:<unit>"), RangeParams),
+    responses((status = 200, description = "the workload", body = ContainerView), ErrorResponses, AccessResponses))]
+async fn container(
+    State(st): State<AppState>,
+    Path(key): Path<String>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<ContainerView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let rows = st.store.workload_energy(r, None, Some(&key)).await?;
+    let carbon = workload_carbon(&st, r, None, Some(&key)).await?;
+    let row = group(rows, GroupBy::Container, &carbon)
+        .into_iter()
+        .next()
+        .ok_or_else(|| {
+            ApiError::NotFound(format!(
+                "no energy for workload {key:?} in {} .. {} (keys look like container:<id>, \
+                 slurm:<job>, host:<unit>; see /api/v1/containers)",
+                format_time(r.from_ms),
+                format_time(r.to_ms)
+            ))
+        })?;
+    let series = st
+        .store
+        .workload_energy_series(&key, r)
+        .await?
+        .into_iter()
+        .map(|m| MinutePoint {
+            minute: format_time(m.minute_ms),
+            minute_ms: m.minute_ms,
+            energy_j: j(m.energy_mj),
+            active_j: j(m.active_mj),
+            idle_j: j(m.idle_mj),
+            provisional_j: j(m.provisional_mj),
+            gpu_seconds: m.gpu_ms as f64 / 1000.0,
+            avg_share: (m.gpu_ms > 0).then(|| m.share_ppm_ms as f64 / m.gpu_ms as f64 / 1e6),
+        })
+        .collect();
+    Ok(Json(ContainerView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        row,
+        series,
+    }))
+}
+
+#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
+struct EnergyTotals {
+    energy_mj: u64,
+    energy_j: f64,
+    energy_kwh: f64,
+    /// Given to workloads (their active share, plus idle under `spread`).
+    attributed_j: f64,
+    /// The GPUs' active energy (workloads' active shares and `unattributed_j`).
+    active_j: f64,
+    /// The GPUs' idle energy: the baseline over the time they did no work
+    /// (`idle_charged_j` + `idle_bucket_j`).
+    idle_j: f64,
+    /// Of `idle_j`, charged to the workloads holding the GPUs (policy `spread`).
+    idle_charged_j: f64,
+    /// Of `idle_j`, charged to no one: GPUs with no process, or idle under `separate`.
+    idle_bucket_j: f64,
+    /// Active energy with no process listed.
+    unattributed_j: f64,
+    /// Of `energy_j`, the part in minutes still open (may still grow).
+    provisional_j: f64,
+    /// Measured time and time lost in gaps (no energy counted for it).
+    covered_seconds: f64,
+    missing_seconds: f64,
+    /// Average power over the measured time; `null` without any.
+    avg_power_w: Option<f64>,
+    method: MethodMix,
+    /// gCO2 of the priced energy; `null` when none of it has a price.
+    carbon_g: Option<f64>,
+    carbon: CarbonView,
+}
+
+async fn workload_carbon(
+    st: &AppState,
+    r: TimeRange,
+    node: Option<&str>,
+    key: Option<&str>,
+) -> Result<WorkloadCarbonMap, ApiError> {
+    Ok(st
+        .store
+        .workload_carbon(r, node, key)
+        .await?
+        .into_iter()
+        .map(|c| ((c.workload_key, c.gpu_uuid), c.totals))
+        .collect())
+}
+
+fn totals<'a>(
+    gpus: impl IntoIterator<Item = &'a GpuEnergy>,
+    carbon: &BTreeMap<String, CarbonTotals>,
+) -> EnergyTotals {
+    let mut ct = CarbonTotals::default();
+    let (mut e, mut at, mut id, mut un, mut cov, mut mis, mut c, mut t) =
+        (0u64, 0u64, 0u64, 0u64, 0i64, 0i64, 0u64, 0u64);
+    let (mut act, mut prov) = (0u64, 0u64);
+    for g in gpus {
+        if let Some(c) = carbon.get(&g.uuid) {
+            ct.add(c);
+        }
+        e += g.energy_mj;
+        act += g.active_mj;
+        prov += g.provisional_mj;
+        at += g.attributed_mj;
+        id += g.idle_mj;
+        un += g.unattributed_mj;
+        cov += g.covered_ms;
+        mis += g.missing_ms;
+        c += g.counter_mj;
+        t += g.trapezoid_mj;
+    }
+    let (carbon_g, carbon) = carbon_view(e, &ct);
+    EnergyTotals {
+        carbon_g,
+        carbon,
+        energy_mj: e,
+        energy_j: j(e),
+        energy_kwh: kwh(e),
+        attributed_j: j(at),
+        active_j: j(act),
+        idle_j: j(e.saturating_sub(act)),
+        // Workloads got their active shares (active − unattributed) and the charged idle.
+        idle_charged_j: j(at.saturating_sub(act.saturating_sub(un))),
+        idle_bucket_j: j(id),
+        unattributed_j: j(un),
+        provisional_j: j(prov),
+        covered_seconds: cov as f64 / 1000.0,
+        missing_seconds: mis as f64 / 1000.0,
+        avg_power_w: (cov > 0).then(|| e as f64 / cov as f64),
+        method: MethodMix {
+            counter_j: j(c),
+            trapezoid_j: j(t),
+        },
+    }
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct GpuEnergyView {
+    node: String,
+    uuid: String,
+    index: u32,
+    name: String,
+    /// The idle baseline of its newest minute; `null` before its first minute.
+    baseline: Option<BaselineView>,
+    #[serde(flatten)]
+    totals: EnergyTotals,
+}
+
+/// A GPU's idle baseline and where it came from.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct BaselineView {
+    /// The idle power in force, watts.
+    idle_w: f64,
+    /// `learned` (from the intervals it did no work), `model` (datasheet default),
+    /// `fallback`, `watts` (configured with `--energy-idle`) or `min` (older minutes).
+    source: &'static str,
+    /// The minute it was last used for.
+    minute: String,
+    /// What it is (or would be) learned from: the GPU's most recent seen-idle time (0 %
+    /// utilization, no compute process; up to an hour) and its average power (`null` when
+    /// it was never seen idle).
+    seen_idle_seconds: f64,
+    seen_idle_avg_w: Option<f64>,
+    /// The seen-idle time needed before a learned baseline is used.
+    learn_after_seconds: f64,
+    /// For `model`: the datasheet figure it derives from and where it is published.
+    model_max_power_w: Option<u32>,
+    model_source: Option<&'static str>,
+}
+
+impl BaselineView {
+    fn new(b: &GpuBaseline) -> BaselineView {
+        let model = (b.idle_source == IdleSource::Model)
+            .then(|| baseline::model(&b.name))
+            .flatten();
+        BaselineView {
+            idle_w: f64::from(b.idle_mw) / 1000.0,
+            source: b.idle_source.as_str(),
+            minute: format_time(b.minute_ms),
+            seen_idle_seconds: b.seen_idle_ms as f64 / 1000.0,
+            seen_idle_avg_w: (b.seen_idle_ms > 0)
+                .then(|| b.seen_idle_mj as f64 / b.seen_idle_ms as f64),
+            learn_after_seconds: baseline::MIN_SEEN_IDLE_MS as f64 / 1000.0,
+            model_max_power_w: model.map(|m| m.max_power_w),
+            model_source: model.map(|m| m.source),
+        }
+    }
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct EnergyView {
+    from: String,
+    to: String,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    /// The whole fleet.
+    total: EnergyTotals,
+    /// Per node.
+    nodes: BTreeMap<String, EnergyTotals>,
+    gpus: Vec<GpuEnergyView>,
+}
+
+/// Fleet total and energy per node and per GPU.
+#[utoipa::path(get, path = "/api/v1/energy", tag = "energy", params(RangeParams),
+    responses((status = 200, description = "the totals", body = EnergyView), ErrorResponses, AccessResponses))]
+async fn energy(
+    State(st): State<AppState>,
+    params: Result<Query<RangeParams>, QueryRejection>,
+) -> Result<Json<EnergyView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(&st, &p)?;
+    let mut gpus = st.store.gpu_energy(r).await?;
+    if let Some(node) = &p.node {
+        gpus.retain(|g| &g.node_name == node);
+    }
+    let carbon: BTreeMap<String, CarbonTotals> = st
+        .store
+        .gpu_carbon(r)
+        .await?
+        .into_iter()
+        .map(|c| (c.uuid, c.totals))
+        .collect();
+    let baselines: BTreeMap<String, GpuBaseline> = st
+        .store
+        .energy_baselines()
+        .await?
+        .into_iter()
+        .map(|b| (b.uuid.clone(), b))
+        .collect();
+    let mut by_node: BTreeMap<String, Vec<&GpuEnergy>> = BTreeMap::new();
+    for g in &gpus {
+        by_node.entry(g.node_name.clone()).or_default().push(g);
+    }
+    Ok(Json(EnergyView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        from_ms: r.from_ms,
+        to_ms: r.to_ms,
+        total: totals(&gpus, &carbon),
+        nodes: by_node
+            .into_iter()
+            .map(|(n, gs)| (n, totals(gs, &carbon)))
+            .collect(),
+        gpus: gpus
+            .iter()
+            .map(|g| GpuEnergyView {
+                node: g.node_name.clone(),
+                uuid: g.uuid.clone(),
+                index: g.index,
+                name: g.name.clone(),
+                baseline: baselines.get(&g.uuid).map(BaselineView::new),
+                totals: totals([g], &carbon),
+            })
+            .collect(),
+    }))
+}

@@ -1,0 +1,183 @@
+//! `GET /api/v1/live[?node=NAME]`: a Server-Sent Events stream for the dashboard.
+//!
+//! Events:
+//! - `tick`: after every commit, the committed batch's newest tick of one node:
+//!   `{"node", "time_ms", "gpus": [{"uuid", …GPU sample}], "host": {…} | null,
+//!   "processes": [...]}` (absent values `null`, as everywhere).
+//! - `status`: every second, `{"now_ms", "nodes": [{"name", "status", "last_seen_ms",
+//!   "connected"}]}` (so stale and offline nodes are marked without polling).
+//! - `resync`: `{"skipped": N}` when this client fell more than the announcement buffer
+//!   behind and N commits were skipped: reload `/api/v1/nodes` (or the node) once.
+//!
+//! A slow client never makes the collector buffer more than the broadcast channel's
+//! fixed capacity: it skips instead. Streams end when the collector shuts down.
+
+use crate::api::router::AppState;
+use crate::live::state::{Announcement, Committed};
+use axum::extract::{Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures::Stream;
+use gpufleet_core::{GpuSample, HostSample, ProcessSample, UnixMs};
+use serde::{Deserialize, Serialize};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+use tracing::debug;
+
+/// How often the `status` event is sent.
+pub const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LiveParams {
+    /// Only this node's ticks and status.
+    node: Option<String>,
+}
+
+#[derive(Serialize)]
+struct TickGpu<'a> {
+    uuid: &'a str,
+    #[serde(flatten)]
+    sample: &'a GpuSample,
+}
+
+#[derive(Serialize)]
+struct TickView<'a> {
+    node: &'a str,
+    time_ms: UnixMs,
+    gpus: Vec<TickGpu<'a>>,
+    host: Option<HostView<'a>>,
+    processes: &'a [ProcessSample],
+}
+
+#[derive(Serialize)]
+struct HostView<'a> {
+    time_ms: UnixMs,
+    #[serde(flatten)]
+    sample: &'a HostSample,
+}
+
+#[derive(Serialize)]
+struct StatusNode<'a> {
+    name: &'a str,
+    status: crate::live::status::NodeStatus,
+    last_seen_ms: Option<UnixMs>,
+    connected: bool,
+}
+
+fn tick_event(c: &Committed) -> Option<Event> {
+    let t = c.batch.ticks.iter().max_by_key(|t| t.time_ms)?;
+    let view = TickView {
+        node: &c.node,
+        time_ms: t.time_ms,
+        gpus: t
+            .gpus
+            .iter()
+            .map(|s| TickGpu {
+                uuid: &s.gpu_uuid,
+                sample: s,
+            })
+            .collect(),
+        host: t.host.as_ref().map(|sample| HostView {
+            time_ms: t.time_ms,
+            sample,
+        }),
+        processes: &t.processes,
+    };
+    Event::default().event("tick").json_data(view).ok()
+}
+
+fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
+    let now = (st.clock)();
+    st.live.read(|s| {
+        let nodes: Vec<StatusNode<'_>> = s
+            .nodes
+            .values()
+            .filter(|n| node.is_none_or(|name| n.record.name == name))
+            .map(|n| StatusNode {
+                name: &n.record.name,
+                status: st.status.classify(n.record.last_seen_ms, now),
+                last_seen_ms: n.record.last_seen_ms,
+                connected: n.connections > 0,
+            })
+            .collect();
+        Event::default()
+            .event("status")
+            .json_data(serde_json::json!({ "now_ms": now, "nodes": nodes }))
+            .ok()
+    })
+}
+
+struct Conn {
+    st: AppState,
+    node: Option<String>,
+    rx: broadcast::Receiver<Arc<Announcement>>,
+    status: tokio::time::Interval,
+}
+
+impl Conn {
+    /// The next event, or `None` when the collector is shutting down.
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            tokio::select! {
+                biased;
+                () = self.st.live.closing() => return None,
+                r = self.rx.recv() => match r {
+                    Ok(c) => {
+                        if self.node.as_deref().is_some_and(|n| n != c.node) {
+                            continue;
+                        }
+                        if c.partial {
+                            debug!("live stream: an announcement came without its ticks; asking the client to resync");
+                            return Some(Event::default().event("resync").data("{\"skipped\":1}"));
+                        }
+                        if let Some(e) = tick_event(&c) {
+                            return Some(e);
+                        }
+                    }
+                    Err(RecvError::Lagged(skipped)) => {
+                        debug!(skipped, "live stream client fell behind; asking it to resync");
+                        return Some(
+                            Event::default()
+                                .event("resync")
+                                .data(format!("{{\"skipped\":{skipped}}}")),
+                        );
+                    }
+                    Err(RecvError::Closed) => return None,
+                },
+                _ = self.status.tick() => {
+                    if let Some(e) = status_event(&self.st, self.node.as_deref()) {
+                        return Some(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The handler of `GET /api/v1/live`.
+#[utoipa::path(get, path = "/api/v1/live", tag = "fleet", params(LiveParams),
+    responses((status = 200, description = "Server-Sent Events: `tick` (a node's new samples) \
+        and `status` (every node's status, each second); never ends",
+        content_type = "text/event-stream", body = String),
+        crate::api::error::AccessResponses))]
+pub async fn live(
+    State(st): State<AppState>,
+    Query(p): Query<LiveParams>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let mut status = tokio::time::interval(STATUS_EVERY);
+    status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let conn = Conn {
+        rx: st.live.subscribe(),
+        st,
+        node: p.node,
+        status,
+    };
+    let stream = futures::stream::unfold(conn, |mut c| async move {
+        let e = c.next().await?;
+        Some((Ok(e), c))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}

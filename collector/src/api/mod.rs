@@ -1,0 +1,28 @@
+//! The HTTP API (axum): the router, one module per resource under `/api/v1/*`, the
+//! Prometheus exposition at `/metrics` and the embedded dashboard at `/`.
+//!
+//! - [`router`]: `app()`, the handlers' shared state, and the route table.
+//! - [`error`]: `ApiError`, the error body, and time parameters.
+//! - [`health`], [`nodes`], [`series`]: liveness, the node list, one GPU metric over time.
+//! - [`dashboard`]: the node and GPU detail pages' endpoints (series, events).
+//! - [`live`]: the dashboard's Server-Sent Events stream (`/api/v1/live`).
+//! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports.
+//! - [`openapi`]: the OpenAPI description of `/api/v1/*`.
+//! - [`prometheus`]: the `/metrics` text exposition.
+//! - [`assets`]: the embedded dashboard bundle (`web/`).
+//! - [`fuzz`]: the fuzz entry point for the routes' query parsing.
+
+pub mod assets;
+pub mod carbon;
+pub mod dashboard;
+pub mod energy;
+pub mod error;
+pub mod fuzz;
+pub mod health;
+pub mod live;
+pub mod nodes;
+pub mod openapi;
+pub mod prometheus;
+pub mod reports;
+pub mod router;
+pub mod series;

@@ -1,0 +1,70 @@
+//! The router of the HTTP API (axum): `/api/v1/*`, `/metrics` and the dashboard at `/`.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes", "warnings"}` (`warnings`: exposure warnings, [`crate::net::exposure`]); 503 when the database does not answer |
+//! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
+//! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::api::assets`]) |
+//! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
+//! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
+//! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::api::openapi`]) |
+//!
+//! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
+//! twin (`last_seen_ms`, `time_ms`, `from_ms`). Parameters accept RFC 3339, Unix ms,
+//! `now` or `now-15m`. Absent metrics are `null`, never 0. Errors are
+//! `{"error": "what went wrong and what to do"}` and never carry database details.
+
+use crate::api::error::ApiError;
+use crate::api::{health, nodes, prometheus, series};
+use crate::ingest::writer::WriterHandle;
+use crate::live::state::Live;
+use crate::live::status::{Clock, StatusPolicy};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use axum::Router;
+use axum::routing::get;
+use std::sync::Arc;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub live: Arc<Live>,
+    pub metrics: Arc<Metrics>,
+    /// For the writer's queue depth on `/metrics`; `None` when no writer runs (tests).
+    pub writer: Option<WriterHandle>,
+    pub status: StatusPolicy,
+    /// "Now" for statuses and relative times; injected so tests can fix it.
+    pub clock: Clock,
+}
+
+/// The router. Tests call it without a socket: `app(state).oneshot(request)`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/api/v1/health", get(health::health))
+        .route("/api/v1/nodes", get(nodes::nodes))
+        .route("/api/v1/gpus/{uuid}/series", get(series::series))
+        .route("/metrics", get(prometheus::metrics))
+        // The dashboard: pages and assets, its live stream, node/GPU detail API.
+        .merge(crate::api::assets::routes())
+        .route("/api/v1/live", get(crate::api::live::live))
+        .merge(crate::api::dashboard::routes())
+        // Energy per container / pod / job / user, per GPU, fleet totals.
+        .merge(crate::api::energy::routes())
+        // Carbon intensity per region with forecast and the lowest window.
+        .merge(crate::api::carbon::routes())
+        // Reports per container / pod / job / node, and their plot.
+        .merge(crate::api::reports::routes())
+        // The OpenAPI description of all of the above.
+        .merge(crate::api::openapi::routes())
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound(
+        "no such endpoint; see /api/v1/openapi.json for the API, and /metrics".into(),
+    )
+}

@@ -1,0 +1,85 @@
+//! `gpufleet-collector report`: the report of [`crate::accounting::report`] for a
+//! container, pod, Slurm job or node, printed as a table, JSON, YAML or CSV, with an
+//! optional plot.
+
+use crate::accounting::report::{ReportError, ReportSubject, build};
+use crate::cli::energy::{EnergyCliError, EnergyRangeArgs};
+use crate::store;
+use gpufleet_report::Format;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// `gpufleet-collector report` arguments.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("subject").required(true).args(["container", "pod", "job", "node"])))]
+pub struct ReportArgs {
+    /// A workload key (`container:<id>`, `slurm:<job>`, `host:<unit>`; a bare id means a
+    /// container), as listed by /api/v1/containers.
+    #[arg(long, value_name = "KEY")]
+    pub container: Option<String>,
+    /// A Kubernetes pod, by UID (`pod:<uid>`) or name.
+    #[arg(long, value_name = "UID|NAME")]
+    pub pod: Option<String>,
+    /// A Slurm job id.
+    #[arg(long, value_name = "ID")]
+    pub job: Option<String>,
+    /// A node (every GPU's energy).
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub range: EnergyRangeArgs,
+    /// Output format.
+    #[arg(long, default_value = "table", value_parser = Format::parse, value_name = "table|json|yaml|csv")]
+    pub format: Format,
+    /// Also write the time-series plot (PNG) to this file.
+    #[arg(long, value_name = "FILE.png")]
+    pub plot: Option<PathBuf>,
+    /// Include the per-GPU time series and the intensities in JSON / YAML (long).
+    #[arg(long)]
+    pub series: bool,
+}
+
+impl ReportArgs {
+    fn subject(&self) -> Option<ReportSubject> {
+        let s = if let Some(c) = &self.container {
+            ReportSubject::Container(c.clone())
+        } else if let Some(p) = &self.pod {
+            ReportSubject::Pod(p.clone())
+        } else if let Some(j) = &self.job {
+            ReportSubject::Job(j.clone())
+        } else {
+            ReportSubject::Node(self.node.clone()?)
+        };
+        Some(s.normalized())
+    }
+}
+
+/// Runs `report`: prints the report in the asked format to `out` and writes the plot.
+pub async fn run_report(args: &ReportArgs, out: &mut dyn Write) -> Result<(), EnergyCliError> {
+    let subject = args.subject().ok_or_else(|| {
+        EnergyCliError::Args("give one of --container, --pod, --job or --node".into())
+    })?;
+    let mut range = args.range.range()?;
+    range.from_ms = crate::accounting::energy::minute_of(range.from_ms);
+    let store = store::open(&args.range.db).await?;
+    let report = build(store.as_ref(), &subject, range).await;
+    store.close().await;
+    let report = match report {
+        Ok(r) => r,
+        Err(ReportError::Store(e)) => return Err(e.into()),
+        Err(ReportError::NotFound(m)) => return Err(EnergyCliError::Args(m)),
+    };
+    if let Some(path) = &args.plot {
+        gpufleet_report::plot::write_png(&report, path)
+            .map_err(|e| EnergyCliError::Output(e.to_string()))?;
+    }
+    let report = if args.series {
+        report
+    } else {
+        report.without_series()
+    };
+    let text = gpufleet_report::render(&report, args.format)
+        .map_err(|e| EnergyCliError::Output(e.to_string()))?;
+    out.write_all(text.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! The group-commit writer: one task owns every write of samples to the store.
+//!
+//! Ingest streams hand it validated batches through a **bounded** queue. It takes one
+//! batch, then whatever else is already queued up to a row budget, writes them all in one
+//! transaction, commits, updates the live state, and only then answers each batch (so an
+//! ack always means durable). Many small batches from many nodes thus share one fsync.
+//! A batch the store left out as a conflict ([`crate::store::WriteOutcome::conflicts`])
+//! is answered with [`StoreError::Conflict`] and is not part of the live state.
+//!
+//! **When the queue is full**, [`WriterHandle::submit`] waits for room. The stream that
+//! submits stops reading its HTTP/2 stream meanwhile, so HTTP/2 flow control pushes back to
+//! the agent, whose spool absorbs the delay. Nothing is dropped and nothing is refused for
+//! being busy. Memory is bounded by `queue_batches` times the largest batch the message
+//! size limit admits (plus each stream's in-flight batches, see `ingest`).
+//!
+//! A failed transaction is retried batch by batch when it held several and the error was
+//! not transient (so one poison batch cannot take others down with it); after a node's
+//! batch fails, that node's later batches in the group are refused too, so the store never
+//! holds a newer seq of a node without the older ones it was sent with.
+//!
+//! **When the database is down** (restart, failover), commits fail as transient and every
+//! batch is refused as retryable, so agents keep spooling and resend; each attempt waits
+//! for the store's connection pool (its acquire timeout paces the retries). The first
+//! commit that succeeds again logs `database is back` with the outage's length.
+
+use crate::live::state::{Committed, Live};
+use crate::metrics::Metrics;
+use crate::store::{NodeBatch, NodeId, Store, StoreError, WriteOutcome};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+/// How the writer batches its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriterOptions {
+    /// Batches waiting for the writer before submitters wait.
+    pub queue_batches: usize,
+    /// Rows (GPU + process + host samples + events) the writer gathers into one
+    /// transaction before committing; a single larger batch is still written whole.
+    pub max_rows_per_commit: usize,
+    /// Test aid: an extra wait per row before each commit, to simulate a store slower
+    /// than the fleet (`serve --debug-write-delay-per-row`, hidden). Zero in production.
+    pub debug_delay_per_row: std::time::Duration,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            queue_batches: 64,
+            max_rows_per_commit: 20_000,
+            debug_delay_per_row: std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// The answer to one submitted batch: `Ok` once committed, or the store's error
+/// (shared by every batch of the failed transaction).
+pub type WriteResult = Result<(), Arc<StoreError>>;
+
+/// The writer has stopped (the collector is shutting down).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the writer has stopped")]
+pub struct WriterClosed;
+
+struct WriteRequest {
+    batch: NodeBatch,
+    done: oneshot::Sender<WriteResult>,
+}
+
+/// Submits batches to the writer. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WriterHandle {
+    tx: mpsc::Sender<WriteRequest>,
+}
+
+impl WriterHandle {
+    /// Queues a batch, waiting while the queue is full. The returned receiver resolves
+    /// after the batch's transaction committed (or failed).
+    pub async fn submit(
+        &self,
+        batch: NodeBatch,
+    ) -> Result<oneshot::Receiver<WriteResult>, WriterClosed> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(WriteRequest { batch, done })
+            .await
+            .map_err(|_| WriterClosed)?;
+        Ok(rx)
+    }
+
+    /// Batches queued and not yet taken by the writer.
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+}
+
+/// Starts the writer. It runs until every [`WriterHandle`] is dropped or `stop` is
+/// cancelled; either way it first commits and answers everything already queued.
+pub fn spawn(
+    store: Arc<dyn Store>,
+    live: Arc<Live>,
+    metrics: Arc<Metrics>,
+    options: WriterOptions,
+    stop: CancellationToken,
+) -> (WriterHandle, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(options.queue_batches.max(1));
+    let writer = Writer {
+        store,
+        live,
+        metrics,
+        options,
+        outage: None,
+    };
+    (WriterHandle { tx }, tokio::spawn(writer.run(rx, stop)))
+}
+
+struct Writer {
+    store: Arc<dyn Store>,
+    live: Arc<Live>,
+    metrics: Arc<Metrics>,
+    options: WriterOptions,
+    /// Since when commits have been failing with transient errors (the database is
+    /// unreachable or restarting), and how many failed; `None` while they succeed.
+    outage: Option<Outage>,
+}
+
+/// A run of commits that failed with transient errors.
+#[derive(Debug, Clone, Copy)]
+struct Outage {
+    since: Instant,
+    failed_commits: u64,
+}
+
+impl Writer {
+    /// Notes a failed commit; a transient error starts or extends an outage.
+    fn failed(&mut self, e: &StoreError) {
+        self.metrics.commit_failures.fetch_add(1, Relaxed);
+        if e.is_transient() {
+            let outage = self.outage.get_or_insert(Outage {
+                since: Instant::now(),
+                failed_commits: 0,
+            });
+            outage.failed_commits += 1;
+        }
+    }
+
+    /// Notes a successful commit; ends an outage, saying so.
+    fn succeeded(&mut self) {
+        if let Some(o) = self.outage.take() {
+            info!(
+                failed_commits = o.failed_commits,
+                outage_ms = o.since.elapsed().as_millis() as u64,
+                "database is back: commits succeed again"
+            );
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<WriteRequest>, stop: CancellationToken) {
+        let mut stopping = false;
+        loop {
+            let first = if stopping {
+                rx.recv().await
+            } else {
+                tokio::select! {
+                    r = rx.recv() => r,
+                    () = stop.cancelled() => {
+                        // Refuse new submissions; what is queued is still committed.
+                        rx.close();
+                        stopping = true;
+                        continue;
+                    }
+                }
+            };
+            let Some(first) = first else { break };
+            let mut rows = first.batch.rows();
+            let mut group = vec![first];
+            while rows < self.options.max_rows_per_commit {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        rows += r.batch.rows();
+                        group.push(r);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit(group, rows).await;
+        }
+        debug!("writer stopped");
+    }
+
+    async fn commit(&mut self, group: Vec<WriteRequest>, rows: usize) {
+        let (batches, waiters): (Vec<NodeBatch>, Vec<_>) =
+            group.into_iter().map(|r| (r.batch, r.done)).unzip();
+        let started = Instant::now();
+        if !self.options.debug_delay_per_row.is_zero() {
+            let rows = u32::try_from(rows).unwrap_or(u32::MAX);
+            tokio::time::sleep(self.options.debug_delay_per_row.saturating_mul(rows)).await;
+        }
+        match self.store.write_batches(&batches).await {
+            Ok(outcome) => {
+                let took = started.elapsed();
+                self.metrics.observe_commit(took);
+                debug!(
+                    batches = batches.len(),
+                    rows,
+                    ms = took.as_millis() as u64,
+                    "committed"
+                );
+                self.succeeded();
+                self.finish(batches, waiters, outcome);
+            }
+            Err(e) if batches.len() > 1 && !e.is_transient() => {
+                self.failed(&e);
+                warn!(error = %e, batches = batches.len(), "group commit failed; retrying batch by batch");
+                self.commit_one_by_one(batches, waiters).await;
+            }
+            Err(e) => {
+                self.failed(&e);
+                error!(error = %e, batches = batches.len(), rows, "commit failed; batches refused as retryable");
+                let e = Arc::new(e);
+                for w in waiters {
+                    let _ = w.send(Err(Arc::clone(&e)));
+                }
+            }
+        }
+    }
+
+    async fn commit_one_by_one(
+        &mut self,
+        batches: Vec<NodeBatch>,
+        waiters: Vec<oneshot::Sender<WriteResult>>,
+    ) {
+        let mut failed: HashMap<NodeId, Arc<StoreError>> = HashMap::new();
+        for (nb, w) in batches.into_iter().zip(waiters) {
+            if let Some(e) = failed.get(&nb.keys.id) {
+                let _ = w.send(Err(Arc::clone(e)));
+                continue;
+            }
+            let started = Instant::now();
+            match self.store.write_batches(std::slice::from_ref(&nb)).await {
+                Ok(outcome) => {
+                    self.metrics.observe_commit(started.elapsed());
+                    self.succeeded();
+                    self.finish(vec![nb], vec![w], outcome);
+                }
+                Err(e) => {
+                    self.failed(&e);
+                    error!(node = %nb.keys.name, seq = nb.batch.seq, error = %e, "batch could not be stored");
+                    let e = Arc::new(e);
+                    failed.insert(nb.keys.id, Arc::clone(&e));
+                    let _ = w.send(Err(e));
+                }
+            }
+        }
+    }
+
+    /// After a commit: live state, counters, announcements, then the answers.
+    fn finish(
+        &self,
+        batches: Vec<NodeBatch>,
+        waiters: Vec<oneshot::Sender<WriteResult>>,
+        mut outcome: WriteOutcome,
+    ) {
+        let total: u64 = outcome.inserted_gpu_samples.values().sum();
+        self.metrics.gpu_samples_ingested.fetch_add(total, Relaxed);
+        // Batches the store left out (conflicts) are answered with their reason and are
+        // not part of the live state.
+        let mut refused: HashMap<usize, Arc<StoreError>> = HashMap::new();
+        for c in std::mem::take(&mut outcome.conflicts) {
+            if let Some(nb) = batches.get(c.index) {
+                warn!(node = %nb.keys.name, seq = nb.batch.seq, reason = %c.reason, "batch conflicts with stored samples; refused");
+                refused.insert(
+                    c.index,
+                    Arc::new(StoreError::Conflict {
+                        node: nb.keys.name.clone(),
+                        seq: nb.batch.seq,
+                        reason: c.reason,
+                    }),
+                );
+            }
+        }
+        let (batches, waiters): (Vec<NodeBatch>, Vec<_>) = batches
+            .into_iter()
+            .zip(waiters)
+            .enumerate()
+            .filter_map(|(i, (nb, w))| match refused.remove(&i) {
+                Some(e) => {
+                    let _ = w.send(Err(e));
+                    None
+                }
+                None => Some((nb, w)),
+            })
+            .unzip();
+        let announce = self.live.has_subscribers();
+        let mut counted: HashSet<NodeId> = HashSet::new();
+        for nb in &batches {
+            // The outcome counts per node; credit it once, with the node's first batch.
+            let inserted = if counted.insert(nb.keys.id) {
+                outcome
+                    .inserted_gpu_samples
+                    .remove(&nb.keys.id)
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            self.live.committed(nb, inserted);
+        }
+        if announce {
+            for nb in batches {
+                self.live.announce(Committed {
+                    node: nb.keys.name.clone(),
+                    batch: nb.batch,
+                });
+            }
+        }
+        for w in waiters {
+            let _ = w.send(Ok(()));
+        }
+    }
+}

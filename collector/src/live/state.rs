@@ -1,0 +1,494 @@
+//! The live state: every node's identity, inventory and delivery counters, and the newest
+//! sample of every GPU and host, in memory.
+//!
+//! It is updated only after a commit (so it never shows data that is not durable), seeded
+//! from the store at start-up, and is what `/api/v1/nodes`, `/` and `/metrics` read: they
+//! never query samples. Nodes whose agent streams to this collector are kept current by
+//! its own commits ([`Live::committed`]); when several collectors share the database, the
+//! others' nodes are kept current by [`crate::live::follow`] ([`Live::followed`]). Each commit is also announced on a broadcast channel
+//! ([`Live::subscribe`]) for live dashboards; a subscriber that falls behind misses
+//! announcements (`RecvError::Lagged`) instead of slowing ingest down.
+//!
+//! Announced batches stay in memory until every subscriber received them, and a lagging
+//! subscriber (a dashboard that stopped reading, a background job in a long pass) leaves
+//! them in the channel's ring until they are overwritten. So the ring is bounded in bytes
+//! as well as in count: past [`ANNOUNCE_BUDGET_BYTES`] of batches not yet received, a
+//! commit is announced without its ticks ([`Announcement::partial`]), and subscribers treat
+//! that as missed announcements (resync, recheck).
+
+use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
+use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// Commits announced but not yet received, per subscriber, before it starts missing some.
+const ANNOUNCE_CAPACITY: usize = 1024;
+/// Most bytes of announced batches held for subscribers at once (an estimate, see
+/// [`batch_bytes`]). Measured (BENCHMARKS.md): with only the count bound, a flood of
+/// large batches kept ~250 MiB in the ring.
+pub const ANNOUNCE_BUDGET_BYTES: usize = 32 << 20;
+
+/// The newest sample of one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveGpu {
+    pub time_ms: UnixMs,
+    pub sample: GpuSample,
+    /// The processes seen on this GPU in the same tick.
+    pub processes: Vec<ProcessSample>,
+}
+
+/// The newest host row of one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveHost {
+    pub time_ms: UnixMs,
+    pub sample: Option<HostSample>,
+    pub cost: Option<SamplerCost>,
+}
+
+/// One node as the live state knows it.
+#[derive(Debug, Clone)]
+pub struct LiveNode {
+    /// Identity, inventory and delivery counters; the counters (`last_seen_ms`,
+    /// `last_acked_seq`, `delivery`, `stored_samples`) are kept current after each commit,
+    /// exactly as the store updates them.
+    pub record: NodeRecord,
+    /// Open ingest streams for this node (an agent reconnecting may briefly have two).
+    pub connections: u32,
+    /// Batches refused since the collector started (not persisted).
+    pub rejected_batches: u64,
+    pub host: Option<LiveHost>,
+    pub gpus: HashMap<GpuId, LiveGpu>,
+}
+
+/// Everything the live state holds; read it through [`Live::read`].
+#[derive(Debug, Default)]
+pub struct LiveState {
+    /// By name, so listings come out sorted.
+    pub nodes: BTreeMap<String, LiveNode>,
+    /// GPU UUID -> node name, for lookups by UUID.
+    gpu_owner: HashMap<String, String>,
+}
+
+impl LiveState {
+    /// The node holding GPU `uuid`, and the GPU's id.
+    pub fn find_gpu(&self, uuid: &str) -> Option<(&LiveNode, GpuId)> {
+        let node = self.nodes.get(self.gpu_owner.get(uuid)?)?;
+        let gpu = node.record.gpus.iter().find(|g| g.info.uuid == uuid)?;
+        Some((node, gpu.id))
+    }
+
+    fn insert(&mut self, record: NodeRecord) -> &mut LiveNode {
+        // A GPU that moved here from another node leaves that node.
+        for g in &record.gpus {
+            if let Some(old) = self
+                .gpu_owner
+                .insert(g.info.uuid.clone(), record.name.clone())
+                && old != record.name
+                && let Some(n) = self.nodes.get_mut(&old)
+            {
+                n.record.gpus.retain(|x| x.id != g.id);
+                n.gpus.remove(&g.id);
+            }
+        }
+        let name = record.name.clone();
+        let node = self.nodes.entry(name).or_insert_with(|| LiveNode {
+            record: record.clone(),
+            connections: 0,
+            rejected_batches: 0,
+            host: None,
+            gpus: HashMap::new(),
+        });
+        node.gpus
+            .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
+        // The record was read in the registering transaction; a commit announced since
+        // (another stream of the same node) may already be counted here: keep the newer.
+        let old = std::mem::replace(&mut node.record, record);
+        let r = &mut node.record;
+        if old.last_acked_seq > r.last_acked_seq {
+            r.last_acked_seq = old.last_acked_seq;
+            r.delivery = old.delivery;
+        }
+        r.last_seen_ms = r.last_seen_ms.max(old.last_seen_ms);
+        r.stored_samples = r.stored_samples.max(old.stored_samples);
+        node
+    }
+}
+
+/// A commit, as announced to subscribers.
+#[derive(Debug)]
+pub struct Committed {
+    pub node: String,
+    pub batch: Batch,
+}
+
+/// What subscribers receive: a commit (it derefs to [`Committed`]), and whether its ticks
+/// were left out.
+#[derive(Debug)]
+pub struct Announcement {
+    commit: Committed,
+    /// The batch's ticks were left out (the announcement budget was spent): subscribers
+    /// must treat this as missed announcements.
+    pub partial: bool,
+    /// Gives the batch's bytes back to the budget when the last subscriber is done.
+    _budget: Option<Budgeted>,
+}
+
+impl std::ops::Deref for Announcement {
+    type Target = Committed;
+
+    fn deref(&self) -> &Committed {
+        &self.commit
+    }
+}
+
+/// Bytes of one announced batch, counted in [`Live::announced_bytes`] while it lives.
+#[derive(Debug)]
+struct Budgeted {
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
+
+impl Drop for Budgeted {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+/// About how much memory a decoded batch holds.
+pub fn batch_bytes(batch: &Batch) -> usize {
+    use std::mem::size_of;
+    batch
+        .ticks
+        .iter()
+        .map(|t| {
+            size_of::<Tick>()
+                + t.gpus.len() * size_of::<GpuSample>()
+                + t.gpus.iter().map(|g| g.gpu_uuid.len()).sum::<usize>()
+                + t.processes.len() * (size_of::<ProcessSample>() + 256)
+                + t.events
+                    .iter()
+                    .map(|e| size_of::<gpufleet_core::Event>() + e.detail.len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
+/// The live state and its announcement channel. Shared as `Arc<Live>`.
+#[derive(Debug)]
+pub struct Live {
+    state: RwLock<LiveState>,
+    announce: broadcast::Sender<Arc<Announcement>>,
+    /// Cancelled when the collector shuts down, so live streams end (see [`Live::close`]).
+    closing: CancellationToken,
+    /// Set when another collector stored samples older than a node's newest (a replayed
+    /// spool): the energy accountant rechecks recent minutes ([`Live::take_late_data`]).
+    late_data: AtomicBool,
+    /// Bytes of announced batches some subscriber has not received yet.
+    announced_bytes: Arc<AtomicUsize>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Live::new()
+    }
+}
+
+impl Live {
+    pub fn new() -> Live {
+        Live {
+            state: RwLock::new(LiveState::default()),
+            announce: broadcast::channel(ANNOUNCE_CAPACITY).0,
+            closing: CancellationToken::new(),
+            late_data: AtomicBool::new(false),
+            announced_bytes: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Fills the state from the store at start-up.
+    pub fn seed(&self, nodes: Vec<NodeRecord>, gpus: Vec<LatestGpu>, hosts: Vec<LatestHost>) {
+        let mut state = self.write();
+        let mut owner_of: HashMap<GpuId, String> = HashMap::new();
+        let mut node_of: HashMap<i64, String> = HashMap::new();
+        for record in nodes {
+            for g in &record.gpus {
+                owner_of.insert(g.id, record.name.clone());
+            }
+            node_of.insert(record.id.0, record.name.clone());
+            state.insert(record);
+        }
+        for l in gpus {
+            if let Some(node) = owner_of.get(&l.gpu).and_then(|n| state.nodes.get_mut(n)) {
+                node.gpus.insert(
+                    l.gpu,
+                    LiveGpu {
+                        time_ms: l.time_ms,
+                        sample: l.sample,
+                        processes: l.processes,
+                    },
+                );
+            }
+        }
+        for h in hosts {
+            if let Some(node) = node_of.get(&h.node.0).and_then(|n| state.nodes.get_mut(n)) {
+                node.host = Some(LiveHost {
+                    time_ms: h.time_ms,
+                    sample: h.sample,
+                    cost: h.cost,
+                });
+            }
+        }
+    }
+
+    /// A node said hello (and the store registered it): take its new identity and
+    /// inventory, and count the connection.
+    pub fn connected(&self, record: NodeRecord) {
+        let mut state = self.write();
+        state.insert(record).connections += 1;
+    }
+
+    /// A node's stream ended.
+    pub fn disconnected(&self, node: &str) {
+        if let Some(n) = self.write().nodes.get_mut(node) {
+            n.connections = n.connections.saturating_sub(1);
+        }
+    }
+
+    /// A node's batch was refused.
+    pub fn rejected(&self, node: &str) {
+        if let Some(n) = self.write().nodes.get_mut(node) {
+            n.rejected_batches += 1;
+        }
+    }
+
+    /// A batch was committed; `inserted` is how many of its GPU samples were new.
+    pub fn committed(&self, nb: &NodeBatch, inserted: u64) {
+        let mut state = self.write();
+        let Some(node) = state.nodes.get_mut(&nb.keys.name) else {
+            return;
+        };
+        let batch = &nb.batch;
+        let r = &mut node.record;
+        if batch.seq >= r.last_acked_seq {
+            r.delivery = batch.delivery;
+        }
+        r.last_acked_seq = r.last_acked_seq.max(batch.seq);
+        r.stored_samples += inserted;
+        apply_ticks(node, &nb.keys.gpus, &batch.ticks);
+    }
+
+    /// What [`crate::live::follow`] needs to know of a node: `None` when unknown here, else
+    /// (open streams to this collector, the node's latest Hello, its newest tick time,
+    /// its stored GPU samples).
+    pub fn follow_view(&self, node: &str) -> Option<(u32, UnixMs, Option<UnixMs>, u64)> {
+        self.read(|s| {
+            s.nodes.get(node).map(|n| {
+                (
+                    n.connections,
+                    n.record.last_hello_ms,
+                    n.record.last_seen_ms,
+                    n.record.stored_samples,
+                )
+            })
+        })
+    }
+
+    /// A node registered (or re-registered) through another collector: take its identity
+    /// and inventory as stored, without counting a connection here.
+    pub fn adopt(&self, record: NodeRecord) {
+        self.write().insert(record);
+    }
+
+    /// Another collector committed `ticks` of a node whose stored state is now `record`:
+    /// take its delivery counters from the store and its newest samples from the ticks.
+    /// Nothing changes for a node whose agent streams to this collector (its own commits
+    /// keep it current).
+    pub fn followed(&self, record: &NodeRecord, ticks: &[Tick]) {
+        let mut state = self.write();
+        let Some(node) = state.nodes.get_mut(&record.name) else {
+            return;
+        };
+        if node.connections > 0 {
+            return;
+        }
+        let r = &mut node.record;
+        r.last_acked_seq = record.last_acked_seq;
+        r.delivery = record.delivery;
+        r.stored_samples = record.stored_samples;
+        r.last_seen_ms = r.last_seen_ms.max(record.last_seen_ms);
+        let keys: HashMap<String, GpuId> = record
+            .gpus
+            .iter()
+            .map(|g| (g.info.uuid.clone(), g.id))
+            .collect();
+        apply_ticks(node, &keys, ticks);
+    }
+
+    /// Notes that another collector stored data behind a node's newest sample.
+    pub fn note_late_data(&self) {
+        self.late_data.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether late data was noted since the last call (and forgets it).
+    pub fn take_late_data(&self) -> bool {
+        self.late_data.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether anyone listens to commit announcements (so the writer can skip building them).
+    pub fn has_subscribers(&self) -> bool {
+        self.announce.receiver_count() > 0
+    }
+
+    /// Announces a commit to subscribers (none listening is fine); without its ticks when
+    /// [`ANNOUNCE_BUDGET_BYTES`] of announced batches are still held for subscribers.
+    pub fn announce(&self, mut commit: Committed) {
+        let bytes = batch_bytes(&commit.batch);
+        let held = self.announced_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let announcement = if held.saturating_add(bytes) > ANNOUNCE_BUDGET_BYTES {
+            self.announced_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            commit.batch.ticks = Vec::new();
+            Announcement {
+                commit,
+                partial: true,
+                _budget: None,
+            }
+        } else {
+            Announcement {
+                commit,
+                partial: false,
+                _budget: Some(Budgeted {
+                    bytes,
+                    total: Arc::clone(&self.announced_bytes),
+                }),
+            }
+        };
+        let _ = self.announce.send(Arc::new(announcement));
+    }
+
+    /// Bytes of announced batches not yet received by every subscriber (an estimate).
+    pub fn announced_bytes(&self) -> usize {
+        self.announced_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Receives every commit from now on, in commit order.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Announcement>> {
+        self.announce.subscribe()
+    }
+
+    /// Ends every live stream (the collector is shutting down; an open dashboard must not
+    /// hold the HTTP server's graceful shutdown).
+    pub fn close(&self) {
+        self.closing.cancel();
+    }
+
+    /// Completes once [`Live::close`] was called.
+    pub async fn closing(&self) {
+        self.closing.cancelled().await;
+    }
+
+    /// Runs `f` with the state read-locked. Keep `f` short: commits wait for it.
+    pub fn read<R>(&self, f: impl FnOnce(&LiveState) -> R) -> R {
+        f(&self.state.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, LiveState> {
+        self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Takes each GPU's and the host's newest sample from `ticks` where it is newer than the
+/// node's, and the newest tick time as the node's `last_seen_ms`.
+fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[Tick]) {
+    let r = &mut node.record;
+    // Newest tick first: each GPU's sample is cloned at most once per batch.
+    for t in ticks.iter().rev() {
+        r.last_seen_ms = Some(r.last_seen_ms.map_or(t.time_ms, |s| s.max(t.time_ms)));
+        for s in &t.gpus {
+            let Some(&id) = gpu_ids.get(&s.gpu_uuid) else {
+                continue;
+            };
+            if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
+                continue;
+            }
+            let processes = t
+                .processes
+                .iter()
+                .filter(|p| p.gpu_uuid == s.gpu_uuid)
+                .cloned()
+                .collect();
+            node.gpus.insert(
+                id,
+                LiveGpu {
+                    time_ms: t.time_ms,
+                    sample: s.clone(),
+                    processes,
+                },
+            );
+        }
+        if (t.host.is_some() || t.cost.is_some())
+            && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
+        {
+            node.host = Some(LiveHost {
+                time_ms: t.time_ms,
+                sample: t.host.clone(),
+                cost: t.cost.clone(),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of one tick with `gpus` empty GPU samples (about `gpus` × 0.5 KB).
+    fn big_batch(seq: u64, gpus: usize) -> Batch {
+        Batch {
+            seq,
+            ticks: vec![Tick {
+                time_ms: 1,
+                gpus: vec![GpuSample::default(); gpus],
+                ..Tick::default()
+            }],
+            ..Batch::default()
+        }
+    }
+
+    #[test]
+    fn announcements_held_for_a_subscriber_that_does_not_read_are_bounded_in_bytes() {
+        let live = Live::new();
+        let mut stuck = live.subscribe();
+        let one = batch_bytes(&big_batch(0, 2_000));
+        for seq in 0..(2 * ANNOUNCE_BUDGET_BYTES / one) as u64 {
+            live.announce(Committed {
+                node: "n".into(),
+                batch: big_batch(seq, 2_000),
+            });
+            assert!(
+                live.announced_bytes() <= ANNOUNCE_BUDGET_BYTES,
+                "{} bytes held after {seq} announcements",
+                live.announced_bytes()
+            );
+        }
+        // The subscriber gets every commit, the later ones without their ticks.
+        let first = stuck.try_recv().expect("first");
+        assert!(!first.partial && first.batch.ticks.len() == 1);
+        let mut partial = 0;
+        while let Ok(a) = stuck.try_recv() {
+            if a.partial {
+                assert!(a.batch.ticks.is_empty());
+                partial += 1;
+            }
+        }
+        assert!(partial > 0, "the budget was spent");
+        drop(first);
+        assert_eq!(live.announced_bytes(), 0, "all given back once received");
+        live.announce(Committed {
+            node: "n".into(),
+            batch: big_batch(9, 10),
+        });
+        assert!(!stuck.try_recv().expect("next").partial, "room again");
+    }
+}
