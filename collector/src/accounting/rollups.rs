@@ -19,7 +19,7 @@ use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::live::state::{Committed, Live};
 use crate::store::rollup::{RetentionOutcome, RollupKey};
-use crate::store::{Store, StoreError};
+use crate::store::{RollupStore, StoreError};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::parse_duration;
 use std::collections::{BTreeSet, HashMap};
@@ -113,7 +113,7 @@ pub fn use_rollups(step_ms: Option<i64>, from_ms: UnixMs, horizon: Option<UnixMs
 
 /// The rollup task's state between passes.
 pub struct Rollups {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RollupStore>,
     options: RetentionOptions,
     clock: crate::live::status::Clock,
     /// (series, minute) touched by commits since the last pass.
@@ -126,7 +126,7 @@ pub struct Rollups {
 
 impl Rollups {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn RollupStore>,
         options: RetentionOptions,
         clock: crate::live::status::Clock,
     ) -> Self {
@@ -253,7 +253,7 @@ pub const JOB: &str = "rollups";
 /// the pass it is in). The collector runs it under the `rollups` job lease
 /// ([`crate::accounting::leader`]), so once across collectors sharing a database.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn RollupStore>,
     live: Arc<Live>,
     options: RetentionOptions,
     clock: crate::live::status::Clock,

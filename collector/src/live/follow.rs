@@ -16,7 +16,7 @@
 //! table; on SQLite (one collector per file) it does not run unless asked for.
 
 use crate::live::state::{Committed, Live};
-use crate::store::{NodeRecord, Store, StoreError, TimeRange};
+use crate::store::{FleetReads, NodeRecord, StoreError, TimeRange};
 use gpufleet_core::{Batch, UnixMs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +70,7 @@ impl FollowMode {
 
 /// Starts following the store every `period` until `stop` is cancelled.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn FleetReads>,
     live: Arc<Live>,
     period: Duration,
     stop: CancellationToken,
@@ -105,7 +105,7 @@ pub fn spawn(
 }
 
 /// One pass (see the module docs). Returns the ticks taken from the store.
-pub async fn follow_once(store: &dyn Store, live: &Live) -> Result<usize, StoreError> {
+pub async fn follow_once(store: &dyn FleetReads, live: &Live) -> Result<usize, StoreError> {
     let records = store.nodes().await?;
     // The nodes that moved, with what this collector knew of them.
     let mut moved = Vec::new();

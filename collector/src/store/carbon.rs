@@ -146,7 +146,7 @@ const MINUTE_COLS: &str = "c.gpu_id AS c_gpu_id, c.minute_ms AS c_minute_ms, \
 
 /// What carbon pricing reads and writes, and what the API reads of it.
 #[async_trait]
-pub trait CarbonStore: Send + Sync {
+pub trait CarbonStore: Send + Sync + std::fmt::Debug {
     /// Caches intensity slots (key: provider, region, slot start). An existing actual is
     /// never replaced by a forecast; otherwise the newer fetch wins.
     async fn upsert_intensity(&self, slots: &[IntensitySlot]) -> Result<(), StoreError>;

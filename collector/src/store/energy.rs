@@ -230,7 +230,7 @@ pub(super) fn minutes_from_rows<R: Get>(
 
 /// What energy accounting reads and writes.
 #[async_trait]
-pub trait EnergyStore: Send + Sync {
+pub trait EnergyStore: Send + Sync + std::fmt::Debug {
     /// Every GPU with its node, model, sample span and accounting watermark.
     async fn energy_gpus(&self) -> Result<Vec<EnergyGpu>, StoreError>;
 

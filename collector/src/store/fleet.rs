@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 /// What ingest writes: node registrations and validated batches.
 #[async_trait]
-pub trait IngestWrites: Send + Sync {
+pub trait IngestWrites: Send + Sync + std::fmt::Debug {
     /// Creates or updates a node and its GPUs from a Hello (`now_ms` is the collector's
     /// clock) and returns the node as stored. A GPU UUID registered by another node is
     /// refused with [`StoreError::GpuOwned`] and nothing is changed: a GPU moves only by
@@ -45,7 +45,7 @@ pub trait IngestWrites: Send + Sync {
 
 /// What the API, the live state and the follower read of the fleet.
 #[async_trait]
-pub trait FleetReads: Send + Sync {
+pub trait FleetReads: Send + Sync + std::fmt::Debug {
     /// Every node with its inventory, by name.
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
 
@@ -123,7 +123,7 @@ pub trait FleetReads: Send + Sync {
 
 /// Agent, viewer and admin tokens.
 #[async_trait]
-pub trait TokenStore: Send + Sync {
+pub trait TokenStore: Send + Sync + std::fmt::Debug {
     /// Stores a new agent token (its id, node and secret hash).
     async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError>;
 

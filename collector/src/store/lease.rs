@@ -238,7 +238,7 @@ pub async fn postgres(pool: &sqlx::PgPool, job: &str) -> Result<Option<Lease>, S
 
 /// Who runs the background jobs when several collectors share a database.
 #[async_trait]
-pub trait JobLeases: Send + Sync {
+pub trait JobLeases: Send + Sync + std::fmt::Debug {
     /// Whether several collectors may share this database (PostgreSQL: `true`), so each
     /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
     /// `false`, one collector per file.

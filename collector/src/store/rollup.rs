@@ -179,7 +179,7 @@ pub(crate) fn spec(kind: RollupKind) -> Spec {
 /// What the rollup and retention task reads and writes, and what the API reads of
 /// rollups.
 #[async_trait]
-pub trait RollupStore: Send + Sync {
+pub trait RollupStore: Send + Sync + std::fmt::Debug {
     /// Every GPU and every node's host series, with its raw sample span and rollup
     /// watermark.
     async fn rollup_cursors(&self) -> Result<Vec<RollupCursor>, StoreError>;
