@@ -312,6 +312,8 @@ pub const JOB: &str = "energy";
 /// Starts the accountant under the `energy` job lease ([`crate::accounting::leader`]): it runs on one
 /// collector of those sharing the database at a time. It stops when `stop` is cancelled
 /// (finishing the pass it is in).
+// Wiring: each argument is one of the accountant's dependencies, handed in by `serve`.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     store: Arc<dyn EnergyStore>,
     leases: Arc<dyn JobLeases>,

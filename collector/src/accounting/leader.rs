@@ -2,7 +2,7 @@
 //!
 //! Energy accounting (and rollups, retention, carbon fetches) must not run once per
 //! collector. [`spawn`] runs a job only while this collector holds the job's lease
-//! ([`crate::store::Store::try_lead`]); the other collectors ask again every
+//! ([`crate::store::JobLeases::try_lead`]); the other collectors ask again every
 //! [`LeadOptions::retry`], so when the leader dies (its database session ends, or its lock
 //! file closes) another one takes the job over within a few seconds.
 //!

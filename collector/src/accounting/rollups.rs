@@ -11,7 +11,7 @@
 //!
 //! Retention runs in the same task every `retention_period`: raw samples older than
 //! `--retain-raw` go, but only behind both the rollup and the energy watermarks
-//! ([`crate::store::Store::expire_raw_before`]); rollups, energy minutes and events older
+//! ([`crate::store::RollupStore::expire_raw_before`]); rollups, energy minutes and events older
 //! than `--retain-rollups` go too. Minutes before a series' raw horizon are never
 //! recomputed from raw (the store refuses), so reports and energy totals stay exact.
 
@@ -44,7 +44,7 @@ pub struct RetentionOptions {
     pub period: Duration,
     /// How often retention runs.
     pub retention_period: Duration,
-    /// Most rows deleted per transaction (about; see `Store::expire_raw_before`).
+    /// Most rows deleted per transaction (about; see `RollupStore::expire_raw_before`).
     pub batch_rows: usize,
     /// How far back the start-up check for late data looks.
     pub recheck_window: Duration,

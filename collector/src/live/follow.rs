@@ -1,12 +1,12 @@
 //! Following the store: with several collectors on one database, each learns what the
 //! others committed, so its dashboard, API, `/metrics` and live stream show every node.
 //!
-//! Every [`FollowMode`] period one task reads the node table ([`Store::nodes`]: small, one
+//! Every [`FollowMode`] period one task reads the node table ([`FleetReads::nodes`]: small, one
 //! row per node, maintained in each write transaction) and compares each node with the
 //! live state. A node whose agent streams to this collector is skipped: its own commits
 //! keep it current. For any other node whose newest tick time or stored-sample count moved,
 //! it reads the node's new ticks (at most [`WINDOW_MS`] back from the newest; all moved
-//! nodes' in one [`Store::nodes_ticks`], a constant number of queries per pass), feeds
+//! nodes' in one [`FleetReads::nodes_ticks`], a constant number of queries per pass), feeds
 //! them to the live state ([`Live::followed`]) and announces them like a
 //! commit of its own (`/api/v1/live`, the energy accountant). More samples stored than
 //! ticks read means another collector stored older data (a replayed spool): the energy

@@ -51,7 +51,7 @@ pub struct EnergyRange {
     pub to_ms: UnixMs,
 }
 
-/// What [`Store::replace_energy_minutes`](super::Store::replace_energy_minutes) takes, for
+/// What [`EnergyStore::replace_energy_minutes`](super::EnergyStore::replace_energy_minutes) takes, for
 /// one GPU of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MinuteReplacement {

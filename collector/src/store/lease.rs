@@ -2,7 +2,7 @@
 //! retention, carbon fetches) when several share one database.
 //!
 //! A [`Lease`] is held until it is dropped or lost; while one collector holds the lease of
-//! a job, [`crate::store::Store::try_lead`] answers `None` to every other asker of the
+//! a job, [`crate::store::JobLeases::try_lead`] answers `None` to every other asker of the
 //! same job on the same database. The backends:
 //!
 //! - **PostgreSQL** ([`postgres`]): a session advisory lock

@@ -15,8 +15,8 @@
 //!   batch is left out of the write and reported in [`WriteOutcome::conflicts`] (never
 //!   silently dropped while the batch is acked).
 //! - **A GPU belongs to the node that registered it**: another node's Hello naming it is
-//!   refused ([`StoreError::GpuOwned`]); only [`Store::rehome_gpu`] moves it.
-//! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
+//!   refused ([`StoreError::GpuOwned`]); only [`IngestWrites::rehome_gpu`] moves it.
+//! - **One transaction per [`IngestWrites::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
 mod backend;
@@ -191,7 +191,7 @@ pub struct NodeKeys {
     pub gpus: HashMap<String, GpuId>,
 }
 
-/// A validated batch and the node it came from: the unit [`Store::write_batches`] takes.
+/// A validated batch and the node it came from: the unit [`IngestWrites::write_batches`] takes.
 #[derive(Debug, Clone)]
 pub struct NodeBatch {
     /// Shared by every batch of one session.
@@ -211,7 +211,7 @@ impl NodeBatch {
     }
 }
 
-/// What a successful [`Store::write_batches`] did.
+/// What a successful [`IngestWrites::write_batches`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WriteOutcome {
     /// GPU samples newly inserted per node (replayed rows are not counted).
@@ -221,7 +221,7 @@ pub struct WriteOutcome {
     pub conflicts: Vec<BatchConflict>,
 }
 
-/// A batch [`Store::write_batches`] did not write: a GPU sample or host row of it has the
+/// A batch [`IngestWrites::write_batches`] did not write: a GPU sample or host row of it has the
 /// key of a stored one with other values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchConflict {
@@ -231,7 +231,7 @@ pub struct BatchConflict {
     pub reason: String,
 }
 
-/// What [`Store::rehome_gpu`] did.
+/// What [`IngestWrites::rehome_gpu`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rehomed {
     /// The GPU now belongs to the node; `from` is the node it belonged to.
@@ -598,7 +598,7 @@ where
 }
 
 /// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`
-/// (what [`Store::node_ticks`] returns).
+/// (what [`FleetReads::node_ticks`] returns).
 pub fn assemble_ticks(
     gpus: Vec<(UnixMs, GpuSample)>,
     processes: Vec<(UnixMs, ProcessSample)>,
