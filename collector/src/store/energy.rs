@@ -572,49 +572,13 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         from_ms: UnixMs,
         to_ms: UnixMs,
     ) -> Result<EnergyInputs, StoreError> {
-        let mut conn = self.conn().await?;
-        let prev = sql::<DB>(
-            "read the sample before an energy range",
-            format!(
-                "SELECT {SAMPLE_COLS} FROM gpu_samples \
-                 WHERE gpu_id = $1 AND ts_ms < $2 ORDER BY ts_ms DESC LIMIT 1"
-            ),
-        )
-        .bind(gpu.0)
-        .bind(from_ms)
-        .optional(&mut conn)
-        .await?
-        .map(|row| sample_from_row(&row))
-        .transpose()?;
-        let rows = sql::<DB>(
-            "read GPU samples for energy",
-            format!(
-                "SELECT {SAMPLE_COLS} FROM gpu_samples \
-                 WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3 ORDER BY ts_ms"
-            ),
-        )
-        .bind(gpu.0)
-        .bind(from_ms)
-        .bind(to_ms)
-        .all(&mut conn)
-        .await?;
-        let mut samples = rows
-            .iter()
-            .map(sample_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let procs = sql::<DB>(
-            "read process samples for energy",
-            "SELECT ts_ms, workload_id, sm_util_pct, gpu_mem_bytes, process_type \
-             FROM process_samples WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3 \
-             ORDER BY ts_ms, pid",
-        )
-        .bind(gpu.0)
-        .bind(from_ms)
-        .bind(to_ms)
-        .all(&mut conn)
-        .await?;
-        attach_processes(&mut samples, &procs)?;
-        Ok(EnergyInputs { prev, samples })
+        let range = EnergyRange {
+            gpu,
+            from_ms,
+            to_ms,
+        };
+        let mut inputs = self.energy_inputs_many(&[range]).await?;
+        Ok(inputs.pop().unwrap_or_default())
     }
 
     async fn energy_inputs_many(
@@ -742,19 +706,13 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         gpu: GpuId,
         before_ms: UnixMs,
     ) -> Result<(u64, i64), StoreError> {
-        let row = sql::<DB>(
-            "read a GPU's idle-baseline evidence",
-            "SELECT learned_idle_mj, learned_idle_ms FROM energy_gpu_minutes \
-             WHERE gpu_id = $1 AND minute_ms < $2 ORDER BY minute_ms DESC LIMIT 1",
-        )
-        .bind(gpu.0)
-        .bind(before_ms)
-        .optional(&mut *self.conn().await?)
-        .await?;
-        match row {
-            Some(row) => Ok((row.nonneg("learned_idle_mj")?, row.get("learned_idle_ms")?)),
-            None => Ok((0, 0)),
-        }
+        let range = EnergyRange {
+            gpu,
+            from_ms: before_ms,
+            to_ms: before_ms,
+        };
+        let mut evidence = self.energy_learned_before_many(&[range]).await?;
+        Ok(evidence.pop().unwrap_or_default())
     }
 
     async fn energy_baselines(&self) -> Result<Vec<GpuBaseline>, StoreError> {
@@ -800,9 +758,18 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         minutes: &[GpuMinute],
         done_to_ms: Option<UnixMs>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write("begin an energy transaction").await?;
-        replace_in::<DB>(tx.conn(), gpu, from_ms, to_ms, minutes, done_to_ms).await?;
-        tx.commit("commit energy minutes").await
+        let range = EnergyRange {
+            gpu,
+            from_ms,
+            to_ms,
+        };
+        let batch = MinuteReplacement {
+            range,
+            minutes: minutes.to_vec(),
+            done_to_ms,
+        };
+        self.replace_energy_minutes_many(std::slice::from_ref(&batch))
+            .await
     }
 
     async fn replace_energy_minutes_many(
