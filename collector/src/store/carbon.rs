@@ -360,7 +360,7 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         region: &str,
         range: TimeRange,
     ) -> Result<Vec<IntensitySlot>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read cached intensities",
             "SELECT * FROM carbon_intensity WHERE provider = $1 AND region = $2 \
              AND to_ms > $3 AND from_ms < $4 ORDER BY from_ms",
@@ -368,10 +368,8 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         .bind(provider.as_str())
         .bind(region)
         .bind(range.from_ms)
-        .bind(range.to_ms)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter().map(slot_from_row).collect()
+        .bind(range.to_ms);
+        self.fetch(query, slot_from_row).await
     }
 
     async fn last_intensity_before(
@@ -398,7 +396,7 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         since_ms: UnixMs,
         limit: usize,
     ) -> Result<Vec<PendingCarbonMinute>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "list energy minutes to price",
             format!(
                 "SELECT m.gpu_id, m.minute_ms, m.energy_mj, n.name AS node_name, {MINUTE_COLS} \
@@ -412,24 +410,21 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
             ),
         )
         .bind(since_ms)
-        .bind(limit_i64(limit))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let priced = match row.get::<Option<i64>>("c_gpu_id")? {
-                    Some(_) => Some(minute_from_row(row, "c_")?),
-                    None => None,
-                };
-                Ok(PendingCarbonMinute {
-                    gpu: GpuId(row.get("gpu_id")?),
-                    minute_ms: row.get("minute_ms")?,
-                    energy_mj: row.nonneg("energy_mj")?,
-                    node_name: row.get("node_name")?,
-                    priced,
-                })
+        .bind(limit_i64(limit));
+        self.fetch(query, |row| {
+            let priced = match row.get::<Option<i64>>("c_gpu_id")? {
+                Some(_) => Some(minute_from_row(row, "c_")?),
+                None => None,
+            };
+            Ok(PendingCarbonMinute {
+                gpu: GpuId(row.get("gpu_id")?),
+                minute_ms: row.get("minute_ms")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                node_name: row.get("node_name")?,
+                priced,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn replace_carbon_minutes(&self, minutes: &[CarbonMinute]) -> Result<(), StoreError> {
@@ -441,7 +436,7 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         gpu: Option<GpuId>,
         range: TimeRange,
     ) -> Result<Vec<CarbonMinute>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read carbon minutes",
             format!(
                 "SELECT {MINUTE_COLS} FROM carbon_gpu_minutes c \
@@ -452,10 +447,8 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         )
         .bind(gpu.map(|g| g.0))
         .bind(range.from_ms)
-        .bind(range.to_ms)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter().map(|r| minute_from_row(r, "c_")).collect()
+        .bind(range.to_ms);
+        self.fetch(query, |r| minute_from_row(r, "c_")).await
     }
 
     async fn workload_carbon(
@@ -465,7 +458,7 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         workload_key: Option<&str>,
     ) -> Result<Vec<WorkloadCarbon>, StoreError> {
         let d = DB::DIALECT;
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "sum carbon per workload",
             format!(
                 "SELECT w.key AS workload_key, g.uuid, {} \
@@ -484,23 +477,20 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
         .bind(range.from_ms)
         .bind(range.to_ms)
         .bind(node)
-        .bind(workload_key)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WorkloadCarbon {
-                    workload_key: row.get("workload_key")?,
-                    gpu_uuid: row.get("uuid")?,
-                    totals: totals_from_row(row)?,
-                })
+        .bind(workload_key);
+        self.fetch(query, |row| {
+            Ok(WorkloadCarbon {
+                workload_key: row.get("workload_key")?,
+                gpu_uuid: row.get("uuid")?,
+                totals: totals_from_row(row)?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<GpuCarbon>, StoreError> {
         // Priced at the energy of the GPU row itself (c.energy_mj is what was priced).
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "sum carbon per GPU",
             format!(
                 "SELECT g.id AS gpu_id, g.uuid, n.name AS node_name, {} \
@@ -511,18 +501,15 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
             ),
         )
         .bind(range.from_ms)
-        .bind(range.to_ms)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(GpuCarbon {
-                    gpu: GpuId(row.get("gpu_id")?),
-                    uuid: row.get("uuid")?,
-                    node_name: row.get("node_name")?,
-                    totals: totals_from_row(row)?,
-                })
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            Ok(GpuCarbon {
+                gpu: GpuId(row.get("gpu_id")?),
+                uuid: row.get("uuid")?,
+                node_name: row.get("node_name")?,
+                totals: totals_from_row(row)?,
             })
-            .collect()
+        })
+        .await
     }
 }

@@ -535,7 +535,7 @@ fn sums(cols: &[&str]) -> String {
 #[async_trait]
 impl<DB: Backend> EnergyStore for SqlStore<DB> {
     async fn energy_gpus(&self) -> Result<Vec<EnergyGpu>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "list GPUs for energy accounting",
             "SELECT g.id, g.uuid, g.gpu_index, g.name, n.id AS node_id, n.name AS node_name, \
              n.interval_ms, coalesce(g.power_limit_default_mw, g.power_limit_enforced_mw) AS limit_mw, \
@@ -544,26 +544,23 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
              p.done_to_ms \
              FROM gpus g JOIN nodes n ON n.id = g.node_id \
              LEFT JOIN energy_progress p ON p.gpu_id = g.id ORDER BY g.id",
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(EnergyGpu {
-                    gpu: GpuId(row.get("id")?),
-                    uuid: row.get("uuid")?,
-                    index: row.get("gpu_index")?,
-                    name: row.get("name")?,
-                    node: NodeId(row.get("node_id")?),
-                    node_name: row.get("node_name")?,
-                    interval_ms: row.get("interval_ms")?,
-                    power_limit_mw: row.get("limit_mw")?,
-                    first_sample_ms: row.get("first_ms")?,
-                    last_sample_ms: row.get("last_ms")?,
-                    done_to_ms: row.get("done_to_ms")?,
-                })
+        );
+        self.fetch(query, |row| {
+            Ok(EnergyGpu {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node: NodeId(row.get("node_id")?),
+                node_name: row.get("node_name")?,
+                interval_ms: row.get("interval_ms")?,
+                power_limit_mw: row.get("limit_mw")?,
+                first_sample_ms: row.get("first_ms")?,
+                last_sample_ms: row.get("last_ms")?,
+                done_to_ms: row.get("done_to_ms")?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn energy_inputs(
@@ -716,7 +713,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
     }
 
     async fn energy_baselines(&self) -> Result<Vec<GpuBaseline>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read the idle baselines",
             "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, m.idle_mw, \
              m.idle_source, m.minute_ms, m.learned_idle_mj AS seen_mj, \
@@ -725,29 +722,26 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
              JOIN energy_gpu_minutes m ON m.gpu_id = g.id AND m.minute_ms = \
                (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = g.id) \
              ORDER BY n.name, g.gpu_index",
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let source: String = row.get("idle_source")?;
-                let idle_mw: i64 = row.get("idle_mw")?;
-                Ok(GpuBaseline {
-                    gpu: GpuId(row.get("id")?),
-                    uuid: row.get("uuid")?,
-                    index: row.get("gpu_index")?,
-                    name: row.get("name")?,
-                    node_name: row.get("node_name")?,
-                    idle_mw: u32::try_from(idle_mw)
-                        .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
-                    idle_source: IdleSource::parse(&source)
-                        .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
-                    minute_ms: row.get("minute_ms")?,
-                    seen_idle_mj: row.nonneg("seen_mj")?,
-                    seen_idle_ms: row.get("seen_ms")?,
-                })
+        );
+        self.fetch(query, |row| {
+            let source: String = row.get("idle_source")?;
+            let idle_mw: i64 = row.get("idle_mw")?;
+            Ok(GpuBaseline {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node_name: row.get("node_name")?,
+                idle_mw: u32::try_from(idle_mw)
+                    .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
+                idle_source: IdleSource::parse(&source)
+                    .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
+                minute_ms: row.get("minute_ms")?,
+                seen_idle_mj: row.nonneg("seen_mj")?,
+                seen_idle_ms: row.get("seen_ms")?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn replace_energy_minutes(
@@ -872,7 +866,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "memory_ms",
             "equal_ms",
         ]);
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "sum energy per workload",
             format!(
                 "SELECT {WORKLOAD_COLS}, g.uuid, g.gpu_index, g.name AS gpu_name, \
@@ -889,35 +883,32 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         .bind(range.from_ms)
         .bind(range.to_ms)
         .bind(node)
-        .bind(workload_key)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WorkloadEnergy {
-                    workload: rows::workload(row)?,
-                    gpu_uuid: row.get("uuid")?,
-                    gpu_index: row.get("gpu_index")?,
-                    gpu_name: row.get("gpu_name")?,
-                    node_name: row.get("node_name")?,
-                    energy_mj: row.nonneg("energy_mj")?,
-                    active_mj: row.nonneg("active_mj")?,
-                    idle_mj: row.nonneg("idle_mj")?,
-                    provisional_mj: row.nonneg("provisional_mj")?,
-                    counter_mj: row.nonneg("counter_mj")?,
-                    trapezoid_mj: row.nonneg("trapezoid_mj")?,
-                    gpu_ms: row.get("gpu_ms")?,
-                    share_ppm_ms: row.nonneg("share_ppm_ms")?,
-                    sm_ms: row.get("sm_ms")?,
-                    memory_ms: row.get("memory_ms")?,
-                    equal_ms: row.get("equal_ms")?,
-                    idle_memory_ms: row.get("idle_memory_ms")?,
-                    idle_equal_ms: row.get("idle_equal_ms")?,
-                    first_minute_ms: row.get("first_ms")?,
-                    last_minute_ms: row.get("last_ms")?,
-                })
+        .bind(workload_key);
+        self.fetch(query, |row| {
+            Ok(WorkloadEnergy {
+                workload: rows::workload(row)?,
+                gpu_uuid: row.get("uuid")?,
+                gpu_index: row.get("gpu_index")?,
+                gpu_name: row.get("gpu_name")?,
+                node_name: row.get("node_name")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                gpu_ms: row.get("gpu_ms")?,
+                share_ppm_ms: row.nonneg("share_ppm_ms")?,
+                sm_ms: row.get("sm_ms")?,
+                memory_ms: row.get("memory_ms")?,
+                equal_ms: row.get("equal_ms")?,
+                idle_memory_ms: row.get("idle_memory_ms")?,
+                idle_equal_ms: row.get("idle_equal_ms")?,
+                first_minute_ms: row.get("first_ms")?,
+                last_minute_ms: row.get("last_ms")?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn workload_energy_series(
@@ -932,7 +923,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "gpu_ms",
             "share_ppm_ms",
         ]);
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read a workload's energy per minute",
             format!(
                 "SELECT m.minute_ms, {sums} \
@@ -944,22 +935,19 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         .bind(workload_key)
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(limit_i64(1_000_000))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(WorkloadEnergyPoint {
-                    minute_ms: row.get("minute_ms")?,
-                    energy_mj: row.nonneg("energy_mj")?,
-                    active_mj: row.nonneg("active_mj")?,
-                    idle_mj: row.nonneg("idle_mj")?,
-                    provisional_mj: row.nonneg("provisional_mj")?,
-                    gpu_ms: row.get("gpu_ms")?,
-                    share_ppm_ms: row.nonneg("share_ppm_ms")?,
-                })
+        .bind(limit_i64(1_000_000));
+        self.fetch(query, |row| {
+            Ok(WorkloadEnergyPoint {
+                minute_ms: row.get("minute_ms")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                gpu_ms: row.get("gpu_ms")?,
+                share_ppm_ms: row.nonneg("share_ppm_ms")?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError> {
@@ -974,7 +962,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "missing_ms",
             "active_mj",
         ]);
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "sum energy per GPU",
             format!(
                 "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, {sums} \
@@ -984,29 +972,26 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             ),
         )
         .bind(range.from_ms)
-        .bind(range.to_ms)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(GpuEnergy {
-                    gpu: GpuId(row.get("id")?),
-                    uuid: row.get("uuid")?,
-                    index: row.get("gpu_index")?,
-                    name: row.get("name")?,
-                    node_name: row.get("node_name")?,
-                    energy_mj: row.nonneg("energy_mj")?,
-                    counter_mj: row.nonneg("counter_mj")?,
-                    trapezoid_mj: row.nonneg("trapezoid_mj")?,
-                    attributed_mj: row.nonneg("attributed_mj")?,
-                    idle_mj: row.nonneg("idle_mj")?,
-                    unattributed_mj: row.nonneg("unattributed_mj")?,
-                    active_mj: row.nonneg("active_mj")?,
-                    provisional_mj: row.nonneg("provisional_mj")?,
-                    covered_ms: row.get("covered_ms")?,
-                    missing_ms: row.get("missing_ms")?,
-                })
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            Ok(GpuEnergy {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node_name: row.get("node_name")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                attributed_mj: row.nonneg("attributed_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                unattributed_mj: row.nonneg("unattributed_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                covered_ms: row.get("covered_ms")?,
+                missing_ms: row.get("missing_ms")?,
             })
-            .collect()
+        })
+        .await
     }
 }

@@ -438,24 +438,21 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
     }
 
     async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read the newest host samples",
             "SELECT h.* FROM nodes n JOIN host_samples h ON h.node_id = n.id \
                AND h.ts_ms = (SELECT max(m.ts_ms) FROM host_samples m WHERE m.node_id = n.id)",
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let h = rows::host(row)?;
-                Ok(LatestHost {
-                    node: NodeId(row.get("node_id")?),
-                    time_ms: h.time_ms,
-                    sample: h.sample,
-                    cost: h.cost,
-                })
+        );
+        self.fetch(query, |row| {
+            let h = rows::host(row)?;
+            Ok(LatestHost {
+                node: NodeId(row.get("node_id")?),
+                time_ms: h.time_ms,
+                sample: h.sample,
+                cost: h.cost,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn gpu_samples(
@@ -515,7 +512,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<HostRow>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read host samples",
             "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3 \
              ORDER BY ts_ms LIMIT $4",
@@ -523,10 +520,8 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .bind(node.0)
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter().map(rows::host).collect()
+        .bind(limit_i64(limit));
+        self.fetch(query, rows::host).await
     }
 
     async fn events(
@@ -535,7 +530,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read events",
             format!(
                 "SELECT {EVENT_COLS} FROM events e LEFT JOIN gpus g ON g.id = e.gpu_id \
@@ -546,10 +541,8 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .bind(node.0)
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter().map(rows::event).collect()
+        .bind(limit_i64(limit));
+        self.fetch(query, rows::event).await
     }
 
     async fn gpu_series(
@@ -658,13 +651,11 @@ impl<DB: Backend> TokenStore for SqlStore<DB> {
     }
 
     async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "list agent tokens",
             format!("SELECT {TOKEN_COLS} FROM agent_tokens ORDER BY created_ms, id"),
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter().map(rows::token).collect()
+        );
+        self.fetch(query, rows::token).await
     }
 
     async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {

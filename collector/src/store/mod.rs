@@ -465,6 +465,16 @@ impl<DB: Backend> SqlStore<DB> {
             })
     }
 
+    /// Runs a read on a connection of the pool and decodes its rows.
+    pub(crate) async fn fetch<T>(
+        &self,
+        query: backend::Sql<DB>,
+        decode: impl Fn(&DB::Row) -> Result<T, StoreError> + Send,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = query.all(&mut *self.conn().await?).await?;
+        rows.iter().map(decode).collect()
+    }
+
     /// Opens a write transaction, after waiting for this process's turn where the backend
     /// queues writers. Every write transaction of the store starts here.
     pub(crate) async fn begin_write(

@@ -297,7 +297,7 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(i, c)| format!("sum({c}_avg * {c}_n) / nullif(sum({c}_n), 0) AS v{i}"))
             .collect();
         let exprs = exprs.join(", ");
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read a rollup series",
             format!(
                 "SELECT (minute_ms / $1) * $1 AS t, {exprs} FROM {minutes} \
@@ -308,17 +308,14 @@ impl<DB: Backend> SqlStore<DB> {
         .bind(id_value)
         .bind(minute_of(range.from_ms))
         .bind(range.to_ms)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let values = (0..cols.len())
-                    .map(|i| row.get::<Option<f64>>(&format!("v{i}")))
-                    .collect::<Result<_, _>>()?;
-                Ok((row.get("t")?, values))
-            })
-            .collect()
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        self.fetch(query, |row| {
+            let values = (0..cols.len())
+                .map(|i| row.get::<Option<f64>>(&format!("v{i}")))
+                .collect::<Result<_, _>>()?;
+            Ok((row.get("t")?, values))
+        })
+        .await
     }
 
     /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
@@ -695,7 +692,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
     ) -> Result<Vec<RollupMinute>, StoreError> {
         let s = spec(key.kind);
         let (id, minutes) = (s.id, s.minutes);
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read rollup minutes",
             format!(
                 "SELECT * FROM {minutes} WHERE {id} = $1 AND minute_ms BETWEEN $2 AND $3 \
@@ -704,24 +701,21 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         )
         .bind(key.id)
         .bind(range.from_ms)
-        .bind(range.to_ms)
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let samples: i64 = row.get("samples")?;
-                Ok(RollupMinute {
-                    minute_ms: row.get("minute_ms")?,
-                    samples: u32::try_from(samples)
-                        .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
-                    metrics: s
-                        .cols
-                        .iter()
-                        .map(|&(c, real)| stats_from_row(row, c, real))
-                        .collect::<Result<_, _>>()?,
-                })
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            let samples: i64 = row.get("samples")?;
+            Ok(RollupMinute {
+                minute_ms: row.get("minute_ms")?,
+                samples: u32::try_from(samples)
+                    .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
+                metrics: s
+                    .cols
+                    .iter()
+                    .map(|&(c, real)| stats_from_row(row, c, real))
+                    .collect::<Result<_, _>>()?,
             })
-            .collect()
+        })
+        .await
     }
 
     async fn gpu_rollup_series(
@@ -761,26 +755,23 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
     }
 
     async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read raw horizons",
             "SELECT kind, id, raw_from_ms FROM raw_horizon",
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let kind: String = row.get("kind")?;
-                let kind = RollupKind::parse(&kind)
-                    .ok_or_else(|| StoreError::Corrupt(format!("raw_horizon.kind {kind:?}")))?;
-                Ok((
-                    RollupKey {
-                        kind,
-                        id: row.get("id")?,
-                    },
-                    row.get("raw_from_ms")?,
-                ))
-            })
-            .collect()
+        );
+        let horizons = self.fetch(query, |row| {
+            let kind: String = row.get("kind")?;
+            let kind = RollupKind::parse(&kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("raw_horizon.kind {kind:?}")))?;
+            Ok((
+                RollupKey {
+                    kind,
+                    id: row.get("id")?,
+                },
+                row.get("raw_from_ms")?,
+            ))
+        });
+        Ok(horizons.await?.into_iter().collect())
     }
 
     /// Raises the raw horizons, lets the backend drop what it can drop whole (PostgreSQL:
