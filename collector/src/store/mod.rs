@@ -1,10 +1,15 @@
-//! The store boundary: everything the collector keeps on disk goes through [`Store`].
+//! The store boundary: everything the collector keeps on disk goes through it, and only
+//! this module knows SQL.
 //!
-//! Only this module knows SQL. Callers hold an `Arc<dyn Store>` and speak in domain types
-//! (`gpufleet_core` samples, [`NodeRecord`], [`GpuMetric`]); the SQLite implementation lives in
-//! [`sqlite`], the PostgreSQL one (array binds with UNNEST on the write path, raw tables
-//! partitioned by day) in [`postgres`]. `tests/store_contract.rs` is the contract every
-//! implementation must pass.
+//! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
+//! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
+//! [`CarbonStore`], [`JobLeases`]; [`Store`] is all of them. Components take the traits
+//! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
+//! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
+//! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
+//! what differs: opening, the tuned group commits (`write.rs` is what they share), SQLite's
+//! write queue, PostgreSQL's day partitions and leases. `tests/store_contract.rs` is the
+//! contract both backends pass.
 //!
 //! Invariants every implementation keeps:
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
