@@ -635,7 +635,7 @@ const TOKEN_COLS: &str = "id, node, role, secret_hash, created_ms, revoked_ms";
 #[async_trait]
 impl<DB: Backend> TokenStore for SqlStore<DB> {
     async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
-        sql::<DB>(
+        let query = sql::<DB>(
             "store an agent token",
             format!("INSERT INTO agent_tokens ({TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6)"),
         )
@@ -644,9 +644,8 @@ impl<DB: Backend> TokenStore for SqlStore<DB> {
         .bind(token.role.as_str())
         .bind(&token.secret_hash)
         .bind(token.created_ms)
-        .bind(token.revoked_ms)
-        .execute(&mut *self.conn().await?)
-        .await?;
+        .bind(token.revoked_ms);
+        self.write_one(query).await?;
         Ok(())
     }
 
@@ -670,14 +669,13 @@ impl<DB: Backend> TokenStore for SqlStore<DB> {
     }
 
     async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError> {
-        let n = sql::<DB>(
+        let query = sql::<DB>(
             "revoke an agent token",
             "UPDATE agent_tokens SET revoked_ms = $1 WHERE id = $2 AND revoked_ms IS NULL",
         )
         .bind(now_ms)
-        .bind(id)
-        .execute(&mut *self.conn().await?)
-        .await?;
+        .bind(id);
+        let n = self.write_one(query).await?;
         Ok(n > 0)
     }
 }

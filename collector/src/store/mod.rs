@@ -498,8 +498,8 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(WriteTx { tx, _turn: turn })
     }
 
-    /// Runs one writing statement as its own transaction, in turn; returns the rows it
-    /// changed.
+    /// Runs one writing statement as its own transaction (tokens, each retention step), in
+    /// turn; returns the rows it changed.
     pub(crate) async fn write_one(&self, query: backend::Sql<DB>) -> Result<u64, StoreError> {
         let _turn = match DB::write_gate(&self.local) {
             Some(gate) => Some(gate.lock().await),
