@@ -125,11 +125,7 @@ async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_
         ticks.push(shared_tick("GPU-e", T0 + k * 1000, power(k), Some(counter)));
     }
     write_ticks(&store, &node, 1, ticks).await;
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(60, IdlePolicy::Spread),
-        clock_at(T0),
-    );
+    let mut acc = Accountant::new(store.clone(), options(60, IdlePolicy::Spread), clock_at(T0));
     acc.pass().await.expect("pass");
 
     // By hand: minutes 0..3 are closed (the newest sample is in minute 3) and minute 3 is
@@ -183,7 +179,7 @@ async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
     let mut acc = Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(50, IdlePolicy::Separate),
         clock_at(T0),
     );
@@ -240,11 +236,7 @@ async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing
         .map(tick)
         .collect();
     write_ticks(&store, &node, 1, early).await;
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(0, IdlePolicy::Spread),
-        clock_at(T0),
-    );
+    let mut acc = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock_at(T0));
     acc.pass().await.expect("pass");
     let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
     assert_eq!(gpu.missing_ms, 30_000, "the hole is missing time");
@@ -299,11 +291,7 @@ async fn late_data_found_without_announcements_by_the_start_up_recheck() {
     )
     .await;
     let clock = clock_at(T0 + 10 * MIN);
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(0, IdlePolicy::Spread),
-        clock.clone(),
-    );
+    let mut acc = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock.clone());
     acc.pass().await.expect("pass");
     write_ticks(&store, &node, 2, vec![tick(30)]).await;
     let stale = store.stale_energy_minutes(0).await.expect("stale");
@@ -317,7 +305,7 @@ async fn late_data_found_without_announcements_by_the_start_up_recheck() {
         .expect("check");
     assert_eq!(report.violations.len(), 1, "{report:?}");
     // A restarted collector rechecks at start-up.
-    let mut restarted = Accountant::new(Arc::clone(&store), options(0, IdlePolicy::Spread), clock);
+    let mut restarted = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock);
     restarted.pass().await.expect("pass");
     let report = energy_check::check(store.as_ref(), all_time())
         .await
@@ -345,7 +333,7 @@ async fn an_exclusive_container_gets_the_whole_energy_minus_idle_under_separate(
             })
             .collect();
         write_ticks(&store, &node, 1, ticks).await;
-        Accountant::new(Arc::clone(&store), options(40, policy), clock_at(T0))
+        Accountant::new(store.clone(), options(40, policy), clock_at(T0))
             .pass()
             .await
             .expect("pass");
@@ -382,7 +370,7 @@ async fn demo_database(dir: &tempfile::TempDir) -> (String, Arc<dyn Store>) {
             write_ticks(&store, &node, i as u64 + 1, chunk.to_vec()).await;
         }
     }
-    Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock_at(T0))
+    Accountant::new(store.clone(), EnergyOptions::default(), clock_at(T0))
         .pass()
         .await
         .expect("pass");
@@ -501,14 +489,10 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
         .map(|k| shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
-    Accountant::new(
-        Arc::clone(&store),
-        options(40, IdlePolicy::Spread),
-        clock_at(T0),
-    )
-    .pass()
-    .await
-    .expect("pass");
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("pass");
     let range = format!("from={T0}&to={}", T0 + 10 * MIN);
     let (status, v) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
     assert_eq!(status, 200, "{v}");
@@ -595,19 +579,11 @@ async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
         .map(|k| shared_tick("GPU-ret", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
-    Accountant::new(
-        Arc::clone(&store),
-        options(40, IdlePolicy::Spread),
-        clock_at(T0),
-    )
-    .pass()
-    .await
-    .expect("account");
-    let mut rollups = Rollups::new(
-        Arc::clone(&store),
-        RetentionOptions::default(),
-        clock_at(T0),
-    );
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("account");
+    let mut rollups = Rollups::new(store.clone(), RetentionOptions::default(), clock_at(T0));
     rollups.pass().await.expect("roll up");
     let live = Arc::new(Live::new());
     live.seed(
@@ -646,7 +622,7 @@ async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
     assert_eq!(out.deleted.get("gpu_samples"), Some(&239), "{out:?}");
     // A restarted accountant rechecks the minutes around the horizon: nothing changes.
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(40, IdlePolicy::Spread),
         clock_at(T0 + 5 * MIN),
     )
@@ -845,7 +821,7 @@ async fn always_busy_gpus_split_by_sm_on(store: Arc<dyn Store>) {
             ..Default::default()
         };
         // Long after: every minute closed.
-        let mut acc = Accountant::new(Arc::clone(&store), options.clone(), clock_at(T0 + 60 * MIN));
+        let mut acc = Accountant::new(store.clone(), options.clone(), clock_at(T0 + 60 * MIN));
         acc.pass().await.expect("pass");
         gpufleet_collector::accounting::accountant::recompute(store.as_ref(), all_time(), &options)
             .await
@@ -963,7 +939,7 @@ async fn idle_then_busy_on(store: Arc<dyn Store>) {
     let (first, rest) = ticks.split_at(131);
     write_ticks(&store, &node, 1, first.to_vec()).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         EnergyOptions::default(),
         clock_at(T0 + 131_000),
     )
@@ -972,7 +948,7 @@ async fn idle_then_busy_on(store: Arc<dyn Store>) {
     .expect("pass");
     write_ticks(&store, &node, 2, rest.to_vec()).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         EnergyOptions::default(),
         clock_at(T0 + 60 * MIN),
     )
@@ -1068,7 +1044,7 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
     write_ticks(&store, &node, 1, ticks).await;
     let last = T0 + 95_000;
     let options = options(40, IdlePolicy::Spread);
-    let mut acc = Accountant::new(Arc::clone(&store), options.clone(), clock_at(last + 5_000));
+    let mut acc = Accountant::new(store.clone(), options.clone(), clock_at(last + 5_000));
     acc.pass().await.expect("pass");
 
     let range = format!("from={T0}&to={}", T0 + 10 * MIN);
@@ -1115,7 +1091,7 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
     // A grace period after minute 1 ends, it is closed without a later sample: final,
     // with the same figures, and the watermark moved past it.
     let closed = T0 + 2 * MIN + options.grace_ms(1000);
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock_at(closed));
+    let mut acc = Accountant::new(store.clone(), options, clock_at(closed));
     acc.pass().await.expect("pass");
     let v = at(closed, format!("/api/v1/energy?{range}")).await;
     assert_eq!(v["total"]["energy_j"], all_j);
@@ -1180,7 +1156,7 @@ async fn job_end_on_a_live_node_on(store: Arc<dyn Store>) {
         let n = Arc::clone(&clock_now);
         Arc::new(move || n.load(Ordering::SeqCst))
     };
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    let mut acc = Accountant::new(store.clone(), options, clock);
     let job_end = T0 + 30_000;
     let mut whole_at = None;
     for batch in 0..11 {
@@ -1272,7 +1248,7 @@ async fn exec_and_the_collector_agree_on_an_exclusive_job_but_for_the_interval_b
             .expect("exec measured energy");
         write_ticks(&store, &node, 1, ticks).await;
         Accountant::new(
-            Arc::clone(&store),
+            store.clone(),
             options(40, IdlePolicy::Spread),
             clock_at(T0 + 60 * MIN),
         )
@@ -1309,7 +1285,7 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(40, IdlePolicy::Spread),
         clock_at(T0 + 60 * MIN),
     )
@@ -1390,7 +1366,7 @@ async fn a_pass_recomputes_at_most_its_budget_of_open_minutes_quiet_gpus_first()
         provisional_per_pass: 1,
         ..Default::default()
     };
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    let mut acc = Accountant::new(store.clone(), options, clock);
     // The samples in each GPU's stored open minute (None: none stored).
     let stored = async |gpu| {
         let m = store
@@ -1508,7 +1484,7 @@ async fn open_minute_cost() {
         let n = Arc::clone(&now);
         Arc::new(move || n.load(Ordering::SeqCst))
     };
-    let mut acc = Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock);
+    let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock);
     let t = std::time::Instant::now();
     acc.pass().await.expect("pass");
     let first = t.elapsed();
