@@ -14,6 +14,11 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use tracing::{info, warn};
 
+/// The environment variable through which `gpufleet-agent exec` tells `gpufleet-exec` the
+/// agent's version; `gpufleet-exec` refuses to run for an agent of another version and
+/// keeps the variable from the command it measures.
+pub const AGENT_VERSION_ENV: &str = "GPUFLEET_EXEC_AGENT_VERSION";
+
 /// Where readings come from.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SourceArgs {

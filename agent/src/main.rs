@@ -176,8 +176,10 @@ fn exec_args(args: &[OsString]) -> Option<Vec<OsString>> {
 }
 
 /// Runs `gpufleet-exec` with `args` in place of this process (same pid, stdio and exit
-/// code; signals reach it directly): the one next to this binary, else the one on PATH.
-/// Returns only if it could not be started, with why.
+/// code; signals reach it directly): the one next to this binary, else the first on PATH
+/// in an absolute directory (never the current directory, whatever PATH says). It is told
+/// this agent's version and refuses to run if its own differs. Returns only if it could
+/// not be started, with why.
 fn run_exec_binary(args: Vec<OsString>) -> anyhow::Error {
     use std::os::unix::process::CommandExt;
     const EXEC: &str = "gpufleet-exec";
@@ -185,13 +187,30 @@ fn run_exec_binary(args: Vec<OsString>) -> anyhow::Error {
         .ok()
         .and_then(|me| me.parent().map(|dir| dir.join(EXEC)))
         .filter(|path| path.is_file());
-    let program = beside.unwrap_or_else(|| PathBuf::from(EXEC));
-    let err = std::process::Command::new(&program).args(args).exec();
-    anyhow::anyhow!(
-        "cannot run {}: {err}. `gpufleet-agent exec` needs the gpufleet-exec binary next to \
-         gpufleet-agent or on PATH (cargo build --release -p gpufleet-exec)",
-        program.display()
-    )
+    let Some(program) = beside.or_else(|| on_path(EXEC)) else {
+        return anyhow::anyhow!(
+            "`gpufleet-agent exec` needs the gpufleet-exec binary next to gpufleet-agent or \
+             in an absolute directory on PATH (cargo build --release -p gpufleet-exec)"
+        );
+    };
+    let err = std::process::Command::new(&program)
+        .args(args)
+        .env(
+            gpufleet_agent::cli::AGENT_VERSION_ENV,
+            env!("CARGO_PKG_VERSION"),
+        )
+        .exec();
+    anyhow::anyhow!("cannot run {}: {err}", program.display())
+}
+
+/// The first file `name` in an absolute directory of PATH. Empty and relative entries
+/// (which would mean the current directory) are skipped.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
 }
 
 fn node_name(given: Option<String>, proc_root: &Path) -> anyhow::Result<String> {

@@ -6,7 +6,7 @@
 //! [`accounting`] derives energy, carbon and rollups from what was stored.
 //!
 //! - [`server`]: [`serve`] wires everything on pre-bound listeners under one shutdown token.
-//! - [`store`]: the storage boundary (`Arc<dyn Store>`); the only module that knows SQL.
+//! - [`store`]: the storage boundary (a trait per concept, `Store` all of them); the only module that knows SQL.
 //! - [`ingest`]: the gRPC ingest service, the group-commit writer, agents' identity.
 //! - [`live`]: in-memory latest state, following other collectors, node status.
 //! - [`accounting`]: energy, rollups and retention, carbon, reports; jobs under leases.

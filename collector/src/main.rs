@@ -144,9 +144,6 @@ struct ServeArgs {
     tls: gpufleet_collector::net::tls::TlsArgs,
     #[command(flatten)]
     limits: gpufleet_collector::net::limits::LimitArgs,
-    /// Test aid (hidden): wait this long per row before each commit (a slow store).
-    #[arg(long, hide = true, value_parser = parse_duration, value_name = "DURATION")]
-    debug_write_delay_per_row: Option<Duration>,
     #[command(flatten)]
     energy: EnergyArgs,
     /// Follow what other collectors sharing the database commit, so this one's dashboard,
@@ -258,10 +255,7 @@ async fn run_serve(
         web_auth: args.tls.web_auth(),
         max_connections_per_ip: args.tls.max_connections_per_ip,
         limits: args.limits.options(),
-        writer: WriterOptions {
-            debug_delay_per_row: args.debug_write_delay_per_row.unwrap_or_default(),
-            ..Default::default()
-        },
+        writer: WriterOptions::default(),
         energy: args.energy.options(),
         follow: args.follow_store,
         retention,

@@ -106,7 +106,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let store = store::open(&options.db_url).await?;
-    let result = serve_with_store(Arc::clone(&store), options, grpc, http, shutdown).await;
+    let result = serve_with_store(store.clone(), options, grpc, http, shutdown).await;
     store.close().await;
     result
 }
@@ -147,7 +147,7 @@ pub async fn serve_with_store(
     let metrics = Arc::new(Metrics::default());
     let writer_stop = CancellationToken::new();
     let (writer, writer_task) = writer::spawn(
-        Arc::clone(&store),
+        store.clone(),
         Arc::clone(&live),
         Arc::clone(&metrics),
         options.writer,
@@ -161,7 +161,8 @@ pub async fn serve_with_store(
         ingest_options.agent_auth == crate::ingest::identity::AgentAuth::Optional;
     let accountant_stop = CancellationToken::new();
     let accountant_task = accountant::spawn(
-        Arc::clone(&store),
+        store.clone(),
+        store.clone(),
         Arc::clone(&live),
         options.energy.clone(),
         system_clock(),
@@ -171,7 +172,7 @@ pub async fn serve_with_store(
     );
     let follower_task = options.follow.period(store.shared()).map(|period| {
         crate::live::follow::spawn(
-            Arc::clone(&store),
+            store.clone(),
             Arc::clone(&live),
             period,
             accountant_stop.clone(),
@@ -181,20 +182,17 @@ pub async fn serve_with_store(
     // Rollups and retention run once across collectors sharing the database, like the
     // energy accountant: each term of leadership starts the task afresh.
     let rollups_task = crate::accounting::leader::spawn(
-        Arc::clone(&store),
+        store.clone(),
         crate::accounting::rollups::JOB,
         Arc::clone(&metrics),
         options.lead,
         rollups_stop.clone(),
         {
-            let (store, live, retention) = (
-                Arc::clone(&store),
-                Arc::clone(&live),
-                options.retention.clone(),
-            );
+            let (store, live, retention) =
+                (store.clone(), Arc::clone(&live), options.retention.clone());
             move |term| {
                 let task = crate::accounting::rollups::spawn(
-                    Arc::clone(&store),
+                    store.clone(),
                     Arc::clone(&live),
                     retention.clone(),
                     system_clock(),
@@ -206,16 +204,17 @@ pub async fn serve_with_store(
     );
     // Carbon pricing (and its provider fetches) also run once across collectors.
     let carbon_task = crate::accounting::leader::spawn(
-        Arc::clone(&store),
+        store.clone(),
         crate::accounting::carbon::JOB,
         Arc::clone(&metrics),
         options.lead,
         accountant_stop.clone(),
         {
-            let (store, carbon) = (Arc::clone(&store), options.carbon.clone());
+            let (store, carbon) = (store.clone(), options.carbon.clone());
             move |term| {
                 let task = crate::accounting::carbon::spawn(
-                    Arc::clone(&store),
+                    store.clone(),
+                    store.clone(),
                     carbon.clone(),
                     system_clock(),
                     term,
@@ -225,7 +224,8 @@ pub async fn serve_with_store(
         },
     );
     let ingest = IngestService::new(
-        Arc::clone(&store),
+        store.clone(),
+        store.clone(),
         writer.clone(),
         Arc::clone(&live),
         Arc::clone(&metrics),
@@ -279,7 +279,7 @@ pub async fn serve_with_store(
         }
     });
     let state = AppState {
-        store: Arc::clone(&store),
+        store: store.clone(),
         live,
         metrics,
         writer: Some(writer),
@@ -298,7 +298,7 @@ pub async fn serve_with_store(
     for w in &warnings {
         warn!("{w}");
     }
-    let auth = crate::auth::web::WebAuth::new(Arc::clone(&store), web_auth, http_tls.is_some());
+    let auth = crate::auth::web::WebAuth::new(store.clone(), web_auth, http_tls.is_some());
     let app = crate::auth::security_headers::with_security_headers(
         crate::net::rate_limit::with_http_rate_limit(
             crate::auth::web::with_auth(

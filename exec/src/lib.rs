@@ -258,6 +258,7 @@ pub async fn run_exec(
     let started = Instant::now();
     let mut child = tokio::process::Command::new(program)
         .args(args)
+        .env_remove(gpufleet_agent::cli::AGENT_VERSION_ENV)
         .spawn()
         .map_err(|source| ExecError::Spawn {
             program: program.clone(),

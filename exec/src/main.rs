@@ -69,6 +69,16 @@ fn main() -> ExitCode {
 }
 
 fn real_main() -> anyhow::Result<i32> {
+    // Run as `gpufleet-agent exec`: both binaries must come from the same release.
+    if let Some(agent) = std::env::var_os(gpufleet_agent::cli::AGENT_VERSION_ENV) {
+        let ours = env!("CARGO_PKG_VERSION");
+        if agent != ours {
+            bail!(
+                "gpufleet-agent {} ran gpufleet-exec {ours}: install both from the same release",
+                agent.to_string_lossy()
+            );
+        }
+    }
     // One config file serves the agent's whole family: this is its `exec` command.
     let args = args_with_config_file_as(
         std::env::args_os().collect(),

@@ -284,3 +284,99 @@ fn exec_runs_the_gpufleet_exec_beside_it_with_the_rest_of_the_command_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("needs the gpufleet-exec binary"), "{err}");
 }
+
+#[test]
+fn exec_never_runs_a_gpufleet_exec_from_the_current_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    // PATH entries that name the current directory ("", ".", relative) are skipped: a
+    // gpufleet-exec planted there must not run.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let agent_copy = dir.path().join("bin").join("gpufleet-agent");
+    std::fs::create_dir(dir.path().join("bin")).expect("mkdir");
+    std::fs::copy(BIN, &agent_copy).expect("copy the agent");
+    let planted = dir.path().join("gpufleet-exec");
+    std::fs::write(&planted, "#!/bin/sh\necho planted\nexit 9\n").expect("write");
+    std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for path in ["", ".", "bin/..", ":"] {
+        let out = Command::new(&agent_copy)
+            .args(["exec", "--", "true"])
+            .current_dir(dir.path())
+            .env("PATH", path)
+            .output()
+            .expect("runs");
+        assert_ne!(
+            out.status.code(),
+            Some(9),
+            "PATH={path:?} ran the planted binary"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("needs the gpufleet-exec binary"),
+            "PATH={path:?}: {err}"
+        );
+    }
+}
+
+/// The real gpufleet-exec, which `cargo test --workspace` builds beside the agent.
+fn exec_bin() -> std::path::PathBuf {
+    let exec = std::path::Path::new(BIN).with_file_name("gpufleet-exec");
+    assert!(
+        exec.is_file(),
+        "{} not found: build it first (`cargo test --workspace` builds every binary)",
+        exec.display()
+    );
+    exec
+}
+
+#[test]
+fn exec_hands_over_to_the_real_gpufleet_exec_with_the_config_file() {
+    // The agent's config file serves exec: top-level keys and the [exec] table apply,
+    // the other commands' tables are skipped. The command runs under the measure and
+    // its exit code comes back; the agent's version tag does not reach the command.
+    let exec = exec_bin();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let report = dir.path().join("report.json");
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "simulate = true\nsim-gpus = 2\nsim-seed = 7\nnode = \"n-from-file\"\n\n\
+             [run]\ncollector = [\"http://127.0.0.1:1\"]\n\n\
+             [exec]\nall-gpus = true\ninterval = \"200ms\"\nreport = {:?}\n",
+            report.display().to_string()
+        ),
+    )
+    .expect("write config");
+    let out = agent()
+        .current_dir(dir.path())
+        .arg("--config")
+        .arg(&config)
+        .args([
+            "exec",
+            "--",
+            "sh",
+            "-c",
+            "sleep 0.5; test -z \"$GPUFLEET_EXEC_AGENT_VERSION\" && exit 3",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command's own exit code; stderr:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("report written")).expect("json");
+    let text = json.to_string();
+    assert!(text.contains("n-from-file"), "node from the file: {text}");
+    // An agent of another version is refused by gpufleet-exec.
+    let out = Command::new(&exec)
+        .env("GPUFLEET_EXEC_AGENT_VERSION", "0.0.0-other")
+        .args(["--simulate", "--node", "n", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("install both from the same release"), "{err}");
+}

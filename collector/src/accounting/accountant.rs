@@ -19,7 +19,7 @@
 use crate::accounting::energy::{self, GpuMinute, IdlePolicy, MINUTE_MS, baseline, minute_of};
 use crate::live::state::{Committed, Live};
 use crate::store::energy::{EnergyGpu, EnergyInputs, EnergyRange, MinuteReplacement};
-use crate::store::{GpuId, Store, StoreError, TimeRange};
+use crate::store::{EnergyStore, GpuId, JobLeases, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -182,7 +182,7 @@ const CHUNK_MINUTES: i64 = 60;
 /// current options, replaces its stored minutes, and raises the watermark to `to_ms` when
 /// `advance`. Returns the minutes written.
 pub async fn account_range(
-    store: &dyn Store,
+    store: &dyn EnergyStore,
     gpu: &EnergyGpu,
     from_ms: UnixMs,
     to_ms: UnixMs,
@@ -222,7 +222,7 @@ pub async fn account_range(
 
 /// The minutes of `[from, to)` (minute-aligned) of one GPU, computed from raw samples.
 pub async fn compute_minutes(
-    store: &dyn Store,
+    store: &dyn EnergyStore,
     gpu: &EnergyGpu,
     from: UnixMs,
     to: UnixMs,
@@ -243,7 +243,7 @@ const BATCH_GPUS: usize = 512;
 /// their inputs in a few queries for all of them rather than a few per GPU (callers
 /// pass at most [`BATCH_GPUS`]).
 pub async fn compute_minutes_many(
-    store: &dyn Store,
+    store: &dyn EnergyStore,
     jobs: &[(&EnergyGpu, EnergyRange)],
     options: &EnergyOptions,
 ) -> Result<Vec<Vec<GpuMinute>>, StoreError> {
@@ -312,8 +312,11 @@ pub const JOB: &str = "energy";
 /// Starts the accountant under the `energy` job lease ([`crate::accounting::leader`]): it runs on one
 /// collector of those sharing the database at a time. It stops when `stop` is cancelled
 /// (finishing the pass it is in).
+// Wiring: each argument is one of the accountant's dependencies, handed in by `serve`.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn EnergyStore>,
+    leases: Arc<dyn JobLeases>,
     live: Arc<Live>,
     options: EnergyOptions,
     clock: crate::live::status::Clock,
@@ -327,7 +330,7 @@ pub fn spawn(
         max_gap = ?options.max_gap,
         "energy accounting"
     );
-    crate::accounting::leader::spawn(Arc::clone(&store), JOB, metrics, lead, stop, move |term| {
+    crate::accounting::leader::spawn(leases, JOB, metrics, lead, stop, move |term| {
         run(
             Arc::clone(&store),
             Arc::clone(&live),
@@ -341,7 +344,7 @@ pub fn spawn(
 /// One term of accounting: from a full recheck (minutes missed while another collector
 /// led, or none did) until `stop` is cancelled.
 async fn run(
-    store: Arc<dyn Store>,
+    store: Arc<dyn EnergyStore>,
     live: Arc<Live>,
     options: EnergyOptions,
     clock: crate::live::status::Clock,
@@ -400,7 +403,7 @@ pub fn touched_minutes(live: &Live, c: &Committed) -> BTreeSet<(GpuId, UnixMs)> 
 
 /// The accountant's state between passes.
 pub struct Accountant {
-    store: Arc<dyn Store>,
+    store: Arc<dyn EnergyStore>,
     options: EnergyOptions,
     clock: crate::live::status::Clock,
     /// (GPU, minute) touched by commits since the last pass.
@@ -413,7 +416,7 @@ pub struct Accountant {
 
 impl Accountant {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn EnergyStore>,
         options: EnergyOptions,
         clock: crate::live::status::Clock,
     ) -> Self {
@@ -609,7 +612,7 @@ impl Accountant {
 /// Recomputes every GPU's minutes in `range` with `options` (a policy change); returns
 /// the minutes written. Watermarks are left as they are.
 pub async fn recompute(
-    store: &dyn Store,
+    store: &dyn EnergyStore,
     range: TimeRange,
     options: &EnergyOptions,
 ) -> Result<usize, StoreError> {

@@ -18,7 +18,7 @@
 //! Static and CSV figures are local: they are priced directly, not cached.
 
 use crate::store::carbon::{CarbonMinute, PendingCarbonMinute, PriceBasis};
-use crate::store::{Store, StoreError, TimeRange};
+use crate::store::{CarbonStore, FleetReads, StoreError, TimeRange};
 use gpufleet_carbon::{CarbonConfig, IntensityKind, IntensitySlot, NodeCarbon, ProviderKind};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeMap, HashMap};
@@ -77,7 +77,9 @@ pub struct PassReport {
 
 /// The carbon pricer; [`spawn`] runs it every `interval`.
 pub struct Pricer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn CarbonStore>,
+    /// The nodes' labels (per-node carbon settings).
+    fleet: Arc<dyn FleetReads>,
     options: CarbonOptions,
     clock: crate::live::status::Clock,
     /// (provider, region) → when its slots were last fetched.
@@ -97,12 +99,14 @@ struct Group {
 
 impl Pricer {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn CarbonStore>,
+        fleet: Arc<dyn FleetReads>,
         options: CarbonOptions,
         clock: crate::live::status::Clock,
     ) -> Self {
         Pricer {
             store,
+            fleet,
             options,
             clock,
             fetched: HashMap::new(),
@@ -120,7 +124,7 @@ impl Pricer {
         }
         let now = (self.clock)();
         let labels: HashMap<String, BTreeMap<String, String>> = self
-            .store
+            .fleet
             .nodes()
             .await?
             .into_iter()
@@ -364,7 +368,8 @@ pub const JOB: &str = "carbon";
 
 /// Runs the pricer every `options.interval` until `stop`.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn CarbonStore>,
+    fleet: Arc<dyn FleetReads>,
     options: CarbonOptions,
     clock: crate::live::status::Clock,
     stop: CancellationToken,
@@ -383,7 +388,7 @@ pub fn spawn(
         );
     }
     let interval = options.interval;
-    let mut pricer = Pricer::new(store, options, clock);
+    let mut pricer = Pricer::new(store, fleet, options, clock);
     tokio::spawn(async move {
         loop {
             // A pass dropped at shutdown rolls its transaction back; nothing is half-written.

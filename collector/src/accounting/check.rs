@@ -4,7 +4,7 @@
 
 use crate::accounting::energy::{self, GpuMinute, MINUTE_MS, RULES, minute_of};
 use crate::store::rollup::RollupKey;
-use crate::store::{Store, StoreError, TimeRange};
+use crate::store::{EnergyStore, RollupStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use std::collections::{BTreeMap, HashMap};
 
@@ -36,7 +36,10 @@ pub struct CheckReport {
 }
 
 /// Checks every GPU's minutes in `range`.
-pub async fn check(store: &dyn Store, range: TimeRange) -> Result<CheckReport, StoreError> {
+pub async fn check<S: EnergyStore + RollupStore + ?Sized>(
+    store: &S,
+    range: TimeRange,
+) -> Result<CheckReport, StoreError> {
     let mut report = CheckReport::default();
     let gpus = store.energy_gpus().await?;
     let by_id: HashMap<_, _> = gpus.iter().map(|g| (g.gpu, g)).collect();

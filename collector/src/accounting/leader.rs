@@ -2,7 +2,7 @@
 //!
 //! Energy accounting (and rollups, retention, carbon fetches) must not run once per
 //! collector. [`spawn`] runs a job only while this collector holds the job's lease
-//! ([`crate::store::Store::try_lead`]); the other collectors ask again every
+//! ([`crate::store::JobLeases::try_lead`]); the other collectors ask again every
 //! [`LeadOptions::retry`], so when the leader dies (its database session ends, or its lock
 //! file closes) another one takes the job over within a few seconds.
 //!
@@ -23,7 +23,7 @@
 //! `gpufleet_collector_job_leader{job="…"}`.
 
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::store::JobLeases;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +53,7 @@ impl Default for LeadOptions {
 /// the term ends (`stop`, or the lease lost); the future it returns must finish soon
 /// after. The task returns once `stop` is cancelled and any running term has finished.
 pub fn spawn<F, Fut>(
-    store: Arc<dyn Store>,
+    store: Arc<dyn JobLeases>,
     job: &'static str,
     metrics: Arc<Metrics>,
     options: LeadOptions,
@@ -129,7 +129,7 @@ mod tests {
     /// stops, the other takes it over.
     #[tokio::test]
     async fn a_job_runs_once_and_moves_when_its_leader_stops() {
-        let store: Arc<dyn Store> = Arc::new(
+        let store: Arc<dyn crate::store::JobLeases> = Arc::new(
             crate::store::sqlite::SqliteStore::open("sqlite::memory:")
                 .await
                 .expect("store"),

@@ -11,7 +11,7 @@
 //!
 //! Retention runs in the same task every `retention_period`: raw samples older than
 //! `--retain-raw` go, but only behind both the rollup and the energy watermarks
-//! ([`crate::store::Store::expire_raw_before`]); rollups, energy minutes and events older
+//! ([`crate::store::RollupStore::expire_raw_before`]); rollups, energy minutes and events older
 //! than `--retain-rollups` go too. Minutes before a series' raw horizon are never
 //! recomputed from raw (the store refuses), so reports and energy totals stay exact.
 
@@ -19,7 +19,7 @@ use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::live::state::{Committed, Live};
 use crate::store::rollup::{RetentionOutcome, RollupKey};
-use crate::store::{Store, StoreError};
+use crate::store::{RollupStore, StoreError};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::parse_duration;
 use std::collections::{BTreeSet, HashMap};
@@ -44,7 +44,7 @@ pub struct RetentionOptions {
     pub period: Duration,
     /// How often retention runs.
     pub retention_period: Duration,
-    /// Most rows deleted per transaction (about; see `Store::expire_raw_before`).
+    /// Most rows deleted per transaction (about; see `RollupStore::expire_raw_before`).
     pub batch_rows: usize,
     /// How far back the start-up check for late data looks.
     pub recheck_window: Duration,
@@ -113,7 +113,7 @@ pub fn use_rollups(step_ms: Option<i64>, from_ms: UnixMs, horizon: Option<UnixMs
 
 /// The rollup task's state between passes.
 pub struct Rollups {
-    store: Arc<dyn Store>,
+    store: Arc<dyn RollupStore>,
     options: RetentionOptions,
     clock: crate::live::status::Clock,
     /// (series, minute) touched by commits since the last pass.
@@ -126,7 +126,7 @@ pub struct Rollups {
 
 impl Rollups {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn RollupStore>,
         options: RetentionOptions,
         clock: crate::live::status::Clock,
     ) -> Self {
@@ -253,7 +253,7 @@ pub const JOB: &str = "rollups";
 /// the pass it is in). The collector runs it under the `rollups` job lease
 /// ([`crate::accounting::leader`]), so once across collectors sharing a database.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn RollupStore>,
     live: Arc<Live>,
     options: RetentionOptions,
     clock: crate::live::status::Clock,

@@ -6,7 +6,7 @@
 //! `add`. The store keeps only the secret's SHA-256 (a fast hash is enough: the secret is
 //! random, not a password), and the check compares hashes in constant time.
 
-use crate::store::{self, AgentTokenRecord, Store, StoreError};
+use crate::store::{self, AgentTokenRecord, StoreError, TokenStore};
 use gpufleet_core::UnixMs;
 use ring::rand::{SecureRandom, SystemRandom};
 use std::fmt::Write as _;
@@ -175,7 +175,7 @@ pub async fn run(args: TokensArgs) -> Result<String, TokenError> {
 }
 
 /// Runs a `tokens` command on an open store.
-pub async fn run_on(store: &dyn Store, command: TokensCommand) -> Result<String, TokenError> {
+pub async fn run_on(store: &dyn TokenStore, command: TokensCommand) -> Result<String, TokenError> {
     let now = gpufleet_core::config::now_ms();
     match command {
         TokensCommand::Add { node, role } => {

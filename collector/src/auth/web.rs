@@ -12,7 +12,7 @@
 //!   pages redirect to `/login`.
 
 use crate::auth::tokens::{self, Role};
-use crate::store::Store;
+use crate::store::TokenStore;
 use axum::Router;
 use axum::body::to_bytes;
 use axum::extract::{Request, State};
@@ -58,7 +58,7 @@ impl WebAuthMode {
 /// The authentication layer's state.
 #[derive(Debug)]
 pub struct WebAuth {
-    store: Arc<dyn Store>,
+    store: Arc<dyn TokenStore>,
     required: bool,
     /// The listener uses TLS: cookies get `Secure`.
     tls: bool,
@@ -67,7 +67,7 @@ pub struct WebAuth {
 
 impl WebAuth {
     /// `mode` must be resolved (not `Auto`); `Auto` counts as required.
-    pub fn new(store: Arc<dyn Store>, mode: WebAuthMode, tls: bool) -> Arc<WebAuth> {
+    pub fn new(store: Arc<dyn TokenStore>, mode: WebAuthMode, tls: bool) -> Arc<WebAuth> {
         Arc::new(WebAuth {
             store,
             required: mode != WebAuthMode::Off,
@@ -309,7 +309,7 @@ mod tests {
     #[tokio::test]
     async fn session_cookies_are_secure_under_tls_only() {
         let store = crate::store::open("sqlite::memory:").await.expect("store");
-        let tls = WebAuth::new(Arc::clone(&store), WebAuthMode::Required, true);
+        let tls = WebAuth::new(store.clone(), WebAuthMode::Required, true);
         let plain = WebAuth::new(store, WebAuthMode::Required, false);
         let secure = tls.cookie_header("abc", 60);
         let secure = secure.to_str().expect("ascii");

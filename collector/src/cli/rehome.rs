@@ -6,7 +6,7 @@
 //! operator says so with this command; the GPU's stored history goes with it, and the new
 //! node's agent writes it from its next Hello (restart the agent if it is connected).
 
-use crate::store::{self, Rehomed, Store, StoreError};
+use crate::store::{self, IngestWrites, Rehomed, StoreError};
 use thiserror::Error;
 
 /// `gpufleet-collector rehome-gpu …`.
@@ -47,7 +47,7 @@ pub async fn run(args: RehomeArgs) -> Result<String, RehomeError> {
 }
 
 /// Re-homes `uuid` to node `to` on an open store; returns what to print.
-pub async fn run_on(store: &dyn Store, uuid: &str, to: &str) -> Result<String, RehomeError> {
+pub async fn run_on(store: &dyn IngestWrites, uuid: &str, to: &str) -> Result<String, RehomeError> {
     let uuid = uuid.trim();
     match store.rehome_gpu(uuid, to).await? {
         Rehomed::Moved { from } => {

@@ -10,7 +10,7 @@
 //! token, or none where one is required → `UNAUTHENTICATED`. Messages never echo a token.
 
 use crate::auth::tokens;
-use crate::store::Store;
+use crate::store::TokenStore;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
@@ -42,7 +42,7 @@ impl AgentAuth {
 
 /// Checks the stream's credentials against the Hello's `node`.
 pub async fn authorize(
-    store: &dyn Store,
+    store: &dyn TokenStore,
     auth: AgentAuth,
     metadata: &MetadataMap,
     certs: Option<&[CertificateDer<'static>]>,
@@ -63,7 +63,7 @@ pub async fn authorize(
 
 /// Checks the bearer token, if any. Returns whether one was presented (and is valid).
 async fn check_token(
-    store: &dyn Store,
+    store: &dyn TokenStore,
     metadata: &MetadataMap,
     node: &str,
 ) -> Result<bool, Status> {

@@ -25,7 +25,7 @@
 use crate::ingest::writer::{WriteResult, WriterHandle};
 use crate::live::state::Live;
 use crate::metrics::Metrics;
-use crate::store::{NodeBatch, NodeKeys, Store, StoreError};
+use crate::store::{IngestWrites, NodeBatch, NodeKeys, StoreError, TokenStore};
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use gpufleet_core::config::now_ms;
@@ -88,7 +88,10 @@ pub struct IngestService {
 
 #[derive(Debug)]
 struct Shared {
-    store: Arc<dyn Store>,
+    /// Node registrations.
+    store: Arc<dyn IngestWrites>,
+    /// Agent tokens, checked at Hello.
+    tokens: Arc<dyn TokenStore>,
     writer: WriterHandle,
     live: Arc<Live>,
     metrics: Arc<Metrics>,
@@ -101,7 +104,8 @@ type Outbound = mpsc::Sender<Result<pb::CollectorMessage, Status>>;
 
 impl IngestService {
     pub fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn IngestWrites>,
+        tokens: Arc<dyn TokenStore>,
         writer: WriterHandle,
         live: Arc<Live>,
         metrics: Arc<Metrics>,
@@ -111,6 +115,7 @@ impl IngestService {
         IngestService {
             shared: Arc::new(Shared {
                 store,
+                tokens,
                 writer,
                 live,
                 metrics,
@@ -182,7 +187,7 @@ impl Ingest for IngestService {
             ));
         }
         crate::ingest::identity::authorize(
-            s.store.as_ref(),
+            s.tokens.as_ref(),
             s.options.agent_auth,
             &metadata,
             peer_certs.as_deref().map(Vec::as_slice),

@@ -25,7 +25,7 @@
 
 use crate::live::state::{Committed, Live};
 use crate::metrics::Metrics;
-use crate::store::{NodeBatch, NodeId, Store, StoreError, WriteOutcome};
+use crate::store::{IngestWrites, NodeBatch, NodeId, StoreError, WriteOutcome};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -43,9 +43,6 @@ pub struct WriterOptions {
     /// Rows (GPU + process + host samples + events) the writer gathers into one
     /// transaction before committing; a single larger batch is still written whole.
     pub max_rows_per_commit: usize,
-    /// Test aid: an extra wait per row before each commit, to simulate a store slower
-    /// than the fleet (`serve --debug-write-delay-per-row`, hidden). Zero in production.
-    pub debug_delay_per_row: std::time::Duration,
 }
 
 impl Default for WriterOptions {
@@ -53,7 +50,6 @@ impl Default for WriterOptions {
         WriterOptions {
             queue_batches: 64,
             max_rows_per_commit: 20_000,
-            debug_delay_per_row: std::time::Duration::ZERO,
         }
     }
 }
@@ -102,7 +98,7 @@ impl WriterHandle {
 /// Starts the writer. It runs until every [`WriterHandle`] is dropped or `stop` is
 /// cancelled; either way it first commits and answers everything already queued.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn IngestWrites>,
     live: Arc<Live>,
     metrics: Arc<Metrics>,
     options: WriterOptions,
@@ -120,7 +116,7 @@ pub fn spawn(
 }
 
 struct Writer {
-    store: Arc<dyn Store>,
+    store: Arc<dyn IngestWrites>,
     live: Arc<Live>,
     metrics: Arc<Metrics>,
     options: WriterOptions,
@@ -197,10 +193,6 @@ impl Writer {
         let (batches, waiters): (Vec<NodeBatch>, Vec<_>) =
             group.into_iter().map(|r| (r.batch, r.done)).unzip();
         let started = Instant::now();
-        if !self.options.debug_delay_per_row.is_zero() {
-            let rows = u32::try_from(rows).unwrap_or(u32::MAX);
-            tokio::time::sleep(self.options.debug_delay_per_row.saturating_mul(rows)).await;
-        }
         match self.store.write_batches(&batches).await {
             Ok(outcome) => {
                 let took = started.elapsed();

@@ -1,12 +1,12 @@
 //! Following the store: with several collectors on one database, each learns what the
 //! others committed, so its dashboard, API, `/metrics` and live stream show every node.
 //!
-//! Every [`FollowMode`] period one task reads the node table ([`Store::nodes`]: small, one
+//! Every [`FollowMode`] period one task reads the node table ([`FleetReads::nodes`]: small, one
 //! row per node, maintained in each write transaction) and compares each node with the
 //! live state. A node whose agent streams to this collector is skipped: its own commits
 //! keep it current. For any other node whose newest tick time or stored-sample count moved,
 //! it reads the node's new ticks (at most [`WINDOW_MS`] back from the newest; all moved
-//! nodes' in one [`Store::nodes_ticks`], a constant number of queries per pass), feeds
+//! nodes' in one [`FleetReads::nodes_ticks`], a constant number of queries per pass), feeds
 //! them to the live state ([`Live::followed`]) and announces them like a
 //! commit of its own (`/api/v1/live`, the energy accountant). More samples stored than
 //! ticks read means another collector stored older data (a replayed spool): the energy
@@ -16,7 +16,7 @@
 //! table; on SQLite (one collector per file) it does not run unless asked for.
 
 use crate::live::state::{Committed, Live};
-use crate::store::{NodeRecord, Store, StoreError, TimeRange};
+use crate::store::{FleetReads, NodeRecord, StoreError, TimeRange};
 use gpufleet_core::{Batch, UnixMs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +70,7 @@ impl FollowMode {
 
 /// Starts following the store every `period` until `stop` is cancelled.
 pub fn spawn(
-    store: Arc<dyn Store>,
+    store: Arc<dyn FleetReads>,
     live: Arc<Live>,
     period: Duration,
     stop: CancellationToken,
@@ -105,7 +105,7 @@ pub fn spawn(
 }
 
 /// One pass (see the module docs). Returns the ticks taken from the store.
-pub async fn follow_once(store: &dyn Store, live: &Live) -> Result<usize, StoreError> {
+pub async fn follow_once(store: &dyn FleetReads, live: &Live) -> Result<usize, StoreError> {
     let records = store.nodes().await?;
     // The nodes that moved, with what this collector knew of them.
     let mut moved = Vec::new();

@@ -1,8 +1,13 @@
-//! What the store keeps and returns for carbon accounting (issue 7). The pricing is in
-//! [`crate::accounting::carbon`]; these are the shapes crossing the store boundary.
+//! Carbon accounting in the store ([`CarbonStore`]): the intensity cache, per-minute
+//! prices and the API's carbon aggregates, with their SQL once for both backends (the
+//! writes of many rows are backend hooks: PostgreSQL binds one array per column). The
+//! pricing is in [`crate::accounting::carbon`].
 
-use super::{GpuId, StoreError};
-use gpufleet_carbon::{FactorType, IntensityKind, ProviderKind};
+use super::backend::{Backend, Get, GetExt, List, sql};
+use super::rows::limit_i64;
+use super::{GpuId, SqlStore, StoreError, TimeRange};
+use async_trait::async_trait;
+use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
 
 /// How a minute's intensity was chosen.
@@ -127,14 +132,384 @@ pub struct GpuCarbon {
 }
 
 /// A text column holding a value its enum does not know: the row was tampered with.
-pub(super) fn unknown_value(column: &str, v: &str) -> StoreError {
+fn unknown_value(column: &str, v: &str) -> StoreError {
     StoreError::Corrupt(format!("{column} has an unknown value {v:?}"))
 }
 
 /// The columns of `carbon_gpu_minutes c`, prefixed `c_` (so a query joining energy
-/// minutes can read both); the same text on both backends.
-pub(super) const MINUTE_COLS: &str = "c.gpu_id AS c_gpu_id, c.minute_ms AS c_minute_ms, \
+/// minutes can read both).
+const MINUTE_COLS: &str = "c.gpu_id AS c_gpu_id, c.minute_ms AS c_minute_ms, \
     c.energy_mj AS c_energy_mj, c.g_per_kwh AS c_g_per_kwh, c.pue AS c_pue, \
     c.carbon_g AS c_carbon_g, c.provider AS c_provider, c.region AS c_region, \
     c.kind AS c_kind, c.factor_type AS c_factor_type, c.estimated AS c_estimated, \
     c.basis AS c_basis, c.priced_at_ms AS c_priced_at_ms";
+
+/// What carbon pricing reads and writes, and what the API reads of it.
+#[async_trait]
+pub trait CarbonStore: Send + Sync + std::fmt::Debug {
+    /// Caches intensity slots (key: provider, region, slot start). An existing actual is
+    /// never replaced by a forecast; otherwise the newer fetch wins.
+    async fn upsert_intensity(&self, slots: &[IntensitySlot]) -> Result<(), StoreError>;
+
+    /// Cached slots of a provider and region overlapping `range`, oldest first.
+    async fn intensity_slots(
+        &self,
+        provider: ProviderKind,
+        region: &str,
+        range: TimeRange,
+    ) -> Result<Vec<IntensitySlot>, StoreError>;
+
+    /// The newest cached slot of a provider and region starting at or before `at_ms`.
+    async fn last_intensity_before(
+        &self,
+        provider: ProviderKind,
+        region: &str,
+        at_ms: UnixMs,
+    ) -> Result<Option<IntensitySlot>, StoreError>;
+
+    /// Energy minutes from `since_ms` on that need pricing: no price, a price of other
+    /// energy, or a forecast / estimated price. Oldest first, at most `limit`.
+    async fn pending_carbon_minutes(
+        &self,
+        since_ms: UnixMs,
+        limit: usize,
+    ) -> Result<Vec<PendingCarbonMinute>, StoreError>;
+
+    /// Writes (replaces) prices of GPU-minutes, in one transaction.
+    async fn replace_carbon_minutes(&self, minutes: &[CarbonMinute]) -> Result<(), StoreError>;
+
+    /// Stored prices in `range`, of one GPU or all, by GPU then minute.
+    async fn carbon_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<CarbonMinute>, StoreError>;
+
+    /// Carbon per (workload, GPU) over the minutes in `range`: each workload-minute's
+    /// energy priced at its GPU-minute's intensity and PUE. Filters as
+    /// [`EnergyStore::workload_energy`](super::EnergyStore::workload_energy).
+    async fn workload_carbon(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<WorkloadCarbon>, StoreError>;
+
+    /// Carbon per GPU over the minutes in `range` (GPUs with priced minutes only).
+    async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<GpuCarbon>, StoreError>;
+}
+
+fn parsed<R: Get, T>(
+    row: &R,
+    column: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<T, StoreError> {
+    let v: String = row.get(column)?;
+    parse(&v).ok_or_else(|| unknown_value(column, &v))
+}
+
+pub(super) fn energy_i64(v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("energy {v} does not fit")))
+}
+
+/// A sum that is NULL only when there was nothing to sum (never inside a group).
+fn nonneg_sum<R: Get>(row: &R, column: &str) -> Result<u64, StoreError> {
+    match row.get::<Option<i64>>(column)? {
+        Some(v) => {
+            u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
+        }
+        None => Ok(0),
+    }
+}
+
+fn slot_from_row<R: Get>(row: &R) -> Result<IntensitySlot, StoreError> {
+    Ok(IntensitySlot {
+        from_ms: row.get("from_ms")?,
+        to_ms: row.get("to_ms")?,
+        g_per_kwh: row.get("g_per_kwh")?,
+        kind: parsed(row, "kind", IntensityKind::parse)?,
+        factor_type: parsed(row, "factor_type", FactorType::parse)?,
+        provider: parsed(row, "provider", ProviderKind::parse)?,
+        region: row.get("region")?,
+        fetched_at_ms: row.get("fetched_at_ms")?,
+        estimated: row.flag("estimated")?,
+    })
+}
+
+fn minute_from_row<R: Get>(row: &R, prefix: &str) -> Result<CarbonMinute, StoreError> {
+    let c = |name: &str| format!("{prefix}{name}");
+    Ok(CarbonMinute {
+        gpu: GpuId(row.get(&c("gpu_id"))?),
+        minute_ms: row.get(&c("minute_ms"))?,
+        energy_mj: row.nonneg(&c("energy_mj"))?,
+        g_per_kwh: row.get(&c("g_per_kwh"))?,
+        pue: row.get(&c("pue"))?,
+        carbon_g: row.get(&c("carbon_g"))?,
+        provider: parsed(row, &c("provider"), ProviderKind::parse)?,
+        region: row.get(&c("region"))?,
+        kind: parsed(row, &c("kind"), IntensityKind::parse)?,
+        factor_type: parsed(row, &c("factor_type"), FactorType::parse)?,
+        estimated: row.flag(&c("estimated"))?,
+        basis: parsed(row, &c("basis"), PriceBasis::parse)?,
+        priced_at_ms: row.get(&c("priced_at_ms"))?,
+    })
+}
+
+/// Aggregate columns over `e` (an energy in mJ per row) joined with `c`.
+fn totals_cols<DB: Backend>(e: &str) -> String {
+    format!(
+        "sum({e} * c.g_per_kwh * c.pue) / CAST(3.6e9 AS DOUBLE PRECISION) AS carbon_g, \
+         CAST(sum({e}) AS BIGINT) AS priced_mj, \
+         CAST(sum(CASE WHEN c.kind = 'forecast' THEN {e} ELSE 0 END) AS BIGINT) AS forecast_mj, \
+         CAST(sum(CASE WHEN c.estimated THEN {e} ELSE 0 END) AS BIGINT) AS estimated_mj, \
+         sum({e} * c.g_per_kwh) AS intensity_mj_g, {} AS sources",
+        DB::DIALECT.distinct_list("c.provider || ':' || c.region || ':' || c.factor_type")
+    )
+}
+
+fn totals_from_row<R: Get>(row: &R) -> Result<CarbonTotals, StoreError> {
+    let List(mut sources) = row.get("sources")?;
+    sources.sort();
+    sources.dedup();
+    Ok(CarbonTotals {
+        carbon_g: row.get::<Option<f64>>("carbon_g")?.unwrap_or_default(),
+        priced_mj: nonneg_sum(row, "priced_mj")?,
+        forecast_mj: nonneg_sum(row, "forecast_mj")?,
+        estimated_mj: nonneg_sum(row, "estimated_mj")?,
+        intensity_mj_g: row
+            .get::<Option<f64>>("intensity_mj_g")?
+            .unwrap_or_default(),
+        sources,
+    })
+}
+
+/// Caches intensity slots one statement per slot, in one transaction (SQLite's way; the
+/// same rule as [`CarbonStore::upsert_intensity`]'s).
+pub(super) async fn upsert_intensity_rows<DB: Backend>(
+    store: &SqlStore<DB>,
+    slots: &[IntensitySlot],
+) -> Result<(), StoreError> {
+    let mut tx = store.begin_write("begin caching intensities").await?;
+    for s in slots {
+        sql::<DB>(
+            "cache an intensity slot",
+            "INSERT INTO carbon_intensity (provider, region, from_ms, to_ms, g_per_kwh, kind, \
+             factor_type, fetched_at_ms, estimated) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (provider, region, from_ms) DO UPDATE SET to_ms = excluded.to_ms, \
+             g_per_kwh = excluded.g_per_kwh, kind = excluded.kind, \
+             factor_type = excluded.factor_type, fetched_at_ms = excluded.fetched_at_ms, \
+             estimated = excluded.estimated \
+             WHERE NOT (carbon_intensity.kind = 'actual' AND excluded.kind = 'forecast')",
+        )
+        .bind(s.provider.as_str())
+        .bind(s.region.as_str())
+        .bind(s.from_ms)
+        .bind(s.to_ms)
+        .bind(s.g_per_kwh)
+        .bind(s.kind.as_str())
+        .bind(s.factor_type.as_str())
+        .bind(s.fetched_at_ms)
+        .bind(s.estimated)
+        .execute(tx.conn())
+        .await?;
+    }
+    tx.commit("commit cached intensities").await
+}
+
+/// Stores prices one statement per GPU-minute, in one transaction (SQLite's way).
+pub(super) async fn replace_carbon_rows<DB: Backend>(
+    store: &SqlStore<DB>,
+    minutes: &[CarbonMinute],
+) -> Result<(), StoreError> {
+    let mut tx = store.begin_write("begin storing carbon").await?;
+    for m in minutes {
+        sql::<DB>(
+            "store the carbon of a GPU-minute",
+            "INSERT OR REPLACE INTO carbon_gpu_minutes (gpu_id, minute_ms, energy_mj, \
+             g_per_kwh, pue, carbon_g, provider, region, kind, factor_type, estimated, basis, \
+             priced_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        )
+        .bind(m.gpu.0)
+        .bind(m.minute_ms)
+        .bind(energy_i64(m.energy_mj)?)
+        .bind(m.g_per_kwh)
+        .bind(m.pue)
+        .bind(m.carbon_g)
+        .bind(m.provider.as_str())
+        .bind(m.region.as_str())
+        .bind(m.kind.as_str())
+        .bind(m.factor_type.as_str())
+        .bind(m.estimated)
+        .bind(m.basis.as_str())
+        .bind(m.priced_at_ms)
+        .execute(tx.conn())
+        .await?;
+    }
+    tx.commit("commit carbon").await
+}
+
+#[async_trait]
+impl<DB: Backend> CarbonStore for SqlStore<DB> {
+    async fn upsert_intensity(&self, slots: &[IntensitySlot]) -> Result<(), StoreError> {
+        DB::upsert_intensity(self, slots).await
+    }
+
+    async fn intensity_slots(
+        &self,
+        provider: ProviderKind,
+        region: &str,
+        range: TimeRange,
+    ) -> Result<Vec<IntensitySlot>, StoreError> {
+        let query = sql::<DB>(
+            "read cached intensities",
+            "SELECT * FROM carbon_intensity WHERE provider = $1 AND region = $2 \
+             AND to_ms > $3 AND from_ms < $4 ORDER BY from_ms",
+        )
+        .bind(provider.as_str())
+        .bind(region)
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        self.fetch(query, slot_from_row).await
+    }
+
+    async fn last_intensity_before(
+        &self,
+        provider: ProviderKind,
+        region: &str,
+        at_ms: UnixMs,
+    ) -> Result<Option<IntensitySlot>, StoreError> {
+        let row = sql::<DB>(
+            "read the last known intensity",
+            "SELECT * FROM carbon_intensity WHERE provider = $1 AND region = $2 \
+             AND from_ms <= $3 ORDER BY from_ms DESC LIMIT 1",
+        )
+        .bind(provider.as_str())
+        .bind(region)
+        .bind(at_ms)
+        .optional(&mut *self.conn().await?)
+        .await?;
+        row.as_ref().map(slot_from_row).transpose()
+    }
+
+    async fn pending_carbon_minutes(
+        &self,
+        since_ms: UnixMs,
+        limit: usize,
+    ) -> Result<Vec<PendingCarbonMinute>, StoreError> {
+        let query = sql::<DB>(
+            "list energy minutes to price",
+            format!(
+                "SELECT m.gpu_id, m.minute_ms, m.energy_mj, n.name AS node_name, {MINUTE_COLS} \
+                 FROM energy_gpu_minutes m JOIN gpus g ON g.id = m.gpu_id \
+                 JOIN nodes n ON n.id = g.node_id \
+                 LEFT JOIN carbon_gpu_minutes c ON c.gpu_id = m.gpu_id \
+                   AND c.minute_ms = m.minute_ms \
+                 WHERE m.minute_ms >= $1 AND (c.gpu_id IS NULL OR c.energy_mj <> m.energy_mj \
+                 OR c.kind = 'forecast' OR c.estimated) \
+                 ORDER BY m.minute_ms, m.gpu_id LIMIT $2"
+            ),
+        )
+        .bind(since_ms)
+        .bind(limit_i64(limit));
+        self.fetch(query, |row| {
+            let priced = match row.get::<Option<i64>>("c_gpu_id")? {
+                Some(_) => Some(minute_from_row(row, "c_")?),
+                None => None,
+            };
+            Ok(PendingCarbonMinute {
+                gpu: GpuId(row.get("gpu_id")?),
+                minute_ms: row.get("minute_ms")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                node_name: row.get("node_name")?,
+                priced,
+            })
+        })
+        .await
+    }
+
+    async fn replace_carbon_minutes(&self, minutes: &[CarbonMinute]) -> Result<(), StoreError> {
+        DB::replace_carbon_minutes(self, minutes).await
+    }
+
+    async fn carbon_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<CarbonMinute>, StoreError> {
+        let query = sql::<DB>(
+            "read carbon minutes",
+            format!(
+                "SELECT {MINUTE_COLS} FROM carbon_gpu_minutes c \
+                 WHERE (CAST($1 AS BIGINT) IS NULL OR c.gpu_id = $1) \
+                   AND c.minute_ms BETWEEN $2 AND $3 \
+                 ORDER BY c.gpu_id, c.minute_ms"
+            ),
+        )
+        .bind(gpu.map(|g| g.0))
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        self.fetch(query, |r| minute_from_row(r, "c_")).await
+    }
+
+    async fn workload_carbon(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<WorkloadCarbon>, StoreError> {
+        let d = DB::DIALECT;
+        let query = sql::<DB>(
+            "sum carbon per workload",
+            format!(
+                "SELECT w.key AS workload_key, g.uuid, {} \
+                 FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
+                 JOIN carbon_gpu_minutes c ON c.gpu_id = m.gpu_id AND c.minute_ms = m.minute_ms \
+                 JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
+                 WHERE m.minute_ms BETWEEN $1 AND $2 \
+                   AND (CAST($3 AS TEXT) IS NULL OR n.name = $3) \
+                   AND (CAST($4 AS TEXT) IS NULL OR w.key = $4) \
+                 GROUP BY w.id, g.id ORDER BY {}, {}",
+                totals_cols::<DB>("m.energy_mj"),
+                d.bytewise("w.key"),
+                d.bytewise("g.uuid"),
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(node)
+        .bind(workload_key);
+        self.fetch(query, |row| {
+            Ok(WorkloadCarbon {
+                workload_key: row.get("workload_key")?,
+                gpu_uuid: row.get("uuid")?,
+                totals: totals_from_row(row)?,
+            })
+        })
+        .await
+    }
+
+    async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<GpuCarbon>, StoreError> {
+        // Priced at the energy of the GPU row itself (c.energy_mj is what was priced).
+        let query = sql::<DB>(
+            "sum carbon per GPU",
+            format!(
+                "SELECT g.id AS gpu_id, g.uuid, n.name AS node_name, {} \
+                 FROM carbon_gpu_minutes c JOIN gpus g ON g.id = c.gpu_id \
+                 JOIN nodes n ON n.id = g.node_id \
+                 WHERE c.minute_ms BETWEEN $1 AND $2 GROUP BY g.id, n.id ORDER BY g.id",
+                totals_cols::<DB>("c.energy_mj")
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            Ok(GpuCarbon {
+                gpu: GpuId(row.get("gpu_id")?),
+                uuid: row.get("uuid")?,
+                node_name: row.get("node_name")?,
+                totals: totals_from_row(row)?,
+            })
+        })
+        .await
+    }
+}

@@ -1,9 +1,14 @@
-//! What the store keeps and returns for energy accounting (issue 6). The computing is in
-//! [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`]; these are the shapes crossing the
-//! store boundary.
+//! Energy accounting in the store: what the accountant reads and writes
+//! ([`EnergyStore`]), the shapes crossing the boundary, and their SQL, once for both
+//! backends. The computing is in [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`].
 
-use super::{GpuId, NodeId, StoreError};
-use crate::accounting::energy::{EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute};
+use super::backend::{Backend, Dialect, Get, GetExt, sql};
+use super::rows::{self, WORKLOAD_COLS, limit_i64};
+use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
+use crate::accounting::energy::{
+    EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
+};
+use async_trait::async_trait;
 use gpufleet_core::{UnixMs, Workload};
 use std::collections::BTreeMap;
 
@@ -46,7 +51,7 @@ pub struct EnergyRange {
     pub to_ms: UnixMs,
 }
 
-/// What [`Store::replace_energy_minutes`](super::Store::replace_energy_minutes) takes, for
+/// What [`EnergyStore::replace_energy_minutes`](super::EnergyStore::replace_energy_minutes) takes, for
 /// one GPU of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MinuteReplacement {
@@ -136,58 +141,42 @@ pub struct WorkloadEnergyPoint {
     pub share_ppm_ms: u64,
 }
 
-/// The columns of a stored energy-minute row, whichever backend read it, so both stores
-/// decode `energy_gpu_minutes` / `energy_workload_minutes` rows with [`minutes_from_rows`].
-pub(super) trait MinuteColumns {
-    fn int(&self, column: &str) -> Result<i64, StoreError>;
-    fn opt_int(&self, column: &str) -> Result<Option<i64>, StoreError>;
-    fn text(&self, column: &str) -> Result<String, StoreError>;
-    fn flag(&self, column: &str) -> Result<bool, StoreError>;
-
-    /// A non-negative integer as u64 (energies and sums are never negative; a negative
-    /// value means the row was tampered with).
-    fn nonneg(&self, column: &str) -> Result<u64, StoreError> {
-        let v = self.int(column)?;
-        u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
-    }
-}
-
 /// GPU-minute rows (`SELECT *` of `energy_gpu_minutes`) with their workload rows, each
 /// ordered by GPU and minute. Workload rows without their GPU row come back under a GPU
 /// row that has nothing, so conservation fails visibly.
-pub(super) fn minutes_from_rows<R: MinuteColumns>(
+pub(super) fn minutes_from_rows<R: Get>(
     rows: &[R],
     wrows: &[R],
 ) -> Result<Vec<(GpuId, GpuMinute)>, StoreError> {
     let mut workloads: BTreeMap<(i64, i64), Vec<WorkloadMinute>> = BTreeMap::new();
     for row in wrows {
         workloads
-            .entry((row.int("gpu_id")?, row.int("minute_ms")?))
+            .entry((row.get::<i64>("gpu_id")?, row.get::<i64>("minute_ms")?))
             .or_default()
             .push(WorkloadMinute {
-                workload: row.int("workload_id")?,
+                workload: row.get::<i64>("workload_id")?,
                 energy_mj: row.nonneg("energy_mj")?,
                 active_mj: row.nonneg("active_mj")?,
                 idle_mj: row.nonneg("idle_mj")?,
                 counter_mj: row.nonneg("counter_mj")?,
                 trapezoid_mj: row.nonneg("trapezoid_mj")?,
-                gpu_ms: row.int("gpu_ms")?,
+                gpu_ms: row.get::<i64>("gpu_ms")?,
                 share_ppm_ms: row.nonneg("share_ppm_ms")?,
-                sm_ms: row.int("sm_ms")?,
-                memory_ms: row.int("memory_ms")?,
-                equal_ms: row.int("equal_ms")?,
-                idle_memory_ms: row.int("idle_memory_ms")?,
-                idle_equal_ms: row.int("idle_equal_ms")?,
+                sm_ms: row.get::<i64>("sm_ms")?,
+                memory_ms: row.get::<i64>("memory_ms")?,
+                equal_ms: row.get::<i64>("equal_ms")?,
+                idle_memory_ms: row.get::<i64>("idle_memory_ms")?,
+                idle_equal_ms: row.get::<i64>("idle_equal_ms")?,
             });
     }
     let mut out = Vec::with_capacity(rows.len());
     for row in rows {
-        let gpu_id = row.int("gpu_id")?;
-        let minute_ms = row.int("minute_ms")?;
-        let policy = row.text("idle_policy")?;
-        let source = row.text("idle_source")?;
-        let samples = row.int("samples")?;
-        let idle_mw = row.int("idle_mw")?;
+        let gpu_id = row.get::<i64>("gpu_id")?;
+        let minute_ms = row.get::<i64>("minute_ms")?;
+        let policy = row.get::<String>("idle_policy")?;
+        let source = row.get::<String>("idle_source")?;
+        let samples = row.get::<i64>("samples")?;
+        let idle_mw = row.get::<i64>("idle_mw")?;
         out.push((
             GpuId(gpu_id),
             GpuMinute {
@@ -199,19 +188,19 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                 idle_mj: row.nonneg("idle_mj")?,
                 unattributed_mj: row.nonneg("unattributed_mj")?,
                 active_mj: row.nonneg("active_mj")?,
-                seen_idle_ms: row.int("seen_idle_ms")?,
+                seen_idle_ms: row.get::<i64>("seen_idle_ms")?,
                 seen_idle_mj: row.nonneg("seen_idle_mj")?,
-                learned_idle_ms: row.int("learned_idle_ms")?,
+                learned_idle_ms: row.get::<i64>("learned_idle_ms")?,
                 learned_idle_mj: row.nonneg("learned_idle_mj")?,
                 provisional: row.flag("provisional")?,
-                rules: u32::try_from(row.int("rules")?)
+                rules: u32::try_from(row.get::<i64>("rules")?)
                     .map_err(|_| StoreError::Corrupt("rules out of range".into()))?,
-                covered_ms: row.int("covered_ms")?,
-                missing_ms: row.int("missing_ms")?,
+                covered_ms: row.get::<i64>("covered_ms")?,
+                missing_ms: row.get::<i64>("missing_ms")?,
                 samples: u32::try_from(samples)
                     .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
                 min_power_mw: row
-                    .opt_int("min_power_mw")?
+                    .get::<Option<i64>>("min_power_mw")?
                     .map(u32::try_from)
                     .transpose()
                     .map_err(|_| StoreError::Corrupt("min_power_mw out of range".into()))?,
@@ -221,7 +210,7 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
                     .ok_or_else(|| StoreError::Corrupt(format!("idle_policy {policy:?}")))?,
                 idle_source: IdleSource::parse(&source)
                     .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
-                max_gap_ms: row.int("max_gap_ms")?,
+                max_gap_ms: row.get::<i64>("max_gap_ms")?,
                 workloads: workloads.remove(&(gpu_id, minute_ms)).unwrap_or_default(),
             },
         ));
@@ -237,4 +226,772 @@ pub(super) fn minutes_from_rows<R: MinuteColumns>(
         ));
     }
     Ok(out)
+}
+
+/// What energy accounting reads and writes.
+#[async_trait]
+pub trait EnergyStore: Send + Sync + std::fmt::Debug {
+    /// Every GPU with its node, model, sample span and accounting watermark.
+    async fn energy_gpus(&self) -> Result<Vec<EnergyGpu>, StoreError>;
+
+    /// A GPU's samples in `[from_ms, to_ms)` with their processes, and the sample before.
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<EnergyInputs, StoreError>;
+
+    /// [`EnergyStore::energy_inputs`] of many ranges (one per GPU) in a few queries,
+    /// whatever their number: the accountant's per-pass reads at fleet scale. Answers in
+    /// order.
+    async fn energy_inputs_many(
+        &self,
+        ranges: &[EnergyRange],
+    ) -> Result<Vec<EnergyInputs>, StoreError>;
+
+    /// [`EnergyStore::energy_learned_before`] of many GPUs (each before its range's
+    /// `from_ms`) in one query. Answers in order.
+    async fn energy_learned_before_many(
+        &self,
+        ranges: &[EnergyRange],
+    ) -> Result<Vec<(u64, i64)>, StoreError>;
+
+    /// The time of a GPU's first sample at or after `at_ms`.
+    async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
+    -> Result<Option<UnixMs>, StoreError>;
+
+    /// The idle-baseline evidence (mJ, ms) carried by a GPU's newest stored minute before
+    /// `before_ms`; (0, 0) without one.
+    async fn energy_learned_before(
+        &self,
+        gpu: GpuId,
+        before_ms: UnixMs,
+    ) -> Result<(u64, i64), StoreError>;
+
+    /// Per GPU with energy minutes: the baseline of its newest minute, where it came
+    /// from, and the evidence it carries.
+    async fn energy_baselines(&self) -> Result<Vec<GpuBaseline>, StoreError>;
+
+    /// In one transaction: replaces a GPU's minutes in `[from_ms, to_ms)` with `minutes`,
+    /// and raises its watermark to `done_to_ms` (never lowers it).
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError>;
+
+    /// [`EnergyStore::replace_energy_minutes`] of many GPUs, all in one transaction.
+    async fn replace_energy_minutes_many(
+        &self,
+        batch: &[MinuteReplacement],
+    ) -> Result<(), StoreError>;
+
+    /// Stored minutes (with their workload rows) in `range`, of one GPU or all.
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, GpuMinute)>, StoreError>;
+
+    /// Minutes before the watermark whose stored sample count differs from the raw
+    /// samples' (late or replayed data since they were computed), from `since_ms` on.
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError>;
+
+    /// Energy per (workload, GPU) over the minutes in `range`; optionally one node's
+    /// GPUs, or one workload (by `Workload::key()`).
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<WorkloadEnergy>, StoreError>;
+
+    /// One workload's energy per minute (all GPUs) in `range`.
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<WorkloadEnergyPoint>, StoreError>;
+
+    /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
+    async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError>;
+}
+
+fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} does not fit")))
+}
+
+fn sample_from_row<R: Get>(row: &R) -> Result<EnergySample, StoreError> {
+    Ok(EnergySample {
+        time_ms: row.get("ts_ms")?,
+        power_mw: row.get("power_mw")?,
+        energy_mj: row.u64_bits("energy_mj")?,
+        util_gpu_pct: row.get("util_gpu_pct")?,
+        processes: Vec::new(),
+    })
+}
+
+/// Hangs process rows (ordered by time) on the GPU samples (ordered by time) they were
+/// listed with.
+fn attach_processes<'r, R: Get + 'r>(
+    samples: &mut [EnergySample],
+    procs: impl IntoIterator<Item = &'r R>,
+) -> Result<(), StoreError> {
+    // Both lists are ordered by time: merge.
+    let mut i = 0;
+    for row in procs {
+        let t: i64 = row.get("ts_ms")?;
+        while i < samples.len() && samples[i].time_ms < t {
+            i += 1;
+        }
+        // A process row without its GPU row cannot be attributed (no interval ends there).
+        if i < samples.len() && samples[i].time_ms == t {
+            samples[i].processes.push(EnergyProcess {
+                workload: row.get("workload_id")?,
+                sm_util_pct: row.get("sm_util_pct")?,
+                gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
+                // 1 compute, 2 graphics, 3 both (the proto ProcessType numbers).
+                compute: row.get::<i64>("process_type")? & 1 == 1,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The request rows of energy ranges: `(req, id, from_ms, to_ms)`.
+const RANGE_COLS: [&str; 4] = ["req", "id", "from_ms", "to_ms"];
+
+fn range_rows(ranges: &[EnergyRange]) -> Vec<Vec<i64>> {
+    ranges
+        .iter()
+        .enumerate()
+        .map(|(i, r)| vec![i as i64, r.gpu.0, r.from_ms, r.to_ms])
+        .collect()
+}
+
+/// A join that keeps the request rows `r` as the outer side (SQLite plans `CROSS JOIN`
+/// in the order written).
+fn join(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Sqlite => "CROSS JOIN",
+        Dialect::Postgres => "JOIN",
+    }
+}
+
+/// The newest row of `table` of request `r`'s GPU before `r.from_ms` (by `time`),
+/// aliased `alias`, with the columns `cols` of it.
+fn newest_before(dialect: Dialect, table: &str, time: &str, cols: &str, alias: &str) -> String {
+    match dialect {
+        Dialect::Sqlite => format!(
+            "CROSS JOIN {table} {alias} ON {alias}.gpu_id = r.id AND {alias}.{time} = \
+               (SELECT max(x.{time}) FROM {table} x WHERE x.gpu_id = r.id AND x.{time} < r.from_ms)"
+        ),
+        Dialect::Postgres => format!(
+            "CROSS JOIN LATERAL (SELECT {cols} FROM {table} x \
+               WHERE x.gpu_id = r.id AND x.{time} < r.from_ms ORDER BY x.{time} DESC LIMIT 1) {alias}"
+        ),
+    }
+}
+
+const SAMPLE_COLS: &str = "ts_ms, power_mw, energy_mj, util_gpu_pct";
+
+const GPU_MINUTE_INSERT: &str = "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, \
+     counter_mj, trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
+     samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms, active_mj, \
+     seen_idle_ms, seen_idle_mj, provisional, rules, learned_idle_ms, learned_idle_mj) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+     $18, $19, $20, $21, $22, $23)";
+
+const WORKLOAD_MINUTE_INSERT: &str = "INSERT INTO energy_workload_minutes (gpu_id, minute_ms, \
+     workload_id, energy_mj, idle_mj, counter_mj, trapezoid_mj, gpu_ms, share_ppm_ms, sm_ms, \
+     memory_ms, equal_ms, active_mj, idle_memory_ms, idle_equal_ms, provisional) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+
+/// The body of [`EnergyStore::replace_energy_minutes`], inside the caller's transaction.
+async fn replace_in<DB: Backend>(
+    tx: &mut DB::Connection,
+    gpu: GpuId,
+    from_ms: UnixMs,
+    to_ms: UnixMs,
+    minutes: &[GpuMinute],
+    done_to_ms: Option<UnixMs>,
+) -> Result<(), StoreError> {
+    // Minutes before the raw horizon (retention) keep their rows: their raw samples are
+    // gone, so a recomputation could only lose energy. (Inputs that could miss deleted
+    // rows were read after the horizon was raised, so this read sees it.)
+    let horizon = sql::<DB>(
+        "read a raw horizon",
+        "SELECT raw_from_ms FROM raw_horizon WHERE kind = 'gpu' AND id = $1",
+    )
+    .bind(gpu.0)
+    .optional(&mut *tx)
+    .await?;
+    let horizon: Option<i64> = horizon.map(|r| r.get("raw_from_ms")).transpose()?;
+    let from_ms = from_ms.max(horizon.unwrap_or(i64::MIN));
+    for table in ["energy_gpu_minutes", "energy_workload_minutes"] {
+        sql::<DB>(
+            "delete energy minutes being recomputed",
+            format!("DELETE FROM {table} WHERE gpu_id = $1 AND minute_ms >= $2 AND minute_ms < $3"),
+        )
+        .bind(gpu.0)
+        .bind(from_ms)
+        .bind(to_ms)
+        .execute(&mut *tx)
+        .await?;
+    }
+    for m in minutes.iter().filter(|m| m.minute_ms >= from_ms) {
+        sql::<DB>("insert an energy minute of a GPU", GPU_MINUTE_INSERT)
+            .bind(gpu.0)
+            .bind(m.minute_ms)
+            .bind(u64_to_i64(m.energy_mj, "energy_mj")?)
+            .bind(u64_to_i64(m.counter_mj, "counter_mj")?)
+            .bind(u64_to_i64(m.trapezoid_mj, "trapezoid_mj")?)
+            .bind(u64_to_i64(m.attributed_mj, "attributed_mj")?)
+            .bind(u64_to_i64(m.idle_mj, "idle_mj")?)
+            .bind(u64_to_i64(m.unattributed_mj, "unattributed_mj")?)
+            .bind(m.covered_ms)
+            .bind(m.missing_ms)
+            .bind(i64::from(m.samples))
+            .bind(m.min_power_mw.map(i64::from))
+            .bind(i64::from(m.idle_mw))
+            .bind(m.idle_source.as_str())
+            .bind(m.idle_policy.as_str())
+            .bind(m.max_gap_ms)
+            .bind(u64_to_i64(m.active_mj, "active_mj")?)
+            .bind(m.seen_idle_ms)
+            .bind(u64_to_i64(m.seen_idle_mj, "seen_idle_mj")?)
+            .bind(m.provisional)
+            .bind(i64::from(m.rules))
+            .bind(m.learned_idle_ms)
+            .bind(u64_to_i64(m.learned_idle_mj, "learned_idle_mj")?)
+            .execute(&mut *tx)
+            .await?;
+        for w in &m.workloads {
+            sql::<DB>(
+                "insert an energy minute of a workload",
+                WORKLOAD_MINUTE_INSERT,
+            )
+            .bind(gpu.0)
+            .bind(m.minute_ms)
+            .bind(w.workload)
+            .bind(u64_to_i64(w.energy_mj, "energy_mj")?)
+            .bind(u64_to_i64(w.idle_mj, "idle_mj")?)
+            .bind(u64_to_i64(w.counter_mj, "counter_mj")?)
+            .bind(u64_to_i64(w.trapezoid_mj, "trapezoid_mj")?)
+            .bind(w.gpu_ms)
+            .bind(u64_to_i64(w.share_ppm_ms, "share_ppm_ms")?)
+            .bind(w.sm_ms)
+            .bind(w.memory_ms)
+            .bind(w.equal_ms)
+            .bind(u64_to_i64(w.active_mj, "active_mj")?)
+            .bind(w.idle_memory_ms)
+            .bind(w.idle_equal_ms)
+            .bind(m.provisional)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    if let Some(done) = done_to_ms {
+        sql::<DB>(
+            "advance the energy watermark",
+            format!(
+                "INSERT INTO energy_progress (gpu_id, done_to_ms) VALUES ($1, $2) \
+                 ON CONFLICT (gpu_id) DO UPDATE SET done_to_ms = {}",
+                DB::DIALECT.greatest("energy_progress.done_to_ms", "excluded.done_to_ms")
+            ),
+        )
+        .bind(gpu.0)
+        .bind(done)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// A sum of integer columns, as a bigint on both backends (PostgreSQL sums bigints
+/// into numeric).
+fn sum(expr: &str, alias: &str) -> String {
+    format!("CAST(sum({expr}) AS BIGINT) AS {alias}")
+}
+
+fn sums(cols: &[&str]) -> String {
+    cols.iter()
+        .map(|c| sum(&format!("m.{c}"), c))
+        .chain([sum(
+            "CASE WHEN m.provisional THEN m.energy_mj ELSE 0 END",
+            "provisional_mj",
+        )])
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[async_trait]
+impl<DB: Backend> EnergyStore for SqlStore<DB> {
+    async fn energy_gpus(&self) -> Result<Vec<EnergyGpu>, StoreError> {
+        let query = sql::<DB>(
+            "list GPUs for energy accounting",
+            "SELECT g.id, g.uuid, g.gpu_index, g.name, n.id AS node_id, n.name AS node_name, \
+             n.interval_ms, coalesce(g.power_limit_default_mw, g.power_limit_enforced_mw) AS limit_mw, \
+             (SELECT min(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS first_ms, \
+             (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS last_ms, \
+             p.done_to_ms \
+             FROM gpus g JOIN nodes n ON n.id = g.node_id \
+             LEFT JOIN energy_progress p ON p.gpu_id = g.id ORDER BY g.id",
+        );
+        self.fetch(query, |row| {
+            Ok(EnergyGpu {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node: NodeId(row.get("node_id")?),
+                node_name: row.get("node_name")?,
+                interval_ms: row.get("interval_ms")?,
+                power_limit_mw: row.get("limit_mw")?,
+                first_sample_ms: row.get("first_ms")?,
+                last_sample_ms: row.get("last_ms")?,
+                done_to_ms: row.get("done_to_ms")?,
+            })
+        })
+        .await
+    }
+
+    async fn energy_inputs(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<EnergyInputs, StoreError> {
+        let range = EnergyRange {
+            gpu,
+            from_ms,
+            to_ms,
+        };
+        let mut inputs = self.energy_inputs_many(&[range]).await?;
+        Ok(inputs.pop().unwrap_or_default())
+    }
+
+    async fn energy_inputs_many(
+        &self,
+        ranges: &[EnergyRange],
+    ) -> Result<Vec<EnergyInputs>, StoreError> {
+        let n = ranges.len();
+        let mut out = vec![EnergyInputs::default(); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        let (d, requests) = (DB::DIALECT, range_rows(ranges));
+        let cte = d.request_rows(&RANGE_COLS);
+        let mut conn = self.conn().await?;
+        let read = |op, body: String| {
+            sql::<DB>(op, format!("{cte} {body}")).bind_rows(RANGE_COLS.len(), &requests)
+        };
+        let prev = read(
+            "read the samples before energy ranges",
+            format!(
+                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct FROM r {}",
+                newest_before(d, "gpu_samples", "ts_ms", SAMPLE_COLS, "s")
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        for row in &prev {
+            out[rows::request(row, n, "energy read")?].prev = Some(sample_from_row(row)?);
+        }
+        let samples = read(
+            "read GPU samples for energy",
+            format!(
+                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct \
+                 FROM r {} gpu_samples s ON s.gpu_id = r.id \
+                   AND s.ts_ms >= r.from_ms AND s.ts_ms < r.to_ms ORDER BY r.req, s.ts_ms",
+                join(d)
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        for row in &samples {
+            out[rows::request(row, n, "energy read")?]
+                .samples
+                .push(sample_from_row(row)?);
+        }
+        let procs = read(
+            "read process samples for energy",
+            format!(
+                "SELECT r.req, p.ts_ms, p.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
+                 p.process_type FROM r {} process_samples p ON p.gpu_id = r.id \
+                   AND p.ts_ms >= r.from_ms AND p.ts_ms < r.to_ms ORDER BY r.req, p.ts_ms, p.pid",
+                join(d)
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        // Rows come grouped by range: hang each group on its range's samples.
+        let mut start = 0;
+        while start < procs.len() {
+            let i = rows::request(&procs[start], n, "energy read")?;
+            let mut end = start + 1;
+            while end < procs.len() && rows::request(&procs[end], n, "energy read")? == i {
+                end += 1;
+            }
+            attach_processes(&mut out[i].samples, &procs[start..end])?;
+            start = end;
+        }
+        Ok(out)
+    }
+
+    async fn energy_learned_before_many(
+        &self,
+        ranges: &[EnergyRange],
+    ) -> Result<Vec<(u64, i64)>, StoreError> {
+        let n = ranges.len();
+        let mut out = vec![(0, 0); n];
+        if n == 0 {
+            return Ok(out);
+        }
+        let d = DB::DIALECT;
+        let rows = sql::<DB>(
+            "read GPUs' idle-baseline evidence",
+            format!(
+                "{} SELECT r.req, m.learned_idle_mj, m.learned_idle_ms FROM r {}",
+                d.request_rows(&RANGE_COLS),
+                newest_before(
+                    d,
+                    "energy_gpu_minutes",
+                    "minute_ms",
+                    "learned_idle_mj, learned_idle_ms",
+                    "m"
+                )
+            ),
+        )
+        .bind_rows(RANGE_COLS.len(), &range_rows(ranges))
+        .all(&mut *self.conn().await?)
+        .await?;
+        for row in &rows {
+            out[rows::request(row, n, "energy read")?] =
+                (row.nonneg("learned_idle_mj")?, row.get("learned_idle_ms")?);
+        }
+        Ok(out)
+    }
+
+    async fn next_sample_ms(
+        &self,
+        gpu: GpuId,
+        at_ms: UnixMs,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        sql::<DB>(
+            "find the next GPU sample",
+            "SELECT ts_ms FROM gpu_samples WHERE gpu_id = $1 AND ts_ms >= $2 \
+             ORDER BY ts_ms LIMIT 1",
+        )
+        .bind(gpu.0)
+        .bind(at_ms)
+        .optional(&mut *self.conn().await?)
+        .await?
+        .map(|row| row.get("ts_ms"))
+        .transpose()
+    }
+
+    async fn energy_learned_before(
+        &self,
+        gpu: GpuId,
+        before_ms: UnixMs,
+    ) -> Result<(u64, i64), StoreError> {
+        let range = EnergyRange {
+            gpu,
+            from_ms: before_ms,
+            to_ms: before_ms,
+        };
+        let mut evidence = self.energy_learned_before_many(&[range]).await?;
+        Ok(evidence.pop().unwrap_or_default())
+    }
+
+    async fn energy_baselines(&self) -> Result<Vec<GpuBaseline>, StoreError> {
+        let query = sql::<DB>(
+            "read the idle baselines",
+            "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, m.idle_mw, \
+             m.idle_source, m.minute_ms, m.learned_idle_mj AS seen_mj, \
+             m.learned_idle_ms AS seen_ms \
+             FROM gpus g JOIN nodes n ON n.id = g.node_id \
+             JOIN energy_gpu_minutes m ON m.gpu_id = g.id AND m.minute_ms = \
+               (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = g.id) \
+             ORDER BY n.name, g.gpu_index",
+        );
+        self.fetch(query, |row| {
+            let source: String = row.get("idle_source")?;
+            let idle_mw: i64 = row.get("idle_mw")?;
+            Ok(GpuBaseline {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node_name: row.get("node_name")?,
+                idle_mw: u32::try_from(idle_mw)
+                    .map_err(|_| StoreError::Corrupt(format!("idle_mw {idle_mw}")))?,
+                idle_source: IdleSource::parse(&source)
+                    .ok_or_else(|| StoreError::Corrupt(format!("idle_source {source:?}")))?,
+                minute_ms: row.get("minute_ms")?,
+                seen_idle_mj: row.nonneg("seen_mj")?,
+                seen_idle_ms: row.get("seen_ms")?,
+            })
+        })
+        .await
+    }
+
+    async fn replace_energy_minutes(
+        &self,
+        gpu: GpuId,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        minutes: &[GpuMinute],
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<(), StoreError> {
+        let range = EnergyRange {
+            gpu,
+            from_ms,
+            to_ms,
+        };
+        let batch = MinuteReplacement {
+            range,
+            minutes: minutes.to_vec(),
+            done_to_ms,
+        };
+        self.replace_energy_minutes_many(std::slice::from_ref(&batch))
+            .await
+    }
+
+    async fn replace_energy_minutes_many(
+        &self,
+        batch: &[MinuteReplacement],
+    ) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin_write("begin an energy transaction").await?;
+        for b in batch {
+            let r = b.range;
+            replace_in::<DB>(
+                tx.conn(),
+                r.gpu,
+                r.from_ms,
+                r.to_ms,
+                &b.minutes,
+                b.done_to_ms,
+            )
+            .await?;
+        }
+        tx.commit("commit energy minutes").await
+    }
+
+    async fn energy_minutes(
+        &self,
+        gpu: Option<GpuId>,
+        range: TimeRange,
+    ) -> Result<Vec<(GpuId, GpuMinute)>, StoreError> {
+        let filter = "AND (CAST($3 AS BIGINT) IS NULL OR gpu_id = $3)";
+        let mut conn = self.conn().await?;
+        let rows = sql::<DB>(
+            "read energy minutes",
+            format!(
+                "SELECT * FROM energy_gpu_minutes WHERE minute_ms BETWEEN $1 AND $2 {filter} \
+                 ORDER BY gpu_id, minute_ms"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(gpu.map(|g| g.0))
+        .all(&mut conn)
+        .await?;
+        let wrows = sql::<DB>(
+            "read workload energy minutes",
+            format!(
+                "SELECT * FROM energy_workload_minutes WHERE minute_ms BETWEEN $1 AND $2 \
+                 {filter} ORDER BY gpu_id, minute_ms, workload_id"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(gpu.map(|g| g.0))
+        .all(&mut conn)
+        .await?;
+        minutes_from_rows(&rows, &wrows)
+    }
+
+    async fn stale_energy_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
+        let rows = sql::<DB>(
+            "find energy minutes with late samples",
+            "SELECT r.gpu_id, r.minute_ms FROM ( \
+               SELECT s.gpu_id, (s.ts_ms / 60000) * 60000 AS minute_ms, count(*) AS n \
+               FROM gpu_samples s JOIN energy_progress p ON p.gpu_id = s.gpu_id \
+               LEFT JOIN raw_horizon h ON h.kind = 'gpu' AND h.id = s.gpu_id \
+               WHERE s.ts_ms >= $1 AND s.ts_ms < p.done_to_ms \
+                 AND (h.raw_from_ms IS NULL OR s.ts_ms >= h.raw_from_ms) GROUP BY 1, 2) r \
+             LEFT JOIN energy_gpu_minutes m ON m.gpu_id = r.gpu_id AND m.minute_ms = r.minute_ms \
+             WHERE m.samples IS NULL OR m.samples != r.n ORDER BY 1, 2",
+        )
+        .bind(since_ms.max(0))
+        .all(&mut *self.conn().await?)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((GpuId(row.get("gpu_id")?), row.get("minute_ms")?)))
+            .collect()
+    }
+
+    async fn workload_energy(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        workload_key: Option<&str>,
+    ) -> Result<Vec<WorkloadEnergy>, StoreError> {
+        let sums = sums(&[
+            "energy_mj",
+            "idle_mj",
+            "active_mj",
+            "idle_memory_ms",
+            "idle_equal_ms",
+            "counter_mj",
+            "trapezoid_mj",
+            "gpu_ms",
+            "share_ppm_ms",
+            "sm_ms",
+            "memory_ms",
+            "equal_ms",
+        ]);
+        let query = sql::<DB>(
+            "sum energy per workload",
+            format!(
+                "SELECT {WORKLOAD_COLS}, g.uuid, g.gpu_index, g.name AS gpu_name, \
+                 n.name AS node_name, {sums}, \
+                 min(m.minute_ms) AS first_ms, max(m.minute_ms) AS last_ms \
+                 FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
+                 JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
+                 WHERE m.minute_ms BETWEEN $1 AND $2 \
+                   AND (CAST($3 AS TEXT) IS NULL OR n.name = $3) \
+                   AND (CAST($4 AS TEXT) IS NULL OR w.key = $4) \
+                 GROUP BY w.id, g.id, n.id ORDER BY w.key, n.name, g.gpu_index"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(node)
+        .bind(workload_key);
+        self.fetch(query, |row| {
+            Ok(WorkloadEnergy {
+                workload: rows::workload(row)?,
+                gpu_uuid: row.get("uuid")?,
+                gpu_index: row.get("gpu_index")?,
+                gpu_name: row.get("gpu_name")?,
+                node_name: row.get("node_name")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                gpu_ms: row.get("gpu_ms")?,
+                share_ppm_ms: row.nonneg("share_ppm_ms")?,
+                sm_ms: row.get("sm_ms")?,
+                memory_ms: row.get("memory_ms")?,
+                equal_ms: row.get("equal_ms")?,
+                idle_memory_ms: row.get("idle_memory_ms")?,
+                idle_equal_ms: row.get("idle_equal_ms")?,
+                first_minute_ms: row.get("first_ms")?,
+                last_minute_ms: row.get("last_ms")?,
+            })
+        })
+        .await
+    }
+
+    async fn workload_energy_series(
+        &self,
+        workload_key: &str,
+        range: TimeRange,
+    ) -> Result<Vec<WorkloadEnergyPoint>, StoreError> {
+        let sums = sums(&[
+            "energy_mj",
+            "idle_mj",
+            "active_mj",
+            "gpu_ms",
+            "share_ppm_ms",
+        ]);
+        let query = sql::<DB>(
+            "read a workload's energy per minute",
+            format!(
+                "SELECT m.minute_ms, {sums} \
+                 FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
+                 WHERE w.key = $1 AND m.minute_ms BETWEEN $2 AND $3 \
+                 GROUP BY m.minute_ms ORDER BY m.minute_ms LIMIT $4"
+            ),
+        )
+        .bind(workload_key)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(1_000_000));
+        self.fetch(query, |row| {
+            Ok(WorkloadEnergyPoint {
+                minute_ms: row.get("minute_ms")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                gpu_ms: row.get("gpu_ms")?,
+                share_ppm_ms: row.nonneg("share_ppm_ms")?,
+            })
+        })
+        .await
+    }
+
+    async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError> {
+        let sums = sums(&[
+            "energy_mj",
+            "counter_mj",
+            "trapezoid_mj",
+            "attributed_mj",
+            "idle_mj",
+            "unattributed_mj",
+            "covered_ms",
+            "missing_ms",
+            "active_mj",
+        ]);
+        let query = sql::<DB>(
+            "sum energy per GPU",
+            format!(
+                "SELECT g.id, g.uuid, g.gpu_index, g.name, n.name AS node_name, {sums} \
+                 FROM energy_gpu_minutes m JOIN gpus g ON g.id = m.gpu_id \
+                 JOIN nodes n ON n.id = g.node_id WHERE m.minute_ms BETWEEN $1 AND $2 \
+                 GROUP BY g.id, n.id ORDER BY n.name, g.gpu_index"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            Ok(GpuEnergy {
+                gpu: GpuId(row.get("id")?),
+                uuid: row.get("uuid")?,
+                index: row.get("gpu_index")?,
+                name: row.get("name")?,
+                node_name: row.get("node_name")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                counter_mj: row.nonneg("counter_mj")?,
+                trapezoid_mj: row.nonneg("trapezoid_mj")?,
+                attributed_mj: row.nonneg("attributed_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                unattributed_mj: row.nonneg("unattributed_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                provisional_mj: row.nonneg("provisional_mj")?,
+                covered_ms: row.get("covered_ms")?,
+                missing_ms: row.get("missing_ms")?,
+            })
+        })
+        .await
+    }
 }

@@ -2,7 +2,7 @@
 //! retention, carbon fetches) when several share one database.
 //!
 //! A [`Lease`] is held until it is dropped or lost; while one collector holds the lease of
-//! a job, [`crate::store::Store::try_lead`] answers `None` to every other asker of the
+//! a job, [`crate::store::JobLeases::try_lead`] answers `None` to every other asker of the
 //! same job on the same database. The backends:
 //!
 //! - **PostgreSQL** ([`postgres`]): a session advisory lock
@@ -22,7 +22,9 @@
 //! its next ping, so for up to [`PG_CHECK_EVERY`] two collectors may both run a job. Jobs
 //! run under a lease must therefore be idempotent (recomputing a minute replaces it).
 
-use super::StoreError;
+use super::backend::Backend;
+use super::{SqlStore, StoreError};
+use async_trait::async_trait;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -232,6 +234,31 @@ pub async fn postgres(pool: &sqlx::PgPool, job: &str) -> Result<Option<Lease>, S
             _release: release.drop_guard(),
         }),
     )))
+}
+
+/// Who runs the background jobs when several collectors share a database.
+#[async_trait]
+pub trait JobLeases: Send + Sync + std::fmt::Debug {
+    /// Whether several collectors may share this database (PostgreSQL: `true`), so each
+    /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
+    /// `false`, one collector per file.
+    fn shared(&self) -> bool;
+
+    /// The lease of a background job: `Some` when this caller may run `job` now, `None`
+    /// while someone else (another collector on the same database) holds it. Run jobs
+    /// through [`crate::accounting::leader::spawn`] rather than calling this directly.
+    async fn try_lead(&self, job: &str) -> Result<Option<Lease>, StoreError>;
+}
+
+#[async_trait]
+impl<DB: Backend> JobLeases for SqlStore<DB> {
+    fn shared(&self) -> bool {
+        DB::SHARED
+    }
+
+    async fn try_lead(&self, job: &str) -> Result<Option<Lease>, StoreError> {
+        DB::try_lead(self, job).await
+    }
 }
 
 #[cfg(test)]

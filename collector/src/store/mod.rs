@@ -1,10 +1,15 @@
-//! The store boundary: everything the collector keeps on disk goes through [`Store`].
+//! The store boundary: everything the collector keeps on disk goes through it, and only
+//! this module knows SQL.
 //!
-//! Only this module knows SQL. Callers hold an `Arc<dyn Store>` and speak in domain types
-//! (`gpufleet_core` samples, [`NodeRecord`], [`GpuMetric`]); the SQLite implementation lives in
-//! [`sqlite`], the PostgreSQL one (array binds with UNNEST on the write path, raw tables
-//! partitioned by day) in [`postgres`]. `tests/store_contract.rs` is the contract every
-//! implementation must pass.
+//! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
+//! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
+//! [`CarbonStore`], [`JobLeases`]; [`Store`] is all of them. Components take the traits
+//! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
+//! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
+//! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
+//! what differs: opening, the tuned group commits (`write.rs` is what they share), SQLite's
+//! write queue, PostgreSQL's day partitions and leases. `tests/it/store_contract.rs` is the
+//! contract both backends pass.
 //!
 //! Invariants every implementation keeps:
 //! - **Absent is not zero**: a `None` is stored as NULL and read back as `None`.
@@ -15,25 +20,36 @@
 //!   batch is left out of the write and reported in [`WriteOutcome::conflicts`] (never
 //!   silently dropped while the batch is acked).
 //! - **A GPU belongs to the node that registered it**: another node's Hello naming it is
-//!   refused ([`StoreError::GpuOwned`]); only [`Store::rehome_gpu`] moves it.
-//! - **One transaction per [`Store::write_batches`] call**: either every batch in it is
+//!   refused ([`StoreError::GpuOwned`]); only [`IngestWrites::rehome_gpu`] moves it.
+//! - **One transaction per [`IngestWrites::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
+mod backend;
 pub mod carbon;
 pub mod energy;
+mod fleet;
+mod follow;
 pub mod lease;
 pub mod postgres;
 pub mod rollup;
+mod rows;
 pub mod sqlite;
+mod write;
+
+pub use backend::{Backend, Dialect};
+pub use carbon::CarbonStore;
+pub use energy::EnergyStore;
+pub use fleet::{FleetReads, IngestWrites, TokenStore};
+pub use lease::JobLeases;
+pub use rollup::RollupStore;
 
 use async_trait::async_trait;
-use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, Event, GpuInfo, GpuSample, HostInfo, HostSample, Inventory, NvLinkSample,
-    ProcessSample, SamplerCost, Tick, UnixMs,
+    ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use thiserror::Error;
 
 /// A node's id in the store. Issued by the store; opaque to everyone else.
@@ -180,7 +196,7 @@ pub struct NodeKeys {
     pub gpus: HashMap<String, GpuId>,
 }
 
-/// A validated batch and the node it came from: the unit [`Store::write_batches`] takes.
+/// A validated batch and the node it came from: the unit [`IngestWrites::write_batches`] takes.
 #[derive(Debug, Clone)]
 pub struct NodeBatch {
     /// Shared by every batch of one session.
@@ -200,7 +216,7 @@ impl NodeBatch {
     }
 }
 
-/// What a successful [`Store::write_batches`] did.
+/// What a successful [`IngestWrites::write_batches`] did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WriteOutcome {
     /// GPU samples newly inserted per node (replayed rows are not counted).
@@ -210,7 +226,7 @@ pub struct WriteOutcome {
     pub conflicts: Vec<BatchConflict>,
 }
 
-/// A batch [`Store::write_batches`] did not write: a GPU sample or host row of it has the
+/// A batch [`IngestWrites::write_batches`] did not write: a GPU sample or host row of it has the
 /// key of a stored one with other values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchConflict {
@@ -220,7 +236,7 @@ pub struct BatchConflict {
     pub reason: String,
 }
 
-/// What [`Store::rehome_gpu`] did.
+/// What [`IngestWrites::rehome_gpu`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rehomed {
     /// The GPU now belongs to the node; `from` is the node it belonged to.
@@ -231,199 +247,6 @@ pub enum Rehomed {
     UnknownGpu,
     /// No node has that name.
     UnknownNode,
-}
-
-/// One GPU sample a write tried to store, with where it came from: what the conflict
-/// check compares with the stored row of the same key.
-#[derive(Debug)]
-pub(crate) struct IncomingGpuRow<'b> {
-    /// Index of its batch in the write.
-    pub batch: usize,
-    pub gpu: i64,
-    pub ts: UnixMs,
-    pub sample: &'b GpuSample,
-}
-
-/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
-pub(crate) fn incoming_gpu_rows<'b>(
-    batches: &'b [NodeBatch],
-    skip: &std::collections::HashSet<usize>,
-    want: impl Fn(i64) -> bool,
-) -> Vec<IncomingGpuRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
-        for t in &nb.batch.ticks {
-            for s in &t.gpus {
-                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
-                    && want(gpu.0)
-                {
-                    out.push(IncomingGpuRow {
-                        batch: i,
-                        gpu: gpu.0,
-                        ts: t.time_ms,
-                        sample: s,
-                    });
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Per series id (GPU or node), the time span of `keys`: what the conflict check reads
-/// back.
-pub(crate) fn spans(keys: impl Iterator<Item = (i64, UnixMs)>) -> Vec<(i64, UnixMs, UnixMs)> {
-    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
-    for (id, ts) in keys {
-        let span = spans.entry(id).or_insert((ts, ts));
-        span.0 = span.0.min(ts);
-        span.1 = span.1.max(ts);
-    }
-    spans.into_iter().map(|(id, (a, b))| (id, a, b)).collect()
-}
-
-/// One host row (host metrics and sampler cost of a tick) a write tried to store.
-#[derive(Debug)]
-pub(crate) struct IncomingHostRow<'b> {
-    /// Index of its batch in the write.
-    pub batch: usize,
-    pub node: i64,
-    pub ts: UnixMs,
-    /// As the store keeps it: absent when every host metric is absent.
-    pub sample: Option<HostSample>,
-    /// As the store keeps it: absent when it has no figure.
-    pub cost: Option<&'b SamplerCost>,
-}
-
-/// The host rows of `batches` (except the `skip`ped ones), in batch order.
-pub(crate) fn incoming_host_rows<'b>(
-    batches: &'b [NodeBatch],
-    skip: &std::collections::HashSet<usize>,
-) -> Vec<IncomingHostRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
-        for t in &nb.batch.ticks {
-            let sample = t.host.clone().filter(|h| *h != HostSample::default());
-            let cost = t.cost.as_ref().filter(|c| {
-                c.cpu_us.is_some()
-                    || c.wall_us.is_some()
-                    || c.source_us.is_some()
-                    || !c.slowest_calls_us.is_empty()
-            });
-            if t.host.is_some() || t.cost.is_some() {
-                out.push(IncomingHostRow {
-                    batch: i,
-                    node: nb.keys.id.0,
-                    ts: t.time_ms,
-                    sample,
-                    cost,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// What a write's conflict check compares: the rows the write tries to store, and the
-/// stored ones with the same keys.
-#[derive(Debug, Default)]
-pub(crate) struct ConflictCheck<'b> {
-    pub gpu: Vec<IncomingGpuRow<'b>>,
-    /// By (GPU id, time).
-    pub stored_gpu: HashMap<(i64, UnixMs), GpuSample>,
-    pub host: Vec<IncomingHostRow<'b>>,
-    /// By (node id, time).
-    pub stored_host: HashMap<(i64, UnixMs), HostRow>,
-}
-
-/// Write rounds before giving up on settling conflicts (a round redoes the write when a
-/// concurrent writer stored conflicting rows between its check and its inserts).
-pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
-
-/// The batches that conflict, given the stored rows in `check`. Batches are taken in
-/// arrival order, as if written one by one: a batch conflicts when one of its GPU samples
-/// or host rows differs from the stored one or from one of an earlier accepted batch; an
-/// accepted batch's rows join the known ones. Read before the write's inserts this
-/// decides; read after them it tells whether every skipped row was a replay (then
-/// nothing conflicts).
-pub(crate) fn find_conflicts(
-    batches: &[NodeBatch],
-    check: ConflictCheck<'_>,
-) -> Vec<BatchConflict> {
-    let ConflictCheck {
-        gpu,
-        stored_gpu: mut known_gpu,
-        host,
-        stored_host: mut known_host,
-    } = check;
-    let mut out: Vec<BatchConflict> = Vec::new();
-    let (mut gpu_runs, mut host_runs) = (
-        gpu.chunk_by(|a, b| a.batch == b.batch).peekable(),
-        host.chunk_by(|a, b| a.batch == b.batch).peekable(),
-    );
-    loop {
-        let next = match (gpu_runs.peek(), host_runs.peek()) {
-            (Some(g), Some(h)) => g[0].batch.min(h[0].batch),
-            (Some(g), None) => g[0].batch,
-            (None, Some(h)) => h[0].batch,
-            (None, None) => break,
-        };
-        let g_run = gpu_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
-        let h_run = host_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
-        let gpu_differs = g_run.iter().find(|r| {
-            known_gpu.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
-                // A stored row carries no UUID: compare everything else.
-                s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
-                s != r.sample
-            })
-        });
-        let host_differs = h_run.iter().find(|r| {
-            known_host
-                .get(&(r.node, r.ts))
-                .is_some_and(|s| s.sample != r.sample || s.cost.as_ref() != r.cost)
-        });
-        let name = &batches[next].keys.name;
-        let reason = match (gpu_differs, host_differs) {
-            (Some(r), _) => format!(
-                "GPU {} at {} ms is already stored with other values (another agent writing \
-                 as node {name:?}, or the node's clock went back); a replay must resend what \
-                 was sent",
-                r.sample.gpu_uuid, r.ts
-            ),
-            (None, Some(r)) => format!(
-                "the host sample of node {name:?} at {} ms is already stored with other \
-                 values (another agent writing as the node, or its clock went back); a \
-                 replay must resend what was sent",
-                r.ts
-            ),
-            (None, None) => {
-                for r in g_run {
-                    known_gpu
-                        .entry((r.gpu, r.ts))
-                        .or_insert_with(|| r.sample.clone());
-                }
-                for r in h_run {
-                    known_host.entry((r.node, r.ts)).or_insert_with(|| HostRow {
-                        time_ms: r.ts,
-                        sample: r.sample.clone(),
-                        cost: r.cost.cloned(),
-                    });
-                }
-                continue;
-            }
-        };
-        out.push(BatchConflict {
-            index: next,
-            reason,
-        });
-    }
-    out
 }
 
 /// The newest stored sample of one GPU, with the processes seen at that tick.
@@ -461,112 +284,66 @@ pub struct TimeRange {
     pub to_ms: UnixMs,
 }
 
-/// The numeric per-GPU metrics a time series can be asked for. The names are the
-/// `GpuSample` field names (and the API's `metric=` values); the mapping to storage is the
-/// store's business, so user input never reaches SQL. `throttle_reasons` is a bit mask and
-/// is not a series (an average of masks means nothing).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GpuMetric {
-    UtilGpuPct,
-    UtilMemPct,
-    MemUsedBytes,
-    MemTotalBytes,
-    MemReservedBytes,
-    PowerMw,
-    PowerInstantMw,
-    PowerLimitMw,
-    EnergyMj,
-    TempGpuC,
-    TempMemC,
-    FanPct,
-    ClockSmMhz,
-    ClockMemMhz,
-    ClockGraphicsMhz,
-    Pstate,
-    PcieTxBps,
-    PcieRxBps,
-    NvlinkTxBps,
-    NvlinkRxBps,
-    EccCorrectedVolatile,
-    EccUncorrectedVolatile,
-    EncUtilPct,
-    DecUtilPct,
+/// Defines [`GpuMetric`]: each metric's variant, name and unit, in storage order.
+macro_rules! gpu_metrics {
+    ($count:literal; $($variant:ident $name:literal $unit:literal,)*) => {
+        /// The numeric per-GPU metrics a time series can be asked for. The names are the
+        /// `GpuSample` field names (and the API's `metric=` values); the mapping to storage
+        /// is the store's business, so user input never reaches SQL. `throttle_reasons` is a
+        /// bit mask and is not a series (an average of masks means nothing).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum GpuMetric {
+            $($variant,)*
+        }
+
+        impl GpuMetric {
+            pub const ALL: [GpuMetric; $count] = [$(GpuMetric::$variant,)*];
+
+            /// The metric's name: the `GpuSample` field and the API's `metric=` value.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(GpuMetric::$variant => $name,)*
+                }
+            }
+
+            /// The unit of the metric's values.
+            pub fn unit(self) -> &'static str {
+                match self {
+                    $(GpuMetric::$variant => $unit,)*
+                }
+            }
+        }
+    };
 }
 
+gpu_metrics!(24;
+    UtilGpuPct "util_gpu_pct" "percent",
+    UtilMemPct "util_mem_pct" "percent",
+    MemUsedBytes "mem_used_bytes" "bytes",
+    MemTotalBytes "mem_total_bytes" "bytes",
+    MemReservedBytes "mem_reserved_bytes" "bytes",
+    PowerMw "power_mw" "milliwatts",
+    PowerInstantMw "power_instant_mw" "milliwatts",
+    PowerLimitMw "power_limit_mw" "milliwatts",
+    EnergyMj "energy_mj" "millijoules",
+    TempGpuC "temp_gpu_c" "celsius",
+    TempMemC "temp_mem_c" "celsius",
+    FanPct "fan_pct" "percent",
+    ClockSmMhz "clock_sm_mhz" "megahertz",
+    ClockMemMhz "clock_mem_mhz" "megahertz",
+    ClockGraphicsMhz "clock_graphics_mhz" "megahertz",
+    Pstate "pstate" "pstate",
+    PcieTxBps "pcie_tx_bps" "bytes_per_second",
+    PcieRxBps "pcie_rx_bps" "bytes_per_second",
+    NvlinkTxBps "nvlink_tx_bps" "bytes_per_second",
+    NvlinkRxBps "nvlink_rx_bps" "bytes_per_second",
+    EccCorrectedVolatile "ecc_corrected_volatile" "errors",
+    EccUncorrectedVolatile "ecc_uncorrected_volatile" "errors",
+    EncUtilPct "enc_util_pct" "percent",
+    DecUtilPct "dec_util_pct" "percent",
+);
+
 impl GpuMetric {
-    pub const ALL: [GpuMetric; 24] = [
-        GpuMetric::UtilGpuPct,
-        GpuMetric::UtilMemPct,
-        GpuMetric::MemUsedBytes,
-        GpuMetric::MemTotalBytes,
-        GpuMetric::MemReservedBytes,
-        GpuMetric::PowerMw,
-        GpuMetric::PowerInstantMw,
-        GpuMetric::PowerLimitMw,
-        GpuMetric::EnergyMj,
-        GpuMetric::TempGpuC,
-        GpuMetric::TempMemC,
-        GpuMetric::FanPct,
-        GpuMetric::ClockSmMhz,
-        GpuMetric::ClockMemMhz,
-        GpuMetric::ClockGraphicsMhz,
-        GpuMetric::Pstate,
-        GpuMetric::PcieTxBps,
-        GpuMetric::PcieRxBps,
-        GpuMetric::NvlinkTxBps,
-        GpuMetric::NvlinkRxBps,
-        GpuMetric::EccCorrectedVolatile,
-        GpuMetric::EccUncorrectedVolatile,
-        GpuMetric::EncUtilPct,
-        GpuMetric::DecUtilPct,
-    ];
-
-    /// The metric's name: the `GpuSample` field and the API's `metric=` value.
-    pub fn name(self) -> &'static str {
-        match self {
-            GpuMetric::UtilGpuPct => "util_gpu_pct",
-            GpuMetric::UtilMemPct => "util_mem_pct",
-            GpuMetric::MemUsedBytes => "mem_used_bytes",
-            GpuMetric::MemTotalBytes => "mem_total_bytes",
-            GpuMetric::MemReservedBytes => "mem_reserved_bytes",
-            GpuMetric::PowerMw => "power_mw",
-            GpuMetric::PowerInstantMw => "power_instant_mw",
-            GpuMetric::PowerLimitMw => "power_limit_mw",
-            GpuMetric::EnergyMj => "energy_mj",
-            GpuMetric::TempGpuC => "temp_gpu_c",
-            GpuMetric::TempMemC => "temp_mem_c",
-            GpuMetric::FanPct => "fan_pct",
-            GpuMetric::ClockSmMhz => "clock_sm_mhz",
-            GpuMetric::ClockMemMhz => "clock_mem_mhz",
-            GpuMetric::ClockGraphicsMhz => "clock_graphics_mhz",
-            GpuMetric::Pstate => "pstate",
-            GpuMetric::PcieTxBps => "pcie_tx_bps",
-            GpuMetric::PcieRxBps => "pcie_rx_bps",
-            GpuMetric::NvlinkTxBps => "nvlink_tx_bps",
-            GpuMetric::NvlinkRxBps => "nvlink_rx_bps",
-            GpuMetric::EccCorrectedVolatile => "ecc_corrected_volatile",
-            GpuMetric::EccUncorrectedVolatile => "ecc_uncorrected_volatile",
-            GpuMetric::EncUtilPct => "enc_util_pct",
-            GpuMetric::DecUtilPct => "dec_util_pct",
-        }
-    }
-
-    /// The unit of the metric's values.
-    pub fn unit(self) -> &'static str {
-        use GpuMetric::*;
-        match self {
-            UtilGpuPct | UtilMemPct | FanPct | EncUtilPct | DecUtilPct => "percent",
-            MemUsedBytes | MemTotalBytes | MemReservedBytes => "bytes",
-            PowerMw | PowerInstantMw | PowerLimitMw => "milliwatts",
-            EnergyMj => "millijoules",
-            TempGpuC | TempMemC => "celsius",
-            ClockSmMhz | ClockMemMhz | ClockGraphicsMhz => "megahertz",
-            Pstate => "pstate",
-            PcieTxBps | PcieRxBps | NvlinkTxBps | NvlinkRxBps => "bytes_per_second",
-            EccCorrectedVolatile | EccUncorrectedVolatile => "errors",
-        }
-    }
-
     /// Looks a metric up by its name.
     pub fn parse(name: &str) -> Option<GpuMetric> {
         GpuMetric::ALL.into_iter().find(|m| m.name() == name)
@@ -577,397 +354,266 @@ impl GpuMetric {
 /// metric was absent in that sample or in every sample of the bucket).
 pub type SeriesPoint = (UnixMs, Option<f64>);
 
-/// The storage boundary. Implementations: [`sqlite::SqliteStore`], [`postgres::PgStore`].
+/// The whole store: every concept's trait, and the store's own lifecycle. `main` opens one
+/// ([`open`]) and hands each component the traits it uses (`Arc<dyn IngestWrites>` to the
+/// writer, `Arc<dyn EnergyStore>` to the accountant, ...), so a test can fake just those.
+/// Implementations: [`sqlite::SqliteStore`], [`postgres::PgStore`].
 ///
 /// All methods are cancel-safe in the sense that dropping a pending write rolls its
 /// transaction back; nothing is half-written.
 #[async_trait]
-pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+pub trait Store:
+    IngestWrites
+    + FleetReads
+    + TokenStore
+    + EnergyStore
+    + RollupStore
+    + CarbonStore
+    + JobLeases
+    + std::fmt::Debug
+    + 'static
+{
     /// The backend's name as `/api/v1/health` reports it: `"sqlite"`, `"postgres"`.
     fn backend(&self) -> &'static str;
 
     /// A trivial query, to tell whether the database answers.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Creates or updates a node and its GPUs from a Hello (`now_ms` is the collector's
-    /// clock) and returns the node as stored. A GPU UUID registered by another node is
-    /// refused with [`StoreError::GpuOwned`] and nothing is changed: a GPU moves only by
-    /// [`Store::rehome_gpu`].
-    async fn register_node(
-        &self,
-        hello: &HelloInfo,
-        inventory: &Inventory,
-        now_ms: UnixMs,
-    ) -> Result<NodeRecord, StoreError>;
-
-    /// Writes validated batches in one transaction and commits. Rows already stored with
-    /// the same values (a replay) are left as they are; a batch with a GPU sample or host
-    /// row whose key is stored with other values is left out whole and listed in
-    /// [`WriteOutcome::conflicts`]. Per node, `last_seen_ms` and `last_acked_seq` become
-    /// the maximum of the stored and the new values, and the delivery stats are taken from
-    /// the highest seq.
-    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError>;
-
-    /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
-    /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
-    /// list of their Hello: the new owner's agent writes it from its next Hello.
-    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError>;
-
-    /// Every node with its inventory, by name.
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
-
-    /// The newest sample of every GPU that has one (seeds the live state at start-up).
-    async fn latest_gpu_samples(&self) -> Result<Vec<LatestGpu>, StoreError>;
-
-    /// The newest host row of every node that has one.
-    async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError>;
-
-    /// A GPU's samples in `range`, oldest first, at most `limit`.
-    async fn gpu_samples(
-        &self,
-        gpu: GpuId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError>;
-
-    /// A GPU's process samples in `range`, by time then pid, at most `limit`.
-    async fn process_samples(
-        &self,
-        gpu: GpuId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError>;
-
-    /// A node's host rows in `range`, oldest first, at most `limit`.
-    async fn host_samples(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<HostRow>, StoreError>;
-
-    /// A node's events in `range`, oldest first, at most `limit`.
-    async fn events(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError>;
-
-    /// One metric of one GPU over `range`. Without `step_ms`: every sample, oldest first.
-    /// With it: the average per bucket `[k*step, (k+1)*step)`, timestamped with the bucket
-    /// start; buckets without samples are omitted. At most `limit` points (callers ask for
-    /// one more than they accept, to detect "too many").
-    async fn gpu_series(
-        &self,
-        gpu: GpuId,
-        metric: GpuMetric,
-        range: TimeRange,
-        step_ms: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<SeriesPoint>, StoreError>;
-
     /// Flushes and closes connections. Further calls fail.
     async fn close(&self);
+}
 
-    /// Stores a new agent token (its id, node and secret hash).
-    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError>;
-
-    /// Every agent token, revoked ones included, oldest first.
-    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError>;
-
-    /// The agent token with this id, if any.
-    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError>;
-
-    /// Marks a token revoked at `now_ms`. Returns false when no valid token has this id.
-    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
-
-    // ---------------------------------------------------------------- energy (issue 6)
-
-    /// Every GPU with its node, model, sample span and accounting watermark.
-    async fn energy_gpus(&self) -> Result<Vec<energy::EnergyGpu>, StoreError>;
-
-    /// A GPU's samples in `[from_ms, to_ms)` with their processes, and the sample before.
-    async fn energy_inputs(
-        &self,
-        gpu: GpuId,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-    ) -> Result<energy::EnergyInputs, StoreError>;
-
-    /// [`Store::energy_inputs`] of many ranges (one per GPU) in a few queries, whatever
-    /// their number: the accountant's per-pass reads at fleet scale. Answers in order.
-    async fn energy_inputs_many(
-        &self,
-        ranges: &[energy::EnergyRange],
-    ) -> Result<Vec<energy::EnergyInputs>, StoreError>;
-
-    /// [`Store::energy_learned_before`] of many GPUs (each before its range's `from_ms`)
-    /// in one query. Answers in order.
-    async fn energy_learned_before_many(
-        &self,
-        ranges: &[energy::EnergyRange],
-    ) -> Result<Vec<(u64, i64)>, StoreError>;
-
-    /// The time of a GPU's first sample at or after `at_ms`.
-    async fn next_sample_ms(&self, gpu: GpuId, at_ms: UnixMs)
-    -> Result<Option<UnixMs>, StoreError>;
-
-    /// The idle-baseline evidence (mJ, ms) carried by a GPU's newest stored minute before
-    /// `before_ms`; (0, 0) without one.
-    async fn energy_learned_before(
-        &self,
-        gpu: GpuId,
-        before_ms: UnixMs,
-    ) -> Result<(u64, i64), StoreError>;
-
-    /// Per GPU with energy minutes: the baseline of its newest minute, where it came
-    /// from, and the evidence it carries.
-    async fn energy_baselines(&self) -> Result<Vec<energy::GpuBaseline>, StoreError>;
-
-    /// In one transaction: replaces a GPU's minutes in `[from_ms, to_ms)` with `minutes`,
-    /// and raises its watermark to `done_to_ms` (never lowers it).
-    async fn replace_energy_minutes(
-        &self,
-        gpu: GpuId,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-        minutes: &[crate::accounting::energy::GpuMinute],
-        done_to_ms: Option<UnixMs>,
-    ) -> Result<(), StoreError>;
-
-    /// [`Store::replace_energy_minutes`] of many GPUs, all in one transaction.
-    async fn replace_energy_minutes_many(
-        &self,
-        batch: &[energy::MinuteReplacement],
-    ) -> Result<(), StoreError>;
-
-    /// Stored minutes (with their workload rows) in `range`, of one GPU or all.
-    async fn energy_minutes(
-        &self,
-        gpu: Option<GpuId>,
-        range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError>;
-
-    /// Minutes before the watermark whose stored sample count differs from the raw
-    /// samples' (late or replayed data since they were computed), from `since_ms` on.
-    async fn stale_energy_minutes(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError>;
-
-    /// Energy per (workload, GPU) over the minutes in `range`; optionally one node's
-    /// GPUs, or one workload (by `Workload::key()`).
-    async fn workload_energy(
-        &self,
-        range: TimeRange,
-        node: Option<&str>,
-        workload_key: Option<&str>,
-    ) -> Result<Vec<energy::WorkloadEnergy>, StoreError>;
-
-    /// One workload's energy per minute (all GPUs) in `range`.
-    async fn workload_energy_series(
-        &self,
-        workload_key: &str,
-        range: TimeRange,
-    ) -> Result<Vec<energy::WorkloadEnergyPoint>, StoreError>;
-
-    /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
-    async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<energy::GpuEnergy>, StoreError>;
-
-    // ---- retention and rollups (issue 8)
-
-    /// Every GPU and every node's host series, with its raw sample span and rollup
-    /// watermark.
-    async fn rollup_cursors(&self) -> Result<Vec<rollup::RollupCursor>, StoreError>;
-
-    /// In one transaction: recomputes the rollup minutes of `key` in `[from_ms, to_ms)`
-    /// (minute-aligned) from raw samples (a minute left without samples loses its row), and
-    /// raises the watermark to `done_to_ms` (never lowers it). Minutes before the series'
-    /// raw horizon are left as they are. Returns the minutes written.
-    async fn replace_rollups(
-        &self,
-        key: rollup::RollupKey,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-        done_to_ms: Option<UnixMs>,
-    ) -> Result<usize, StoreError>;
-
-    /// Minutes before the rollup watermark, and at or after the raw horizon, whose stored
-    /// sample count differs from the raw samples' (late data), from `since_ms` on.
-    async fn stale_rollup_minutes(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<(rollup::RollupKey, UnixMs)>, StoreError>;
-
-    /// The stored rollup minutes of one series whose start is in `range`, oldest first.
-    async fn rollup_minutes(
-        &self,
-        key: rollup::RollupKey,
-        range: TimeRange,
-    ) -> Result<Vec<rollup::RollupMinute>, StoreError>;
-
-    /// One metric of one GPU from the rollups: per bucket `[k*step, (k+1)*step)` of whole
-    /// minutes (`step_ms` is at least 60 s; the minutes from the one holding `from` to
-    /// `to`), the average over the raw samples that had the metric (`None` if none had
-    /// it); buckets without minutes are omitted. At most `limit` points.
-    async fn gpu_rollup_series(
-        &self,
-        gpu: GpuId,
-        metric: GpuMetric,
-        range: TimeRange,
-        step_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<SeriesPoint>, StoreError>;
-
-    /// A node's host metrics from the rollups, bucketed like [`Store::gpu_rollup_series`]:
-    /// `(bucket start, values in rollup::HOST_METRICS order)`.
-    async fn host_rollup_series(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        step_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError>;
-
-    /// The raw horizon of every series that has one: its raw samples are complete from
-    /// there on; minutes before it are never recomputed (rollups, energy, checks).
-    async fn raw_horizons(&self) -> Result<HashMap<rollup::RollupKey, UnixMs>, StoreError>;
-
-    /// Retention of raw data: deletes GPU, process and host samples older than
-    /// `cutoff_ms`, per series only behind its rollup watermark and (GPUs) its energy
-    /// watermark, at a minute boundary (the raw horizon, raised and committed before
-    /// anything is deleted). A GPU keeps its newest sample before the horizon (the start
-    /// of the horizon minute's first interval). At most about `batch_rows` rows per
-    /// transaction. PostgreSQL may drop whole day partitions instead.
-    async fn expire_raw_before(
-        &self,
-        cutoff_ms: UnixMs,
-        batch_rows: usize,
-    ) -> Result<rollup::RetentionOutcome, StoreError>;
-
-    /// Retention of rollups: deletes rollup minutes, energy minutes and events older than
-    /// `cutoff_ms`, at most about `batch_rows` rows per transaction.
-    async fn expire_rollups_before(
-        &self,
-        cutoff_ms: UnixMs,
-        batch_rows: usize,
-    ) -> Result<rollup::RetentionOutcome, StoreError>;
-
-    // ---- carbon (issue 7)
-
-    /// Caches intensity slots (key: provider, region, slot start). An existing actual is
-    /// never replaced by a forecast; otherwise the newer fetch wins.
-    async fn upsert_intensity(
-        &self,
-        slots: &[gpufleet_carbon::IntensitySlot],
-    ) -> Result<(), StoreError>;
-
-    /// Cached slots of a provider and region overlapping `range`, oldest first.
-    async fn intensity_slots(
-        &self,
-        provider: gpufleet_carbon::ProviderKind,
-        region: &str,
-        range: TimeRange,
-    ) -> Result<Vec<gpufleet_carbon::IntensitySlot>, StoreError>;
-
-    /// The newest cached slot of a provider and region starting at or before `at_ms`.
-    async fn last_intensity_before(
-        &self,
-        provider: gpufleet_carbon::ProviderKind,
-        region: &str,
-        at_ms: UnixMs,
-    ) -> Result<Option<gpufleet_carbon::IntensitySlot>, StoreError>;
-
-    /// Energy minutes from `since_ms` on that need pricing: no price, a price of other
-    /// energy, or a forecast / estimated price. Oldest first, at most `limit`.
-    async fn pending_carbon_minutes(
-        &self,
-        since_ms: UnixMs,
-        limit: usize,
-    ) -> Result<Vec<carbon::PendingCarbonMinute>, StoreError>;
-
-    /// Writes (replaces) prices of GPU-minutes, in one transaction.
-    async fn replace_carbon_minutes(
-        &self,
-        minutes: &[carbon::CarbonMinute],
-    ) -> Result<(), StoreError>;
-
-    /// Stored prices in `range`, of one GPU or all, by GPU then minute.
-    async fn carbon_minutes(
-        &self,
-        gpu: Option<GpuId>,
-        range: TimeRange,
-    ) -> Result<Vec<carbon::CarbonMinute>, StoreError>;
-
-    /// Carbon per (workload, GPU) over the minutes in `range`: each workload-minute's
-    /// energy priced at its GPU-minute's intensity and PUE. Filters as `workload_energy`.
-    async fn workload_carbon(
-        &self,
-        range: TimeRange,
-        node: Option<&str>,
-        workload_key: Option<&str>,
-    ) -> Result<Vec<carbon::WorkloadCarbon>, StoreError>;
-
-    /// Carbon per GPU over the minutes in `range` (GPUs with priced minutes only).
-    async fn gpu_carbon(&self, range: TimeRange) -> Result<Vec<carbon::GpuCarbon>, StoreError>;
-
-    // ---- several collectors (issue 8)
-
-    /// Whether several collectors may share this database (PostgreSQL: `true`), so each
-    /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
-    /// `false`, one collector per file.
-    fn shared(&self) -> bool;
-
-    /// The lease of a background job ([`lease`]): `Some` when this caller may run `job`
-    /// now, `None` while someone else (another collector on the same database) holds it.
-    /// Run jobs through [`crate::accounting::leader::spawn`] rather than calling this directly.
-    async fn try_lead(&self, job: &str) -> Result<Option<lease::Lease>, StoreError>;
-
-    /// A node's stored ticks in `range` (GPU samples with their processes, host row,
-    /// events), oldest first, the newest `limit` at most: what another collector committed,
-    /// for the live state ([`crate::live::follow`]). The default composes the per-GPU reads;
-    /// a backend may answer it in fewer queries.
-    async fn node_ticks(
-        &self,
-        node: &NodeRecord,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<Tick>, StoreError> {
-        let mut gpus = Vec::new();
-        let mut processes = Vec::new();
-        for g in &node.gpus {
-            gpus.extend(self.gpu_samples(g.id, range, limit).await?);
-            // Processes per GPU per tick are few; the range is what bounds the read.
-            processes.extend(
-                self.process_samples(g.id, range, limit.saturating_mul(256))
-                    .await?,
-            );
-        }
-        let hosts = self.host_samples(node.id, range, limit).await?;
-        let events = self.events(node.id, range, limit).await?;
-        Ok(assemble_ticks(gpus, processes, hosts, events, limit))
+#[async_trait]
+impl<DB: Backend> Store for SqlStore<DB> {
+    fn backend(&self) -> &'static str {
+        DB::BACKEND
     }
 
-    /// Many nodes' stored ticks at once: for each `(node, range)` of `wanted`, in order,
-    /// what [`Store::node_ticks`] answers for it. The follower asks this every period for
-    /// all the nodes other collectors wrote; the backends answer it in a constant number
-    /// of queries, whatever the number of nodes. The default asks node by node.
-    async fn nodes_ticks(
-        &self,
-        wanted: &[(&NodeRecord, TimeRange)],
-        limit: usize,
-    ) -> Result<Vec<Vec<Tick>>, StoreError> {
-        let mut out = Vec::with_capacity(wanted.len());
-        for (node, range) in wanted {
-            out.push(self.node_ticks(node, *range, limit).await?);
-        }
-        Ok(out)
+    async fn ping(&self) -> Result<(), StoreError> {
+        backend::sql::<DB>("ping the database", "SELECT 1")
+            .execute(&mut *self.conn().await?)
+            .await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
     }
 }
 
+/// The store on a SQL database: every query written once over [`Backend`] (SQLite or
+/// PostgreSQL), the backends' own hot paths behind its hooks. [`sqlite::SqliteStore`] and
+/// [`postgres::PgStore`] are its two instances.
+#[derive(Debug)]
+pub struct SqlStore<DB: Backend> {
+    pool: sqlx::Pool<DB>,
+    /// Workload id per workload (all fields, so that a variant carrying new names is
+    /// upserted once and its names stored). Only committed ids enter it: an id from a
+    /// rolled-back transaction could be reused for another workload.
+    workloads: Mutex<HashMap<Workload, i64>>,
+    /// What the backend keeps besides (SQLite: its write queue and lease files;
+    /// PostgreSQL: the days whose partitions exist).
+    local: DB::Local,
+}
+
+/// Workload ids kept in memory; the cache is cleared when it grows past this (the ids are
+/// then fetched again by the next upsert, so clearing only costs a few statements).
+const WORKLOAD_CACHE_MAX: usize = 50_000;
+
+/// A write transaction: on SQLite it holds this process's turn in the write queue until
+/// it ends (see [`Backend::write_gate`]).
+pub(crate) struct WriteTx<'a, DB: Backend> {
+    tx: sqlx::Transaction<'static, DB>,
+    _turn: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
+impl<DB: Backend> WriteTx<'_, DB> {
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.tx
+    }
+
+    pub(crate) async fn commit(self, op: &'static str) -> Result<(), StoreError> {
+        self.tx
+            .commit()
+            .await
+            .map_err(|source| StoreError::Query { op, source })
+    }
+
+    pub(crate) async fn rollback(self) -> Result<(), StoreError> {
+        self.tx
+            .rollback()
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "roll back",
+                source,
+            })
+    }
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    fn new(pool: sqlx::Pool<DB>, local: DB::Local) -> SqlStore<DB> {
+        SqlStore {
+            pool,
+            workloads: Mutex::new(HashMap::new()),
+            local,
+        }
+    }
+
+    /// A connection of the pool, for reads.
+    pub(crate) async fn conn(&self) -> Result<sqlx::pool::PoolConnection<DB>, StoreError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|source| StoreError::Query {
+                op: "acquire a connection",
+                source,
+            })
+    }
+
+    /// Runs a read on a connection of the pool and decodes its rows.
+    pub(crate) async fn fetch<T>(
+        &self,
+        query: backend::Sql<DB>,
+        decode: impl Fn(&DB::Row) -> Result<T, StoreError> + Send,
+    ) -> Result<Vec<T>, StoreError> {
+        let rows = query.all(&mut *self.conn().await?).await?;
+        rows.iter().map(decode).collect()
+    }
+
+    /// Opens a write transaction, after waiting for this process's turn where the backend
+    /// queues writers. Every write transaction of the store starts here.
+    pub(crate) async fn begin_write(
+        &self,
+        op: &'static str,
+    ) -> Result<WriteTx<'_, DB>, StoreError> {
+        let turn = match DB::write_gate(&self.local) {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
+        let tx = match DB::BEGIN_WRITE {
+            Some(begin) => self.pool.begin_with(begin).await,
+            None => self.pool.begin().await,
+        }
+        .map_err(|source| StoreError::Query { op, source })?;
+        Ok(WriteTx { tx, _turn: turn })
+    }
+
+    /// Runs one writing statement as its own transaction (tokens, each retention step), in
+    /// turn; returns the rows it changed.
+    pub(crate) async fn write_one(&self, query: backend::Sql<DB>) -> Result<u64, StoreError> {
+        let _turn = match DB::write_gate(&self.local) {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
+        query.execute(&mut *self.conn().await?).await
+    }
+
+    /// The cached ids of these workloads (`None` where unknown).
+    pub(crate) fn cached_workloads(&self) -> std::sync::MutexGuard<'_, HashMap<Workload, i64>> {
+        self.workloads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers committed workload ids.
+    pub(crate) fn cache_workloads<'w>(
+        &self,
+        ids: impl Iterator<Item = (&'w Workload, Option<i64>)>,
+    ) {
+        let mut cache = self.cached_workloads();
+        let ids: Vec<_> = ids.collect();
+        if cache.len() + ids.len() > WORKLOAD_CACHE_MAX {
+            cache.clear();
+        }
+        for (workload, id) in ids {
+            if let Some(id) = id
+                && !cache.contains_key(workload)
+            {
+                cache.insert(workload.clone(), id);
+            }
+        }
+    }
+}
+
+/// The migrations of a backend's folder (`migrations/sqlite`, `migrations/postgres`),
+/// embedded so an installed binary needs no files beside it; numbered alike on both
+/// backends, so later migrations line up.
+macro_rules! migrations {
+    ($dir:literal) => {
+        &[
+            (
+                1,
+                "init",
+                include_str!(concat!("../../../migrations/", $dir, "/0001_init.sql")),
+            ),
+            (
+                6,
+                "energy",
+                include_str!(concat!("../../../migrations/", $dir, "/0006_energy.sql")),
+            ),
+            (
+                9,
+                "agent tokens",
+                include_str!(concat!(
+                    "../../../migrations/",
+                    $dir,
+                    "/0009_agent_tokens.sql"
+                )),
+            ),
+            (
+                10,
+                "carbon",
+                include_str!(concat!("../../../migrations/", $dir, "/0010_carbon.sql")),
+            ),
+            (
+                11,
+                "rollups",
+                include_str!(concat!("../../../migrations/", $dir, "/0011_rollups.sql")),
+            ),
+            (
+                20,
+                "energy split",
+                include_str!(concat!(
+                    "../../../migrations/",
+                    $dir,
+                    "/0020_energy_split.sql"
+                )),
+            ),
+        ]
+    };
+}
+pub(crate) use migrations;
+
+/// Applies `migrations` (version, description, SQL) that the database has not seen.
+async fn migrate<DB: Backend>(
+    pool: &sqlx::Pool<DB>,
+    migrations: &[(i64, &'static str, &'static str)],
+) -> Result<(), StoreError>
+where
+    DB::Connection: sqlx::migrate::Migrate,
+{
+    use sqlx::SqlSafeStr;
+    use sqlx::migrate::{Migration, MigrationType, Migrator};
+    let migrations = migrations
+        .iter()
+        .map(|&(version, description, sql)| {
+            Migration::new(
+                version,
+                description.into(),
+                MigrationType::Simple,
+                sql.into_sql_str(),
+                false,
+            )
+        })
+        .collect();
+    Migrator::with_migrations(migrations)
+        .run(pool)
+        .await
+        .map_err(StoreError::Migrate)
+}
+
 /// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`
-/// (what [`Store::node_ticks`] returns).
+/// (what [`FleetReads::node_ticks`] returns).
 pub fn assemble_ticks(
     gpus: Vec<(UnixMs, GpuSample)>,
     processes: Vec<(UnixMs, ProcessSample)>,

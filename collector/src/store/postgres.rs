@@ -1,94 +1,60 @@
-//! The PostgreSQL store: the same behaviour as [`super::sqlite`] (the store contract tests
-//! run against both), for sites that run PostgreSQL already and want several collectors
-//! on one database.
+//! The PostgreSQL backend, for sites that run PostgreSQL already and want several
+//! collectors on one database. The queries are shared ([`super::SqlStore`]; the store
+//! contract tests run against both backends); what is here is the connection, day
+//! partitions, advisory-lock leases, and the hand-tuned bulk writes.
 //!
-//! Write path: one transaction per [`Store::write_batches`] call, one statement per table.
-//! Rows go in as arrays, one array per column (`INSERT ... SELECT * FROM UNNEST($1::int8[],
-//! ...) ON CONFLICT DO NOTHING`), so a group commit of any size is a handful of round trips
-//! and the statements' prepared forms never change.
+//! Write path: one transaction per group commit, one statement per table. GPU samples go
+//! in by binary `COPY`; the other rows as arrays, one array per column (`INSERT ...
+//! SELECT * FROM UNNEST($1::int8[], ...) ON CONFLICT DO NOTHING`), so a group commit of
+//! any size is a handful of round trips and the statements' prepared forms never change.
+//! Carbon prices and cached intensities are written the same way.
 //!
 //! The raw sample tables are partitioned by UTC day (`<table>_pYYYYMMDD`). Partitions are
 //! created ahead: today's and tomorrow's at open and by any write on a new day, and any
-//! other day's before the first write that needs it, each under a transaction-scoped advisory lock so collectors racing
-//! to create the same day wait for each other instead of failing. The days known to exist
-//! are cached; a write that finds a partition missing anyway (another collector dropped
-//! it) clears the cache and is redone once. [`PgStore::drop_raw_before`] is retention:
-//! whole partitions are dropped, never rows deleted.
+//! other day's before the first write that needs it, each under a transaction-scoped
+//! advisory lock so collectors racing to create the same day wait for each other instead
+//! of failing. The days known to exist are cached; a write that finds a partition missing
+//! anyway (another collector dropped it) clears the cache and is redone once.
+//! [`PgStore::drop_raw_before`] is retention: whole partitions are dropped, never rows
+//! deleted.
 
+use super::backend::{Backend, Dialect, Value, run};
+use super::carbon::{CarbonMinute, energy_i64};
+use super::lease::{self, Lease};
+use super::rows::to_i64;
+use super::write::{
+    Collected, NodeUpdate, RowSink, WorkloadSlot, collect_rows, conflicts_of, outcome, workload_id,
+};
 use super::{
-    AgentTokenRecord, BatchConflict, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost,
-    NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, Store, StoreError, TimeRange,
-    WriteOutcome, decode_nvlinks, encode_nvlinks, redact_url,
+    BatchConflict, GpuId, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate,
+    migrations, redact_url,
 };
 use async_trait::async_trait;
-use gpufleet_core::wire::HelloInfo;
-use gpufleet_core::{
-    DeliveryStats, Event, EventKind, GpuInfo, GpuSample, HostInfo, HostSample, Inventory,
-    MigInstance, ProcessSample, ProcessType, UnixMs, Workload, WorkloadKind,
-};
-use sqlx::migrate::{Migration, MigrationType, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row, SqlSafeStr};
+use futures::future::BoxFuture;
+use gpufleet_carbon::{IntensityKind, IntensitySlot, ProviderKind};
+use gpufleet_core::{Event, GpuSample, ProcessSample, ProcessType, Tick, UnixMs, Workload};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use tracing::debug;
 
-mod carbon;
-mod energy;
-mod follow;
-mod rollup;
-
-/// The migrations, embedded; numbered as the SQLite ones so later migrations line up.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "init",
-        include_str!("../../../migrations/postgres/0001_init.sql"),
-    ),
-    (
-        6,
-        "energy",
-        include_str!("../../../migrations/postgres/0006_energy.sql"),
-    ),
-    (
-        9,
-        "agent tokens",
-        include_str!("../../../migrations/postgres/0009_agent_tokens.sql"),
-    ),
-    (
-        10,
-        "carbon",
-        include_str!("../../../migrations/postgres/0010_carbon.sql"),
-    ),
-    (
-        11,
-        "rollups",
-        include_str!("../../../migrations/postgres/0011_rollups.sql"),
-    ),
-    (
-        20,
-        "energy split",
-        include_str!("../../../migrations/postgres/0020_energy_split.sql"),
-    ),
-];
-
 /// One UTC day in ms: the span of one raw partition.
 pub const DAY_MS: i64 = 86_400_000;
 /// The partitioned raw tables, all partitioned alike.
 pub const RAW_TABLES: [&str; 3] = ["gpu_samples", "process_samples", "host_samples"];
-/// Workload ids kept in memory (as in SQLite).
-const WORKLOAD_CACHE_MAX: usize = 50_000;
 /// Connections: the writer holds one, HTTP readers and background jobs the rest.
 const MAX_CONNECTIONS: u32 = 8;
 
-/// The PostgreSQL implementation of [`Store`].
+/// The store on PostgreSQL.
+pub type PgStore = SqlStore<Postgres>;
+
+/// What a PostgreSQL store keeps besides its pool.
 #[derive(Debug)]
-pub struct PgStore {
-    pool: PgPool,
-    /// Workload id per workload; only committed ids enter it (see SQLite's).
-    workloads: Mutex<HashMap<Workload, i64>>,
+pub struct PgLocal {
     /// UTC days (`ts_ms.div_euclid(DAY_MS)`) whose partitions exist in every raw table, so
     /// the write path asks the database only for days it has not seen.
     days: Mutex<HashSet<i64>>,
@@ -117,7 +83,7 @@ fn now_ms() -> UnixMs {
         .unwrap_or(0)
 }
 
-impl PgStore {
+impl SqlStore<Postgres> {
     /// Connects to the database `url` names (`postgres://user:password@host:port/db`; a
     /// schema is chosen with `?options=-c%20search_path%3DNAME`), applies the migrations
     /// and creates today's and tomorrow's partitions.
@@ -141,27 +107,13 @@ impl PgStore {
             .connect_with(options)
             .await
             .map_err(open_err)?;
-        let migrations = MIGRATIONS
-            .iter()
-            .map(|&(version, description, sql)| {
-                Migration::new(
-                    version,
-                    description.into(),
-                    MigrationType::Simple,
-                    sql.into_sql_str(),
-                    false,
-                )
-            })
-            .collect();
-        Migrator::with_migrations(migrations)
-            .run(&pool)
-            .await
-            .map_err(StoreError::Migrate)?;
-        let store = PgStore {
+        migrate(&pool, migrations!("postgres")).await?;
+        let store = SqlStore::new(
             pool,
-            workloads: Mutex::new(HashMap::new()),
-            days: Mutex::new(HashSet::new()),
-        };
+            PgLocal {
+                days: Mutex::new(HashSet::new()),
+            },
+        );
         let today = now_ms().div_euclid(DAY_MS);
         store.ensure_days(&[today, today + 1]).await?;
         Ok(store)
@@ -171,7 +123,11 @@ impl PgStore {
     /// when several collectors do it at once).
     pub async fn ensure_days(&self, days: &[i64]) -> Result<(), StoreError> {
         let missing: BTreeSet<i64> = {
-            let known = self.days.lock().unwrap_or_else(PoisonError::into_inner);
+            let known = self
+                .local
+                .days
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             days.iter()
                 .filter(|d| !known.contains(d))
                 .copied()
@@ -200,7 +156,8 @@ impl PgStore {
             }
         }
         tx.commit().await.map_err(q("commit new partitions"))?;
-        self.days
+        self.local
+            .days
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(missing);
@@ -263,7 +220,11 @@ impl PgStore {
             .map_err(q("drop a partition"))?;
         }
         tx.commit().await.map_err(q("commit dropped partitions"))?;
-        let mut days = self.days.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut days = self
+            .local
+            .days
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for p in &old {
             if let Some(from) = p.from_ms {
                 days.remove(&from.div_euclid(DAY_MS));
@@ -288,7 +249,7 @@ impl PgStore {
         let mut checked = false;
         // Copy, then merge, then merge checking conflicts first: only a concurrent writer
         // of the same GPUs could make the checked rounds repeat.
-        for _ in 0..=super::MAX_WRITE_ROUNDS {
+        for _ in 0..=super::write::MAX_WRITE_ROUNDS {
             match self
                 .write_once(batches, path, &mut skip, &mut conflicts, checked)
                 .await
@@ -310,7 +271,7 @@ impl PgStore {
         ))
     }
 
-    /// One attempt at [`Store::write_batches`] without the `skip`ped batches, GPU samples
+    /// One attempt at a group commit without the `skip`ped batches, GPU samples
     /// written the `path` way. When `checked`, the stored rows are compared with the
     /// batches' before anything is inserted, and the conflicting ones join `skip` and
     /// `conflicts`.
@@ -322,35 +283,17 @@ impl PgStore {
         conflicts: &mut Vec<BatchConflict>,
         checked: bool,
     ) -> Result<Attempt, StoreError> {
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(q("begin a write transaction"))?;
-        if checked {
-            let found = conflicts_of(&mut tx, batches, skip, None).await?;
-            skip.extend(found.iter().map(|c| c.index));
-            conflicts.extend(found);
-        }
-        let mut rows = {
-            let cache = self
-                .workloads
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Rows::collect(batches, skip, &cache)?
-        };
-        upsert_workloads(&mut tx, &mut rows.workloads).await?;
+        let mut tx = self.begin_group(batches, skip, conflicts, checked).await?;
+        let mut rows = Rows::default();
+        let Collected {
+            mut nodes,
+            mut workloads,
+        } = collect_rows(batches, skip, &self.cached_workloads(), &mut rows)?;
+        upsert_workloads(tx.conn(), &mut workloads).await?;
         let workload_ids = rows
             .process_slot
             .iter()
-            .map(|&slot| {
-                rows.workloads[slot].id.ok_or_else(|| {
-                    StoreError::Corrupt(format!(
-                        "workload {} has no id",
-                        rows.workloads[slot].workload.key()
-                    ))
-                })
-            })
+            .map(|&slot| workload_id(&workloads[slot]))
             .collect::<Result<Vec<i64>, _>>()?;
         // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
@@ -360,8 +303,8 @@ impl PgStore {
             }
         }
         let per_gpu = match path {
-            GpuPath::Copy => rows.gpu.copy(&mut tx).await?,
-            GpuPath::Merge => rows.gpu.insert(&mut tx).await?,
+            GpuPath::Copy => rows.gpu.copy(tx.conn()).await?,
+            GpuPath::Merge => rows.gpu.insert(tx.conn()).await?,
         };
         // GPUs some of whose samples were skipped: replays, or conflicts.
         for &(gpu, n) in &per_gpu {
@@ -369,75 +312,39 @@ impl PgStore {
                 *g -= n;
             }
         }
-        given.retain(|_, short| *short > 0);
-        rows.process.insert(&mut tx, workload_ids).await?;
+        let short: HashSet<i64> = given
+            .into_iter()
+            .filter(|&(_, short)| short > 0)
+            .map(|(gpu, _)| i64::from(gpu))
+            .collect();
+        rows.process.insert(tx.conn(), workload_ids).await?;
         let host_rows = rows.host.ts.len() as u64;
-        let hosts = rows.host.insert(&mut tx).await?;
-        if (!given.is_empty() || hosts < host_rows)
-            && !conflicts_of(&mut tx, batches, skip, Some(&given))
+        let hosts = rows.host.insert(tx.conn()).await?;
+        if (!short.is_empty() || hosts < host_rows)
+            && !conflicts_of::<Postgres>(tx.conn(), batches, skip, Some(&short))
                 .await?
                 .is_empty()
         {
             // Some skipped rows were not replays: decide which batches conflict before
             // inserting, in a new transaction.
-            tx.rollback().await.map_err(q("roll back"))?;
+            tx.rollback().await?;
             return Ok(Attempt::Recheck);
         }
-        rows.events.insert(&mut tx).await?;
+        rows.events.insert(tx.conn()).await?;
         for (gpu, n) in per_gpu {
             let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
                 StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
             })?;
-            rows.nodes[group].inserted += u64::try_from(n).unwrap_or(0);
+            nodes[group].inserted += u64::try_from(n).unwrap_or(0);
         }
-        update_nodes(&mut tx, &rows.nodes).await?;
-        tx.commit().await.map_err(q("commit"))?;
-        self.cache_workloads(&rows.workloads);
-        let mut outcome = WriteOutcome::default();
-        for node in &rows.nodes {
-            *outcome
-                .inserted_gpu_samples
-                .entry(NodeId(node.id))
-                .or_default() += node.inserted;
-        }
+        update_nodes(tx.conn(), &nodes).await?;
+        tx.commit("commit").await?;
+        self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
+        let outcome = outcome(&nodes);
         Ok(Attempt::Done(outcome))
-    }
-
-    fn cache_workloads(&self, slots: &[WorkloadSlot<'_>]) {
-        let mut cache = self
-            .workloads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if cache.len() + slots.len() > WORKLOAD_CACHE_MAX {
-            cache.clear();
-        }
-        for slot in slots {
-            if let Some(id) = slot.id
-                && !cache.contains_key(slot.workload)
-            {
-                cache.insert(slot.workload.clone(), id);
-            }
-        }
-    }
-
-    async fn load_node(conn: &mut PgConnection, id: NodeId) -> Result<NodeRecord, StoreError> {
-        let row = sqlx::query("SELECT * FROM nodes WHERE id = $1")
-            .bind(id.0)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(q("read a node"))?;
-        let gpus = sqlx::query("SELECT * FROM gpus WHERE node_id = $1 ORDER BY gpu_index, uuid")
-            .bind(id.0)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(q("read a node's GPUs"))?;
-        let mut node = node_from_row(&row)?;
-        node.gpus = gpus.iter().map(gpu_from_row).collect::<Result<_, _>>()?;
-        Ok(node)
     }
 }
 
-/// Serializes partition creation and dropping among collectors on this schema, for the
 /// rest of the transaction.
 async fn lock_partitions(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::query(
@@ -511,56 +418,6 @@ enum Attempt {
     Recheck,
 }
 
-/// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
-/// host rows conflict with the stored ones ([`super::find_conflicts`]).
-async fn conflicts_of(
-    conn: &mut PgConnection,
-    batches: &[NodeBatch],
-    skip: &HashSet<usize>,
-    only: Option<&HashMap<i32, i64>>,
-) -> Result<Vec<BatchConflict>, StoreError> {
-    let mut check = super::ConflictCheck {
-        gpu: super::incoming_gpu_rows(batches, skip, |gpu| {
-            only.is_none_or(|only| i32::try_from(gpu).is_ok_and(|g| only.contains_key(&g)))
-        }),
-        host: super::incoming_host_rows(batches, skip),
-        ..Default::default()
-    };
-    for (gpu, from, to) in super::spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
-        let rows = sqlx::query(
-            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
-             WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
-        )
-        .bind(gpu_i32(gpu)?)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read back GPU samples"))?;
-        for row in &rows {
-            check
-                .stored_gpu
-                .insert((gpu, get(row, "ts_ms")?), gpu_sample_from_row(row)?);
-        }
-    }
-    for (node, from, to) in super::spans(check.host.iter().map(|r| (r.node, r.ts))) {
-        let rows = sqlx::query(
-            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
-        )
-        .bind(node)
-        .bind(from)
-        .bind(to)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read back host samples"))?;
-        for row in &rows {
-            let host = host_from_row(row)?;
-            check.stored_host.insert((node, host.time_ms), host);
-        }
-    }
-    Ok(super::find_conflicts(batches, check))
-}
-
 /// How a write stores its GPU samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GpuPath {
@@ -596,160 +453,23 @@ fn is_missing_partition(e: &StoreError) -> bool {
 }
 
 #[async_trait]
-impl Store for PgStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
+impl Backend for Postgres {
+    const BACKEND: &'static str = "postgres";
+    const DIALECT: Dialect = Dialect::Postgres;
+    const BEGIN_WRITE: Option<&'static str> = None;
+    const SHARED: bool = true;
+    type Local = PgLocal;
+
+    fn write_gate(_: &PgLocal) -> Option<&tokio::sync::Mutex<()>> {
+        None
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(&self.pool)
-            .await
-            .map_err(q("ping the database"))?;
-        Ok(())
-    }
+    run!(Postgres, PgArguments, add_pg);
 
-    async fn register_node(
-        &self,
-        hello: &HelloInfo,
-        inventory: &Inventory,
-        now_ms: UnixMs,
-    ) -> Result<NodeRecord, StoreError> {
-        let labels = serde_json::to_string(&hello.labels)
-            .map_err(|e| StoreError::Corrupt(format!("labels do not serialize: {e}")))?;
-        let mut tx = self.pool.begin().await.map_err(q("begin a transaction"))?;
-        let host = &inventory.host;
-        let node_id: i64 = sqlx::query_scalar(
-            "INSERT INTO nodes (name, labels, agent_version, boot_id, source, interval_ms, \
-               first_seen_ms, last_hello_ms, driver_version, cuda_driver_version, nvml_version, \
-               hostname, kernel, os, cpu_count, memory_total_bytes) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-             ON CONFLICT (name) DO UPDATE SET labels = excluded.labels, \
-               agent_version = excluded.agent_version, boot_id = excluded.boot_id, \
-               source = excluded.source, interval_ms = excluded.interval_ms, \
-               last_hello_ms = excluded.last_hello_ms, driver_version = excluded.driver_version, \
-               cuda_driver_version = excluded.cuda_driver_version, \
-               nvml_version = excluded.nvml_version, hostname = excluded.hostname, \
-               kernel = excluded.kernel, os = excluded.os, cpu_count = excluded.cpu_count, \
-               memory_total_bytes = excluded.memory_total_bytes \
-             RETURNING id",
-        )
-        .bind(hello.node.as_str())
-        .bind(labels)
-        .bind(hello.agent_version.as_str())
-        .bind(hello.boot_id.as_str())
-        .bind(hello.source.as_str())
-        .bind(i64::from(hello.interval_ms))
-        .bind(now_ms)
-        .bind(now_ms)
-        .bind(inventory.driver_version.as_deref())
-        .bind(inventory.cuda_driver_version.as_deref())
-        .bind(inventory.nvml_version.as_deref())
-        .bind(host.hostname.as_str())
-        .bind(host.kernel.as_deref())
-        .bind(host.os.as_deref())
-        .bind(host.cpu_count.map(i64::from))
-        .bind(host.memory_total_bytes.map(to_i64))
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(q("upsert a node"))?;
-
-        // In UUID order, so that two registrations moving the same GPUs cannot deadlock.
-        let mut gpus: Vec<&GpuInfo> = inventory.gpus.iter().collect();
-        gpus.sort_by(|a, b| a.uuid.cmp(&b.uuid));
-        for g in gpus {
-            let mig = serde_json::to_string(&g.mig_instances)
-                .map_err(|e| StoreError::Corrupt(format!("MIG instances do not serialize: {e}")))?;
-            let u = |v: Option<u32>| v.map(i64::from);
-            sqlx::query(
-                "INSERT INTO gpus (node_id, uuid, gpu_index, name, serial, pci_bus_id, \
-                   architecture, brand, memory_total_bytes, power_limit_default_mw, \
-                   power_limit_enforced_mw, power_limit_min_mw, power_limit_max_mw, \
-                   max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz, nvlink_count, \
-                   mig_enabled, compute_mode, persistence_mode, cuda_capability_major, \
-                   cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, \
-                   vbios_version, mig_instances, first_seen_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-                   $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
-                 ON CONFLICT (uuid) DO UPDATE SET \
-                   gpu_index = excluded.gpu_index, name = excluded.name, \
-                   serial = excluded.serial, pci_bus_id = excluded.pci_bus_id, \
-                   architecture = excluded.architecture, brand = excluded.brand, \
-                   memory_total_bytes = excluded.memory_total_bytes, \
-                   power_limit_default_mw = excluded.power_limit_default_mw, \
-                   power_limit_enforced_mw = excluded.power_limit_enforced_mw, \
-                   power_limit_min_mw = excluded.power_limit_min_mw, \
-                   power_limit_max_mw = excluded.power_limit_max_mw, \
-                   max_clock_sm_mhz = excluded.max_clock_sm_mhz, \
-                   max_clock_mem_mhz = excluded.max_clock_mem_mhz, \
-                   max_clock_graphics_mhz = excluded.max_clock_graphics_mhz, \
-                   nvlink_count = excluded.nvlink_count, mig_enabled = excluded.mig_enabled, \
-                   compute_mode = excluded.compute_mode, \
-                   persistence_mode = excluded.persistence_mode, \
-                   cuda_capability_major = excluded.cuda_capability_major, \
-                   cuda_capability_minor = excluded.cuda_capability_minor, \
-                   pcie_link_gen_max = excluded.pcie_link_gen_max, \
-                   pcie_link_width_max = excluded.pcie_link_width_max, \
-                   vbios_version = excluded.vbios_version, \
-                   mig_instances = excluded.mig_instances \
-                 WHERE gpus.node_id = excluded.node_id",
-            )
-            .bind(node_id)
-            .bind(g.uuid.as_str())
-            .bind(i64::from(g.index))
-            .bind(g.name.as_str())
-            .bind(g.serial.as_deref())
-            .bind(g.pci_bus_id.as_deref())
-            .bind(g.architecture.as_deref())
-            .bind(g.brand.as_deref())
-            .bind(g.memory_total_bytes.map(to_i64))
-            .bind(u(g.power_limit_default_mw))
-            .bind(u(g.power_limit_enforced_mw))
-            .bind(u(g.power_limit_min_mw))
-            .bind(u(g.power_limit_max_mw))
-            .bind(u(g.max_clock_sm_mhz))
-            .bind(u(g.max_clock_mem_mhz))
-            .bind(u(g.max_clock_graphics_mhz))
-            .bind(u(g.nvlink_count))
-            .bind(g.mig_enabled)
-            .bind(g.compute_mode.as_deref())
-            .bind(g.persistence_mode)
-            .bind(u(g.cuda_capability_major))
-            .bind(u(g.cuda_capability_minor))
-            .bind(u(g.pcie_link_gen_max))
-            .bind(u(g.pcie_link_width_max))
-            .bind(g.vbios_version.as_deref())
-            .bind(mig)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await
-            .map_err(q("upsert a GPU"))?;
-            let owner: Option<String> = sqlx::query_scalar(
-                "SELECT n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
-                 WHERE g.uuid = $1 AND g.node_id <> $2",
-            )
-            .bind(g.uuid.as_str())
-            .bind(node_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(q("check a GPU's owner"))?;
-            if let Some(owner) = owner {
-                // Dropping the transaction rolls the node's registration back.
-                return Err(StoreError::GpuOwned {
-                    uuid: g.uuid.clone(),
-                    owner,
-                });
-            }
-        }
-        let node = Self::load_node(&mut tx, NodeId(node_id)).await?;
-        tx.commit().await.map_err(q("commit a node registration"))?;
-        Ok(node)
-    }
-
-    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
-        if batches.is_empty() {
-            return Ok(WriteOutcome::default());
-        }
+    async fn write_batches(
+        store: &PgStore,
+        batches: &[NodeBatch],
+    ) -> Result<WriteOutcome, StoreError> {
         // The batches' days, and today's and tomorrow's: a collector running for days
         // creates each day's partitions a day ahead (creating a partition locks its
         // table briefly), not when the day's first samples arrive.
@@ -761,830 +481,227 @@ impl Store for PgStore {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        self.ensure_days(&days).await?;
-        match self.write_any(batches).await {
+        store.ensure_days(&days).await?;
+        match store.write_any(batches).await {
             Err(e) if is_missing_partition(&e) => {
                 // Another collector dropped a partition this one thought it had.
-                self.days
+                store
+                    .local
+                    .days
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clear();
-                self.ensure_days(&days).await?;
-                self.write_any(batches).await
+                store.ensure_days(&days).await?;
+                store.write_any(batches).await
             }
             other => other,
         }
     }
 
-    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(q("begin a transaction"))?;
-        let to_id: Option<i64> = sqlx::query_scalar("SELECT id FROM nodes WHERE name = $1")
-            .bind(to)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(q("find a node"))?;
-        let Some(to_id) = to_id else {
-            return Ok(Rehomed::UnknownNode);
-        };
-        let from: Option<(i64, String)> = sqlx::query_as(
-            "SELECT g.node_id, n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
-             WHERE g.uuid = $1 FOR UPDATE OF g",
+    async fn try_lead(store: &PgStore, job: &str) -> Result<Option<Lease>, StoreError> {
+        lease::postgres(&store.pool, job).await
+    }
+
+    /// Drops every raw day partition that ends before the oldest raw row still to be kept
+    /// (a GPU keeps its newest sample before its horizon; a series without a horizon keeps
+    /// everything).
+    async fn drop_expired_raw(store: &PgStore) -> Result<Vec<String>, StoreError> {
+        let bound: Option<i64> = sqlx::query_scalar(
+            "SELECT min(b) FROM ( \
+               SELECT coalesce( \
+                 (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id \
+                    AND s.ts_ms < h.raw_from_ms), \
+                 h.raw_from_ms, \
+                 (SELECT min(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id), \
+                 (SELECT min(p.ts_ms) FROM process_samples p WHERE p.gpu_id = g.id)) AS b \
+               FROM gpus g LEFT JOIN raw_horizon h ON h.kind = 'gpu' AND h.id = g.id \
+               UNION ALL \
+               SELECT coalesce(h.raw_from_ms, \
+                 (SELECT min(s.ts_ms) FROM host_samples s WHERE s.node_id = n.id)) AS b \
+               FROM nodes n LEFT JOIN raw_horizon h ON h.kind = 'host' AND h.id = n.id) x",
         )
-        .bind(uuid)
-        .fetch_optional(&mut *tx)
+        .fetch_one(&mut *store.conn().await?)
         .await
-        .map_err(q("find a GPU's node"))?;
-        let Some((from_id, from)) = from else {
-            return Ok(Rehomed::UnknownGpu);
-        };
-        if from_id == to_id {
-            return Ok(Rehomed::Unchanged);
+        .map_err(q("find the raw partitions that can be dropped"))?;
+        match bound {
+            Some(bound) => store.drop_raw_before(bound).await,
+            None => Ok(Vec::new()),
         }
-        sqlx::query("UPDATE gpus SET node_id = $1 WHERE uuid = $2")
-            .bind(to_id)
-            .bind(uuid)
-            .execute(&mut *tx)
-            .await
-            .map_err(q("re-home a GPU"))?;
-        tx.commit().await.map_err(q("commit a GPU's move"))?;
-        Ok(Rehomed::Moved { from })
     }
 
-    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(q("acquire a connection"))?;
-        let rows = sqlx::query("SELECT * FROM nodes ORDER BY name")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(q("list nodes"))?;
-        let gpu_rows = sqlx::query("SELECT * FROM gpus ORDER BY node_id, gpu_index, uuid")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(q("list GPUs"))?;
-        let mut gpus: HashMap<i64, Vec<GpuRecord>> = HashMap::new();
-        for row in &gpu_rows {
-            gpus.entry(get(row, "node_id")?)
-                .or_default()
-                .push(gpu_from_row(row)?);
+    async fn upsert_intensity(store: &PgStore, slots: &[IntensitySlot]) -> Result<(), StoreError> {
+        let slots = fold_slots(slots);
+        if slots.is_empty() {
+            return Ok(());
         }
-        rows.iter()
-            .map(|row| {
-                let mut node = node_from_row(row)?;
-                node.gpus = gpus.remove(&node.id.0).unwrap_or_default();
-                Ok(node)
-            })
-            .collect()
-    }
-
-    async fn latest_gpu_samples(&self) -> Result<Vec<LatestGpu>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(q("acquire a connection"))?;
-        let newest = "(SELECT max(m.ts_ms) FROM gpu_samples m WHERE m.gpu_id = g.id)";
-        let samples = sqlx::query(AssertSqlSafe(format!(
-            "SELECT g.id AS gpu_id, {GPU_COLS} FROM gpus g \
-             JOIN gpu_samples s ON s.gpu_id = g.id AND s.ts_ms = {newest}"
-        )))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read the newest GPU samples"))?;
-        let processes = sqlx::query(AssertSqlSafe(format!(
-            "SELECT g.id AS gpu_id, {PROCESS_COLS} FROM gpus g \
-             JOIN process_samples p ON p.gpu_id = g.id AND p.ts_ms = {newest} \
-             JOIN workloads w ON w.id = p.workload_id ORDER BY p.gpu_id, p.pid"
-        )))
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(q("read the newest process samples"))?;
-        let mut by_gpu: HashMap<i64, Vec<ProcessSample>> = HashMap::new();
-        for row in &processes {
-            by_gpu
-                .entry(get(row, "gpu_id")?)
-                .or_default()
-                .push(process_from_row(row)?);
-        }
-        samples
-            .iter()
-            .map(|row| {
-                let gpu: i64 = get(row, "gpu_id")?;
-                Ok(LatestGpu {
-                    gpu: GpuId(gpu),
-                    time_ms: get(row, "ts_ms")?,
-                    sample: gpu_sample_from_row(row)?,
-                    processes: by_gpu.remove(&gpu).unwrap_or_default(),
-                })
-            })
-            .collect()
-    }
-
-    async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT h.* FROM nodes n JOIN host_samples h ON h.node_id = n.id \
-               AND h.ts_ms = (SELECT max(m.ts_ms) FROM host_samples m WHERE m.node_id = n.id)",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read the newest host samples"))?;
-        rows.iter()
-            .map(|row| {
-                let h = host_from_row(row)?;
-                Ok(LatestHost {
-                    node: NodeId(get(row, "node_id")?),
-                    time_ms: h.time_ms,
-                    sample: h.sample,
-                    cost: h.cost,
-                })
-            })
-            .collect()
-    }
-
-    async fn gpu_samples(
-        &self,
-        gpu: GpuId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
-             WHERE s.gpu_id = $1 AND s.ts_ms BETWEEN $2 AND $3 ORDER BY s.ts_ms LIMIT $4"
-        )))
-        .bind(gpu.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read GPU samples"))?;
-        rows.iter()
-            .map(|row| Ok((get(row, "ts_ms")?, gpu_sample_from_row(row)?)))
-            .collect()
-    }
-
-    async fn process_samples(
-        &self,
-        gpu: GpuId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {PROCESS_COLS} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
-             JOIN workloads w ON w.id = p.workload_id \
-             WHERE p.gpu_id = $1 AND p.ts_ms BETWEEN $2 AND $3 ORDER BY p.ts_ms, p.pid LIMIT $4"
-        )))
-        .bind(gpu.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read process samples"))?;
-        rows.iter()
-            .map(|row| Ok((get(row, "ts_ms")?, process_from_row(row)?)))
-            .collect()
-    }
-
-    async fn host_samples(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<HostRow>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3 \
-             ORDER BY ts_ms LIMIT $4",
-        )
-        .bind(node.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read host samples"))?;
-        rows.iter().map(host_from_row).collect()
-    }
-
-    async fn events(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<Event>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT e.ts_ms, e.kind, e.code, e.detail, g.uuid AS gpu_uuid FROM events e \
-             LEFT JOIN gpus g ON g.id = e.gpu_id \
-             WHERE e.node_id = $1 AND e.ts_ms BETWEEN $2 AND $3 ORDER BY e.ts_ms, e.id LIMIT $4",
-        )
-        .bind(node.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read events"))?;
-        rows.iter()
-            .map(|row| {
-                let kind: String = get(row, "kind")?;
-                Ok(Event {
-                    time_ms: get(row, "ts_ms")?,
-                    gpu_uuid: get::<Option<String>>(row, "gpu_uuid")?.unwrap_or_default(),
-                    kind: event_kind(&kind)?,
-                    code: get::<Option<i64>>(row, "code")?.map(from_i64),
-                    detail: get(row, "detail")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn gpu_series(
-        &self,
-        gpu: GpuId,
-        metric: GpuMetric,
-        range: TimeRange,
-        step_ms: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<SeriesPoint>, StoreError> {
-        // The expression is built from the metric's fixed name, never user input.
-        let value = metric_expr(metric);
-        let rows = match step_ms {
-            None => sqlx::query(AssertSqlSafe(format!(
-                "SELECT ts_ms AS t, {value} AS v FROM gpu_samples \
-                 WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 ORDER BY ts_ms LIMIT $4"
-            )))
-            .bind(gpu.0)
-            .bind(range.from_ms)
-            .bind(range.to_ms)
-            .bind(limit_i64(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(q("read a series"))?,
-            Some(step) => sqlx::query(AssertSqlSafe(format!(
-                "SELECT (ts_ms / $1) * $1 AS t, avg({value})::float8 AS v FROM gpu_samples \
-                 WHERE gpu_id = $2 AND ts_ms BETWEEN $3 AND $4 GROUP BY 1 ORDER BY 1 LIMIT $5"
-            )))
-            .bind(step.max(1))
-            .bind(gpu.0)
-            .bind(range.from_ms)
-            .bind(range.to_ms)
-            .bind(limit_i64(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(q("read a downsampled series"))?,
-        };
-        rows.iter()
-            .map(|row| {
-                let t: i64 = get(row, "t")?;
-                let v = if step_ms.is_some() {
-                    get::<Option<f64>>(row, "v")?
-                } else {
-                    get::<Option<i64>>(row, "v")?.map(|v| from_i64(v) as f64)
-                };
-                Ok((t, v))
-            })
-            .collect()
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
+        let col = |f: fn(&IntensitySlot) -> String| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
+        let providers = col(|s| s.provider.as_str().to_owned());
+        let regions = col(|s| s.region.clone());
+        let kinds = col(|s| s.kind.as_str().to_owned());
+        let factors = col(|s| s.factor_type.as_str().to_owned());
+        let from: Vec<i64> = slots.iter().map(|s| s.from_ms).collect();
+        let to: Vec<i64> = slots.iter().map(|s| s.to_ms).collect();
+        let g: Vec<f64> = slots.iter().map(|s| s.g_per_kwh).collect();
+        let fetched: Vec<i64> = slots.iter().map(|s| s.fetched_at_ms).collect();
+        let estimated: Vec<bool> = slots.iter().map(|s| s.estimated).collect();
         sqlx::query(
-            "INSERT INTO agent_tokens (id, node, role, secret_hash, created_ms, revoked_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO carbon_intensity (provider, region, from_ms, to_ms, g_per_kwh, kind, \
+             factor_type, fetched_at_ms, estimated) \
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::float8[], \
+             $6::text[], $7::text[], $8::int8[], $9::bool[]) \
+             ON CONFLICT (provider, region, from_ms) DO UPDATE SET to_ms = excluded.to_ms, \
+             g_per_kwh = excluded.g_per_kwh, kind = excluded.kind, \
+             factor_type = excluded.factor_type, fetched_at_ms = excluded.fetched_at_ms, \
+             estimated = excluded.estimated \
+             WHERE NOT (carbon_intensity.kind = 'actual' AND excluded.kind = 'forecast')",
         )
-        .bind(&token.id)
-        .bind(&token.node)
-        .bind(&token.role)
-        .bind(&token.secret_hash)
-        .bind(token.created_ms)
-        .bind(token.revoked_ms)
-        .execute(&self.pool)
+        .bind(providers)
+        .bind(regions)
+        .bind(from)
+        .bind(to)
+        .bind(g)
+        .bind(kinds)
+        .bind(factors)
+        .bind(fetched)
+        .bind(estimated)
+        .execute(&mut *store.conn().await?)
         .await
-        .map_err(q("store an agent token"))?;
+        .map_err(q("cache intensity slots"))?;
         Ok(())
     }
 
-    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens \
-             ORDER BY created_ms, id",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("list agent tokens"))?;
-        rows.iter().map(token_row).collect()
-    }
-
-    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {
-        let row = sqlx::query(
-            "SELECT id, node, role, secret_hash, created_ms, revoked_ms FROM agent_tokens \
-             WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(q("look up an agent token"))?;
-        row.as_ref().map(token_row).transpose()
-    }
-
-    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE agent_tokens SET revoked_ms = $1 WHERE id = $2 AND revoked_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(&self.pool)
-        .await
-        .map_err(q("revoke an agent token"))?;
-        Ok(done.rows_affected() > 0)
-    }
-
-    // ---------------------------------------------------------------- energy (issue 6)
-
-    async fn energy_gpus(&self) -> Result<Vec<super::energy::EnergyGpu>, StoreError> {
-        energy::energy_gpus(&self.pool).await
-    }
-
-    async fn energy_inputs(
-        &self,
-        gpu: GpuId,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-    ) -> Result<super::energy::EnergyInputs, StoreError> {
-        energy::energy_inputs(&self.pool, gpu, from_ms, to_ms).await
-    }
-
-    async fn energy_inputs_many(
-        &self,
-        ranges: &[super::energy::EnergyRange],
-    ) -> Result<Vec<super::energy::EnergyInputs>, StoreError> {
-        energy::energy_inputs_many(&self.pool, ranges).await
-    }
-
-    async fn energy_learned_before_many(
-        &self,
-        ranges: &[super::energy::EnergyRange],
-    ) -> Result<Vec<(u64, i64)>, StoreError> {
-        energy::energy_learned_before_many(&self.pool, ranges).await
-    }
-
-    async fn next_sample_ms(
-        &self,
-        gpu: GpuId,
-        at_ms: UnixMs,
-    ) -> Result<Option<UnixMs>, StoreError> {
-        energy::next_sample_ms(&self.pool, gpu, at_ms).await
-    }
-
-    async fn energy_learned_before(
-        &self,
-        gpu: GpuId,
-        before_ms: UnixMs,
-    ) -> Result<(u64, i64), StoreError> {
-        energy::energy_learned_before(&self.pool, gpu, before_ms).await
-    }
-
-    async fn energy_baselines(&self) -> Result<Vec<crate::store::energy::GpuBaseline>, StoreError> {
-        energy::energy_baselines(&self.pool).await
-    }
-
-    async fn replace_energy_minutes(
-        &self,
-        gpu: GpuId,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-        minutes: &[crate::accounting::energy::GpuMinute],
-        done_to_ms: Option<UnixMs>,
-    ) -> Result<(), StoreError> {
-        energy::replace_energy_minutes(&self.pool, gpu, from_ms, to_ms, minutes, done_to_ms).await
-    }
-
-    async fn replace_energy_minutes_many(
-        &self,
-        batch: &[super::energy::MinuteReplacement],
-    ) -> Result<(), StoreError> {
-        energy::replace_energy_minutes_many(&self.pool, batch).await
-    }
-
-    async fn energy_minutes(
-        &self,
-        gpu: Option<GpuId>,
-        range: TimeRange,
-    ) -> Result<Vec<(GpuId, crate::accounting::energy::GpuMinute)>, StoreError> {
-        energy::energy_minutes(&self.pool, gpu, range).await
-    }
-
-    async fn stale_energy_minutes(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
-        energy::stale_energy_minutes(&self.pool, since_ms).await
-    }
-
-    async fn workload_energy(
-        &self,
-        range: TimeRange,
-        node: Option<&str>,
-        workload_key: Option<&str>,
-    ) -> Result<Vec<super::energy::WorkloadEnergy>, StoreError> {
-        energy::workload_energy(&self.pool, range, node, workload_key).await
-    }
-
-    async fn workload_energy_series(
-        &self,
-        workload_key: &str,
-        range: TimeRange,
-    ) -> Result<Vec<super::energy::WorkloadEnergyPoint>, StoreError> {
-        energy::workload_energy_series(&self.pool, workload_key, range).await
-    }
-
-    async fn gpu_energy(
-        &self,
-        range: TimeRange,
-    ) -> Result<Vec<super::energy::GpuEnergy>, StoreError> {
-        energy::gpu_energy(&self.pool, range).await
-    }
-
-    // ---- retention and rollups (issue 8)
-
-    async fn rollup_cursors(&self) -> Result<Vec<super::rollup::RollupCursor>, StoreError> {
-        rollup::rollup_cursors(&self.pool).await
-    }
-
-    async fn replace_rollups(
-        &self,
-        key: super::rollup::RollupKey,
-        from_ms: UnixMs,
-        to_ms: UnixMs,
-        done_to_ms: Option<UnixMs>,
-    ) -> Result<usize, StoreError> {
-        rollup::replace_rollups(&self.pool, key, from_ms, to_ms, done_to_ms).await
-    }
-
-    async fn stale_rollup_minutes(
-        &self,
-        since_ms: UnixMs,
-    ) -> Result<Vec<(super::rollup::RollupKey, UnixMs)>, StoreError> {
-        rollup::stale_rollup_minutes(&self.pool, since_ms).await
-    }
-
-    async fn rollup_minutes(
-        &self,
-        key: super::rollup::RollupKey,
-        range: TimeRange,
-    ) -> Result<Vec<super::rollup::RollupMinute>, StoreError> {
-        rollup::rollup_minutes(&self.pool, key, range).await
-    }
-
-    async fn gpu_rollup_series(
-        &self,
-        gpu: GpuId,
-        metric: GpuMetric,
-        range: TimeRange,
-        step_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<SeriesPoint>, StoreError> {
-        rollup::gpu_rollup_series(&self.pool, gpu, metric, range, step_ms, limit).await
-    }
-
-    async fn host_rollup_series(
-        &self,
-        node: NodeId,
-        range: TimeRange,
-        step_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
-        rollup::host_rollup_series(&self.pool, node, range, step_ms, limit).await
-    }
-
-    async fn raw_horizons(&self) -> Result<HashMap<super::rollup::RollupKey, UnixMs>, StoreError> {
-        rollup::raw_horizons(&self.pool).await
-    }
-
-    /// Raises the raw horizons, drops every raw day partition that ends before the oldest
-    /// row still to be kept, then deletes the rest behind the horizons in bounded
-    /// statements.
-    async fn expire_raw_before(
-        &self,
-        cutoff_ms: UnixMs,
-        batch_rows: usize,
-    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        let mut out = super::rollup::RetentionOutcome::default();
-        rollup::raise_raw_horizons(&self.pool, cutoff_ms, &mut out).await?;
-        if let Some(bound) = rollup::droppable_before(&self.pool).await? {
-            out.partitions_dropped = self.drop_raw_before(bound).await?;
-        }
-        rollup::delete_behind_horizons(&self.pool, batch_rows, &mut out).await?;
-        Ok(out)
-    }
-
-    async fn expire_rollups_before(
-        &self,
-        cutoff_ms: UnixMs,
-        batch_rows: usize,
-    ) -> Result<super::rollup::RetentionOutcome, StoreError> {
-        rollup::expire_rollups_before(&self.pool, cutoff_ms, batch_rows).await
-    }
-
-    // ---- carbon (issue 7)
-
-    async fn upsert_intensity(
-        &self,
-        slots: &[gpufleet_carbon::IntensitySlot],
-    ) -> Result<(), StoreError> {
-        carbon::upsert_intensity(&self.pool, slots).await
-    }
-
-    async fn intensity_slots(
-        &self,
-        provider: gpufleet_carbon::ProviderKind,
-        region: &str,
-        range: TimeRange,
-    ) -> Result<Vec<gpufleet_carbon::IntensitySlot>, StoreError> {
-        carbon::intensity_slots(&self.pool, provider, region, range).await
-    }
-
-    async fn last_intensity_before(
-        &self,
-        provider: gpufleet_carbon::ProviderKind,
-        region: &str,
-        at_ms: UnixMs,
-    ) -> Result<Option<gpufleet_carbon::IntensitySlot>, StoreError> {
-        carbon::last_intensity_before(&self.pool, provider, region, at_ms).await
-    }
-
-    async fn pending_carbon_minutes(
-        &self,
-        since_ms: UnixMs,
-        limit: usize,
-    ) -> Result<Vec<super::carbon::PendingCarbonMinute>, StoreError> {
-        carbon::pending_carbon_minutes(&self.pool, since_ms, limit).await
-    }
-
     async fn replace_carbon_minutes(
-        &self,
-        minutes: &[super::carbon::CarbonMinute],
+        store: &PgStore,
+        minutes: &[CarbonMinute],
     ) -> Result<(), StoreError> {
-        carbon::replace_carbon_minutes(&self.pool, minutes).await
-    }
-
-    async fn carbon_minutes(
-        &self,
-        gpu: Option<GpuId>,
-        range: TimeRange,
-    ) -> Result<Vec<super::carbon::CarbonMinute>, StoreError> {
-        carbon::carbon_minutes(&self.pool, gpu, range).await
-    }
-
-    async fn workload_carbon(
-        &self,
-        range: TimeRange,
-        node: Option<&str>,
-        workload_key: Option<&str>,
-    ) -> Result<Vec<super::carbon::WorkloadCarbon>, StoreError> {
-        carbon::workload_carbon(&self.pool, range, node, workload_key).await
-    }
-
-    async fn gpu_carbon(
-        &self,
-        range: TimeRange,
-    ) -> Result<Vec<super::carbon::GpuCarbon>, StoreError> {
-        carbon::gpu_carbon(&self.pool, range).await
-    }
-
-    // ---- several collectors (issue 8)
-
-    fn shared(&self) -> bool {
-        true
-    }
-
-    async fn try_lead(&self, job: &str) -> Result<Option<super::lease::Lease>, StoreError> {
-        super::lease::postgres(&self.pool, job).await
-    }
-
-    /// Four queries whatever the node's GPU count (the follower asks every period).
-    async fn node_ticks(
-        &self,
-        node: &NodeRecord,
-        range: TimeRange,
-        limit: usize,
-    ) -> Result<Vec<gpufleet_core::Tick>, StoreError> {
-        let ids: Vec<i64> = node.gpus.iter().map(|g| g.id.0).collect();
-        let gpu_limit = limit.saturating_mul(ids.len().max(1));
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
-             WHERE s.gpu_id = ANY($1) AND s.ts_ms BETWEEN $2 AND $3 \
-             ORDER BY s.ts_ms DESC, g.gpu_index DESC, g.uuid DESC LIMIT $4"
-        )))
-        .bind(&ids)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(gpu_limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read a node's new GPU samples"))?;
-        let gpus = rows
-            .iter()
-            .rev()
-            .map(|row| Ok((get::<UnixMs>(row, "ts_ms")?, gpu_sample_from_row(row)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        // Only the ticks whose GPU rows were kept.
-        let from_ms = gpus
-            .first()
-            .map_or(range.from_ms, |g| g.0.max(range.from_ms));
-        let range = TimeRange { from_ms, ..range };
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {PROCESS_COLS} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
-             JOIN workloads w ON w.id = p.workload_id \
-             WHERE p.gpu_id = ANY($1) AND p.ts_ms BETWEEN $2 AND $3 \
-             ORDER BY p.ts_ms, g.gpu_index, g.uuid, p.pid LIMIT $4"
-        )))
-        .bind(&ids)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(gpu_limit.saturating_mul(256)))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(q("read a node's new process samples"))?;
-        let processes = rows
-            .iter()
-            .map(|row| Ok((get::<UnixMs>(row, "ts_ms")?, process_from_row(row)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let hosts = self.host_samples(node.id, range, limit).await?;
-        let events = self.events(node.id, range, limit).await?;
-        Ok(super::assemble_ticks(gpus, processes, hosts, events, limit))
-    }
-
-    /// Four queries whatever the number of nodes (see `postgres/follow.rs`).
-    async fn nodes_ticks(
-        &self,
-        wanted: &[(&NodeRecord, TimeRange)],
-        limit: usize,
-    ) -> Result<Vec<Vec<gpufleet_core::Tick>>, StoreError> {
-        follow::nodes_ticks(&self.pool, wanted, limit).await
-    }
-}
-
-fn token_row(row: &PgRow) -> Result<AgentTokenRecord, StoreError> {
-    Ok(AgentTokenRecord {
-        id: get(row, "id")?,
-        node: get(row, "node")?,
-        role: get(row, "role")?,
-        secret_hash: get(row, "secret_hash")?,
-        created_ms: get(row, "created_ms")?,
-        revoked_ms: get(row, "revoked_ms")?,
-    })
-}
-
-/// A series value as a bigint holding the u64 bit pattern (as SQLite stores it), from the
-/// column's storage type (see the schema).
-fn metric_expr(metric: GpuMetric) -> String {
-    use GpuMetric::*;
-    let column = metric.name();
-    match metric {
-        UtilGpuPct | UtilMemPct | FanPct | Pstate | EncUtilPct | DecUtilPct => {
-            format!("{column}::int8")
+        // Row by row, a later price of the same GPU-minute replaces an earlier one; one
+        // statement may not touch a row twice, so keep only the last of each.
+        let mut at: HashMap<(GpuId, UnixMs), usize> = HashMap::new();
+        let mut rows: Vec<&CarbonMinute> = Vec::with_capacity(minutes.len());
+        for m in minutes {
+            match at.get(&(m.gpu, m.minute_ms)) {
+                Some(&i) => rows[i] = m,
+                None => {
+                    at.insert((m.gpu, m.minute_ms), rows.len());
+                    rows.push(m);
+                }
+            }
         }
-        PowerMw | PowerInstantMw | PowerLimitMw | TempGpuC | TempMemC | ClockSmMhz
-        | ClockMemMhz | ClockGraphicsMhz => format!("({column}::int8 & 4294967295)"),
-        MemUsedBytes
-        | MemTotalBytes
-        | MemReservedBytes
-        | EnergyMj
-        | PcieTxBps
-        | PcieRxBps
-        | NvlinkTxBps
-        | NvlinkRxBps
-        | EccCorrectedVolatile
-        | EccUncorrectedVolatile => column.to_owned(),
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let text = |f: fn(&CarbonMinute) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
+        let float = |f: fn(&CarbonMinute) -> f64| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
+        let gpu: Vec<i64> = rows.iter().map(|m| m.gpu.0).collect();
+        let minute: Vec<i64> = rows.iter().map(|m| m.minute_ms).collect();
+        let energy = rows
+            .iter()
+            .map(|m| energy_i64(m.energy_mj))
+            .collect::<Result<Vec<_>, _>>()?;
+        let estimated: Vec<bool> = rows.iter().map(|m| m.estimated).collect();
+        let priced_at: Vec<i64> = rows.iter().map(|m| m.priced_at_ms).collect();
+        sqlx::query(
+            "INSERT INTO carbon_gpu_minutes (gpu_id, minute_ms, energy_mj, g_per_kwh, pue, \
+             carbon_g, provider, region, kind, factor_type, estimated, basis, priced_at_ms) \
+             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::float8[], $5::float8[], \
+             $6::float8[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bool[], \
+             $12::text[], $13::int8[]) \
+             ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET energy_mj = excluded.energy_mj, \
+             g_per_kwh = excluded.g_per_kwh, pue = excluded.pue, carbon_g = excluded.carbon_g, \
+             provider = excluded.provider, region = excluded.region, kind = excluded.kind, \
+             factor_type = excluded.factor_type, estimated = excluded.estimated, \
+             basis = excluded.basis, priced_at_ms = excluded.priced_at_ms",
+        )
+        .bind(gpu)
+        .bind(minute)
+        .bind(energy)
+        .bind(float(|m| m.g_per_kwh))
+        .bind(float(|m| m.pue))
+        .bind(float(|m| m.carbon_g))
+        .bind(text(|m| m.provider.as_str().to_owned()))
+        .bind(text(|m| m.region.clone()))
+        .bind(text(|m| m.kind.as_str().to_owned()))
+        .bind(text(|m| m.factor_type.as_str().to_owned()))
+        .bind(estimated)
+        .bind(text(|m| m.basis.as_str().to_owned()))
+        .bind(priced_at)
+        .execute(&mut *store.conn().await?)
+        .await
+        .map_err(q("store the carbon of GPU-minutes"))?;
+        Ok(())
     }
+}
+
+/// The slots a sequence of single-row upserts would leave, one per key: a later slot of
+/// the same key wins unless it is a forecast after an actual. (One `INSERT ... ON
+/// CONFLICT DO UPDATE` may not touch a row twice, so a batch is folded first; folding then
+/// applying the same rule against the stored row gives what row-by-row writes would.)
+fn fold_slots(slots: &[IntensitySlot]) -> Vec<&IntensitySlot> {
+    let mut at: HashMap<(ProviderKind, &str, UnixMs), usize> = HashMap::new();
+    let mut out: Vec<&IntensitySlot> = Vec::with_capacity(slots.len());
+    for s in slots {
+        match at.get(&(s.provider, s.region.as_str(), s.from_ms)) {
+            Some(&i) => {
+                let kept = out[i];
+                if !(kept.kind == IntensityKind::Actual && s.kind == IntensityKind::Forecast) {
+                    out[i] = s;
+                }
+            }
+            None => {
+                at.insert((s.provider, s.region.as_str(), s.from_ms), out.len());
+                out.push(s);
+            }
+        }
+    }
+    out
 }
 
 // ------------------------------------------------------------------ one write's rows
 
-/// One distinct workload of a write.
-struct WorkloadSlot<'b> {
-    workload: &'b Workload,
-    /// The first tick it appears in (`first_seen_ms` of a new workload).
-    first_ms: UnixMs,
-    /// From the cache, or from the upsert.
-    id: Option<i64>,
-}
-
-/// The delivery-state update of one node.
-struct NodeUpdate {
-    id: i64,
-    newest_ms: i64,
-    seq: u64,
-    delivery: DeliveryStats,
-    inserted: u64,
-}
-
-/// Every row of one write, column by column, ready to be bound as arrays.
-struct Rows<'b> {
+/// A write's sample rows, column by column, ready to be bound as arrays (see
+/// [`super::write::collect_rows`]).
+#[derive(Default)]
+struct Rows {
     gpu: GpuCols,
-    /// The node group (index in `nodes`) of each GPU written.
+    /// The node group (index in the collected nodes) of each GPU written.
     gpu_group: HashMap<i32, usize>,
     process: ProcessCols,
-    /// Per process row: its index in `workloads`.
+    /// Per process row: its index in the collected workloads.
     process_slot: Vec<usize>,
     host: HostCols,
     events: EventCols,
-    nodes: Vec<NodeUpdate>,
-    workloads: Vec<WorkloadSlot<'b>>,
 }
 
-impl<'b> Rows<'b> {
-    fn collect(
-        batches: &'b [NodeBatch],
-        skip: &HashSet<usize>,
-        cache: &HashMap<Workload, i64>,
-    ) -> Result<Rows<'b>, StoreError> {
-        let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
-        order.sort_by_key(|&i| batches[i].keys.id);
-        let mut rows = Rows {
-            gpu: GpuCols::default(),
-            gpu_group: HashMap::new(),
-            process: ProcessCols::default(),
-            process_slot: Vec::new(),
-            host: HostCols::default(),
-            events: EventCols::default(),
-            nodes: Vec::new(),
-            workloads: Vec::new(),
-        };
-        let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
-        for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
-            let keys = &batches[group[0]].keys;
-            let g = rows.nodes.len();
-            let mut update = NodeUpdate {
-                id: keys.id.0,
-                newest_ms: i64::MIN,
-                seq: 0,
-                delivery: DeliveryStats::default(),
-                inserted: 0,
-            };
-            for &i in group {
-                let batch = &batches[i].batch;
-                if batch.seq >= update.seq {
-                    update.seq = batch.seq;
-                    update.delivery = batch.delivery;
-                }
-                let gpu_id = |uuid: &str| -> Result<i64, StoreError> {
-                    keys.gpus
-                        .get(uuid)
-                        .map(|g| g.0)
-                        .ok_or_else(|| StoreError::UnknownGpu {
-                            node: keys.name.clone(),
-                            seq: batch.seq,
-                            uuid: uuid.to_owned(),
-                        })
-                };
-                for t in &batch.ticks {
-                    update.newest_ms = update.newest_ms.max(t.time_ms);
-                    for s in &t.gpus {
-                        let gpu = gpu_i32(gpu_id(&s.gpu_uuid)?)?;
-                        rows.gpu_group.entry(gpu).or_insert(g);
-                        rows.gpu.push(gpu, t.time_ms, s)?;
-                    }
-                    for p in &t.processes {
-                        let slot = *distinct.entry(&p.workload).or_insert_with(|| {
-                            rows.workloads.push(WorkloadSlot {
-                                workload: &p.workload,
-                                first_ms: t.time_ms,
-                                id: cache.get(&p.workload).copied(),
-                            });
-                            rows.workloads.len() - 1
-                        });
-                        rows.process_slot.push(slot);
-                        rows.process
-                            .push(gpu_i32(gpu_id(&p.gpu_uuid)?)?, t.time_ms, p)?;
-                    }
-                    if t.host.is_some() || t.cost.is_some() {
-                        rows.host.push(keys.id.0, t.time_ms, t)?;
-                    }
-                    for e in &t.events {
-                        let gpu = if e.gpu_uuid.is_empty() {
-                            None
-                        } else {
-                            Some(gpu_id(&e.gpu_uuid)?)
-                        };
-                        rows.events.node.push(keys.id.0);
-                        rows.events.ts.push(e.time_ms);
-                        rows.events.gpu.push(gpu);
-                        rows.events.kind.push(e.kind.as_str().to_owned());
-                        rows.events.code.push(e.code.map(to_i64));
-                        rows.events.detail.push(e.detail.clone());
-                    }
-                }
-            }
-            rows.nodes.push(update);
-        }
-        Ok(rows)
+impl<'b> RowSink<'b> for Rows {
+    fn gpu(&mut self, group: usize, gpu: i64, ts: UnixMs, s: &GpuSample) -> Result<(), StoreError> {
+        let gpu = gpu_i32(gpu)?;
+        self.gpu_group.entry(gpu).or_insert(group);
+        self.gpu.push(gpu, ts, s)
+    }
+
+    fn process(
+        &mut self,
+        gpu: i64,
+        ts: UnixMs,
+        slot: usize,
+        p: &ProcessSample,
+    ) -> Result<(), StoreError> {
+        self.process_slot.push(slot);
+        self.process.push(gpu_i32(gpu)?, ts, p)
+    }
+
+    fn host(&mut self, node: i64, ts: UnixMs, t: &Tick) -> Result<(), StoreError> {
+        self.host.push(node, ts, t)
+    }
+
+    fn event(&mut self, node: i64, gpu: Option<i64>, e: &Event) -> Result<(), StoreError> {
+        self.events.node.push(node);
+        self.events.ts.push(e.time_ms);
+        self.events.gpu.push(gpu);
+        self.events.kind.push(e.kind.as_str().to_owned());
+        self.events.code.push(e.code.map(to_i64));
+        self.events.detail.push(e.detail.clone());
+        Ok(())
     }
 }
 
@@ -2135,288 +1252,13 @@ async fn update_nodes(conn: &mut PgConnection, nodes: &[NodeUpdate]) -> Result<(
     Ok(())
 }
 
-// ------------------------------------------------------------------ reading rows
-
-/// GPU sample columns, for a query joining `gpu_samples s` and `gpus g`.
-const GPU_COLS: &str = "g.uuid AS gpu_uuid, s.ts_ms, s.util_gpu_pct, s.util_mem_pct, \
-    s.mem_used_bytes, s.mem_total_bytes, s.mem_reserved_bytes, s.power_mw, s.power_instant_mw, \
-    s.power_limit_mw, s.energy_mj, s.temp_gpu_c, s.temp_mem_c, s.fan_pct, s.clock_sm_mhz, \
-    s.clock_mem_mhz, s.clock_graphics_mhz, s.pstate, s.pcie_tx_bps, s.pcie_rx_bps, \
-    s.nvlink_tx_bps, s.nvlink_rx_bps, s.nvlinks, s.ecc_corrected_volatile, \
-    s.ecc_uncorrected_volatile, s.throttle_reasons, s.enc_util_pct, s.dec_util_pct";
-
-/// Process sample columns, for a query joining `process_samples p`, `gpus g`, `workloads w`.
-const PROCESS_COLS: &str = "g.uuid AS gpu_uuid, p.ts_ms, p.pid, p.process_type, p.user_name, \
-    p.command, p.gpu_mem_bytes, p.sm_util_pct, p.mem_util_pct, p.enc_util_pct, p.dec_util_pct, \
-    p.mig_uuid, w.kind AS w_kind, w.runtime AS w_runtime, w.container_id AS w_container_id, \
-    w.pod_uid AS w_pod_uid, w.qos AS w_qos, w.job_id AS w_job_id, w.step AS w_step, \
-    w.unit AS w_unit, w.uid AS w_uid, w.container_name AS w_container_name, w.image AS w_image, \
-    w.pod_name AS w_pod_name, w.namespace AS w_namespace";
-
-/// Reads one column, turning a type mismatch into [`StoreError::Corrupt`].
+/// Reads one column as exactly its type (the write path's own rows).
 fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
 where
     T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
 {
     row.try_get(column)
         .map_err(|e| StoreError::Corrupt(format!("column {column}: {e}")))
-}
-
-/// A u64 column (bigint holding the same bits).
-fn get_u64(row: &PgRow, column: &str) -> Result<Option<u64>, StoreError> {
-    Ok(get::<Option<i64>>(row, column)?.map(from_i64))
-}
-
-/// A u32 kept in a bigint (inventory tables): out of range means tampering.
-fn get_u32_big(row: &PgRow, column: &str) -> Result<Option<u32>, StoreError> {
-    get::<Option<i64>>(row, column)?
-        .map(|v| {
-            u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} {v} out of range")))
-        })
-        .transpose()
-}
-
-/// A u32 kept in an integer with the same bits (sample tables).
-fn get_u32_bits(row: &PgRow, column: &str) -> Result<Option<u32>, StoreError> {
-    Ok(get::<Option<i32>>(row, column)?.map(|v| v as u32))
-}
-
-/// A percentage or P-state kept in a smallint.
-fn get_small(row: &PgRow, column: &str) -> Result<Option<u32>, StoreError> {
-    get::<Option<i16>>(row, column)?
-        .map(|v| {
-            u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
-        })
-        .transpose()
-}
-
-fn required<T>(v: Option<T>, column: &str) -> Result<T, StoreError> {
-    v.ok_or_else(|| StoreError::Corrupt(format!("{column} is NULL")))
-}
-
-/// Stores a u64 as the i64 with the same bits (lossless; see the schema).
-fn to_i64(v: u64) -> i64 {
-    v as i64
-}
-
-fn from_i64(v: i64) -> u64 {
-    v as u64
-}
-
-fn limit_i64(limit: usize) -> i64 {
-    i64::try_from(limit).unwrap_or(i64::MAX)
-}
-
-fn node_from_row(row: &PgRow) -> Result<NodeRecord, StoreError> {
-    let labels: String = get(row, "labels")?;
-    let labels: BTreeMap<String, String> = serde_json::from_str(&labels)
-        .map_err(|e| StoreError::Corrupt(format!("nodes.labels is not a JSON object: {e}")))?;
-    Ok(NodeRecord {
-        id: NodeId(get(row, "id")?),
-        name: get(row, "name")?,
-        labels,
-        agent_version: get(row, "agent_version")?,
-        boot_id: get(row, "boot_id")?,
-        source: get(row, "source")?,
-        interval_ms: required(get_u32_big(row, "interval_ms")?, "interval_ms")?,
-        first_seen_ms: get(row, "first_seen_ms")?,
-        last_hello_ms: get(row, "last_hello_ms")?,
-        last_seen_ms: get(row, "last_seen_ms")?,
-        last_acked_seq: from_i64(get(row, "last_acked_seq")?),
-        delivery: DeliveryStats {
-            dropped_samples: from_i64(get(row, "dropped_samples")?),
-            spool_backlog_batches: from_i64(get(row, "spool_backlog_batches")?),
-            spool_backlog_bytes: from_i64(get(row, "spool_backlog_bytes")?),
-        },
-        stored_samples: from_i64(get(row, "stored_samples")?),
-        driver_version: get(row, "driver_version")?,
-        cuda_driver_version: get(row, "cuda_driver_version")?,
-        nvml_version: get(row, "nvml_version")?,
-        host: HostInfo {
-            hostname: get(row, "hostname")?,
-            kernel: get(row, "kernel")?,
-            os: get(row, "os")?,
-            cpu_count: get_u32_big(row, "cpu_count")?,
-            memory_total_bytes: get_u64(row, "memory_total_bytes")?,
-        },
-        gpus: Vec::new(),
-    })
-}
-
-fn gpu_from_row(row: &PgRow) -> Result<GpuRecord, StoreError> {
-    let mig: String = get(row, "mig_instances")?;
-    let mig_instances: Vec<MigInstance> = serde_json::from_str(&mig)
-        .map_err(|e| StoreError::Corrupt(format!("gpus.mig_instances is not valid: {e}")))?;
-    let u = |c: &str| get_u32_big(row, c);
-    Ok(GpuRecord {
-        id: GpuId(get(row, "id")?),
-        info: GpuInfo {
-            index: required(u("gpu_index")?, "gpu_index")?,
-            uuid: get(row, "uuid")?,
-            name: get(row, "name")?,
-            serial: get(row, "serial")?,
-            pci_bus_id: get(row, "pci_bus_id")?,
-            architecture: get(row, "architecture")?,
-            brand: get(row, "brand")?,
-            memory_total_bytes: get_u64(row, "memory_total_bytes")?,
-            power_limit_default_mw: u("power_limit_default_mw")?,
-            power_limit_enforced_mw: u("power_limit_enforced_mw")?,
-            power_limit_min_mw: u("power_limit_min_mw")?,
-            power_limit_max_mw: u("power_limit_max_mw")?,
-            max_clock_sm_mhz: u("max_clock_sm_mhz")?,
-            max_clock_mem_mhz: u("max_clock_mem_mhz")?,
-            max_clock_graphics_mhz: u("max_clock_graphics_mhz")?,
-            nvlink_count: u("nvlink_count")?,
-            mig_enabled: get(row, "mig_enabled")?,
-            compute_mode: get(row, "compute_mode")?,
-            persistence_mode: get(row, "persistence_mode")?,
-            cuda_capability_major: u("cuda_capability_major")?,
-            cuda_capability_minor: u("cuda_capability_minor")?,
-            pcie_link_gen_max: u("pcie_link_gen_max")?,
-            pcie_link_width_max: u("pcie_link_width_max")?,
-            vbios_version: get(row, "vbios_version")?,
-            mig_instances,
-        },
-    })
-}
-
-fn gpu_sample_from_row(row: &PgRow) -> Result<GpuSample, StoreError> {
-    let nvlinks = match get::<Option<Vec<u8>>>(row, "nvlinks")? {
-        Some(bytes) => decode_nvlinks(&bytes)
-            .map_err(|e| StoreError::Corrupt(format!("gpu_samples.nvlinks: {e}")))?,
-        None => Vec::new(),
-    };
-    let bits = |c: &str| get_u32_bits(row, c);
-    let small = |c: &str| get_small(row, c);
-    Ok(GpuSample {
-        gpu_uuid: get(row, "gpu_uuid")?,
-        util_gpu_pct: small("util_gpu_pct")?,
-        util_mem_pct: small("util_mem_pct")?,
-        mem_used_bytes: get_u64(row, "mem_used_bytes")?,
-        mem_total_bytes: get_u64(row, "mem_total_bytes")?,
-        mem_reserved_bytes: get_u64(row, "mem_reserved_bytes")?,
-        power_mw: bits("power_mw")?,
-        power_instant_mw: bits("power_instant_mw")?,
-        power_limit_mw: bits("power_limit_mw")?,
-        energy_mj: get_u64(row, "energy_mj")?,
-        temp_gpu_c: bits("temp_gpu_c")?,
-        temp_mem_c: bits("temp_mem_c")?,
-        fan_pct: small("fan_pct")?,
-        clock_sm_mhz: bits("clock_sm_mhz")?,
-        clock_mem_mhz: bits("clock_mem_mhz")?,
-        clock_graphics_mhz: bits("clock_graphics_mhz")?,
-        pstate: small("pstate")?,
-        pcie_tx_bps: get_u64(row, "pcie_tx_bps")?,
-        pcie_rx_bps: get_u64(row, "pcie_rx_bps")?,
-        nvlink_tx_bps: get_u64(row, "nvlink_tx_bps")?,
-        nvlink_rx_bps: get_u64(row, "nvlink_rx_bps")?,
-        nvlinks,
-        ecc_corrected_volatile: get_u64(row, "ecc_corrected_volatile")?,
-        ecc_uncorrected_volatile: get_u64(row, "ecc_uncorrected_volatile")?,
-        throttle_reasons: get_u64(row, "throttle_reasons")?,
-        enc_util_pct: small("enc_util_pct")?,
-        dec_util_pct: small("dec_util_pct")?,
-    })
-}
-
-fn process_from_row(row: &PgRow) -> Result<ProcessSample, StoreError> {
-    let process_type = match get::<i16>(row, "process_type")? {
-        1 => ProcessType::Compute,
-        2 => ProcessType::Graphics,
-        3 => ProcessType::ComputeAndGraphics,
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "process_samples.process_type {other}"
-            )));
-        }
-    };
-    Ok(ProcessSample {
-        gpu_uuid: get(row, "gpu_uuid")?,
-        pid: get::<i32>(row, "pid")? as u32,
-        process_type,
-        user: get(row, "user_name")?,
-        command: get(row, "command")?,
-        gpu_mem_bytes: get_u64(row, "gpu_mem_bytes")?,
-        sm_util_pct: get_small(row, "sm_util_pct")?,
-        mem_util_pct: get_small(row, "mem_util_pct")?,
-        enc_util_pct: get_small(row, "enc_util_pct")?,
-        dec_util_pct: get_small(row, "dec_util_pct")?,
-        workload: workload_from_row(row)?,
-        mig_uuid: get(row, "mig_uuid")?,
-    })
-}
-
-/// The workload columns of a row (`w_kind`, `w_runtime`, ... as in [`PROCESS_COLS`]).
-fn workload_from_row(row: &PgRow) -> Result<Workload, StoreError> {
-    let kind: String = get(row, "w_kind")?;
-    let kind = WorkloadKind::parse(&kind)
-        .ok_or_else(|| StoreError::Corrupt(format!("workloads.kind {kind:?}")))?;
-    Ok(Workload {
-        kind,
-        runtime: get(row, "w_runtime")?,
-        container_id: get(row, "w_container_id")?,
-        pod_uid: get(row, "w_pod_uid")?,
-        qos: get(row, "w_qos")?,
-        job_id: get(row, "w_job_id")?,
-        step: get(row, "w_step")?,
-        unit: get(row, "w_unit")?,
-        uid: get_u32_big(row, "w_uid")?,
-        container_name: get(row, "w_container_name")?,
-        image: get(row, "w_image")?,
-        pod_name: get(row, "w_pod_name")?,
-        namespace: get(row, "w_namespace")?,
-    })
-}
-
-fn host_from_row(row: &PgRow) -> Result<HostRow, StoreError> {
-    let sample = HostSample {
-        cpu_util_pct: get(row, "cpu_util_pct")?,
-        mem_used_bytes: get_u64(row, "mem_used_bytes")?,
-        mem_total_bytes: get_u64(row, "mem_total_bytes")?,
-        disk_read_bps: get_u64(row, "disk_read_bps")?,
-        disk_write_bps: get_u64(row, "disk_write_bps")?,
-        net_rx_bps: get_u64(row, "net_rx_bps")?,
-        net_tx_bps: get_u64(row, "net_tx_bps")?,
-        load1: get(row, "load1")?,
-    };
-    let slowest: Option<String> = get(row, "cost_slowest_calls")?;
-    let slowest_calls_us = match slowest {
-        Some(s) => serde_json::from_str(&s).map_err(|e| {
-            StoreError::Corrupt(format!("host_samples.cost_slowest_calls is not valid: {e}"))
-        })?,
-        None => BTreeMap::new(),
-    };
-    let cost = gpufleet_core::SamplerCost {
-        cpu_us: get_u32_bits(row, "cost_cpu_us")?,
-        wall_us: get_u32_bits(row, "cost_wall_us")?,
-        source_us: get_u32_bits(row, "cost_source_us")?,
-        slowest_calls_us,
-    };
-    let has_cost = cost.cpu_us.is_some()
-        || cost.wall_us.is_some()
-        || cost.source_us.is_some()
-        || !cost.slowest_calls_us.is_empty();
-    Ok(HostRow {
-        time_ms: get(row, "ts_ms")?,
-        sample: (sample != HostSample::default()).then_some(sample),
-        cost: has_cost.then_some(cost),
-    })
-}
-
-fn event_kind(s: &str) -> Result<EventKind, StoreError> {
-    use EventKind::*;
-    [
-        Xid,
-        EccDoubleBit,
-        EccSingleBit,
-        GpuLost,
-        GpuRecovered,
-        Throttle,
-        SpoolDrop,
-    ]
-    .into_iter()
-    .find(|k| k.as_str() == s)
-    .ok_or_else(|| StoreError::Corrupt(format!("events.kind {s:?}")))
 }
 
 #[cfg(test)]

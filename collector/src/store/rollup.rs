@@ -1,10 +1,18 @@
-//! What the store keeps and returns for per-minute rollups and retention (issue 8). The
-//! task that drives them is [`crate::accounting::rollups`]; these are the shapes crossing the store
-//! boundary.
+//! Per-minute rollups and retention in the store ([`RollupStore`]): the shapes crossing
+//! the boundary and their SQL, once for both backends. The task that drives them is
+//! [`crate::accounting::rollups`].
+//!
+//! Rollups are computed in SQL (`INSERT ... SELECT ... GROUP BY minute`) from the raw
+//! tables, so a minute costs one pass over its rows inside the database. Retention deletes
+//! in statements of a bounded number of rows, each its own short transaction, so the
+//! group-commit writer never waits long behind it.
 
-use super::GpuMetric;
+use super::backend::{Backend, Dialect, Get, sql};
+use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange};
+use crate::accounting::energy::{MINUTE_MS, minute_of};
+use async_trait::async_trait;
 use gpufleet_core::UnixMs;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What a rollup series is about: a GPU's metrics or a node's host metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -165,5 +173,651 @@ pub(crate) fn spec(kind: RollupKind) -> Spec {
                 .map(|&c| (c, c == "cpu_util_pct" || c == "load1"))
                 .collect(),
         },
+    }
+}
+
+/// What the rollup and retention task reads and writes, and what the API reads of
+/// rollups.
+#[async_trait]
+pub trait RollupStore: Send + Sync + std::fmt::Debug {
+    /// Every GPU and every node's host series, with its raw sample span and rollup
+    /// watermark.
+    async fn rollup_cursors(&self) -> Result<Vec<RollupCursor>, StoreError>;
+
+    /// In one transaction: recomputes the rollup minutes of `key` in `[from_ms, to_ms)`
+    /// (minute-aligned) from raw samples (a minute left without samples loses its row), and
+    /// raises the watermark to `done_to_ms` (never lowers it). Minutes before the series'
+    /// raw horizon are left as they are. Returns the minutes written.
+    async fn replace_rollups(
+        &self,
+        key: RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError>;
+
+    /// Minutes before the rollup watermark, and at or after the raw horizon, whose stored
+    /// sample count differs from the raw samples' (late data), from `since_ms` on.
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(RollupKey, UnixMs)>, StoreError>;
+
+    /// The stored rollup minutes of one series whose start is in `range`, oldest first.
+    async fn rollup_minutes(
+        &self,
+        key: RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<RollupMinute>, StoreError>;
+
+    /// One metric of one GPU from the rollups: per bucket `[k*step, (k+1)*step)` of whole
+    /// minutes (`step_ms` is at least 60 s; the minutes from the one holding `from` to
+    /// `to`), the average over the raw samples that had the metric (`None` if none had
+    /// it); buckets without minutes are omitted. At most `limit` points.
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError>;
+
+    /// A node's host metrics from the rollups, bucketed like
+    /// [`RollupStore::gpu_rollup_series`]: `(bucket start, values in HOST_METRICS order)`.
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError>;
+
+    /// The raw horizon of every series that has one: its raw samples are complete from
+    /// there on; minutes before it are never recomputed (rollups, energy, checks).
+    async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError>;
+
+    /// Retention of raw data: deletes GPU, process and host samples older than
+    /// `cutoff_ms`, per series only behind its rollup watermark and (GPUs) its energy
+    /// watermark, at a minute boundary (the raw horizon, raised and committed before
+    /// anything is deleted). A GPU keeps its newest sample before the horizon (the start
+    /// of the horizon minute's first interval). At most about `batch_rows` rows per
+    /// transaction. PostgreSQL drops whole day partitions first.
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<RetentionOutcome, StoreError>;
+
+    /// Retention of rollups: deletes rollup minutes, energy minutes and events older than
+    /// `cutoff_ms`, at most about `batch_rows` rows per transaction.
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<RetentionOutcome, StoreError>;
+}
+
+fn stats_from_row<R: Get>(row: &R, col: &str, real: bool) -> Result<MetricStats, StoreError> {
+    let n: i64 = row.get(&format!("{col}_n"))?;
+    let ext = |suffix: &str| -> Result<Option<f64>, StoreError> {
+        let name = format!("{col}_{suffix}");
+        Ok(if real {
+            row.get::<Option<f64>>(&name)?
+        } else {
+            row.get::<Option<i64>>(&name)?.map(|v| v as u64 as f64)
+        })
+    };
+    Ok(MetricStats {
+        n: u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("{col}_n {n}")))?,
+        avg: row.get(&format!("{col}_avg"))?,
+        min: ext("min")?,
+        max: ext("max")?,
+    })
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// `(bucket start, weighted averages)` of some columns of one series.
+    async fn bucket_series(
+        &self,
+        kind: RollupKind,
+        id_value: i64,
+        cols: &[&str],
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
+        let s = spec(kind);
+        let (id, minutes) = (s.id, s.minutes);
+        // The average over the raw samples that had the metric: each minute weighs by its
+        // count; a bucket where no sample had it divides by NULL, giving NULL.
+        let exprs: Vec<String> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("sum({c}_avg * {c}_n) / nullif(sum({c}_n), 0) AS v{i}"))
+            .collect();
+        let exprs = exprs.join(", ");
+        let query = sql::<DB>(
+            "read a rollup series",
+            format!(
+                "SELECT (minute_ms / $1) * $1 AS t, {exprs} FROM {minutes} \
+                 WHERE {id} = $2 AND minute_ms BETWEEN $3 AND $4 GROUP BY 1 ORDER BY 1 LIMIT $5"
+            ),
+        )
+        .bind(step_ms.max(MINUTE_MS))
+        .bind(id_value)
+        .bind(minute_of(range.from_ms))
+        .bind(range.to_ms)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        self.fetch(query, |row| {
+            let values = (0..cols.len())
+                .map(|i| row.get::<Option<f64>>(&format!("v{i}")))
+                .collect::<Result<_, _>>()?;
+            Ok((row.get("t")?, values))
+        })
+        .await
+    }
+
+    /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
+    /// number per statement: up to and including the time of the `batch`-th oldest row (so
+    /// a statement deletes at least `batch` rows while more remain, and at most `batch`
+    /// plus the rows sharing that time). Each statement is its own transaction, taken in
+    /// turn with the other writers of this process where the backend queues them.
+    async fn delete_before(
+        &self,
+        table: &'static str,
+        time_col: &str,
+        id: Option<(&str, i64)>,
+        before: UnixMs,
+        batch: usize,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let (filter, id_value) = match id {
+            Some((col, v)) => (format!("{col} = $3 AND"), v),
+            None => ("CAST($3 AS BIGINT) IS NOT NULL AND".to_owned(), 0),
+        };
+        let text = format!(
+            "DELETE FROM {table} WHERE {filter} {time_col} < $1 AND {time_col} <= coalesce(( \
+               SELECT {time_col} FROM {table} WHERE {filter} {time_col} < $1 \
+               ORDER BY {time_col} LIMIT 1 OFFSET $2), $1)"
+        );
+        let offset = i64::try_from(batch.max(1) - 1).unwrap_or(i64::MAX);
+        loop {
+            let n = self
+                .write_one(
+                    sql::<DB>("delete expired rows", text.clone())
+                        .bind(before)
+                        .bind(offset)
+                        .bind(id_value),
+                )
+                .await?;
+            out.transactions += 1;
+            if n == 0 {
+                return Ok(());
+            }
+            *out.deleted.entry(table).or_default() += n;
+        }
+    }
+
+    /// Raises a series' raw horizon to `to` (never lowers it).
+    async fn raise_horizon(
+        &self,
+        key: RollupKey,
+        to: UnixMs,
+        old: Option<UnixMs>,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        if old.is_some_and(|o| o >= to) {
+            return Ok(());
+        }
+        self.write_one(
+            sql::<DB>(
+                "raise a raw horizon",
+                format!(
+                    "INSERT INTO raw_horizon (kind, id, raw_from_ms) VALUES ($1, $2, $3) \
+                     ON CONFLICT (kind, id) DO UPDATE SET raw_from_ms = {}",
+                    DB::DIALECT.greatest("raw_horizon.raw_from_ms", "excluded.raw_from_ms")
+                ),
+            )
+            .bind(key.kind.as_str())
+            .bind(key.id)
+            .bind(to),
+        )
+        .await?;
+        out.horizons_raised += 1;
+        out.transactions += 1;
+        Ok(())
+    }
+
+    /// Step one of raw retention: raises every series' raw horizon to where its raw
+    /// samples may go (behind the rollup and, for GPUs, the energy watermark; at most
+    /// `cutoff_ms`). Each horizon is committed before anything is deleted, so a
+    /// recomputation that could read a half-deleted minute finds the horizon raised when
+    /// it writes, and leaves the minute alone.
+    async fn raise_raw_horizons(
+        &self,
+        cutoff_ms: UnixMs,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let cutoff = minute_of(cutoff_ms);
+        let gpus = sql::<DB>(
+            "read the watermarks for retention",
+            "SELECT g.id, r.done_to_ms AS rollup_done, e.done_to_ms AS energy_done, \
+               h.raw_from_ms FROM gpus g \
+             JOIN rollup_progress r ON r.kind = 'gpu' AND r.id = g.id \
+             JOIN energy_progress e ON e.gpu_id = g.id \
+             LEFT JOIN raw_horizon h ON h.kind = 'gpu' AND h.id = g.id ORDER BY g.id",
+        )
+        .all(&mut *self.conn().await?)
+        .await?;
+        for row in &gpus {
+            let rollup_done: i64 = row.get("rollup_done")?;
+            let energy_done: i64 = row.get("energy_done")?;
+            let target = minute_of(cutoff.min(rollup_done).min(energy_done));
+            let key = RollupKey::gpu(GpuId(row.get("id")?));
+            self.raise_horizon(key, target, row.get("raw_from_ms")?, out)
+                .await?;
+        }
+        let hosts = sql::<DB>(
+            "read the host watermarks for retention",
+            "SELECT n.id, r.done_to_ms AS rollup_done, h.raw_from_ms FROM nodes n \
+             JOIN rollup_progress r ON r.kind = 'host' AND r.id = n.id \
+             LEFT JOIN raw_horizon h ON h.kind = 'host' AND h.id = n.id ORDER BY n.id",
+        )
+        .all(&mut *self.conn().await?)
+        .await?;
+        for row in &hosts {
+            let rollup_done: i64 = row.get("rollup_done")?;
+            let target = minute_of(cutoff.min(rollup_done));
+            let key = RollupKey::host(NodeId(row.get("id")?));
+            self.raise_horizon(key, target, row.get("raw_from_ms")?, out)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Step three of raw retention (after the backend dropped what it drops whole):
+    /// deletes what is left behind the horizons, in bounded statements.
+    async fn delete_behind_horizons(
+        &self,
+        batch: usize,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let horizons: BTreeSet<(RollupKind, i64, UnixMs)> = self
+            .raw_horizons()
+            .await?
+            .into_iter()
+            .map(|(k, h)| (k.kind, k.id, h))
+            .collect();
+        for (kind, id_value, horizon) in horizons {
+            match kind {
+                RollupKind::Gpu => {
+                    // Keep the newest sample before the horizon: the first interval of the
+                    // horizon's minute starts there.
+                    let keep: Option<i64> = sql::<DB>(
+                        "find the sample before a raw horizon",
+                        "SELECT max(ts_ms) AS keep FROM gpu_samples \
+                         WHERE gpu_id = $1 AND ts_ms < $2",
+                    )
+                    .bind(id_value)
+                    .bind(horizon)
+                    .one(&mut *self.conn().await?)
+                    .await?
+                    .get("keep")?;
+                    let id = Some(("gpu_id", id_value));
+                    if let Some(keep) = keep {
+                        self.delete_before("gpu_samples", "ts_ms", id, keep, batch, out)
+                            .await?;
+                    }
+                    self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
+                        .await?;
+                }
+                RollupKind::Host => {
+                    let id = Some(("node_id", id_value));
+                    self.delete_before("host_samples", "ts_ms", id, horizon, batch, out)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// All ids of `table` (`gpus`, `nodes`), in order.
+    async fn ids(&self, op: &'static str, table: &str) -> Result<Vec<i64>, StoreError> {
+        sql::<DB>(op, format!("SELECT id FROM {table} ORDER BY id"))
+            .all(&mut *self.conn().await?)
+            .await?
+            .iter()
+            .map(|row| row.get("id"))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> RollupStore for SqlStore<DB> {
+    async fn rollup_cursors(&self) -> Result<Vec<RollupCursor>, StoreError> {
+        let mut out = Vec::new();
+        let mut conn = self.conn().await?;
+        for (kind, parent) in [(RollupKind::Gpu, "gpus"), (RollupKind::Host, "nodes")] {
+            let s = spec(kind);
+            let (raw, id) = (s.raw, s.id);
+            let rows = sql::<DB>(
+                "list series for rollups",
+                format!(
+                    "SELECT x.id, (SELECT min(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS first_ms, \
+                     (SELECT max(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS last_ms, p.done_to_ms \
+                     FROM {parent} x LEFT JOIN rollup_progress p ON p.kind = $1 AND p.id = x.id \
+                     ORDER BY x.id"
+                ),
+            )
+            .bind(kind.as_str())
+            .all(&mut conn)
+            .await?;
+            for row in &rows {
+                out.push(RollupCursor {
+                    key: RollupKey {
+                        kind,
+                        id: row.get("id")?,
+                    },
+                    first_sample_ms: row.get("first_ms")?,
+                    last_sample_ms: row.get("last_ms")?,
+                    done_to_ms: row.get("done_to_ms")?,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn replace_rollups(
+        &self,
+        key: RollupKey,
+        from_ms: UnixMs,
+        to_ms: UnixMs,
+        done_to_ms: Option<UnixMs>,
+    ) -> Result<usize, StoreError> {
+        let s = spec(key.kind);
+        let (raw, id, minutes) = (s.raw, s.id, s.minutes);
+        let mut names = Vec::new();
+        let mut aggs = Vec::new();
+        let mut updates = vec!["samples = excluded.samples".to_owned()];
+        for &(c, real) in &s.cols {
+            names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
+            aggs.push(match DB::DIALECT {
+                Dialect::Sqlite => format!("count({c}), avg({c}), min({c}), max({c})"),
+                Dialect::Postgres => {
+                    let ext = if real { "float8" } else { "int8" };
+                    format!("count({c})::int4, avg({c})::float8, min({c})::{ext}, max({c})::{ext}")
+                }
+            });
+            for suffix in ["n", "avg", "min", "max"] {
+                updates.push(format!("{c}_{suffix} = excluded.{c}_{suffix}"));
+            }
+        }
+        let (names, aggs, updates) = (names.join(", "), aggs.join(", "), updates.join(", "));
+        let mut tx = self.begin_write("begin a rollup transaction").await?;
+        let written = match DB::DIALECT {
+            Dialect::Sqlite => {
+                // Minutes before the raw horizon keep their rows: their raw samples are
+                // gone.
+                let horizon = sql::<DB>(
+                    "read a raw horizon",
+                    "SELECT raw_from_ms FROM raw_horizon WHERE kind = $1 AND id = $2",
+                )
+                .bind(key.kind.as_str())
+                .bind(key.id)
+                .optional(tx.conn())
+                .await?;
+                let horizon: Option<i64> = horizon.map(|r| r.get("raw_from_ms")).transpose()?;
+                let from_ms = from_ms.max(horizon.unwrap_or(i64::MIN));
+                if from_ms < to_ms {
+                    sql::<DB>(
+                        "delete rollup minutes being recomputed",
+                        format!(
+                            "DELETE FROM {minutes} WHERE {id} = $1 AND minute_ms >= $2 \
+                             AND minute_ms < $3"
+                        ),
+                    )
+                    .bind(key.id)
+                    .bind(from_ms)
+                    .bind(to_ms)
+                    .execute(tx.conn())
+                    .await?;
+                    sql::<DB>(
+                        "compute rollup minutes",
+                        format!(
+                            "INSERT INTO {minutes} ({id}, minute_ms, samples, {names}) \
+                             SELECT {id}, (ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS m, count(*), \
+                             {aggs} FROM {raw} WHERE {id} = $1 AND ts_ms >= $2 AND ts_ms < $3 \
+                             GROUP BY m"
+                        ),
+                    )
+                    .bind(key.id)
+                    .bind(from_ms)
+                    .bind(to_ms)
+                    .execute(tx.conn())
+                    .await?
+                } else {
+                    0
+                }
+            }
+            // One statement that reads the raw horizon itself, so the horizon and the raw
+            // rows come from one snapshot (under READ COMMITTED a separate read could miss
+            // a horizon raised just before a deletion). No minute in the range loses its
+            // samples (raw goes only behind the horizon), so an upsert replaces every row
+            // the range had.
+            Dialect::Postgres => {
+                sql::<DB>(
+                    "compute rollup minutes",
+                    format!(
+                        "INSERT INTO {minutes} ({id}, minute_ms, samples, {names}) \
+                         SELECT {id}, (ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS m, count(*)::int4, \
+                         {aggs} FROM {raw} WHERE {id} = $1 AND ts_ms < $3 \
+                         AND ts_ms >= greatest($2, coalesce( \
+                           (SELECT raw_from_ms FROM raw_horizon WHERE kind = $4 AND id = $1), $2)) \
+                         GROUP BY {id}, m \
+                         ON CONFLICT ({id}, minute_ms) DO UPDATE SET {updates}"
+                    ),
+                )
+                .bind(key.id)
+                .bind(from_ms)
+                .bind(to_ms)
+                .bind(key.kind.as_str())
+                .execute(tx.conn())
+                .await?
+            }
+        };
+        if let Some(done) = done_to_ms {
+            sql::<DB>(
+                "advance the rollup watermark",
+                format!(
+                    "INSERT INTO rollup_progress (kind, id, done_to_ms) VALUES ($1, $2, $3) \
+                     ON CONFLICT (kind, id) DO UPDATE SET done_to_ms = {}",
+                    DB::DIALECT.greatest("rollup_progress.done_to_ms", "excluded.done_to_ms")
+                ),
+            )
+            .bind(key.kind.as_str())
+            .bind(key.id)
+            .bind(done)
+            .execute(tx.conn())
+            .await?;
+        }
+        tx.commit("commit rollup minutes").await?;
+        Ok(usize::try_from(written).unwrap_or(usize::MAX))
+    }
+
+    async fn stale_rollup_minutes(
+        &self,
+        since_ms: UnixMs,
+    ) -> Result<Vec<(RollupKey, UnixMs)>, StoreError> {
+        let mut out = Vec::new();
+        let mut conn = self.conn().await?;
+        for kind in [RollupKind::Gpu, RollupKind::Host] {
+            let s = spec(kind);
+            let (raw, id, minutes) = (s.raw, s.id, s.minutes);
+            let rows = sql::<DB>(
+                "find rollup minutes with late samples",
+                format!(
+                    "SELECT r.id, r.minute_ms FROM ( \
+                       SELECT s.{id} AS id, (s.ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS minute_ms, \
+                         count(*) AS n \
+                       FROM {raw} s JOIN rollup_progress p ON p.kind = $2 AND p.id = s.{id} \
+                       LEFT JOIN raw_horizon h ON h.kind = $2 AND h.id = s.{id} \
+                       WHERE s.ts_ms >= $1 AND s.ts_ms < p.done_to_ms \
+                         AND (h.raw_from_ms IS NULL OR s.ts_ms >= h.raw_from_ms) GROUP BY 1, 2) r \
+                     LEFT JOIN {minutes} m ON m.{id} = r.id AND m.minute_ms = r.minute_ms \
+                     WHERE m.samples IS NULL OR m.samples != r.n ORDER BY 1, 2"
+                ),
+            )
+            .bind(since_ms.max(0))
+            .bind(kind.as_str())
+            .all(&mut conn)
+            .await?;
+            for row in &rows {
+                out.push((
+                    RollupKey {
+                        kind,
+                        id: row.get("id")?,
+                    },
+                    row.get("minute_ms")?,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn rollup_minutes(
+        &self,
+        key: RollupKey,
+        range: TimeRange,
+    ) -> Result<Vec<RollupMinute>, StoreError> {
+        let s = spec(key.kind);
+        let (id, minutes) = (s.id, s.minutes);
+        let query = sql::<DB>(
+            "read rollup minutes",
+            format!(
+                "SELECT * FROM {minutes} WHERE {id} = $1 AND minute_ms BETWEEN $2 AND $3 \
+                 ORDER BY minute_ms"
+            ),
+        )
+        .bind(key.id)
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        self.fetch(query, |row| {
+            let samples: i64 = row.get("samples")?;
+            Ok(RollupMinute {
+                minute_ms: row.get("minute_ms")?,
+                samples: u32::try_from(samples)
+                    .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
+                metrics: s
+                    .cols
+                    .iter()
+                    .map(|&(c, real)| stats_from_row(row, c, real))
+                    .collect::<Result<_, _>>()?,
+            })
+        })
+        .await
+    }
+
+    async fn gpu_rollup_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        let cols = [metric.name()];
+        let rows = self
+            .bucket_series(RollupKind::Gpu, gpu.0, &cols, range, step_ms, limit)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(t, v)| (t, v.first().copied().flatten()))
+            .collect())
+    }
+
+    async fn host_rollup_series(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        step_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
+        self.bucket_series(
+            RollupKind::Host,
+            node.0,
+            &HOST_METRICS,
+            range,
+            step_ms,
+            limit,
+        )
+        .await
+    }
+
+    async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError> {
+        let query = sql::<DB>(
+            "read raw horizons",
+            "SELECT kind, id, raw_from_ms FROM raw_horizon",
+        );
+        let horizons = self.fetch(query, |row| {
+            let kind: String = row.get("kind")?;
+            let kind = RollupKind::parse(&kind)
+                .ok_or_else(|| StoreError::Corrupt(format!("raw_horizon.kind {kind:?}")))?;
+            Ok((
+                RollupKey {
+                    kind,
+                    id: row.get("id")?,
+                },
+                row.get("raw_from_ms")?,
+            ))
+        });
+        Ok(horizons.await?.into_iter().collect())
+    }
+
+    /// Raises the raw horizons, lets the backend drop what it can drop whole (PostgreSQL:
+    /// every raw day partition that ends before the oldest row still to be kept), then
+    /// deletes the rest behind the horizons in bounded statements.
+    async fn expire_raw_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch_rows: usize,
+    ) -> Result<RetentionOutcome, StoreError> {
+        let mut out = RetentionOutcome::default();
+        self.raise_raw_horizons(cutoff_ms, &mut out).await?;
+        out.partitions_dropped = DB::drop_expired_raw(self).await?;
+        self.delete_behind_horizons(batch_rows, &mut out).await?;
+        Ok(out)
+    }
+
+    async fn expire_rollups_before(
+        &self,
+        cutoff_ms: UnixMs,
+        batch: usize,
+    ) -> Result<RetentionOutcome, StoreError> {
+        let mut out = RetentionOutcome::default();
+        let cutoff = minute_of(cutoff_ms);
+        for id in self.ids("list GPUs for retention", "gpus").await? {
+            for table in [
+                "gpu_minutes",
+                "energy_gpu_minutes",
+                "energy_workload_minutes",
+                "carbon_gpu_minutes",
+            ] {
+                let key = Some(("gpu_id", id));
+                self.delete_before(table, "minute_ms", key, cutoff, batch, &mut out)
+                    .await?;
+            }
+        }
+        for id in self.ids("list nodes for retention", "nodes").await? {
+            let key = Some(("node_id", id));
+            self.delete_before("host_minutes", "minute_ms", key, cutoff, batch, &mut out)
+                .await?;
+        }
+        self.delete_before("events", "ts_ms", None, cutoff, batch, &mut out)
+            .await?;
+        // Cached intensity slots price energy minutes only: they go with them.
+        self.delete_before("carbon_intensity", "to_ms", None, cutoff, batch, &mut out)
+            .await?;
+        Ok(out)
     }
 }

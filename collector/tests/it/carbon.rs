@@ -214,7 +214,7 @@ async fn write_trace(
         provisional: false,
         ..Default::default()
     };
-    let mut acc = Accountant::new(Arc::clone(store), options, Arc::new(move || to));
+    let mut acc = Accountant::new(store.clone(), options, Arc::new(move || to));
     acc.pass().await.expect("energy pass");
 }
 
@@ -241,7 +241,7 @@ fn pricer(store: &Arc<dyn Store>, config: Arc<CarbonConfig>, now: Arc<AtomicI64>
         config,
         ..Default::default()
     };
-    Pricer::new(Arc::clone(store), options, clock)
+    Pricer::new(store.clone(), store.clone(), options, clock)
 }
 
 fn all_time() -> TimeRange {
@@ -759,7 +759,7 @@ async fn minutes_that_cannot_be_priced_never_starve_newer_ones() {
         batch: 5,
         ..Default::default()
     };
-    let mut p = Pricer::new(Arc::clone(&store), options, clock);
+    let mut p = Pricer::new(store.clone(), store.clone(), options, clock);
     let mut priced = 0;
     for _ in 0..5 {
         priced += p.run_once().await.expect("pass").priced;

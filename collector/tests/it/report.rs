@@ -84,7 +84,7 @@ async fn seeded() -> (tempfile::TempDir, Arc<dyn Store>) {
         },
         ..Default::default()
     };
-    Accountant::new(Arc::clone(&store), options, clock_at(T0))
+    Accountant::new(store.clone(), options, clock_at(T0))
         .pass()
         .await
         .expect("pass");
@@ -317,7 +317,7 @@ async fn on_a_simulated_node_every_workload_report_matches_the_energy_api() {
     for (i, chunk) in ticks.chunks(30).enumerate() {
         write_ticks(&store, &node, i as u64 + 1, chunk.to_vec()).await;
     }
-    Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock_at(T0))
+    Accountant::new(store.clone(), EnergyOptions::default(), clock_at(T0))
         .pass()
         .await
         .expect("pass");
@@ -357,10 +357,15 @@ async fn the_report_carries_the_stored_carbon_prices() {
         config: Arc::new(config),
         ..Default::default()
     };
-    Pricer::new(Arc::clone(&store), options, clock_at(T0 + 10 * MIN))
-        .run_once()
-        .await
-        .expect("pricing pass");
+    Pricer::new(
+        store.clone(),
+        store.clone(),
+        options,
+        clock_at(T0 + 10 * MIN),
+    )
+    .run_once()
+    .await
+    .expect("pricing pass");
     let range = format!("from={T0}&to={}", T0 + 10 * MIN);
     for (q, api) in [
         (

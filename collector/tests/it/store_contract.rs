@@ -792,7 +792,7 @@ mod contract {
             batch_rows: 50,
             ..Default::default()
         };
-        Rollups::new(Arc::clone(store), options, clock_at(now))
+        Rollups::new(store.clone(), options, clock_at(now))
     }
 
     pub async fn rollups_hold_avg_min_max_and_absent_is_null(store: Arc<dyn Store>) {
@@ -1011,7 +1011,7 @@ mod contract {
         )
         .await;
         let energy = EnergyOptions::default();
-        Accountant::new(Arc::clone(&store), energy.clone(), clock_at(T0))
+        Accountant::new(store.clone(), energy.clone(), clock_at(T0))
             .pass()
             .await
             .expect("account");
@@ -1074,7 +1074,7 @@ mod contract {
         // restarted accountant or rollup task, nor by recompute-energy or late data.
         assert_eq!(store.stale_energy_minutes(0).await.expect("stale"), vec![]);
         assert_eq!(store.stale_rollup_minutes(0).await.expect("stale"), vec![]);
-        let mut acc = Accountant::new(Arc::clone(&store), energy.clone(), clock_at(T0));
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(T0));
         acc.mark(a, T0 + 30_000);
         acc.mark(b, T0 + 2 * MIN);
         acc.pass().await.expect("account");
@@ -1164,7 +1164,7 @@ mod contract {
             batch(3, T0 + 330_000, 170, &["GPU-a"]).ticks,
         )
         .await;
-        let mut acc = Accountant::new(Arc::clone(&store), energy.clone(), clock_at(far));
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(far));
         acc.pass().await.expect("account");
         r.expire(far).await.expect("expire");
         assert_eq!(horizon_a().await, Some(T0 + 5 * MIN), "held by the rollups");
@@ -1767,7 +1767,7 @@ async fn postgres_retention_drops_whole_days_behind_the_watermarks() {
             .expect("write");
     }
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         EnergyOptions::default(),
         contract::clock_at(T0),
     )

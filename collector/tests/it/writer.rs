@@ -1,13 +1,21 @@
 //! The group-commit writer: answers only after commit, isolates a batch the store refuses,
-//! and commits what is queued when stopped.
+//! commits what is queued when stopped, and under a store slower than the fleet keeps its
+//! queue bounded and loses nothing (over a slow fake of the writes it needs).
 
 use crate::common::*;
+use async_trait::async_trait;
 use gpufleet_collector::ingest::writer::{self, WriterOptions};
 use gpufleet_collector::live::state::Live;
 use gpufleet_collector::metrics::Metrics;
-use gpufleet_collector::store::{NodeBatch, NodeKeys};
+use gpufleet_collector::store::{
+    GpuId, IngestWrites, NodeBatch, NodeId, NodeKeys, NodeRecord, Rehomed, StoreError, WriteOutcome,
+};
+use gpufleet_core::wire::HelloInfo;
+use gpufleet_core::{Inventory, UnixMs};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
@@ -35,7 +43,7 @@ async fn a_refused_batch_does_not_take_its_group_down() {
     live.connected(b.clone());
     let stop = CancellationToken::new();
     let (handle, task) = writer::spawn(
-        Arc::clone(&store),
+        store.clone(),
         Arc::clone(&live),
         Arc::clone(&metrics),
         WriterOptions::default(),
@@ -119,4 +127,156 @@ async fn a_refused_batch_does_not_take_its_group_down() {
         "closed"
     );
     assert_eq!(store.nodes().await.expect("nodes")[0].last_acked_seq, 3);
+}
+
+/// A store slower than the fleet: each commit takes `per_row` for each row it holds. It
+/// remembers every batch it committed, as (node, seq), in commit order.
+#[derive(Debug)]
+struct SlowWrites {
+    per_row: Duration,
+    committed: Mutex<Vec<(String, u64)>>,
+}
+
+#[async_trait]
+impl IngestWrites for SlowWrites {
+    async fn register_node(
+        &self,
+        _: &HelloInfo,
+        _: &Inventory,
+        _: UnixMs,
+    ) -> Result<NodeRecord, StoreError> {
+        Err(StoreError::Corrupt(
+            "the writer never registers nodes".into(),
+        ))
+    }
+
+    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
+        let rows: usize = batches.iter().map(NodeBatch::rows).sum();
+        tokio::time::sleep(self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)).await;
+        let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
+        committed.extend(
+            batches
+                .iter()
+                .map(|nb| (nb.keys.name.clone(), nb.batch.seq)),
+        );
+        Ok(WriteOutcome::default())
+    }
+
+    async fn rehome_gpu(&self, _: &str, _: &str) -> Result<Rehomed, StoreError> {
+        Ok(Rehomed::UnknownGpu)
+    }
+}
+
+/// What the end-to-end overload test showed with real agents (a collector whose store is
+/// three times slower than the fleet keeps flat memory while the agents spool), at the
+/// writer: its queue never holds more than `queue_batches`, submitters wait for room
+/// instead of piling batches up, and once the streams stop every batch is committed
+/// exactly once, in each node's order, and answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_store_keeps_the_queue_bounded_and_loses_nothing() {
+    const QUEUE: usize = 8;
+    const NODES: usize = 3;
+    const BATCHES: u64 = 40;
+    let store = Arc::new(SlowWrites {
+        per_row: Duration::from_micros(200),
+        committed: Mutex::new(Vec::new()),
+    });
+    let options = WriterOptions {
+        queue_batches: QUEUE,
+        ..WriterOptions::default()
+    };
+    let stop = CancellationToken::new();
+    let (handle, task) = writer::spawn(
+        store.clone(),
+        Arc::new(Live::new()),
+        Arc::new(Metrics::default()),
+        options,
+        stop.clone(),
+    );
+    let watch = {
+        let handle = handle.clone();
+        let done = CancellationToken::new();
+        let watching = done.clone();
+        let task = tokio::spawn(async move {
+            let mut deepest = 0;
+            while !watching.is_cancelled() {
+                deepest = deepest.max(handle.queued());
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+            deepest
+        });
+        (done, task)
+    };
+    // Each node's stream submits as fast as the writer lets it (10 ticks of 2 GPUs, 30
+    // rows a batch: 6 ms of store time each, far slower than they are offered).
+    let streams: Vec<_> = (0..NODES)
+        .map(|n| {
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let name = format!("node-{n}");
+                let gpus = [format!("GPU-{n}-0"), format!("GPU-{n}-1")];
+                let keys = Arc::new(NodeKeys {
+                    id: NodeId(n as i64 + 1),
+                    name,
+                    gpus: gpus
+                        .iter()
+                        .enumerate()
+                        .map(|(i, g)| (g.clone(), GpuId((n * 2 + i) as i64 + 1)))
+                        .collect(),
+                });
+                let uuids: Vec<&str> = gpus.iter().map(String::as_str).collect();
+                let mut answers = Vec::new();
+                let mut longest_wait = Duration::ZERO;
+                for seq in 1..=BATCHES {
+                    let started = std::time::Instant::now();
+                    let rx = handle
+                        .submit(NodeBatch {
+                            keys: Arc::clone(&keys),
+                            batch: batch(seq, T0 + seq as i64 * 10_000, 10, &uuids),
+                        })
+                        .await
+                        .expect("queued");
+                    longest_wait = longest_wait.max(started.elapsed());
+                    answers.push(rx);
+                }
+                let mut ok = 0;
+                for rx in answers {
+                    ok += u64::from(rx.await.expect("answered").is_ok());
+                }
+                (ok, longest_wait)
+            })
+        })
+        .collect();
+    let mut waited = Duration::ZERO;
+    for s in streams {
+        let (ok, longest_wait) = s.await.expect("stream");
+        assert_eq!(ok, BATCHES, "every batch is answered as committed");
+        waited = waited.max(longest_wait);
+    }
+    watch.0.cancel();
+    let deepest = watch.1.await.expect("watch");
+    stop.cancel();
+    task.await.expect("writer");
+    assert!(
+        deepest <= QUEUE,
+        "writer queue bounded: {deepest} > {QUEUE}"
+    );
+    assert!(
+        waited >= Duration::from_millis(5),
+        "submitters must wait for room while the store is behind (longest wait {waited:?})"
+    );
+    let committed = store.committed.lock().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(
+        committed.len(),
+        NODES * BATCHES as usize,
+        "each batch committed once"
+    );
+    for n in 0..NODES {
+        let seqs: Vec<u64> = committed
+            .iter()
+            .filter(|(name, _)| *name == format!("node-{n}"))
+            .map(|(_, seq)| *seq)
+            .collect();
+        assert_eq!(seqs, (1..=BATCHES).collect::<Vec<_>>(), "node-{n} in order");
+    }
 }

@@ -22,14 +22,10 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
         .map(|k| shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
-    Accountant::new(
-        Arc::clone(&store),
-        options(40, IdlePolicy::Spread),
-        clock_at(T0),
-    )
-    .pass()
-    .await
-    .expect("pass");
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("pass");
     let range = format!("from={T0}&to={}", T0 + 10 * MIN);
     let (status, v) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
     assert_eq!(status, 200, "{v}");

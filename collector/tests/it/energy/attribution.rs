@@ -88,7 +88,7 @@ async fn always_busy_gpus_split_by_sm_on(store: Arc<dyn Store>) {
             ..Default::default()
         };
         // Long after: every minute closed.
-        let mut acc = Accountant::new(Arc::clone(&store), options.clone(), clock_at(T0 + 60 * MIN));
+        let mut acc = Accountant::new(store.clone(), options.clone(), clock_at(T0 + 60 * MIN));
         acc.pass().await.expect("pass");
         gpufleet_collector::accounting::accountant::recompute(store.as_ref(), all_time(), &options)
             .await
@@ -206,7 +206,7 @@ async fn idle_then_busy_on(store: Arc<dyn Store>) {
     let (first, rest) = ticks.split_at(131);
     write_ticks(&store, &node, 1, first.to_vec()).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         EnergyOptions::default(),
         clock_at(T0 + 131_000),
     )
@@ -215,7 +215,7 @@ async fn idle_then_busy_on(store: Arc<dyn Store>) {
     .expect("pass");
     write_ticks(&store, &node, 2, rest.to_vec()).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         EnergyOptions::default(),
         clock_at(T0 + 60 * MIN),
     )
@@ -311,7 +311,7 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
     write_ticks(&store, &node, 1, ticks).await;
     let last = T0 + 95_000;
     let options = options(40, IdlePolicy::Spread);
-    let mut acc = Accountant::new(Arc::clone(&store), options.clone(), clock_at(last + 5_000));
+    let mut acc = Accountant::new(store.clone(), options.clone(), clock_at(last + 5_000));
     acc.pass().await.expect("pass");
 
     let range = format!("from={T0}&to={}", T0 + 10 * MIN);
@@ -358,7 +358,7 @@ async fn short_job_then_silence_on(store: Arc<dyn Store>) {
     // A grace period after minute 1 ends, it is closed without a later sample: final,
     // with the same figures, and the watermark moved past it.
     let closed = T0 + 2 * MIN + options.grace_ms(1000);
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock_at(closed));
+    let mut acc = Accountant::new(store.clone(), options, clock_at(closed));
     acc.pass().await.expect("pass");
     let v = at(closed, format!("/api/v1/energy?{range}")).await;
     assert_eq!(v["total"]["energy_j"], all_j);

@@ -22,7 +22,7 @@ async fn demo_database(dir: &tempfile::TempDir) -> (String, Arc<dyn Store>) {
             write_ticks(&store, &node, i as u64 + 1, chunk.to_vec()).await;
         }
     }
-    Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock_at(T0))
+    Accountant::new(store.clone(), EnergyOptions::default(), clock_at(T0))
         .pass()
         .await
         .expect("pass");

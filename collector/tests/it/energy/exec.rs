@@ -71,7 +71,7 @@ async fn exec_and_the_collector_agree_on_an_exclusive_job_but_for_the_interval_b
             .expect("exec measured energy");
         write_ticks(&store, &node, 1, ticks).await;
         Accountant::new(
-            Arc::clone(&store),
+            store.clone(),
             options(40, IdlePolicy::Spread),
             clock_at(T0 + 60 * MIN),
         )

@@ -54,7 +54,7 @@ async fn job_end_on_a_live_node_on(store: Arc<dyn Store>) {
         let n = Arc::clone(&clock_now);
         Arc::new(move || n.load(Ordering::SeqCst))
     };
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    let mut acc = Accountant::new(store.clone(), options, clock);
     let job_end = T0 + 30_000;
     let mut whole_at = None;
     for batch in 0..11 {

@@ -16,7 +16,7 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(40, IdlePolicy::Spread),
         clock_at(T0 + 60 * MIN),
     )
@@ -97,7 +97,7 @@ async fn a_pass_recomputes_at_most_its_budget_of_open_minutes_quiet_gpus_first()
         provisional_per_pass: 1,
         ..Default::default()
     };
-    let mut acc = Accountant::new(Arc::clone(&store), options, clock);
+    let mut acc = Accountant::new(store.clone(), options, clock);
     // The samples in each GPU's stored open minute (None: none stored).
     let stored = async |gpu| {
         let m = store
@@ -215,7 +215,7 @@ async fn open_minute_cost() {
         let n = Arc::clone(&now);
         Arc::new(move || n.load(Ordering::SeqCst))
     };
-    let mut acc = Accountant::new(Arc::clone(&store), EnergyOptions::default(), clock);
+    let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock);
     let t = std::time::Instant::now();
     acc.pass().await.expect("pass");
     let first = t.elapsed();

@@ -23,19 +23,11 @@ async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
         .map(|k| shared_tick("GPU-ret", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
-    Accountant::new(
-        Arc::clone(&store),
-        options(40, IdlePolicy::Spread),
-        clock_at(T0),
-    )
-    .pass()
-    .await
-    .expect("account");
-    let mut rollups = Rollups::new(
-        Arc::clone(&store),
-        RetentionOptions::default(),
-        clock_at(T0),
-    );
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("account");
+    let mut rollups = Rollups::new(store.clone(), RetentionOptions::default(), clock_at(T0));
     rollups.pass().await.expect("roll up");
     let live = Arc::new(Live::new());
     live.seed(
@@ -74,7 +66,7 @@ async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
     assert_eq!(out.deleted.get("gpu_samples"), Some(&239), "{out:?}");
     // A restarted accountant rechecks the minutes around the horizon: nothing changes.
     Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(40, IdlePolicy::Spread),
         clock_at(T0 + 5 * MIN),
     )

@@ -31,11 +31,7 @@ async fn two_containers_sm_three_to_one_get_the_hand_computed_joules_by_counter_
         ticks.push(shared_tick("GPU-e", T0 + k * 1000, power(k), Some(counter)));
     }
     write_ticks(&store, &node, 1, ticks).await;
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(60, IdlePolicy::Spread),
-        clock_at(T0),
-    );
+    let mut acc = Accountant::new(store.clone(), options(60, IdlePolicy::Spread), clock_at(T0));
     acc.pass().await.expect("pass");
 
     // By hand: minutes 0..3 are closed (the newest sample is in minute 3) and minute 3 is
@@ -89,7 +85,7 @@ async fn without_a_counter_the_trapezoid_matches_the_exact_integral_at_1hz() {
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
     let mut acc = Accountant::new(
-        Arc::clone(&store),
+        store.clone(),
         options(50, IdlePolicy::Separate),
         clock_at(T0),
     );
@@ -146,11 +142,7 @@ async fn late_data_behind_the_watermark_is_recomputed_and_a_gap_shows_as_missing
         .map(tick)
         .collect();
     write_ticks(&store, &node, 1, early).await;
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(0, IdlePolicy::Spread),
-        clock_at(T0),
-    );
+    let mut acc = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock_at(T0));
     acc.pass().await.expect("pass");
     let gpu = store.gpu_energy(all_time()).await.expect("energy")[0].clone();
     assert_eq!(gpu.missing_ms, 30_000, "the hole is missing time");
@@ -205,11 +197,7 @@ async fn late_data_found_without_announcements_by_the_start_up_recheck() {
     )
     .await;
     let clock = clock_at(T0 + 10 * MIN);
-    let mut acc = Accountant::new(
-        Arc::clone(&store),
-        options(0, IdlePolicy::Spread),
-        clock.clone(),
-    );
+    let mut acc = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock.clone());
     acc.pass().await.expect("pass");
     write_ticks(&store, &node, 2, vec![tick(30)]).await;
     let stale = store.stale_energy_minutes(0).await.expect("stale");
@@ -223,7 +211,7 @@ async fn late_data_found_without_announcements_by_the_start_up_recheck() {
         .expect("check");
     assert_eq!(report.violations.len(), 1, "{report:?}");
     // A restarted collector rechecks at start-up.
-    let mut restarted = Accountant::new(Arc::clone(&store), options(0, IdlePolicy::Spread), clock);
+    let mut restarted = Accountant::new(store.clone(), options(0, IdlePolicy::Spread), clock);
     restarted.pass().await.expect("pass");
     let report = energy_check::check(store.as_ref(), all_time())
         .await
@@ -251,7 +239,7 @@ async fn an_exclusive_container_gets_the_whole_energy_minus_idle_under_separate(
             })
             .collect();
         write_ticks(&store, &node, 1, ticks).await;
-        Accountant::new(Arc::clone(&store), options(40, policy), clock_at(T0))
+        Accountant::new(store.clone(), options(40, policy), clock_at(T0))
             .pass()
             .await
             .expect("pass");

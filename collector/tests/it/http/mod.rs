@@ -41,7 +41,7 @@ impl Fixture {
         let live = Arc::new(Live::new());
         let metrics = Arc::new(Metrics::default());
         let (writer, _task) = writer::spawn(
-            Arc::clone(&store),
+            store.clone(),
             Arc::clone(&live),
             Arc::clone(&metrics),
             WriterOptions::default(),

@@ -1,0 +1,559 @@
+//! The dialect layer: what the shared queries need from a database, and the few places
+//! where SQLite and PostgreSQL differ.
+//!
+//! Queries are written once, as SQL text both databases accept (numbered `$N`
+//! parameters, which sqlx-sqlite binds by number too; `CAST(... AS BIGINT)` where
+//! PostgreSQL would sum into `numeric`), and run through [`Sql`] against either backend.
+//! Rows are decoded once, through [`Get`]: a column is asked for as the Rust type the
+//! domain wants and each backend reads it from its own storage type (PostgreSQL keeps
+//! small numbers in `int2`/`int4`, SQLite everything in 64-bit integers). What really
+//! differs is a [`Dialect`] method (upserts' `greatest`, request rows, distinct lists) or
+//! a [`Backend`] hook (the hand-tuned write paths, leases, raw retention).
+
+use super::carbon::CarbonMinute;
+use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
+use async_trait::async_trait;
+use futures::future::BoxFuture;
+use gpufleet_carbon::IntensitySlot;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Arguments, Database, Row, TypeInfo, ValueRef};
+
+/// Which SQL a backend speaks, where the two differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// The larger of two values (SQLite's scalar `max`, PostgreSQL's `greatest`).
+    pub fn greatest(self, a: &str, b: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("max({a}, {b})"),
+            Dialect::Postgres => format!("greatest({a}, {b})"),
+        }
+    }
+
+    /// A CTE `r` of request rows with the given integer columns, read from what
+    /// [`Sql::bind_rows`] binds as parameter 1 (SQLite: one JSON array; PostgreSQL: one
+    /// array per column, `$1..$n`).
+    pub fn request_rows(self, columns: &[&str]) -> String {
+        match self {
+            Dialect::Sqlite => {
+                let cols: Vec<String> = columns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("json_extract(value, '$[{i}]') AS {c}"))
+                    .collect();
+                format!(
+                    "WITH r AS MATERIALIZED (SELECT {} FROM json_each($1))",
+                    cols.join(", ")
+                )
+            }
+            Dialect::Postgres => {
+                let arrays: Vec<String> = (1..=columns.len())
+                    .map(|i| format!("${i}::int8[]"))
+                    .collect();
+                format!(
+                    "WITH r AS (SELECT * FROM UNNEST({}) AS u({}))",
+                    arrays.join(", "),
+                    columns.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The rows of `table` (aliased `alias`) of request `r`'s series (`key` = `r.id`) in
+    /// `[r.from_ms, r.to_ms]` of `time`, in `order`: PostgreSQL reads each request's
+    /// newest or oldest `lim` through the index (a lateral with a LIMIT); SQLite joins.
+    pub fn rows_per_request(
+        self,
+        table: &str,
+        alias: &str,
+        key: &str,
+        order: &str,
+        lim: &str,
+    ) -> String {
+        match self {
+            Dialect::Sqlite => format!(
+                "CROSS JOIN {table} {alias} ON {alias}.{key} = r.id \
+                 AND {alias}.ts_ms BETWEEN r.from_ms AND r.to_ms"
+            ),
+            Dialect::Postgres => format!(
+                "CROSS JOIN LATERAL (SELECT * FROM {table} x WHERE x.{key} = r.id \
+                 AND x.ts_ms BETWEEN r.from_ms AND r.to_ms ORDER BY {order} LIMIT {lim}) {alias}"
+            ),
+        }
+    }
+
+    /// `expr` ordered byte by byte (SQLite's default; PostgreSQL's `"C"` collation).
+    pub fn bytewise(self, expr: &str) -> String {
+        match self {
+            Dialect::Sqlite => expr.to_owned(),
+            Dialect::Postgres => format!("{expr} COLLATE \"C\""),
+        }
+    }
+
+    /// The distinct values of a text expression over a group, read back with
+    /// [`List`].
+    pub fn distinct_list(self, expr: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("group_concat(DISTINCT {expr})"),
+            Dialect::Postgres => format!("array_agg(DISTINCT {expr})"),
+        }
+    }
+}
+
+/// A database the store runs on: how to run a query on it, and the hooks for what is
+/// written separately for each (the measured hot paths and the backends' own machinery).
+#[async_trait]
+pub trait Backend: Database<Row: Get> + Sized {
+    /// `/api/v1/health`'s name for it.
+    const BACKEND: &'static str;
+    const DIALECT: Dialect;
+    /// The statement that opens a write transaction (SQLite: `BEGIN IMMEDIATE`, so a
+    /// writer never has to upgrade a read lock).
+    const BEGIN_WRITE: Option<&'static str>;
+    /// Whether several collectors may share one database.
+    const SHARED: bool;
+    /// What a store on this backend keeps besides its pool.
+    type Local: std::fmt::Debug + Send + Sync;
+
+    /// The FIFO queue this process's write transactions take turns in, if the backend
+    /// needs one (SQLite admits one writer and is not fair among waiters).
+    fn write_gate(local: &Self::Local) -> Option<&tokio::sync::Mutex<()>>;
+
+    fn add<T: Value>(args: &mut Self::Arguments, v: T) -> Result<(), BoxDynError>;
+    fn fetch_all<'c>(
+        conn: &'c mut Self::Connection,
+        sql: String,
+        args: Self::Arguments,
+    ) -> BoxFuture<'c, Result<Vec<Self::Row>, sqlx::Error>>;
+    fn fetch_optional<'c>(
+        conn: &'c mut Self::Connection,
+        sql: String,
+        args: Self::Arguments,
+    ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>>;
+    /// Rows affected.
+    fn execute<'c>(
+        conn: &'c mut Self::Connection,
+        sql: String,
+        args: Self::Arguments,
+    ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
+
+    /// [`IngestWrites::write_batches`](super::IngestWrites::write_batches) of at least one
+    /// batch: the group commit, tuned per backend.
+    async fn write_batches(
+        store: &SqlStore<Self>,
+        batches: &[NodeBatch],
+    ) -> Result<WriteOutcome, StoreError>;
+
+    /// [`JobLeases::try_lead`](super::JobLeases::try_lead).
+    async fn try_lead(store: &SqlStore<Self>, job: &str) -> Result<Option<Lease>, StoreError>;
+
+    /// The part of raw retention a backend does wholesale once the horizons are raised
+    /// (PostgreSQL drops day partitions); returns what it dropped.
+    async fn drop_expired_raw(store: &SqlStore<Self>) -> Result<Vec<String>, StoreError>;
+
+    /// [`CarbonStore::upsert_intensity`](super::CarbonStore::upsert_intensity).
+    async fn upsert_intensity(
+        store: &SqlStore<Self>,
+        slots: &[IntensitySlot],
+    ) -> Result<(), StoreError>;
+
+    /// [`CarbonStore::replace_carbon_minutes`](super::CarbonStore::replace_carbon_minutes).
+    async fn replace_carbon_minutes(
+        store: &SqlStore<Self>,
+        minutes: &[CarbonMinute],
+    ) -> Result<(), StoreError>;
+}
+
+/// A value a shared query can bind on either backend.
+pub trait Value: Send {
+    fn add_sqlite(self, args: &mut SqliteArguments) -> Result<(), BoxDynError>;
+    fn add_pg(self, args: &mut PgArguments) -> Result<(), BoxDynError>;
+}
+
+macro_rules! values {
+    ($($t:ty),* $(,)?) => {$(
+        impl Value for $t {
+            fn add_sqlite(self, args: &mut SqliteArguments) -> Result<(), BoxDynError> {
+                args.add(self)
+            }
+            fn add_pg(self, args: &mut PgArguments) -> Result<(), BoxDynError> {
+                args.add(self)
+            }
+        }
+    )*};
+}
+
+values!(
+    i64,
+    Option<i64>,
+    bool,
+    Option<bool>,
+    f64,
+    String,
+    Option<String>,
+    &str,
+    Option<&str>,
+    &String,
+    &[u8],
+    &Vec<u8>,
+);
+
+/// One query of the shared SQL: its text, its arguments as bound so far, and what it is
+/// for (the `op` of its [`StoreError::Query`]).
+pub struct Sql<DB: Backend> {
+    op: &'static str,
+    text: String,
+    args: DB::Arguments,
+    err: Option<BoxDynError>,
+}
+
+/// A query doing `op`.
+pub fn sql<DB: Backend>(op: &'static str, text: impl Into<String>) -> Sql<DB> {
+    Sql {
+        op,
+        text: text.into(),
+        args: DB::Arguments::default(),
+        err: None,
+    }
+}
+
+impl<DB: Backend> Sql<DB> {
+    pub fn bind<T: Value>(mut self, v: T) -> Self {
+        if self.err.is_none()
+            && let Err(e) = DB::add(&mut self.args, v)
+        {
+            self.err = Some(e);
+        }
+        self
+    }
+
+    /// Binds request rows for [`Dialect::request_rows`] (every row as long as `columns`).
+    pub fn bind_rows(mut self, columns: usize, rows: &[Vec<i64>]) -> Self {
+        match DB::DIALECT {
+            Dialect::Sqlite => {
+                let json = serde_json::Value::from(rows.to_vec()).to_string();
+                self.bind(json)
+            }
+            Dialect::Postgres => {
+                for c in 0..columns {
+                    let col: Vec<i64> = rows.iter().map(|r| r[c]).collect();
+                    if self.err.is_none()
+                        && let Err(e) = DB::add(&mut self.args, IntArray(col))
+                    {
+                        self.err = Some(e);
+                    }
+                }
+                self
+            }
+        }
+    }
+
+    fn parts(self) -> Result<(String, DB::Arguments, &'static str), StoreError> {
+        match self.err {
+            Some(e) => Err(StoreError::Query {
+                op: self.op,
+                source: sqlx::Error::Encode(e),
+            }),
+            None => Ok((self.text, self.args, self.op)),
+        }
+    }
+
+    pub async fn all(self, conn: &mut DB::Connection) -> Result<Vec<DB::Row>, StoreError> {
+        let (text, args, op) = self.parts()?;
+        DB::fetch_all(conn, text, args)
+            .await
+            .map_err(|source| StoreError::Query { op, source })
+    }
+
+    pub async fn optional(self, conn: &mut DB::Connection) -> Result<Option<DB::Row>, StoreError> {
+        let (text, args, op) = self.parts()?;
+        DB::fetch_optional(conn, text, args)
+            .await
+            .map_err(|source| StoreError::Query { op, source })
+    }
+
+    pub async fn one(self, conn: &mut DB::Connection) -> Result<DB::Row, StoreError> {
+        let op = self.op;
+        self.optional(conn).await?.ok_or(StoreError::Query {
+            op,
+            source: sqlx::Error::RowNotFound,
+        })
+    }
+
+    /// Rows affected.
+    pub async fn execute(self, conn: &mut DB::Connection) -> Result<u64, StoreError> {
+        let (text, args, op) = self.parts()?;
+        DB::execute(conn, text, args)
+            .await
+            .map_err(|source| StoreError::Query { op, source })
+    }
+}
+
+/// An `int8[]` (PostgreSQL request rows only).
+struct IntArray(Vec<i64>);
+
+impl Value for IntArray {
+    fn add_sqlite(self, _: &mut SqliteArguments) -> Result<(), BoxDynError> {
+        Err("arrays are bound as JSON on SQLite".into())
+    }
+    fn add_pg(self, args: &mut PgArguments) -> Result<(), BoxDynError> {
+        args.add(self.0)
+    }
+}
+
+macro_rules! run {
+    ($db:ty, $args:ty, $add:ident) => {
+        fn add<T: Value>(args: &mut $args, v: T) -> Result<(), BoxDynError> {
+            v.$add(args)
+        }
+        fn fetch_all<'c>(
+            conn: &'c mut Self::Connection,
+            sql: String,
+            args: $args,
+        ) -> BoxFuture<'c, Result<Vec<Self::Row>, sqlx::Error>> {
+            Box::pin(sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(sql), args).fetch_all(conn))
+        }
+        fn fetch_optional<'c>(
+            conn: &'c mut Self::Connection,
+            sql: String,
+            args: $args,
+        ) -> BoxFuture<'c, Result<Option<Self::Row>, sqlx::Error>> {
+            Box::pin(
+                sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(sql), args).fetch_optional(conn),
+            )
+        }
+        fn execute<'c>(
+            conn: &'c mut Self::Connection,
+            sql: String,
+            args: $args,
+        ) -> BoxFuture<'c, Result<u64, sqlx::Error>> {
+            Box::pin(async move {
+                Ok(sqlx::query_with::<$db, _>(sqlx::AssertSqlSafe(sql), args)
+                    .execute(conn)
+                    .await?
+                    .rows_affected())
+            })
+        }
+    };
+}
+pub(super) use run;
+
+// ------------------------------------------------------------------ reading columns
+
+/// Reads a column of a row of either backend as the Rust type asked for.
+pub trait Get {
+    fn get<T: Column>(&self, column: &str) -> Result<T, StoreError>;
+}
+
+/// A Rust type a column can be read as, on either backend.
+pub trait Column: Sized {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error>;
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error>;
+}
+
+fn corrupt(column: &str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+    move |e| StoreError::Corrupt(format!("column {column}: {e}"))
+}
+
+impl Get for SqliteRow {
+    fn get<T: Column>(&self, column: &str) -> Result<T, StoreError> {
+        T::sqlite(self, column).map_err(corrupt(column))
+    }
+}
+
+impl Get for PgRow {
+    fn get<T: Column>(&self, column: &str) -> Result<T, StoreError> {
+        T::pg(self, column).map_err(corrupt(column))
+    }
+}
+
+/// Columns read as the same type on both backends.
+macro_rules! same_columns {
+    ($($t:ty),* $(,)?) => {$(
+        impl Column for $t {
+            fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+                row.try_get(column)
+            }
+            fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+                row.try_get(column)
+            }
+        }
+    )*};
+}
+
+same_columns!(
+    String,
+    Option<String>,
+    bool,
+    Option<bool>,
+    Vec<u8>,
+    Option<Vec<u8>>
+);
+
+/// The storage type of a PostgreSQL column (`INT2`, `INT4`, `FLOAT4`, ...); `None` for
+/// NULL.
+fn pg_type(row: &PgRow, column: &str) -> Result<Option<String>, sqlx::Error> {
+    let raw = row.try_get_raw(column)?;
+    Ok((!raw.is_null()).then(|| raw.type_info().name().to_owned()))
+}
+
+fn decode_err(column: &str, why: String) -> sqlx::Error {
+    sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: why.into(),
+    }
+}
+
+/// An integer of any width (PostgreSQL `int2`/`int4`/`int8`).
+fn pg_int(row: &PgRow, column: &str) -> Result<Option<i64>, sqlx::Error> {
+    Ok(match pg_type(row, column)?.as_deref() {
+        None => None,
+        Some("INT2") => row.try_get::<i16, _>(column).map(i64::from).map(Some)?,
+        Some("INT4") => row.try_get::<i32, _>(column).map(i64::from).map(Some)?,
+        Some(_) => row.try_get::<Option<i64>, _>(column)?,
+    })
+}
+
+impl Column for Option<i64> {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        pg_int(row, column)
+    }
+}
+
+impl Column for i64 {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        pg_int(row, column)?.ok_or(sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source: Box::new(sqlx::error::UnexpectedNullError),
+        })
+    }
+}
+
+/// A u32 as each backend keeps it: SQLite as its value; PostgreSQL as a non-negative
+/// `int2` (percentages, P-states), as the same bits in an `int4` (sample tables), or as
+/// its value in an `int8` (inventory tables).
+impl Column for Option<u32> {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        Ok(match pg_type(row, column)?.as_deref() {
+            None => None,
+            Some("INT2") => {
+                let v: i16 = row.try_get(column)?;
+                Some(u32::try_from(v).map_err(|_| decode_err(column, format!("negative ({v})")))?)
+            }
+            Some("INT4") => Some(row.try_get::<i32, _>(column)? as u32),
+            Some(_) => {
+                let v: i64 = row.try_get(column)?;
+                Some(
+                    u32::try_from(v)
+                        .map_err(|_| decode_err(column, format!("{v} out of range")))?,
+                )
+            }
+        })
+    }
+}
+
+impl Column for u32 {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        Option::<u32>::pg(row, column)?.ok_or(sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source: Box::new(sqlx::error::UnexpectedNullError),
+        })
+    }
+}
+
+/// A float as either backend keeps it (PostgreSQL `real` or `double precision`).
+impl Column for Option<f64> {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        Ok(match pg_type(row, column)?.as_deref() {
+            None => None,
+            Some("FLOAT4") => Some(f64::from(row.try_get::<f32, _>(column)?)),
+            Some(_) => Some(row.try_get::<f64, _>(column)?),
+        })
+    }
+}
+
+impl Column for f64 {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        row.try_get(column)
+    }
+}
+
+/// A host metric kept as a float: SQLite `REAL` (f64), PostgreSQL `real`.
+impl Column for Option<f32> {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        Ok(row.try_get::<Option<f64>, _>(column)?.map(|v| v as f32))
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        Ok(match pg_type(row, column)?.as_deref() {
+            None => None,
+            Some("FLOAT4") => Some(row.try_get::<f32, _>(column)?),
+            Some(_) => Some(row.try_get::<f64, _>(column)? as f32),
+        })
+    }
+}
+
+/// What [`Dialect::distinct_list`] aggregates (SQLite: comma-separated text, PostgreSQL:
+/// a text array); `[]` for NULL.
+pub struct List(pub Vec<String>);
+
+impl Column for List {
+    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
+        let s: Option<String> = row.try_get(column)?;
+        Ok(List(
+            s.map(|s| s.split(',').map(str::to_owned).collect())
+                .unwrap_or_default(),
+        ))
+    }
+    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
+        Ok(List(
+            row.try_get::<Option<Vec<String>>, _>(column)?
+                .unwrap_or_default(),
+        ))
+    }
+}
+
+/// Reads through [`Get`] with the conversions the domain needs.
+pub trait GetExt: Get {
+    /// A u64 kept as the i64 with the same bits.
+    fn u64_bits(&self, column: &str) -> Result<Option<u64>, StoreError> {
+        Ok(self.get::<Option<i64>>(column)?.map(|v| v as u64))
+    }
+
+    /// A non-negative integer as u64 (energies and sums are never negative; a negative
+    /// value means the row was tampered with).
+    fn nonneg(&self, column: &str) -> Result<u64, StoreError> {
+        let v: i64 = self.get(column)?;
+        u64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{column} is negative ({v})")))
+    }
+
+    /// A flag: SQLite keeps 0/1 integers, PostgreSQL booleans.
+    fn flag(&self, column: &str) -> Result<bool, StoreError> {
+        self.get(column)
+    }
+}
+
+impl<R: Get> GetExt for R {}

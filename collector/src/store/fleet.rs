@@ -1,0 +1,681 @@
+//! The fleet in the store: node registration and ingest writes ([`IngestWrites`]), what
+//! the API and the live state read back ([`FleetReads`]), and agent tokens
+//! ([`TokenStore`]); each written once over [`Backend`].
+
+use super::backend::{Backend, Dialect, Get, sql};
+use super::rows::{self, EVENT_COLS, GPU_COLS, limit_i64, process_cols, to_i64};
+use super::{
+    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
+    NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange, WriteOutcome,
+    assemble_ticks, follow,
+};
+use async_trait::async_trait;
+use gpufleet_core::wire::HelloInfo;
+use gpufleet_core::{Event, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs};
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+/// What ingest writes: node registrations and validated batches.
+#[async_trait]
+pub trait IngestWrites: Send + Sync + std::fmt::Debug {
+    /// Creates or updates a node and its GPUs from a Hello (`now_ms` is the collector's
+    /// clock) and returns the node as stored. A GPU UUID registered by another node is
+    /// refused with [`StoreError::GpuOwned`] and nothing is changed: a GPU moves only by
+    /// [`IngestWrites::rehome_gpu`].
+    async fn register_node(
+        &self,
+        hello: &HelloInfo,
+        inventory: &Inventory,
+        now_ms: UnixMs,
+    ) -> Result<NodeRecord, StoreError>;
+
+    /// Writes validated batches in one transaction and commits. Rows already stored with
+    /// the same values (a replay) are left as they are; a batch with a GPU sample or host
+    /// row whose key is stored with other values is left out whole and listed in
+    /// [`WriteOutcome::conflicts`]. Per node, `last_seen_ms` and `last_acked_seq` become
+    /// the maximum of the stored and the new values, and the delivery stats are taken from
+    /// the highest seq.
+    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError>;
+
+    /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
+    /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
+    /// list of their Hello: the new owner's agent writes it from its next Hello.
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError>;
+}
+
+/// What the API, the live state and the follower read of the fleet.
+#[async_trait]
+pub trait FleetReads: Send + Sync + std::fmt::Debug {
+    /// Every node with its inventory, by name.
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError>;
+
+    /// The newest sample of every GPU that has one (seeds the live state at start-up).
+    async fn latest_gpu_samples(&self) -> Result<Vec<LatestGpu>, StoreError>;
+
+    /// The newest host row of every node that has one.
+    async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError>;
+
+    /// A GPU's samples in `range`, oldest first, at most `limit`.
+    async fn gpu_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError>;
+
+    /// A GPU's process samples in `range`, by time then pid, at most `limit`.
+    async fn process_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError>;
+
+    /// A node's host rows in `range`, oldest first, at most `limit`.
+    async fn host_samples(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<HostRow>, StoreError>;
+
+    /// A node's events in `range`, oldest first, at most `limit`.
+    async fn events(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// One metric of one GPU over `range`. Without `step_ms`: every sample, oldest first.
+    /// With it: the average per bucket `[k*step, (k+1)*step)`, timestamped with the bucket
+    /// start; buckets without samples are omitted. At most `limit` points (callers ask for
+    /// one more than they accept, to detect "too many").
+    async fn gpu_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError>;
+
+    /// A node's stored ticks in `range` (GPU samples with their processes, host row,
+    /// events), oldest first, the newest `limit` at most: what another collector committed,
+    /// for the live state ([`crate::live::follow`]).
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Tick>, StoreError>;
+
+    /// Many nodes' stored ticks at once: for each `(node, range)` of `wanted`, in order,
+    /// what [`FleetReads::node_ticks`] answers for it. The follower asks this every period
+    /// for all the nodes other collectors wrote; it takes four queries whatever the number
+    /// of nodes.
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<Tick>>, StoreError>;
+}
+
+/// Agent, viewer and admin tokens.
+#[async_trait]
+pub trait TokenStore: Send + Sync + std::fmt::Debug {
+    /// Stores a new agent token (its id, node and secret hash).
+    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError>;
+
+    /// Every agent token, revoked ones included, oldest first.
+    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError>;
+
+    /// The agent token with this id, if any.
+    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError>;
+
+    /// Marks a token revoked at `now_ms`. Returns false when no valid token has this id.
+    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError>;
+}
+
+/// `INSERT INTO table (columns) VALUES ($1, ...) ON CONFLICT (key) DO UPDATE SET` every
+/// column but the key and `keep` to the new value, then `tail`.
+fn upsert(table: &str, columns: &str, key: &str, keep: &[&str], tail: &str) -> String {
+    let columns: Vec<&str> = columns.split(", ").collect();
+    let params: Vec<String> = (1..=columns.len()).map(|i| format!("${i}")).collect();
+    let set: Vec<String> = columns
+        .iter()
+        .filter(|c| **c != key && !keep.contains(c))
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    format!(
+        "INSERT INTO {table} ({}) VALUES ({}) ON CONFLICT ({key}) DO UPDATE SET {} {tail}",
+        columns.join(", "),
+        params.join(", "),
+        set.join(", ")
+    )
+}
+
+/// A node's registration: everything but its first sighting follows the latest Hello.
+static NODE_UPSERT: LazyLock<String> = LazyLock::new(|| {
+    let columns = "name, labels, agent_version, boot_id, source, interval_ms, first_seen_ms, \
+        last_hello_ms, driver_version, cuda_driver_version, nvml_version, hostname, kernel, os, \
+        cpu_count, memory_total_bytes";
+    upsert("nodes", columns, "name", &["first_seen_ms"], "RETURNING id")
+});
+
+/// A GPU's registration: its inventory follows the latest Hello of the node that owns it
+/// (a GPU another node owns is left alone; the caller then refuses the registration).
+static GPU_UPSERT: LazyLock<String> = LazyLock::new(|| {
+    let columns = "node_id, uuid, gpu_index, name, serial, pci_bus_id, architecture, brand, \
+        memory_total_bytes, power_limit_default_mw, power_limit_enforced_mw, power_limit_min_mw, \
+        power_limit_max_mw, max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz, \
+        nvlink_count, mig_enabled, compute_mode, persistence_mode, cuda_capability_major, \
+        cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, vbios_version, \
+        mig_instances, first_seen_ms";
+    let keep = ["node_id", "first_seen_ms"];
+    upsert(
+        "gpus",
+        columns,
+        "uuid",
+        &keep,
+        "WHERE gpus.node_id = excluded.node_id",
+    )
+});
+
+impl<DB: Backend> SqlStore<DB> {
+    async fn load_node(conn: &mut DB::Connection, id: NodeId) -> Result<NodeRecord, StoreError> {
+        let row = sql::<DB>("read a node", "SELECT * FROM nodes WHERE id = $1")
+            .bind(id.0)
+            .one(&mut *conn)
+            .await?;
+        let gpus = sql::<DB>(
+            "read a node's GPUs",
+            "SELECT * FROM gpus WHERE node_id = $1 ORDER BY gpu_index, uuid",
+        )
+        .bind(id.0)
+        .all(&mut *conn)
+        .await?;
+        let mut node = rows::node(&row)?;
+        node.gpus = gpus.iter().map(rows::gpu).collect::<Result<_, _>>()?;
+        Ok(node)
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> IngestWrites for SqlStore<DB> {
+    async fn register_node(
+        &self,
+        hello: &HelloInfo,
+        inventory: &Inventory,
+        now_ms: UnixMs,
+    ) -> Result<NodeRecord, StoreError> {
+        let labels = serde_json::to_string(&hello.labels)
+            .map_err(|e| StoreError::Corrupt(format!("labels do not serialize: {e}")))?;
+        let host = &inventory.host;
+        let mut tx = self.begin_write("begin a transaction").await?;
+        let row = sql::<DB>("upsert a node", NODE_UPSERT.as_str())
+            .bind(hello.node.as_str())
+            .bind(labels)
+            .bind(hello.agent_version.as_str())
+            .bind(hello.boot_id.as_str())
+            .bind(hello.source.as_str())
+            .bind(i64::from(hello.interval_ms))
+            .bind(now_ms)
+            .bind(now_ms)
+            .bind(inventory.driver_version.as_deref())
+            .bind(inventory.cuda_driver_version.as_deref())
+            .bind(inventory.nvml_version.as_deref())
+            .bind(host.hostname.as_str())
+            .bind(host.kernel.as_deref())
+            .bind(host.os.as_deref())
+            .bind(host.cpu_count.map(i64::from))
+            .bind(host.memory_total_bytes.map(to_i64))
+            .one(tx.conn())
+            .await?;
+        let node_id: i64 = row.get("id")?;
+        let mut gpus: Vec<&GpuInfo> = inventory.gpus.iter().collect();
+        if DB::DIALECT == Dialect::Postgres {
+            // In UUID order, so that two registrations moving the same GPUs cannot
+            // deadlock (SQLite has one writer at a time).
+            gpus.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        }
+        for g in gpus {
+            let mig = serde_json::to_string(&g.mig_instances)
+                .map_err(|e| StoreError::Corrupt(format!("MIG instances do not serialize: {e}")))?;
+            let u = |v: Option<u32>| v.map(i64::from);
+            sql::<DB>("upsert a GPU", GPU_UPSERT.as_str())
+                .bind(node_id)
+                .bind(g.uuid.as_str())
+                .bind(i64::from(g.index))
+                .bind(g.name.as_str())
+                .bind(g.serial.as_deref())
+                .bind(g.pci_bus_id.as_deref())
+                .bind(g.architecture.as_deref())
+                .bind(g.brand.as_deref())
+                .bind(g.memory_total_bytes.map(to_i64))
+                .bind(u(g.power_limit_default_mw))
+                .bind(u(g.power_limit_enforced_mw))
+                .bind(u(g.power_limit_min_mw))
+                .bind(u(g.power_limit_max_mw))
+                .bind(u(g.max_clock_sm_mhz))
+                .bind(u(g.max_clock_mem_mhz))
+                .bind(u(g.max_clock_graphics_mhz))
+                .bind(u(g.nvlink_count))
+                .bind(g.mig_enabled)
+                .bind(g.compute_mode.as_deref())
+                .bind(g.persistence_mode)
+                .bind(u(g.cuda_capability_major))
+                .bind(u(g.cuda_capability_minor))
+                .bind(u(g.pcie_link_gen_max))
+                .bind(u(g.pcie_link_width_max))
+                .bind(g.vbios_version.as_deref())
+                .bind(mig)
+                .bind(now_ms)
+                .execute(tx.conn())
+                .await?;
+            let owner = sql::<DB>(
+                "check a GPU's owner",
+                "SELECT n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 WHERE g.uuid = $1 AND g.node_id <> $2",
+            )
+            .bind(g.uuid.as_str())
+            .bind(node_id)
+            .optional(tx.conn())
+            .await?;
+            if let Some(owner) = owner {
+                // Dropping the transaction rolls the node's registration back.
+                return Err(StoreError::GpuOwned {
+                    uuid: g.uuid.clone(),
+                    owner: owner.get("name")?,
+                });
+            }
+        }
+        let node = Self::load_node(tx.conn(), NodeId(node_id)).await?;
+        tx.commit("commit a node registration").await?;
+        Ok(node)
+    }
+
+    async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
+        if batches.is_empty() {
+            return Ok(WriteOutcome::default());
+        }
+        DB::write_batches(self, batches).await
+    }
+
+    async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
+        let mut tx = self.begin_write("begin a transaction").await?;
+        let to_id = sql::<DB>("find a node", "SELECT id FROM nodes WHERE name = $1")
+            .bind(to)
+            .optional(tx.conn())
+            .await?;
+        let Some(to_id) = to_id else {
+            return Ok(Rehomed::UnknownNode);
+        };
+        let to_id: i64 = to_id.get("id")?;
+        let lock = match DB::DIALECT {
+            Dialect::Postgres => " FOR UPDATE OF g",
+            Dialect::Sqlite => "",
+        };
+        let from = sql::<DB>(
+            "find a GPU's node",
+            format!(
+                "SELECT g.node_id, n.name FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 WHERE g.uuid = $1{lock}"
+            ),
+        )
+        .bind(uuid)
+        .optional(tx.conn())
+        .await?;
+        let Some(from) = from else {
+            return Ok(Rehomed::UnknownGpu);
+        };
+        let (from_id, from): (i64, String) = (from.get("node_id")?, from.get("name")?);
+        if from_id == to_id {
+            return Ok(Rehomed::Unchanged);
+        }
+        sql::<DB>(
+            "re-home a GPU",
+            "UPDATE gpus SET node_id = $1 WHERE uuid = $2",
+        )
+        .bind(to_id)
+        .bind(uuid)
+        .execute(tx.conn())
+        .await?;
+        tx.commit("commit a GPU's move").await?;
+        Ok(Rehomed::Moved { from })
+    }
+}
+
+/// A series value as an integer holding the u64 bit pattern, from the column's storage
+/// type: SQLite keeps the value itself; PostgreSQL keeps u32s as the bits of an `int4`
+/// and small numbers in `int2` (see the schemas).
+fn metric_expr(dialect: Dialect, metric: GpuMetric) -> String {
+    use GpuMetric::*;
+    let column = metric.name();
+    if dialect == Dialect::Sqlite {
+        return column.to_owned();
+    }
+    match metric {
+        UtilGpuPct | UtilMemPct | FanPct | Pstate | EncUtilPct | DecUtilPct => {
+            format!("{column}::int8")
+        }
+        PowerMw | PowerInstantMw | PowerLimitMw | TempGpuC | TempMemC | ClockSmMhz
+        | ClockMemMhz | ClockGraphicsMhz => format!("({column}::int8 & 4294967295)"),
+        _ => column.to_owned(),
+    }
+}
+
+#[async_trait]
+impl<DB: Backend> FleetReads for SqlStore<DB> {
+    async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        let mut conn = self.conn().await?;
+        let rows = sql::<DB>("list nodes", "SELECT * FROM nodes ORDER BY name")
+            .all(&mut conn)
+            .await?;
+        let gpu_rows = sql::<DB>(
+            "list GPUs",
+            "SELECT * FROM gpus ORDER BY node_id, gpu_index, uuid",
+        )
+        .all(&mut conn)
+        .await?;
+        let mut gpus: HashMap<i64, Vec<GpuRecord>> = HashMap::new();
+        for row in &gpu_rows {
+            gpus.entry(row.get("node_id")?)
+                .or_default()
+                .push(rows::gpu(row)?);
+        }
+        rows.iter()
+            .map(|row| {
+                let mut node = rows::node(row)?;
+                node.gpus = gpus.remove(&node.id.0).unwrap_or_default();
+                Ok(node)
+            })
+            .collect()
+    }
+
+    async fn latest_gpu_samples(&self) -> Result<Vec<LatestGpu>, StoreError> {
+        let mut conn = self.conn().await?;
+        let newest = "(SELECT max(m.ts_ms) FROM gpu_samples m WHERE m.gpu_id = g.id)";
+        let samples = sql::<DB>(
+            "read the newest GPU samples",
+            format!(
+                "SELECT g.id AS gpu_id, {GPU_COLS} FROM gpus g \
+                 JOIN gpu_samples s ON s.gpu_id = g.id AND s.ts_ms = {newest}"
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        let processes = sql::<DB>(
+            "read the newest process samples",
+            format!(
+                "SELECT g.id AS gpu_id, {} FROM gpus g \
+                 JOIN process_samples p ON p.gpu_id = g.id AND p.ts_ms = {newest} \
+                 JOIN workloads w ON w.id = p.workload_id ORDER BY p.gpu_id, p.pid",
+                process_cols()
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        let mut by_gpu: HashMap<i64, Vec<ProcessSample>> = HashMap::new();
+        for row in &processes {
+            by_gpu
+                .entry(row.get("gpu_id")?)
+                .or_default()
+                .push(rows::process(row)?);
+        }
+        samples
+            .iter()
+            .map(|row| {
+                let gpu: i64 = row.get("gpu_id")?;
+                Ok(LatestGpu {
+                    gpu: GpuId(gpu),
+                    time_ms: row.get("ts_ms")?,
+                    sample: rows::gpu_sample(row)?,
+                    processes: by_gpu.remove(&gpu).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError> {
+        let query = sql::<DB>(
+            "read the newest host samples",
+            "SELECT h.* FROM nodes n JOIN host_samples h ON h.node_id = n.id \
+               AND h.ts_ms = (SELECT max(m.ts_ms) FROM host_samples m WHERE m.node_id = n.id)",
+        );
+        self.fetch(query, |row| {
+            let h = rows::host(row)?;
+            Ok(LatestHost {
+                node: NodeId(row.get("node_id")?),
+                time_ms: h.time_ms,
+                sample: h.sample,
+                cost: h.cost,
+            })
+        })
+        .await
+    }
+
+    async fn gpu_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+        let rows = sql::<DB>(
+            "read GPU samples",
+            format!(
+                "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
+                 WHERE s.gpu_id = $1 AND s.ts_ms BETWEEN $2 AND $3 ORDER BY s.ts_ms LIMIT $4"
+            ),
+        )
+        .bind(gpu.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit))
+        .all(&mut *self.conn().await?)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
+            .collect()
+    }
+
+    async fn process_samples(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
+        let rows = sql::<DB>(
+            "read process samples",
+            format!(
+                "SELECT {} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
+                 JOIN workloads w ON w.id = p.workload_id \
+                 WHERE p.gpu_id = $1 AND p.ts_ms BETWEEN $2 AND $3 \
+                 ORDER BY p.ts_ms, p.pid LIMIT $4",
+                process_cols()
+            ),
+        )
+        .bind(gpu.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit))
+        .all(&mut *self.conn().await?)
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.get("ts_ms")?, rows::process(row)?)))
+            .collect()
+    }
+
+    async fn host_samples(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<HostRow>, StoreError> {
+        let query = sql::<DB>(
+            "read host samples",
+            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3 \
+             ORDER BY ts_ms LIMIT $4",
+        )
+        .bind(node.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit));
+        self.fetch(query, rows::host).await
+    }
+
+    async fn events(
+        &self,
+        node: NodeId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        let query = sql::<DB>(
+            "read events",
+            format!(
+                "SELECT {EVENT_COLS} FROM events e LEFT JOIN gpus g ON g.id = e.gpu_id \
+                 WHERE e.node_id = $1 AND e.ts_ms BETWEEN $2 AND $3 \
+                 ORDER BY e.ts_ms, e.id LIMIT $4"
+            ),
+        )
+        .bind(node.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit));
+        self.fetch(query, rows::event).await
+    }
+
+    async fn gpu_series(
+        &self,
+        gpu: GpuId,
+        metric: GpuMetric,
+        range: TimeRange,
+        step_ms: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<SeriesPoint>, StoreError> {
+        // The expression is built from the metric's fixed name, never user input.
+        let value = metric_expr(DB::DIALECT, metric);
+        let query = match step_ms {
+            None => sql::<DB>(
+                "read a series",
+                format!(
+                    "SELECT ts_ms AS t, {value} AS v FROM gpu_samples \
+                     WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 ORDER BY ts_ms LIMIT $4"
+                ),
+            ),
+            Some(_) => sql::<DB>(
+                "read a downsampled series",
+                format!(
+                    "SELECT (ts_ms / $5) * $5 AS t, CAST(avg({value}) AS DOUBLE PRECISION) AS v \
+                     FROM gpu_samples WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 \
+                     GROUP BY 1 ORDER BY 1 LIMIT $4"
+                ),
+            ),
+        };
+        let mut query = query
+            .bind(gpu.0)
+            .bind(range.from_ms)
+            .bind(range.to_ms)
+            .bind(limit_i64(limit));
+        if let Some(step) = step_ms {
+            query = query.bind(step.max(1));
+        }
+        let rows = query.all(&mut *self.conn().await?).await?;
+        rows.iter()
+            .map(|row| {
+                let t: i64 = row.get("t")?;
+                let v = if step_ms.is_some() {
+                    row.get::<Option<f64>>("v")?
+                } else {
+                    // Stored integers are u64 bit patterns (see the schema).
+                    row.get::<Option<i64>>("v")?.map(|v| v as u64 as f64)
+                };
+                Ok((t, v))
+            })
+            .collect()
+    }
+
+    async fn node_ticks(
+        &self,
+        node: &NodeRecord,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<Tick>, StoreError> {
+        if DB::SHARED {
+            // The follower's four queries (a collector sharing the database asks often).
+            let mut ticks = follow::nodes_ticks(self, &[(node, range)], limit).await?;
+            return Ok(ticks.pop().unwrap_or_default());
+        }
+        let mut gpus = Vec::new();
+        let mut processes = Vec::new();
+        for g in &node.gpus {
+            gpus.extend(self.gpu_samples(g.id, range, limit).await?);
+            // Processes per GPU per tick are few; the range is what bounds the read.
+            processes.extend(
+                self.process_samples(g.id, range, limit.saturating_mul(256))
+                    .await?,
+            );
+        }
+        let hosts = self.host_samples(node.id, range, limit).await?;
+        let events = self.events(node.id, range, limit).await?;
+        Ok(assemble_ticks(gpus, processes, hosts, events, limit))
+    }
+
+    async fn nodes_ticks(
+        &self,
+        wanted: &[(&NodeRecord, TimeRange)],
+        limit: usize,
+    ) -> Result<Vec<Vec<Tick>>, StoreError> {
+        follow::nodes_ticks(self, wanted, limit).await
+    }
+}
+
+const TOKEN_COLS: &str = "id, node, role, secret_hash, created_ms, revoked_ms";
+
+#[async_trait]
+impl<DB: Backend> TokenStore for SqlStore<DB> {
+    async fn add_agent_token(&self, token: &AgentTokenRecord) -> Result<(), StoreError> {
+        let query = sql::<DB>(
+            "store an agent token",
+            format!("INSERT INTO agent_tokens ({TOKEN_COLS}) VALUES ($1, $2, $3, $4, $5, $6)"),
+        )
+        .bind(token.id.as_str())
+        .bind(token.node.as_str())
+        .bind(token.role.as_str())
+        .bind(&token.secret_hash)
+        .bind(token.created_ms)
+        .bind(token.revoked_ms);
+        self.write_one(query).await?;
+        Ok(())
+    }
+
+    async fn agent_tokens(&self) -> Result<Vec<AgentTokenRecord>, StoreError> {
+        let query = sql::<DB>(
+            "list agent tokens",
+            format!("SELECT {TOKEN_COLS} FROM agent_tokens ORDER BY created_ms, id"),
+        );
+        self.fetch(query, rows::token).await
+    }
+
+    async fn agent_token(&self, id: &str) -> Result<Option<AgentTokenRecord>, StoreError> {
+        let row = sql::<DB>(
+            "look up an agent token",
+            format!("SELECT {TOKEN_COLS} FROM agent_tokens WHERE id = $1"),
+        )
+        .bind(id)
+        .optional(&mut *self.conn().await?)
+        .await?;
+        row.as_ref().map(rows::token).transpose()
+    }
+
+    async fn revoke_agent_token(&self, id: &str, now_ms: UnixMs) -> Result<bool, StoreError> {
+        let query = sql::<DB>(
+            "revoke an agent token",
+            "UPDATE agent_tokens SET revoked_ms = $1 WHERE id = $2 AND revoked_ms IS NULL",
+        )
+        .bind(now_ms)
+        .bind(id);
+        let n = self.write_one(query).await?;
+        Ok(n > 0)
+    }
+}

@@ -1,0 +1,427 @@
+//! What both backends' write paths share: the rows of one group commit, collected once
+//! ([`collect_rows`]) into whatever shape a backend binds them in, and the conflict check
+//! that tells replays from conflicts ([`conflicts_of`], [`find_conflicts`]).
+
+use super::backend::{Backend, Get, sql};
+use super::{
+    BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, WriteTx, rows,
+};
+use gpufleet_core::{
+    DeliveryStats, Event, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// One distinct workload of a write.
+pub(crate) struct WorkloadSlot<'b> {
+    pub workload: &'b Workload,
+    /// The first tick it appears in (recorded as `first_seen_ms` for a new workload).
+    pub first_ms: UnixMs,
+    /// Its id: from the cache, or from the upsert.
+    pub id: Option<i64>,
+}
+
+/// The delivery-state update of one node.
+pub(crate) struct NodeUpdate {
+    pub id: i64,
+    pub newest_ms: i64,
+    /// The highest seq written for the node, and that batch's delivery stats.
+    pub seq: u64,
+    pub delivery: DeliveryStats,
+    /// GPU samples newly inserted.
+    pub inserted: u64,
+}
+
+/// Where [`collect_rows`] puts a write's sample rows: each backend keeps them in the
+/// shape it binds (SQLite: rows for multi-row VALUES; PostgreSQL: one array per column).
+pub(crate) trait RowSink<'b> {
+    /// A GPU sample of the node group `group` (an index in [`Collected::nodes`]).
+    fn gpu(
+        &mut self,
+        group: usize,
+        gpu: i64,
+        ts: UnixMs,
+        s: &'b GpuSample,
+    ) -> Result<(), StoreError>;
+    /// A process sample; `slot` indexes [`Collected::workloads`].
+    fn process(
+        &mut self,
+        gpu: i64,
+        ts: UnixMs,
+        slot: usize,
+        p: &'b ProcessSample,
+    ) -> Result<(), StoreError>;
+    /// The host row of a tick that has host metrics or a sampler cost.
+    fn host(&mut self, node: i64, ts: UnixMs, tick: &'b Tick) -> Result<(), StoreError>;
+    fn event(&mut self, node: i64, gpu: Option<i64>, e: &'b Event) -> Result<(), StoreError>;
+}
+
+/// What [`collect_rows`] returns besides the sample rows.
+pub(crate) struct Collected<'b> {
+    /// One per node, in node id order.
+    pub nodes: Vec<NodeUpdate>,
+    pub workloads: Vec<WorkloadSlot<'b>>,
+}
+
+/// Every row of one write (without the `skip`ped batches), grouped by node in id order
+/// (a node's batches keep their order), into `sink`; workloads are numbered once each,
+/// with their ids from `cache` where known.
+pub(crate) fn collect_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &HashSet<usize>,
+    cache: &HashMap<Workload, i64>,
+    sink: &mut impl RowSink<'b>,
+) -> Result<Collected<'b>, StoreError> {
+    let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
+    order.sort_by_key(|&i| batches[i].keys.id);
+    let mut out = Collected {
+        nodes: Vec::new(),
+        workloads: Vec::new(),
+    };
+    let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
+    let (mut prev_slots, mut slots): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
+        let keys = &batches[group[0]].keys;
+        let g = out.nodes.len();
+        let mut update = NodeUpdate {
+            id: keys.id.0,
+            newest_ms: i64::MIN,
+            seq: 0,
+            delivery: DeliveryStats::default(),
+            inserted: 0,
+        };
+        for &i in group {
+            let batch = &batches[i].batch;
+            if batch.seq >= update.seq {
+                update.seq = batch.seq;
+                update.delivery = batch.delivery;
+            }
+            let gpu_id = |uuid: &str| {
+                keys.gpus
+                    .get(uuid)
+                    .map(|g| g.0)
+                    .ok_or_else(|| StoreError::UnknownGpu {
+                        node: keys.name.clone(),
+                        seq: batch.seq,
+                        uuid: uuid.to_owned(),
+                    })
+            };
+            // Processes usually repeat tick after tick: comparing with the process at the
+            // same position in the previous tick avoids hashing the workload.
+            let mut prev: &[ProcessSample] = &[];
+            for t in &batch.ticks {
+                update.newest_ms = update.newest_ms.max(t.time_ms);
+                for s in &t.gpus {
+                    sink.gpu(g, gpu_id(&s.gpu_uuid)?, t.time_ms, s)?;
+                }
+                slots.clear();
+                for (j, p) in t.processes.iter().enumerate() {
+                    let slot = match prev.get(j) {
+                        Some(q) if q.workload == p.workload => prev_slots[j],
+                        _ => *distinct.entry(&p.workload).or_insert_with(|| {
+                            out.workloads.push(WorkloadSlot {
+                                workload: &p.workload,
+                                first_ms: t.time_ms,
+                                id: cache.get(&p.workload).copied(),
+                            });
+                            out.workloads.len() - 1
+                        }),
+                    };
+                    slots.push(slot);
+                    sink.process(gpu_id(&p.gpu_uuid)?, t.time_ms, slot, p)?;
+                }
+                prev = &t.processes;
+                std::mem::swap(&mut prev_slots, &mut slots);
+                if t.host.is_some() || t.cost.is_some() {
+                    sink.host(keys.id.0, t.time_ms, t)?;
+                }
+                for e in &t.events {
+                    let gpu = if e.gpu_uuid.is_empty() {
+                        None
+                    } else {
+                        Some(gpu_id(&e.gpu_uuid)?)
+                    };
+                    sink.event(keys.id.0, gpu, e)?;
+                }
+            }
+        }
+        out.nodes.push(update);
+    }
+    Ok(out)
+}
+
+/// A collected workload's id, once the upsert gave it one.
+pub(crate) fn workload_id(slot: &WorkloadSlot<'_>) -> Result<i64, StoreError> {
+    slot.id
+        .ok_or_else(|| StoreError::Corrupt(format!("workload {} has no id", slot.workload.key())))
+}
+
+/// What a committed write reports: GPU samples inserted per node.
+pub(crate) fn outcome(nodes: &[NodeUpdate]) -> WriteOutcome {
+    let mut outcome = WriteOutcome::default();
+    for node in nodes {
+        *outcome
+            .inserted_gpu_samples
+            .entry(NodeId(node.id))
+            .or_default() += node.inserted;
+    }
+    outcome
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// Opens a group commit's transaction; when `checked`, first leaves out the batches
+    /// whose rows conflict with stored ones (they join `skip` and `conflicts`).
+    pub(crate) async fn begin_group(
+        &self,
+        batches: &[NodeBatch],
+        skip: &mut HashSet<usize>,
+        conflicts: &mut Vec<BatchConflict>,
+        checked: bool,
+    ) -> Result<WriteTx<'_, DB>, StoreError> {
+        let mut tx = self.begin_write("begin a write transaction").await?;
+        if checked {
+            let found = conflicts_of::<DB>(tx.conn(), batches, skip, None).await?;
+            skip.extend(found.iter().map(|c| c.index));
+            conflicts.extend(found);
+        }
+        Ok(tx)
+    }
+}
+
+/// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
+/// host rows conflict with the stored ones ([`find_conflicts`]): every such GPU's and
+/// node's rows are read back over the span the write covers.
+pub(crate) async fn conflicts_of<DB: Backend>(
+    conn: &mut DB::Connection,
+    batches: &[NodeBatch],
+    skip: &HashSet<usize>,
+    only: Option<&HashSet<i64>>,
+) -> Result<Vec<BatchConflict>, StoreError> {
+    let mut check = ConflictCheck {
+        gpu: incoming_gpu_rows(batches, skip, |gpu| only.is_none_or(|o| o.contains(&gpu))),
+        host: incoming_host_rows(batches, skip),
+        ..Default::default()
+    };
+    for (gpu, from, to) in spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
+        let stored = sql::<DB>(
+            "read back GPU samples",
+            "SELECT '' AS gpu_uuid, * FROM gpu_samples \
+             WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(gpu)
+        .bind(from)
+        .bind(to)
+        .all(&mut *conn)
+        .await?;
+        for row in &stored {
+            check
+                .stored_gpu
+                .insert((gpu, row.get("ts_ms")?), rows::gpu_sample(row)?);
+        }
+    }
+    for (node, from, to) in spans(check.host.iter().map(|r| (r.node, r.ts))) {
+        let stored = sql::<DB>(
+            "read back host samples",
+            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3",
+        )
+        .bind(node)
+        .bind(from)
+        .bind(to)
+        .all(&mut *conn)
+        .await?;
+        for row in &stored {
+            let host = rows::host(row)?;
+            check.stored_host.insert((node, host.time_ms), host);
+        }
+    }
+    Ok(find_conflicts(batches, check))
+}
+
+/// One GPU sample a write tried to store, with where it came from: what the conflict
+/// check compares with the stored row of the same key.
+#[derive(Debug)]
+struct IncomingGpuRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub gpu: i64,
+    pub ts: UnixMs,
+    pub sample: &'b GpuSample,
+}
+
+/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
+fn incoming_gpu_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &HashSet<usize>,
+    want: impl Fn(i64) -> bool,
+) -> Vec<IncomingGpuRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            for s in &t.gpus {
+                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
+                    && want(gpu.0)
+                {
+                    out.push(IncomingGpuRow {
+                        batch: i,
+                        gpu: gpu.0,
+                        ts: t.time_ms,
+                        sample: s,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Per series id (GPU or node), the time span of `keys`: what the conflict check reads
+/// back.
+fn spans(keys: impl Iterator<Item = (i64, UnixMs)>) -> Vec<(i64, UnixMs, UnixMs)> {
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for (id, ts) in keys {
+        let span = spans.entry(id).or_insert((ts, ts));
+        span.0 = span.0.min(ts);
+        span.1 = span.1.max(ts);
+    }
+    spans.into_iter().map(|(id, (a, b))| (id, a, b)).collect()
+}
+
+/// One host row (host metrics and sampler cost of a tick) a write tried to store.
+#[derive(Debug)]
+struct IncomingHostRow<'b> {
+    /// Index of its batch in the write.
+    pub batch: usize,
+    pub node: i64,
+    pub ts: UnixMs,
+    /// As the store keeps it: absent when every host metric is absent.
+    pub sample: Option<HostSample>,
+    /// As the store keeps it: absent when it has no figure.
+    pub cost: Option<&'b SamplerCost>,
+}
+
+/// The host rows of `batches` (except the `skip`ped ones), in batch order.
+fn incoming_host_rows<'b>(
+    batches: &'b [NodeBatch],
+    skip: &HashSet<usize>,
+) -> Vec<IncomingHostRow<'b>> {
+    let mut out = Vec::new();
+    for (i, nb) in batches.iter().enumerate() {
+        if skip.contains(&i) {
+            continue;
+        }
+        for t in &nb.batch.ticks {
+            let sample = t.host.clone().filter(|h| *h != HostSample::default());
+            let cost = t.cost.as_ref().filter(|c| {
+                c.cpu_us.is_some()
+                    || c.wall_us.is_some()
+                    || c.source_us.is_some()
+                    || !c.slowest_calls_us.is_empty()
+            });
+            if t.host.is_some() || t.cost.is_some() {
+                out.push(IncomingHostRow {
+                    batch: i,
+                    node: nb.keys.id.0,
+                    ts: t.time_ms,
+                    sample,
+                    cost,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What a write's conflict check compares: the rows the write tries to store, and the
+/// stored ones with the same keys.
+#[derive(Debug, Default)]
+struct ConflictCheck<'b> {
+    pub gpu: Vec<IncomingGpuRow<'b>>,
+    /// By (GPU id, time).
+    pub stored_gpu: HashMap<(i64, UnixMs), GpuSample>,
+    pub host: Vec<IncomingHostRow<'b>>,
+    /// By (node id, time).
+    pub stored_host: HashMap<(i64, UnixMs), HostRow>,
+}
+
+/// Write rounds before giving up on settling conflicts (a round redoes the write when a
+/// concurrent writer stored conflicting rows between its check and its inserts).
+pub(crate) const MAX_WRITE_ROUNDS: usize = 4;
+
+/// The batches that conflict, given the stored rows in `check`. Batches are taken in
+/// arrival order, as if written one by one: a batch conflicts when one of its GPU samples
+/// or host rows differs from the stored one or from one of an earlier accepted batch; an
+/// accepted batch's rows join the known ones. Read before the write's inserts this
+/// decides; read after them it tells whether every skipped row was a replay (then
+/// nothing conflicts).
+fn find_conflicts(batches: &[NodeBatch], check: ConflictCheck<'_>) -> Vec<BatchConflict> {
+    let ConflictCheck {
+        gpu,
+        stored_gpu: mut known_gpu,
+        host,
+        stored_host: mut known_host,
+    } = check;
+    let mut out: Vec<BatchConflict> = Vec::new();
+    let (mut gpu_runs, mut host_runs) = (
+        gpu.chunk_by(|a, b| a.batch == b.batch).peekable(),
+        host.chunk_by(|a, b| a.batch == b.batch).peekable(),
+    );
+    loop {
+        let next = match (gpu_runs.peek(), host_runs.peek()) {
+            (Some(g), Some(h)) => g[0].batch.min(h[0].batch),
+            (Some(g), None) => g[0].batch,
+            (None, Some(h)) => h[0].batch,
+            (None, None) => break,
+        };
+        let g_run = gpu_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let h_run = host_runs.next_if(|r| r[0].batch == next).unwrap_or(&[]);
+        let gpu_differs = g_run.iter().find(|r| {
+            known_gpu.get_mut(&(r.gpu, r.ts)).is_some_and(|s| {
+                // A stored row carries no UUID: compare everything else.
+                s.gpu_uuid.clone_from(&r.sample.gpu_uuid);
+                s != r.sample
+            })
+        });
+        let host_differs = h_run.iter().find(|r| {
+            known_host
+                .get(&(r.node, r.ts))
+                .is_some_and(|s| s.sample != r.sample || s.cost.as_ref() != r.cost)
+        });
+        let name = &batches[next].keys.name;
+        let reason = match (gpu_differs, host_differs) {
+            (Some(r), _) => format!(
+                "GPU {} at {} ms is already stored with other values (another agent writing \
+                 as node {name:?}, or the node's clock went back); a replay must resend what \
+                 was sent",
+                r.sample.gpu_uuid, r.ts
+            ),
+            (None, Some(r)) => format!(
+                "the host sample of node {name:?} at {} ms is already stored with other \
+                 values (another agent writing as the node, or its clock went back); a \
+                 replay must resend what was sent",
+                r.ts
+            ),
+            (None, None) => {
+                for r in g_run {
+                    known_gpu
+                        .entry((r.gpu, r.ts))
+                        .or_insert_with(|| r.sample.clone());
+                }
+                for r in h_run {
+                    known_host.entry((r.node, r.ts)).or_insert_with(|| HostRow {
+                        time_ms: r.ts,
+                        sample: r.sample.clone(),
+                        cost: r.cost.cloned(),
+                    });
+                }
+                continue;
+            }
+        };
+        out.push(BatchConflict {
+            index: next,
+            reason,
+        });
+    }
+    out
+}
