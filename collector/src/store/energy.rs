@@ -827,7 +827,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         &self,
         since_ms: UnixMs,
     ) -> Result<Vec<(GpuId, UnixMs)>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "find energy minutes with late samples",
             "SELECT r.gpu_id, r.minute_ms FROM ( \
                SELECT s.gpu_id, (s.ts_ms / 60000) * 60000 AS minute_ms, count(*) AS n \
@@ -838,12 +838,11 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
              LEFT JOIN energy_gpu_minutes m ON m.gpu_id = r.gpu_id AND m.minute_ms = r.minute_ms \
              WHERE m.samples IS NULL OR m.samples != r.n ORDER BY 1, 2",
         )
-        .bind(since_ms.max(0))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((GpuId(row.get("gpu_id")?), row.get("minute_ms")?)))
-            .collect()
+        .bind(since_ms.max(0));
+        self.fetch(query, |row| {
+            Ok((GpuId(row.get("gpu_id")?), row.get("minute_ms")?))
+        })
+        .await
     }
 
     async fn workload_energy(

@@ -461,7 +461,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read GPU samples",
             format!(
                 "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
@@ -471,12 +471,9 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .bind(gpu.0)
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
-            .collect()
+        .bind(limit_i64(limit));
+        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
+            .await
     }
 
     async fn process_samples(
@@ -485,7 +482,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
-        let rows = sql::<DB>(
+        let query = sql::<DB>(
             "read process samples",
             format!(
                 "SELECT {} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
@@ -498,12 +495,9 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .bind(gpu.0)
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(limit_i64(limit))
-        .all(&mut *self.conn().await?)
-        .await?;
-        rows.iter()
-            .map(|row| Ok((row.get("ts_ms")?, rows::process(row)?)))
-            .collect()
+        .bind(limit_i64(limit));
+        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::process(row)?)))
+            .await
     }
 
     async fn host_samples(
@@ -580,19 +574,17 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         if let Some(step) = step_ms {
             query = query.bind(step.max(1));
         }
-        let rows = query.all(&mut *self.conn().await?).await?;
-        rows.iter()
-            .map(|row| {
-                let t: i64 = row.get("t")?;
-                let v = if step_ms.is_some() {
-                    row.get::<Option<f64>>("v")?
-                } else {
-                    // Stored integers are u64 bit patterns (see the schema).
-                    row.get::<Option<i64>>("v")?.map(|v| v as u64 as f64)
-                };
-                Ok((t, v))
-            })
-            .collect()
+        self.fetch(query, |row| {
+            let t: i64 = row.get("t")?;
+            let v = if step_ms.is_some() {
+                row.get::<Option<f64>>("v")?
+            } else {
+                // Stored integers are u64 bit patterns (see the schema).
+                row.get::<Option<i64>>("v")?.map(|v| v as u64 as f64)
+            };
+            Ok((t, v))
+        })
+        .await
     }
 
     async fn node_ticks(

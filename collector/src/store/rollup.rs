@@ -484,12 +484,8 @@ impl<DB: Backend> SqlStore<DB> {
 
     /// All ids of `table` (`gpus`, `nodes`), in order.
     async fn ids(&self, op: &'static str, table: &str) -> Result<Vec<i64>, StoreError> {
-        sql::<DB>(op, format!("SELECT id FROM {table} ORDER BY id"))
-            .all(&mut *self.conn().await?)
-            .await?
-            .iter()
-            .map(|row| row.get("id"))
-            .collect()
+        let query = sql::<DB>(op, format!("SELECT id FROM {table} ORDER BY id"));
+        self.fetch(query, |row| row.get("id")).await
     }
 }
 
