@@ -10,11 +10,10 @@
 //! differs is a [`Dialect`] method (upserts' `greatest`, request rows, distinct lists) or
 //! a [`Backend`] hook (the hand-tuned write paths, leases, raw retention).
 
-use super::carbon::CarbonMinute;
+use super::write::{NodeUpdate, RowSink, Written};
 use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_carbon::IntensitySlot;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -36,33 +35,53 @@ impl Dialect {
         }
     }
 
-    /// A CTE `r` of request rows with the given integer columns, read from what
-    /// [`Sql::bind_rows`] binds as parameter 1 (SQLite: one JSON array; PostgreSQL: one
-    /// array per column, `$1..$n`).
-    pub fn request_rows(self, columns: &[&str]) -> String {
+    /// The smaller of two values (SQLite's scalar `min`, PostgreSQL's `least`).
+    pub fn least(self, a: &str, b: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("min({a}, {b})"),
+            Dialect::Postgres => format!("least({a}, {b})"),
+        }
+    }
+
+    /// A FROM item `alias` holding the rows of `table`, as [`Sql::bind_table`] binds them
+    /// from parameter 1 on, with its columns and `o`, each row's position (from 0 on
+    /// SQLite, 1 on PostgreSQL: use it to order, not to count).
+    pub fn over(self, table: &Table, alias: &str) -> String {
+        let names = table.cols.iter().map(|(n, _)| *n);
         match self {
             Dialect::Sqlite => {
-                let cols: Vec<String> = columns
-                    .iter()
+                let cols: Vec<String> = names
                     .enumerate()
-                    .map(|(i, c)| format!("json_extract(value, '$[{i}]') AS {c}"))
+                    .map(|(i, c)| format!(", json_extract(value, '$[{i}]') AS {c}"))
                     .collect();
                 format!(
-                    "WITH r AS MATERIALIZED (SELECT {} FROM json_each($1))",
-                    cols.join(", ")
+                    "(SELECT key AS o{} FROM json_each($1)) AS {alias}",
+                    cols.concat()
                 )
             }
             Dialect::Postgres => {
-                let arrays: Vec<String> = (1..=columns.len())
-                    .map(|i| format!("${i}::int8[]"))
+                let arrays: Vec<String> = (table.cols.iter().enumerate())
+                    .map(|(i, (_, c))| format!("${}::{}[]", i + 1, c.pg_type()))
                     .collect();
                 format!(
-                    "WITH r AS (SELECT * FROM UNNEST({}) AS u({}))",
+                    "UNNEST({}) WITH ORDINALITY AS {alias}({}, o)",
                     arrays.join(", "),
-                    columns.join(", ")
+                    table.names()
                 )
             }
         }
+    }
+
+    /// A CTE `r` of the request rows of `table` (see [`Dialect::over`]).
+    pub fn request_rows(self, table: &Table) -> String {
+        let materialized = match self {
+            Dialect::Sqlite => " MATERIALIZED",
+            Dialect::Postgres => "",
+        };
+        format!(
+            "WITH r AS{materialized} (SELECT * FROM {})",
+            self.over(table, "u")
+        )
     }
 
     /// The rows of `table` (aliased `alias`) of request `r`'s series (`key` = `r.id`) in
@@ -143,8 +162,24 @@ pub trait Backend: Database<Row: Get> + Sized {
         args: Self::Arguments,
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
 
+    /// A group commit's sample rows, as this backend binds them.
+    type Samples<'b>: RowSink<'b> + Send;
+    fn samples(batches: &[NodeBatch]) -> Self::Samples<'_>;
+
+    /// Writes a group commit's GPU, process and host rows (a process row's workload id is
+    /// `workloads[slot]`), adding the GPU samples it inserted to `nodes`: the measured hot
+    /// path, tuned per backend. `fallback`: the slower way, after this returned
+    /// [`Written::Fallback`] and the transaction was rolled back.
+    async fn write_samples<'b>(
+        conn: &mut Self::Connection,
+        rows: Self::Samples<'b>,
+        workloads: &[i64],
+        nodes: &mut [NodeUpdate],
+        fallback: bool,
+    ) -> Result<Written, StoreError>;
+
     /// [`IngestWrites::write_batches`](super::IngestWrites::write_batches) of at least one
-    /// batch: the group commit, tuned per backend.
+    /// batch ([`SqlStore::write_rounds`] and what the backend does around it).
     async fn write_batches(
         store: &SqlStore<Self>,
         batches: &[NodeBatch],
@@ -156,18 +191,6 @@ pub trait Backend: Database<Row: Get> + Sized {
     /// The part of raw retention a backend does wholesale once the horizons are raised
     /// (PostgreSQL drops day partitions); returns what it dropped.
     async fn drop_expired_raw(store: &SqlStore<Self>) -> Result<Vec<String>, StoreError>;
-
-    /// [`CarbonStore::upsert_intensity`](super::CarbonStore::upsert_intensity).
-    async fn upsert_intensity(
-        store: &SqlStore<Self>,
-        slots: &[IntensitySlot],
-    ) -> Result<(), StoreError>;
-
-    /// [`CarbonStore::replace_carbon_minutes`](super::CarbonStore::replace_carbon_minutes).
-    async fn replace_carbon_minutes(
-        store: &SqlStore<Self>,
-        minutes: &[CarbonMinute],
-    ) -> Result<(), StoreError>;
 }
 
 /// A value a shared query can bind on either backend.
@@ -233,24 +256,14 @@ impl<DB: Backend> Sql<DB> {
         self
     }
 
-    /// Binds request rows for [`Dialect::request_rows`] (every row as long as `columns`).
-    pub fn bind_rows(mut self, columns: usize, rows: &[Vec<i64>]) -> Self {
+    /// Binds `table` for [`Dialect::over`]: as its first parameters, before any other.
+    pub fn bind_table(self, table: Table) -> Self {
         match DB::DIALECT {
             Dialect::Sqlite => {
-                let json = serde_json::Value::from(rows.to_vec()).to_string();
+                let json = table.json();
                 self.bind(json)
             }
-            Dialect::Postgres => {
-                for c in 0..columns {
-                    let col: Vec<i64> = rows.iter().map(|r| r[c]).collect();
-                    if self.err.is_none()
-                        && let Err(e) = DB::add(&mut self.args, IntArray(col))
-                    {
-                        self.err = Some(e);
-                    }
-                }
-                self
-            }
+            Dialect::Postgres => table.cols.into_iter().fold(self, |q, (_, c)| q.bind(c)),
         }
     }
 
@@ -295,15 +308,121 @@ impl<DB: Backend> Sql<DB> {
     }
 }
 
-/// An `int8[]` (PostgreSQL request rows only).
-struct IntArray(Vec<i64>);
+/// Rows a statement reads as one FROM item ([`Dialect::over`]), sent in one go: on
+/// SQLite as one JSON text (an array of rows) read with `json_each`, on PostgreSQL as one
+/// array per column read with `UNNEST`. Statement texts do not depend on the row count,
+/// so their prepared forms are reused.
+#[derive(Default)]
+pub struct Table {
+    cols: Vec<(&'static str, Cells)>,
+    rows: usize,
+}
 
-impl Value for IntArray {
+/// One column of a [`Table`].
+enum Cells {
+    Int(Vec<Option<i64>>),
+    Float(Vec<Option<f64>>),
+    Text(Vec<Option<String>>),
+    Flag(Vec<Option<bool>>),
+}
+
+impl Cells {
+    fn pg_type(&self) -> &'static str {
+        match self {
+            Cells::Int(_) => "int8",
+            Cells::Float(_) => "float8",
+            Cells::Text(_) => "text",
+            Cells::Flag(_) => "bool",
+        }
+    }
+
+    fn json(&self, row: usize) -> serde_json::Value {
+        fn at<T: Clone + Into<serde_json::Value>>(v: &[Option<T>], r: usize) -> serde_json::Value {
+            v.get(r)
+                .cloned()
+                .flatten()
+                .map_or(serde_json::Value::Null, Into::into)
+        }
+        match self {
+            Cells::Int(v) => at(v, row),
+            Cells::Float(v) => at(v, row),
+            Cells::Text(v) => at(v, row),
+            Cells::Flag(v) => at(v, row),
+        }
+    }
+}
+
+impl Value for Cells {
     fn add_sqlite(self, _: &mut SqliteArguments) -> Result<(), BoxDynError> {
-        Err("arrays are bound as JSON on SQLite".into())
+        Err("tables are bound as JSON on SQLite".into())
     }
     fn add_pg(self, args: &mut PgArguments) -> Result<(), BoxDynError> {
-        args.add(self.0)
+        match self {
+            Cells::Int(v) => args.add(v),
+            Cells::Float(v) => args.add(v),
+            Cells::Text(v) => args.add(v),
+            Cells::Flag(v) => args.add(v),
+        }
+    }
+}
+
+impl Table {
+    fn with<T: Into<Option<U>>, U>(
+        mut self,
+        name: &'static str,
+        values: impl IntoIterator<Item = T>,
+        cells: fn(Vec<Option<U>>) -> Cells,
+    ) -> Table {
+        let values: Vec<Option<U>> = values.into_iter().map(Into::into).collect();
+        self.rows = self.rows.max(values.len());
+        self.cols.push((name, cells(values)));
+        self
+    }
+
+    pub fn int<T: Into<Option<i64>>>(
+        self,
+        name: &'static str,
+        v: impl IntoIterator<Item = T>,
+    ) -> Table {
+        self.with(name, v, Cells::Int)
+    }
+
+    pub fn float(self, name: &'static str, v: impl IntoIterator<Item = f64>) -> Table {
+        self.with(name, v, Cells::Float)
+    }
+
+    pub fn text<T: Into<Option<String>>>(
+        self,
+        name: &'static str,
+        v: impl IntoIterator<Item = T>,
+    ) -> Table {
+        self.with(name, v, Cells::Text)
+    }
+
+    pub fn flag(self, name: &'static str, v: impl IntoIterator<Item = bool>) -> Table {
+        self.with(name, v, Cells::Flag)
+    }
+
+    /// Integer columns `names` of `rows` (request rows: each as long as `names`).
+    pub fn ints(names: &[&'static str], rows: &[Vec<i64>]) -> Table {
+        let col = |c: usize| rows.iter().map(move |r| r.get(c).copied());
+        (names.iter().enumerate()).fold(Table::default(), |t, (c, name)| t.int(name, col(c)))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Its column names, comma-separated.
+    pub fn names(&self) -> String {
+        let names: Vec<&str> = self.cols.iter().map(|(n, _)| *n).collect();
+        names.join(", ")
+    }
+
+    fn json(&self) -> String {
+        let rows = (0..self.rows)
+            .map(|r| serde_json::Value::Array(self.cols.iter().map(|(_, c)| c.json(r)).collect()));
+        serde_json::Value::Array(rows.collect()).to_string()
     }
 }
 

@@ -1,14 +1,16 @@
 //! Carbon accounting in the store ([`CarbonStore`]): the intensity cache, per-minute
-//! prices and the API's carbon aggregates, with their SQL once for both backends (the
-//! writes of many rows are backend hooks: PostgreSQL binds one array per column). The
-//! pricing is in [`crate::accounting::carbon`].
+//! prices and the API's carbon aggregates, with their SQL once for both backends (writes
+//! of many rows in one statement, over a [`Table`]). The pricing is in
+//! [`crate::accounting::carbon`].
 
-use super::backend::{Backend, Get, GetExt, List, sql};
+use super::backend::{Backend, Get, GetExt, List, Table, sql};
 use super::rows::limit_i64;
 use super::{GpuId, SqlStore, StoreError, TimeRange};
 use async_trait::async_trait;
 use gpufleet_carbon::{FactorType, IntensityKind, IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
+use std::collections::HashMap;
+use std::hash::Hash;
 
 /// How a minute's intensity was chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -208,7 +210,7 @@ fn parsed<R: Get, T>(
     parse(&v).ok_or_else(|| unknown_value(column, &v))
 }
 
-pub(super) fn energy_i64(v: u64) -> Result<i64, StoreError> {
+fn energy_i64(v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("energy {v} does not fit")))
 }
 
@@ -283,75 +285,97 @@ fn totals_from_row<R: Get>(row: &R) -> Result<CarbonTotals, StoreError> {
     })
 }
 
-/// Caches intensity slots one statement per slot, in one transaction (SQLite's way; the
-/// same rule as [`CarbonStore::upsert_intensity`]'s).
-pub(super) async fn upsert_intensity_rows<DB: Backend>(
-    store: &SqlStore<DB>,
-    slots: &[IntensitySlot],
-) -> Result<(), StoreError> {
-    let mut tx = store.begin_write("begin caching intensities").await?;
-    for s in slots {
-        sql::<DB>(
-            "cache an intensity slot",
-            "INSERT INTO carbon_intensity (provider, region, from_ms, to_ms, g_per_kwh, kind, \
-             factor_type, fetched_at_ms, estimated) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (provider, region, from_ms) DO UPDATE SET to_ms = excluded.to_ms, \
-             g_per_kwh = excluded.g_per_kwh, kind = excluded.kind, \
-             factor_type = excluded.factor_type, fetched_at_ms = excluded.fetched_at_ms, \
-             estimated = excluded.estimated \
-             WHERE NOT (carbon_intensity.kind = 'actual' AND excluded.kind = 'forecast')",
-        )
-        .bind(s.provider.as_str())
-        .bind(s.region.as_str())
-        .bind(s.from_ms)
-        .bind(s.to_ms)
-        .bind(s.g_per_kwh)
-        .bind(s.kind.as_str())
-        .bind(s.factor_type.as_str())
-        .bind(s.fetched_at_ms)
-        .bind(s.estimated)
-        .execute(tx.conn())
-        .await?;
+/// What a sequence of single-row upserts would leave, one row per key: a later row
+/// replaces the kept one when `replaces(kept, later)`. (One `INSERT ... ON CONFLICT DO
+/// UPDATE` may not touch a row twice on PostgreSQL, so a batch is folded first; folding
+/// then applying the same rule against the stored row gives what row-by-row writes would.)
+fn fold<T, K: Hash + Eq>(
+    rows: &[T],
+    key: impl Fn(&T) -> K,
+    replaces: impl Fn(&T, &T) -> bool,
+) -> Vec<&T> {
+    let mut at: HashMap<K, usize> = HashMap::new();
+    let mut out: Vec<&T> = Vec::with_capacity(rows.len());
+    for r in rows {
+        match at.get(&key(r)) {
+            Some(&i) if replaces(out[i], r) => out[i] = r,
+            Some(_) => {}
+            None => {
+                at.insert(key(r), out.len());
+                out.push(r);
+            }
+        }
     }
-    tx.commit("commit cached intensities").await
+    out
 }
 
-/// Stores prices one statement per GPU-minute, in one transaction (SQLite's way).
-pub(super) async fn replace_carbon_rows<DB: Backend>(
+/// Writes `rows` into `table` in one write transaction: a row whose `key` columns are
+/// stored already replaces the stored one (all its other columns), unless `keep` holds.
+async fn upsert<DB: Backend>(
     store: &SqlStore<DB>,
-    minutes: &[CarbonMinute],
+    op: &'static str,
+    table: &str,
+    rows: Table,
+    key: &str,
+    keep: &str,
 ) -> Result<(), StoreError> {
-    let mut tx = store.begin_write("begin storing carbon").await?;
-    for m in minutes {
-        sql::<DB>(
-            "store the carbon of a GPU-minute",
-            "INSERT OR REPLACE INTO carbon_gpu_minutes (gpu_id, minute_ms, energy_mj, \
-             g_per_kwh, pue, carbon_g, provider, region, kind, factor_type, estimated, basis, \
-             priced_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(m.gpu.0)
-        .bind(m.minute_ms)
-        .bind(energy_i64(m.energy_mj)?)
-        .bind(m.g_per_kwh)
-        .bind(m.pue)
-        .bind(m.carbon_g)
-        .bind(m.provider.as_str())
-        .bind(m.region.as_str())
-        .bind(m.kind.as_str())
-        .bind(m.factor_type.as_str())
-        .bind(m.estimated)
-        .bind(m.basis.as_str())
-        .bind(m.priced_at_ms)
-        .execute(tx.conn())
-        .await?;
+    if rows.is_empty() {
+        return Ok(());
     }
-    tx.commit("commit carbon").await
+    let names = rows.names();
+    let set: Vec<String> = (names.split(", "))
+        .filter(|c| !key.split(", ").any(|k| k == *c))
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect();
+    let mut tx = store.begin_write(op).await?;
+    sql::<DB>(
+        op,
+        format!(
+            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true \
+             ON CONFLICT ({key}) DO UPDATE SET {} WHERE NOT ({keep})",
+            DB::DIALECT.over(&rows, "v"),
+            set.join(", "),
+        ),
+    )
+    .bind_table(rows)
+    .execute(tx.conn())
+    .await?;
+    tx.commit(op).await
 }
 
 #[async_trait]
 impl<DB: Backend> CarbonStore for SqlStore<DB> {
     async fn upsert_intensity(&self, slots: &[IntensitySlot]) -> Result<(), StoreError> {
-        DB::upsert_intensity(self, slots).await
+        let forecast_after_actual = |kept: &IntensitySlot, s: &IntensitySlot| {
+            kept.kind == IntensityKind::Actual && s.kind == IntensityKind::Forecast
+        };
+        let key = |s: &IntensitySlot| (s.provider, s.region.clone(), s.from_ms);
+        let s = fold(slots, key, |kept, s| !forecast_after_actual(kept, s));
+        let s = &s;
+        let rows = Table::default()
+            .text("provider", s.iter().map(|s| s.provider.as_str().to_owned()))
+            .text("region", s.iter().map(|s| s.region.clone()))
+            .int("from_ms", s.iter().map(|s| s.from_ms))
+            .int("to_ms", s.iter().map(|s| s.to_ms))
+            .float("g_per_kwh", s.iter().map(|s| s.g_per_kwh))
+            .text("kind", s.iter().map(|s| s.kind.as_str().to_owned()))
+            .text(
+                "factor_type",
+                s.iter().map(|s| s.factor_type.as_str().to_owned()),
+            )
+            .int("fetched_at_ms", s.iter().map(|s| s.fetched_at_ms))
+            .flag("estimated", s.iter().map(|s| s.estimated));
+        let keep = "carbon_intensity.kind = 'actual' AND excluded.kind = 'forecast'";
+        let key = "provider, region, from_ms";
+        upsert(
+            self,
+            "cache intensity slots",
+            "carbon_intensity",
+            rows,
+            key,
+            keep,
+        )
+        .await
     }
 
     async fn intensity_slots(
@@ -428,7 +452,37 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
     }
 
     async fn replace_carbon_minutes(&self, minutes: &[CarbonMinute]) -> Result<(), StoreError> {
-        DB::replace_carbon_minutes(self, minutes).await
+        let m = fold(minutes, |m| (m.gpu, m.minute_ms), |_, _| true);
+        let text = |f: fn(&CarbonMinute) -> &str| m.iter().map(move |m| f(m).to_owned());
+        let rows = Table::default()
+            .int("gpu_id", m.iter().map(|m| m.gpu.0))
+            .int("minute_ms", m.iter().map(|m| m.minute_ms))
+            .int(
+                "energy_mj",
+                m.iter()
+                    .map(|m| energy_i64(m.energy_mj))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+            .float("g_per_kwh", m.iter().map(|m| m.g_per_kwh))
+            .float("pue", m.iter().map(|m| m.pue))
+            .float("carbon_g", m.iter().map(|m| m.carbon_g))
+            .text("provider", text(|m| m.provider.as_str()))
+            .text("region", text(|m| &m.region))
+            .text("kind", text(|m| m.kind.as_str()))
+            .text("factor_type", text(|m| m.factor_type.as_str()))
+            .flag("estimated", m.iter().map(|m| m.estimated))
+            .text("basis", text(|m| m.basis.as_str()))
+            .int("priced_at_ms", m.iter().map(|m| m.priced_at_ms));
+        let op = "store the carbon of GPU-minutes";
+        upsert(
+            self,
+            op,
+            "carbon_gpu_minutes",
+            rows,
+            "gpu_id, minute_ms",
+            "false",
+        )
+        .await
     }
 
     async fn carbon_minutes(

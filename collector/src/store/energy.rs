@@ -2,7 +2,7 @@
 //! ([`EnergyStore`]), the shapes crossing the boundary, and their SQL, once for both
 //! backends. The computing is in [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`].
 
-use super::backend::{Backend, Dialect, Get, GetExt, sql};
+use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::rows::{self, WORKLOAD_COLS, limit_i64};
 use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{
@@ -366,14 +366,12 @@ fn attach_processes<'r, R: Get + 'r>(
 }
 
 /// The request rows of energy ranges: `(req, id, from_ms, to_ms)`.
-const RANGE_COLS: [&str; 4] = ["req", "id", "from_ms", "to_ms"];
-
-fn range_rows(ranges: &[EnergyRange]) -> Vec<Vec<i64>> {
-    ranges
-        .iter()
-        .enumerate()
-        .map(|(i, r)| vec![i as i64, r.gpu.0, r.from_ms, r.to_ms])
-        .collect()
+fn range_rows(ranges: &[EnergyRange]) -> Table {
+    Table::default()
+        .int("req", 0..ranges.len() as i64)
+        .int("id", ranges.iter().map(|r| r.gpu.0))
+        .int("from_ms", ranges.iter().map(|r| r.from_ms))
+        .int("to_ms", ranges.iter().map(|r| r.to_ms))
 }
 
 /// A join that keeps the request rows `r` as the outer side (SQLite plans `CROSS JOIN`
@@ -587,11 +585,11 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         if n == 0 {
             return Ok(out);
         }
-        let (d, requests) = (DB::DIALECT, range_rows(ranges));
-        let cte = d.request_rows(&RANGE_COLS);
+        let d = DB::DIALECT;
+        let cte = d.request_rows(&range_rows(ranges));
         let mut conn = self.conn().await?;
         let read = |op, body: String| {
-            sql::<DB>(op, format!("{cte} {body}")).bind_rows(RANGE_COLS.len(), &requests)
+            sql::<DB>(op, format!("{cte} {body}")).bind_table(range_rows(ranges))
         };
         let prev = read(
             "read the samples before energy ranges",
@@ -660,7 +658,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "read GPUs' idle-baseline evidence",
             format!(
                 "{} SELECT r.req, m.learned_idle_mj, m.learned_idle_ms FROM r {}",
-                d.request_rows(&RANGE_COLS),
+                d.request_rows(&range_rows(ranges)),
                 newest_before(
                     d,
                     "energy_gpu_minutes",
@@ -670,7 +668,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 )
             ),
         )
-        .bind_rows(RANGE_COLS.len(), &range_rows(ranges))
+        .bind_table(range_rows(ranges))
         .all(&mut *self.conn().await?)
         .await?;
         for row in &rows {

@@ -4,7 +4,7 @@
 //! each GPU's or node's rows are found through its primary key, and a window keeps each
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 
-use super::backend::{Backend, Get, sql};
+use super::backend::{Backend, Get, Table, sql};
 use super::rows::{self, EVENT_COLS, GPU_COLS, limit_i64, process_cols};
 use super::{HostRow, NodeRecord, SqlStore, StoreError, TimeRange, assemble_ticks};
 use gpufleet_core::{Event, GpuSample, ProcessSample, Tick, UnixMs};
@@ -160,13 +160,12 @@ async fn read<DB: Backend>(
     requests: &[Vec<i64>],
     body: &str,
 ) -> Result<Vec<DB::Row>, StoreError> {
-    sql::<DB>(
-        op,
-        format!("{} {body}", DB::DIALECT.request_rows(&REQUEST_COLS)),
-    )
-    .bind_rows(REQUEST_COLS.len(), requests)
-    .all(conn)
-    .await
+    let table = Table::ints(&REQUEST_COLS, requests);
+    let cte = DB::DIALECT.request_rows(&table);
+    sql::<DB>(op, format!("{cte} {body}"))
+        .bind_table(table)
+        .all(conn)
+        .await
 }
 
 /// One request row per (request, GPU).

@@ -3,11 +3,10 @@
 //! contract tests run against both backends); what is here is the connection, day
 //! partitions, advisory-lock leases, and the hand-tuned bulk writes.
 //!
-//! Write path: one transaction per group commit, one statement per table. GPU samples go
-//! in by binary `COPY`; the other rows as arrays, one array per column (`INSERT ...
-//! SELECT * FROM UNNEST($1::int8[], ...) ON CONFLICT DO NOTHING`), so a group commit of
-//! any size is a handful of round trips and the statements' prepared forms never change.
-//! Carbon prices and cached intensities are written the same way.
+//! Sample rows of a group commit: GPU samples by binary `COPY`; process and host rows as
+//! arrays, one per column (`INSERT ... SELECT * FROM UNNEST($1::int8[], ...) ON CONFLICT
+//! DO NOTHING`), so a group commit of any size is a handful of round trips and the
+//! statements' prepared forms never change.
 //!
 //! The raw sample tables are partitioned by UTC day (`<table>_pYYYYMMDD`). Partitions are
 //! created ahead: today's and tomorrow's at open and by any write on a new day, and any
@@ -19,20 +18,15 @@
 //! deleted.
 
 use super::backend::{Backend, Dialect, Value, run};
-use super::carbon::{CarbonMinute, energy_i64};
 use super::lease::{self, Lease};
 use super::rows::to_i64;
-use super::write::{
-    Collected, NodeUpdate, RowSink, WorkloadSlot, collect_rows, conflicts_of, outcome, workload_id,
-};
+use super::write::{NodeUpdate, RowSink, Written};
 use super::{
-    BatchConflict, GpuId, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate,
-    migrations, redact_url,
+    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_carbon::{IntensityKind, IntensitySlot, ProviderKind};
-use gpufleet_core::{Event, GpuSample, ProcessSample, ProcessType, Tick, UnixMs, Workload};
+use gpufleet_core::{GpuSample, ProcessSample, ProcessType, Tick, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row};
@@ -232,119 +226,9 @@ impl SqlStore<Postgres> {
         }
         Ok(old.into_iter().map(|p| p.name).collect())
     }
-
-    /// One write: first with GPU samples copied straight into `gpu_samples` (binary
-    /// `COPY`, no conflict handling: the common case, where nothing was stored before);
-    /// if any of them was already stored (a replay after a lost ack, or a duplicate within
-    /// the group), the transaction failed whole and the write is redone with
-    /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
-    ///
-    /// The `ON CONFLICT` write then tells replays from conflicts: a GPU whose samples were
-    /// not all inserted has its rows read back and compared; batches whose samples differ
-    /// from the stored ones are left out and the write is redone without them.
-    async fn write_any(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
-        let mut path = GpuPath::Copy;
-        let mut skip = HashSet::new();
-        let mut conflicts = Vec::new();
-        let mut checked = false;
-        // Copy, then merge, then merge checking conflicts first: only a concurrent writer
-        // of the same GPUs could make the checked rounds repeat.
-        for _ in 0..=super::write::MAX_WRITE_ROUNDS {
-            match self
-                .write_once(batches, path, &mut skip, &mut conflicts, checked)
-                .await
-            {
-                Err(e) if path == GpuPath::Copy && is_copy_duplicate(&e) => {
-                    debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
-                    path = GpuPath::Merge;
-                }
-                Err(e) => return Err(e),
-                Ok(Attempt::Done(mut outcome)) => {
-                    outcome.conflicts = conflicts;
-                    return Ok(outcome);
-                }
-                Ok(Attempt::Recheck) => checked = true,
-            }
-        }
-        Err(StoreError::Corrupt(
-            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
-        ))
-    }
-
-    /// One attempt at a group commit without the `skip`ped batches, GPU samples
-    /// written the `path` way. When `checked`, the stored rows are compared with the
-    /// batches' before anything is inserted, and the conflicting ones join `skip` and
-    /// `conflicts`.
-    async fn write_once(
-        &self,
-        batches: &[NodeBatch],
-        path: GpuPath,
-        skip: &mut HashSet<usize>,
-        conflicts: &mut Vec<BatchConflict>,
-        checked: bool,
-    ) -> Result<Attempt, StoreError> {
-        let mut tx = self.begin_group(batches, skip, conflicts, checked).await?;
-        let mut rows = Rows::default();
-        let Collected {
-            mut nodes,
-            mut workloads,
-        } = collect_rows(batches, skip, &self.cached_workloads(), &mut rows)?;
-        upsert_workloads(tx.conn(), &mut workloads).await?;
-        let workload_ids = rows
-            .process_slot
-            .iter()
-            .map(|&slot| workload_id(&workloads[slot]))
-            .collect::<Result<Vec<i64>, _>>()?;
-        // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
-        let mut given: HashMap<i32, i64> = HashMap::new();
-        if path == GpuPath::Merge {
-            for &gpu in &rows.gpu.gpu {
-                *given.entry(gpu).or_default() += 1;
-            }
-        }
-        let per_gpu = match path {
-            GpuPath::Copy => rows.gpu.copy(tx.conn()).await?,
-            GpuPath::Merge => rows.gpu.insert(tx.conn()).await?,
-        };
-        // GPUs some of whose samples were skipped: replays, or conflicts.
-        for &(gpu, n) in &per_gpu {
-            if let Some(g) = given.get_mut(&gpu) {
-                *g -= n;
-            }
-        }
-        let short: HashSet<i64> = given
-            .into_iter()
-            .filter(|&(_, short)| short > 0)
-            .map(|(gpu, _)| i64::from(gpu))
-            .collect();
-        rows.process.insert(tx.conn(), workload_ids).await?;
-        let host_rows = rows.host.ts.len() as u64;
-        let hosts = rows.host.insert(tx.conn()).await?;
-        if (!short.is_empty() || hosts < host_rows)
-            && !conflicts_of::<Postgres>(tx.conn(), batches, skip, Some(&short))
-                .await?
-                .is_empty()
-        {
-            // Some skipped rows were not replays: decide which batches conflict before
-            // inserting, in a new transaction.
-            tx.rollback().await?;
-            return Ok(Attempt::Recheck);
-        }
-        rows.events.insert(tx.conn()).await?;
-        for (gpu, n) in per_gpu {
-            let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
-                StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
-            })?;
-            nodes[group].inserted += u64::try_from(n).unwrap_or(0);
-        }
-        update_nodes(tx.conn(), &nodes).await?;
-        tx.commit("commit").await?;
-        self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
-        let outcome = outcome(&nodes);
-        Ok(Attempt::Done(outcome))
-    }
 }
 
+/// Takes the lock on the partition list (creating or dropping partitions) for the
 /// rest of the transaction.
 async fn lock_partitions(conn: &mut PgConnection) -> Result<(), StoreError> {
     sqlx::query(
@@ -411,22 +295,6 @@ fn parse_bound(bound: &str) -> Result<(Option<i64>, Option<i64>), StoreError> {
     Ok((value("FROM (")?, value("TO (")?))
 }
 
-/// How one write attempt ended.
-enum Attempt {
-    Done(WriteOutcome),
-    /// Rolled back: skipped GPU samples were not all replays; redo checking first.
-    Recheck,
-}
-
-/// How a write stores its GPU samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GpuPath {
-    /// Binary `COPY` into `gpu_samples`: fast, and fails on any duplicate key.
-    Copy,
-    /// `INSERT ... ON CONFLICT DO NOTHING`: skips the samples already stored.
-    Merge,
-}
-
 /// The `op` of a failed [`GpuCols::copy`].
 const COPY_OP: &str = "copy GPU samples";
 
@@ -466,6 +334,68 @@ impl Backend for Postgres {
 
     run!(Postgres, PgArguments, add_pg);
 
+    type Samples<'b> = Rows;
+
+    fn samples(_: &[NodeBatch]) -> Rows {
+        Rows::default()
+    }
+
+    /// GPU samples go first straight into `gpu_samples` (binary `COPY`, no conflict
+    /// handling: the common case, where nothing was stored before); if any of them was
+    /// already stored (a replay after a lost ack, or a duplicate within the group), the
+    /// transaction failed whole and the write is redone (`fallback`) with
+    /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
+    async fn write_samples<'b>(
+        conn: &mut PgConnection,
+        rows: Rows,
+        workloads: &[i64],
+        nodes: &mut [NodeUpdate],
+        fallback: bool,
+    ) -> Result<Written, StoreError> {
+        // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
+        let mut given: HashMap<i32, i64> = HashMap::new();
+        if fallback {
+            for &gpu in &rows.gpu.gpu {
+                *given.entry(gpu).or_default() += 1;
+            }
+        }
+        let per_gpu = match fallback {
+            true => rows.gpu.insert(conn).await?,
+            false => match rows.gpu.copy(conn).await {
+                Err(e) if is_copy_duplicate(&e) => {
+                    debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
+                    return Ok(Written::Fallback);
+                }
+                other => other?,
+            },
+        };
+        for &(gpu, n) in &per_gpu {
+            if let Some(g) = given.get_mut(&gpu) {
+                *g -= n;
+            }
+            let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
+                StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
+            })?;
+            nodes[group].inserted += u64::try_from(n).unwrap_or(0);
+        }
+        // GPUs some of whose samples were skipped: replays, or conflicts.
+        let short: HashSet<i64> = given
+            .into_iter()
+            .filter(|&(_, short)| short > 0)
+            .map(|(gpu, _)| i64::from(gpu))
+            .collect();
+        let slots = rows.process_slot.iter();
+        rows.process
+            .insert(conn, slots.map(|&s| workloads[s]).collect())
+            .await?;
+        let host_rows = rows.host.ts.len() as u64;
+        let hosts = rows.host.insert(conn).await?;
+        Ok(Written::Rows {
+            skipped: !short.is_empty() || hosts < host_rows,
+            gpus: Some(short),
+        })
+    }
+
     async fn write_batches(
         store: &PgStore,
         batches: &[NodeBatch],
@@ -482,7 +412,7 @@ impl Backend for Postgres {
             .into_iter()
             .collect();
         store.ensure_days(&days).await?;
-        match store.write_any(batches).await {
+        match store.write_rounds(batches).await {
             Err(e) if is_missing_partition(&e) => {
                 // Another collector dropped a partition this one thought it had.
                 store
@@ -492,7 +422,7 @@ impl Backend for Postgres {
                     .unwrap_or_else(PoisonError::into_inner)
                     .clear();
                 store.ensure_days(&days).await?;
-                store.write_any(batches).await
+                store.write_rounds(batches).await
             }
             other => other,
         }
@@ -528,132 +458,6 @@ impl Backend for Postgres {
             None => Ok(Vec::new()),
         }
     }
-
-    async fn upsert_intensity(store: &PgStore, slots: &[IntensitySlot]) -> Result<(), StoreError> {
-        let slots = fold_slots(slots);
-        if slots.is_empty() {
-            return Ok(());
-        }
-        let col = |f: fn(&IntensitySlot) -> String| slots.iter().map(|s| f(s)).collect::<Vec<_>>();
-        let providers = col(|s| s.provider.as_str().to_owned());
-        let regions = col(|s| s.region.clone());
-        let kinds = col(|s| s.kind.as_str().to_owned());
-        let factors = col(|s| s.factor_type.as_str().to_owned());
-        let from: Vec<i64> = slots.iter().map(|s| s.from_ms).collect();
-        let to: Vec<i64> = slots.iter().map(|s| s.to_ms).collect();
-        let g: Vec<f64> = slots.iter().map(|s| s.g_per_kwh).collect();
-        let fetched: Vec<i64> = slots.iter().map(|s| s.fetched_at_ms).collect();
-        let estimated: Vec<bool> = slots.iter().map(|s| s.estimated).collect();
-        sqlx::query(
-            "INSERT INTO carbon_intensity (provider, region, from_ms, to_ms, g_per_kwh, kind, \
-             factor_type, fetched_at_ms, estimated) \
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::float8[], \
-             $6::text[], $7::text[], $8::int8[], $9::bool[]) \
-             ON CONFLICT (provider, region, from_ms) DO UPDATE SET to_ms = excluded.to_ms, \
-             g_per_kwh = excluded.g_per_kwh, kind = excluded.kind, \
-             factor_type = excluded.factor_type, fetched_at_ms = excluded.fetched_at_ms, \
-             estimated = excluded.estimated \
-             WHERE NOT (carbon_intensity.kind = 'actual' AND excluded.kind = 'forecast')",
-        )
-        .bind(providers)
-        .bind(regions)
-        .bind(from)
-        .bind(to)
-        .bind(g)
-        .bind(kinds)
-        .bind(factors)
-        .bind(fetched)
-        .bind(estimated)
-        .execute(&mut *store.conn().await?)
-        .await
-        .map_err(q("cache intensity slots"))?;
-        Ok(())
-    }
-
-    async fn replace_carbon_minutes(
-        store: &PgStore,
-        minutes: &[CarbonMinute],
-    ) -> Result<(), StoreError> {
-        // Row by row, a later price of the same GPU-minute replaces an earlier one; one
-        // statement may not touch a row twice, so keep only the last of each.
-        let mut at: HashMap<(GpuId, UnixMs), usize> = HashMap::new();
-        let mut rows: Vec<&CarbonMinute> = Vec::with_capacity(minutes.len());
-        for m in minutes {
-            match at.get(&(m.gpu, m.minute_ms)) {
-                Some(&i) => rows[i] = m,
-                None => {
-                    at.insert((m.gpu, m.minute_ms), rows.len());
-                    rows.push(m);
-                }
-            }
-        }
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let text = |f: fn(&CarbonMinute) -> String| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
-        let float = |f: fn(&CarbonMinute) -> f64| rows.iter().map(|m| f(m)).collect::<Vec<_>>();
-        let gpu: Vec<i64> = rows.iter().map(|m| m.gpu.0).collect();
-        let minute: Vec<i64> = rows.iter().map(|m| m.minute_ms).collect();
-        let energy = rows
-            .iter()
-            .map(|m| energy_i64(m.energy_mj))
-            .collect::<Result<Vec<_>, _>>()?;
-        let estimated: Vec<bool> = rows.iter().map(|m| m.estimated).collect();
-        let priced_at: Vec<i64> = rows.iter().map(|m| m.priced_at_ms).collect();
-        sqlx::query(
-            "INSERT INTO carbon_gpu_minutes (gpu_id, minute_ms, energy_mj, g_per_kwh, pue, \
-             carbon_g, provider, region, kind, factor_type, estimated, basis, priced_at_ms) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::float8[], $5::float8[], \
-             $6::float8[], $7::text[], $8::text[], $9::text[], $10::text[], $11::bool[], \
-             $12::text[], $13::int8[]) \
-             ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET energy_mj = excluded.energy_mj, \
-             g_per_kwh = excluded.g_per_kwh, pue = excluded.pue, carbon_g = excluded.carbon_g, \
-             provider = excluded.provider, region = excluded.region, kind = excluded.kind, \
-             factor_type = excluded.factor_type, estimated = excluded.estimated, \
-             basis = excluded.basis, priced_at_ms = excluded.priced_at_ms",
-        )
-        .bind(gpu)
-        .bind(minute)
-        .bind(energy)
-        .bind(float(|m| m.g_per_kwh))
-        .bind(float(|m| m.pue))
-        .bind(float(|m| m.carbon_g))
-        .bind(text(|m| m.provider.as_str().to_owned()))
-        .bind(text(|m| m.region.clone()))
-        .bind(text(|m| m.kind.as_str().to_owned()))
-        .bind(text(|m| m.factor_type.as_str().to_owned()))
-        .bind(estimated)
-        .bind(text(|m| m.basis.as_str().to_owned()))
-        .bind(priced_at)
-        .execute(&mut *store.conn().await?)
-        .await
-        .map_err(q("store the carbon of GPU-minutes"))?;
-        Ok(())
-    }
-}
-
-/// The slots a sequence of single-row upserts would leave, one per key: a later slot of
-/// the same key wins unless it is a forecast after an actual. (One `INSERT ... ON
-/// CONFLICT DO UPDATE` may not touch a row twice, so a batch is folded first; folding then
-/// applying the same rule against the stored row gives what row-by-row writes would.)
-fn fold_slots(slots: &[IntensitySlot]) -> Vec<&IntensitySlot> {
-    let mut at: HashMap<(ProviderKind, &str, UnixMs), usize> = HashMap::new();
-    let mut out: Vec<&IntensitySlot> = Vec::with_capacity(slots.len());
-    for s in slots {
-        match at.get(&(s.provider, s.region.as_str(), s.from_ms)) {
-            Some(&i) => {
-                let kept = out[i];
-                if !(kept.kind == IntensityKind::Actual && s.kind == IntensityKind::Forecast) {
-                    out[i] = s;
-                }
-            }
-            None => {
-                at.insert((s.provider, s.region.as_str(), s.from_ms), out.len());
-                out.push(s);
-            }
-        }
-    }
-    out
 }
 
 // ------------------------------------------------------------------ one write's rows
@@ -661,7 +465,7 @@ fn fold_slots(slots: &[IntensitySlot]) -> Vec<&IntensitySlot> {
 /// A write's sample rows, column by column, ready to be bound as arrays (see
 /// [`super::write::collect_rows`]).
 #[derive(Default)]
-struct Rows {
+pub struct Rows {
     gpu: GpuCols,
     /// The node group (index in the collected nodes) of each GPU written.
     gpu_group: HashMap<i32, usize>,
@@ -669,7 +473,6 @@ struct Rows {
     /// Per process row: its index in the collected workloads.
     process_slot: Vec<usize>,
     host: HostCols,
-    events: EventCols,
 }
 
 impl<'b> RowSink<'b> for Rows {
@@ -692,16 +495,6 @@ impl<'b> RowSink<'b> for Rows {
 
     fn host(&mut self, node: i64, ts: UnixMs, t: &Tick) -> Result<(), StoreError> {
         self.host.push(node, ts, t)
-    }
-
-    fn event(&mut self, node: i64, gpu: Option<i64>, e: &Event) -> Result<(), StoreError> {
-        self.events.node.push(node);
-        self.events.ts.push(e.time_ms);
-        self.events.gpu.push(gpu);
-        self.events.kind.push(e.kind.as_str().to_owned());
-        self.events.code.push(e.code.map(to_i64));
-        self.events.detail.push(e.detail.clone());
-        Ok(())
     }
 }
 
@@ -1092,164 +885,6 @@ impl HostCols {
             .map_err(q("insert host samples"))?
             .rows_affected())
     }
-}
-
-/// Event columns.
-#[derive(Default)]
-struct EventCols {
-    node: Vec<i64>,
-    ts: Vec<i64>,
-    gpu: Vec<Option<i64>>,
-    kind: Vec<String>,
-    code: Vec<Option<i64>>,
-    detail: Vec<String>,
-}
-
-impl EventCols {
-    async fn insert(self, conn: &mut PgConnection) -> Result<(), StoreError> {
-        if self.ts.is_empty() {
-            return Ok(());
-        }
-        // WITH ORDINALITY: ids follow the batch's order (reads order by time, then id).
-        sqlx::query(
-            "INSERT INTO events (node_id, ts_ms, gpu_id, kind, code, detail) \
-             SELECT n, t, g, k, c, d FROM UNNEST($1::int8[], $2::int8[], $3::int8[], \
-               $4::text[], $5::int8[], $6::text[]) WITH ORDINALITY AS v(n, t, g, k, c, d, o) \
-             ORDER BY o ON CONFLICT DO NOTHING",
-        )
-        .bind(self.node)
-        .bind(self.ts)
-        .bind(self.gpu)
-        .bind(self.kind)
-        .bind(self.code)
-        .bind(self.detail)
-        .execute(&mut *conn)
-        .await
-        .map_err(q("insert events"))?;
-        Ok(())
-    }
-}
-
-/// Upserts the workloads that have no id yet (one row per key, in key order so that
-/// concurrent collectors lock rows alike) and fills their ids in.
-async fn upsert_workloads(
-    conn: &mut PgConnection,
-    slots: &mut [WorkloadSlot<'_>],
-) -> Result<(), StoreError> {
-    // Several variants of one workload (names learned later) share a key: merge them as
-    // SQLite's row-by-row upsert would: the first variant's identity, the latest names.
-    let mut by_key: BTreeMap<String, (Workload, UnixMs)> = BTreeMap::new();
-    for s in slots.iter().filter(|s| s.id.is_none()) {
-        match by_key.entry(s.workload.key()) {
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert((s.workload.clone(), s.first_ms));
-            }
-            std::collections::btree_map::Entry::Occupied(mut o) => {
-                let (w, first) = o.get_mut();
-                let n = s.workload;
-                w.container_name = n.container_name.clone().or(w.container_name.take());
-                w.image = n.image.clone().or(w.image.take());
-                w.pod_name = n.pod_name.clone().or(w.pod_name.take());
-                w.namespace = n.namespace.clone().or(w.namespace.take());
-                *first = (*first).min(s.first_ms);
-            }
-        }
-    }
-    if by_key.is_empty() {
-        return Ok(());
-    }
-    let opt = |f: fn(&Workload) -> &Option<String>| -> Vec<Option<String>> {
-        by_key.values().map(|(w, _)| f(w).clone()).collect()
-    };
-    let rows = sqlx::query(
-        "INSERT INTO workloads (key, kind, runtime, container_id, pod_uid, qos, job_id, step, \
-           unit, uid, container_name, image, pod_name, namespace, first_seen_ms) \
-         SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
-           $6::text[], $7::text[], $8::text[], $9::text[], $10::int8[], $11::text[], \
-           $12::text[], $13::text[], $14::text[], $15::int8[]) \
-         ON CONFLICT (key) DO UPDATE SET \
-           container_name = coalesce(excluded.container_name, workloads.container_name), \
-           image = coalesce(excluded.image, workloads.image), \
-           pod_name = coalesce(excluded.pod_name, workloads.pod_name), \
-           namespace = coalesce(excluded.namespace, workloads.namespace), \
-           first_seen_ms = least(workloads.first_seen_ms, excluded.first_seen_ms) \
-         RETURNING id, key",
-    )
-    .bind(by_key.keys().cloned().collect::<Vec<String>>())
-    .bind(
-        by_key
-            .values()
-            .map(|(w, _)| w.kind.as_str().to_owned())
-            .collect::<Vec<String>>(),
-    )
-    .bind(
-        by_key
-            .values()
-            .map(|(w, _)| w.runtime.clone())
-            .collect::<Vec<String>>(),
-    )
-    .bind(opt(|w| &w.container_id))
-    .bind(opt(|w| &w.pod_uid))
-    .bind(opt(|w| &w.qos))
-    .bind(opt(|w| &w.job_id))
-    .bind(opt(|w| &w.step))
-    .bind(opt(|w| &w.unit))
-    .bind(
-        by_key
-            .values()
-            .map(|(w, _)| w.uid.map(i64::from))
-            .collect::<Vec<Option<i64>>>(),
-    )
-    .bind(opt(|w| &w.container_name))
-    .bind(opt(|w| &w.image))
-    .bind(opt(|w| &w.pod_name))
-    .bind(opt(|w| &w.namespace))
-    .bind(by_key.values().map(|(_, t)| *t).collect::<Vec<i64>>())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(q("upsert workloads"))?;
-    let mut ids: HashMap<String, i64> = HashMap::with_capacity(rows.len());
-    for row in &rows {
-        ids.insert(get(row, "key")?, get(row, "id")?);
-    }
-    for s in slots.iter_mut().filter(|s| s.id.is_none()) {
-        let key = s.workload.key();
-        s.id = Some(*ids.get(&key).ok_or_else(|| {
-            StoreError::Corrupt(format!("workload {key} has no id after upsert"))
-        })?);
-    }
-    Ok(())
-}
-
-/// Every node's delivery state in one statement (nodes in id order).
-async fn update_nodes(conn: &mut PgConnection, nodes: &[NodeUpdate]) -> Result<(), StoreError> {
-    let col = |f: fn(&NodeUpdate) -> i64| nodes.iter().map(f).collect::<Vec<i64>>();
-    sqlx::query(
-        "UPDATE nodes SET \
-           last_seen_ms = greatest(coalesce(nodes.last_seen_ms, v.newest), v.newest), \
-           dropped_samples = CASE WHEN v.seq >= nodes.last_acked_seq \
-             THEN v.dropped ELSE nodes.dropped_samples END, \
-           spool_backlog_batches = CASE WHEN v.seq >= nodes.last_acked_seq \
-             THEN v.backlog_batches ELSE nodes.spool_backlog_batches END, \
-           spool_backlog_bytes = CASE WHEN v.seq >= nodes.last_acked_seq \
-             THEN v.backlog_bytes ELSE nodes.spool_backlog_bytes END, \
-           last_acked_seq = greatest(nodes.last_acked_seq, v.seq), \
-           stored_samples = nodes.stored_samples + v.inserted \
-         FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], \
-           $7::int8[]) AS v(id, newest, seq, dropped, backlog_batches, backlog_bytes, inserted) \
-         WHERE nodes.id = v.id",
-    )
-    .bind(col(|n| n.id))
-    .bind(col(|n| n.newest_ms))
-    .bind(col(|n| to_i64(n.seq)))
-    .bind(col(|n| to_i64(n.delivery.dropped_samples)))
-    .bind(col(|n| to_i64(n.delivery.spool_backlog_batches)))
-    .bind(col(|n| to_i64(n.delivery.spool_backlog_bytes)))
-    .bind(col(|n| to_i64(n.inserted)))
-    .execute(&mut *conn)
-    .await
-    .map_err(q("update the nodes' delivery state"))?;
-    Ok(())
 }
 
 /// Reads one column as exactly its type (the write path's own rows).

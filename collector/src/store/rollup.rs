@@ -7,7 +7,7 @@
 //! in statements of a bounded number of rows, each its own short transaction, so the
 //! group-commit writer never waits long behind it.
 
-use super::backend::{Backend, Dialect, Get, sql};
+use super::backend::{Backend, Get, sql};
 use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
@@ -538,90 +538,42 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         let mut updates = vec!["samples = excluded.samples".to_owned()];
         for &(c, real) in &s.cols {
             names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
-            aggs.push(match DB::DIALECT {
-                Dialect::Sqlite => format!("count({c}), avg({c}), min({c}), max({c})"),
-                Dialect::Postgres => {
-                    let ext = if real { "float8" } else { "int8" };
-                    format!("count({c})::int4, avg({c})::float8, min({c})::{ext}, max({c})::{ext}")
-                }
-            });
+            let ext = if real { "DOUBLE PRECISION" } else { "BIGINT" };
+            aggs.push(format!(
+                "CAST(count({c}) AS INTEGER), CAST(avg({c}) AS DOUBLE PRECISION), \
+                 CAST(min({c}) AS {ext}), CAST(max({c}) AS {ext})"
+            ));
             for suffix in ["n", "avg", "min", "max"] {
                 updates.push(format!("{c}_{suffix} = excluded.{c}_{suffix}"));
             }
         }
         let (names, aggs, updates) = (names.join(", "), aggs.join(", "), updates.join(", "));
         let mut tx = self.begin_write("begin a rollup transaction").await?;
-        let written = match DB::DIALECT {
-            Dialect::Sqlite => {
-                // Minutes before the raw horizon keep their rows: their raw samples are
-                // gone.
-                let horizon = sql::<DB>(
-                    "read a raw horizon",
-                    "SELECT raw_from_ms FROM raw_horizon WHERE kind = $1 AND id = $2",
-                )
-                .bind(key.kind.as_str())
-                .bind(key.id)
-                .optional(tx.conn())
-                .await?;
-                let horizon: Option<i64> = horizon.map(|r| r.get("raw_from_ms")).transpose()?;
-                let from_ms = from_ms.max(horizon.unwrap_or(i64::MIN));
-                if from_ms < to_ms {
-                    sql::<DB>(
-                        "delete rollup minutes being recomputed",
-                        format!(
-                            "DELETE FROM {minutes} WHERE {id} = $1 AND minute_ms >= $2 \
-                             AND minute_ms < $3"
-                        ),
-                    )
-                    .bind(key.id)
-                    .bind(from_ms)
-                    .bind(to_ms)
-                    .execute(tx.conn())
-                    .await?;
-                    sql::<DB>(
-                        "compute rollup minutes",
-                        format!(
-                            "INSERT INTO {minutes} ({id}, minute_ms, samples, {names}) \
-                             SELECT {id}, (ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS m, count(*), \
-                             {aggs} FROM {raw} WHERE {id} = $1 AND ts_ms >= $2 AND ts_ms < $3 \
-                             GROUP BY m"
-                        ),
-                    )
-                    .bind(key.id)
-                    .bind(from_ms)
-                    .bind(to_ms)
-                    .execute(tx.conn())
-                    .await?
-                } else {
-                    0
-                }
-            }
-            // One statement that reads the raw horizon itself, so the horizon and the raw
-            // rows come from one snapshot (under READ COMMITTED a separate read could miss
-            // a horizon raised just before a deletion). No minute in the range loses its
-            // samples (raw goes only behind the horizon), so an upsert replaces every row
-            // the range had.
-            Dialect::Postgres => {
-                sql::<DB>(
-                    "compute rollup minutes",
-                    format!(
-                        "INSERT INTO {minutes} ({id}, minute_ms, samples, {names}) \
-                         SELECT {id}, (ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS m, count(*)::int4, \
-                         {aggs} FROM {raw} WHERE {id} = $1 AND ts_ms < $3 \
-                         AND ts_ms >= greatest($2, coalesce( \
-                           (SELECT raw_from_ms FROM raw_horizon WHERE kind = $4 AND id = $1), $2)) \
-                         GROUP BY {id}, m \
-                         ON CONFLICT ({id}, minute_ms) DO UPDATE SET {updates}"
-                    ),
-                )
-                .bind(key.id)
-                .bind(from_ms)
-                .bind(to_ms)
-                .bind(key.kind.as_str())
-                .execute(tx.conn())
-                .await?
-            }
-        };
+        // One statement that reads the raw horizon itself (minutes before it keep their
+        // rows: their raw samples are gone), so the horizon and the raw rows come from one
+        // snapshot (under PostgreSQL's READ COMMITTED a separate read could miss a horizon
+        // raised just before a deletion). No minute in the range loses its samples (raw
+        // goes only behind the horizon), so an upsert replaces every row the range had.
+        let written = sql::<DB>(
+            "compute rollup minutes",
+            format!(
+                "INSERT INTO {minutes} ({id}, minute_ms, samples, {names}) \
+                 SELECT {id}, (ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS m, \
+                 CAST(count(*) AS INTEGER), {aggs} FROM {raw} WHERE {id} = $1 AND ts_ms < $3 \
+                 AND ts_ms >= {} GROUP BY {id}, m \
+                 ON CONFLICT ({id}, minute_ms) DO UPDATE SET {updates}",
+                DB::DIALECT.greatest(
+                    "$2",
+                    "coalesce((SELECT raw_from_ms FROM raw_horizon WHERE kind = $4 AND id = $1), $2)"
+                ),
+            ),
+        )
+        .bind(key.id)
+        .bind(from_ms)
+        .bind(to_ms)
+        .bind(key.kind.as_str())
+        .execute(tx.conn())
+        .await?;
         if let Some(done) = done_to_ms {
             sql::<DB>(
                 "advance the rollup watermark",

@@ -3,44 +3,33 @@
 //! queries are shared ([`super::SqlStore`]); what is here is opening the file, the write
 //! queue, lease files and the group-commit write path.
 //!
-//! The write path is built for throughput: every table is written with multi-row
-//! `INSERT ... VALUES (...),(...)` statements, one transaction per group commit. Statement
-//! texts exist for power-of-two row counts only, so a batch of any size is written with a
-//! few statements whose prepared form sqlx keeps cached (it caches by SQL text), and the
-//! statement cache never churns. GPU rows of several nodes share statements (see
-//! [`Packing`]); all nodes' delivery state is one `UPDATE ... FROM (VALUES ...)`.
-//! Workload ids are cached in memory after commit, so process rows need no lookups.
+//! The sample rows of a group commit are written for throughput with multi-row
+//! `INSERT ... VALUES (...),(...)` statements. Statement texts exist for power-of-two row
+//! counts only, so a batch of any size is written with a few statements whose prepared
+//! form sqlx keeps cached (it caches by SQL text), and the statement cache never churns.
+//! GPU rows of several nodes share statements (see [`insert_gpu_rows`]).
 //!
 //! The sample tables are written with `INSERT OR IGNORE` (SQLite's `ON CONFLICT DO
 //! NOTHING` for every constraint): a statement that cannot abort needs no statement
 //! journal, which saves copying every page it touches. Nothing else can conflict: keys
 //! and types are bound by this module.
 
-use super::backend::Get as _;
 use super::backend::{Backend, Dialect, Value, run};
-use super::carbon::{self, CarbonMinute};
 use super::lease::{self, Lease, LocalLeases};
 use super::rows::to_i64;
-use super::write::{
-    Collected, NodeUpdate, RowSink, WorkloadSlot, collect_rows, conflicts_of, outcome, workload_id,
-};
+use super::write::{NodeUpdate, RowSink, Written};
 use super::{
-    BatchConflict, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate,
-    migrations, redact_url,
+    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_carbon::IntensitySlot;
-use gpufleet_core::{
-    Event, GpuSample, HostSample, ProcessSample, ProcessType, SamplerCost, Tick, UnixMs,
-};
+use gpufleet_core::{GpuSample, HostSample, ProcessSample, ProcessType, SamplerCost, Tick, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
     SqliteSynchronous,
 };
 use sqlx::{Arguments, AssertSqlSafe, Sqlite};
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
@@ -124,65 +113,6 @@ impl SqlStore<Sqlite> {
         };
         Ok(SqlStore::new(pool, local))
     }
-
-    /// One attempt at a group commit: one transaction, GPU rows packed as
-    /// `packing` says, without the `skip`ped batches. When `checked`, the stored rows are
-    /// compared with the batches' before anything is inserted, and the conflicting ones
-    /// join `skip` and `conflicts`.
-    async fn write_once(
-        &self,
-        batches: &[NodeBatch],
-        packing: Packing,
-        skip: &mut HashSet<usize>,
-        conflicts: &mut Vec<BatchConflict>,
-        checked: bool,
-    ) -> Result<WriteOutcome, WriteFail> {
-        let mut tx = self.begin_group(batches, skip, conflicts, checked).await?;
-        let mut rows = Rows::with_capacity(batches);
-        let Collected {
-            mut nodes,
-            mut workloads,
-        } = collect_rows(batches, skip, &self.cached_workloads(), &mut rows)?;
-        upsert_workloads(tx.conn(), &mut workloads).await?;
-        for r in &mut rows.process {
-            r.workload = workload_id(&workloads[r.slot])?;
-        }
-        let mut inserted = vec![0u64; nodes.len()];
-        if !insert_gpu_rows(tx.conn(), &rows.gpu, &mut inserted, packing).await? {
-            tx.rollback().await?;
-            return Err(WriteFail::Ambiguous);
-        }
-        insert_rows(tx.conn(), &PROCESS_SAMPLES, &rows.process, bind_process)
-            .await
-            .map_err(q("insert process samples"))?;
-        let hosts = insert_rows(tx.conn(), &HOST_SAMPLES, &rows.host, bind_host)
-            .await
-            .map_err(q("insert host samples"))?;
-        let skipped =
-            inserted.iter().sum::<u64>() < rows.gpu.len() as u64 || hosts < rows.host.len() as u64;
-        if skipped
-            && !conflicts_of::<Sqlite>(tx.conn(), batches, skip, None)
-                .await?
-                .is_empty()
-        {
-            // Some skipped rows were not replays: decide which batches conflict before
-            // inserting, in a new transaction.
-            tx.rollback().await?;
-            return Err(WriteFail::Recheck);
-        }
-        insert_rows(tx.conn(), &EVENTS, &rows.events, bind_event)
-            .await
-            .map_err(q("insert events"))?;
-        for (node, n) in nodes.iter_mut().zip(&inserted) {
-            node.inserted = *n;
-        }
-        insert_rows(tx.conn(), &NODE_UPDATES, &nodes, bind_node_update)
-            .await
-            .map_err(q("update the nodes' delivery state"))?;
-        tx.commit("commit").await?;
-        self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
-        Ok(outcome(&nodes))
-    }
 }
 
 #[async_trait]
@@ -199,40 +129,56 @@ impl Backend for Sqlite {
 
     run!(Sqlite, SqliteArguments, add_sqlite);
 
+    type Samples<'b> = Rows<'b>;
+
+    fn samples(batches: &[NodeBatch]) -> Rows<'_> {
+        let (mut gpu_rows, mut process_rows) = (0, 0);
+        for t in batches.iter().flat_map(|nb| &nb.batch.ticks) {
+            gpu_rows += t.gpus.len();
+            process_rows += t.processes.len();
+        }
+        Rows {
+            gpu: Vec::with_capacity(gpu_rows),
+            process: Vec::with_capacity(process_rows),
+            host: Vec::new(),
+        }
+    }
+
+    async fn write_samples<'b>(
+        conn: &mut SqliteConnection,
+        mut rows: Rows<'b>,
+        workloads: &[i64],
+        nodes: &mut [NodeUpdate],
+        fallback: bool,
+    ) -> Result<Written, StoreError> {
+        for r in &mut rows.process {
+            r.workload = workloads[r.slot];
+        }
+        let mut inserted = vec![0u64; nodes.len()];
+        if !insert_gpu_rows(conn, &rows.gpu, &mut inserted, fallback).await? {
+            return Ok(Written::Fallback);
+        }
+        insert_rows(conn, &PROCESS_SAMPLES, &rows.process, bind_process)
+            .await
+            .map_err(q("insert process samples"))?;
+        let hosts = insert_rows(conn, &HOST_SAMPLES, &rows.host, bind_host)
+            .await
+            .map_err(q("insert host samples"))?;
+        for (node, n) in nodes.iter_mut().zip(&inserted) {
+            node.inserted = *n;
+        }
+        let gpus = inserted.iter().sum::<u64>();
+        Ok(Written::Rows {
+            skipped: gpus < rows.gpu.len() as u64 || hosts < rows.host.len() as u64,
+            gpus: None,
+        })
+    }
+
     async fn write_batches(
         store: &SqliteStore,
         batches: &[NodeBatch],
     ) -> Result<WriteOutcome, StoreError> {
-        let mut packing = Packing::AcrossNodes;
-        let mut skip = HashSet::new();
-        let mut conflicts = Vec::new();
-        let mut checked = false;
-        // A round commits, or switches to per-node statements (once), or to checking
-        // conflicts first: only a concurrent writer could make the checked rounds repeat.
-        for _ in 0..super::write::MAX_WRITE_ROUNDS {
-            match store
-                .write_once(batches, packing, &mut skip, &mut conflicts, checked)
-                .await
-            {
-                Ok(mut outcome) => {
-                    outcome.conflicts = conflicts;
-                    return Ok(outcome);
-                }
-                Err(WriteFail::Store(e)) => return Err(e),
-                Err(WriteFail::Ambiguous) if packing == Packing::AcrossNodes => {
-                    packing = Packing::PerNode;
-                }
-                Err(WriteFail::Ambiguous) => {
-                    return Err(StoreError::Corrupt(
-                        "per-node statements reported shared rows".into(),
-                    ));
-                }
-                Err(WriteFail::Recheck) => checked = true,
-            }
-        }
-        Err(StoreError::Corrupt(
-            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
-        ))
+        store.write_rounds(batches).await
     }
 
     async fn try_lead(store: &SqliteStore, job: &str) -> Result<Option<Lease>, StoreError> {
@@ -245,76 +191,16 @@ impl Backend for Sqlite {
     async fn drop_expired_raw(_: &SqliteStore) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
     }
-
-    async fn upsert_intensity(
-        store: &SqliteStore,
-        slots: &[IntensitySlot],
-    ) -> Result<(), StoreError> {
-        carbon::upsert_intensity_rows(store, slots).await
-    }
-
-    async fn replace_carbon_minutes(
-        store: &SqliteStore,
-        minutes: &[CarbonMinute],
-    ) -> Result<(), StoreError> {
-        carbon::replace_carbon_rows(store, minutes).await
-    }
 }
 
 // ------------------------------------------------------------------ one write's rows
 
-/// How GPU sample rows are packed into statements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Packing {
-    /// Rows of several nodes share statements: the fewest statements when many nodes send
-    /// small batches. A shared statement's inserted-row count can be split per node only
-    /// when it inserted all its rows; when it met rows already stored (a replay), the
-    /// transaction is rolled back and redone with `PerNode`.
-    AcrossNodes,
-    /// Every statement holds one node's rows, so its inserted-row count is that node's.
-    PerNode,
-}
-
-/// Why one write attempt did not commit.
-enum WriteFail {
-    Store(StoreError),
-    /// A statement shared by several nodes met replayed rows (see [`Packing`]).
-    Ambiguous,
-    /// Skipped GPU samples were not all replays: redo the write checking first.
-    Recheck,
-}
-
-impl From<StoreError> for WriteFail {
-    fn from(e: StoreError) -> Self {
-        WriteFail::Store(e)
-    }
-}
-
 /// A write's sample rows, as the multi-row statements bind them (see
 /// [`super::write::collect_rows`]).
-struct Rows<'b> {
+pub struct Rows<'b> {
     gpu: Vec<GpuRow<'b>>,
     process: Vec<ProcessRow<'b>>,
     host: Vec<HostRowRef<'b>>,
-    events: Vec<EventRow<'b>>,
-}
-
-impl<'b> Rows<'b> {
-    fn with_capacity(batches: &[NodeBatch]) -> Rows<'b> {
-        let (mut gpu_rows, mut process_rows) = (0, 0);
-        for nb in batches {
-            for t in &nb.batch.ticks {
-                gpu_rows += t.gpus.len();
-                process_rows += t.processes.len();
-            }
-        }
-        Rows {
-            gpu: Vec::with_capacity(gpu_rows),
-            process: Vec::with_capacity(process_rows),
-            host: Vec::new(),
-            events: Vec::new(),
-        }
-    }
 }
 
 impl<'b> RowSink<'b> for Rows<'b> {
@@ -355,85 +241,29 @@ impl<'b> RowSink<'b> for Rows<'b> {
         });
         Ok(())
     }
-
-    fn event(&mut self, node: i64, gpu: Option<i64>, e: &'b Event) -> Result<(), StoreError> {
-        self.events.push(EventRow { node, gpu, e });
-        Ok(())
-    }
 }
 
-/// Upserts the workloads that have no id yet and fills their ids in.
-async fn upsert_workloads(
-    conn: &mut SqliteConnection,
-    slots: &mut [WorkloadSlot<'_>],
-) -> Result<(), StoreError> {
-    let missing: Vec<(usize, String)> = slots
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.id.is_none())
-        .map(|(i, s)| (i, s.workload.key()))
-        .collect();
-    let mut by_key: HashMap<String, i64> = HashMap::with_capacity(missing.len());
-    let mut rest = &missing[..];
-    for n in chunk_sizes(missing.len(), WORKLOADS.max_rows()) {
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        let mut query = WORKLOADS.query(n);
-        for (i, key) in chunk {
-            let (w, t) = (slots[*i].workload, slots[*i].first_ms);
-            query = query
-                .bind(key.as_str())
-                .bind(w.kind.as_str())
-                .bind(w.runtime.as_str())
-                .bind(w.container_id.as_deref())
-                .bind(w.pod_uid.as_deref())
-                .bind(w.qos.as_deref())
-                .bind(w.job_id.as_deref())
-                .bind(w.step.as_deref())
-                .bind(w.unit.as_deref())
-                .bind(w.uid)
-                .bind(w.container_name.as_deref())
-                .bind(w.image.as_deref())
-                .bind(w.pod_name.as_deref())
-                .bind(w.namespace.as_deref())
-                .bind(t);
-        }
-        // Rows come back in no particular order: match them by key.
-        for row in query
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(q("upsert workloads"))?
-        {
-            by_key.insert(row.get("key")?, row.get("id")?);
-        }
-    }
-    for (i, key) in missing {
-        let id = by_key
-            .get(&key)
-            .ok_or_else(|| StoreError::Corrupt(format!("workload {key} has no id after upsert")))?;
-        slots[i].id = Some(*id);
-    }
-    Ok(())
-}
-
-/// Inserts GPU rows and counts, per node group, how many were new. Returns `false` when a
-/// statement shared by several nodes met replayed rows (the caller redoes the write with
-/// [`Packing::PerNode`]).
+/// Inserts GPU rows and counts, per node group, how many were new. Rows of several nodes
+/// share statements (the fewest statements when many nodes send small batches), unless
+/// `per_node`. A shared statement's inserted-row count can be split per node only when it
+/// inserted all its rows: when it met rows already stored (a replay), this returns
+/// `false`, and the write is rolled back and redone `per_node`, where every statement
+/// holds one node's rows.
 async fn insert_gpu_rows(
     conn: &mut SqliteConnection,
     rows: &[GpuRow<'_>],
     inserted: &mut [u64],
-    packing: Packing,
+    per_node: bool,
 ) -> Result<bool, StoreError> {
-    match packing {
-        Packing::PerNode => {
+    match per_node {
+        true => {
             for run in rows.chunk_by(|a, b| a.group == b.group) {
                 inserted[run[0].group] += insert_rows(conn, &GPU_SAMPLES, run, bind_gpu)
                     .await
                     .map_err(q("insert GPU samples"))?;
             }
         }
-        Packing::AcrossNodes => {
+        false => {
             let mut rest = rows;
             for n in chunk_sizes(rows.len(), GPU_SAMPLES.max_rows()) {
                 let (chunk, tail) = rest.split_at(n);
@@ -586,56 +416,8 @@ static HOST_SAMPLES: InsertSql = InsertSql::new(
     14,
 );
 
-static EVENTS: InsertSql = InsertSql::new(
-    "INSERT INTO events (node_id, ts_ms, gpu_id, kind, code, detail)",
-    "ON CONFLICT DO NOTHING",
-    6,
-);
-
-static WORKLOADS: InsertSql = InsertSql::new(
-    "INSERT INTO workloads (key, kind, runtime, container_id, pod_uid, qos, job_id, step, unit, \
-     uid, container_name, image, pod_name, namespace, first_seen_ms)",
-    "ON CONFLICT (key) DO UPDATE SET \
-     container_name = coalesce(excluded.container_name, container_name), \
-     image = coalesce(excluded.image, image), \
-     pod_name = coalesce(excluded.pod_name, pod_name), \
-     namespace = coalesce(excluded.namespace, namespace), \
-     first_seen_ms = min(first_seen_ms, excluded.first_seen_ms) \
-     RETURNING id, key",
-    15,
-);
-
-/// Every node's delivery state in one statement. Right-hand sides see each row as it was
-/// before the UPDATE. VALUES columns: id, newest tick time, highest seq, its dropped
-/// samples, spool backlog batches and bytes, GPU samples inserted.
-static NODE_UPDATES: InsertSql = InsertSql::new(
-    "UPDATE nodes SET \
-       last_seen_ms = max(coalesce(nodes.last_seen_ms, v.column2), v.column2), \
-       dropped_samples = CASE WHEN v.column3 >= nodes.last_acked_seq \
-         THEN v.column4 ELSE nodes.dropped_samples END, \
-       spool_backlog_batches = CASE WHEN v.column3 >= nodes.last_acked_seq \
-         THEN v.column5 ELSE nodes.spool_backlog_batches END, \
-       spool_backlog_bytes = CASE WHEN v.column3 >= nodes.last_acked_seq \
-         THEN v.column6 ELSE nodes.spool_backlog_bytes END, \
-       last_acked_seq = max(nodes.last_acked_seq, v.column3), \
-       stored_samples = nodes.stored_samples + v.column7 \
-     FROM (",
-    ") AS v WHERE nodes.id = v.column1",
-    7,
-);
-
-fn bind_node_update<'q>(q: SqliteQuery<'q>, n: &NodeUpdate) -> SqliteQuery<'q> {
-    q.bind(n.id)
-        .bind(n.newest_ms)
-        .bind(to_i64(n.seq))
-        .bind(to_i64(n.delivery.dropped_samples))
-        .bind(to_i64(n.delivery.spool_backlog_batches))
-        .bind(to_i64(n.delivery.spool_backlog_bytes))
-        .bind(to_i64(n.inserted))
-}
-
 struct GpuRow<'a> {
-    /// Index of the node's group in [`Rows::nodes`].
+    /// Index of the node's group in the collected nodes.
     group: usize,
     gpu: i64,
     ts: i64,
@@ -677,7 +459,7 @@ fn bind_gpu<'q>(q: SqliteQuery<'q>, r: &GpuRow<'_>) -> SqliteQuery<'q> {
 struct ProcessRow<'a> {
     gpu: i64,
     ts: i64,
-    /// Index in [`Rows::workloads`]; resolved to `workload` once ids are known.
+    /// Index in the collected workloads; resolved to `workload` once ids are known.
     slot: usize,
     workload: i64,
     p: &'a ProcessSample,
@@ -734,21 +516,6 @@ fn bind_host<'q>(q: SqliteQuery<'q>, r: &HostRowRef<'_>) -> SqliteQuery<'q> {
         .bind(slowest)
 }
 
-struct EventRow<'a> {
-    node: i64,
-    gpu: Option<i64>,
-    e: &'a Event,
-}
-
-fn bind_event<'q>(q: SqliteQuery<'q>, r: &EventRow<'_>) -> SqliteQuery<'q> {
-    q.bind(r.node)
-        .bind(r.e.time_ms)
-        .bind(r.gpu)
-        .bind(r.e.kind.as_str())
-        .bind(r.e.code.map(to_i64))
-        .bind(r.e.detail.as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -771,13 +538,7 @@ mod tests {
 
     #[test]
     fn statements_stay_within_the_parameter_limit() {
-        for sql in [
-            &GPU_SAMPLES,
-            &PROCESS_SAMPLES,
-            &HOST_SAMPLES,
-            &EVENTS,
-            &WORKLOADS,
-        ] {
+        for sql in [&GPU_SAMPLES, &PROCESS_SAMPLES, &HOST_SAMPLES] {
             let rows = sql.max_rows();
             assert!(rows.is_power_of_two() && rows * sql.columns <= MAX_PARAMS);
             let head_columns = sql.head.matches(',').count() + 1;

@@ -2,17 +2,15 @@
 //! ([`collect_rows`]) into whatever shape a backend binds them in, and the conflict check
 //! that tells replays from conflicts ([`conflicts_of`], [`find_conflicts`]).
 
-use super::backend::{Backend, Get, sql};
-use super::{
-    BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, WriteTx, rows,
-};
+use super::backend::{Backend, Get, Table, sql};
+use super::{BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, rows};
 use gpufleet_core::{
     DeliveryStats, Event, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// One distinct workload of a write.
-pub(crate) struct WorkloadSlot<'b> {
+pub struct WorkloadSlot<'b> {
     pub workload: &'b Workload,
     /// The first tick it appears in (recorded as `first_seen_ms` for a new workload).
     pub first_ms: UnixMs,
@@ -21,7 +19,7 @@ pub(crate) struct WorkloadSlot<'b> {
 }
 
 /// The delivery-state update of one node.
-pub(crate) struct NodeUpdate {
+pub struct NodeUpdate {
     pub id: i64,
     pub newest_ms: i64,
     /// The highest seq written for the node, and that batch's delivery stats.
@@ -33,7 +31,8 @@ pub(crate) struct NodeUpdate {
 
 /// Where [`collect_rows`] puts a write's sample rows: each backend keeps them in the
 /// shape it binds (SQLite: rows for multi-row VALUES; PostgreSQL: one array per column).
-pub(crate) trait RowSink<'b> {
+/// Events, workloads and nodes are written alike on both ([`SqlStore::write_rounds`]).
+pub trait RowSink<'b> {
     /// A GPU sample of the node group `group` (an index in [`Collected::nodes`]).
     fn gpu(
         &mut self,
@@ -52,7 +51,13 @@ pub(crate) trait RowSink<'b> {
     ) -> Result<(), StoreError>;
     /// The host row of a tick that has host metrics or a sampler cost.
     fn host(&mut self, node: i64, ts: UnixMs, tick: &'b Tick) -> Result<(), StoreError>;
-    fn event(&mut self, node: i64, gpu: Option<i64>, e: &'b Event) -> Result<(), StoreError>;
+}
+
+/// An event of a write, with its node's and GPU's ids.
+pub(crate) struct EventRow<'b> {
+    node: i64,
+    gpu: Option<i64>,
+    e: &'b Event,
 }
 
 /// What [`collect_rows`] returns besides the sample rows.
@@ -60,6 +65,7 @@ pub(crate) struct Collected<'b> {
     /// One per node, in node id order.
     pub nodes: Vec<NodeUpdate>,
     pub workloads: Vec<WorkloadSlot<'b>>,
+    pub events: Vec<EventRow<'b>>,
 }
 
 /// Every row of one write (without the `skip`ped batches), grouped by node in id order
@@ -76,6 +82,7 @@ pub(crate) fn collect_rows<'b>(
     let mut out = Collected {
         nodes: Vec::new(),
         workloads: Vec::new(),
+        events: Vec::new(),
     };
     let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
     let (mut prev_slots, mut slots): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
@@ -140,7 +147,8 @@ pub(crate) fn collect_rows<'b>(
                     } else {
                         Some(gpu_id(&e.gpu_uuid)?)
                     };
-                    sink.event(keys.id.0, gpu, e)?;
+                    let node = keys.id.0;
+                    out.events.push(EventRow { node, gpu, e });
                 }
             }
         }
@@ -167,24 +175,226 @@ pub(crate) fn outcome(nodes: &[NodeUpdate]) -> WriteOutcome {
     outcome
 }
 
+/// How [`Backend::write_samples`] ended.
+pub enum Written {
+    /// Every row was sent. `skipped`: some were already stored (replays, or conflicts);
+    /// `gpus`: the GPUs some of whose samples were skipped, where the backend can tell
+    /// (`None`: any GPU of the write).
+    Rows {
+        skipped: bool,
+        gpus: Option<HashSet<i64>>,
+    },
+    /// Roll back and redo the write with `fallback` set.
+    Fallback,
+}
+
 impl<DB: Backend> SqlStore<DB> {
-    /// Opens a group commit's transaction; when `checked`, first leaves out the batches
-    /// whose rows conflict with stored ones (they join `skip` and `conflicts`).
-    pub(crate) async fn begin_group(
+    /// A group commit: one transaction per round, until one commits. A round may fall back
+    /// to the backend's slower way of writing samples, or find that skipped rows were not
+    /// all replays and redo the write checking conflicts first (leaving out the batches
+    /// that conflict): only a concurrent writer could make the checked rounds repeat.
+    pub(crate) async fn write_rounds(
         &self,
         batches: &[NodeBatch],
-        skip: &mut HashSet<usize>,
-        conflicts: &mut Vec<BatchConflict>,
-        checked: bool,
-    ) -> Result<WriteTx<'_, DB>, StoreError> {
-        let mut tx = self.begin_write("begin a write transaction").await?;
-        if checked {
-            let found = conflicts_of::<DB>(tx.conn(), batches, skip, None).await?;
-            skip.extend(found.iter().map(|c| c.index));
-            conflicts.extend(found);
+    ) -> Result<WriteOutcome, StoreError> {
+        let (mut fallback, mut checked) = (false, false);
+        let mut skip = HashSet::new();
+        let mut conflicts = Vec::new();
+        for _ in 0..=MAX_WRITE_ROUNDS {
+            let mut tx = self.begin_write("begin a write transaction").await?;
+            if checked {
+                let found = conflicts_of::<DB>(tx.conn(), batches, &skip, None).await?;
+                skip.extend(found.iter().map(|c| c.index));
+                conflicts.extend(found);
+            }
+            let mut samples = DB::samples(batches);
+            let Collected {
+                mut nodes,
+                mut workloads,
+                events,
+            } = collect_rows(batches, &skip, &self.cached_workloads(), &mut samples)?;
+            upsert_workloads::<DB>(tx.conn(), &mut workloads).await?;
+            let ids = workloads.iter().map(workload_id);
+            let ids = ids.collect::<Result<Vec<i64>, _>>()?;
+            let (skipped, gpus) =
+                match DB::write_samples(tx.conn(), samples, &ids, &mut nodes, fallback).await? {
+                    Written::Rows { skipped, gpus } => (skipped, gpus),
+                    Written::Fallback => {
+                        tx.rollback().await?;
+                        fallback = true;
+                        continue;
+                    }
+                };
+            if skipped
+                && !conflicts_of::<DB>(tx.conn(), batches, &skip, gpus.as_ref())
+                    .await?
+                    .is_empty()
+            {
+                // Some skipped rows were not replays: decide which batches conflict before
+                // inserting, in a new transaction.
+                tx.rollback().await?;
+                checked = true;
+                continue;
+            }
+            insert_events::<DB>(tx.conn(), &events).await?;
+            update_nodes::<DB>(tx.conn(), &nodes).await?;
+            tx.commit("commit").await?;
+            self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
+            let mut outcome = outcome(&nodes);
+            outcome.conflicts = conflicts;
+            return Ok(outcome);
         }
-        Ok(tx)
+        Err(StoreError::Corrupt(
+            "conflicting GPU samples kept appearing while writing; nothing was written".into(),
+        ))
     }
+}
+
+/// Upserts the workloads that have no id yet (one row per key, in key order so that
+/// concurrent collectors lock rows alike) and fills their ids in. Variants of one
+/// workload (names learned later) share a key and are merged as row-by-row upserts
+/// would: the first variant's identity, the latest names.
+async fn upsert_workloads<DB: Backend>(
+    conn: &mut DB::Connection,
+    slots: &mut [WorkloadSlot<'_>],
+) -> Result<(), StoreError> {
+    let mut by_key: BTreeMap<String, (Workload, UnixMs)> = BTreeMap::new();
+    for s in slots.iter().filter(|s| s.id.is_none()) {
+        let (w, first) = by_key
+            .entry(s.workload.key())
+            .or_insert_with(|| (s.workload.clone(), s.first_ms));
+        let n = s.workload;
+        w.container_name = n.container_name.clone().or(w.container_name.take());
+        w.image = n.image.clone().or(w.image.take());
+        w.pod_name = n.pod_name.clone().or(w.pod_name.take());
+        w.namespace = n.namespace.clone().or(w.namespace.take());
+        *first = (*first).min(s.first_ms);
+    }
+    if by_key.is_empty() {
+        return Ok(());
+    }
+    let w = || by_key.values().map(|(w, _)| w);
+    let table = Table::default()
+        .text("key", by_key.keys().cloned())
+        .text("kind", w().map(|w| w.kind.as_str().to_owned()))
+        .text("runtime", w().map(|w| w.runtime.clone()))
+        .text("container_id", w().map(|w| w.container_id.clone()))
+        .text("pod_uid", w().map(|w| w.pod_uid.clone()))
+        .text("qos", w().map(|w| w.qos.clone()))
+        .text("job_id", w().map(|w| w.job_id.clone()))
+        .text("step", w().map(|w| w.step.clone()))
+        .text("unit", w().map(|w| w.unit.clone()))
+        .int("uid", w().map(|w| w.uid.map(i64::from)))
+        .text("container_name", w().map(|w| w.container_name.clone()))
+        .text("image", w().map(|w| w.image.clone()))
+        .text("pod_name", w().map(|w| w.pod_name.clone()))
+        .text("namespace", w().map(|w| w.namespace.clone()))
+        .int("first_seen_ms", by_key.values().map(|(_, t)| *t));
+    let d = DB::DIALECT;
+    let rows = sql::<DB>(
+        "upsert workloads",
+        format!(
+            "INSERT INTO workloads ({names}) SELECT {names} FROM {} WHERE true ORDER BY v.o \
+             ON CONFLICT (key) DO UPDATE SET \
+             container_name = coalesce(excluded.container_name, workloads.container_name), \
+             image = coalesce(excluded.image, workloads.image), \
+             pod_name = coalesce(excluded.pod_name, workloads.pod_name), \
+             namespace = coalesce(excluded.namespace, workloads.namespace), \
+             first_seen_ms = {} RETURNING id, key",
+            d.over(&table, "v"),
+            d.least("workloads.first_seen_ms", "excluded.first_seen_ms"),
+            names = table.names(),
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    // Rows come back in no particular order: match them by key.
+    let mut ids: HashMap<String, i64> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        ids.insert(row.get("key")?, row.get("id")?);
+    }
+    for s in slots.iter_mut().filter(|s| s.id.is_none()) {
+        let key = s.workload.key();
+        s.id = Some(*ids.get(&key).ok_or_else(|| {
+            StoreError::Corrupt(format!("workload {key} has no id after upsert"))
+        })?);
+    }
+    Ok(())
+}
+
+/// Inserts a write's events (ids follow the batches' order: reads order by time, then id).
+async fn insert_events<DB: Backend>(
+    conn: &mut DB::Connection,
+    events: &[EventRow<'_>],
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let table = Table::default()
+        .int("node_id", events.iter().map(|r| r.node))
+        .int("ts_ms", events.iter().map(|r| r.e.time_ms))
+        .int("gpu_id", events.iter().map(|r| r.gpu))
+        .text("kind", events.iter().map(|r| r.e.kind.as_str().to_owned()))
+        .int("code", events.iter().map(|r| r.e.code.map(rows::to_i64)))
+        .text("detail", events.iter().map(|r| r.e.detail.clone()));
+    sql::<DB>(
+        "insert events",
+        format!(
+            "INSERT INTO events ({names}) SELECT {names} FROM {} WHERE true ORDER BY v.o \
+             ON CONFLICT DO NOTHING",
+            DB::DIALECT.over(&table, "v"),
+            names = table.names(),
+        ),
+    )
+    .bind_table(table)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Every node's delivery state in one statement (nodes in id order). Right-hand sides see
+/// each row as it was before the UPDATE.
+async fn update_nodes<DB: Backend>(
+    conn: &mut DB::Connection,
+    nodes: &[NodeUpdate],
+) -> Result<(), StoreError> {
+    let col = |f: fn(&NodeUpdate) -> i64| nodes.iter().map(f).collect::<Vec<i64>>();
+    let table = Table::default()
+        .int("id", col(|n| n.id))
+        .int("newest", col(|n| n.newest_ms))
+        .int("seq", col(|n| rows::to_i64(n.seq)))
+        .int("dropped", col(|n| rows::to_i64(n.delivery.dropped_samples)))
+        .int(
+            "batches",
+            col(|n| rows::to_i64(n.delivery.spool_backlog_batches)),
+        )
+        .int(
+            "bytes",
+            col(|n| rows::to_i64(n.delivery.spool_backlog_bytes)),
+        )
+        .int("inserted", col(|n| rows::to_i64(n.inserted)));
+    let (d, newer) = (DB::DIALECT, "v.seq >= nodes.last_acked_seq");
+    sql::<DB>(
+        "update the nodes' delivery state",
+        format!(
+            "UPDATE nodes SET last_seen_ms = {}, \
+               dropped_samples = CASE WHEN {newer} THEN v.dropped ELSE nodes.dropped_samples END, \
+               spool_backlog_batches = CASE WHEN {newer} \
+                 THEN v.batches ELSE nodes.spool_backlog_batches END, \
+               spool_backlog_bytes = CASE WHEN {newer} \
+                 THEN v.bytes ELSE nodes.spool_backlog_bytes END, \
+               last_acked_seq = {}, stored_samples = nodes.stored_samples + v.inserted \
+             FROM {} WHERE nodes.id = v.id",
+            d.greatest("coalesce(nodes.last_seen_ms, v.newest)", "v.newest"),
+            d.greatest("nodes.last_acked_seq", "v.seq"),
+            d.over(&table, "v"),
+        ),
+    )
+    .bind_table(table)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
