@@ -321,6 +321,11 @@ pub struct Table {
 /// One column of a [`Table`].
 enum Cells {
     Int(Vec<Option<i64>>),
+    /// PostgreSQL `int4`, `int2` and `real` columns, bound as such (SQLite: integers and
+    /// reals like any other).
+    Int4(Vec<Option<i32>>),
+    Int2(Vec<Option<i16>>),
+    Real(Vec<Option<f32>>),
     Float(Vec<Option<f64>>),
     Text(Vec<Option<String>>),
     Flag(Vec<Option<bool>>),
@@ -330,6 +335,9 @@ impl Cells {
     fn pg_type(&self) -> &'static str {
         match self {
             Cells::Int(_) => "int8",
+            Cells::Int4(_) => "int4",
+            Cells::Int2(_) => "int2",
+            Cells::Real(_) => "float4",
             Cells::Float(_) => "float8",
             Cells::Text(_) => "text",
             Cells::Flag(_) => "bool",
@@ -345,6 +353,9 @@ impl Cells {
         }
         match self {
             Cells::Int(v) => at(v, row),
+            Cells::Int4(v) => at(v, row),
+            Cells::Int2(v) => at(v, row),
+            Cells::Real(v) => at(v, row),
             Cells::Float(v) => at(v, row),
             Cells::Text(v) => at(v, row),
             Cells::Flag(v) => at(v, row),
@@ -359,6 +370,9 @@ impl Value for Cells {
     fn add_pg(self, args: &mut PgArguments) -> Result<(), BoxDynError> {
         match self {
             Cells::Int(v) => args.add(v),
+            Cells::Int4(v) => args.add(v),
+            Cells::Int2(v) => args.add(v),
+            Cells::Real(v) => args.add(v),
             Cells::Float(v) => args.add(v),
             Cells::Text(v) => args.add(v),
             Cells::Flag(v) => args.add(v),
@@ -387,6 +401,26 @@ impl Table {
         self.with(name, v, Cells::Int)
     }
 
+    pub fn int4<T: Into<Option<i32>>>(
+        self,
+        name: &'static str,
+        v: impl IntoIterator<Item = T>,
+    ) -> Table {
+        self.with(name, v, Cells::Int4)
+    }
+
+    pub fn int2<T: Into<Option<i16>>>(
+        self,
+        name: &'static str,
+        v: impl IntoIterator<Item = T>,
+    ) -> Table {
+        self.with(name, v, Cells::Int2)
+    }
+
+    pub fn real(self, name: &'static str, v: impl IntoIterator<Item = Option<f32>>) -> Table {
+        self.with(name, v, Cells::Real)
+    }
+
     pub fn float(self, name: &'static str, v: impl IntoIterator<Item = f64>) -> Table {
         self.with(name, v, Cells::Float)
     }
@@ -407,6 +441,10 @@ impl Table {
     pub fn ints(names: &[&'static str], rows: &[Vec<i64>]) -> Table {
         let col = |c: usize| rows.iter().map(move |r| r.get(c).copied());
         (names.iter().enumerate()).fold(Table::default(), |t, (c, name)| t.int(name, col(c)))
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
     pub fn is_empty(&self) -> bool {

@@ -17,16 +17,16 @@
 //! [`PgStore::drop_raw_before`] is retention: whole partitions are dropped, never rows
 //! deleted.
 
-use super::backend::{Backend, Dialect, Value, run};
+use super::backend::{Backend, Dialect, Table, Value, run};
 use super::lease::{self, Lease};
-use super::rows::to_i64;
-use super::write::{NodeUpdate, RowSink, Written};
+use super::rows::{process_type, to_i64};
+use super::write::{NodeUpdate, RowSink, Written, insert_new};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_core::{GpuSample, ProcessSample, ProcessType, Tick, UnixMs};
+use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row};
@@ -334,9 +334,9 @@ impl Backend for Postgres {
 
     run!(Postgres, PgArguments, add_pg);
 
-    type Samples<'b> = Rows;
+    type Samples<'b> = Rows<'b>;
 
-    fn samples(_: &[NodeBatch]) -> Rows {
+    fn samples(_: &[NodeBatch]) -> Rows<'_> {
         Rows::default()
     }
 
@@ -347,11 +347,12 @@ impl Backend for Postgres {
     /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
     async fn write_samples<'b>(
         conn: &mut PgConnection,
-        rows: Rows,
+        rows: Rows<'b>,
         workloads: &[i64],
         nodes: &mut [NodeUpdate],
         fallback: bool,
     ) -> Result<Written, StoreError> {
+        let (processes, hosts) = (rows.process_table(workloads)?, rows.host_table()?);
         // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
         if fallback {
@@ -384,12 +385,10 @@ impl Backend for Postgres {
             .filter(|&(_, short)| short > 0)
             .map(|(gpu, _)| i64::from(gpu))
             .collect();
-        let slots = rows.process_slot.iter();
-        rows.process
-            .insert(conn, slots.map(|&s| workloads[s]).collect())
-            .await?;
-        let host_rows = rows.host.ts.len() as u64;
-        let hosts = rows.host.insert(conn).await?;
+        let (host_rows, op) = (hosts.rows() as u64, "insert process samples");
+        insert_new::<Postgres>(conn, op, "process_samples", processes, "").await?;
+        let op = "insert host samples";
+        let hosts = insert_new::<Postgres>(conn, op, "host_samples", hosts, "").await?;
         Ok(Written::Rows {
             skipped: !short.is_empty() || hosts < host_rows,
             gpus: Some(short),
@@ -462,20 +461,19 @@ impl Backend for Postgres {
 
 // ------------------------------------------------------------------ one write's rows
 
-/// A write's sample rows, column by column, ready to be bound as arrays (see
-/// [`super::write::collect_rows`]).
+/// A write's sample rows (see [`super::write::collect_rows`]): GPU samples column by
+/// column for `COPY`, the others as they come, for a [`Table`] each.
 #[derive(Default)]
-pub struct Rows {
+pub struct Rows<'b> {
     gpu: GpuCols,
     /// The node group (index in the collected nodes) of each GPU written.
     gpu_group: HashMap<i32, usize>,
-    process: ProcessCols,
-    /// Per process row: its index in the collected workloads.
-    process_slot: Vec<usize>,
-    host: HostCols,
+    /// GPU, time, index in the collected workloads, sample.
+    process: Vec<(i32, UnixMs, usize, &'b ProcessSample)>,
+    host: Vec<(i64, UnixMs, &'b Tick)>,
 }
 
-impl<'b> RowSink<'b> for Rows {
+impl<'b> RowSink<'b> for Rows<'b> {
     fn gpu(&mut self, group: usize, gpu: i64, ts: UnixMs, s: &GpuSample) -> Result<(), StoreError> {
         let gpu = gpu_i32(gpu)?;
         self.gpu_group.entry(gpu).or_insert(group);
@@ -487,14 +485,74 @@ impl<'b> RowSink<'b> for Rows {
         gpu: i64,
         ts: UnixMs,
         slot: usize,
-        p: &ProcessSample,
+        p: &'b ProcessSample,
     ) -> Result<(), StoreError> {
-        self.process_slot.push(slot);
-        self.process.push(gpu_i32(gpu)?, ts, p)
+        self.process.push((gpu_i32(gpu)?, ts, slot, p));
+        Ok(())
     }
 
-    fn host(&mut self, node: i64, ts: UnixMs, t: &Tick) -> Result<(), StoreError> {
-        self.host.push(node, ts, t)
+    fn host(&mut self, node: i64, ts: UnixMs, t: &'b Tick) -> Result<(), StoreError> {
+        self.host.push((node, ts, t));
+        Ok(())
+    }
+}
+
+impl Rows<'_> {
+    /// The process rows, their workloads resolved through `workloads` (by slot).
+    fn process_table(&self, workloads: &[i64]) -> Result<Table, StoreError> {
+        let p = || self.process.iter().map(|r| r.3);
+        let small = |f: fn(&ProcessSample) -> Option<u32>, what| {
+            p().map(|p| small(f(p), what))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Table::default()
+            .int("ts_ms", self.process.iter().map(|r| r.1))
+            .int("workload_id", self.process.iter().map(|r| workloads[r.2]))
+            .int("gpu_mem_bytes", p().map(|p| p.gpu_mem_bytes.map(to_i64)))
+            .int4("gpu_id", self.process.iter().map(|r| r.0))
+            .int4("pid", p().map(|p| p.pid as i32))
+            .int2("process_type", p().map(|p| process_type(p.process_type)))
+            .int2("sm_util_pct", small(|p| p.sm_util_pct, "sm_util_pct")?)
+            .int2("mem_util_pct", small(|p| p.mem_util_pct, "mem_util_pct")?)
+            .int2("enc_util_pct", small(|p| p.enc_util_pct, "enc_util_pct")?)
+            .int2("dec_util_pct", small(|p| p.dec_util_pct, "dec_util_pct")?)
+            .text("user_name", p().map(|p| p.user.clone()))
+            .text("command", p().map(|p| p.command.clone()))
+            .text("mig_uuid", p().map(|p| p.mig_uuid.clone())))
+    }
+
+    fn host_table(&self) -> Result<Table, StoreError> {
+        let hosts: Vec<HostSample> = (self.host.iter())
+            .map(|r| r.2.host.clone().unwrap_or_default())
+            .collect();
+        let big = |f: fn(&HostSample) -> Option<u64>| hosts.iter().map(move |h| f(h).map(to_i64));
+        let cost = |f: fn(&SamplerCost) -> Option<u32>| {
+            (self.host.iter()).map(move |r| bits32(r.2.cost.as_ref().and_then(f)))
+        };
+        let slowest = self.host.iter().map(|r| match r.2.cost.as_ref() {
+            Some(c) if !c.slowest_calls_us.is_empty() => serde_json::to_string(&c.slowest_calls_us)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt(format!("slowest calls do not serialize: {e}"))),
+            _ => Ok(None),
+        });
+        Ok(Table::default()
+            .int("ts_ms", self.host.iter().map(|r| r.1))
+            .int("node_id", self.host.iter().map(|r| r.0))
+            .int("mem_used_bytes", big(|h| h.mem_used_bytes))
+            .int("mem_total_bytes", big(|h| h.mem_total_bytes))
+            .int("disk_read_bps", big(|h| h.disk_read_bps))
+            .int("disk_write_bps", big(|h| h.disk_write_bps))
+            .int("net_rx_bps", big(|h| h.net_rx_bps))
+            .int("net_tx_bps", big(|h| h.net_tx_bps))
+            .real("cpu_util_pct", hosts.iter().map(|h| h.cpu_util_pct))
+            .real("load1", hosts.iter().map(|h| h.load1))
+            .int4("cost_cpu_us", cost(|c| c.cpu_us))
+            .int4("cost_wall_us", cost(|c| c.wall_us))
+            .int4("cost_source_us", cost(|c| c.source_us))
+            .text(
+                "cost_slowest_calls",
+                slowest.collect::<Result<Vec<_>, _>>()?,
+            ))
     }
 }
 
@@ -730,162 +788,6 @@ const GPU_INSERT: &str = "WITH ins AS ( \
        $25::int2[], $26::int2[], $27::int2[], $28::bytea[]) \
      ON CONFLICT DO NOTHING RETURNING gpu_id) \
    SELECT gpu_id, count(*) AS n FROM ins GROUP BY gpu_id";
-
-/// Process sample columns.
-#[derive(Default)]
-struct ProcessCols {
-    ts: Vec<i64>,
-    gpu_mem: Vec<Option<i64>>,
-    gpu: Vec<i32>,
-    pid: Vec<i32>,
-    process_type: Vec<i16>,
-    small: [Vec<Option<i16>>; 4],
-    user: Vec<Option<String>>,
-    command: Vec<Option<String>>,
-    mig_uuid: Vec<Option<String>>,
-}
-
-impl ProcessCols {
-    fn push(&mut self, gpu: i32, ts: i64, p: &ProcessSample) -> Result<(), StoreError> {
-        self.ts.push(ts);
-        self.gpu_mem.push(p.gpu_mem_bytes.map(to_i64));
-        self.gpu.push(gpu);
-        self.pid.push(p.pid as i32);
-        self.process_type.push(match p.process_type {
-            ProcessType::Compute => 1,
-            ProcessType::Graphics => 2,
-            ProcessType::ComputeAndGraphics => 3,
-        });
-        let smalls = [
-            (p.sm_util_pct, "sm_util_pct"),
-            (p.mem_util_pct, "mem_util_pct"),
-            (p.enc_util_pct, "enc_util_pct"),
-            (p.dec_util_pct, "dec_util_pct"),
-        ];
-        for (col, (v, what)) in self.small.iter_mut().zip(smalls) {
-            col.push(small(v, what)?);
-        }
-        self.user.push(p.user.clone());
-        self.command.push(p.command.clone());
-        self.mig_uuid.push(p.mig_uuid.clone());
-        Ok(())
-    }
-
-    async fn insert(self, conn: &mut PgConnection, workload: Vec<i64>) -> Result<(), StoreError> {
-        if self.ts.is_empty() {
-            return Ok(());
-        }
-        let [sm, mem, enc, dec] = self.small;
-        sqlx::query(
-            "INSERT INTO process_samples (ts_ms, workload_id, gpu_mem_bytes, gpu_id, pid, \
-               process_type, sm_util_pct, mem_util_pct, enc_util_pct, dec_util_pct, user_name, \
-               command, mig_uuid) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int4[], $5::int4[], \
-               $6::int2[], $7::int2[], $8::int2[], $9::int2[], $10::int2[], $11::text[], \
-               $12::text[], $13::text[]) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(self.ts)
-        .bind(workload)
-        .bind(self.gpu_mem)
-        .bind(self.gpu)
-        .bind(self.pid)
-        .bind(self.process_type)
-        .bind(sm)
-        .bind(mem)
-        .bind(enc)
-        .bind(dec)
-        .bind(self.user)
-        .bind(self.command)
-        .bind(self.mig_uuid)
-        .execute(&mut *conn)
-        .await
-        .map_err(q("insert process samples"))?;
-        Ok(())
-    }
-}
-
-/// Host sample columns.
-#[derive(Default)]
-struct HostCols {
-    ts: Vec<i64>,
-    node: Vec<i64>,
-    big: [Vec<Option<i64>>; 6],
-    real: [Vec<Option<f32>>; 2],
-    cost: [Vec<Option<i32>>; 3],
-    slowest: Vec<Option<String>>,
-}
-
-impl HostCols {
-    fn push(&mut self, node: i64, ts: i64, t: &gpufleet_core::Tick) -> Result<(), StoreError> {
-        let h = t.host.clone().unwrap_or_default();
-        let c = t.cost.as_ref();
-        self.ts.push(ts);
-        self.node.push(node);
-        let big = [
-            h.mem_used_bytes,
-            h.mem_total_bytes,
-            h.disk_read_bps,
-            h.disk_write_bps,
-            h.net_rx_bps,
-            h.net_tx_bps,
-        ];
-        for (col, v) in self.big.iter_mut().zip(big) {
-            col.push(v.map(to_i64));
-        }
-        self.real[0].push(h.cpu_util_pct);
-        self.real[1].push(h.load1);
-        let cost = [
-            c.and_then(|c| c.cpu_us),
-            c.and_then(|c| c.wall_us),
-            c.and_then(|c| c.source_us),
-        ];
-        for (col, v) in self.cost.iter_mut().zip(cost) {
-            col.push(bits32(v));
-        }
-        let slowest = match c.filter(|c| !c.slowest_calls_us.is_empty()) {
-            Some(c) => Some(serde_json::to_string(&c.slowest_calls_us).map_err(|e| {
-                StoreError::Corrupt(format!("slowest calls do not serialize: {e}"))
-            })?),
-            None => None,
-        };
-        self.slowest.push(slowest);
-        Ok(())
-    }
-
-    /// Inserts the rows; returns how many were new.
-    async fn insert(self, conn: &mut PgConnection) -> Result<u64, StoreError> {
-        if self.ts.is_empty() {
-            return Ok(0);
-        }
-        let mut query = sqlx::query(
-            "INSERT INTO host_samples (ts_ms, node_id, mem_used_bytes, mem_total_bytes, \
-               disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, cpu_util_pct, load1, \
-               cost_cpu_us, cost_wall_us, cost_source_us, cost_slowest_calls) \
-             SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], \
-               $6::int8[], $7::int8[], $8::int8[], $9::float4[], $10::float4[], $11::int4[], \
-               $12::int4[], $13::int4[], $14::text[]) \
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(self.ts)
-        .bind(self.node);
-        for col in self.big {
-            query = query.bind(col);
-        }
-        for col in self.real {
-            query = query.bind(col);
-        }
-        for col in self.cost {
-            query = query.bind(col);
-        }
-        Ok(query
-            .bind(self.slowest)
-            .execute(&mut *conn)
-            .await
-            .map_err(q("insert host samples"))?
-            .rows_affected())
-    }
-}
 
 /// Reads one column as exactly its type (the write path's own rows).
 fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>

@@ -160,6 +160,15 @@ pub fn gpu_sample<R: Get>(row: &R) -> Result<GpuSample, StoreError> {
     })
 }
 
+/// How `process_samples.process_type` keeps a process type.
+pub fn process_type(t: ProcessType) -> i16 {
+    match t {
+        ProcessType::Compute => 1,
+        ProcessType::Graphics => 2,
+        ProcessType::ComputeAndGraphics => 3,
+    }
+}
+
 pub fn process<R: Get>(row: &R) -> Result<ProcessSample, StoreError> {
     let process_type = match row.get::<i64>("process_type")? {
         1 => ProcessType::Compute,

@@ -16,14 +16,14 @@
 
 use super::backend::{Backend, Dialect, Value, run};
 use super::lease::{self, Lease, LocalLeases};
-use super::rows::to_i64;
+use super::rows::{process_type, to_i64};
 use super::write::{NodeUpdate, RowSink, Written};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_core::{GpuSample, HostSample, ProcessSample, ProcessType, SamplerCost, Tick, UnixMs};
+use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
@@ -467,16 +467,11 @@ struct ProcessRow<'a> {
 
 fn bind_process<'q>(q: SqliteQuery<'q>, r: &ProcessRow<'_>) -> SqliteQuery<'q> {
     let p = r.p;
-    let process_type: i64 = match p.process_type {
-        ProcessType::Compute => 1,
-        ProcessType::Graphics => 2,
-        ProcessType::ComputeAndGraphics => 3,
-    };
     q.bind(r.gpu)
         .bind(r.ts)
         .bind(p.pid)
         .bind(r.workload)
-        .bind(process_type)
+        .bind(i64::from(process_type(p.process_type)))
         .bind(p.user.as_deref())
         .bind(p.command.as_deref())
         .bind(p.gpu_mem_bytes.map(to_i64))

@@ -328,9 +328,6 @@ async fn insert_events<DB: Backend>(
     conn: &mut DB::Connection,
     events: &[EventRow<'_>],
 ) -> Result<(), StoreError> {
-    if events.is_empty() {
-        return Ok(());
-    }
     let table = Table::default()
         .int("node_id", events.iter().map(|r| r.node))
         .int("ts_ms", events.iter().map(|r| r.e.time_ms))
@@ -338,19 +335,34 @@ async fn insert_events<DB: Backend>(
         .text("kind", events.iter().map(|r| r.e.kind.as_str().to_owned()))
         .int("code", events.iter().map(|r| r.e.code.map(rows::to_i64)))
         .text("detail", events.iter().map(|r| r.e.detail.clone()));
+    insert_new::<DB>(conn, "insert events", "events", table, "ORDER BY v.o").await?;
+    Ok(())
+}
+
+/// Inserts `rows` into `table` (in `order`), skipping the ones already stored; returns
+/// how many were new.
+pub(crate) async fn insert_new<DB: Backend>(
+    conn: &mut DB::Connection,
+    op: &'static str,
+    table: &str,
+    rows: Table,
+    order: &str,
+) -> Result<u64, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let names = rows.names();
     sql::<DB>(
-        "insert events",
+        op,
         format!(
-            "INSERT INTO events ({names}) SELECT {names} FROM {} WHERE true ORDER BY v.o \
+            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true {order} \
              ON CONFLICT DO NOTHING",
-            DB::DIALECT.over(&table, "v"),
-            names = table.names(),
+            DB::DIALECT.over(&rows, "v"),
         ),
     )
-    .bind_table(table)
+    .bind_table(rows)
     .execute(conn)
-    .await?;
-    Ok(())
+    .await
 }
 
 /// Every node's delivery state in one statement (nodes in id order). Right-hand sides see
