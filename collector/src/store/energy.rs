@@ -4,6 +4,7 @@
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::rows::{self, WORKLOAD_COLS, limit_i64};
+use super::write::insert_rows;
 use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{
     EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
@@ -400,18 +401,6 @@ fn newest_before(dialect: Dialect, table: &str, time: &str, cols: &str, alias: &
 
 const SAMPLE_COLS: &str = "ts_ms, power_mw, energy_mj, util_gpu_pct";
 
-const GPU_MINUTE_INSERT: &str = "INSERT INTO energy_gpu_minutes (gpu_id, minute_ms, energy_mj, \
-     counter_mj, trapezoid_mj, attributed_mj, idle_mj, unattributed_mj, covered_ms, missing_ms, \
-     samples, min_power_mw, idle_mw, idle_source, idle_policy, max_gap_ms, active_mj, \
-     seen_idle_ms, seen_idle_mj, provisional, rules, learned_idle_ms, learned_idle_mj) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-     $18, $19, $20, $21, $22, $23)";
-
-const WORKLOAD_MINUTE_INSERT: &str = "INSERT INTO energy_workload_minutes (gpu_id, minute_ms, \
-     workload_id, energy_mj, idle_mj, counter_mj, trapezoid_mj, gpu_ms, share_ppm_ms, sm_ms, \
-     memory_ms, equal_ms, active_mj, idle_memory_ms, idle_equal_ms, provisional) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
-
 /// The body of [`EnergyStore::replace_energy_minutes`], inside the caller's transaction.
 async fn replace_in<DB: Backend>(
     tx: &mut DB::Connection,
@@ -444,58 +433,73 @@ async fn replace_in<DB: Backend>(
         .execute(&mut *tx)
         .await?;
     }
-    for m in minutes.iter().filter(|m| m.minute_ms >= from_ms) {
-        sql::<DB>("insert an energy minute of a GPU", GPU_MINUTE_INSERT)
-            .bind(gpu.0)
-            .bind(m.minute_ms)
-            .bind(u64_to_i64(m.energy_mj, "energy_mj")?)
-            .bind(u64_to_i64(m.counter_mj, "counter_mj")?)
-            .bind(u64_to_i64(m.trapezoid_mj, "trapezoid_mj")?)
-            .bind(u64_to_i64(m.attributed_mj, "attributed_mj")?)
-            .bind(u64_to_i64(m.idle_mj, "idle_mj")?)
-            .bind(u64_to_i64(m.unattributed_mj, "unattributed_mj")?)
-            .bind(m.covered_ms)
-            .bind(m.missing_ms)
-            .bind(i64::from(m.samples))
-            .bind(m.min_power_mw.map(i64::from))
-            .bind(i64::from(m.idle_mw))
-            .bind(m.idle_source.as_str())
-            .bind(m.idle_policy.as_str())
-            .bind(m.max_gap_ms)
-            .bind(u64_to_i64(m.active_mj, "active_mj")?)
-            .bind(m.seen_idle_ms)
-            .bind(u64_to_i64(m.seen_idle_mj, "seen_idle_mj")?)
-            .bind(m.provisional)
-            .bind(i64::from(m.rules))
-            .bind(m.learned_idle_ms)
-            .bind(u64_to_i64(m.learned_idle_mj, "learned_idle_mj")?)
-            .execute(&mut *tx)
-            .await?;
-        for w in &m.workloads {
-            sql::<DB>(
-                "insert an energy minute of a workload",
-                WORKLOAD_MINUTE_INSERT,
-            )
-            .bind(gpu.0)
-            .bind(m.minute_ms)
-            .bind(w.workload)
-            .bind(u64_to_i64(w.energy_mj, "energy_mj")?)
-            .bind(u64_to_i64(w.idle_mj, "idle_mj")?)
-            .bind(u64_to_i64(w.counter_mj, "counter_mj")?)
-            .bind(u64_to_i64(w.trapezoid_mj, "trapezoid_mj")?)
-            .bind(w.gpu_ms)
-            .bind(u64_to_i64(w.share_ppm_ms, "share_ppm_ms")?)
-            .bind(w.sm_ms)
-            .bind(w.memory_ms)
-            .bind(w.equal_ms)
-            .bind(u64_to_i64(w.active_mj, "active_mj")?)
-            .bind(w.idle_memory_ms)
-            .bind(w.idle_equal_ms)
-            .bind(m.provisional)
-            .execute(&mut *tx)
-            .await?;
-        }
-    }
+    let kept: Vec<&GpuMinute> = minutes.iter().filter(|m| m.minute_ms >= from_ms).collect();
+    let int = |f: fn(&GpuMinute) -> i64| kept.iter().map(move |m| f(m));
+    let mj = |what, f: fn(&GpuMinute) -> u64| -> Result<Vec<i64>, StoreError> {
+        kept.iter().map(|m| u64_to_i64(f(m), what)).collect()
+    };
+    let text = |f: fn(&GpuMinute) -> &'static str| kept.iter().map(move |m| f(m).to_owned());
+    let table = Table::default()
+        .int("gpu_id", kept.iter().map(|_| gpu.0))
+        .int("minute_ms", int(|m| m.minute_ms))
+        .int("energy_mj", mj("energy_mj", |m| m.energy_mj)?)
+        .int("counter_mj", mj("counter_mj", |m| m.counter_mj)?)
+        .int("trapezoid_mj", mj("trapezoid_mj", |m| m.trapezoid_mj)?)
+        .int("attributed_mj", mj("attributed_mj", |m| m.attributed_mj)?)
+        .int("idle_mj", mj("idle_mj", |m| m.idle_mj)?)
+        .int(
+            "unattributed_mj",
+            mj("unattributed_mj", |m| m.unattributed_mj)?,
+        )
+        .int("covered_ms", int(|m| m.covered_ms))
+        .int("missing_ms", int(|m| m.missing_ms))
+        .int("samples", int(|m| i64::from(m.samples)))
+        .int(
+            "min_power_mw",
+            kept.iter().map(|m| m.min_power_mw.map(i64::from)),
+        )
+        .int("idle_mw", int(|m| i64::from(m.idle_mw)))
+        .text("idle_source", text(|m| m.idle_source.as_str()))
+        .text("idle_policy", text(|m| m.idle_policy.as_str()))
+        .int("max_gap_ms", int(|m| m.max_gap_ms))
+        .int("active_mj", mj("active_mj", |m| m.active_mj)?)
+        .int("seen_idle_ms", int(|m| m.seen_idle_ms))
+        .int("seen_idle_mj", mj("seen_idle_mj", |m| m.seen_idle_mj)?)
+        .flag("provisional", kept.iter().map(|m| m.provisional))
+        .int("rules", int(|m| i64::from(m.rules)))
+        .int("learned_idle_ms", int(|m| m.learned_idle_ms))
+        .int(
+            "learned_idle_mj",
+            mj("learned_idle_mj", |m| m.learned_idle_mj)?,
+        );
+    let op = "insert energy minutes of a GPU";
+    insert_rows::<DB>(&mut *tx, op, "energy_gpu_minutes", table, "").await?;
+    let ws: Vec<(&GpuMinute, &WorkloadMinute)> = (kept.iter())
+        .flat_map(|&m| m.workloads.iter().map(move |w| (m, w)))
+        .collect();
+    let int = |f: fn(&WorkloadMinute) -> i64| ws.iter().map(move |(_, w)| f(w));
+    let mj = |what, f: fn(&WorkloadMinute) -> u64| -> Result<Vec<i64>, StoreError> {
+        ws.iter().map(|(_, w)| u64_to_i64(f(w), what)).collect()
+    };
+    let table = Table::default()
+        .int("gpu_id", ws.iter().map(|_| gpu.0))
+        .int("minute_ms", ws.iter().map(|(m, _)| m.minute_ms))
+        .int("workload_id", int(|w| w.workload))
+        .int("energy_mj", mj("energy_mj", |w| w.energy_mj)?)
+        .int("idle_mj", mj("idle_mj", |w| w.idle_mj)?)
+        .int("counter_mj", mj("counter_mj", |w| w.counter_mj)?)
+        .int("trapezoid_mj", mj("trapezoid_mj", |w| w.trapezoid_mj)?)
+        .int("gpu_ms", int(|w| w.gpu_ms))
+        .int("share_ppm_ms", mj("share_ppm_ms", |w| w.share_ppm_ms)?)
+        .int("sm_ms", int(|w| w.sm_ms))
+        .int("memory_ms", int(|w| w.memory_ms))
+        .int("equal_ms", int(|w| w.equal_ms))
+        .int("active_mj", mj("active_mj", |w| w.active_mj)?)
+        .int("idle_memory_ms", int(|w| w.idle_memory_ms))
+        .int("idle_equal_ms", int(|w| w.idle_equal_ms))
+        .flag("provisional", ws.iter().map(|(m, _)| m.provisional));
+    let op = "insert energy minutes of workloads";
+    insert_rows::<DB>(&mut *tx, op, "energy_workload_minutes", table, "").await?;
     if let Some(done) = done_to_ms {
         sql::<DB>(
             "advance the energy watermark",

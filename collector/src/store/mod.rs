@@ -540,46 +540,16 @@ impl<DB: Backend> SqlStore<DB> {
 /// backends, so later migrations line up.
 macro_rules! migrations {
     ($dir:literal) => {
-        &[
-            (
-                1,
-                "init",
-                include_str!(concat!("../../../migrations/", $dir, "/0001_init.sql")),
-            ),
-            (
-                6,
-                "energy",
-                include_str!(concat!("../../../migrations/", $dir, "/0006_energy.sql")),
-            ),
-            (
-                9,
-                "agent tokens",
-                include_str!(concat!(
-                    "../../../migrations/",
-                    $dir,
-                    "/0009_agent_tokens.sql"
-                )),
-            ),
-            (
-                10,
-                "carbon",
-                include_str!(concat!("../../../migrations/", $dir, "/0010_carbon.sql")),
-            ),
-            (
-                11,
-                "rollups",
-                include_str!(concat!("../../../migrations/", $dir, "/0011_rollups.sql")),
-            ),
-            (
-                20,
-                "energy split",
-                include_str!(concat!(
-                    "../../../migrations/",
-                    $dir,
-                    "/0020_energy_split.sql"
-                )),
-            ),
-        ]
+        migrations!($dir: 1 "init" "0001_init", 6 "energy" "0006_energy",
+            9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
+            11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split")
+    };
+    ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
+        &[$((
+            $version,
+            $description,
+            include_str!(concat!("../../../migrations/", $dir, "/", $file, ".sql")),
+        )),*]
     };
 }
 pub(crate) use migrations;

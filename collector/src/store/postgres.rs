@@ -20,7 +20,7 @@
 use super::backend::{Backend, Dialect, Table, Value, run};
 use super::lease::{self, Lease};
 use super::rows::{process_type, to_i64};
-use super::write::{NodeUpdate, RowSink, Written, insert_new};
+use super::write::{NodeUpdate, RowSink, Written, insert_rows};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
 };
@@ -386,9 +386,10 @@ impl Backend for Postgres {
             .map(|(gpu, _)| i64::from(gpu))
             .collect();
         let (host_rows, op) = (hosts.rows() as u64, "insert process samples");
-        insert_new::<Postgres>(conn, op, "process_samples", processes, "").await?;
+        let new = "ON CONFLICT DO NOTHING";
+        insert_rows::<Postgres>(conn, op, "process_samples", processes, new).await?;
         let op = "insert host samples";
-        let hosts = insert_new::<Postgres>(conn, op, "host_samples", hosts, "").await?;
+        let hosts = insert_rows::<Postgres>(conn, op, "host_samples", hosts, new).await?;
         Ok(Written::Rows {
             skipped: !short.is_empty() || hosts < host_rows,
             gpus: Some(short),

@@ -335,18 +335,19 @@ async fn insert_events<DB: Backend>(
         .text("kind", events.iter().map(|r| r.e.kind.as_str().to_owned()))
         .int("code", events.iter().map(|r| r.e.code.map(rows::to_i64)))
         .text("detail", events.iter().map(|r| r.e.detail.clone()));
-    insert_new::<DB>(conn, "insert events", "events", table, "ORDER BY v.o").await?;
+    let tail = "ORDER BY v.o ON CONFLICT DO NOTHING";
+    insert_rows::<DB>(conn, "insert events", "events", table, tail).await?;
     Ok(())
 }
 
-/// Inserts `rows` into `table` (in `order`), skipping the ones already stored; returns
-/// how many were new.
-pub(crate) async fn insert_new<DB: Backend>(
+/// Inserts `rows` into `table`, with `tail` (ordering, conflict handling) after the
+/// SELECT; returns how many were new.
+pub(crate) async fn insert_rows<DB: Backend>(
     conn: &mut DB::Connection,
     op: &'static str,
     table: &str,
     rows: Table,
-    order: &str,
+    tail: &str,
 ) -> Result<u64, StoreError> {
     if rows.is_empty() {
         return Ok(0);
@@ -355,8 +356,7 @@ pub(crate) async fn insert_new<DB: Backend>(
     sql::<DB>(
         op,
         format!(
-            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true {order} \
-             ON CONFLICT DO NOTHING",
+            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true {tail}",
             DB::DIALECT.over(&rows, "v"),
         ),
     )
