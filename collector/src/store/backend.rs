@@ -35,6 +35,19 @@ impl Dialect {
         }
     }
 
+    /// Raises `table`'s watermark `column` of the row keyed by `keys` (comma-separated) to
+    /// a new value, never lowering it; parameters: the keys, then the value.
+    pub fn raise(self, table: &str, keys: &str, column: &str) -> String {
+        let n = keys.split(", ").count() + 1;
+        let params: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
+        let max = self.greatest(&format!("{table}.{column}"), &format!("excluded.{column}"));
+        format!(
+            "INSERT INTO {table} ({keys}, {column}) VALUES ({}) \
+             ON CONFLICT ({keys}) DO UPDATE SET {column} = {max}",
+            params.join(", ")
+        )
+    }
+
     /// The smaller of two values (SQLite's scalar `min`, PostgreSQL's `least`).
     pub fn least(self, a: &str, b: &str) -> String {
         match self {

@@ -501,18 +501,12 @@ async fn replace_in<DB: Backend>(
     let op = "insert energy minutes of workloads";
     insert_rows::<DB>(&mut *tx, op, "energy_workload_minutes", table, "").await?;
     if let Some(done) = done_to_ms {
-        sql::<DB>(
-            "advance the energy watermark",
-            format!(
-                "INSERT INTO energy_progress (gpu_id, done_to_ms) VALUES ($1, $2) \
-                 ON CONFLICT (gpu_id) DO UPDATE SET done_to_ms = {}",
-                DB::DIALECT.greatest("energy_progress.done_to_ms", "excluded.done_to_ms")
-            ),
-        )
-        .bind(gpu.0)
-        .bind(done)
-        .execute(&mut *tx)
-        .await?;
+        let text = DB::DIALECT.raise("energy_progress", "gpu_id", "done_to_ms");
+        sql::<DB>("advance the energy watermark", text)
+            .bind(gpu.0)
+            .bind(done)
+            .execute(&mut *tx)
+            .await?;
     }
     Ok(())
 }

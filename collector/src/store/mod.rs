@@ -650,6 +650,20 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
+/// What a failure to open the database `url` becomes (its password left out).
+fn open_error(url: &str) -> impl Fn(sqlx::Error) -> StoreError {
+    let url = redact_url(url);
+    move |source| StoreError::Open {
+        url: url.clone(),
+        source,
+    }
+}
+
+/// What a failed query doing `op` becomes.
+fn q(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { op, source }
+}
+
 /// A URL with any password removed, for messages and logs.
 pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

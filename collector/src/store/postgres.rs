@@ -17,19 +17,20 @@
 //! [`PgStore::drop_raw_before`] is retention: whole partitions are dropped, never rows
 //! deleted.
 
-use super::backend::{Backend, Dialect, Table, Value, run};
+use super::backend::{Backend, Dialect, Get as _, Table, Value, run};
 use super::lease::{self, Lease};
 use super::rows::{process_type, to_i64};
 use super::write::{NodeUpdate, RowSink, Written, insert_rows};
 use super::{
-    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
+    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
+    q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Postgres};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
@@ -66,10 +67,6 @@ pub struct RawPartition {
     pub to_ms: Option<UnixMs>,
 }
 
-fn q(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Query { op, source }
-}
-
 fn now_ms() -> UnixMs {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -82,13 +79,9 @@ impl SqlStore<Postgres> {
     /// schema is chosen with `?options=-c%20search_path%3DNAME`), applies the migrations
     /// and creates today's and tomorrow's partitions.
     pub async fn open(url: &str) -> Result<PgStore, StoreError> {
-        let shown = redact_url(url);
-        let open_err = |source| StoreError::Open {
-            url: shown.clone(),
-            source,
-        };
+        let open_err = open_error(url);
         let options = PgConnectOptions::from_str(url)
-            .map_err(open_err)?
+            .map_err(&open_err)?
             .application_name("gpufleet-collector")
             .statement_cache_capacity(256);
         // test_before_acquire (the default) makes the pool drop connections a database
@@ -100,7 +93,7 @@ impl SqlStore<Postgres> {
             .idle_timeout(Some(Duration::from_secs(300)))
             .connect_with(options)
             .await
-            .map_err(open_err)?;
+            .map_err(&open_err)?;
         migrate(&pool, migrations!("postgres")).await?;
         let store = SqlStore::new(
             pool,
@@ -174,11 +167,11 @@ impl SqlStore<Postgres> {
         .map_err(q("list raw partitions"))?;
         rows.iter()
             .map(|row| {
-                let bound: String = get(row, "bound")?;
+                let bound: String = row.get("bound")?;
                 let (from_ms, to_ms) = parse_bound(&bound)?;
                 Ok(RawPartition {
-                    table: get(row, "parent")?,
-                    name: get(row, "name")?,
+                    table: row.get("parent")?,
+                    name: row.get("name")?,
                     from_ms,
                     to_ms,
                 })
@@ -656,7 +649,7 @@ impl GpuCols {
             .await
             .map_err(q("insert GPU samples"))?;
         rows.iter()
-            .map(|row| Ok((get(row, "gpu_id")?, get(row, "n")?)))
+            .map(|row| Ok((gpu_i32(row.get("gpu_id")?)?, row.get("n")?)))
             .collect()
     }
 }
@@ -789,15 +782,6 @@ const GPU_INSERT: &str = "WITH ins AS ( \
        $25::int2[], $26::int2[], $27::int2[], $28::bytea[]) \
      ON CONFLICT DO NOTHING RETURNING gpu_id) \
    SELECT gpu_id, count(*) AS n FROM ins GROUP BY gpu_id";
-
-/// Reads one column as exactly its type (the write path's own rows).
-fn get<'r, T>(row: &'r PgRow, column: &str) -> Result<T, StoreError>
-where
-    T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
-{
-    row.try_get(column)
-        .map_err(|e| StoreError::Corrupt(format!("column {column}: {e}")))
-}
 
 #[cfg(test)]
 mod tests {

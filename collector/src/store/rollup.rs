@@ -373,11 +373,7 @@ impl<DB: Backend> SqlStore<DB> {
         self.write_one(
             sql::<DB>(
                 "raise a raw horizon",
-                format!(
-                    "INSERT INTO raw_horizon (kind, id, raw_from_ms) VALUES ($1, $2, $3) \
-                     ON CONFLICT (kind, id) DO UPDATE SET raw_from_ms = {}",
-                    DB::DIALECT.greatest("raw_horizon.raw_from_ms", "excluded.raw_from_ms")
-                ),
+                DB::DIALECT.raise("raw_horizon", "kind, id", "raw_from_ms"),
             )
             .bind(key.kind.as_str())
             .bind(key.id)
@@ -575,19 +571,13 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         .execute(tx.conn())
         .await?;
         if let Some(done) = done_to_ms {
-            sql::<DB>(
-                "advance the rollup watermark",
-                format!(
-                    "INSERT INTO rollup_progress (kind, id, done_to_ms) VALUES ($1, $2, $3) \
-                     ON CONFLICT (kind, id) DO UPDATE SET done_to_ms = {}",
-                    DB::DIALECT.greatest("rollup_progress.done_to_ms", "excluded.done_to_ms")
-                ),
-            )
-            .bind(key.kind.as_str())
-            .bind(key.id)
-            .bind(done)
-            .execute(tx.conn())
-            .await?;
+            let text = DB::DIALECT.raise("rollup_progress", "kind, id", "done_to_ms");
+            sql::<DB>("advance the rollup watermark", text)
+                .bind(key.kind.as_str())
+                .bind(key.id)
+                .bind(done)
+                .execute(tx.conn())
+                .await?;
         }
         tx.commit("commit rollup minutes").await?;
         Ok(usize::try_from(written).unwrap_or(usize::MAX))

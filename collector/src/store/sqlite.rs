@@ -19,7 +19,8 @@ use super::lease::{self, Lease, LocalLeases};
 use super::rows::{process_type, to_i64};
 use super::write::{NodeUpdate, RowSink, Written};
 use super::{
-    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, redact_url,
+    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
+    q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -70,21 +71,13 @@ enum Leases {
     Local(LocalLeases),
 }
 
-fn q(op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Query { op, source }
-}
-
 impl SqlStore<Sqlite> {
     /// Opens (creating if missing) the database `url` names (`sqlite://PATH`,
     /// `sqlite::memory:`) and applies the migrations.
     pub async fn open(url: &str) -> Result<SqliteStore, StoreError> {
-        let shown = redact_url(url);
-        let open_err = |source| StoreError::Open {
-            url: shown.clone(),
-            source,
-        };
+        let open_err = open_error(url);
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(open_err)?
+            .map_err(&open_err)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
@@ -105,7 +98,7 @@ impl SqlStore<Sqlite> {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await
-            .map_err(open_err)?;
+            .map_err(&open_err)?;
         migrate(&pool, migrations!("sqlite")).await?;
         let local = SqliteLocal {
             leases,

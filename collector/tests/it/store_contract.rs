@@ -742,6 +742,29 @@ mod contract {
         }
     }
 
+    /// Variants of one workload within one group commit (names learned, then lost) are
+    /// one workload row holding the latest names, as if written one by one.
+    pub async fn workload_renames_take_the_latest_names(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let names = [Some("old"), Some("new"), None];
+        let group: Vec<_> = (names.iter().enumerate())
+            .map(|(i, name)| {
+                let mut b = batch(i as u64 + 1, T0 + i as i64 * 1000, 1, &["GPU-a"]);
+                b.ticks[0].processes[0].workload = container_workload("c0ffee", *name);
+                node_batch(&rec, b)
+            })
+            .collect();
+        store.write_batches(&group).await.expect("write");
+        let procs = store
+            .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+            .await
+            .expect("procs");
+        assert_eq!(procs.len(), 3);
+        for (_, p) in &procs {
+            assert_eq!(p.workload.container_name.as_deref(), Some("new"));
+        }
+    }
+
     // ---------------------------------------------------------------- rollups
 
     const MIN: i64 = 60_000;
@@ -1551,6 +1574,7 @@ macro_rules! contract_tests {
                 latest_samples_seed_the_live_state,
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
+                workload_renames_take_the_latest_names,
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
