@@ -543,28 +543,41 @@ impl Get for PgRow {
     }
 }
 
-/// Columns read as the same type on both backends.
-macro_rules! same_columns {
-    ($($t:ty),* $(,)?) => {$(
+/// Columns SQLite reads as they are, and PostgreSQL as `pg` says.
+macro_rules! columns {
+    ($($t:ty => $pg:expr),* $(,)?) => {$(
         impl Column for $t {
             fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
                 row.try_get(column)
             }
             fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-                row.try_get(column)
+                $pg(row, column)
             }
         }
     )*};
 }
 
-same_columns!(
-    String,
-    Option<String>,
-    bool,
-    Option<bool>,
-    Vec<u8>,
-    Option<Vec<u8>>
+columns!(
+    String => PgRow::try_get,
+    Option<String> => PgRow::try_get,
+    bool => PgRow::try_get,
+    Option<bool> => PgRow::try_get,
+    Vec<u8> => PgRow::try_get,
+    Option<Vec<u8>> => PgRow::try_get,
+    f64 => PgRow::try_get,
+    Option<i64> => pg_int,
+    i64 => |row, column| not_null(pg_int(row, column)?, column),
+    Option<u32> => pg_u32,
+    u32 => |row, column| not_null(pg_u32(row, column)?, column),
+    Option<f64> => pg_float,
 );
+
+fn not_null<T>(v: Option<T>, column: &str) -> Result<T, sqlx::Error> {
+    v.ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: Box::new(sqlx::error::UnexpectedNullError),
+    })
+}
 
 /// The storage type of a PostgreSQL column (`INT2`, `INT4`, `FLOAT4`, ...); `None` for
 /// NULL.
@@ -590,86 +603,30 @@ fn pg_int(row: &PgRow, column: &str) -> Result<Option<i64>, sqlx::Error> {
     })
 }
 
-impl Column for Option<i64> {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        pg_int(row, column)
-    }
+/// A u32 as PostgreSQL keeps it: as a non-negative `int2` (percentages, P-states), as the
+/// same bits in an `int4` (sample tables), or as its value in an `int8` (inventory tables).
+fn pg_u32(row: &PgRow, column: &str) -> Result<Option<u32>, sqlx::Error> {
+    Ok(match pg_type(row, column)?.as_deref() {
+        None => None,
+        Some("INT2") => {
+            let v: i16 = row.try_get(column)?;
+            Some(u32::try_from(v).map_err(|_| decode_err(column, format!("negative ({v})")))?)
+        }
+        Some("INT4") => Some(row.try_get::<i32, _>(column)? as u32),
+        Some(_) => {
+            let v: i64 = row.try_get(column)?;
+            Some(u32::try_from(v).map_err(|_| decode_err(column, format!("{v} out of range")))?)
+        }
+    })
 }
 
-impl Column for i64 {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        pg_int(row, column)?.ok_or(sqlx::Error::ColumnDecode {
-            index: column.to_owned(),
-            source: Box::new(sqlx::error::UnexpectedNullError),
-        })
-    }
-}
-
-/// A u32 as each backend keeps it: SQLite as its value; PostgreSQL as a non-negative
-/// `int2` (percentages, P-states), as the same bits in an `int4` (sample tables), or as
-/// its value in an `int8` (inventory tables).
-impl Column for Option<u32> {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        Ok(match pg_type(row, column)?.as_deref() {
-            None => None,
-            Some("INT2") => {
-                let v: i16 = row.try_get(column)?;
-                Some(u32::try_from(v).map_err(|_| decode_err(column, format!("negative ({v})")))?)
-            }
-            Some("INT4") => Some(row.try_get::<i32, _>(column)? as u32),
-            Some(_) => {
-                let v: i64 = row.try_get(column)?;
-                Some(
-                    u32::try_from(v)
-                        .map_err(|_| decode_err(column, format!("{v} out of range")))?,
-                )
-            }
-        })
-    }
-}
-
-impl Column for u32 {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        Option::<u32>::pg(row, column)?.ok_or(sqlx::Error::ColumnDecode {
-            index: column.to_owned(),
-            source: Box::new(sqlx::error::UnexpectedNullError),
-        })
-    }
-}
-
-/// A float as either backend keeps it (PostgreSQL `real` or `double precision`).
-impl Column for Option<f64> {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        Ok(match pg_type(row, column)?.as_deref() {
-            None => None,
-            Some("FLOAT4") => Some(f64::from(row.try_get::<f32, _>(column)?)),
-            Some(_) => Some(row.try_get::<f64, _>(column)?),
-        })
-    }
-}
-
-impl Column for f64 {
-    fn sqlite(row: &SqliteRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
-    fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        row.try_get(column)
-    }
+/// A float as PostgreSQL keeps it (`real` or `double precision`).
+fn pg_float(row: &PgRow, column: &str) -> Result<Option<f64>, sqlx::Error> {
+    Ok(match pg_type(row, column)?.as_deref() {
+        None => None,
+        Some("FLOAT4") => Some(f64::from(row.try_get::<f32, _>(column)?)),
+        Some(_) => Some(row.try_get::<f64, _>(column)?),
+    })
 }
 
 /// A host metric kept as a float: SQLite `REAL` (f64), PostgreSQL `real`.
