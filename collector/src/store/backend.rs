@@ -270,12 +270,15 @@ impl<DB: Backend> Sql<DB> {
     }
 
     /// Binds `table` for [`Dialect::over`]: as its first parameters, before any other.
-    pub fn bind_table(self, table: Table) -> Self {
+    pub fn bind_table(mut self, table: Table) -> Self {
         match DB::DIALECT {
-            Dialect::Sqlite => {
-                let json = table.json();
-                self.bind(json)
-            }
+            Dialect::Sqlite => match table.json() {
+                Ok(json) => self.bind(json),
+                Err(e) => {
+                    self.err.get_or_insert(e);
+                    self
+                }
+            },
             Dialect::Postgres => table.cols.into_iter().fold(self, |q, (_, c)| q.bind(c)),
         }
     }
@@ -342,6 +345,8 @@ enum Cells {
     Float(Vec<Option<f64>>),
     Text(Vec<Option<String>>),
     Flag(Vec<Option<bool>>),
+    /// PostgreSQL `bytea` (SQLite's JSON cannot carry bytes).
+    Bytes(Vec<Option<Vec<u8>>>),
 }
 
 impl Cells {
@@ -354,17 +359,18 @@ impl Cells {
             Cells::Float(_) => "float8",
             Cells::Text(_) => "text",
             Cells::Flag(_) => "bool",
+            Cells::Bytes(_) => "bytea",
         }
     }
 
-    fn json(&self, row: usize) -> serde_json::Value {
+    fn json(&self, row: usize) -> Result<serde_json::Value, BoxDynError> {
         fn at<T: Clone + Into<serde_json::Value>>(v: &[Option<T>], r: usize) -> serde_json::Value {
             v.get(r)
                 .cloned()
                 .flatten()
                 .map_or(serde_json::Value::Null, Into::into)
         }
-        match self {
+        Ok(match self {
             Cells::Int(v) => at(v, row),
             Cells::Int4(v) => at(v, row),
             Cells::Int2(v) => at(v, row),
@@ -372,6 +378,37 @@ impl Cells {
             Cells::Float(v) => at(v, row),
             Cells::Text(v) => at(v, row),
             Cells::Flag(v) => at(v, row),
+            Cells::Bytes(_) => return Err("bytes cannot be bound as JSON".into()),
+        })
+    }
+
+    /// Field `row` in PostgreSQL's binary `COPY` format: its length (-1 for NULL), then its
+    /// big-endian bytes.
+    fn copy_field(&self, row: usize, buf: &mut Vec<u8>) {
+        fn bytes(buf: &mut Vec<u8>, v: Option<&[u8]>) {
+            // Fields are numbers, names and blobs of a few dozen bytes: far below 2^31.
+            let len = v.map_or(-1, |b| i32::try_from(b.len()).unwrap_or(i32::MAX));
+            buf.extend_from_slice(&len.to_be_bytes());
+            buf.extend_from_slice(v.unwrap_or_default());
+        }
+        fn at<T: Copy>(v: &[Option<T>], r: usize) -> Option<T> {
+            v.get(r).copied().flatten()
+        }
+        fn be<const N: usize>(buf: &mut Vec<u8>, v: Option<[u8; N]>) {
+            bytes(buf, v.as_ref().map(|b| &b[..]));
+        }
+        match self {
+            Cells::Int(v) => be(buf, at(v, row).map(i64::to_be_bytes)),
+            Cells::Int4(v) => be(buf, at(v, row).map(i32::to_be_bytes)),
+            Cells::Int2(v) => be(buf, at(v, row).map(i16::to_be_bytes)),
+            Cells::Real(v) => be(buf, at(v, row).map(f32::to_be_bytes)),
+            Cells::Float(v) => be(buf, at(v, row).map(f64::to_be_bytes)),
+            Cells::Flag(v) => be(buf, at(v, row).map(|b| [u8::from(b)])),
+            Cells::Text(v) => bytes(
+                buf,
+                v.get(row).and_then(|s| s.as_deref()).map(str::as_bytes),
+            ),
+            Cells::Bytes(v) => bytes(buf, v.get(row).and_then(|b| b.as_deref())),
         }
     }
 }
@@ -389,6 +426,7 @@ impl Value for Cells {
             Cells::Float(v) => args.add(v),
             Cells::Text(v) => args.add(v),
             Cells::Flag(v) => args.add(v),
+            Cells::Bytes(v) => args.add(v),
         }
     }
 }
@@ -446,6 +484,10 @@ impl Table {
         self.with(name, v, Cells::Text)
     }
 
+    pub fn bytes(self, name: &'static str, v: impl IntoIterator<Item = Option<Vec<u8>>>) -> Table {
+        self.with(name, v, Cells::Bytes)
+    }
+
     pub fn flag(self, name: &'static str, v: impl IntoIterator<Item = bool>) -> Table {
         self.with(name, v, Cells::Flag)
     }
@@ -470,10 +512,30 @@ impl Table {
         names.join(", ")
     }
 
-    fn json(&self) -> String {
-        let rows = (0..self.rows)
-            .map(|r| serde_json::Value::Array(self.cols.iter().map(|(_, c)| c.json(r)).collect()));
-        serde_json::Value::Array(rows.collect()).to_string()
+    fn json(&self) -> Result<String, BoxDynError> {
+        let rows = (0..self.rows).map(|r| {
+            let row = self.cols.iter().map(|(_, c)| c.json(r));
+            row.collect::<Result<_, _>>().map(serde_json::Value::Array)
+        });
+        Ok(serde_json::Value::Array(rows.collect::<Result<_, _>>()?).to_string())
+    }
+
+    /// The rows in PostgreSQL's binary `COPY` format
+    /// (<https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4>): a header,
+    /// then per row the field count and its fields, then a -1 trailer.
+    pub fn copy_binary(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(19 + self.rows * (2 + self.cols.len() * 12) + 2);
+        buf.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+        buf.extend_from_slice(&[0; 8]); // flags (no OIDs), header extension length
+        let fields = i16::try_from(self.cols.len()).unwrap_or(i16::MAX);
+        for r in 0..self.rows {
+            buf.extend_from_slice(&fields.to_be_bytes());
+            for (_, c) in &self.cols {
+                c.copy_field(r, &mut buf);
+            }
+        }
+        buf.extend_from_slice(&(-1i16).to_be_bytes());
+        buf
     }
 }
 

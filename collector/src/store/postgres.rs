@@ -17,7 +17,7 @@
 //! [`PgStore::drop_raw_before`] is retention: whole partitions are dropped, never rows
 //! deleted.
 
-use super::backend::{Backend, Dialect, Get as _, Table, Value, run};
+use super::backend::{Backend, Dialect, Get as _, Table, Value, run, sql};
 use super::lease::{self, Lease};
 use super::rows::{process_type, to_i64};
 use super::write::{NodeUpdate, RowSink, Written, insert_rows};
@@ -288,10 +288,10 @@ fn parse_bound(bound: &str) -> Result<(Option<i64>, Option<i64>), StoreError> {
     Ok((value("FROM (")?, value("TO (")?))
 }
 
-/// The `op` of a failed [`GpuCols::copy`].
+/// The `op` of a failed [`copy`].
 const COPY_OP: &str = "copy GPU samples";
 
-/// Whether a write failed because [`GpuCols::copy`] met a GPU sample already stored.
+/// Whether a write failed because [`copy`] met a GPU sample already stored.
 fn is_copy_duplicate(e: &StoreError) -> bool {
     match e {
         StoreError::Query {
@@ -346,16 +346,17 @@ impl Backend for Postgres {
         fallback: bool,
     ) -> Result<Written, StoreError> {
         let (processes, hosts) = (rows.process_table(workloads)?, rows.host_table()?);
+        let gpus: Vec<i32> = rows.gpu.iter().map(|r| r.0).collect();
         // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
         if fallback {
-            for &gpu in &rows.gpu.gpu {
+            for &gpu in &gpus {
                 *given.entry(gpu).or_default() += 1;
             }
         }
         let per_gpu = match fallback {
-            true => rows.gpu.insert(conn).await?,
-            false => match rows.gpu.copy(conn).await {
+            true => merge(conn, rows.gpu_table()?).await?,
+            false => match copy(conn, rows.gpu_table()?, &gpus).await {
                 Err(e) if is_copy_duplicate(&e) => {
                     debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
                     return Ok(Written::Fallback);
@@ -459,7 +460,8 @@ impl Backend for Postgres {
 /// column for `COPY`, the others as they come, for a [`Table`] each.
 #[derive(Default)]
 pub struct Rows<'b> {
-    gpu: GpuCols,
+    /// GPU, time, sample.
+    gpu: Vec<(i32, UnixMs, &'b GpuSample)>,
     /// The node group (index in the collected nodes) of each GPU written.
     gpu_group: HashMap<i32, usize>,
     /// GPU, time, index in the collected workloads, sample.
@@ -468,10 +470,17 @@ pub struct Rows<'b> {
 }
 
 impl<'b> RowSink<'b> for Rows<'b> {
-    fn gpu(&mut self, group: usize, gpu: i64, ts: UnixMs, s: &GpuSample) -> Result<(), StoreError> {
+    fn gpu(
+        &mut self,
+        group: usize,
+        gpu: i64,
+        ts: UnixMs,
+        s: &'b GpuSample,
+    ) -> Result<(), StoreError> {
         let gpu = gpu_i32(gpu)?;
         self.gpu_group.entry(gpu).or_insert(group);
-        self.gpu.push(gpu, ts, s)
+        self.gpu.push((gpu, ts, s));
+        Ok(())
     }
 
     fn process(
@@ -492,6 +501,49 @@ impl<'b> RowSink<'b> for Rows<'b> {
 }
 
 impl Rows<'_> {
+    /// The GPU samples (the columns `COPY` reads, in its order).
+    fn gpu_table(&self) -> Result<Table, StoreError> {
+        let s = || self.gpu.iter().map(|r| r.2);
+        let big = |f: fn(&GpuSample) -> Option<u64>| s().map(move |s| f(s).map(to_i64));
+        let int = |f: fn(&GpuSample) -> Option<u32>| s().map(move |s| bits32(f(s)));
+        let small = |f: fn(&GpuSample) -> Option<u32>, what| {
+            s().map(|s| small(f(s), what))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Table::default()
+            .int("ts_ms", self.gpu.iter().map(|r| r.1))
+            .int("mem_used_bytes", big(|s| s.mem_used_bytes))
+            .int("mem_total_bytes", big(|s| s.mem_total_bytes))
+            .int("mem_reserved_bytes", big(|s| s.mem_reserved_bytes))
+            .int("energy_mj", big(|s| s.energy_mj))
+            .int("pcie_tx_bps", big(|s| s.pcie_tx_bps))
+            .int("pcie_rx_bps", big(|s| s.pcie_rx_bps))
+            .int("nvlink_tx_bps", big(|s| s.nvlink_tx_bps))
+            .int("nvlink_rx_bps", big(|s| s.nvlink_rx_bps))
+            .int("ecc_corrected_volatile", big(|s| s.ecc_corrected_volatile))
+            .int(
+                "ecc_uncorrected_volatile",
+                big(|s| s.ecc_uncorrected_volatile),
+            )
+            .int("throttle_reasons", big(|s| s.throttle_reasons))
+            .int4("gpu_id", self.gpu.iter().map(|r| r.0))
+            .int4("power_mw", int(|s| s.power_mw))
+            .int4("power_instant_mw", int(|s| s.power_instant_mw))
+            .int4("power_limit_mw", int(|s| s.power_limit_mw))
+            .int4("temp_gpu_c", int(|s| s.temp_gpu_c))
+            .int4("temp_mem_c", int(|s| s.temp_mem_c))
+            .int4("clock_sm_mhz", int(|s| s.clock_sm_mhz))
+            .int4("clock_mem_mhz", int(|s| s.clock_mem_mhz))
+            .int4("clock_graphics_mhz", int(|s| s.clock_graphics_mhz))
+            .int2("util_gpu_pct", small(|s| s.util_gpu_pct, "util_gpu_pct")?)
+            .int2("util_mem_pct", small(|s| s.util_mem_pct, "util_mem_pct")?)
+            .int2("fan_pct", small(|s| s.fan_pct, "fan_pct")?)
+            .int2("pstate", small(|s| s.pstate, "pstate")?)
+            .int2("enc_util_pct", small(|s| s.enc_util_pct, "enc_util_pct")?)
+            .int2("dec_util_pct", small(|s| s.dec_util_pct, "dec_util_pct")?)
+            .bytes("nvlinks", s().map(|s| encode_nvlinks(&s.nvlinks))))
+    }
+
     /// The process rows, their workloads resolved through `workloads` (by slot).
     fn process_table(&self, workloads: &[i64]) -> Result<Table, StoreError> {
         let p = || self.process.iter().map(|r| r.3);
@@ -568,220 +620,52 @@ fn small(v: Option<u32>, what: &str) -> Result<Option<i16>, StoreError> {
     .transpose()
 }
 
-/// GPU sample columns, in the order of [`GPU_INSERT`].
-#[derive(Default)]
-struct GpuCols {
-    ts: Vec<i64>,
-    big: [Vec<Option<i64>>; 11],
-    gpu: Vec<i32>,
-    int: [Vec<Option<i32>>; 8],
-    small: [Vec<Option<i16>>; 6],
-    nvlinks: Vec<Option<Vec<u8>>>,
+/// Copies GPU samples into `gpu_samples`; every row is new, or the copy fails with a
+/// unique violation (see [`is_copy_duplicate`]). Returns the rows per GPU.
+async fn copy(
+    conn: &mut PgConnection,
+    rows: Table,
+    gpus: &[i32],
+) -> Result<Vec<(i32, i64)>, StoreError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let text = format!(
+        "COPY gpu_samples ({}) FROM STDIN (FORMAT binary)",
+        rows.names()
+    );
+    let mut copy = conn.copy_in_raw(&text).await.map_err(q(COPY_OP))?;
+    copy.send(rows.copy_binary()).await.map_err(q(COPY_OP))?;
+    copy.finish().await.map_err(q(COPY_OP))?;
+    let mut per_gpu: BTreeMap<i32, i64> = BTreeMap::new();
+    for &gpu in gpus {
+        *per_gpu.entry(gpu).or_default() += 1;
+    }
+    Ok(per_gpu.into_iter().collect())
 }
 
-impl GpuCols {
-    fn push(&mut self, gpu: i32, ts: i64, s: &GpuSample) -> Result<(), StoreError> {
-        self.ts.push(ts);
-        let big = [
-            s.mem_used_bytes,
-            s.mem_total_bytes,
-            s.mem_reserved_bytes,
-            s.energy_mj,
-            s.pcie_tx_bps,
-            s.pcie_rx_bps,
-            s.nvlink_tx_bps,
-            s.nvlink_rx_bps,
-            s.ecc_corrected_volatile,
-            s.ecc_uncorrected_volatile,
-            s.throttle_reasons,
-        ];
-        for (col, v) in self.big.iter_mut().zip(big) {
-            col.push(v.map(to_i64));
-        }
-        self.gpu.push(gpu);
-        let int = [
-            s.power_mw,
-            s.power_instant_mw,
-            s.power_limit_mw,
-            s.temp_gpu_c,
-            s.temp_mem_c,
-            s.clock_sm_mhz,
-            s.clock_mem_mhz,
-            s.clock_graphics_mhz,
-        ];
-        for (col, v) in self.int.iter_mut().zip(int) {
-            col.push(bits32(v));
-        }
-        let smalls = [
-            (s.util_gpu_pct, "util_gpu_pct"),
-            (s.util_mem_pct, "util_mem_pct"),
-            (s.fan_pct, "fan_pct"),
-            (s.pstate, "pstate"),
-            (s.enc_util_pct, "enc_util_pct"),
-            (s.dec_util_pct, "dec_util_pct"),
-        ];
-        for (col, (v, what)) in self.small.iter_mut().zip(smalls) {
-            col.push(small(v, what)?);
-        }
-        self.nvlinks.push(encode_nvlinks(&s.nvlinks));
-        Ok(())
+/// Inserts GPU samples, skipping those already stored; returns how many were new per GPU.
+async fn merge(conn: &mut PgConnection, rows: Table) -> Result<Vec<(i32, i64)>, StoreError> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
     }
-
-    /// Inserts the rows; returns how many were new per GPU.
-    async fn insert(self, conn: &mut PgConnection) -> Result<Vec<(i32, i64)>, StoreError> {
-        if self.ts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut query = sqlx::query(GPU_INSERT).bind(self.ts);
-        for col in self.big {
-            query = query.bind(col);
-        }
-        query = query.bind(self.gpu);
-        for col in self.int {
-            query = query.bind(col);
-        }
-        for col in self.small {
-            query = query.bind(col);
-        }
-        let rows = query
-            .bind(self.nvlinks)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(q("insert GPU samples"))?;
-        rows.iter()
-            .map(|row| Ok((gpu_i32(row.get("gpu_id")?)?, row.get("n")?)))
-            .collect()
-    }
+    let names = rows.names();
+    let inserted = sql::<Postgres>(
+        "insert GPU samples",
+        format!(
+            "WITH ins AS (INSERT INTO gpu_samples ({names}) SELECT {names} FROM {} \
+             ON CONFLICT DO NOTHING RETURNING gpu_id) \
+             SELECT gpu_id, count(*) AS n FROM ins GROUP BY gpu_id",
+            Dialect::Postgres.over(&rows, "v")
+        ),
+    )
+    .bind_table(rows)
+    .all(conn)
+    .await?;
+    (inserted.iter())
+        .map(|row| Ok((gpu_i32(row.get("gpu_id")?)?, row.get("n")?)))
+        .collect()
 }
-
-/// Writes [`GpuCols`] rows in PostgreSQL's binary `COPY` format
-/// (<https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4>): a header,
-/// then per row the field count and per field its length (-1 for NULL) and big-endian
-/// bytes, then a -1 trailer.
-struct CopyWriter {
-    buf: Vec<u8>,
-}
-
-impl CopyWriter {
-    const SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
-
-    fn new(rows: usize, row_bytes: usize) -> CopyWriter {
-        let mut buf = Vec::with_capacity(19 + rows * row_bytes + 2);
-        buf.extend_from_slice(Self::SIGNATURE);
-        buf.extend_from_slice(&0i32.to_be_bytes()); // flags: no OIDs
-        buf.extend_from_slice(&0i32.to_be_bytes()); // header extension length
-        CopyWriter { buf }
-    }
-
-    fn row(&mut self, fields: i16) {
-        self.buf.extend_from_slice(&fields.to_be_bytes());
-    }
-
-    fn null(&mut self) {
-        self.buf.extend_from_slice(&(-1i32).to_be_bytes());
-    }
-
-    fn field(&mut self, bytes: &[u8]) {
-        // Fields here are numbers and NVLink blobs of a few dozen bytes: far below 2^31.
-        let len = i32::try_from(bytes.len()).unwrap_or(i32::MAX);
-        self.buf.extend_from_slice(&len.to_be_bytes());
-        self.buf.extend_from_slice(bytes);
-    }
-
-    fn i64(&mut self, v: Option<i64>) {
-        match v {
-            Some(v) => self.field(&v.to_be_bytes()),
-            None => self.null(),
-        }
-    }
-
-    fn i32(&mut self, v: Option<i32>) {
-        match v {
-            Some(v) => self.field(&v.to_be_bytes()),
-            None => self.null(),
-        }
-    }
-
-    fn i16(&mut self, v: Option<i16>) {
-        match v {
-            Some(v) => self.field(&v.to_be_bytes()),
-            None => self.null(),
-        }
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.buf.extend_from_slice(&(-1i16).to_be_bytes());
-        self.buf
-    }
-}
-
-/// `COPY` statement for [`GpuCols::copy`]: the columns of [`GPU_INSERT`], in its order.
-const GPU_COPY: &str = "COPY gpu_samples (ts_ms, mem_used_bytes, mem_total_bytes, \
-       mem_reserved_bytes, energy_mj, pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps, \
-       ecc_corrected_volatile, ecc_uncorrected_volatile, throttle_reasons, gpu_id, power_mw, \
-       power_instant_mw, power_limit_mw, temp_gpu_c, temp_mem_c, clock_sm_mhz, clock_mem_mhz, \
-       clock_graphics_mhz, util_gpu_pct, util_mem_pct, fan_pct, pstate, enc_util_pct, \
-       dec_util_pct, nvlinks) FROM STDIN (FORMAT binary)";
-
-impl GpuCols {
-    /// The rows in binary `COPY` format, columns as in [`GPU_COPY`].
-    fn copy_data(&self) -> Vec<u8> {
-        const FIELDS: i16 = 28;
-        // 28 length words, 11 + 1 eight-byte, 9 four-byte and 6 two-byte values.
-        let mut w = CopyWriter::new(self.ts.len(), 2 + 28 * 4 + 12 * 8 + 9 * 4 + 6 * 2);
-        for (r, &ts) in self.ts.iter().enumerate() {
-            w.row(FIELDS);
-            w.i64(Some(ts));
-            for col in &self.big {
-                w.i64(col[r]);
-            }
-            w.i32(Some(self.gpu[r]));
-            for col in &self.int {
-                w.i32(col[r]);
-            }
-            for col in &self.small {
-                w.i16(col[r]);
-            }
-            match &self.nvlinks[r] {
-                Some(blob) => w.field(blob),
-                None => w.null(),
-            }
-        }
-        w.finish()
-    }
-
-    /// Copies the rows into `gpu_samples`; every row is new, or the copy fails with a
-    /// unique violation (see [`is_copy_duplicate`]). Returns the rows per GPU.
-    async fn copy(self, conn: &mut PgConnection) -> Result<Vec<(i32, i64)>, StoreError> {
-        if self.ts.is_empty() {
-            return Ok(Vec::new());
-        }
-        let data = self.copy_data();
-        let mut copy = conn.copy_in_raw(GPU_COPY).await.map_err(q(COPY_OP))?;
-        copy.send(data).await.map_err(q(COPY_OP))?;
-        copy.finish().await.map_err(q(COPY_OP))?;
-        let mut per_gpu: BTreeMap<i32, i64> = BTreeMap::new();
-        for &gpu in &self.gpu {
-            *per_gpu.entry(gpu).or_default() += 1;
-        }
-        Ok(per_gpu.into_iter().collect())
-    }
-}
-
-const GPU_INSERT: &str = "WITH ins AS ( \
-     INSERT INTO gpu_samples (ts_ms, mem_used_bytes, mem_total_bytes, mem_reserved_bytes, \
-       energy_mj, pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps, \
-       ecc_corrected_volatile, ecc_uncorrected_volatile, throttle_reasons, gpu_id, power_mw, \
-       power_instant_mw, power_limit_mw, temp_gpu_c, temp_mem_c, clock_sm_mhz, clock_mem_mhz, \
-       clock_graphics_mhz, util_gpu_pct, util_mem_pct, fan_pct, pstate, enc_util_pct, \
-       dec_util_pct, nvlinks) \
-     SELECT * FROM UNNEST($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], \
-       $6::int8[], $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], \
-       $13::int4[], $14::int4[], $15::int4[], $16::int4[], $17::int4[], $18::int4[], \
-       $19::int4[], $20::int4[], $21::int4[], $22::int2[], $23::int2[], $24::int2[], \
-       $25::int2[], $26::int2[], $27::int2[], $28::bytea[]) \
-     ON CONFLICT DO NOTHING RETURNING gpu_id) \
-   SELECT gpu_id, count(*) AS n FROM ins GROUP BY gpu_id";
 
 #[cfg(test)]
 mod tests {
