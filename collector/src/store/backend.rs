@@ -10,7 +10,7 @@
 //! differs is a [`Dialect`] method (upserts' `greatest`, request rows, distinct lists) or
 //! a [`Backend`] hook (the hand-tuned write paths, leases, raw retention).
 
-use super::write::{NodeUpdate, RowSink, Written};
+use super::write::{NodeUpdate, Samples, Written};
 use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -175,18 +175,13 @@ pub trait Backend: Database<Row: Get> + Sized {
         args: Self::Arguments,
     ) -> BoxFuture<'c, Result<u64, sqlx::Error>>;
 
-    /// A group commit's sample rows, as this backend binds them.
-    type Samples<'b>: RowSink<'b> + Send;
-    fn samples(batches: &[NodeBatch]) -> Self::Samples<'_>;
-
-    /// Writes a group commit's GPU, process and host rows (a process row's workload id is
-    /// `workloads[slot]`), adding the GPU samples it inserted to `nodes`: the measured hot
-    /// path, tuned per backend. `fallback`: the slower way, after this returned
-    /// [`Written::Fallback`] and the transaction was rolled back.
-    async fn write_samples<'b>(
+    /// Writes a group commit's GPU, process and host rows, adding the GPU samples it
+    /// inserted to `nodes`: the measured hot path, tuned per backend. `fallback`: the
+    /// slower way, after this returned [`Written::Fallback`] and the transaction was rolled
+    /// back.
+    async fn write_samples(
         conn: &mut Self::Connection,
-        rows: Self::Samples<'b>,
-        workloads: &[i64],
+        rows: &Samples<'_>,
         nodes: &mut [NodeUpdate],
         fallback: bool,
     ) -> Result<Written, StoreError>;

@@ -20,14 +20,14 @@
 use super::backend::{Backend, Dialect, Get as _, Table, Value, run, sql};
 use super::lease::{self, Lease};
 use super::rows::{process_type, to_i64};
-use super::write::{NodeUpdate, RowSink, Written, insert_rows};
+use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written, insert_rows};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
     q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
+use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres};
@@ -327,26 +327,25 @@ impl Backend for Postgres {
 
     run!(Postgres, PgArguments, add_pg);
 
-    type Samples<'b> = Rows<'b>;
-
-    fn samples(_: &[NodeBatch]) -> Rows<'_> {
-        Rows::default()
-    }
-
     /// GPU samples go first straight into `gpu_samples` (binary `COPY`, no conflict
     /// handling: the common case, where nothing was stored before); if any of them was
     /// already stored (a replay after a lost ack, or a duplicate within the group), the
     /// transaction failed whole and the write is redone (`fallback`) with
     /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
-    async fn write_samples<'b>(
+    async fn write_samples(
         conn: &mut PgConnection,
-        rows: Rows<'b>,
-        workloads: &[i64],
+        rows: &Samples<'_>,
         nodes: &mut [NodeUpdate],
         fallback: bool,
     ) -> Result<Written, StoreError> {
-        let (processes, hosts) = (rows.process_table(workloads)?, rows.host_table()?);
-        let gpus: Vec<i32> = rows.gpu.iter().map(|r| r.0).collect();
+        let (processes, hosts) = (process_table(&rows.process)?, host_table(&rows.host)?);
+        let gpus = (rows.gpu.iter()).map(|r| gpu_i32(r.gpu));
+        let gpus = gpus.collect::<Result<Vec<i32>, _>>()?;
+        let group: HashMap<i32, usize> = gpus
+            .iter()
+            .zip(&rows.gpu)
+            .map(|(&g, r)| (g, r.group))
+            .collect();
         // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
         let mut given: HashMap<i32, i64> = HashMap::new();
         if fallback {
@@ -355,8 +354,8 @@ impl Backend for Postgres {
             }
         }
         let per_gpu = match fallback {
-            true => merge(conn, rows.gpu_table()?).await?,
-            false => match copy(conn, rows.gpu_table()?, &gpus).await {
+            true => merge(conn, gpu_table(&rows.gpu, &gpus)?).await?,
+            false => match copy(conn, gpu_table(&rows.gpu, &gpus)?, &gpus).await {
                 Err(e) if is_copy_duplicate(&e) => {
                     debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
                     return Ok(Written::Fallback);
@@ -368,7 +367,7 @@ impl Backend for Postgres {
             if let Some(g) = given.get_mut(&gpu) {
                 *g -= n;
             }
-            let group = rows.gpu_group.get(&gpu).copied().ok_or_else(|| {
+            let group = group.get(&gpu).copied().ok_or_else(|| {
                 StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
             })?;
             nodes[group].inserted += u64::try_from(n).unwrap_or(0);
@@ -456,150 +455,108 @@ impl Backend for Postgres {
 
 // ------------------------------------------------------------------ one write's rows
 
-/// A write's sample rows (see [`super::write::collect_rows`]): GPU samples column by
-/// column for `COPY`, the others as they come, for a [`Table`] each.
-#[derive(Default)]
-pub struct Rows<'b> {
-    /// GPU, time, sample.
-    gpu: Vec<(i32, UnixMs, &'b GpuSample)>,
-    /// The node group (index in the collected nodes) of each GPU written.
-    gpu_group: HashMap<i32, usize>,
-    /// GPU, time, index in the collected workloads, sample.
-    process: Vec<(i32, UnixMs, usize, &'b ProcessSample)>,
-    host: Vec<(i64, UnixMs, &'b Tick)>,
+/// The GPU samples of `rows` (GPU ids `gpus`), as the columns `COPY` reads, in its order.
+fn gpu_table(rows: &[GpuRow<'_>], gpus: &[i32]) -> Result<Table, StoreError> {
+    let s = || rows.iter().map(|r| r.s);
+    let big = |f: fn(&GpuSample) -> Option<u64>| s().map(move |s| f(s).map(to_i64));
+    let int = |f: fn(&GpuSample) -> Option<u32>| s().map(move |s| bits32(f(s)));
+    let small = |f: fn(&GpuSample) -> Option<u32>, what| {
+        s().map(|s| small(f(s), what))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(Table::default()
+        .int("ts_ms", rows.iter().map(|r| r.ts))
+        .int("mem_used_bytes", big(|s| s.mem_used_bytes))
+        .int("mem_total_bytes", big(|s| s.mem_total_bytes))
+        .int("mem_reserved_bytes", big(|s| s.mem_reserved_bytes))
+        .int("energy_mj", big(|s| s.energy_mj))
+        .int("pcie_tx_bps", big(|s| s.pcie_tx_bps))
+        .int("pcie_rx_bps", big(|s| s.pcie_rx_bps))
+        .int("nvlink_tx_bps", big(|s| s.nvlink_tx_bps))
+        .int("nvlink_rx_bps", big(|s| s.nvlink_rx_bps))
+        .int("ecc_corrected_volatile", big(|s| s.ecc_corrected_volatile))
+        .int(
+            "ecc_uncorrected_volatile",
+            big(|s| s.ecc_uncorrected_volatile),
+        )
+        .int("throttle_reasons", big(|s| s.throttle_reasons))
+        .int4("gpu_id", gpus.iter().copied())
+        .int4("power_mw", int(|s| s.power_mw))
+        .int4("power_instant_mw", int(|s| s.power_instant_mw))
+        .int4("power_limit_mw", int(|s| s.power_limit_mw))
+        .int4("temp_gpu_c", int(|s| s.temp_gpu_c))
+        .int4("temp_mem_c", int(|s| s.temp_mem_c))
+        .int4("clock_sm_mhz", int(|s| s.clock_sm_mhz))
+        .int4("clock_mem_mhz", int(|s| s.clock_mem_mhz))
+        .int4("clock_graphics_mhz", int(|s| s.clock_graphics_mhz))
+        .int2("util_gpu_pct", small(|s| s.util_gpu_pct, "util_gpu_pct")?)
+        .int2("util_mem_pct", small(|s| s.util_mem_pct, "util_mem_pct")?)
+        .int2("fan_pct", small(|s| s.fan_pct, "fan_pct")?)
+        .int2("pstate", small(|s| s.pstate, "pstate")?)
+        .int2("enc_util_pct", small(|s| s.enc_util_pct, "enc_util_pct")?)
+        .int2("dec_util_pct", small(|s| s.dec_util_pct, "dec_util_pct")?)
+        .bytes("nvlinks", s().map(|s| encode_nvlinks(&s.nvlinks))))
 }
 
-impl<'b> RowSink<'b> for Rows<'b> {
-    fn gpu(
-        &mut self,
-        group: usize,
-        gpu: i64,
-        ts: UnixMs,
-        s: &'b GpuSample,
-    ) -> Result<(), StoreError> {
-        let gpu = gpu_i32(gpu)?;
-        self.gpu_group.entry(gpu).or_insert(group);
-        self.gpu.push((gpu, ts, s));
-        Ok(())
-    }
-
-    fn process(
-        &mut self,
-        gpu: i64,
-        ts: UnixMs,
-        slot: usize,
-        p: &'b ProcessSample,
-    ) -> Result<(), StoreError> {
-        self.process.push((gpu_i32(gpu)?, ts, slot, p));
-        Ok(())
-    }
-
-    fn host(&mut self, node: i64, ts: UnixMs, t: &'b Tick) -> Result<(), StoreError> {
-        self.host.push((node, ts, t));
-        Ok(())
-    }
+fn process_table(rows: &[ProcessRow<'_>]) -> Result<Table, StoreError> {
+    let p = || rows.iter().map(|r| r.p);
+    let gpus = rows
+        .iter()
+        .map(|r| gpu_i32(r.gpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    let small = |f: fn(&ProcessSample) -> Option<u32>, what| {
+        p().map(|p| small(f(p), what))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(Table::default()
+        .int("ts_ms", rows.iter().map(|r| r.ts))
+        .int("workload_id", rows.iter().map(|r| r.workload))
+        .int("gpu_mem_bytes", p().map(|p| p.gpu_mem_bytes.map(to_i64)))
+        .int4("gpu_id", gpus)
+        .int4("pid", p().map(|p| p.pid as i32))
+        .int2("process_type", p().map(|p| process_type(p.process_type)))
+        .int2("sm_util_pct", small(|p| p.sm_util_pct, "sm_util_pct")?)
+        .int2("mem_util_pct", small(|p| p.mem_util_pct, "mem_util_pct")?)
+        .int2("enc_util_pct", small(|p| p.enc_util_pct, "enc_util_pct")?)
+        .int2("dec_util_pct", small(|p| p.dec_util_pct, "dec_util_pct")?)
+        .text("user_name", p().map(|p| p.user.clone()))
+        .text("command", p().map(|p| p.command.clone()))
+        .text("mig_uuid", p().map(|p| p.mig_uuid.clone())))
 }
 
-impl Rows<'_> {
-    /// The GPU samples (the columns `COPY` reads, in its order).
-    fn gpu_table(&self) -> Result<Table, StoreError> {
-        let s = || self.gpu.iter().map(|r| r.2);
-        let big = |f: fn(&GpuSample) -> Option<u64>| s().map(move |s| f(s).map(to_i64));
-        let int = |f: fn(&GpuSample) -> Option<u32>| s().map(move |s| bits32(f(s)));
-        let small = |f: fn(&GpuSample) -> Option<u32>, what| {
-            s().map(|s| small(f(s), what))
-                .collect::<Result<Vec<_>, _>>()
-        };
-        Ok(Table::default()
-            .int("ts_ms", self.gpu.iter().map(|r| r.1))
-            .int("mem_used_bytes", big(|s| s.mem_used_bytes))
-            .int("mem_total_bytes", big(|s| s.mem_total_bytes))
-            .int("mem_reserved_bytes", big(|s| s.mem_reserved_bytes))
-            .int("energy_mj", big(|s| s.energy_mj))
-            .int("pcie_tx_bps", big(|s| s.pcie_tx_bps))
-            .int("pcie_rx_bps", big(|s| s.pcie_rx_bps))
-            .int("nvlink_tx_bps", big(|s| s.nvlink_tx_bps))
-            .int("nvlink_rx_bps", big(|s| s.nvlink_rx_bps))
-            .int("ecc_corrected_volatile", big(|s| s.ecc_corrected_volatile))
-            .int(
-                "ecc_uncorrected_volatile",
-                big(|s| s.ecc_uncorrected_volatile),
-            )
-            .int("throttle_reasons", big(|s| s.throttle_reasons))
-            .int4("gpu_id", self.gpu.iter().map(|r| r.0))
-            .int4("power_mw", int(|s| s.power_mw))
-            .int4("power_instant_mw", int(|s| s.power_instant_mw))
-            .int4("power_limit_mw", int(|s| s.power_limit_mw))
-            .int4("temp_gpu_c", int(|s| s.temp_gpu_c))
-            .int4("temp_mem_c", int(|s| s.temp_mem_c))
-            .int4("clock_sm_mhz", int(|s| s.clock_sm_mhz))
-            .int4("clock_mem_mhz", int(|s| s.clock_mem_mhz))
-            .int4("clock_graphics_mhz", int(|s| s.clock_graphics_mhz))
-            .int2("util_gpu_pct", small(|s| s.util_gpu_pct, "util_gpu_pct")?)
-            .int2("util_mem_pct", small(|s| s.util_mem_pct, "util_mem_pct")?)
-            .int2("fan_pct", small(|s| s.fan_pct, "fan_pct")?)
-            .int2("pstate", small(|s| s.pstate, "pstate")?)
-            .int2("enc_util_pct", small(|s| s.enc_util_pct, "enc_util_pct")?)
-            .int2("dec_util_pct", small(|s| s.dec_util_pct, "dec_util_pct")?)
-            .bytes("nvlinks", s().map(|s| encode_nvlinks(&s.nvlinks))))
-    }
-
-    /// The process rows, their workloads resolved through `workloads` (by slot).
-    fn process_table(&self, workloads: &[i64]) -> Result<Table, StoreError> {
-        let p = || self.process.iter().map(|r| r.3);
-        let small = |f: fn(&ProcessSample) -> Option<u32>, what| {
-            p().map(|p| small(f(p), what))
-                .collect::<Result<Vec<_>, _>>()
-        };
-        Ok(Table::default()
-            .int("ts_ms", self.process.iter().map(|r| r.1))
-            .int("workload_id", self.process.iter().map(|r| workloads[r.2]))
-            .int("gpu_mem_bytes", p().map(|p| p.gpu_mem_bytes.map(to_i64)))
-            .int4("gpu_id", self.process.iter().map(|r| r.0))
-            .int4("pid", p().map(|p| p.pid as i32))
-            .int2("process_type", p().map(|p| process_type(p.process_type)))
-            .int2("sm_util_pct", small(|p| p.sm_util_pct, "sm_util_pct")?)
-            .int2("mem_util_pct", small(|p| p.mem_util_pct, "mem_util_pct")?)
-            .int2("enc_util_pct", small(|p| p.enc_util_pct, "enc_util_pct")?)
-            .int2("dec_util_pct", small(|p| p.dec_util_pct, "dec_util_pct")?)
-            .text("user_name", p().map(|p| p.user.clone()))
-            .text("command", p().map(|p| p.command.clone()))
-            .text("mig_uuid", p().map(|p| p.mig_uuid.clone())))
-    }
-
-    fn host_table(&self) -> Result<Table, StoreError> {
-        let hosts: Vec<HostSample> = (self.host.iter())
-            .map(|r| r.2.host.clone().unwrap_or_default())
-            .collect();
-        let big = |f: fn(&HostSample) -> Option<u64>| hosts.iter().map(move |h| f(h).map(to_i64));
-        let cost = |f: fn(&SamplerCost) -> Option<u32>| {
-            (self.host.iter()).map(move |r| bits32(r.2.cost.as_ref().and_then(f)))
-        };
-        let slowest = self.host.iter().map(|r| match r.2.cost.as_ref() {
-            Some(c) if !c.slowest_calls_us.is_empty() => serde_json::to_string(&c.slowest_calls_us)
-                .map(Some)
-                .map_err(|e| StoreError::Corrupt(format!("slowest calls do not serialize: {e}"))),
-            _ => Ok(None),
-        });
-        Ok(Table::default()
-            .int("ts_ms", self.host.iter().map(|r| r.1))
-            .int("node_id", self.host.iter().map(|r| r.0))
-            .int("mem_used_bytes", big(|h| h.mem_used_bytes))
-            .int("mem_total_bytes", big(|h| h.mem_total_bytes))
-            .int("disk_read_bps", big(|h| h.disk_read_bps))
-            .int("disk_write_bps", big(|h| h.disk_write_bps))
-            .int("net_rx_bps", big(|h| h.net_rx_bps))
-            .int("net_tx_bps", big(|h| h.net_tx_bps))
-            .real("cpu_util_pct", hosts.iter().map(|h| h.cpu_util_pct))
-            .real("load1", hosts.iter().map(|h| h.load1))
-            .int4("cost_cpu_us", cost(|c| c.cpu_us))
-            .int4("cost_wall_us", cost(|c| c.wall_us))
-            .int4("cost_source_us", cost(|c| c.source_us))
-            .text(
-                "cost_slowest_calls",
-                slowest.collect::<Result<Vec<_>, _>>()?,
-            ))
-    }
+fn host_table(rows: &[HostTick<'_>]) -> Result<Table, StoreError> {
+    let hosts: Vec<HostSample> = (rows.iter())
+        .map(|r| r.tick.host.clone().unwrap_or_default())
+        .collect();
+    let big = |f: fn(&HostSample) -> Option<u64>| hosts.iter().map(move |h| f(h).map(to_i64));
+    let cost = |f: fn(&SamplerCost) -> Option<u32>| {
+        rows.iter()
+            .map(move |r| bits32(r.tick.cost.as_ref().and_then(f)))
+    };
+    let slowest = rows.iter().map(|r| match r.tick.cost.as_ref() {
+        Some(c) if !c.slowest_calls_us.is_empty() => serde_json::to_string(&c.slowest_calls_us)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt(format!("slowest calls do not serialize: {e}"))),
+        _ => Ok(None),
+    });
+    Ok(Table::default()
+        .int("ts_ms", rows.iter().map(|r| r.ts))
+        .int("node_id", rows.iter().map(|r| r.node))
+        .int("mem_used_bytes", big(|h| h.mem_used_bytes))
+        .int("mem_total_bytes", big(|h| h.mem_total_bytes))
+        .int("disk_read_bps", big(|h| h.disk_read_bps))
+        .int("disk_write_bps", big(|h| h.disk_write_bps))
+        .int("net_rx_bps", big(|h| h.net_rx_bps))
+        .int("net_tx_bps", big(|h| h.net_tx_bps))
+        .real("cpu_util_pct", hosts.iter().map(|h| h.cpu_util_pct))
+        .real("load1", hosts.iter().map(|h| h.load1))
+        .int4("cost_cpu_us", cost(|c| c.cpu_us))
+        .int4("cost_wall_us", cost(|c| c.wall_us))
+        .int4("cost_source_us", cost(|c| c.source_us))
+        .text(
+            "cost_slowest_calls",
+            slowest.collect::<Result<Vec<_>, _>>()?,
+        ))
 }
 
 fn gpu_i32(id: i64) -> Result<i32, StoreError> {

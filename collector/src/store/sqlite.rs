@@ -17,14 +17,13 @@
 use super::backend::{Backend, Dialect, Value, run};
 use super::lease::{self, Lease, LocalLeases};
 use super::rows::{process_type, to_i64};
-use super::write::{NodeUpdate, RowSink, Written};
+use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
     q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions,
@@ -122,31 +121,12 @@ impl Backend for Sqlite {
 
     run!(Sqlite, SqliteArguments, add_sqlite);
 
-    type Samples<'b> = Rows<'b>;
-
-    fn samples(batches: &[NodeBatch]) -> Rows<'_> {
-        let (mut gpu_rows, mut process_rows) = (0, 0);
-        for t in batches.iter().flat_map(|nb| &nb.batch.ticks) {
-            gpu_rows += t.gpus.len();
-            process_rows += t.processes.len();
-        }
-        Rows {
-            gpu: Vec::with_capacity(gpu_rows),
-            process: Vec::with_capacity(process_rows),
-            host: Vec::new(),
-        }
-    }
-
-    async fn write_samples<'b>(
+    async fn write_samples(
         conn: &mut SqliteConnection,
-        mut rows: Rows<'b>,
-        workloads: &[i64],
+        rows: &Samples<'_>,
         nodes: &mut [NodeUpdate],
         fallback: bool,
     ) -> Result<Written, StoreError> {
-        for r in &mut rows.process {
-            r.workload = workloads[r.slot];
-        }
         let mut inserted = vec![0u64; nodes.len()];
         if !insert_gpu_rows(conn, &rows.gpu, &mut inserted, fallback).await? {
             return Ok(Written::Fallback);
@@ -187,54 +167,6 @@ impl Backend for Sqlite {
 }
 
 // ------------------------------------------------------------------ one write's rows
-
-/// A write's sample rows, as the multi-row statements bind them (see
-/// [`super::write::collect_rows`]).
-pub struct Rows<'b> {
-    gpu: Vec<GpuRow<'b>>,
-    process: Vec<ProcessRow<'b>>,
-    host: Vec<HostRowRef<'b>>,
-}
-
-impl<'b> RowSink<'b> for Rows<'b> {
-    fn gpu(
-        &mut self,
-        group: usize,
-        gpu: i64,
-        ts: UnixMs,
-        s: &'b GpuSample,
-    ) -> Result<(), StoreError> {
-        self.gpu.push(GpuRow { group, gpu, ts, s });
-        Ok(())
-    }
-
-    fn process(
-        &mut self,
-        gpu: i64,
-        ts: UnixMs,
-        slot: usize,
-        p: &'b ProcessSample,
-    ) -> Result<(), StoreError> {
-        self.process.push(ProcessRow {
-            gpu,
-            ts,
-            slot,
-            workload: 0,
-            p,
-        });
-        Ok(())
-    }
-
-    fn host(&mut self, node: i64, ts: UnixMs, t: &'b Tick) -> Result<(), StoreError> {
-        self.host.push(HostRowRef {
-            node,
-            ts,
-            host: t.host.as_ref(),
-            cost: t.cost.as_ref(),
-        });
-        Ok(())
-    }
-}
 
 /// Inserts GPU rows and counts, per node group, how many were new. Rows of several nodes
 /// share statements (the fewest statements when many nodes send small batches), unless
@@ -409,14 +341,6 @@ static HOST_SAMPLES: InsertSql = InsertSql::new(
     14,
 );
 
-struct GpuRow<'a> {
-    /// Index of the node's group in the collected nodes.
-    group: usize,
-    gpu: i64,
-    ts: i64,
-    s: &'a GpuSample,
-}
-
 fn bind_gpu<'q>(q: SqliteQuery<'q>, r: &GpuRow<'_>) -> SqliteQuery<'q> {
     let s = r.s;
     q.bind(r.gpu)
@@ -449,15 +373,6 @@ fn bind_gpu<'q>(q: SqliteQuery<'q>, r: &GpuRow<'_>) -> SqliteQuery<'q> {
         .bind(s.dec_util_pct)
 }
 
-struct ProcessRow<'a> {
-    gpu: i64,
-    ts: i64,
-    /// Index in the collected workloads; resolved to `workload` once ids are known.
-    slot: usize,
-    workload: i64,
-    p: &'a ProcessSample,
-}
-
 fn bind_process<'q>(q: SqliteQuery<'q>, r: &ProcessRow<'_>) -> SqliteQuery<'q> {
     let p = r.p;
     q.bind(r.gpu)
@@ -475,16 +390,9 @@ fn bind_process<'q>(q: SqliteQuery<'q>, r: &ProcessRow<'_>) -> SqliteQuery<'q> {
         .bind(p.mig_uuid.as_deref())
 }
 
-struct HostRowRef<'a> {
-    node: i64,
-    ts: i64,
-    host: Option<&'a HostSample>,
-    cost: Option<&'a SamplerCost>,
-}
-
-fn bind_host<'q>(q: SqliteQuery<'q>, r: &HostRowRef<'_>) -> SqliteQuery<'q> {
-    let h = r.host.cloned().unwrap_or_default();
-    let c = r.cost;
+fn bind_host<'q>(q: SqliteQuery<'q>, r: &HostTick<'_>) -> SqliteQuery<'q> {
+    let h = r.tick.host.clone().unwrap_or_default();
+    let c = r.tick.cost.as_ref();
     let slowest = c
         .filter(|c| !c.slowest_calls_us.is_empty())
         .and_then(|c| serde_json::to_string(&c.slowest_calls_us).ok());

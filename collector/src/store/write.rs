@@ -29,28 +29,39 @@ pub struct NodeUpdate {
     pub inserted: u64,
 }
 
-/// Where [`collect_rows`] puts a write's sample rows: each backend keeps them in the
-/// shape it binds (SQLite: rows for multi-row VALUES; PostgreSQL: one array per column).
-/// Events, workloads and nodes are written alike on both ([`SqlStore::write_rounds`]).
-pub trait RowSink<'b> {
-    /// A GPU sample of the node group `group` (an index in [`Collected::nodes`]).
-    fn gpu(
-        &mut self,
-        group: usize,
-        gpu: i64,
-        ts: UnixMs,
-        s: &'b GpuSample,
-    ) -> Result<(), StoreError>;
-    /// A process sample; `slot` indexes [`Collected::workloads`].
-    fn process(
-        &mut self,
-        gpu: i64,
-        ts: UnixMs,
-        slot: usize,
-        p: &'b ProcessSample,
-    ) -> Result<(), StoreError>;
-    /// The host row of a tick that has host metrics or a sampler cost.
-    fn host(&mut self, node: i64, ts: UnixMs, tick: &'b Tick) -> Result<(), StoreError>;
+/// A write's sample rows, as [`collect_rows`] collects them and
+/// [`Backend::write_samples`] writes them (SQLite binds them row by row, PostgreSQL column
+/// by column). Events, workloads and nodes are written alike on both
+/// ([`SqlStore::write_rounds`]).
+#[derive(Default)]
+pub struct Samples<'b> {
+    pub gpu: Vec<GpuRow<'b>>,
+    pub process: Vec<ProcessRow<'b>>,
+    /// The ticks that have host metrics or a sampler cost.
+    pub host: Vec<HostTick<'b>>,
+}
+
+pub struct GpuRow<'b> {
+    /// Index of the node's group in [`Collected::nodes`].
+    pub group: usize,
+    pub gpu: i64,
+    pub ts: UnixMs,
+    pub s: &'b GpuSample,
+}
+
+pub struct ProcessRow<'b> {
+    pub gpu: i64,
+    pub ts: UnixMs,
+    /// Index in [`Collected::workloads`]; resolved to `workload` once ids are known.
+    pub slot: usize,
+    pub workload: i64,
+    pub p: &'b ProcessSample,
+}
+
+pub struct HostTick<'b> {
+    pub node: i64,
+    pub ts: UnixMs,
+    pub tick: &'b Tick,
 }
 
 /// An event of a write, with its node's and GPU's ids.
@@ -60,8 +71,9 @@ pub(crate) struct EventRow<'b> {
     e: &'b Event,
 }
 
-/// What [`collect_rows`] returns besides the sample rows.
+/// The rows of one write.
 pub(crate) struct Collected<'b> {
+    pub samples: Samples<'b>,
     /// One per node, in node id order.
     pub nodes: Vec<NodeUpdate>,
     pub workloads: Vec<WorkloadSlot<'b>>,
@@ -69,21 +81,27 @@ pub(crate) struct Collected<'b> {
 }
 
 /// Every row of one write (without the `skip`ped batches), grouped by node in id order
-/// (a node's batches keep their order), into `sink`; workloads are numbered once each,
-/// with their ids from `cache` where known.
+/// (a node's batches keep their order); workloads are numbered once each, with their ids
+/// from `cache` where known.
 pub(crate) fn collect_rows<'b>(
     batches: &'b [NodeBatch],
     skip: &HashSet<usize>,
     cache: &HashMap<Workload, i64>,
-    sink: &mut impl RowSink<'b>,
 ) -> Result<Collected<'b>, StoreError> {
     let mut order: Vec<usize> = (0..batches.len()).filter(|i| !skip.contains(i)).collect();
     order.sort_by_key(|&i| batches[i].keys.id);
     let mut out = Collected {
+        samples: Samples::default(),
         nodes: Vec::new(),
         workloads: Vec::new(),
         events: Vec::new(),
     };
+    let ticks = order.iter().flat_map(|&i| &batches[i].batch.ticks);
+    let (gpus, processes) = ticks.fold((0, 0), |(g, p), t| {
+        (g + t.gpus.len(), p + t.processes.len())
+    });
+    out.samples.gpu.reserve(gpus);
+    out.samples.process.reserve(processes);
     let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
     let (mut prev_slots, mut slots): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
@@ -118,7 +136,13 @@ pub(crate) fn collect_rows<'b>(
             for t in &batch.ticks {
                 update.newest_ms = update.newest_ms.max(t.time_ms);
                 for s in &t.gpus {
-                    sink.gpu(g, gpu_id(&s.gpu_uuid)?, t.time_ms, s)?;
+                    let (gpu, ts) = (gpu_id(&s.gpu_uuid)?, t.time_ms);
+                    out.samples.gpu.push(GpuRow {
+                        group: g,
+                        gpu,
+                        ts,
+                        s,
+                    });
                 }
                 slots.clear();
                 for (j, p) in t.processes.iter().enumerate() {
@@ -134,12 +158,21 @@ pub(crate) fn collect_rows<'b>(
                         }),
                     };
                     slots.push(slot);
-                    sink.process(gpu_id(&p.gpu_uuid)?, t.time_ms, slot, p)?;
+                    let (gpu, ts) = (gpu_id(&p.gpu_uuid)?, t.time_ms);
+                    let workload = 0;
+                    (out.samples.process).push(ProcessRow {
+                        gpu,
+                        ts,
+                        slot,
+                        workload,
+                        p,
+                    });
                 }
                 prev = &t.processes;
                 std::mem::swap(&mut prev_slots, &mut slots);
                 if t.host.is_some() || t.cost.is_some() {
-                    sink.host(keys.id.0, t.time_ms, t)?;
+                    let (node, ts) = (keys.id.0, t.time_ms);
+                    out.samples.host.push(HostTick { node, ts, tick: t });
                 }
                 for e in &t.events {
                     let gpu = if e.gpu_uuid.is_empty() {
@@ -207,17 +240,18 @@ impl<DB: Backend> SqlStore<DB> {
                 skip.extend(found.iter().map(|c| c.index));
                 conflicts.extend(found);
             }
-            let mut samples = DB::samples(batches);
             let Collected {
+                mut samples,
                 mut nodes,
                 mut workloads,
                 events,
-            } = collect_rows(batches, &skip, &self.cached_workloads(), &mut samples)?;
+            } = collect_rows(batches, &skip, &self.cached_workloads())?;
             upsert_workloads::<DB>(tx.conn(), &mut workloads).await?;
-            let ids = workloads.iter().map(workload_id);
-            let ids = ids.collect::<Result<Vec<i64>, _>>()?;
+            for r in &mut samples.process {
+                r.workload = workload_id(&workloads[r.slot])?;
+            }
             let (skipped, gpus) =
-                match DB::write_samples(tx.conn(), samples, &ids, &mut nodes, fallback).await? {
+                match DB::write_samples(tx.conn(), &samples, &mut nodes, fallback).await? {
                     Written::Rows { skipped, gpus } => (skipped, gpus),
                     Written::Fallback => {
                         tx.rollback().await?;
