@@ -4,6 +4,7 @@
 //! [`crate::accounting::carbon`].
 
 use super::backend::{Backend, Get, GetExt, List, Table, sql};
+use super::energy::u64_to_i64;
 use super::rows::limit_i64;
 use super::{GpuId, SqlStore, StoreError, TimeRange};
 use async_trait::async_trait;
@@ -208,10 +209,6 @@ fn parsed<R: Get, T>(
 ) -> Result<T, StoreError> {
     let v: String = row.get(column)?;
     parse(&v).ok_or_else(|| unknown_value(column, &v))
-}
-
-fn energy_i64(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("energy {v} does not fit")))
 }
 
 /// A sum that is NULL only when there was nothing to sum (never inside a group).
@@ -460,7 +457,7 @@ impl<DB: Backend> CarbonStore for SqlStore<DB> {
             .int(
                 "energy_mj",
                 m.iter()
-                    .map(|m| energy_i64(m.energy_mj))
+                    .map(|m| u64_to_i64(m.energy_mj, "energy_mj"))
                     .collect::<Result<Vec<_>, _>>()?,
             )
             .float("g_per_kwh", m.iter().map(|m| m.g_per_kwh))

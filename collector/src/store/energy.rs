@@ -325,7 +325,7 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError>;
 }
 
-fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
+pub(super) fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} does not fit")))
 }
 

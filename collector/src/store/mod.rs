@@ -480,16 +480,18 @@ impl<DB: Backend> SqlStore<DB> {
         rows.iter().map(decode).collect()
     }
 
+    /// This process's turn to write, where the backend queues writers.
+    async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        Some(DB::write_gate(&self.local)?.lock().await)
+    }
+
     /// Opens a write transaction, after waiting for this process's turn where the backend
     /// queues writers. Every write transaction of the store starts here.
     pub(crate) async fn begin_write(
         &self,
         op: &'static str,
     ) -> Result<WriteTx<'_, DB>, StoreError> {
-        let turn = match DB::write_gate(&self.local) {
-            Some(gate) => Some(gate.lock().await),
-            None => None,
-        };
+        let turn = self.turn().await;
         let tx = match DB::BEGIN_WRITE {
             Some(begin) => self.pool.begin_with(begin).await,
             None => self.pool.begin().await,
@@ -501,10 +503,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// Runs one writing statement as its own transaction (tokens, each retention step), in
     /// turn; returns the rows it changed.
     pub(crate) async fn write_one(&self, query: backend::Sql<DB>) -> Result<u64, StoreError> {
-        let _turn = match DB::write_gate(&self.local) {
-            Some(gate) => Some(gate.lock().await),
-            None => None,
-        };
+        let _turn = self.turn().await;
         query.execute(&mut *self.conn().await?).await
     }
 
@@ -713,16 +712,12 @@ pub fn decode_nvlinks(mut bytes: &[u8]) -> Result<Vec<NvLinkSample>, String> {
     while !bytes.is_empty() {
         let head = get_varint(&mut bytes)?;
         let link = u32::try_from(head >> 2).map_err(|_| "nvlink number out of range")?;
-        let tx_bps = if head & 1 != 0 {
-            Some(get_varint(&mut bytes)?)
-        } else {
-            None
-        };
-        let rx_bps = if head & 2 != 0 {
-            Some(get_varint(&mut bytes)?)
-        } else {
-            None
-        };
+        let tx_bps = (head & 1 != 0)
+            .then(|| get_varint(&mut bytes))
+            .transpose()?;
+        let rx_bps = (head & 2 != 0)
+            .then(|| get_varint(&mut bytes))
+            .transpose()?;
         links.push(NvLinkSample {
             link,
             tx_bps,

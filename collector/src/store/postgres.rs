@@ -27,6 +27,7 @@ use super::{
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
+use gpufleet_core::config::now_ms;
 use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions};
@@ -65,13 +66,6 @@ pub struct RawPartition {
     /// Its range `[from_ms, to_ms)`; `None` for MINVALUE / MAXVALUE.
     pub from_ms: Option<UnixMs>,
     pub to_ms: Option<UnixMs>,
-}
-
-fn now_ms() -> UnixMs {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl SqlStore<Postgres> {

@@ -170,16 +170,12 @@ pub fn process_type(t: ProcessType) -> i16 {
 }
 
 pub fn process<R: Get>(row: &R) -> Result<ProcessSample, StoreError> {
-    let process_type = match row.get::<i64>("process_type")? {
-        1 => ProcessType::Compute,
-        2 => ProcessType::Graphics,
-        3 => ProcessType::ComputeAndGraphics,
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "process_samples.process_type {other}"
-            )));
-        }
-    };
+    use ProcessType::*;
+    let code = row.get::<i64>("process_type")?;
+    let process_type = [Compute, Graphics, ComputeAndGraphics]
+        .into_iter()
+        .find(|&t| i64::from(process_type(t)) == code)
+        .ok_or_else(|| StoreError::Corrupt(format!("process_samples.process_type {code}")))?;
     Ok(ProcessSample {
         gpu_uuid: row.get("gpu_uuid")?,
         pid: row.get("pid")?,

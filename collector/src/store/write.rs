@@ -452,11 +452,7 @@ pub(crate) async fn conflicts_of<DB: Backend>(
     skip: &HashSet<usize>,
     only: Option<&HashSet<i64>>,
 ) -> Result<Vec<BatchConflict>, StoreError> {
-    let mut check = ConflictCheck {
-        gpu: incoming_gpu_rows(batches, skip, |gpu| only.is_none_or(|o| o.contains(&gpu))),
-        host: incoming_host_rows(batches, skip),
-        ..Default::default()
-    };
+    let mut check = incoming(batches, skip, |gpu| only.is_none_or(|o| o.contains(&gpu)));
     for (gpu, from, to) in spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
         let stored = sql::<DB>(
             "read back GPU samples",
@@ -503,29 +499,46 @@ struct IncomingGpuRow<'b> {
     pub sample: &'b GpuSample,
 }
 
-/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`.
-fn incoming_gpu_rows<'b>(
+/// The GPU samples of `batches` (except the `skip`ped ones) whose GPU id passes `want`,
+/// and their host rows, in batch order.
+fn incoming<'b>(
     batches: &'b [NodeBatch],
     skip: &HashSet<usize>,
     want: impl Fn(i64) -> bool,
-) -> Vec<IncomingGpuRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
+) -> ConflictCheck<'b> {
+    let mut out = ConflictCheck::default();
+    for (i, nb) in batches
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !skip.contains(i))
+    {
         for t in &nb.batch.ticks {
             for s in &t.gpus {
-                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid)
-                    && want(gpu.0)
+                if let Some(gpu) = nb.keys.gpus.get(&s.gpu_uuid).map(|g| g.0)
+                    && want(gpu)
                 {
-                    out.push(IncomingGpuRow {
-                        batch: i,
-                        gpu: gpu.0,
-                        ts: t.time_ms,
-                        sample: s,
+                    let (batch, ts, sample) = (i, t.time_ms, s);
+                    out.gpu.push(IncomingGpuRow {
+                        batch,
+                        gpu,
+                        ts,
+                        sample,
                     });
                 }
+            }
+            if t.host.is_some() || t.cost.is_some() {
+                out.host.push(IncomingHostRow {
+                    batch: i,
+                    node: nb.keys.id.0,
+                    ts: t.time_ms,
+                    sample: t.host.clone().filter(|h| *h != HostSample::default()),
+                    cost: t.cost.as_ref().filter(|c| {
+                        c.cpu_us.is_some()
+                            || c.wall_us.is_some()
+                            || c.source_us.is_some()
+                            || !c.slowest_calls_us.is_empty()
+                    }),
+                });
             }
         }
     }
@@ -555,38 +568,6 @@ struct IncomingHostRow<'b> {
     pub sample: Option<HostSample>,
     /// As the store keeps it: absent when it has no figure.
     pub cost: Option<&'b SamplerCost>,
-}
-
-/// The host rows of `batches` (except the `skip`ped ones), in batch order.
-fn incoming_host_rows<'b>(
-    batches: &'b [NodeBatch],
-    skip: &HashSet<usize>,
-) -> Vec<IncomingHostRow<'b>> {
-    let mut out = Vec::new();
-    for (i, nb) in batches.iter().enumerate() {
-        if skip.contains(&i) {
-            continue;
-        }
-        for t in &nb.batch.ticks {
-            let sample = t.host.clone().filter(|h| *h != HostSample::default());
-            let cost = t.cost.as_ref().filter(|c| {
-                c.cpu_us.is_some()
-                    || c.wall_us.is_some()
-                    || c.source_us.is_some()
-                    || !c.slowest_calls_us.is_empty()
-            });
-            if t.host.is_some() || t.cost.is_some() {
-                out.push(IncomingHostRow {
-                    batch: i,
-                    node: nb.keys.id.0,
-                    ts: t.time_ms,
-                    sample,
-                    cost,
-                });
-            }
-        }
-    }
-    out
 }
 
 /// What a write's conflict check compares: the rows the write tries to store, and the
