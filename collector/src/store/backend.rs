@@ -426,6 +426,18 @@ impl Value for Cells {
     }
 }
 
+/// A [`Table`] method per column type: `name`'s values, each a `T` or an `Option<T>`.
+macro_rules! column_methods {
+    ($($method:ident $t:ty => $cells:ident),* $(,)?) => {$(
+        pub fn $method<T>(self, name: &'static str, values: impl IntoIterator<Item = T>) -> Table
+        where
+            T: Into<Option<$t>>,
+        {
+            self.with(name, values, Cells::$cells)
+        }
+    )*};
+}
+
 impl Table {
     fn with<T: Into<Option<U>>, U>(
         mut self,
@@ -439,53 +451,10 @@ impl Table {
         self
     }
 
-    pub fn int<T: Into<Option<i64>>>(
-        self,
-        name: &'static str,
-        v: impl IntoIterator<Item = T>,
-    ) -> Table {
-        self.with(name, v, Cells::Int)
-    }
-
-    pub fn int4<T: Into<Option<i32>>>(
-        self,
-        name: &'static str,
-        v: impl IntoIterator<Item = T>,
-    ) -> Table {
-        self.with(name, v, Cells::Int4)
-    }
-
-    pub fn int2<T: Into<Option<i16>>>(
-        self,
-        name: &'static str,
-        v: impl IntoIterator<Item = T>,
-    ) -> Table {
-        self.with(name, v, Cells::Int2)
-    }
-
-    pub fn real(self, name: &'static str, v: impl IntoIterator<Item = Option<f32>>) -> Table {
-        self.with(name, v, Cells::Real)
-    }
-
-    pub fn float(self, name: &'static str, v: impl IntoIterator<Item = f64>) -> Table {
-        self.with(name, v, Cells::Float)
-    }
-
-    pub fn text<T: Into<Option<String>>>(
-        self,
-        name: &'static str,
-        v: impl IntoIterator<Item = T>,
-    ) -> Table {
-        self.with(name, v, Cells::Text)
-    }
-
-    pub fn bytes(self, name: &'static str, v: impl IntoIterator<Item = Option<Vec<u8>>>) -> Table {
-        self.with(name, v, Cells::Bytes)
-    }
-
-    pub fn flag(self, name: &'static str, v: impl IntoIterator<Item = bool>) -> Table {
-        self.with(name, v, Cells::Flag)
-    }
+    column_methods!(
+        int i64 => Int, int4 i32 => Int4, int2 i16 => Int2, real f32 => Real,
+        float f64 => Float, text String => Text, bytes Vec<u8> => Bytes, flag bool => Flag
+    );
 
     /// Integer columns `names` of `rows` (request rows: each as long as `names`).
     pub fn ints(names: &[&'static str], rows: &[Vec<i64>]) -> Table {

@@ -285,26 +285,15 @@ fn parse_bound(bound: &str) -> Result<(Option<i64>, Option<i64>), StoreError> {
 /// The `op` of a failed [`copy`].
 const COPY_OP: &str = "copy GPU samples";
 
-/// Whether a write failed because [`copy`] met a GPU sample already stored.
-fn is_copy_duplicate(e: &StoreError) -> bool {
-    match e {
-        StoreError::Query {
-            op,
-            source: sqlx::Error::Database(db),
-        } => *op == COPY_OP && db.code().as_deref() == Some("23505"),
-        _ => false,
-    }
+/// Whether a write failed with SQLSTATE `code` and a message containing `says`.
+fn db_error(e: &StoreError, code: &str, says: &str) -> bool {
+    matches!(e, StoreError::Query { source: sqlx::Error::Database(db), .. }
+        if db.code().as_deref() == Some(code) && db.message().contains(says))
 }
 
-/// Whether a write failed because a partition it needs does not exist.
-fn is_missing_partition(e: &StoreError) -> bool {
-    match e {
-        StoreError::Query {
-            source: sqlx::Error::Database(db),
-            ..
-        } => db.code().as_deref() == Some("23514") && db.message().contains("no partition"),
-        _ => false,
-    }
+/// Whether a write failed because [`copy`] met a GPU sample already stored.
+fn is_copy_duplicate(e: &StoreError) -> bool {
+    matches!(e, StoreError::Query { op: COPY_OP, .. }) && db_error(e, "23505", "")
 }
 
 #[async_trait]
@@ -400,7 +389,7 @@ impl Backend for Postgres {
             .collect();
         store.ensure_days(&days).await?;
         match store.write_rounds(batches).await {
-            Err(e) if is_missing_partition(&e) => {
+            Err(e) if db_error(&e, "23514", "no partition") => {
                 // Another collector dropped a partition this one thought it had.
                 store
                     .local
