@@ -755,14 +755,13 @@ mod contract {
             })
             .collect();
         store.write_batches(&group).await.expect("write");
-        let procs = store
-            .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+        let names: Vec<Option<String>> = (store.process_samples(rec.gpus[0].id, ALL_TIME, 100))
             .await
-            .expect("procs");
-        assert_eq!(procs.len(), 3);
-        for (_, p) in &procs {
-            assert_eq!(p.workload.container_name.as_deref(), Some("new"));
-        }
+            .expect("procs")
+            .into_iter()
+            .map(|(_, p)| p.workload.container_name)
+            .collect();
+        assert_eq!(names, vec![Some("new".to_owned()); 3]);
     }
 
     // ---------------------------------------------------------------- rollups
