@@ -7,8 +7,9 @@
 //! Rows are decoded once, through [`Get`]: a column is asked for as the Rust type the
 //! domain wants and each backend reads it from its own storage type (PostgreSQL keeps
 //! small numbers in `int2`/`int4`, SQLite everything in 64-bit integers). What really
-//! differs is a [`Dialect`] method (upserts' `greatest`, request rows, distinct lists) or
-//! a [`Backend`] hook (the hand-tuned write paths, leases, raw retention).
+//! differs is a [`Dialect`] method (upserts' `greatest`, many rows as one [`Table`],
+//! distinct lists) or a [`Backend`] hook (the hand-tuned sample writes, leases, raw
+//! retention).
 
 use super::write::{NodeUpdate, Samples, Written};
 use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
@@ -56,7 +57,7 @@ impl Dialect {
         }
     }
 
-    /// A FROM item `alias` holding the rows of `table`, as [`Sql::bind_table`] binds them
+    /// A FROM item `alias` holding the rows of `table`, as `Sql::bind_table` binds them
     /// from parameter 1 on, with its columns and `o`, each row's position (from 0 on
     /// SQLite, 1 on PostgreSQL: use it to order, not to count).
     pub fn over(self, table: &Table, alias: &str) -> String {

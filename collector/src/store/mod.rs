@@ -7,7 +7,7 @@
 //! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
 //! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
 //! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
-//! what differs: opening, the tuned group commits (`write.rs` is what they share), SQLite's
+//! what differs: opening, the tuned sample writes (`write.rs`: the group commit), SQLite's
 //! write queue, PostgreSQL's day partitions and leases. `tests/it/store_contract.rs` is the
 //! contract both backends pass.
 //!

@@ -1,6 +1,6 @@
-//! What both backends' write paths share: the rows of one group commit, collected once
-//! ([`collect_rows`]) into whatever shape a backend binds them in, and the conflict check
-//! that tells replays from conflicts ([`conflicts_of`], [`find_conflicts`]).
+//! The group commit, written once ([`SqlStore::write_rounds`]): its rows collected once
+//! ([`collect_rows`]), the sample rows written by the backend, the rest over a [`Table`],
+//! and the conflict check that tells replays from conflicts ([`conflicts_of`]).
 
 use super::backend::{Backend, Get, Table, sql};
 use super::{BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, rows};
