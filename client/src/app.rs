@@ -347,8 +347,8 @@ mod tests {
         assert_eq!(names(&app, &f), ["b", "c"], "rack=r2, case-insensitive");
         app.key(key(KeyCode::Enter), &[]);
         assert!(!app.editing_filter);
-        app.filter = "a".into();
-        assert_eq!(names(&app, &f), ["a"]);
+        app.filter = "b".into();
+        assert_eq!(names(&app, &f), ["b"]);
         app.key(key(KeyCode::Esc), &[]);
         assert_eq!(names(&app, &f).len(), 3);
     }

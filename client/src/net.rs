@@ -28,8 +28,8 @@ pub struct ApiOptions {
 pub enum NetError {
     #[error("--url {url:?} is not an http(s) URL: {why}")]
     BadUrl { url: String, why: String },
-    #[error("--ca holds no usable PEM certificate: {0}")]
-    BadCa(#[source] reqwest::Error),
+    #[error("--ca: {0} (expected a PEM file with -----BEGIN CERTIFICATE----- blocks)")]
+    BadCa(String),
     #[error("the token is not a valid header value (a stray character in the token file?)")]
     BadToken,
     #[error("cannot build the HTTP client: {0}")]
@@ -76,7 +76,12 @@ impl Api {
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("gpufleet-top/", env!("CARGO_PKG_VERSION")));
         if let Some(pem) = &opts.ca_pem {
-            for cert in reqwest::Certificate::from_pem_bundle(pem).map_err(NetError::BadCa)? {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| NetError::BadCa(format!("cannot read it: {e}")))?;
+            if certs.is_empty() {
+                return Err(NetError::BadCa("no certificate in it".into()));
+            }
+            for cert in certs {
                 b = b.add_root_certificate(cert);
             }
         }
@@ -231,9 +236,7 @@ mod tests {
         assert!(matches!(e, Err(NetError::BadToken)));
         let e = Api::new(&ApiOptions {
             url: "https://x".into(),
-            ca_pem: Some(
-                b"-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n".to_vec(),
-            ),
+            ca_pem: Some(b"not a certificate\n".to_vec()),
             ..Default::default()
         });
         assert!(matches!(e, Err(NetError::BadCa(_))));
