@@ -41,12 +41,16 @@ pub enum TopError {
 /// A fetch finished.
 enum Fetched {
     Fleet(Result<Vec<FleetNode>, NetError>),
-    Node(
-        String,
-        Result<NodeDetail, NetError>,
-        Result<Events, NetError>,
-    ),
+    /// Boxed: a node's detail is far bigger than the other answers.
+    Node(Box<NodeFetch>),
     Energy(Result<Containers, NetError>),
+}
+
+/// A node's detail and events, fetched together.
+struct NodeFetch {
+    name: String,
+    detail: Result<NodeDetail, NetError>,
+    events: Result<Events, NetError>,
 }
 
 /// What `--once --json` prints.
@@ -143,8 +147,13 @@ async fn run(
     let fetch_node = |tx: mpsc::Sender<Fetched>, name: String| {
         let api = api.clone();
         tokio::spawn(async move {
-            let (d, e) = tokio::join!(api.node(&name), api.events(&name));
-            let _ = tx.send(Fetched::Node(name, d, e)).await;
+            let (detail, events) = tokio::join!(api.node(&name), api.events(&name));
+            let fetched = NodeFetch {
+                name,
+                detail,
+                events,
+            };
+            let _ = tx.send(Fetched::Node(Box::new(fetched))).await;
         });
     };
     let fetch_energy = |tx: mpsc::Sender<Fetched>| {
@@ -239,16 +248,17 @@ async fn run(
                             reload = true;
                         }
                     }
-                    Some(Fetched::Node(name, d, e)) => {
+                    Some(Fetched::Node(f)) => {
+                        let NodeFetch { name, detail, events } = *f;
                         if let Some(p) = model.node.as_mut().filter(|p| p.name == name) {
-                            match d {
+                            match detail {
                                 Ok(d) => {
                                     p.detail = Some(d);
                                     p.error = None;
                                 }
                                 Err(e) => p.error = Some(e.to_string()),
                             }
-                            if let Ok(e) = e {
+                            if let Ok(e) = events {
                                 p.events = Some(e);
                             }
                         }

@@ -145,7 +145,7 @@ fn header(area: Rect, buf: &mut Buffer, model: &Model, theme: Theme) {
         )),
     ];
     if let Some(e) = &model.energy {
-        let j: f64 = e.rows.iter().map(|r| r.energy_j).sum();
+        let j: f64 = e.rows.iter().map(|r| r.energy_j).fold(0.0, |a, b| a + b);
         let g = e
             .rows
             .iter()
@@ -636,7 +636,7 @@ pub fn energy(
         Paragraph::new(Line::styled("  loading today's energy…", theme.dim())).render(area, buf);
         return;
     };
-    let total_j: f64 = e.rows.iter().map(|r| r.energy_j).sum();
+    let total_j: f64 = e.rows.iter().map(|r| r.energy_j).fold(0.0, |a, b| a + b);
     let total_g = e
         .rows
         .iter()
