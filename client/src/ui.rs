@@ -144,7 +144,8 @@ fn header(area: Rect, buf: &mut Buffer, model: &Model, theme: Theme) {
             t.idle_allocated
         )),
     ];
-    if let Some(e) = &model.energy {
+    // No row yet (nothing accounted today): say nothing rather than "0 Wh".
+    if let Some(e) = model.energy.as_ref().filter(|e| !e.rows.is_empty()) {
         let j: f64 = e.rows.iter().map(|r| r.energy_j).fold(0.0, |a, b| a + b);
         let g = e
             .rows
@@ -452,7 +453,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
     // The GPU table, like nvidia-smi's.
     let mut lines = vec![Line::styled(
         format!(
-            "{:<4}{:<22}{:<17}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
+            "{:<5}{:<22}{:<17}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
             " GPU", "NAME", "UTIL", "MEMORY", "POWER / CAP", "TEMP", "FAN", "PERF", "SM CLK", "ECC"
         ),
         theme.title(),
@@ -469,7 +470,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         let cap = l.and_then(|l| l.power_limit_mw).map(f64::from);
         let temp = l.and_then(|l| l.temp_gpu_c);
         lines.push(Line::from(vec![
-            Span::raw(format!(" {:<3}", g.index)),
+            Span::raw(format!(" {:<4}", g.index)),
             Span::raw(fit(&g.name, 21)),
             Span::raw(" "),
             Span::styled(
