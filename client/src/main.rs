@@ -1,7 +1,7 @@
 //! The `gpufleet` binary: `gpufleet top`.
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 use gpufleet::app::{App, Sort};
 use gpufleet::net::{Api, ApiOptions};
 use gpufleet::top;
@@ -14,6 +14,9 @@ use std::path::PathBuf;
     about = "gpufleet client: the fleet in a terminal"
 )]
 struct Cli {
+    /// TOML file with flag values (keys are flag names; a [top] table applies to `top`).
+    #[arg(long, global = true, env = "GPUFLEET_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -71,7 +74,8 @@ struct TopArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let args = gpufleet_cli::args_with_config_file(std::env::args_os().collect(), &Cli::command())?;
+    let cli = Cli::parse_from(args);
     let Command::Top(args) = cli.command;
     let token = match &args.token_file {
         None => None,

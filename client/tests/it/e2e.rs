@@ -121,9 +121,15 @@ fn gpufleet() -> Command {
 async fn once_prints_one_frame_as_text_and_as_json() {
     let demo = start_demo(4, 2).await;
     let url = demo.url.clone();
+    // The URL from the config file (`--config`, a [top] table), as for the other binaries.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("gpufleet.toml");
+    std::fs::write(&config, format!("[top]\nurl = \"{url}\"\nwidth = 150\n")).expect("config");
     let out = tokio::task::spawn_blocking(move || {
         let text = gpufleet()
-            .args(["top", "--once", "--width", "150", "--url", &url])
+            .arg("--config")
+            .arg(&config)
+            .args(["top", "--once"])
             .output()
             .expect("run");
         let json = gpufleet()
