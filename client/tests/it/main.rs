@@ -5,4 +5,5 @@
 mod common;
 mod e2e;
 mod layout;
+mod secure;
 mod tmux;
