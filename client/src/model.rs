@@ -18,6 +18,8 @@ pub enum Link {
     Live,
     /// Lost; reconnecting. Holds why.
     Down(String),
+    /// One frame read once (`--once`), not following.
+    Snapshot,
 }
 
 /// The fleet, by node, in the collector's order (by name).

@@ -75,7 +75,7 @@ pub async fn once(
     let model = Model {
         url: url.to_owned(),
         fleet: Fleet::new(fleet?),
-        link: Link::Live,
+        link: Link::Snapshot,
         node: None,
         // The fleet is the frame; energy the collector cannot give is shown as missing.
         error: energy.as_ref().err().map(ToString::to_string),

@@ -99,6 +99,7 @@ fn header(area: Rect, buf: &mut Buffer, model: &Model, theme: Theme) {
     let link = match &model.link {
         Link::Live => Span::styled("live", theme.fg(Color::Green)),
         Link::Connecting => Span::styled("connecting…", theme.fg(Color::Yellow)),
+        Link::Snapshot => Span::raw("snapshot"),
         Link::Down(why) => Span::styled(format!("reconnecting: {why}"), theme.fg(Color::Red)),
     };
     let mut first = vec![

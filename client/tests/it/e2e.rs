@@ -151,6 +151,10 @@ async fn once_prints_one_frame_as_text_and_as_json() {
         assert!(text.contains(&format!("gpu-node-0{i}")), "{text}");
     }
     assert!(text.contains("Nodes 4 (4 online"), "{text}");
+    assert!(
+        text.lines().next().is_some_and(|l| l.contains("snapshot")),
+        "{text}"
+    );
     assert!(text.contains("GPUs 8"), "{text}");
     assert!(
         text.contains("WORKLOAD"),
