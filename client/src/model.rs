@@ -236,6 +236,8 @@ pub struct NodePane {
     pub events: Option<Events>,
     /// Why the last refresh failed (e.g. the node was removed).
     pub error: Option<String>,
+    /// Why the last events fetch failed (the last events read stay shown).
+    pub events_error: Option<String>,
 }
 
 /// Everything the UI draws.

@@ -258,8 +258,12 @@ async fn run(
                                 }
                                 Err(e) => p.error = Some(e.to_string()),
                             }
-                            if let Ok(e) = events {
-                                p.events = Some(e);
+                            match events {
+                                Ok(e) => {
+                                    p.events = Some(e);
+                                    p.events_error = None;
+                                }
+                                Err(e) => p.events_error = Some(e.to_string()),
                             }
                         }
                     }

@@ -592,7 +592,11 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         ),
         theme.title(),
     )];
+    if let Some(e) = pane.and_then(|p| p.events_error.as_deref()) {
+        lines.push(Line::styled(format!("  {e}"), theme.fg(Color::Red)));
+    }
     match pane.and_then(|p| p.events.as_ref()) {
+        None if pane.is_some_and(|p| p.events_error.is_some()) => {}
         None => lines.push(Line::styled("  loading events…", theme.dim())),
         Some(ev) if ev.events.is_empty() => {
             lines.push(Line::styled("  no events in the last hour", theme.dim()));

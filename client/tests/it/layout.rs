@@ -214,6 +214,7 @@ fn node_pane() -> NodePane {
         }),
         events: Some(gpufleet::api::Events::default()),
         error: None,
+        events_error: None,
     }
 }
 
@@ -304,4 +305,19 @@ fn without_colour_nothing_is_coloured_and_states_still_read() {
             .any(|c| c.fg == Color::Green),
         "with colour, online is green"
     );
+}
+
+#[test]
+fn a_failed_events_fetch_says_why_instead_of_loading_forever() {
+    let mut m = model(4);
+    let mut pane = node_pane();
+    pane.events = None;
+    pane.events_error =
+        Some("GET /api/v1/nodes/gpu-node-0002/events: the collector answered 503".into());
+    m.node = Some(pane);
+    let mut app = App::new();
+    app.view = View::Node("gpu-node-0002".into());
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    assert!(text.contains("answered 503"), "{text}");
+    assert!(!text.contains("loading events"), "{text}");
 }
