@@ -45,6 +45,10 @@ pub struct ServeOptions {
     pub web_auth: crate::auth::web::WebAuthMode,
     /// Most connections open at once from one client address, per listener.
     pub max_connections_per_ip: usize,
+    /// Whether loopback clients of the gRPC listener are spared the per-address
+    /// connection limit and stream rate: the demo's simulated agents, all connecting from
+    /// 127.0.0.1. Off for real deployments (the HTTP listener is always limited).
+    pub spare_loopback_agents: bool,
     /// Header deadline and per-address request rates ([`crate::net::limits`]).
     pub limits: crate::net::limits::LimitOptions,
     /// Energy accounting: idle policy, idle power, gap limit.
@@ -71,6 +75,7 @@ impl Default for ServeOptions {
             tls: TlsOptions::default(),
             web_auth: crate::auth::web::WebAuthMode::Auto,
             max_connections_per_ip: crate::net::conn_limit::DEFAULT_MAX_PER_IP,
+            spare_loopback_agents: false,
             limits: crate::net::limits::LimitOptions::default(),
             energy: EnergyOptions::default(),
             follow: crate::live::follow::FollowMode::default(),
@@ -237,17 +242,25 @@ pub async fn serve_with_store(
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             ingest.into_server(),
-            crate::net::rate_limit::grpc_interceptor(crate::net::rate_limit::PerIpRate::new(
-                options.limits.grpc_stream_rate,
-            )),
+            crate::net::rate_limit::grpc_interceptor(
+                crate::net::rate_limit::PerIpRate::new(options.limits.grpc_stream_rate),
+                options.spare_loopback_agents,
+            ),
         ));
     let stop = shutdown.clone().cancelled_owned();
     let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
+    let grpc_per_ip = || {
+        if options.spare_loopback_agents {
+            PerIpLimit::sparing_loopback(options.max_connections_per_ip)
+        } else {
+            per_ip()
+        }
+    };
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
         None => {
             // Nodelay is set on accept: acks are small and latency-bound.
             let rx = conn_limit::require_h2_preface(
-                conn_limit::accept(grpc, per_ip(), shutdown.clone()),
+                conn_limit::accept(grpc, grpc_per_ip(), shutdown.clone()),
                 options.limits.grpc_handshake_timeout,
             );
             let incoming =
@@ -260,7 +273,7 @@ pub async fn serve_with_store(
                     grpc,
                     tls,
                     HandshakeLimits::default(),
-                    per_ip(),
+                    grpc_per_ip(),
                     shutdown.clone(),
                 ),
                 options.limits.grpc_handshake_timeout,

@@ -72,14 +72,20 @@ fn labels(i: u32) -> BTreeMap<String, String> {
 /// Runs the collector on the given listeners and `opts.nodes` simulated agents until
 /// `shutdown` is cancelled; then the agents deliver what they hold, and the collector
 /// commits and stops.
+///
+/// The agents all connect from loopback, so the gRPC listener spares loopback addresses
+/// its per-address connection limit and stream rate (one real node needs one
+/// connection; the demo's thousand would be refused past the limit). Other addresses
+/// stay limited.
 pub async fn run_demo(
     opts: DemoOptions,
-    serve_options: ServeOptions,
+    mut serve_options: ServeOptions,
     grpc: TcpListener,
     http: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), DemoError> {
     let grpc_addr = grpc.local_addr().map_err(DemoError::Listener)?;
+    serve_options.spare_loopback_agents = true;
     let store = store::open(&serve_options.db_url)
         .await
         .map_err(ServeError::from)?;

@@ -31,6 +31,9 @@ pub const DEFAULT_MAX_PER_IP: usize = 256;
 #[derive(Debug)]
 pub struct PerIpLimit {
     max: usize,
+    /// Loopback addresses are not bounded: the demo's simulated agents, which all
+    /// connect from 127.0.0.1 (a thousand of them in a large demo). Off everywhere else.
+    spare_loopback: bool,
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -38,6 +41,16 @@ impl PerIpLimit {
     pub fn new(max: usize) -> Arc<PerIpLimit> {
         Arc::new(PerIpLimit {
             max: max.max(1),
+            spare_loopback: false,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A limit that bounds every address but loopback ones (the demo's own agents).
+    pub fn sparing_loopback(max: usize) -> Arc<PerIpLimit> {
+        Arc::new(PerIpLimit {
+            max: max.max(1),
+            spare_loopback: true,
             open: Mutex::new(HashMap::new()),
         })
     }
@@ -46,7 +59,7 @@ impl PerIpLimit {
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Slot> {
         let mut open = self.open.lock().ok()?;
         let n = open.entry(ip).or_insert(0);
-        if *n >= self.max {
+        if *n >= self.max && !(self.spare_loopback && ip.is_loopback()) {
             return None;
         }
         *n += 1;
@@ -320,5 +333,25 @@ mod tests {
         assert!(limit.admit(b).is_some(), "b unaffected");
         drop(s1);
         assert!(limit.admit(a).is_some(), "slot given back");
+    }
+
+    #[test]
+    fn sparing_loopback_bounds_every_other_address() {
+        let limit = PerIpLimit::sparing_loopback(1);
+        let lo: IpAddr = [127, 0, 0, 1].into();
+        let lo6: IpAddr = std::net::Ipv6Addr::LOCALHOST.into();
+        let other: IpAddr = [10, 0, 0, 1].into();
+        let held: Vec<Slot> = (0..300).filter_map(|_| limit.admit(lo)).collect();
+        assert_eq!(held.len(), 300, "loopback unbounded");
+        assert!(limit.admit(lo6).is_some());
+        let _one = limit.admit(other).expect("1st from elsewhere");
+        assert!(limit.admit(other).is_none(), "others keep the limit");
+        assert!(PerIpLimit::new(1).admit(lo).is_some());
+        let plain = PerIpLimit::new(1);
+        let _s = plain.admit(lo);
+        assert!(
+            plain.admit(lo).is_none(),
+            "a real deployment limits loopback too"
+        );
     }
 }

@@ -136,12 +136,15 @@ async fn http_middleware(
 }
 
 /// A tonic interceptor that refuses new gRPC streams (calls) over the per-address rate
-/// with `RESOURCE_EXHAUSTED`.
+/// with `RESOURCE_EXHAUSTED`; with `spare_loopback`, loopback peers (the demo's own
+/// simulated agents) are not limited.
 pub fn grpc_interceptor(
     limit: Option<Arc<PerIpRate>>,
+    spare_loopback: bool,
 ) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Clone {
     move |req: tonic::Request<()>| {
         if let (Some(limit), Some(peer)) = (&limit, req.remote_addr())
+            && !(spare_loopback && peer.ip().is_loopback())
             && let Err(wait) = limit.check(peer.ip())
         {
             debug!(peer = %peer, "gRPC stream refused: over the per-address rate limit");

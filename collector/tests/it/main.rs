@@ -4,6 +4,7 @@
 
 mod carbon;
 mod common;
+mod demo;
 mod e2e;
 mod energy;
 mod faults;

@@ -1,0 +1,244 @@
+//! The HTTP client of the collector's API: TLS (rustls; `--ca` adds a root), the viewer
+//! token as `Authorization: Bearer`, and one typed call per endpoint `top` reads.
+
+use crate::api::{ApiErrorBody, Containers, Events, FleetNode, NodeDetail};
+use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
+use reqwest::{Client, Response, Url};
+use serde::de::DeserializeOwned;
+use std::time::Duration;
+
+/// How long one API call may take (the live stream has its own idle limit).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the collector is and how to reach it.
+#[derive(Debug, Clone, Default)]
+pub struct ApiOptions {
+    /// Its base URL, e.g. `http://127.0.0.1:8080`.
+    pub url: String,
+    /// A viewer (or admin) token, sent as `Authorization: Bearer`.
+    pub token: Option<String>,
+    /// PEM certificates trusted beside the system's roots (a private CA).
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+/// Why a call failed; each message says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("--url {url:?} is not an http(s) URL: {why}")]
+    BadUrl { url: String, why: String },
+    #[error("--ca: {0} (expected a PEM file with -----BEGIN CERTIFICATE----- blocks)")]
+    BadCa(String),
+    #[error("the token is not a valid header value (a stray character in the token file?)")]
+    BadToken,
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("{what}: cannot reach the collector: {source}")]
+    Unreachable {
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{what}: the collector answered {status}: {message}")]
+    Status {
+        what: String,
+        status: u16,
+        message: String,
+    },
+    #[error("{what}: unexpected answer (is --url a gpufleet collector?): {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The collector's API.
+#[derive(Debug, Clone)]
+pub struct Api {
+    http: Client,
+    base: Url,
+    auth: Option<HeaderValue>,
+}
+
+impl Api {
+    pub fn new(opts: &ApiOptions) -> Result<Api, NetError> {
+        let bad = |why: String| NetError::BadUrl {
+            url: opts.url.clone(),
+            why,
+        };
+        let base = Url::parse(&opts.url).map_err(|e| bad(e.to_string()))?;
+        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+            return Err(bad("expected http://HOST:PORT or https://HOST:PORT".into()));
+        }
+        let mut b = Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("gpufleet-top/", env!("CARGO_PKG_VERSION")));
+        if let Some(pem) = &opts.ca_pem {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| NetError::BadCa(format!("cannot read it: {e}")))?;
+            if certs.is_empty() {
+                return Err(NetError::BadCa("no certificate in it".into()));
+            }
+            for cert in certs {
+                b = b.add_root_certificate(cert);
+            }
+        }
+        let auth = match &opts.token {
+            None => None,
+            Some(t) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {}", t.trim()))
+                    .map_err(|_| NetError::BadToken)?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        Ok(Api {
+            http: b.build().map_err(NetError::Client)?,
+            base,
+            auth,
+        })
+    }
+
+    /// The URL of `segments` below the base (each segment percent-encoded).
+    fn url(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut u = self.base.clone();
+        if let Ok(mut p) = u.path_segments_mut() {
+            p.pop_if_empty().extend(segments);
+        }
+        if !query.is_empty() {
+            u.query_pairs_mut().extend_pairs(query);
+        }
+        u
+    }
+
+    fn what(u: &Url) -> String {
+        format!("GET {}", u.path())
+    }
+
+    /// Sends GET `u`; a non-2xx answer becomes [`NetError::Status`] with the API's message.
+    pub(crate) async fn send(
+        &self,
+        u: Url,
+        timeout: Option<Duration>,
+    ) -> Result<Response, NetError> {
+        let what = Self::what(&u);
+        let mut req = self.http.get(u);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        if let Some(a) = &self.auth {
+            req = req.header(AUTHORIZATION, a.clone());
+        }
+        let resp = req
+            .header(ACCEPT, "application/json, text/event-stream")
+            .send()
+            .await
+            .map_err(|source| NetError::Unreachable {
+                what: what.clone(),
+                source,
+            })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = resp.bytes().await.unwrap_or_default();
+        let message = serde_json::from_slice::<ApiErrorBody>(&body)
+            .map(|e| e.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
+        let message = match status.as_u16() {
+            401 | 403 => format!("{message} (give a viewer token with --token-file)"),
+            _ => message,
+        };
+        Err(NetError::Status {
+            what,
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    async fn get<T: DeserializeOwned>(&self, u: Url) -> Result<T, NetError> {
+        let what = Self::what(&u);
+        let body = self
+            .send(u, Some(REQUEST_TIMEOUT))
+            .await?
+            .bytes()
+            .await
+            .map_err(|source| NetError::Unreachable {
+                what: what.clone(),
+                source,
+            })?;
+        serde_json::from_slice(&body).map_err(|source| NetError::Decode { what, source })
+    }
+
+    /// `GET /api/v1/fleet`: every node in brief.
+    pub async fn fleet(&self) -> Result<Vec<FleetNode>, NetError> {
+        self.get(self.url(&["api", "v1", "fleet"], &[])).await
+    }
+
+    /// `GET /api/v1/nodes/{name}`.
+    pub async fn node(&self, name: &str) -> Result<NodeDetail, NetError> {
+        self.get(self.url(&["api", "v1", "nodes", name], &[])).await
+    }
+
+    /// `GET /api/v1/nodes/{name}/events` over the last hour.
+    pub async fn events(&self, name: &str) -> Result<Events, NetError> {
+        self.get(self.url(
+            &["api", "v1", "nodes", name, "events"],
+            &[("from", "now-1h")],
+        ))
+        .await
+    }
+
+    /// `GET /api/v1/containers`: energy and CO2 per workload, today (UTC).
+    pub async fn energy_today(&self) -> Result<Containers, NetError> {
+        self.get(self.url(&["api", "v1", "containers"], &[])).await
+    }
+
+    /// The URL of `/api/v1/live`.
+    pub(crate) fn live_url(&self) -> Url {
+        self.url(&["api", "v1", "live"], &[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_encode_node_names_and_keep_a_base_path() {
+        let api = Api::new(&ApiOptions {
+            url: "http://127.0.0.1:8080/gpufleet/".into(),
+            ..Default::default()
+        })
+        .expect("api");
+        assert_eq!(
+            api.url(&["api", "v1", "nodes", "a/b c"], &[]).as_str(),
+            "http://127.0.0.1:8080/gpufleet/api/v1/nodes/a%2Fb%20c"
+        );
+    }
+
+    #[test]
+    fn bad_urls_and_tokens_are_refused_with_a_reason() {
+        for url in ["ftp://x", "not a url", "mailto:a@b"] {
+            let e = Api::new(&ApiOptions {
+                url: url.into(),
+                ..Default::default()
+            });
+            assert!(matches!(e, Err(NetError::BadUrl { .. })), "{url}");
+        }
+        let e = Api::new(&ApiOptions {
+            url: "http://x".into(),
+            token: Some("a\nb".into()),
+            ..Default::default()
+        });
+        assert!(matches!(e, Err(NetError::BadToken)));
+        let e = Api::new(&ApiOptions {
+            url: "https://x".into(),
+            ca_pem: Some(b"not a certificate\n".to_vec()),
+            ..Default::default()
+        });
+        assert!(matches!(e, Err(NetError::BadCa(_))));
+    }
+}

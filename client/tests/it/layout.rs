@@ -1,0 +1,323 @@
+//! Layout on ratatui's test backend: what each screen shows, at several sizes.
+
+use gpufleet::api::{
+    Containers, FleetGpu, FleetNode, GpuLatest, NodeDetail, NodeGpu, NodeStatus, WorkloadEnergy,
+};
+use gpufleet::app::{App, View};
+use gpufleet::model::{Fleet, Link, Model, NodePane};
+use gpufleet::ui::{self, Theme};
+use gpufleet_core::{ProcessSample, Workload, WorkloadKind};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::style::Color;
+use std::collections::BTreeMap;
+
+const GIB: u64 = 1024 * 1024 * 1024;
+
+fn gpu(node: u32, i: u32, util: Option<u32>) -> FleetGpu {
+    FleetGpu {
+        uuid: format!("GPU-{node}-{i}"),
+        index: i,
+        name: "NVIDIA H100 80GB HBM3".into(),
+        latest: Some(GpuLatest {
+            time_ms: 1_000,
+            util_gpu_pct: util,
+            mem_used_bytes: Some(u64::from(util.unwrap_or(0)) * 800_000_000),
+            mem_total_bytes: Some(80 * GIB),
+            power_mw: util.map(|u| 100_000 + u * 5000),
+            power_limit_mw: Some(700_000),
+            temp_gpu_c: Some(40 + util.unwrap_or(0) / 3),
+            ..Default::default()
+        }),
+    }
+}
+
+/// `n` nodes of 8 GPUs; node 3 is stale, node 5 offline, node 7's GPUs report no util.
+fn fleet(n: u32) -> Fleet {
+    Fleet::new(
+        (0..n)
+            .map(|k| FleetNode {
+                name: format!("gpu-node-{:04}", k + 1),
+                status: match k {
+                    3 => NodeStatus::Stale,
+                    5 => NodeStatus::Offline,
+                    _ => NodeStatus::Online,
+                },
+                connected: true,
+                last_seen_ms: Some(1_000),
+                labels: BTreeMap::from([("rack".to_owned(), format!("r{}", k / 4 + 1))]),
+                gpus: (0..8)
+                    .map(|i| gpu(k, i, (k != 7).then_some((k * 7 + i * 13) % 101)))
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+    )
+}
+
+fn model(n: u32) -> Model {
+    let mut m = Model {
+        url: "http://127.0.0.1:8080".into(),
+        fleet: fleet(n),
+        link: Link::Live,
+        ..Default::default()
+    };
+    m.fleet.now_ms = 3_000;
+    m
+}
+
+fn draw(
+    app: &mut App,
+    model: &Model,
+    w: u16,
+    h: u16,
+    theme: Theme,
+) -> (String, Terminal<TestBackend>) {
+    let mut t = Terminal::new(TestBackend::new(w, h)).expect("terminal");
+    t.draw(|f| {
+        let area = f.area();
+        ui::draw(area, f.buffer_mut(), app, model, theme);
+    })
+    .expect("draw");
+    let text = ui::buffer_text(t.backend().buffer());
+    (text, t)
+}
+
+const COLOR: Theme = Theme { color: true };
+
+#[test]
+fn the_fleet_shows_totals_one_row_per_node_a_page_at_a_time_and_the_keys() {
+    let m = model(1000);
+    let mut app = App::new();
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].contains("gpufleet top") && lines[0].contains("live"),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("Nodes 1000 (998 online, 1 stale, 1 offline)")
+            && lines[1].contains("GPUs 8000"),
+        "{text}"
+    );
+    assert!(lines[2].contains("NODE") && lines[2].contains("UTIL") && lines[2].contains("TEMP"));
+    // 30 rows: 2 header, 1 column titles, 1 footer: 26 nodes.
+    assert_eq!(app.page, 26);
+    let rows: Vec<&&str> = lines.iter().filter(|l| l.contains("gpu-node-")).collect();
+    assert_eq!(rows.len(), 26, "{text}");
+    assert!(
+        rows[0].starts_with("> gpu-node-0001"),
+        "selection marked: {}",
+        rows[0]
+    );
+    assert!(rows[3].contains("stale") && rows[5].contains("offline"));
+    assert!(
+        rows[7].contains("n/a"),
+        "absent util is n/a, not 0%: {}",
+        rows[7]
+    );
+    assert!(
+        rows[7].contains("········"),
+        "absent per-GPU cells: {}",
+        rows[7]
+    );
+    assert!(lines[29].contains("q") && lines[29].contains("quit") && lines[29].contains("filter"));
+}
+
+#[test]
+fn paging_reaches_the_last_of_1000_nodes() {
+    let m = model(1000);
+    let mut app = App::new();
+    draw(&mut app, &m, 160, 30, COLOR);
+    let visible: Vec<String> = app
+        .visible(&m.fleet)
+        .into_iter()
+        .map(|i| m.fleet.nodes()[i].name.clone())
+        .collect();
+    let names: Vec<&str> = visible.iter().map(String::as_str).collect();
+    app.key(key(KeyCode::End), &names);
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    assert!(text.contains("> gpu-node-1000"), "{text}");
+    assert!(!text.contains("gpu-node-0974 "), "one page only");
+}
+
+use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+fn key(c: KeyCode) -> KeyEvent {
+    KeyEvent::new(c, KeyModifiers::NONE)
+}
+
+#[test]
+fn any_size_draws_without_panicking_and_nothing_wraps() {
+    let mut m = model(40);
+    m.node = Some(node_pane());
+    m.energy = Some(energy());
+    for view in [
+        View::Fleet,
+        View::Node("gpu-node-0002".into()),
+        View::Energy,
+    ] {
+        for (w, h) in [(1, 1), (10, 3), (40, 10), (80, 24), (250, 80)] {
+            let mut app = App::new();
+            app.view = view.clone();
+            let (text, _) = draw(&mut app, &m, w, h, COLOR);
+            assert_eq!(text.lines().count(), usize::from(h));
+        }
+    }
+}
+
+fn node_pane() -> NodePane {
+    let process = |pid: u32, w: Workload| ProcessSample {
+        gpu_uuid: "GPU-1-0".into(),
+        pid,
+        user: Some("alice".into()),
+        command: Some("python train.py".into()),
+        gpu_mem_bytes: Some(40 * GIB),
+        sm_util_pct: Some(97),
+        workload: w,
+        ..Default::default()
+    };
+    NodePane {
+        name: "gpu-node-0002".into(),
+        detail: Some(NodeDetail {
+            name: "gpu-node-0002".into(),
+            status: NodeStatus::Online,
+            last_seen_ms: Some(2_000),
+            gpus: vec![NodeGpu {
+                uuid: "GPU-1-0".into(),
+                index: 0,
+                name: "NVIDIA H100 80GB HBM3".into(),
+                latest: gpu(1, 0, Some(97)).latest,
+                processes: vec![
+                    process(
+                        4242,
+                        Workload {
+                            kind: WorkloadKind::Container,
+                            runtime: "containerd".into(),
+                            container_name: Some("trainer".into()),
+                            namespace: Some("ml".into()),
+                            pod_name: Some("llama-ft-0".into()),
+                            ..Default::default()
+                        },
+                    ),
+                    process(
+                        777,
+                        Workload {
+                            kind: WorkloadKind::Slurm,
+                            runtime: "slurm".into(),
+                            job_id: Some("9001".into()),
+                            ..Default::default()
+                        },
+                    ),
+                ],
+            }],
+            ..Default::default()
+        }),
+        events: Some(gpufleet::api::Events::default()),
+        error: None,
+        events_error: None,
+    }
+}
+
+fn energy() -> Containers {
+    Containers {
+        from_ms: 0,
+        to_ms: 3_600_000,
+        rows: vec![WorkloadEnergy {
+            key: "container:abc".into(),
+            identity: Workload {
+                kind: WorkloadKind::Container,
+                container_name: Some("trainer".into()),
+                namespace: Some("ml".into()),
+                pod_name: Some("llama-ft-0".into()),
+                ..Default::default()
+            },
+            nodes: vec!["gpu-node-0002".into()],
+            energy_j: 7.2e6,
+            idle_j: 0.72e6,
+            gpu_seconds: 7200.0,
+            carbon_g: Some(500.0),
+        }],
+    }
+}
+
+#[test]
+fn the_node_view_is_an_nvidia_smi_table_with_processes_and_their_owners() {
+    let mut m = model(4);
+    m.node = Some(node_pane());
+    let mut app = App::new();
+    app.view = View::Node("gpu-node-0002".into());
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    assert!(
+        text.contains("gpu-node-0002") && text.contains("online"),
+        "{text}"
+    );
+    assert!(text.contains("NVIDIA H100 80GB HBM3"), "{text}");
+    assert!(
+        text.contains("97%") && text.contains("585W / 700W"),
+        "{text}"
+    );
+    let p = text
+        .lines()
+        .find(|l| l.contains("4242"))
+        .expect("process row");
+    assert!(
+        p.contains("alice") && p.contains("trainer") && p.contains("ml/llama-ft-0"),
+        "{p}"
+    );
+    let j = text.lines().find(|l| l.contains("777")).expect("slurm row");
+    assert!(j.contains("job 9001"), "{j}");
+    assert!(text.contains("no events in the last hour"), "{text}");
+}
+
+#[test]
+fn the_energy_view_shows_today_per_workload() {
+    let mut m = model(4);
+    m.energy = Some(energy());
+    let mut app = App::new();
+    app.view = View::Energy;
+    let (text, _) = draw(&mut app, &m, 160, 20, COLOR);
+    assert!(
+        text.contains("2.00 kWh") && text.contains("500 g"),
+        "{text}"
+    );
+    let row = text.lines().find(|l| l.contains("trainer")).expect("row");
+    assert!(
+        row.contains("ml/llama-ft-0") && row.contains("10%") && row.contains("2.0"),
+        "{row}"
+    );
+}
+
+#[test]
+fn without_colour_nothing_is_coloured_and_states_still_read() {
+    let m = model(10);
+    let mut app = App::new();
+    let (_, t) = draw(&mut app, &m, 160, 20, Theme { color: false });
+    let buf = t.backend().buffer();
+    for c in &buf.content {
+        assert_eq!((c.fg, c.bg), (Color::Reset, Color::Reset), "{c:?}");
+    }
+    let (_, t) = draw(&mut app, &m, 160, 20, COLOR);
+    assert!(
+        t.backend()
+            .buffer()
+            .content
+            .iter()
+            .any(|c| c.fg == Color::Green),
+        "with colour, online is green"
+    );
+}
+
+#[test]
+fn a_failed_events_fetch_says_why_instead_of_loading_forever() {
+    let mut m = model(4);
+    let mut pane = node_pane();
+    pane.events = None;
+    pane.events_error =
+        Some("GET /api/v1/nodes/gpu-node-0002/events: the collector answered 503".into());
+    m.node = Some(pane);
+    let mut app = App::new();
+    app.view = View::Node("gpu-node-0002".into());
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    assert!(text.contains("answered 503"), "{text}");
+    assert!(!text.contains("loading events"), "{text}");
+}
