@@ -3,7 +3,7 @@
 //!
 //! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
 //! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
-//! [`CarbonStore`], [`JobLeases`]; [`Store`] is all of them. Components take the traits
+//! [`CarbonStore`], [`JobLeases`], [`RemoteWriteStore`]; [`Store`] is all of them. Components take the traits
 //! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
 //! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
 //! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
@@ -31,6 +31,7 @@ mod fleet;
 mod follow;
 pub mod lease;
 pub mod postgres;
+pub mod remote_write;
 pub mod rollup;
 mod rows;
 pub mod sqlite;
@@ -41,6 +42,7 @@ pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use lease::JobLeases;
+pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
 
 use async_trait::async_trait;
@@ -370,6 +372,7 @@ pub trait Store:
     + RollupStore
     + CarbonStore
     + JobLeases
+    + RemoteWriteStore
     + std::fmt::Debug
     + 'static
 {
@@ -577,6 +580,15 @@ macro_rules! migrations {
                     "../../../migrations/",
                     $dir,
                     "/0020_energy_split.sql"
+                )),
+            ),
+            (
+                21,
+                "remote write",
+                include_str!(concat!(
+                    "../../../migrations/",
+                    $dir,
+                    "/0021_remote_write.sql"
                 )),
             ),
         ]
