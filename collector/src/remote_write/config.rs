@@ -46,6 +46,11 @@ pub struct RemoteWriteArgs {
     /// How often new samples are read and pushed.
     #[arg(long, env = "GPUFLEET_REMOTE_WRITE_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub remote_write_interval: Duration,
+    /// How long after a minute ends its workload energy is pushed. It must exceed the
+    /// time the energy accountant takes to close a minute (its pass period plus the
+    /// nodes' gap limit): a minute still open then is not pushed later.
+    #[arg(long, env = "GPUFLEET_REMOTE_WRITE_ENERGY_DELAY", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
+    pub remote_write_energy_delay: Duration,
 }
 
 /// A secret file's content without surrounding white space.
@@ -100,6 +105,7 @@ impl RemoteWriteArgs {
         .map_err(|e| e.to_string())?;
         let mut options = RemoteWriteOptions::new(Arc::new(sink));
         options.interval = self.remote_write_interval;
+        options.energy_delay = self.remote_write_energy_delay;
         Ok(Some(options))
     }
 }

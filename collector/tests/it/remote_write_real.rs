@@ -1,0 +1,362 @@
+//! Remote-write against a real Prometheus (Debian's `prometheus`, started with
+//! `--web.enable-remote-write-receiver`; `scripts/need-deb` installs it when missing and
+//! the test fails if it cannot): the real collector binary with simulated agents pushes
+//! to it; the receiver is stopped and restarted mid-run, then the collector; PromQL reads
+//! back that every stored sample arrived with its timestamp and value, that the workload
+//! energy counters equal the store's, and that the restarted collector resumed from its
+//! saved positions instead of sending everything again.
+
+use crate::harness::{self, sigterm, start_sim_agent};
+use gpufleet_collector::store::remote_write::{STREAM_ENERGY, STREAM_GPU};
+use gpufleet_collector::store::{Store, TimeRange};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// Requests hold at most this many samples (the collector's default).
+const MAX_SAMPLES_PER_SEND: f64 = 2_000.0;
+
+fn prometheus_bin() -> PathBuf {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/need-deb");
+    let out = std::process::Command::new(script)
+        .args(["prometheus", "prometheus"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/need-deb");
+    assert!(
+        out.status.success(),
+        "Prometheus is needed (Debian's `prometheus` package) and could not be installed"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A Prometheus receiving remote-write on `port`, its data kept in `dir` across restarts.
+struct Prometheus {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Prometheus {
+    async fn start(bin: PathBuf, dir: &Path, port: u16) -> Prometheus {
+        std::fs::write(
+            dir.join("prometheus.yml"),
+            "global:\n  scrape_interval: 1h\n",
+        )
+        .expect("config");
+        let mut p = Prometheus {
+            bin,
+            dir: dir.to_owned(),
+            port,
+            child: None,
+        };
+        p.restart().await;
+        p
+    }
+
+    async fn restart(&mut self) {
+        let child = Command::new(&self.bin)
+            .arg(format!(
+                "--config.file={}",
+                self.dir.join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                self.dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
+            .arg("--web.enable-remote-write-receiver")
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start prometheus");
+        self.child = Some(child);
+        let url = format!("http://127.0.0.1:{}/-/ready", self.port);
+        crate::common::wait_until(
+            "Prometheus to be ready",
+            Duration::from_secs(60),
+            async || match reqwest::get(&url).await {
+                Ok(r) if r.status().is_success() => Some(()),
+                _ => None,
+            },
+        )
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            sigterm(&child);
+            let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+                .await
+                .expect("Prometheus stopped in time")
+                .expect("wait");
+            assert!(status.success(), "Prometheus exited with {status}");
+        }
+    }
+
+    /// An instant query's result vector or matrix at `time_s`.
+    async fn query(&self, promql: &str, time_s: f64) -> Vec<Value> {
+        let url = format!("http://127.0.0.1:{}/api/v1/query", self.port);
+        let v: Value = reqwest::Client::new()
+            .get(url)
+            .query(&[("query", promql), ("time", &format!("{time_s:.3}"))])
+            .send()
+            .await
+            .expect("query")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["status"], "success", "{promql}: {v}");
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+/// `(timestamp ms, value)` of a matrix series' samples.
+fn points(series: &Value) -> Vec<(i64, f64)> {
+    series["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|p| {
+            let t = p[0].as_f64().expect("time");
+            let v: f64 = p[1].as_str().expect("value").parse().expect("float");
+            ((t * 1000.0).round() as i64, v)
+        })
+        .collect()
+}
+
+/// The collector's remote-write counter `name` from its /metrics.
+async fn self_metric(http: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+        .parse()
+        .expect("number")
+}
+
+/// Waits until every GPU's saved position is its newest stored sample.
+async fn wait_delivered(store: &Arc<dyn Store>) {
+    crate::common::wait_until(
+        "every stored sample to be delivered",
+        Duration::from_secs(90),
+        async || {
+            let latest = store.latest_gpu_samples().await.ok()?;
+            let nodes = store.nodes().await.ok()?;
+            let saved = store.remote_write_positions(STREAM_GPU).await.ok()?;
+            let uuid = |id| {
+                nodes
+                    .iter()
+                    .flat_map(|n| &n.gpus)
+                    .find(|g| g.id == id)
+                    .map(|g| g.info.uuid.clone())
+            };
+            latest
+                .iter()
+                .all(|l| uuid(l.gpu).and_then(|u| saved.get(&u).copied()) == Some(l.time_ms))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_write_to_a_real_prometheus_survives_outages_and_restarts() {
+    let prometheus = prometheus_bin();
+    let dir = tempfile::tempdir().expect("dir");
+    let prom_port = free_port();
+    let mut prom = Prometheus::start(prometheus, dir.path(), prom_port).await;
+
+    let db_url = format!("sqlite://{}", dir.path().join("gpufleet.db").display());
+    let grpc = format!("127.0.0.1:{}", free_port());
+    let rw_url = format!("http://127.0.0.1:{prom_port}/api/v1/write");
+    let flags = [
+        "--remote-write-url",
+        rw_url.as_str(),
+        "--remote-write-interval",
+        "200ms",
+        "--remote-write-energy-delay",
+        "20s",
+    ];
+    let collector = harness::start_collector(&db_url, &grpc, "127.0.0.1:0", &flags).await;
+    let nodes = ["rw-node-0", "rw-node-1"];
+    let agents: Vec<Child> = nodes
+        .iter()
+        .map(|n| {
+            let spool = dir.path().join(format!("spool-{n}"));
+            start_sim_agent(&grpc, n, &spool, 2, &["--interval", "100ms"])
+        })
+        .collect();
+    harness::wait_stored(&collector.http, &nodes, 20).await;
+    // Opened once the collector has migrated it (two migrating at once would clash).
+    let store = gpufleet_collector::store::open(&db_url)
+        .await
+        .expect("open the collector's database");
+
+    // The receiver goes away for a while, then comes back with its data.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    prom.stop().await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        self_metric(&collector.http, "gpufleet_remote_write_retries_total").await > 0.0,
+        "the pusher retried while the receiver was down"
+    );
+    prom.restart().await;
+
+    // Workload energy: wait for a closed minute to be pushed, then compare each series'
+    // newest value with the store's total up to that minute (no late data so far).
+    let minute = crate::common::wait_until(
+        "a closed energy minute to be pushed",
+        Duration::from_secs(120),
+        async || {
+            let saved = store.remote_write_positions(STREAM_ENERGY).await.ok()?;
+            let at = *saved.get("")?;
+            let energy = store.workload_energy_minutes(0, at).await.ok()?;
+            energy.last().map(|e| e.minute_ms)
+        },
+    )
+    .await;
+    let totals = store
+        .workload_energy_totals(minute)
+        .await
+        .expect("energy totals");
+    assert!(!totals.is_empty(), "simulated workloads used energy");
+    let now_s = gpufleet_core::config::now_ms() as f64 / 1000.0;
+    let series = prom
+        .query("gpufleet_workload_energy_joules_total[15m]", now_s)
+        .await;
+    let mut compared = 0;
+    for t in &totals {
+        for (state, mj) in [("active", t.active_mj), ("idle", t.idle_mj)] {
+            let s = series
+                .iter()
+                .find(|s| {
+                    s["metric"]["workload"] == t.workload.key()
+                        && s["metric"]["node"] == t.node
+                        && s["metric"]["state"] == state
+                })
+                .unwrap_or_else(|| panic!("no energy series for {} {state}", t.workload.key()));
+            let at_minute_end = points(s).into_iter().find(|(ts, _)| *ts == minute + 60_000);
+            if let Some((_, joules)) = at_minute_end {
+                assert_eq!(joules, mj as f64 / 1000.0, "{} {state}", t.workload.key());
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 0, "the newest pushed minute had workloads");
+
+    // The collector restarts; the agents keep sampling into their spools meanwhile.
+    let sent_before =
+        self_metric(&collector.http, "gpufleet_remote_write_sent_samples_total").await;
+    sigterm(&collector.child);
+    harness::wait_stdout(collector.child, "collector").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let collector = harness::start_collector(&db_url, &grpc, "127.0.0.1:0", &flags).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    harness::stop_agents(agents, &nodes).await;
+    wait_delivered(&store).await;
+    let sent_after = self_metric(&collector.http, "gpufleet_remote_write_sent_samples_total").await;
+    let failed = self_metric(
+        &collector.http,
+        "gpufleet_remote_write_failed_samples_total",
+    )
+    .await;
+    assert_eq!(failed, 0.0, "nothing refused");
+
+    // Every stored sample arrived, timestamp and value.
+    let now_s = gpufleet_core::config::now_ms() as f64 / 1000.0;
+    let mut gpus = 0;
+    for node in store.nodes().await.expect("nodes") {
+        for gpu in &node.gpus {
+            let range = TimeRange {
+                from_ms: 0,
+                to_ms: i64::MAX,
+            };
+            let stored = store
+                .gpu_samples(gpu.id, range, 1_000_000)
+                .await
+                .expect("samples");
+            assert!(
+                stored.len() > 50,
+                "{}: {} samples",
+                gpu.info.uuid,
+                stored.len()
+            );
+            let want = |f: fn(&gpufleet_core::GpuSample) -> Option<f64>| -> Vec<(i64, f64)> {
+                stored
+                    .iter()
+                    .filter_map(|(t, s)| f(s).map(|v| (*t, v)))
+                    .collect()
+            };
+            let checks: [(&str, fn(&gpufleet_core::GpuSample) -> Option<f64>); 2] = [
+                ("gpufleet_gpu_power_watts", |s| {
+                    s.power_mw.map(|mw| f64::from(mw) / 1000.0)
+                }),
+                ("gpufleet_gpu_utilization_ratio", |s| {
+                    s.util_gpu_pct.map(|p| f64::from(p) / 100.0)
+                }),
+            ];
+            for (name, value) in checks {
+                let q = format!(
+                    "{name}{{uuid=\"{}\",node=\"{}\"}}[1h]",
+                    gpu.info.uuid, node.name
+                );
+                let got = prom.query(&q, now_s).await;
+                assert_eq!(got.len(), 1, "{q}");
+                assert_eq!(got[0]["metric"]["gpu"], gpu.info.index.to_string());
+                let expected = want(value);
+                assert!(!expected.is_empty(), "{name} present in the simulation");
+                let received = points(&got[0]);
+                assert_eq!(
+                    received.len(),
+                    expected.len(),
+                    "{q}: every stored sample, no more"
+                );
+                assert_eq!(received, expected, "{q}");
+            }
+            gpus += 1;
+        }
+    }
+    assert_eq!(gpus, 4);
+
+    // No flood: what both collectors sent is what Prometheus holds, plus at most the
+    // request in flight when the first one stopped (sent again by the second).
+    let held: usize = prom
+        .query("{__name__=~\"gpufleet_.+\"}[1h]", now_s)
+        .await
+        .iter()
+        .map(|s| points(s).len())
+        .sum();
+    let held = held as f64;
+    let sent = sent_before + sent_after;
+    assert!(
+        sent >= held && sent <= held + MAX_SAMPLES_PER_SEND * 2.0,
+        "sent {sent} (before the restart {sent_before}, after {sent_after}), Prometheus holds {held}"
+    );
+    eprintln!(
+        "remote-write: {held} samples in Prometheus; sent {sent_before} before the restart and {sent_after} after"
+    );
+
+    sigterm(&collector.child);
+    harness::wait_stdout(collector.child, "collector").await;
+    prom.stop().await;
+    store.close().await;
+}
