@@ -169,6 +169,18 @@ pub fn classify(status: StatusCode, headers: &HeaderMap, body: &str) -> Delivery
     }
 }
 
+/// An error with its causes (`error sending request: ...: Connection refused`).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// The first bytes of an error answer, for the log.
 const ERROR_BODY_MAX: usize = 512;
 
@@ -196,7 +208,7 @@ impl Sink for HttpSink {
             // Without the URL: reqwest's message may name it, with its user info.
             Err(e) => Delivery::Retry {
                 after: None,
-                why: format!("no answer: {}", e.without_url()),
+                why: format!("no answer: {}", with_causes(&e.without_url())),
             },
         }
     }

@@ -296,8 +296,10 @@ mod tests {
         )
         .await;
 
-        let seen = sink.seen.lock().expect("lock");
-        let times: Vec<(u128, u8)> = seen
+        let times: Vec<(u128, u8)> = sink
+            .seen
+            .lock()
+            .expect("lock")
             .iter()
             .map(|(t, body)| ((*t - start).as_millis(), body[0]))
             .collect();

@@ -124,6 +124,9 @@ impl Prometheus {
     }
 }
 
+/// A GPU family's value in a stored sample, as remote-write sends it.
+type FamilyValue = fn(&gpufleet_core::GpuSample) -> Option<f64>;
+
 /// `(timestamp ms, value)` of a matrix series' samples.
 fn points(series: &Value) -> Vec<(i64, f64)> {
     series["values"]
@@ -300,13 +303,13 @@ async fn remote_write_to_a_real_prometheus_survives_outages_and_restarts() {
                 gpu.info.uuid,
                 stored.len()
             );
-            let want = |f: fn(&gpufleet_core::GpuSample) -> Option<f64>| -> Vec<(i64, f64)> {
+            let want = |f: FamilyValue| -> Vec<(i64, f64)> {
                 stored
                     .iter()
                     .filter_map(|(t, s)| f(s).map(|v| (*t, v)))
                     .collect()
             };
-            let checks: [(&str, fn(&gpufleet_core::GpuSample) -> Option<f64>); 2] = [
+            let checks: [(&str, FamilyValue); 2] = [
                 ("gpufleet_gpu_power_watts", |s| {
                     s.power_mw.map(|mw| f64::from(mw) / 1000.0)
                 }),
