@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use reqwest::StatusCode;
 use reqwest::header::{self, HeaderMap, HeaderValue};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// What became of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,26 +139,28 @@ pub fn redact(url: &str) -> String {
     crate::store::redact_url(url)
 }
 
-/// A `Retry-After` given in seconds (an HTTP date is not honoured: the backoff applies).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let secs: u64 = headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(secs).min(MAX_RETRY_AFTER))
+/// A `Retry-After`, in seconds or as an HTTP date (a date in the past: at once), at most
+/// [`MAX_RETRY_AFTER`]; `None` when absent or unreadable (the backoff applies).
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => httpdate::parse_http_date(value)
+            .ok()?
+            .duration_since(now)
+            .unwrap_or(Duration::ZERO),
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
-/// What the queue does with an answer of `status`.
-pub fn classify(status: StatusCode, headers: &HeaderMap, body: &str) -> Delivery {
+/// What the queue does with an answer of `status` received at `now`.
+pub fn classify(status: StatusCode, headers: &HeaderMap, body: &str, now: SystemTime) -> Delivery {
     let why = format!("{status}: {}", body.trim());
     if status.is_success() {
         Delivery::Sent
     } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
         Delivery::Retry {
-            after: retry_after(headers),
+            after: retry_after(headers, now),
             why,
         }
     } else {
@@ -203,7 +205,7 @@ impl Sink for HttpSink {
                     let bytes = response.bytes().await.unwrap_or_default();
                     String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_BODY_MAX)]).into_owned()
                 };
-                classify(status, &headers, &text)
+                classify(status, &headers, &text, SystemTime::now())
             }
             // Without the URL: reqwest's message may name it, with its user info.
             Err(e) => Delivery::Retry {
@@ -220,29 +222,37 @@ mod tests {
 
     #[test]
     fn answers_are_sorted_per_spec() {
+        // Wed, 21 Oct 2015 07:28:00 GMT
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
         let none = HeaderMap::new();
-        assert_eq!(classify(StatusCode::NO_CONTENT, &none, ""), Delivery::Sent);
-        let mut later = HeaderMap::new();
-        later.insert(header::RETRY_AFTER, HeaderValue::from_static("7"));
-        assert!(matches!(
-            classify(StatusCode::TOO_MANY_REQUESTS, &later, ""),
-            Delivery::Retry { after: Some(d), .. } if d == Duration::from_secs(7)
-        ));
-        assert!(matches!(
-            classify(StatusCode::SERVICE_UNAVAILABLE, &none, ""),
-            Delivery::Retry { after: None, .. }
-        ));
-        let mut date = HeaderMap::new();
-        date.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        let answer = |status, headers: &HeaderMap, body| classify(status, headers, body, now);
+        assert_eq!(answer(StatusCode::NO_CONTENT, &none, ""), Delivery::Sent);
+        let retry_after = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static(v));
+            match answer(StatusCode::TOO_MANY_REQUESTS, &h, "") {
+                Delivery::Retry { after, .. } => after,
+                other => panic!("429 is retried, not {other:?}"),
+            }
+        };
+        assert_eq!(retry_after("7"), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:30 GMT"),
+            Some(Duration::from_secs(30))
         );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:00:00 GMT"),
+            Some(Duration::ZERO),
+            "a date in the past: at once"
+        );
+        assert_eq!(retry_after("86400"), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_after("soon"), None);
         assert!(matches!(
-            classify(StatusCode::TOO_MANY_REQUESTS, &date, ""),
+            answer(StatusCode::SERVICE_UNAVAILABLE, &none, ""),
             Delivery::Retry { after: None, .. }
         ));
         assert!(matches!(
-            classify(StatusCode::BAD_REQUEST, &none, "out of order sample"),
+            answer(StatusCode::BAD_REQUEST, &none, "out of order sample"),
             Delivery::Refused { status: 400, ref why } if why.contains("out of order")
         ));
     }

@@ -363,3 +363,75 @@ async fn remote_write_to_a_real_prometheus_survives_outages_and_restarts() {
     prom.stop().await;
     store.close().await;
 }
+
+/// The client's requests carry the spec's headers, the credentials it was given, and a
+/// snappy-compressed protobuf body (a stand-in receiver records them).
+#[tokio::test]
+async fn the_client_sends_the_spec_headers_and_credentials() {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode};
+    use gpufleet_collector::remote_write::encode;
+    use gpufleet_collector::remote_write::{Auth, Delivery, HttpSink, Sink};
+    use gpufleet_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
+    use std::sync::Mutex;
+
+    type Seen = Arc<Mutex<Vec<(HeaderMap, Bytes)>>>;
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new().route(
+        "/api/v1/write",
+        axum::routing::post({
+            let seen = Arc::clone(&seen);
+            move |headers: HeaderMap, body: Bytes| async move {
+                seen.lock().expect("lock").push((headers, body));
+                StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = format!("http://{addr}/api/v1/write");
+    let request = WriteRequest {
+        timeseries: vec![TimeSeries {
+            labels: vec![Label {
+                name: "__name__".into(),
+                value: "gpufleet_gpu_power_watts".into(),
+            }],
+            samples: vec![Sample {
+                value: 250.5,
+                timestamp: 1_000,
+            }],
+        }],
+    };
+    let basic = Auth::Basic {
+        user: "gpufleet".into(),
+        password: "pw".into(),
+    };
+    for auth in [basic, Auth::Bearer("tok".into())] {
+        let sink = HttpSink::new(&url, auth, None, Duration::from_secs(10)).expect("client");
+        assert_eq!(sink.send(encode::encode(&request)).await, Delivery::Sent);
+    }
+    server.abort();
+
+    let seen = seen.lock().expect("lock");
+    assert_eq!(seen.len(), 2);
+    for (headers, body) in seen.iter() {
+        let h = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+        };
+        assert_eq!(h("content-encoding"), "snappy");
+        assert_eq!(h("content-type"), "application/x-protobuf");
+        assert_eq!(h("x-prometheus-remote-write-version"), "0.1.0");
+        assert!(h("user-agent").starts_with("gpufleet-collector/"));
+        assert_eq!(encode::decode(body).expect("decodes"), request);
+    }
+    let auth = |i: usize| seen[i].0.get("authorization").and_then(|v| v.to_str().ok());
+    // base64("gpufleet:pw")
+    assert_eq!(auth(0), Some("Basic Z3B1ZmxlZXQ6cHc="));
+    assert_eq!(auth(1), Some("Bearer tok"));
+}
