@@ -4,12 +4,15 @@
 //! to it; the receiver is stopped and restarted mid-run, then the collector; PromQL reads
 //! back that every stored sample arrived with its timestamp and value, that the workload
 //! energy counters equal the store's, and that the restarted collector resumed from its
-//! saved positions instead of sending everything again.
+//! saved positions instead of sending everything again. Beside it: the client's headers
+//! and credentials at a stand-in receiver, and two collectors on one database handing
+//! the push over at its saved positions.
 
 use crate::harness::{self, sigterm, start_sim_agent};
 use gpufleet_collector::store::remote_write::{STREAM_ENERGY, STREAM_GPU};
 use gpufleet_collector::store::{Store, TimeRange};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -434,4 +437,122 @@ async fn the_client_sends_the_spec_headers_and_credentials() {
     // base64("gpufleet:pw")
     assert_eq!(auth(0), Some("Basic Z3B1ZmxlZXQ6cHc="));
     assert_eq!(auth(1), Some("Bearer tok"));
+}
+
+/// A receiver in memory: the power samples it was sent, per GPU UUID.
+#[derive(Debug, Default)]
+struct Recorder(std::sync::Mutex<BTreeMap<String, Vec<i64>>>);
+
+#[async_trait::async_trait]
+impl gpufleet_collector::remote_write::Sink for Recorder {
+    async fn send(&self, body: Vec<u8>) -> gpufleet_collector::remote_write::Delivery {
+        let request = gpufleet_collector::remote_write::encode::decode(&body).expect("decodes");
+        let mut seen = self.0.lock().expect("lock");
+        for ts in request.timeseries {
+            let label = |name: &str| {
+                ts.labels
+                    .iter()
+                    .find(|l| l.name == name)
+                    .map(|l| l.value.clone())
+            };
+            if label("__name__").as_deref() == Some("gpufleet_gpu_power_watts")
+                && let Some(uuid) = label("uuid")
+            {
+                seen.entry(uuid)
+                    .or_default()
+                    .extend(ts.samples.iter().map(|s| s.timestamp));
+            }
+        }
+        gpufleet_collector::remote_write::Delivery::Sent
+    }
+}
+
+/// Two collectors on one database: one pushes (the `remote-write` lease); when it stops,
+/// the other takes over from the saved positions, sending only what is new.
+#[tokio::test]
+async fn the_other_collector_takes_over_from_the_saved_positions() {
+    use crate::common::{register_gpus, tick, wait_until, write_ticks};
+    use gpufleet_collector::remote_write::RemoteWriteOptions;
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("g.db").display());
+    let start = async |sink: Arc<Recorder>| {
+        let store = gpufleet_collector::store::open(&url).await.expect("open");
+        let mut rw = RemoteWriteOptions::new(sink);
+        rw.interval = Duration::from_millis(20);
+        let options = gpufleet_collector::ServeOptions {
+            remote_write: Some(rw),
+            lead: gpufleet_collector::accounting::leader::LeadOptions {
+                retry: Duration::from_millis(20),
+            },
+            ..Default::default()
+        };
+        let bind = async || {
+            tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind")
+        };
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(gpufleet_collector::serve_with_store(
+            Arc::clone(&store),
+            options,
+            bind().await,
+            bind().await,
+            shutdown.clone(),
+        ));
+        (store, shutdown, task)
+    };
+    let (a_sink, b_sink) = (Arc::new(Recorder::default()), Arc::new(Recorder::default()));
+    let (store, a_stop, a_task) = start(Arc::clone(&a_sink)).await;
+    let now = gpufleet_core::config::now_ms();
+    let gpus = ["GPU-rw-0", "GPU-rw-1"];
+    let node = register_gpus(&store, "rw-node", &gpus, now).await;
+    let ticks = |from: i64, n: i64| -> Vec<gpufleet_core::Tick> {
+        (0..n)
+            .map(|i| tick(from + i * 100, &gpus, i as u32))
+            .collect()
+    };
+    write_ticks(&store, &node, 1, ticks(now - 10_000, 50)).await;
+    let first: Vec<i64> = (0..50).map(|i| now - 10_000 + i * 100).collect();
+    wait_until(
+        "the first collector to push and save",
+        Duration::from_secs(30),
+        async || {
+            let saved = store.remote_write_positions(STREAM_GPU).await.ok()?;
+            gpus.iter()
+                .all(|g| saved.get(*g) == first.last())
+                .then_some(())
+        },
+    )
+    .await;
+    let (_b_store, b_stop, b_task) = start(Arc::clone(&b_sink)).await;
+    a_stop.cancel();
+    a_task.await.expect("join").expect("clean stop");
+
+    write_ticks(&store, &node, 2, ticks(now - 5_000, 30)).await;
+    let second: Vec<i64> = (0..30).map(|i| now - 5_000 + i * 100).collect();
+    let b_seen = wait_until(
+        "the second collector to push",
+        Duration::from_secs(30),
+        async || {
+            let seen = b_sink.0.lock().expect("lock").clone();
+            gpus.iter()
+                .all(|g| {
+                    seen.get(*g)
+                        .is_some_and(|s| s.contains(&second[second.len() - 1]))
+                })
+                .then_some(seen)
+        },
+    )
+    .await;
+    let a_seen = a_sink.0.lock().expect("lock").clone();
+    for g in gpus {
+        assert_eq!(a_seen.get(g), Some(&first), "{g}: the leader sent batch 1");
+        assert_eq!(
+            b_seen.get(g),
+            Some(&second),
+            "{g}: its successor only batch 2"
+        );
+    }
+    b_stop.cancel();
+    b_task.await.expect("join").expect("clean stop");
 }
