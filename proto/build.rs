@@ -1,7 +1,8 @@
-//! Compiles `gpufleet/v1/*.proto` with protox (pure Rust), so no system `protoc` is needed.
+//! Compiles `gpufleet/v1/*.proto` (and Prometheus's remote-write messages,
+//! `prometheus/remote.proto`) with protox (pure Rust), so no system `protoc` is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["gpufleet/v1/agent.proto"];
+    let files = ["gpufleet/v1/agent.proto", "prometheus/remote.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -15,6 +15,7 @@
 //! - [`net`]: listeners, TLS and certificates, connection and rate limits, exposure.
 //! - [`cli`]: subcommands other than `serve` (demo, energy checks, rehome).
 //! - [`metrics`]: the collector's own counters.
+//! - [`remote_write`]: pushing samples and workload energy to a Prometheus remote-write receiver.
 
 pub mod accounting;
 pub mod api;
@@ -24,6 +25,7 @@ pub mod ingest;
 pub mod live;
 pub mod metrics;
 pub mod net;
+pub mod remote_write;
 pub mod server;
 pub mod store;
 

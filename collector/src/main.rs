@@ -155,6 +155,8 @@ struct ServeArgs {
     retention: gpufleet_collector::accounting::rollups::RetentionArgs,
     #[command(flatten)]
     carbon: gpufleet_cli::CarbonArgs,
+    #[command(flatten)]
+    remote_write: gpufleet_collector::remote_write::RemoteWriteArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -222,6 +224,7 @@ async fn run_serve(
         );
     }
     let retention = args.retention.options().map_err(anyhow::Error::msg)?;
+    let remote_write = args.remote_write.options().map_err(anyhow::Error::msg)?;
     let grpc = TcpListener::bind(&args.grpc_listen)
         .await
         .with_context(|| format!("cannot listen on --grpc-listen {}", args.grpc_listen))?;
@@ -259,6 +262,7 @@ async fn run_serve(
         energy: args.energy.options(),
         follow: args.follow_store,
         retention,
+        remote_write,
         carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
             ..Default::default()

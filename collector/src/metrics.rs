@@ -44,6 +44,8 @@ pub struct Metrics {
     /// Per background job run under a lease ([`crate::accounting::leader`]): whether this collector
     /// leads it now. Written when leadership changes, read by `/metrics`.
     leading: Mutex<BTreeMap<&'static str, bool>>,
+    /// The remote-write pusher's counters ([`crate::remote_write`]).
+    pub remote_write: std::sync::Arc<crate::remote_write::Stats>,
 }
 
 impl Metrics {

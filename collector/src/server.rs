@@ -62,6 +62,8 @@ pub struct ServeOptions {
     pub retention: crate::accounting::rollups::RetentionOptions,
     /// Carbon accounting: providers, regions, PUE ([`crate::accounting::carbon`]).
     pub carbon: crate::accounting::carbon::CarbonOptions,
+    /// Prometheus remote-write ([`crate::remote_write`]); `None`: off.
+    pub remote_write: Option<crate::remote_write::RemoteWriteOptions>,
 }
 
 impl Default for ServeOptions {
@@ -82,6 +84,7 @@ impl Default for ServeOptions {
             lead: crate::accounting::leader::LeadOptions::default(),
             retention: crate::accounting::rollups::RetentionOptions::default(),
             carbon: crate::accounting::carbon::CarbonOptions::default(),
+            remote_write: None,
         }
     }
 }
@@ -228,6 +231,31 @@ pub async fn serve_with_store(
             }
         },
     );
+    // Remote-write pushes once across collectors too; its positions are in the database.
+    let remote_write_task = options.remote_write.clone().map(|rw| {
+        metrics
+            .remote_write
+            .enabled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let (store, stats) = (store.clone(), Arc::clone(&metrics.remote_write));
+        crate::accounting::leader::spawn(
+            store.clone(),
+            crate::remote_write::JOB,
+            Arc::clone(&metrics),
+            options.lead,
+            accountant_stop.clone(),
+            move |term| {
+                crate::remote_write::run_term(
+                    store.clone(),
+                    store.clone(),
+                    rw.clone(),
+                    Arc::clone(&stats),
+                    system_clock(),
+                    term,
+                )
+            },
+        )
+    });
     let ingest = IngestService::new(
         store.clone(),
         store.clone(),
@@ -376,6 +404,11 @@ pub async fn serve_with_store(
     accountant_stop.cancel();
     if let Err(e) = carbon_task.await {
         warn!(error = %e, "the carbon task ended abnormally");
+    }
+    if let Some(task) = remote_write_task
+        && let Err(e) = task.await
+    {
+        warn!(error = %e, "the remote-write task ended abnormally");
     }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");

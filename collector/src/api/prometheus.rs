@@ -494,6 +494,7 @@ pub fn render(
     let sum = metrics.commit_micros_sum.load(Relaxed) as f64 / 1e6;
     sample(&mut out, &format!("{h}_sum"), &[], sum);
     sample(&mut out, &format!("{h}_count"), &[], commits);
+    crate::remote_write::render(&metrics.remote_write, &mut out);
     out
 }
 

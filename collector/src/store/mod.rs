@@ -3,7 +3,7 @@
 //!
 //! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
 //! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
-//! [`CarbonStore`], [`JobLeases`]; [`Store`] is all of them. Components take the traits
+//! [`CarbonStore`], [`JobLeases`], [`RemoteWriteStore`]; [`Store`] is all of them. Components take the traits
 //! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
 //! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
 //! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
@@ -31,6 +31,7 @@ mod fleet;
 mod follow;
 pub mod lease;
 pub mod postgres;
+pub mod remote_write;
 pub mod rollup;
 mod rows;
 pub mod sqlite;
@@ -41,6 +42,7 @@ pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use lease::JobLeases;
+pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
 
 use async_trait::async_trait;
@@ -370,6 +372,7 @@ pub trait Store:
     + RollupStore
     + CarbonStore
     + JobLeases
+    + RemoteWriteStore
     + std::fmt::Debug
     + 'static
 {
@@ -541,7 +544,8 @@ macro_rules! migrations {
     ($dir:literal) => {
         migrations!($dir: 1 "init" "0001_init", 6 "energy" "0006_energy",
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
-            11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split")
+            11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
+            21 "remote write" "0021_remote_write")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

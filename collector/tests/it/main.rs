@@ -21,6 +21,7 @@ mod multi;
 mod multi_e2e;
 mod ownership;
 mod pg_restart;
+mod remote_write_real;
 mod report;
 mod retention_stall;
 mod store_contract;

@@ -1558,6 +1558,138 @@ mod contract {
     }
 }
 
+mod remote_write_contract {
+    use super::*;
+    use gpufleet_collector::store::remote_write::{STREAM_ENERGY, STREAM_GPU};
+    use std::collections::BTreeMap;
+
+    const MIN: i64 = 60_000;
+
+    /// Positions per stream and series, never moving back; closed workload energy per
+    /// minute and summed, provisional minutes left out, agreeing with the energy API's sums.
+    pub async fn remote_write_positions_and_closed_energy(store: Arc<dyn Store>) {
+        assert!(
+            store
+                .remote_write_positions(STREAM_GPU)
+                .await
+                .expect("read")
+                .is_empty()
+        );
+        async fn save(store: &Arc<dyn Store>, stream: &str, positions: &[(&str, i64)]) {
+            let positions: Vec<(String, i64)> = positions
+                .iter()
+                .map(|(s, p)| ((*s).to_owned(), *p))
+                .collect();
+            store
+                .save_remote_write_positions(stream, &positions)
+                .await
+                .expect("save");
+        }
+        save(&store, STREAM_GPU, &[("GPU-a", 10), ("GPU-b", 20)]).await;
+        save(&store, STREAM_GPU, &[("GPU-a", 5), ("GPU-b", 30)]).await;
+        save(&store, STREAM_ENERGY, &[("", T0)]).await;
+        let gpu = store
+            .remote_write_positions(STREAM_GPU)
+            .await
+            .expect("read");
+        assert_eq!(
+            gpu,
+            BTreeMap::from([("GPU-a".to_owned(), 10), ("GPU-b".to_owned(), 30)]),
+            "a position never moves back"
+        );
+        let energy = store
+            .remote_write_positions(STREAM_ENERGY)
+            .await
+            .expect("read");
+        assert_eq!(energy, BTreeMap::from([(String::new(), T0)]));
+
+        let rec = store
+            .register_node(
+                &hello("node-a"),
+                &inventory(vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)]),
+                T0,
+            )
+            .await
+            .expect("register");
+        let b = batch(1, T0, 330, &["GPU-a", "GPU-b"]);
+        store
+            .write_batches(&[node_batch(&rec, b)])
+            .await
+            .expect("write");
+        // The clock inside minute 5: the newest minutes are still open (provisional).
+        Accountant::new(
+            store.clone(),
+            EnergyOptions::default(),
+            contract::clock_at(T0 + 5 * MIN + 40_000),
+        )
+        .pass()
+        .await
+        .expect("account");
+        let minutes = store.energy_minutes(None, ALL_TIME).await.expect("minutes");
+        let open: Vec<i64> = minutes
+            .iter()
+            .filter(|(_, m)| m.provisional)
+            .map(|(_, m)| m.minute_ms)
+            .collect();
+        let first_open = *open.iter().min().expect("an open minute");
+        let last_closed = first_open - MIN;
+        assert!(last_closed > T0, "closed minutes too: {open:?}");
+
+        let per_minute = store
+            .workload_energy_minutes(T0 - MIN, T0 + 60 * MIN)
+            .await
+            .expect("minutes");
+        assert!(
+            per_minute
+                .windows(2)
+                .all(|w| w[0].minute_ms <= w[1].minute_ms)
+        );
+        assert!(
+            per_minute
+                .iter()
+                .all(|r| r.minute_ms <= last_closed && r.node == "node-a")
+        );
+        let mut summed: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        for r in &per_minute {
+            let e = summed.entry(r.workload.key()).or_default();
+            e.0 += r.active_mj;
+            e.1 += r.idle_mj;
+        }
+        let totals: BTreeMap<String, (u64, u64)> = store
+            .workload_energy_totals(T0 + 60 * MIN)
+            .await
+            .expect("totals")
+            .into_iter()
+            .map(|t| (t.workload.key(), (t.active_mj, t.idle_mj)))
+            .collect();
+        assert_eq!(totals, summed);
+        let mut api: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let closed = TimeRange {
+            from_ms: 0,
+            to_ms: last_closed,
+        };
+        for w in store
+            .workload_energy(closed, None, None)
+            .await
+            .expect("api")
+        {
+            let e = api.entry(w.workload.key()).or_default();
+            e.0 += w.active_mj;
+            e.1 += w.idle_mj;
+        }
+        assert_eq!(totals, api);
+        assert!(totals.values().any(|(a, _)| *a > 0), "energy was accounted");
+
+        // (after, to]: one minute.
+        let one = store
+            .workload_energy_minutes(T0 + MIN, T0 + 2 * MIN)
+            .await
+            .expect("one minute");
+        assert!(!one.is_empty());
+        assert!(one.iter().all(|r| r.minute_ms == T0 + 2 * MIN));
+    }
+}
+
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
 macro_rules! contract_tests {
     ($backend:ident, $open:path) => {
@@ -1580,6 +1712,12 @@ macro_rules! contract_tests {
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
             );
+            #[tokio::test]
+            async fn remote_write_positions_and_closed_energy() {
+                let (_guard, store) = $open().await;
+                remote_write_contract::remote_write_positions_and_closed_energy(Arc::clone(&store)).await;
+                store.close().await;
+            }
         }
     };
     (@each $open:path; $($name:ident),* $(,)?) => {

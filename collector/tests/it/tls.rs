@@ -774,3 +774,39 @@ async fn a_tls_connection_that_never_starts_http2_is_closed() {
     );
     c.stop().await;
 }
+
+/// Remote-write's client trusts the CA it is given (`--remote-write-ca`) and refuses a
+/// server signed by another one; the collector's own HTTPS listener stands in for the
+/// receiver.
+#[tokio::test]
+async fn remote_write_trusts_the_ca_it_is_given() {
+    use gpufleet_collector::remote_write::{Auth, Delivery, HttpSink, Sink};
+    let pki = Pki::new();
+    let c = start_tls(TlsOptions {
+        http: Some(pki.server_files(false)),
+        ..TlsOptions::default()
+    })
+    .await;
+    let url = format!("https://localhost:{}/api/v1/write", c.http.port());
+    let sink = |ca: &DevCa| {
+        HttpSink::new(
+            &url,
+            Auth::None,
+            Some(("ca.pem", ca.pem.cert.as_bytes())),
+            Duration::from_secs(10),
+        )
+        .expect("client")
+    };
+    // Past the handshake the collector answers (it has no such route) with a 4xx.
+    let trusted = sink(&pki.ca).send(vec![0]).await;
+    assert!(
+        matches!(trusted, Delivery::Refused { status: 404, .. }),
+        "{trusted:?}"
+    );
+    let untrusted = sink(&pki.other_ca).send(vec![0]).await;
+    assert!(
+        matches!(&untrusted, Delivery::Retry { why, .. } if why.contains("invalid peer certificate")),
+        "{untrusted:?}"
+    );
+    c.stop().await;
+}

@@ -1,0 +1,341 @@
+//! What is pushed and how it is encoded: stored GPU samples and per-workload energy turned
+//! into remote-write `TimeSeries` (the same metric names and labels as `/metrics`), and
+//! a `WriteRequest` as the wire wants it (protobuf, then snappy's block format).
+
+use crate::store::GpuRecord;
+use crate::store::remote_write::WorkloadNodeEnergy;
+use gpufleet_core::{GpuSample, UnixMs, Workload};
+use gpufleet_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
+use prost::Message;
+
+/// One per-GPU family: its metric name and the value a sample gives it (`None`: absent,
+/// so no sample is sent; never 0).
+pub type GpuFamily = (&'static str, fn(&GpuSample) -> Option<f64>);
+
+fn ratio(v: Option<u32>) -> Option<f64> {
+    v.map(|p| f64::from(p) / 100.0)
+}
+fn watts(v: Option<u32>) -> Option<f64> {
+    v.map(|mw| f64::from(mw) / 1000.0)
+}
+fn hertz(v: Option<u32>) -> Option<f64> {
+    v.map(|mhz| f64::from(mhz) * 1e6)
+}
+fn num(v: Option<u64>) -> Option<f64> {
+    v.map(|n| n as f64)
+}
+
+/// The per-GPU families pushed, named and scaled as on `/metrics`; labels `node`, `gpu`
+/// (index), `uuid`, `name`.
+pub const GPU_FAMILIES: &[GpuFamily] = &[
+    ("gpufleet_gpu_utilization_ratio", |s| ratio(s.util_gpu_pct)),
+    ("gpufleet_gpu_memory_utilization_ratio", |s| {
+        ratio(s.util_mem_pct)
+    }),
+    ("gpufleet_gpu_memory_used_bytes", |s| num(s.mem_used_bytes)),
+    (
+        "gpufleet_gpu_memory_total_bytes",
+        |s| num(s.mem_total_bytes),
+    ),
+    ("gpufleet_gpu_power_watts", |s| watts(s.power_mw)),
+    ("gpufleet_gpu_power_instant_watts", |s| {
+        watts(s.power_instant_mw)
+    }),
+    ("gpufleet_gpu_power_limit_watts", |s| {
+        watts(s.power_limit_mw)
+    }),
+    ("gpufleet_gpu_energy_joules_total", |s| {
+        s.energy_mj.map(|mj| mj as f64 / 1000.0)
+    }),
+    ("gpufleet_gpu_temperature_celsius", |s| {
+        s.temp_gpu_c.map(f64::from)
+    }),
+    ("gpufleet_gpu_memory_temperature_celsius", |s| {
+        s.temp_mem_c.map(f64::from)
+    }),
+    ("gpufleet_gpu_fan_speed_ratio", |s| ratio(s.fan_pct)),
+    ("gpufleet_gpu_sm_clock_hertz", |s| hertz(s.clock_sm_mhz)),
+    ("gpufleet_gpu_memory_clock_hertz", |s| {
+        hertz(s.clock_mem_mhz)
+    }),
+    ("gpufleet_gpu_graphics_clock_hertz", |s| {
+        hertz(s.clock_graphics_mhz)
+    }),
+    ("gpufleet_gpu_pstate", |s| s.pstate.map(f64::from)),
+    ("gpufleet_gpu_pcie_transmit_bytes_per_second", |s| {
+        num(s.pcie_tx_bps)
+    }),
+    ("gpufleet_gpu_pcie_receive_bytes_per_second", |s| {
+        num(s.pcie_rx_bps)
+    }),
+    ("gpufleet_gpu_nvlink_transmit_bytes_per_second", |s| {
+        num(s.nvlink_tx_bps)
+    }),
+    ("gpufleet_gpu_nvlink_receive_bytes_per_second", |s| {
+        num(s.nvlink_rx_bps)
+    }),
+    ("gpufleet_gpu_ecc_corrected_errors", |s| {
+        num(s.ecc_corrected_volatile)
+    }),
+    ("gpufleet_gpu_ecc_uncorrected_errors", |s| {
+        num(s.ecc_uncorrected_volatile)
+    }),
+    ("gpufleet_gpu_throttle_reasons", |s| num(s.throttle_reasons)),
+    ("gpufleet_gpu_encoder_utilization_ratio", |s| {
+        ratio(s.enc_util_pct)
+    }),
+    ("gpufleet_gpu_decoder_utilization_ratio", |s| {
+        ratio(s.dec_util_pct)
+    }),
+];
+
+/// The per-workload energy counter: cumulative joules per workload and node, `state`
+/// `active` or `idle`.
+pub const WORKLOAD_ENERGY: &str = "gpufleet_workload_energy_joules_total";
+
+/// Labels as the spec wants them: `__name__` first, then sorted by name, empty values
+/// left out (an empty label is no label to Prometheus).
+fn labels(name: &str, mut pairs: Vec<(&'static str, String)>) -> Vec<Label> {
+    pairs.retain(|(_, v)| !v.is_empty());
+    pairs.sort_by(|a, b| a.0.cmp(b.0));
+    std::iter::once(Label {
+        name: "__name__".into(),
+        value: name.into(),
+    })
+    .chain(pairs.into_iter().map(|(name, value)| Label {
+        name: name.into(),
+        value,
+    }))
+    .collect()
+}
+
+/// One GPU's stored samples (oldest first) as one series per family that has a value.
+pub fn gpu_series(node: &str, gpu: &GpuRecord, samples: &[(UnixMs, GpuSample)]) -> Vec<TimeSeries> {
+    let mut out = Vec::new();
+    for (name, value) in GPU_FAMILIES {
+        let points: Vec<Sample> = samples
+            .iter()
+            .filter_map(|(t, s)| {
+                value(s).filter(|v| v.is_finite()).map(|value| Sample {
+                    value,
+                    timestamp: *t,
+                })
+            })
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        out.push(TimeSeries {
+            labels: labels(
+                name,
+                vec![
+                    ("node", node.to_owned()),
+                    ("gpu", gpu.info.index.to_string()),
+                    ("uuid", gpu.info.uuid.clone()),
+                    ("name", gpu.info.name.clone()),
+                ],
+            ),
+            samples: points,
+        });
+    }
+    out
+}
+
+/// The workload labels `/metrics` uses: `workload` (its key), `kind`, `namespace`, `pod`,
+/// `container`, `job`, `user`, each only when known.
+fn workload_labels(w: &Workload) -> Vec<(&'static str, String)> {
+    let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+    vec![
+        ("workload", w.key()),
+        ("kind", w.kind.as_str().to_owned()),
+        ("namespace", opt(&w.namespace)),
+        ("pod", opt(&w.pod_name)),
+        (
+            "container",
+            w.container_name
+                .clone()
+                .or_else(|| w.container_id.clone())
+                .unwrap_or_default(),
+        ),
+        ("job", opt(&w.job_id)),
+        ("user", w.uid.map(|u| u.to_string()).unwrap_or_default()),
+    ]
+}
+
+/// A workload's cumulative energy on a node at `time_ms`: two series (`state` `active`
+/// and `idle`), in joules.
+pub fn energy_series(total: &WorkloadNodeEnergy, time_ms: UnixMs) -> [TimeSeries; 2] {
+    let series = |state: &str, mj: u64| {
+        let mut pairs = workload_labels(&total.workload);
+        pairs.push(("node", total.node.clone()));
+        pairs.push(("state", state.to_owned()));
+        TimeSeries {
+            labels: labels(WORKLOAD_ENERGY, pairs),
+            samples: vec![Sample {
+                value: mj as f64 / 1000.0,
+                timestamp: time_ms,
+            }],
+        }
+    };
+    [
+        series("active", total.active_mj),
+        series("idle", total.idle_mj),
+    ]
+}
+
+/// Samples in a request.
+pub fn sample_count(series: &[TimeSeries]) -> usize {
+    series.iter().map(|s| s.samples.len()).sum()
+}
+
+/// The request body: protobuf, compressed with snappy's block format (not its framed
+/// stream format), as remote-write 1.0 requires.
+pub fn encode(request: &WriteRequest) -> Vec<u8> {
+    let raw = request.encode_to_vec();
+    // Compressing a Vec in memory fails only for inputs above ~4 GiB; requests are far
+    // below (a few thousand samples), so an error here would be a bug.
+    snap::raw::Encoder::new()
+        .compress_vec(&raw)
+        .unwrap_or_else(|e| unreachable!("snappy cannot compress {} bytes: {e}", raw.len()))
+}
+
+/// Why a body could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not snappy block data: {0}")]
+    Snappy(#[from] snap::Error),
+    #[error("not a WriteRequest: {0}")]
+    Protobuf(#[from] prost::DecodeError),
+}
+
+/// The inverse of [`encode`] (what a receiver does; used by tests).
+pub fn decode(body: &[u8]) -> Result<WriteRequest, DecodeError> {
+    let raw = snap::raw::Decoder::new().decompress_vec(body)?;
+    Ok(WriteRequest::decode(raw.as_slice())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::GpuId;
+    use gpufleet_core::{GpuInfo, WorkloadKind};
+
+    fn gpu() -> GpuRecord {
+        GpuRecord {
+            id: GpuId(7),
+            info: GpuInfo {
+                index: 3,
+                uuid: "GPU-abc".into(),
+                name: "NVIDIA H100".into(),
+                ..GpuInfo::default()
+            },
+        }
+    }
+
+    #[test]
+    fn samples_round_trip_through_protobuf_and_snappy() {
+        let s1 = GpuSample {
+            gpu_uuid: "GPU-abc".into(),
+            power_mw: Some(250_500),
+            util_gpu_pct: Some(87),
+            ..GpuSample::default()
+        };
+        let s2 = GpuSample {
+            power_mw: Some(251_000),
+            // Absent at this tick: no sample, never a 0.
+            util_gpu_pct: None,
+            ..s1.clone()
+        };
+        let series = gpu_series("node-a", &gpu(), &[(1_000, s1), (2_000, s2)]);
+        let request = WriteRequest { timeseries: series };
+        let body = encode(&request);
+        // Snappy block format starts with the uncompressed length as a varint.
+        let raw_len = request.encoded_len();
+        assert_eq!(
+            snap::raw::decompress_len(&body).expect("snappy header"),
+            raw_len
+        );
+        let back = decode(&body).expect("decodes");
+        assert_eq!(back, request);
+
+        let power = back
+            .timeseries
+            .iter()
+            .find(|t| t.labels[0].value == "gpufleet_gpu_power_watts")
+            .expect("power series");
+        let names: Vec<(&str, &str)> = power
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("__name__", "gpufleet_gpu_power_watts"),
+                ("gpu", "3"),
+                ("name", "NVIDIA H100"),
+                ("node", "node-a"),
+                ("uuid", "GPU-abc"),
+            ]
+        );
+        let points: Vec<(i64, f64)> = power
+            .samples
+            .iter()
+            .map(|s| (s.timestamp, s.value))
+            .collect();
+        assert_eq!(points, [(1_000, 250.5), (2_000, 251.0)]);
+        let util = back
+            .timeseries
+            .iter()
+            .find(|t| t.labels[0].value == "gpufleet_gpu_utilization_ratio")
+            .expect("util series");
+        assert_eq!(util.samples.len(), 1, "the absent value is not sent");
+        assert_eq!(
+            back.timeseries.len(),
+            2,
+            "families without any value are not sent"
+        );
+        assert!(decode(b"not snappy").is_err());
+    }
+
+    #[test]
+    fn workload_energy_has_the_workload_labels_and_joules() {
+        let total = WorkloadNodeEnergy {
+            minute_ms: 60_000,
+            workload: Workload {
+                kind: WorkloadKind::Container,
+                runtime: "containerd".into(),
+                container_id: Some("c0ffee".into()),
+                container_name: Some("trainer".into()),
+                pod_name: Some("train-0".into()),
+                namespace: Some("ml".into()),
+                ..Workload::default()
+            },
+            node: "node-a".into(),
+            active_mj: 1_500,
+            idle_mj: 0,
+        };
+        let [active, idle] = energy_series(&total, 120_000);
+        let labels: Vec<(&str, &str)> = active
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("__name__", WORKLOAD_ENERGY),
+                ("container", "trainer"),
+                ("kind", "container"),
+                ("namespace", "ml"),
+                ("node", "node-a"),
+                ("pod", "train-0"),
+                ("state", "active"),
+                ("workload", total.workload.key().as_str()),
+            ]
+        );
+        assert_eq!(active.samples[0].value, 1.5);
+        assert_eq!(active.samples[0].timestamp, 120_000);
+        assert_eq!(idle.samples[0].value, 0.0, "a known zero is sent as zero");
+    }
+}

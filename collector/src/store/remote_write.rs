@@ -1,0 +1,169 @@
+//! Prometheus remote-write in the store ([`RemoteWriteStore`]): the delivered positions
+//! (`remote_write_positions`) and the per-workload energy the pusher sends, with their SQL
+//! once for both backends. The pushing is in [`crate::remote_write`]; GPU samples are read
+//! through [`super::FleetReads`].
+
+use super::backend::{Backend, Get, GetExt, sql};
+use super::rows::{self, WORKLOAD_COLS};
+use super::{SqlStore, StoreError};
+use async_trait::async_trait;
+use gpufleet_core::{UnixMs, Workload};
+use std::collections::BTreeMap;
+
+/// The stream of per-GPU positions (series: the GPU's UUID).
+pub const STREAM_GPU: &str = "gpu";
+/// The stream of the energy position (series `""`: the newest energy minute delivered).
+pub const STREAM_ENERGY: &str = "energy";
+
+/// One workload's closed energy on one node: in one minute (from
+/// [`RemoteWriteStore::workload_energy_minutes`]) or summed up to a minute (from
+/// [`RemoteWriteStore::workload_energy_totals`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadNodeEnergy {
+    /// The minute (its start), or for totals the minute they run to.
+    pub minute_ms: UnixMs,
+    pub workload: Workload,
+    pub node: String,
+    /// Its active share, in mJ.
+    pub active_mj: u64,
+    /// Its idle share by memory held (charged to it only under `spread`), in mJ.
+    pub idle_mj: u64,
+}
+
+/// What the remote-write pusher keeps and reads.
+#[async_trait]
+pub trait RemoteWriteStore: Send + Sync + std::fmt::Debug {
+    /// The delivered positions of `stream`, by series.
+    async fn remote_write_positions(
+        &self,
+        stream: &str,
+    ) -> Result<BTreeMap<String, UnixMs>, StoreError>;
+
+    /// Records delivered positions of `stream` in one transaction. A position never moves
+    /// back: an older one than the stored one is ignored.
+    async fn save_remote_write_positions(
+        &self,
+        stream: &str,
+        positions: &[(String, UnixMs)],
+    ) -> Result<(), StoreError>;
+
+    /// Per minute in `(after_ms, to_ms]`, per workload and node: the energy of closed
+    /// (not provisional) minutes, by minute.
+    async fn workload_energy_minutes(
+        &self,
+        after_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<Vec<WorkloadNodeEnergy>, StoreError>;
+
+    /// Per workload and node: the energy of every closed minute up to `to_ms` (inclusive),
+    /// each with `minute_ms` = `to_ms`.
+    async fn workload_energy_totals(
+        &self,
+        to_ms: UnixMs,
+    ) -> Result<Vec<WorkloadNodeEnergy>, StoreError>;
+}
+
+fn energy_row<R: Get>(
+    row: &R,
+    minute_ms: Option<UnixMs>,
+) -> Result<WorkloadNodeEnergy, StoreError> {
+    Ok(WorkloadNodeEnergy {
+        minute_ms: match minute_ms {
+            Some(m) => m,
+            None => row.get("minute_ms")?,
+        },
+        workload: rows::workload(row)?,
+        node: row.get("node_name")?,
+        active_mj: row.nonneg("active_mj")?,
+        idle_mj: row.nonneg("idle_mj")?,
+    })
+}
+
+/// Closed workload minutes joined to their workload and node; `{cols}` and the grouping
+/// are the caller's.
+const ENERGY_FROM: &str = "FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
+     JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id";
+
+#[async_trait]
+impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
+    async fn remote_write_positions(
+        &self,
+        stream: &str,
+    ) -> Result<BTreeMap<String, UnixMs>, StoreError> {
+        let query = sql::<DB>(
+            "read remote-write positions",
+            "SELECT series, position_ms FROM remote_write_positions WHERE stream = $1",
+        )
+        .bind(stream);
+        let rows = self
+            .fetch(query, |row| {
+                Ok((row.get("series")?, row.get("position_ms")?))
+            })
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    async fn save_remote_write_positions(
+        &self,
+        stream: &str,
+        positions: &[(String, UnixMs)],
+    ) -> Result<(), StoreError> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin_write("save remote-write positions").await?;
+        for (series, position_ms) in positions {
+            sql::<DB>(
+                "save a remote-write position",
+                "INSERT INTO remote_write_positions (stream, series, position_ms) \
+                 VALUES ($1, $2, $3) ON CONFLICT (stream, series) DO UPDATE SET position_ms = \
+                 CASE WHEN excluded.position_ms > remote_write_positions.position_ms \
+                 THEN excluded.position_ms ELSE remote_write_positions.position_ms END",
+            )
+            .bind(stream)
+            .bind(series.as_str())
+            .bind(*position_ms)
+            .execute(tx.conn())
+            .await?;
+        }
+        tx.commit("save remote-write positions").await
+    }
+
+    async fn workload_energy_minutes(
+        &self,
+        after_ms: UnixMs,
+        to_ms: UnixMs,
+    ) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+        let query = sql::<DB>(
+            "read closed workload energy minutes",
+            format!(
+                "SELECT m.minute_ms, {WORKLOAD_COLS}, n.name AS node_name, \
+                 CAST(sum(m.active_mj) AS BIGINT) AS active_mj, \
+                 CAST(sum(m.idle_mj) AS BIGINT) AS idle_mj {ENERGY_FROM} \
+                 WHERE m.minute_ms > $1 AND m.minute_ms <= $2 AND NOT m.provisional \
+                 GROUP BY m.minute_ms, w.id, n.id ORDER BY m.minute_ms, w.key, n.name"
+            ),
+        )
+        .bind(after_ms)
+        .bind(to_ms);
+        self.fetch(query, |row| energy_row(row, None)).await
+    }
+
+    async fn workload_energy_totals(
+        &self,
+        to_ms: UnixMs,
+    ) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+        let query = sql::<DB>(
+            "sum closed workload energy",
+            format!(
+                "SELECT {WORKLOAD_COLS}, n.name AS node_name, \
+                 CAST(sum(m.active_mj) AS BIGINT) AS active_mj, \
+                 CAST(sum(m.idle_mj) AS BIGINT) AS idle_mj {ENERGY_FROM} \
+                 WHERE m.minute_ms <= $1 AND NOT m.provisional \
+                 GROUP BY w.id, n.id ORDER BY w.key, n.name"
+            ),
+        )
+        .bind(to_ms);
+        self.fetch(query, |row| energy_row(row, Some(to_ms))).await
+    }
+}
