@@ -369,8 +369,11 @@ fn host_point(time_ms: UnixMs, v: [Option<f64>; HOST_FIELDS]) -> HostPoint {
 /// the same rule as the GPU series.
 pub fn downsample_host(rows: &[HostRow], step_ms: Option<i64>) -> Vec<HostPoint> {
     let Some(step) = step_ms.map(|s| s.max(1)) else {
+        // A row with only the sampler's cost (agents read host metrics at most once a
+        // second) is no point of these series, not a gap.
         return rows
             .iter()
+            .filter(|r| r.sample.is_some())
             .map(|r| host_point(r.time_ms, host_values(r)))
             .collect();
     };
