@@ -86,6 +86,7 @@ impl<'n> Reader<'n> {
                 fields: field_batch(&links),
                 links,
                 nvlink_prev: BTreeMap::new(),
+                power_limit: None,
             });
         }
         Ok(Self {
@@ -272,7 +273,13 @@ pub(super) fn sample_device(
     let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
     let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
     let power_mw = read(dev, timer, Metric::Power, |d| d.power_usage());
-    let power_limit_mw = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+    let power_limit_mw = if dev.power_limit_due(now_ms) {
+        let limit = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+        dev.power_limit = Some((limit, now_ms));
+        limit
+    } else {
+        dev.power_limit.and_then(|(limit, _)| limit)
+    };
     let energy_mj = read(dev, timer, Metric::Energy, |d| d.total_energy_consumption());
     let temp_gpu_c = read(dev, timer, Metric::TempGpu, |d| {
         d.temperature(TemperatureSensor::Gpu)
@@ -340,6 +347,11 @@ pub(super) fn sample_device(
         graphics.as_deref().unwrap_or(&[]),
         util_samples.as_deref(),
     );
+    if dev.lost {
+        // Read again once it answers; nothing cached is reported for a lost GPU.
+        dev.power_limit = None;
+    }
+    let power_limit_mw = power_limit_mw.filter(|_| !dev.lost);
     let sample = GpuSample {
         gpu_uuid: dev.uuid.clone(),
         util_gpu_pct: util.as_ref().map(|u| pct(u.gpu)),
