@@ -348,10 +348,9 @@ pub(super) fn sample_device(
         util_samples.as_deref(),
     );
     if dev.lost {
-        // Read again once it answers; nothing cached is reported for a lost GPU.
+        // Nothing cached is reported for a lost GPU; read again once it answers.
         dev.power_limit = None;
     }
-    let power_limit_mw = power_limit_mw.filter(|_| !dev.lost);
     let sample = GpuSample {
         gpu_uuid: dev.uuid.clone(),
         util_gpu_pct: util.as_ref().map(|u| pct(u.gpu)),
