@@ -113,6 +113,9 @@ pub(super) struct DeviceState<'n> {
     /// an administrator sets it, so it is read every [`POWER_LIMIT_EVERY_MS`]; absent
     /// when that read gave nothing.
     pub(super) power_limit: Option<(Option<u32>, UnixMs)>,
+    /// How many entries the compute, graphics and utilization lists held last tick (the
+    /// next call's buffer is sized from it: see `lists`).
+    pub(super) list_hints: [u32; 3],
 }
 
 /// How often the enforced power limit is read again (ms of tick time).
