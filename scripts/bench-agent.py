@@ -70,8 +70,9 @@ def parse_interval(text):
     raise SystemExit(f"error: interval {text!r}: write e.g. 1s or 100ms")
 
 
-def scenario(gpus, pids):
-    """GPUs of a busy HGX-like node: each process is a rank holding two GPUs."""
+def scenario(gpus, pids, node):
+    """GPUs of a busy HGX-like node: each process is a rank holding two GPUs. The UUIDs
+    name the node: the collector refuses a second node claiming a GPU it knows."""
     out = []
     for g in range(gpus):
         procs = [
@@ -81,7 +82,7 @@ def scenario(gpus, pids):
         ]
         out.append(
             {
-                "uuid": f"GPU-bench-{g:02}",
+                "uuid": f"GPU-{node}-{g:02}",
                 "util_gpu_pct": [90, 95, 99],
                 "util_mem_pct": [40, 45, 50],
                 "mem_used_bytes": 42 << 30,
@@ -127,12 +128,6 @@ def main():
         # Real processes for the GPU process lists: their /proc entries are read by the
         # agent (user, command, cgroup) as on a node.
         sleepers = [spawn(["sleep", "100000"]) for _ in range(args.procs)]
-        lib_dir = os.path.join(tmp, "lib")
-        os.makedirs(lib_dir)
-        lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
-        shutil.copy(lib_built, lib)
-        with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
-            json.dump(scenario(args.gpus, [s.pid for s in sleepers]), f)
         grpc, http = free_port(), free_port()
         collector_log = open(os.path.join(tmp, "collector.log"), "w")
         collector = spawn(
@@ -157,8 +152,16 @@ def main():
         )
         rows = []
         for text in args.intervals.split(","):
-            ivl = parse_interval(text.strip())
-            rows.append(run_interval(args, bins, tmp, lib, lib_dir, grpc, text.strip(), ivl, spawn))
+            text = text.strip()
+            ivl = parse_interval(text)
+            # One copy of the fake per interval (its own node), shared by both monitors.
+            lib_dir = os.path.join(tmp, f"lib-{text}")
+            os.makedirs(lib_dir)
+            lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
+            shutil.copy(lib_built, lib)
+            with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
+                json.dump(scenario(args.gpus, [s.pid for s in sleepers], f"bench-{text}"), f)
+            rows.append(run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn))
         print()
         print(
             "| interval | agent µs CPU / GPU-sample | agent % of a core | agent RSS MiB (peak) "

@@ -110,8 +110,9 @@ pub struct SpoolArgs {
     /// The default (1 GiB) holds about 4 days of 8 GPUs at 1 s.
     #[arg(long, env = "GPUFLEET_SPOOL_MAX_BYTES", value_name = "BYTES", default_value_t = DEFAULT_MAX_BYTES, value_parser = clap::value_parser!(u64).range(4096..))]
     pub spool_max_bytes: u64,
-    /// When to fsync the spool: after each tick (batch), once a second (interval), never.
-    #[arg(long, env = "GPUFLEET_SPOOL_FSYNC", value_name = "POLICY", value_enum, default_value_t = FsyncPolicy::Batch)]
+    /// When to fsync the spool: ticks still unacked after 1 s, grouped (acked); after each
+    /// tick (batch); once a second (interval); never.
+    #[arg(long, env = "GPUFLEET_SPOOL_FSYNC", value_name = "POLICY", value_enum, default_value_t = FsyncPolicy::Acked)]
     pub spool_fsync: FsyncPolicy,
 }
 

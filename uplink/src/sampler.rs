@@ -9,6 +9,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
+/// Host metrics (`/proc`) are read at most this often, whatever the interval: they cost
+/// more than a GPU sample and change slowly; the ticks between carry none (the collector
+/// keeps the last reading as the node's latest).
+pub const HOST_EVERY: Duration = Duration::from_secs(1);
+/// How early a tick may come and still take the host reading due at the next
+/// [`HOST_EVERY`] mark (wake-up jitter must not skip every other reading at 1 s).
+const HOST_SLACK: Duration = Duration::from_millis(50);
+
 /// A source plus the host metrics source, measuring the cost of each tick.
 pub struct Sampler {
     /// Where GPU readings come from.
@@ -16,6 +24,8 @@ pub struct Sampler {
     /// Host metrics (the agent's `/proc` reader), used when the source does not provide
     /// them (the simulator does; NVML does not).
     host: Option<Box<dyn HostSource>>,
+    /// When the next host reading is due (`None`: at the next tick).
+    host_due: Option<Instant>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -30,7 +40,11 @@ impl std::fmt::Debug for Sampler {
 impl Sampler {
     /// A sampler of `source`, with host metrics from `host` when given.
     pub fn new(source: Box<dyn GpuSource>, host: Option<Box<dyn HostSource>>) -> Self {
-        Self { source, host }
+        Self {
+            source,
+            host,
+            host_due: None,
+        }
     }
 
     /// The source's name.
@@ -53,15 +67,25 @@ impl Sampler {
     /// One tick at `now_ms`, with host metrics and its cost: `wall_us` for the whole tick,
     /// `cpu_us` of this thread plus what the source reports for its own thread,
     /// `source_us` as the source measured it (else the wall time of the source call).
+    /// Host metrics are added at most every [`HOST_EVERY`].
     pub fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
-        let wall = Instant::now();
+        self.sample_at(now_ms, Instant::now())
+    }
+
+    /// [`Self::sample`] with the tick starting at `wall`.
+    fn sample_at(&mut self, now_ms: UnixMs, wall: Instant) -> Result<Tick, SourceError> {
         let cpu = thread_cpu_time();
         let mut tick = self.source.sample(now_ms)?;
         let source_wall = wall.elapsed();
         if tick.host.is_none()
             && let Some(h) = &mut self.host
+            && self.host_due.is_none_or(|due| wall + HOST_SLACK >= due)
         {
             tick.host = Some(h.sample(now_ms));
+            // On the grid of HOST_EVERY marks (a late tick does not shift it), never
+            // closer than half a period after this reading.
+            let due = self.host_due.map_or(wall, |d| d) + HOST_EVERY;
+            self.host_due = Some(due.max(wall + HOST_EVERY / 2));
         }
         let own_cpu = micros(thread_cpu_time().saturating_sub(cpu));
         let cost = tick.cost.get_or_insert_with(Default::default);
@@ -189,4 +213,73 @@ pub fn spawn_sampling(
         thread: Some(thread),
         done,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpufleet_core::HostSample;
+
+    struct NoGpus;
+
+    impl GpuSource for NoGpus {
+        fn name(&self) -> &'static str {
+            "none"
+        }
+        fn inventory(&mut self) -> Result<Inventory, SourceError> {
+            Ok(Inventory::default())
+        }
+        fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
+            Ok(Tick {
+                time_ms: now_ms,
+                ..Tick::default()
+            })
+        }
+    }
+
+    #[derive(Debug)]
+    struct Host;
+
+    impl HostSource for Host {
+        fn sample(&mut self, _: UnixMs) -> HostSample {
+            HostSample {
+                load1: Some(1.0),
+                ..HostSample::default()
+            }
+        }
+        fn boot_id(&self) -> Option<String> {
+            None
+        }
+    }
+
+    /// Which of the ticks at `offsets_ms` (from one start) carry host metrics.
+    fn host_ticks(offsets_ms: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut s = Sampler::new(Box::new(NoGpus), Some(Box::new(Host)));
+        let start = Instant::now();
+        offsets_ms
+            .into_iter()
+            .filter(|&ms| {
+                let at = start + Duration::from_millis(ms);
+                let tick = s.sample_at(ms as i64 + 1, at).expect("tick");
+                tick.host.is_some()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn host_metrics_are_read_at_most_once_a_second_whatever_the_interval() {
+        assert_eq!(
+            host_ticks((0..=30).map(|i| i * 100)),
+            [0, 1000, 2000, 3000],
+            "100 ms: one tick in ten"
+        );
+        // 1 s, each wake-up up to 20 ms early or late: every tick still reads them.
+        let jittered = [0, 980, 2020, 3000, 3980, 5020, 6000];
+        assert_eq!(host_ticks(jittered), jittered);
+        assert_eq!(
+            host_ticks([0, 300, 600, 900, 1200, 1500, 1800, 2100, 2400]),
+            [0, 1200, 2100],
+            "300 ms: the first tick at or after each second mark"
+        );
+    }
 }

@@ -109,6 +109,25 @@ pub(super) struct DeviceState<'n> {
     pub(super) nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
     /// Its MIG devices (MIG enabled), found once.
     pub(super) migs: Vec<MigDevice<'n>>,
+    /// The enforced power limit as last read, and when (tick time): it changes only when
+    /// an administrator sets it, so it is read every [`POWER_LIMIT_EVERY_MS`]; absent
+    /// when that read gave nothing.
+    pub(super) power_limit: Option<(Option<u32>, UnixMs)>,
+    /// How many entries the compute, graphics and utilization lists held last tick (the
+    /// next call's buffer is sized from it: see `lists`).
+    pub(super) list_hints: [u32; 3],
+}
+
+/// How often the enforced power limit is read again (ms of tick time).
+pub(super) const POWER_LIMIT_EVERY_MS: UnixMs = 30_000;
+
+impl DeviceState<'_> {
+    /// Whether the power limit is to be read at tick time `now_ms`: never read yet, read
+    /// [`POWER_LIMIT_EVERY_MS`] ago or more, or the clock went back.
+    pub(super) fn power_limit_due(&self, now_ms: UnixMs) -> bool {
+        self.power_limit
+            .is_none_or(|(_, at)| now_ms < at || now_ms - at >= POWER_LIMIT_EVERY_MS)
+    }
 }
 
 #[cfg(test)]

@@ -2,8 +2,8 @@
 
 use super::NO_INSTANCE_ID;
 use super::device::DeviceState;
+use super::lists::{ProcessList, running_processes};
 use super::mapping::mig_profile;
-use super::reader::retry_grown;
 use gpufleet_core::MigInstance;
 use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::Device;
@@ -70,7 +70,7 @@ pub(super) fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> Has
     }
     for mig in &dev.migs {
         let start = Instant::now();
-        let listed = retry_grown(|| mig.device.running_compute_processes());
+        let listed = running_processes(&mig.device, ProcessList::Compute, &mut 0);
         timer.record(dev.index, "mig.running_compute_processes", start.elapsed());
         match listed {
             Ok(procs) => {

@@ -30,11 +30,12 @@
 //! NVLink: NVML's `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX` fields are cumulative KiB
 //! counters that take the link in the entry's `scopeId` (`UINT_MAX`: the sum over all
 //! links). nvml-wrapper 0.13 always sends `scopeId` 0, so the batch is made by
-//! `field_values_scoped` (the agent's only `unsafe`). Rates are the counters' deltas
+//! `field_values_scoped` (the agent's `unsafe`, with the one-call lists of `lists`). Rates are the counters' deltas
 //! between ticks: absent on the first tick and after a counter went backwards.
 //!
 //! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `fields`
-//! for the batched field values), `events` is the event thread, and `mapping` holds
+//! for the batched field values, `lists` for the process and utilization lists in one
+//! call each), `events` is the event thread, and `mapping` holds
 //! the NVML → domain mappings, pure functions tested without NVML.
 //!
 //! [`SamplerCost`]: gpufleet_core::SamplerCost
@@ -42,6 +43,7 @@
 mod device;
 mod events;
 mod fields;
+mod lists;
 mod mapping;
 mod mig;
 mod reader;

@@ -1,14 +1,15 @@
 //! The per-tick reader: inventory, one sample per device, lost-GPU probing and the
 //! NVML calls' error handling and timing.
 
+use super::NvmlOptions;
 use super::device::{DeviceState, Metric, MetricSet};
 use super::fields::{active_nvlinks, read_fields};
+use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
     GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
     memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
 };
 use super::mig::{discover_migs, mig_processes};
-use super::{LIST_ATTEMPTS, NvmlOptions};
 use crate::cgroup::{self, ProcessIdentity, UserNames};
 use crate::host;
 use gpufleet_core::SourceError;
@@ -86,6 +87,8 @@ impl<'n> Reader<'n> {
                 fields: field_batch(&links),
                 links,
                 nvlink_prev: BTreeMap::new(),
+                power_limit: None,
+                list_hints: [0; 3],
             });
         }
         Ok(Self {
@@ -272,7 +275,13 @@ pub(super) fn sample_device(
     let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
     let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
     let power_mw = read(dev, timer, Metric::Power, |d| d.power_usage());
-    let power_limit_mw = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+    let power_limit_mw = if dev.power_limit_due(now_ms) {
+        let limit = read(dev, timer, Metric::PowerLimit, |d| d.enforced_power_limit());
+        dev.power_limit = Some((limit, now_ms));
+        limit
+    } else {
+        dev.power_limit.and_then(|(limit, _)| limit)
+    };
     let energy_mj = read(dev, timer, Metric::Energy, |d| d.total_energy_consumption());
     let temp_gpu_c = read(dev, timer, Metric::TempGpu, |d| {
         d.temperature(TemperatureSensor::Gpu)
@@ -310,11 +319,12 @@ pub(super) fn sample_device(
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
     let fields = read_fields(dev, timer, now_ms);
+    let mut hints = dev.list_hints;
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
-        retry_grown(|| d.running_compute_processes())
+        running_processes(d, ProcessList::Compute, &mut hints[0])
     });
     let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
-        retry_grown(|| d.running_graphics_processes())
+        running_processes(d, ProcessList::Graphics, &mut hints[1])
     });
     let since = if dev.last_util_ts == 0 {
         // First call: the last second, not the driver's whole buffer.
@@ -323,12 +333,9 @@ pub(super) fn sample_device(
         dev.last_util_ts
     };
     let util_samples = read(dev, timer, Metric::ProcessUtil, |d| {
-        match d.process_utilization_stats(since) {
-            // NOT_FOUND: no process had a sample since `since`.
-            Err(NvmlError::NotFound) => Ok(Vec::new()),
-            other => other,
-        }
+        process_utilization(d, since, &mut hints[2])
     });
+    dev.list_hints = hints;
     if let Some(newest) = util_samples
         .as_ref()
         .and_then(|s| s.iter().map(|u| u.timestamp).max())
@@ -340,6 +347,10 @@ pub(super) fn sample_device(
         graphics.as_deref().unwrap_or(&[]),
         util_samples.as_deref(),
     );
+    if dev.lost {
+        // Nothing cached is reported for a lost GPU; read again once it answers.
+        dev.power_limit = None;
+    }
     let sample = GpuSample {
         gpu_uuid: dev.uuid.clone(),
         util_gpu_pct: util.as_ref().map(|u| pct(u.gpu)),
@@ -394,46 +405,5 @@ pub(super) fn probe_lost<'n>(
             debug!(gpu = dev.index, error = %e, "GPU still lost");
             false
         }
-    }
-}
-
-/// A process list asked again (up to [`LIST_ATTEMPTS`] times) when it grew between
-/// NVML's size query and the fill.
-pub(super) fn retry_grown<T>(
-    mut list: impl FnMut() -> Result<Vec<T>, NvmlError>,
-) -> Result<Vec<T>, NvmlError> {
-    let mut result = list();
-    for _ in 1..LIST_ATTEMPTS {
-        if !matches!(result, Err(NvmlError::InsufficientSize(_))) {
-            break;
-        }
-        result = list();
-    }
-    result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn process_lists_are_asked_again_when_they_grew() {
-        let mut calls = 0;
-        let r = retry_grown(|| {
-            calls += 1;
-            if calls < 3 {
-                Err(NvmlError::InsufficientSize(None))
-            } else {
-                Ok(vec![1])
-            }
-        });
-        assert_eq!((r.ok(), calls), (Some(vec![1]), 3));
-        let mut calls = 0;
-        let r: Result<Vec<u32>, _> = retry_grown(|| {
-            calls += 1;
-            Err(NvmlError::InsufficientSize(None))
-        });
-        assert!(r.is_err());
-        assert_eq!(calls, LIST_ATTEMPTS, "bounded");
     }
 }

@@ -2,13 +2,22 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use thiserror::Error;
+
+/// Under [`FsyncPolicy::Acked`], how long a tick may stay unacked and unsynced.
+pub const ACKED_GRACE: Duration = Duration::from_secs(1);
 
 /// When the spool calls fsync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FsyncPolicy {
-    /// After every appended tick and every watermark update (an ack survives power loss).
+    /// Only for ticks the collector has not acked within [`ACKED_GRACE`]: one fsync then
+    /// covers all of them. A tick acked sooner is durable in the collector's database and
+    /// never costs a disk flush here; a power cut loses at most the last second of
+    /// unacked ticks.
     #[default]
+    Acked,
+    /// After every appended tick and every watermark update (an ack survives power loss).
     Batch,
     /// At most once a second (a power cut loses at most the last second).
     Interval,

@@ -54,7 +54,7 @@ mod record;
 mod tests;
 mod trim;
 
-pub use config::{FsyncPolicy, SpoolConfig, SpoolError, config_for};
+pub use config::{ACKED_GRACE, FsyncPolicy, SpoolConfig, SpoolError, config_for};
 
 use config::io_err;
 use gpufleet_uplink::encoded::wire_bytes;
@@ -194,6 +194,12 @@ pub struct Spool {
     last_sync: Instant,
     /// Appended since the last fsync.
     dirty: bool,
+    /// Ticks appended to the active segment since its last fsync, with when, oldest first
+    /// (for [`FsyncPolicy::Acked`]: fsynced once one is still unacked after
+    /// [`config::ACKED_GRACE`]).
+    unsynced: VecDeque<(u64, Instant)>,
+    /// Bytes at the start of the active segment known to be on disk (fsynced).
+    synced_bytes: u64,
     /// The watermark or counters moved since `meta.json` was written.
     meta_dirty: bool,
     /// When `meta.json` was last written.
@@ -343,6 +349,8 @@ impl Spool {
             live,
             last_sync: Instant::now(),
             dirty: false,
+            unsynced: VecDeque::new(),
+            synced_bytes: 0,
             meta_dirty: false,
             meta_written: Instant::now(),
             doomed: Vec::new(),
@@ -416,7 +424,8 @@ impl Spool {
         }
     }
 
-    fn append(&mut self, rec: &[u8]) -> io::Result<u64> {
+    /// Appends the record of tick `id` to the active segment; returns its offset.
+    fn append(&mut self, id: u64, rec: &[u8], now: Instant) -> io::Result<u64> {
         let Some(seg) = self.segments.back_mut() else {
             return Err(io::Error::other("no active segment"));
         };
@@ -425,23 +434,38 @@ impl Spool {
         seg.bytes += rec.len() as u64;
         self.dirty = true;
         let sync = match self.cfg.fsync {
+            FsyncPolicy::Acked => {
+                self.unsynced.push_back((id, now));
+                false
+            }
             FsyncPolicy::Batch => true,
-            FsyncPolicy::Interval => self.last_sync.elapsed() >= Duration::from_secs(1),
+            FsyncPolicy::Interval => {
+                now.saturating_duration_since(self.last_sync) >= Duration::from_secs(1)
+            }
             FsyncPolicy::Never => false,
         };
         if sync {
-            self.active.sync_data()?;
-            self.last_sync = Instant::now();
-            self.dirty = false;
+            self.sync_active(now)?;
         }
         Ok(offset)
     }
 
+    /// Fsyncs the active segment: everything appended to it so far is on disk.
+    fn sync_active(&mut self, now: Instant) -> io::Result<()> {
+        self.active.sync_data()?;
+        self.last_sync = now;
+        self.dirty = false;
+        self.unsynced.clear();
+        self.synced_bytes = self.segments.back().map_or(0, |s| s.bytes);
+        Ok(())
+    }
+
     fn rotate(&mut self) -> Result<(), SpoolError> {
         if self.dirty && self.sync_policy() {
-            let _ = self.active.sync_data();
-            self.dirty = false;
+            let _ = self.sync_active(Instant::now());
         }
+        self.unsynced.clear();
+        self.synced_bytes = 0;
         self.active = Self::create_segment(&self.cfg.dir, self.next_id)?;
         self.segments.push_back(Segment {
             first: self.next_id,

@@ -1,7 +1,7 @@
 //! The spool as an [`Outbox`]: appending ticks, forming batches from unacked ticks,
 //! reading held ticks back, and settling acks and rejects.
 
-use super::config::FsyncPolicy;
+use super::config::{ACKED_GRACE, FsyncPolicy};
 use super::record::{encode_record, seg_path};
 use super::{CACHE_BYTES, Entry, HEADER, HeldBatch, META_EVERY, Spool, State};
 use gpufleet_core::DeliveryStats;
@@ -68,6 +68,44 @@ impl Spool {
         Some(ticks)
     }
 
+    /// Whether tick `id` is still held and neither acked nor dropped.
+    fn is_live(&self, id: u64) -> bool {
+        self.index_of(id)
+            .is_some_and(|at| matches!(self.entries[at].state, State::Pending | State::Batched))
+    }
+
+    /// [`Outbox::maintain`] at `now`: persists the watermark when due, and fsyncs what the
+    /// policy says is due — under [`FsyncPolicy::Acked`], once the oldest tick appended
+    /// since the last fsync and still unacked is [`ACKED_GRACE`] old (one fsync for all
+    /// of them; ticks acked sooner need none).
+    pub(super) fn maintain_at(&mut self, now: Instant) {
+        if !self.doomed.is_empty()
+            || (self.meta_dirty && now.saturating_duration_since(self.meta_written) >= META_EVERY)
+        {
+            self.persist();
+        }
+        let due = match self.cfg.fsync {
+            FsyncPolicy::Acked => loop {
+                let Some(&(id, at)) = self.unsynced.front() else {
+                    break false;
+                };
+                if self.is_live(id) {
+                    break now.saturating_duration_since(at) >= ACKED_GRACE;
+                }
+                self.unsynced.pop_front();
+            },
+            FsyncPolicy::Interval => {
+                self.dirty
+                    && now.saturating_duration_since(self.last_sync) >= Duration::from_secs(1)
+            }
+            FsyncPolicy::Batch | FsyncPolicy::Never => false,
+        };
+        if due && let Err(e) = self.sync_active(now) {
+            warn!(error = %e, "cannot fsync the spool");
+            self.last_sync = now;
+        }
+    }
+
     fn stats(&self) -> DeliveryStats {
         DeliveryStats {
             dropped_samples: self.counts.dropped,
@@ -121,7 +159,7 @@ impl Outbox for Spool {
         {
             error!(error = %e, "cannot start a new spool segment; appending to the current one");
         }
-        let appended = self.append(&rec);
+        let appended = self.append(self.next_id, &rec, Instant::now());
         self.record = rec;
         match appended {
             Ok(offset) => {
@@ -159,20 +197,7 @@ impl Outbox for Spool {
     }
 
     fn maintain(&mut self) {
-        if !self.doomed.is_empty() || (self.meta_dirty && self.meta_written.elapsed() >= META_EVERY)
-        {
-            self.persist();
-        }
-        if self.dirty
-            && self.cfg.fsync == FsyncPolicy::Interval
-            && self.last_sync.elapsed() >= Duration::from_secs(1)
-        {
-            if let Err(e) = self.active.sync_data() {
-                warn!(error = %e, "cannot fsync the spool");
-            }
-            self.last_sync = Instant::now();
-            self.dirty = false;
-        }
+        self.maintain_at(Instant::now());
     }
 
     fn start_session(&mut self, last_acked_seq: u64) {

@@ -190,6 +190,66 @@ fn acks_rewrite_no_file_and_a_crash_before_the_lazy_watermark_resends_never_lose
     assert_eq!(l.summary().unacked, 4);
 }
 
+/// A copy of the spool's files as a power cut would leave them: the active segment
+/// holds only what was fsynced.
+fn power_cut_copy(s: &Spool, from: &Path, to: &Path) {
+    crash_copy(from, to);
+    let active = s.segments.back().expect("active segment").first;
+    let seg = fs::OpenOptions::new()
+        .write(true)
+        .open(record::seg_path(to, active))
+        .expect("segment copy");
+    seg.set_len(s.synced_bytes).expect("truncate");
+}
+
+#[test]
+fn acked_policy_fsyncs_once_for_ticks_unacked_after_a_second_and_a_power_cut_keeps_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut s = Spool::open(SpoolConfig {
+        fsync: FsyncPolicy::Acked,
+        ..cfg(dir.path(), 1 << 20)
+    })
+    .expect("open");
+    // Acked within the grace: never fsynced.
+    for i in 0..3 {
+        s.push(tick(i, 2));
+    }
+    let b = s.next_to_send(LIMITS).expect("batch");
+    assert!(s.ack(b.seq));
+    s.maintain_at(Instant::now() + ACKED_GRACE * 2);
+    assert_eq!(s.synced_bytes, 0, "acked ticks cost no fsync");
+    assert!(s.unsynced.is_empty());
+
+    // Unacked: one fsync covers them all, once the oldest is a second old.
+    let start = Instant::now();
+    for i in 3..8 {
+        s.push(tick(i, 2));
+    }
+    let sent = s.next_to_send(LIMITS).expect("in flight");
+    s.maintain_at(start + ACKED_GRACE / 2);
+    assert_eq!(s.synced_bytes, 0, "not due yet");
+    s.maintain_at(start + ACKED_GRACE + Duration::from_millis(100));
+    let active = s.segments.back().expect("active").bytes;
+    assert_eq!(s.synced_bytes, active, "one fsync for everything appended");
+    assert!(s.unsynced.is_empty());
+
+    let cut = tempfile::tempdir().expect("tempdir");
+    power_cut_copy(&s, dir.path(), cut.path());
+    let mut c = Spool::open(cfg(cut.path(), 1 << 20)).expect("reopen");
+    assert_eq!(
+        c.summary().unacked,
+        16,
+        "all eight ticks survive: the five unacked ones fsynced, the acked ones with them"
+    );
+    let resent = c.next_to_send(LIMITS).expect("resent");
+    assert_eq!(
+        resent.decoded(),
+        (0..8).map(|i| tick(i, 2)).collect::<Vec<_>>(),
+        "the acked ones come back too (the watermark is lazy): a resend, not a loss"
+    );
+    drop(sent);
+}
+
 #[test]
 fn the_welcome_watermark_trims_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -368,9 +368,11 @@ fn host_point(time_ms: UnixMs, v: [Option<f64>; HOST_FIELDS]) -> HostPoint {
 /// bucket `[k*step, (k+1)*step)` stamped with the bucket start, empty buckets omitted —
 /// the same rule as the GPU series.
 pub fn downsample_host(rows: &[HostRow], step_ms: Option<i64>) -> Vec<HostPoint> {
+    // A row with only the sampler's cost (agents read host metrics at most once a second)
+    // is no point of these series, not a gap.
+    let rows = rows.iter().filter(|r| r.sample.is_some());
     let Some(step) = step_ms.map(|s| s.max(1)) else {
         return rows
-            .iter()
             .map(|r| host_point(r.time_ms, host_values(r)))
             .collect();
     };
@@ -574,5 +576,23 @@ mod tests {
         let raw = downsample_host(&rows, None);
         assert_eq!(raw.len(), rows.len());
         assert_eq!(raw[2].cpu_util_pct, Some(40.0));
+    }
+
+    #[test]
+    fn rows_with_only_a_cost_are_no_points() {
+        let cost_only = |t| HostRow {
+            time_ms: t,
+            sample: None,
+            cost: Some(Default::default()),
+        };
+        let rows = [row(0, Some(20.0), None), cost_only(100), cost_only(1100)];
+        let times = |step| -> Vec<i64> {
+            downsample_host(&rows, step)
+                .iter()
+                .map(|p| p.time_ms)
+                .collect()
+        };
+        assert_eq!(times(None), [0]);
+        assert_eq!(times(Some(1000)), [0], "no empty bucket at 1000");
     }
 }

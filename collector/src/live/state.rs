@@ -430,9 +430,13 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
         if (t.host.is_some() || t.cost.is_some())
             && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
         {
+            // Agents read host metrics at most once a second, so this newest tick may
+            // carry only its cost: the host reading is the batch's newest, else the last
+            // one kept.
+            let last = node.host.take().and_then(|h| h.sample);
             node.host = Some(LiveHost {
                 time_ms: t.time_ms,
-                sample: t.host.clone(),
+                sample: ticks.iter().rev().find_map(|u| u.host.clone()).or(last),
                 cost: t.cost.clone(),
             });
         }
@@ -490,5 +494,67 @@ mod tests {
             batch: big_batch(9, 10),
         });
         assert!(!stuck.try_recv().expect("next").partial, "room again");
+    }
+
+    #[test]
+    fn ticks_with_only_a_cost_keep_the_last_host_reading() {
+        let host = |load: f32| {
+            Some(HostSample {
+                load1: Some(load),
+                ..HostSample::default()
+            })
+        };
+        let tick = |time_ms, host| Tick {
+            time_ms,
+            host,
+            cost: Some(SamplerCost::default()),
+            ..Tick::default()
+        };
+        let mut node = LiveNode {
+            record: NodeRecord {
+                id: crate::store::NodeId(1),
+                name: "n".into(),
+                labels: BTreeMap::new(),
+                agent_version: String::new(),
+                boot_id: String::new(),
+                source: String::new(),
+                interval_ms: 100,
+                first_seen_ms: 0,
+                last_hello_ms: 0,
+                last_seen_ms: None,
+                last_acked_seq: 0,
+                delivery: Default::default(),
+                stored_samples: 0,
+                driver_version: None,
+                cuda_driver_version: None,
+                nvml_version: None,
+                host: Default::default(),
+                gpus: Vec::new(),
+            },
+            connections: 0,
+            rejected_batches: 0,
+            host: None,
+            gpus: HashMap::new(),
+        };
+        let ids = HashMap::new();
+        apply_ticks(
+            &mut node,
+            &ids,
+            &[tick(1, host(1.0)), tick(2, None), tick(3, None)],
+        );
+        let h = node.host.as_ref().expect("host");
+        assert_eq!(
+            (h.time_ms, h.sample.as_ref().and_then(|s| s.load1)),
+            (3, Some(1.0))
+        );
+        apply_ticks(&mut node, &ids, &[tick(4, None)]);
+        let h = node.host.as_ref().expect("host");
+        assert_eq!(
+            (h.time_ms, h.sample.as_ref().and_then(|s| s.load1)),
+            (4, Some(1.0))
+        );
+        apply_ticks(&mut node, &ids, &[tick(5, host(2.0)), tick(6, None)]);
+        let h = node.host.as_ref().expect("host");
+        assert_eq!(h.sample.as_ref().and_then(|s| s.load1), Some(2.0));
     }
 }

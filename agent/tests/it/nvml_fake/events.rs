@@ -117,9 +117,9 @@ fn a_lost_gpu_is_reported_the_others_keep_sampling_and_it_recovers() {
     for t in &ticks[lost_at + 1..back_at] {
         let s = sample(t, "GPU-flaky");
         assert_eq!(
-            (s.power_mw, s.util_gpu_pct, s.energy_mj),
-            (None, None, None),
-            "a lost GPU's values are absent"
+            (s.power_mw, s.util_gpu_pct, s.energy_mj, s.power_limit_mw),
+            (None, None, None, None),
+            "a lost GPU's values are absent, the cached power limit too"
         );
         assert_eq!(
             sample(t, "GPU-steady").power_mw,

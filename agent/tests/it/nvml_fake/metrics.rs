@@ -390,3 +390,35 @@ fn unsupported_metrics_are_absent_and_asked_once() {
     );
     assert_eq!(count(&c, "gpu1.nvmlDeviceGetFanSpeed_v2"), N as u64);
 }
+
+#[test]
+fn the_power_limit_is_read_every_30_s_and_reported_every_tick() {
+    let fake = Fake::new(Scenario {
+        gpus: vec![
+            gpu("GPU-limited"),
+            Gpu {
+                unsupported: vec!["nvmlDeviceGetEnforcedPowerLimit".into()],
+                ..gpu("GPU-nolimit")
+            },
+        ],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    // Ticks 1 s apart: read at 0 s and 30 s.
+    for tick in ticks(&mut src, 35) {
+        assert_eq!(sample(&tick, "GPU-limited").power_limit_mw, Some(400_000));
+        assert_eq!(
+            sample(&tick, "GPU-nolimit").power_limit_mw,
+            None,
+            "absent stays absent"
+        );
+    }
+    drop(src);
+    let c = fake.counts();
+    assert_eq!(
+        count(&c, "gpu0.nvmlDeviceGetEnforcedPowerLimit"),
+        2,
+        "{c:?}"
+    );
+    assert_eq!(count(&c, "gpu0.nvmlDeviceGetPowerUsage"), 35);
+}

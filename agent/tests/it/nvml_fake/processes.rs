@@ -23,13 +23,10 @@ fn all_fixture_pids_map_to_their_containers_through_a_growing_process_list() {
     )
     .expect("expected.json is an object");
     assert_eq!(expected.len(), 11);
-    // 3 processes at the size query, 11 at the fill: more than nvml-wrapper's headroom
-    // of 5, so the fill answers INSUFFICIENT_SIZE and the list is asked again.
+    // 11 processes: more than the first call's room (8), so it answers INSUFFICIENT_SIZE
+    // and the list is asked again with room for all; the next tick asks once.
     let compute: Vec<Process> = (1101..=1111)
-        .map(|pid| Process {
-            from_call: if pid <= 1103 { 0 } else { 1 },
-            ..proc_(pid, 1, Some(pid % 100))
-        })
+        .map(|pid| proc_(pid, 1, Some(pid % 100)))
         .collect();
     let fake = Fake::new(Scenario {
         gpus: vec![Gpu {
@@ -63,14 +60,19 @@ fn all_fixture_pids_map_to_their_containers_through_a_growing_process_list() {
         assert_eq!(p.sm_util_pct, Some(p.pid % 100));
     }
     assert!(tick.processes.iter().all(|p| p.command.is_some()));
+    let next = src.sample(T0 + 1000).expect("tick");
+    assert_eq!(next.processes.len(), 11);
     drop(src);
+    let c = fake.counts();
     assert_eq!(
-        count(
-            &fake.counts(),
-            "gpu0.nvmlDeviceGetComputeRunningProcesses_v3"
-        ),
-        4,
-        "size query + INSUFFICIENT_SIZE fill, then size query + fill"
+        count(&c, "gpu0.nvmlDeviceGetComputeRunningProcesses_v3"),
+        3,
+        "INSUFFICIENT_SIZE then the fill; the next tick, one call"
+    );
+    assert_eq!(
+        count(&c, "gpu0.nvmlDeviceGetProcessUtilization"),
+        3,
+        "the same for the utilization samples"
     );
 }
 
