@@ -58,6 +58,8 @@ pub struct ServeOptions {
     pub retention: crate::accounting::rollups::RetentionOptions,
     /// Carbon accounting: providers, regions, PUE ([`crate::accounting::carbon`]).
     pub carbon: crate::accounting::carbon::CarbonOptions,
+    /// `/metrics` per-workload counters: refresh period, series cap.
+    pub counters: crate::accounting::counters::CounterOptions,
 }
 
 impl Default for ServeOptions {
@@ -77,6 +79,7 @@ impl Default for ServeOptions {
             lead: crate::accounting::leader::LeadOptions::default(),
             retention: crate::accounting::rollups::RetentionOptions::default(),
             carbon: crate::accounting::carbon::CarbonOptions::default(),
+            counters: crate::accounting::counters::CounterOptions::default(),
         }
     }
 }
@@ -223,6 +226,19 @@ pub async fn serve_with_store(
             }
         },
     );
+    // Every collector serves /metrics, so each refreshes its own counters (reads only).
+    let workloads = Arc::new(crate::accounting::counters::WorkloadCounters::new(
+        options.counters.max_workloads,
+    ));
+    let counters_task = crate::accounting::counters::spawn(
+        store.clone(),
+        Arc::clone(&live),
+        Arc::clone(&options.carbon.config),
+        Arc::clone(&workloads),
+        options.counters,
+        system_clock(),
+        accountant_stop.clone(),
+    );
     let ingest = IngestService::new(
         store.clone(),
         store.clone(),
@@ -285,6 +301,7 @@ pub async fn serve_with_store(
         writer: Some(writer),
         status: options.status,
         clock: system_clock(),
+        workloads,
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
     let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {
@@ -363,6 +380,9 @@ pub async fn serve_with_store(
     accountant_stop.cancel();
     if let Err(e) = carbon_task.await {
         warn!(error = %e, "the carbon task ended abnormally");
+    }
+    if let Err(e) = counters_task.await {
+        warn!(error = %e, "the workload counters task ended abnormally");
     }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");
