@@ -363,7 +363,11 @@ fn value(e: &mut MetricEncoder, kind: MetricType, v: Num) -> fmt::Result {
             e.encode_counter::<NoLabelSet, _, f64>(&u64::try_from(v).unwrap_or(0), None)
         }
         (MetricType::Counter, Num::F(v)) => e.encode_counter::<NoLabelSet, _, f64>(&v, None),
-        (_, Num::U(v)) => e.encode_gauge(&v),
+        // prometheus-client refuses gauges above i64::MAX (a bit mask, a wild counter).
+        (_, Num::U(v)) => match i64::try_from(v) {
+            Ok(v) => e.encode_gauge(&v),
+            Err(_) => e.encode_gauge(&(v as f64)),
+        },
         (_, Num::I(v)) => e.encode_gauge(&v),
         (_, Num::F(v)) => e.encode_gauge(&v),
     }
@@ -758,6 +762,20 @@ mod tests {
         );
         assert!(out.contains(r#"workload="container:a\"b\\c\nd""#), "{out}");
         assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    #[test]
+    fn gauges_beyond_i64_are_still_encoded() {
+        let mut c = CollectorSnap::default();
+        c.writer_queued = usize::MAX;
+        let mut s = snapshot(Published::default());
+        s.collector = c;
+        let out = render(s, |_| {});
+        assert!(
+            out.contains("gpufleet_collector_writer_queue_batches 18446744073709553000.0"),
+            "{out}"
+        );
+        assert!(out.contains("gpufleet_collector_commit_duration_seconds_count 0"), "{out}");
     }
 
     #[test]
