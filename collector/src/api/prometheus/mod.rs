@@ -775,7 +775,10 @@ mod tests {
             out.contains("gpufleet_collector_writer_queue_batches 18446744073709553000.0"),
             "{out}"
         );
-        assert!(out.contains("gpufleet_collector_commit_duration_seconds_count 0"), "{out}");
+        assert!(
+            out.contains("gpufleet_collector_commit_duration_seconds_count 0"),
+            "{out}"
+        );
     }
 
     #[test]
