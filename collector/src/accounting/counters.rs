@@ -21,7 +21,7 @@ use crate::live::status::Clock;
 use crate::store::{Store, StoreError, TimeRange};
 use gpufleet_carbon::{CarbonConfig, ProviderKind};
 use gpufleet_core::{UnixMs, Workload};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -333,15 +333,32 @@ async fn read_intensity(
             .map(|n| (n.record.name.clone(), n.record.labels.clone()))
             .collect()
     });
-    let mut pairs = BTreeSet::new();
+    // One provider per (kind, region): local figures (static, CSV) are asked directly,
+    // as the carbon job prices them; remote ones are read from the store's cache, never
+    // fetched from here.
+    let mut pairs = BTreeMap::new();
     for (name, labels) in &nodes {
         if let Ok(Some(nc)) = config.node(name, labels) {
-            pairs.insert((nc.settings.kind, nc.region));
+            pairs
+                .entry((nc.settings.kind, nc.region.clone()))
+                .or_insert(nc);
         }
     }
     let mut out = Vec::new();
-    for (kind, region) in pairs {
-        match store.last_intensity_before(kind, &region, now).await {
+    for ((kind, region), nc) in pairs {
+        let slot = match kind {
+            ProviderKind::Static | ProviderKind::Csv => nc
+                .provider
+                .slots(&region, now, now + 1)
+                .await
+                .map(|s| s.into_iter().rfind(|s| s.from_ms <= now))
+                .map_err(|e| e.to_string()),
+            ProviderKind::Uk | ProviderKind::Electricitymaps => store
+                .last_intensity_before(kind, &region, now)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        match slot {
             Ok(Some(slot)) => out.push((kind, region, slot.g_per_kwh)),
             Ok(None) => {}
             Err(e) => warn!(region = %region, error = %e, "reading carbon intensity for /metrics"),
