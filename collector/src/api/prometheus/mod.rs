@@ -766,10 +766,11 @@ mod tests {
 
     #[test]
     fn gauges_beyond_i64_are_still_encoded() {
-        let mut c = CollectorSnap::default();
-        c.writer_queued = usize::MAX;
         let mut s = snapshot(Published::default());
-        s.collector = c;
+        s.collector = CollectorSnap {
+            writer_queued: usize::MAX,
+            ..Default::default()
+        };
         let out = render(s, |_| {});
         assert!(
             out.contains("gpufleet_collector_writer_queue_batches 18446744073709553000.0"),
