@@ -31,7 +31,7 @@ use tracing::warn;
 
 const MINUTE_MS: i64 = 60_000;
 /// Minutes older than this (at a refresh) are folded into the base and not read again.
-pub const SETTLE_AFTER: Duration = Duration::from_secs(2 * 3600);
+pub const SETTLE_AFTER: Duration = Duration::from_secs(30 * 60);
 /// A settled series without energy for this long is no longer exposed.
 pub const EVICT_AFTER: Duration = Duration::from_secs(3600);
 

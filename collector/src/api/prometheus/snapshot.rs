@@ -109,7 +109,7 @@ impl Snapshot {
         collector: CollectorSnap,
         counters: &WorkloadCounters,
     ) -> Snapshot {
-        let nodes = live.read(|s| nodes(s, policy, now_ms));
+        let nodes = Snapshot::copy_nodes(live, policy, now_ms);
         let (processes, left_out) = process_series(&nodes, counters.max_series());
         let process_dropped = counters.process_dropped.fetch_add(left_out, Relaxed) + left_out;
         Snapshot {
@@ -119,6 +119,13 @@ impl Snapshot {
             processes,
             process_dropped,
         }
+    }
+}
+
+impl Snapshot {
+    /// The part of [`Snapshot::take`] done under the live state's read lock.
+    pub fn copy_nodes(live: &Live, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSnap> {
+        live.read(|s| nodes(s, policy, now_ms))
     }
 }
 
