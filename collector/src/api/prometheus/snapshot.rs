@@ -222,3 +222,80 @@ pub fn process_series(nodes: &[NodeSnap], max: usize) -> (Vec<ProcessSeries>, u6
         .collect();
     (out, left_out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpufleet_core::{Workload, WorkloadKind};
+
+    fn process(job: &str, mem: Option<u64>, sm: Option<u32>) -> ProcessSample {
+        ProcessSample {
+            gpu_mem_bytes: mem,
+            sm_util_pct: sm,
+            workload: Workload {
+                kind: WorkloadKind::Slurm,
+                job_id: Some(job.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn sample(util: Option<u32>) -> GpuSample {
+        GpuSample {
+            util_gpu_pct: util,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn idle_allocated_means_memory_held_and_at_most_one_percent() {
+        let held = [process("1", Some(1 << 30), Some(0))];
+        assert_eq!(idle_allocated(&sample(Some(1)), &held), Some(true));
+        assert_eq!(idle_allocated(&sample(Some(2)), &held), Some(false));
+        assert_eq!(idle_allocated(&sample(Some(0)), &[]), Some(false));
+        // Without the GPU's utilization, its processes' sum decides; without either, absent.
+        assert_eq!(idle_allocated(&sample(None), &held), Some(true));
+        let unknown = [process("1", Some(1 << 30), None)];
+        assert_eq!(idle_allocated(&sample(None), &unknown), None);
+    }
+
+    #[test]
+    fn a_workloads_processes_on_a_gpu_are_one_series_and_the_cap_counts_the_rest() {
+        let node = NodeSnap {
+            name: "n1".into(),
+            status: NodeStatus::Online,
+            connected: true,
+            last_seen_ms: None,
+            delivery: DeliveryStats::default(),
+            rejected_batches: 0,
+            stored_samples: 0,
+            host: None,
+            gpus: vec![GpuSnap {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "H100".into(),
+                sample: sample(Some(90)),
+                processes: vec![
+                    process("7", Some(100), Some(40)),
+                    process("7", Some(50), None),
+                    process("8", None, Some(10)),
+                ],
+            }],
+        };
+        let (series, left_out) = process_series(std::slice::from_ref(&node), 10);
+        assert_eq!(left_out, 0);
+        assert_eq!(series.len(), 2);
+        assert_eq!(
+            (
+                series[0].labels.job.as_str(),
+                series[0].mem_bytes,
+                series[0].sm_pct
+            ),
+            ("7", Some(150), Some(40))
+        );
+        assert_eq!((series[1].mem_bytes, series[1].sm_pct), (None, Some(10)));
+        let (series, left_out) = process_series(&[node], 1);
+        assert_eq!((series.len(), left_out), (1, 1));
+    }
+}
