@@ -100,6 +100,19 @@ struct DemoArgs {
     history: Duration,
     /// Carbon intensity, as for `serve` (and the config file's `[carbon]` table). With
     /// none of them the demo prices energy at a static 250 gCO2/kWh (region `demo`).
+    /// How often /metrics' per-workload energy and carbon counters are re-read from the
+    /// energy accounting.
+    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    metrics_refresh: Duration,
+    /// Most per-workload (and per-process) series on /metrics; beyond it series are left
+    /// out and counted in gpufleet_metrics_series_dropped_total.
+    #[arg(
+        long,
+        env = "GPUFLEET_METRICS_MAX_WORKLOADS",
+        default_value_t = 5000,
+        value_name = "N"
+    )]
+    metrics_max_workloads: usize,
     #[command(flatten)]
     carbon: gpufleet_cli::CarbonArgs,
 }
@@ -153,6 +166,19 @@ struct ServeArgs {
     follow_store: gpufleet_collector::live::follow::FollowMode,
     #[command(flatten)]
     retention: gpufleet_collector::accounting::rollups::RetentionArgs,
+    /// How often /metrics' per-workload energy and carbon counters are re-read from the
+    /// energy accounting.
+    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    metrics_refresh: Duration,
+    /// Most per-workload (and per-process) series on /metrics; beyond it series are left
+    /// out and counted in gpufleet_metrics_series_dropped_total.
+    #[arg(
+        long,
+        env = "GPUFLEET_METRICS_MAX_WORKLOADS",
+        default_value_t = 5000,
+        value_name = "N"
+    )]
+    metrics_max_workloads: usize,
     #[command(flatten)]
     carbon: gpufleet_cli::CarbonArgs,
     #[command(flatten)]
@@ -263,6 +289,10 @@ async fn run_serve(
         follow: args.follow_store,
         retention,
         remote_write,
+        counters: gpufleet_collector::accounting::counters::CounterOptions {
+            refresh: args.metrics_refresh,
+            max_workloads: args.metrics_max_workloads,
+        },
         carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
             ..Default::default()
@@ -361,6 +391,10 @@ async fn run_demo(
             // Short, so the demo's history is priced within seconds of the start.
             interval: Duration::from_secs(2),
             ..Default::default()
+        },
+        counters: gpufleet_collector::accounting::counters::CounterOptions {
+            refresh: args.metrics_refresh,
+            max_workloads: args.metrics_max_workloads,
         },
         ..Default::default()
     };

@@ -64,6 +64,8 @@ pub struct ServeOptions {
     pub carbon: crate::accounting::carbon::CarbonOptions,
     /// Prometheus remote-write ([`crate::remote_write`]); `None`: off.
     pub remote_write: Option<crate::remote_write::RemoteWriteOptions>,
+    /// `/metrics` per-workload counters: refresh period, series cap.
+    pub counters: crate::accounting::counters::CounterOptions,
 }
 
 impl Default for ServeOptions {
@@ -85,6 +87,7 @@ impl Default for ServeOptions {
             retention: crate::accounting::rollups::RetentionOptions::default(),
             carbon: crate::accounting::carbon::CarbonOptions::default(),
             remote_write: None,
+            counters: crate::accounting::counters::CounterOptions::default(),
         }
     }
 }
@@ -256,6 +259,19 @@ pub async fn serve_with_store(
             },
         )
     });
+    // Every collector serves /metrics, so each refreshes its own counters (reads only).
+    let workloads = Arc::new(crate::accounting::counters::WorkloadCounters::new(
+        options.counters.max_workloads,
+    ));
+    let counters_task = crate::accounting::counters::spawn(
+        store.clone(),
+        Arc::clone(&live),
+        Arc::clone(&options.carbon.config),
+        Arc::clone(&workloads),
+        options.counters,
+        system_clock(),
+        accountant_stop.clone(),
+    );
     let ingest = IngestService::new(
         store.clone(),
         store.clone(),
@@ -326,6 +342,7 @@ pub async fn serve_with_store(
         writer: Some(writer),
         status: options.status,
         clock: system_clock(),
+        workloads,
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
     let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {
@@ -409,6 +426,9 @@ pub async fn serve_with_store(
         && let Err(e) = task.await
     {
         warn!(error = %e, "the remote-write task ended abnormally");
+    }
+    if let Err(e) = counters_task.await {
+        warn!(error = %e, "the workload counters task ended abnormally");
     }
     if let Err(e) = accountant_task.await {
         warn!(error = %e, "the energy accountant ended abnormally");

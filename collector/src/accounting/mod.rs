@@ -3,6 +3,7 @@
 //!
 //! - [`energy`]: pure energy accounting per GPU-minute (idle baseline, attribution).
 //! - [`accountant`]: the job that turns committed samples into energy minutes.
+//! - [`counters`]: per-workload energy and carbon counters for `/metrics`.
 //! - [`check`]: verifies stored energy minutes against the raw samples (`check-energy`).
 //! - [`rollups`]: per-minute rollups and retention of raw samples and rollups.
 //! - [`carbon`]: prices energy minutes in gCO2 from carbon-intensity providers.
@@ -12,6 +13,7 @@
 pub mod accountant;
 pub mod carbon;
 pub mod check;
+pub mod counters;
 pub mod energy;
 pub mod leader;
 pub mod report;

@@ -5,7 +5,7 @@
 //! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes", "warnings"}` (`warnings`: exposure warnings, [`crate::net::exposure`]); 503 when the database does not answer |
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
-//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /metrics` | OpenMetrics exposition ([`crate::api::prometheus`]) |
 //! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::api::assets`]) |
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
@@ -38,6 +38,9 @@ pub struct AppState {
     pub status: StatusPolicy,
     /// "Now" for statuses and relative times; injected so tests can fix it.
     pub clock: Clock,
+    /// The per-workload counters `/metrics` exposes, refreshed in the background
+    /// ([`crate::accounting::counters`]).
+    pub workloads: Arc<crate::accounting::counters::WorkloadCounters>,
 }
 
 /// The router. Tests call it without a socket: `app(state).oneshot(request)`.

@@ -24,7 +24,7 @@ pub mod stats;
 
 pub use client::{Auth, Delivery, HttpSink, Sink};
 pub use config::RemoteWriteArgs;
-pub use stats::{Stats, render};
+pub use stats::{Stats, register};
 
 use crate::live::status::Clock;
 use crate::store::{FleetReads, RemoteWriteStore};

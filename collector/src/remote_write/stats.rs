@@ -1,7 +1,13 @@
-//! The pusher's own metrics, shown on `/metrics` (the handler calls [`render`]) while
+//! The pusher's own metrics, shown on `/metrics` (the handler calls [`register`]) while
 //! remote-write is configured.
 
-use std::fmt::Write as _;
+use crate::api::prometheus::{Num, value};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// Counters since start-up; lock-free.
@@ -20,42 +26,52 @@ pub struct Stats {
     pub retries: AtomicU64,
 }
 
-/// Appends the pusher's families in the text exposition format (nothing while
-/// remote-write is off).
-pub fn render(stats: &Stats, out: &mut String) {
-    if !stats.enabled.load(Relaxed) {
-        return;
+/// Registers the pusher's families on a `/metrics` registry (nothing while remote-write
+/// is off); the values are read when the registry is encoded.
+pub fn register(stats: &Arc<Stats>, registry: &mut Registry) {
+    if stats.enabled.load(Relaxed) {
+        registry.register_collector(Box::new(StatsCollector(Arc::clone(stats))));
     }
-    let families: [(&str, &str, &str, f64); 4] = [
-        (
-            "gpufleet_remote_write_pending_samples",
-            "gauge",
-            "Samples read for remote-write and not yet delivered or dropped.",
-            stats.pending.load(Relaxed).max(0) as f64,
-        ),
-        (
-            "gpufleet_remote_write_sent_samples_total",
-            "counter",
-            "Samples the remote-write receiver accepted.",
-            stats.sent.load(Relaxed) as f64,
-        ),
-        (
-            "gpufleet_remote_write_failed_samples_total",
-            "counter",
-            "Samples dropped because the receiver refused them (4xx other than 429).",
-            stats.failed.load(Relaxed) as f64,
-        ),
-        (
-            "gpufleet_remote_write_retries_total",
-            "counter",
-            "Remote-write requests sent again after a 5xx, a 429 or no answer.",
-            stats.retries.load(Relaxed) as f64,
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        let _ = writeln!(out, "{name} {value}");
+}
+
+#[derive(Debug)]
+struct StatsCollector(Arc<Stats>);
+
+impl Collector for StatsCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s = &self.0;
+        // Counter names without `_total`: the encoder adds it.
+        let families: [(&str, MetricType, &str, Num); 4] = [
+            (
+                "gpufleet_remote_write_pending_samples",
+                MetricType::Gauge,
+                "Samples read for remote-write and not yet delivered or dropped.",
+                Num::I(s.pending.load(Relaxed).max(0)),
+            ),
+            (
+                "gpufleet_remote_write_sent_samples",
+                MetricType::Counter,
+                "Samples the remote-write receiver accepted.",
+                Num::U(s.sent.load(Relaxed)),
+            ),
+            (
+                "gpufleet_remote_write_failed_samples",
+                MetricType::Counter,
+                "Samples dropped because the receiver refused them (4xx other than 429).",
+                Num::U(s.failed.load(Relaxed)),
+            ),
+            (
+                "gpufleet_remote_write_retries",
+                MetricType::Counter,
+                "Remote-write requests sent again after a 5xx, a 429 or no answer.",
+                Num::U(s.retries.load(Relaxed)),
+            ),
+        ];
+        for (name, kind, help, v) in families {
+            let mut m = enc.encode_descriptor(name, help, None, kind.clone())?;
+            value(&mut m, kind, v)?;
+        }
+        Ok(())
     }
 }
 
@@ -63,15 +79,21 @@ pub fn render(stats: &Stats, out: &mut String) {
 mod tests {
     use super::*;
 
+    fn rendered(stats: &Arc<Stats>) -> String {
+        let mut registry = Registry::default();
+        register(stats, &mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap_or_default();
+        out
+    }
+
     #[test]
     fn renders_only_when_enabled() {
-        let stats = Stats::default();
-        let mut out = String::new();
-        render(&stats, &mut out);
-        assert_eq!(out, "");
+        let stats = Arc::new(Stats::default());
+        assert!(!rendered(&stats).contains("remote_write"));
         stats.enabled.store(true, Relaxed);
         stats.sent.store(12, Relaxed);
-        render(&stats, &mut out);
+        let out = rendered(&stats);
         assert!(
             out.contains("gpufleet_remote_write_sent_samples_total 12\n"),
             "{out}"

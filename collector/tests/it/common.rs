@@ -605,6 +605,7 @@ pub async fn api_get_live(
         writer: None,
         status: Default::default(),
         clock: Arc::new(move || now),
+        workloads: Default::default(),
     };
     let response = gpufleet_collector::api::router::app(state)
         .oneshot(

@@ -23,29 +23,8 @@ use tower::ServiceExt;
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
 async fn nodes_endpoint_for_a_large_fleet() {
     let (nodes, gpus, runs) = (knob("NODES", 1000), knob("GPUS", 8), knob("RUNS", 50));
-    let (_dir, store) = sqlite_store().await;
-    let live = Arc::new(Live::new());
     let setup = Instant::now();
-    for n in 0..nodes {
-        let name = format!("node-{n:04}");
-        let uuids: Vec<String> = (0..gpus).map(|g| format!("GPU-{n:04}-{g}")).collect();
-        let rec = register_gpus(&store, &name, &uuids, T0).await;
-        live.connected(rec.clone());
-        let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
-        let mut b = batch(1, T0, 1, &refs);
-        // One process per GPU, as on a busy training node.
-        let p = b.ticks[0].processes[0].clone();
-        b.ticks[0].processes = uuids
-            .iter()
-            .map(|u| {
-                let mut p = p.clone();
-                p.gpu_uuid = u.clone();
-                p
-            })
-            .collect();
-        b.ticks[0].gpus = uuids.iter().map(|u| gpu_sample_full(u, 1)).collect();
-        live.committed(&node_batch(&rec, b), u64::from(gpus));
-    }
+    let (_dir, store, live) = large_fleet(nodes, gpus).await;
     eprintln!(
         "setup: {nodes} nodes x {gpus} GPUs in {:?}",
         setup.elapsed()
@@ -58,6 +37,7 @@ async fn nodes_endpoint_for_a_large_fleet() {
         writer: None,
         status: StatusPolicy::default(),
         clock: Arc::new(|| T0 + 1000),
+        workloads: Default::default(),
     };
     for uri in ["/api/v1/nodes", "/api/v1/fleet"] {
         let mut times = Vec::with_capacity(runs as usize);
@@ -88,4 +68,39 @@ async fn nodes_endpoint_for_a_large_fleet() {
             ms(times[times.len() - 1])
         );
     }
+}
+
+/// A fleet of `nodes` × `gpus` in a fresh SQLite store and a live state, each GPU with a
+/// full latest sample and one process (also used by `metrics_bench`).
+pub async fn large_fleet(
+    nodes: u32,
+    gpus: u32,
+) -> (
+    tempfile::TempDir,
+    Arc<dyn gpufleet_collector::store::Store>,
+    Arc<Live>,
+) {
+    let (_dir, store) = sqlite_store().await;
+    let live = Arc::new(Live::new());
+    for n in 0..nodes {
+        let name = format!("node-{n:04}");
+        let uuids: Vec<String> = (0..gpus).map(|g| format!("GPU-{n:04}-{g}")).collect();
+        let rec = register_gpus(&store, &name, &uuids, T0).await;
+        live.connected(rec.clone());
+        let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        let mut b = batch(1, T0, 1, &refs);
+        // One process per GPU, as on a busy training node.
+        let p = b.ticks[0].processes[0].clone();
+        b.ticks[0].processes = uuids
+            .iter()
+            .map(|u| {
+                let mut p = p.clone();
+                p.gpu_uuid = u.clone();
+                p
+            })
+            .collect();
+        b.ticks[0].gpus = uuids.iter().map(|u| gpu_sample_full(u, 1)).collect();
+        live.committed(&node_batch(&rec, b), u64::from(gpus));
+    }
+    (_dir, store, live)
 }

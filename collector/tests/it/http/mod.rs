@@ -66,6 +66,7 @@ impl Fixture {
             writer: Some(self.writer.clone()),
             status: StatusPolicy::default(),
             clock: Arc::new(move || now.load(Ordering::Relaxed)),
+            workloads: Default::default(),
         }
     }
 

@@ -1,0 +1,823 @@
+//! `/metrics`: the OpenMetrics exposition (`application/openmetrics-text`, ending in
+//! `# EOF`), encoded by `prometheus-client` from a [`snapshot::Snapshot`] taken under the
+//! live state's read lock and encoded after it is released. Nothing here queries the
+//! store: the per-workload counters come from [`crate::accounting::counters`], refreshed
+//! in the background.
+//!
+//! - GPU families carry labels `node`, `gpu` (index), `uuid`, `name`; host families `node`.
+//!   A metric the GPU did not report is not emitted (absent is not zero), and nodes that
+//!   are `offline` emit no GPU, host or process samples, so a dead node's last values do
+//!   not look current. Node families (`gpufleet_node_*`) are emitted for every node.
+//! - Workload families (`gpufleet_workload_*`, `gpufleet_process_*`) carry `node`,
+//!   `workload` (its key), `kind`, `namespace`, `pod`, `container`, `job`, `user`
+//!   (process families also `gpu`), at most `--metrics-max-workloads` series each; the
+//!   rest are counted in `gpufleet_metrics_series_dropped_total{family}`.
+//! - Units are Prometheus base units: ratios 0..1, watts, joules, bytes, hertz, seconds.
+//!
+//! Other parts of the collector add families with [`render`]'s `extra` hook (a function
+//! that registers a collector on the [`Registry`]).
+
+pub mod snapshot;
+
+use crate::accounting::counters::WorkloadLabels;
+use crate::api::router::AppState;
+use crate::ingest::writer::WriterHandle;
+use crate::live::status::NodeStatus;
+use crate::metrics::COMMIT_BUCKETS;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use gpufleet_core::{GpuSample, HostSample};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, MetricEncoder,
+    NoLabelSet,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use snapshot::{CollectorSnap, NodeSnap, Snapshot};
+use std::fmt;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+/// The content type of the exposition.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A label value, escaped as the text format requires (backslash, double quote, line
+/// feed): `prometheus-client` writes `&str` values as they are, and node, GPU and
+/// workload names come from agents.
+#[derive(Debug, Clone, Copy)]
+pub struct Text<'a>(pub &'a str);
+
+impl EncodeLabelValue for Text<'_> {
+    fn encode(&self, e: &mut LabelValueEncoder) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            e.write_str(&rest[..i])?;
+            e.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        e.write_str(rest)
+    }
+}
+
+/// A workload's label pairs, in exposition order.
+pub fn workload_pairs(l: &WorkloadLabels) -> [(&'static str, Text<'_>); 8] {
+    [
+        ("node", Text(&l.node)),
+        ("workload", Text(&l.workload)),
+        ("kind", Text(l.kind)),
+        ("namespace", Text(&l.namespace)),
+        ("pod", Text(&l.pod)),
+        ("container", Text(&l.container)),
+        ("job", Text(&l.job)),
+        ("user", Text(&l.user)),
+    ]
+}
+
+/// A sample value: integers stay integers in the text.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    U(u64),
+    I(i64),
+    F(f64),
+}
+
+type GpuValue = fn(&GpuSample) -> Option<Num>;
+
+fn pct(v: Option<u32>) -> Option<Num> {
+    v.map(|v| Num::F(f64::from(v) / 100.0))
+}
+
+fn milli(v: Option<u32>) -> Option<Num> {
+    v.map(|v| Num::F(f64::from(v) / 1000.0))
+}
+
+fn mhz(v: Option<u32>) -> Option<Num> {
+    v.map(|v| Num::U(u64::from(v) * 1_000_000))
+}
+
+fn num(v: Option<u64>) -> Option<Num> {
+    v.map(Num::U)
+}
+
+fn int(v: Option<u32>) -> Option<Num> {
+    v.map(|v| Num::U(u64::from(v)))
+}
+
+/// Per-GPU families: name (counters without `_total`: the encoder adds it), type, help,
+/// value.
+const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
+    (
+        "gpufleet_gpu_utilization_ratio",
+        "gauge",
+        "GPU (SM) utilization, 0..1.",
+        |s| pct(s.util_gpu_pct),
+    ),
+    (
+        "gpufleet_gpu_memory_utilization_ratio",
+        "gauge",
+        "Memory controller utilization, 0..1.",
+        |s| pct(s.util_mem_pct),
+    ),
+    (
+        "gpufleet_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use.",
+        |s| num(s.mem_used_bytes),
+    ),
+    (
+        "gpufleet_gpu_memory_total_bytes",
+        "gauge",
+        "GPU memory in total.",
+        |s| num(s.mem_total_bytes),
+    ),
+    (
+        "gpufleet_gpu_power_watts",
+        "gauge",
+        "Power draw as NVML reports it (a 1 s average on Ampere and newer).",
+        |s| milli(s.power_mw),
+    ),
+    (
+        "gpufleet_gpu_power_instant_watts",
+        "gauge",
+        "Instantaneous power draw.",
+        |s| milli(s.power_instant_mw),
+    ),
+    (
+        "gpufleet_gpu_power_limit_watts",
+        "gauge",
+        "Enforced power limit.",
+        |s| milli(s.power_limit_mw),
+    ),
+    (
+        "gpufleet_gpu_energy_joules",
+        "counter",
+        "Energy since the driver loaded (resets with it).",
+        |s| s.energy_mj.map(|v| Num::F(v as f64 / 1000.0)),
+    ),
+    (
+        "gpufleet_gpu_temperature_celsius",
+        "gauge",
+        "GPU temperature.",
+        |s| int(s.temp_gpu_c),
+    ),
+    (
+        "gpufleet_gpu_memory_temperature_celsius",
+        "gauge",
+        "Memory temperature.",
+        |s| int(s.temp_mem_c),
+    ),
+    (
+        "gpufleet_gpu_fan_speed_ratio",
+        "gauge",
+        "Fan speed, 0..1.",
+        |s| pct(s.fan_pct),
+    ),
+    ("gpufleet_gpu_sm_clock_hertz", "gauge", "SM clock.", |s| {
+        mhz(s.clock_sm_mhz)
+    }),
+    (
+        "gpufleet_gpu_memory_clock_hertz",
+        "gauge",
+        "Memory clock.",
+        |s| mhz(s.clock_mem_mhz),
+    ),
+    (
+        "gpufleet_gpu_graphics_clock_hertz",
+        "gauge",
+        "Graphics clock.",
+        |s| mhz(s.clock_graphics_mhz),
+    ),
+    (
+        "gpufleet_gpu_pstate",
+        "gauge",
+        "Performance state (0 = P0, fastest).",
+        |s| int(s.pstate),
+    ),
+    (
+        "gpufleet_gpu_pcie_transmit_bytes_per_second",
+        "gauge",
+        "PCIe transmit throughput.",
+        |s| num(s.pcie_tx_bps),
+    ),
+    (
+        "gpufleet_gpu_pcie_receive_bytes_per_second",
+        "gauge",
+        "PCIe receive throughput.",
+        |s| num(s.pcie_rx_bps),
+    ),
+    (
+        "gpufleet_gpu_nvlink_transmit_bytes_per_second",
+        "gauge",
+        "NVLink transmit throughput, all links.",
+        |s| num(s.nvlink_tx_bps),
+    ),
+    (
+        "gpufleet_gpu_nvlink_receive_bytes_per_second",
+        "gauge",
+        "NVLink receive throughput, all links.",
+        |s| num(s.nvlink_rx_bps),
+    ),
+    (
+        "gpufleet_gpu_ecc_corrected_errors",
+        "gauge",
+        "Volatile corrected ECC errors (since the driver loaded).",
+        |s| num(s.ecc_corrected_volatile),
+    ),
+    (
+        "gpufleet_gpu_ecc_uncorrected_errors",
+        "gauge",
+        "Volatile uncorrected ECC errors (since the driver loaded).",
+        |s| num(s.ecc_uncorrected_volatile),
+    ),
+    (
+        "gpufleet_gpu_throttle_reasons",
+        "gauge",
+        "NVML clock event (throttle) reason bit mask.",
+        |s| num(s.throttle_reasons),
+    ),
+    (
+        "gpufleet_gpu_encoder_utilization_ratio",
+        "gauge",
+        "Video encoder utilization, 0..1.",
+        |s| pct(s.enc_util_pct),
+    ),
+    (
+        "gpufleet_gpu_decoder_utilization_ratio",
+        "gauge",
+        "Video decoder utilization, 0..1.",
+        |s| pct(s.dec_util_pct),
+    ),
+];
+
+type HostValue = fn(&HostSample) -> Option<Num>;
+
+const HOST_FAMILIES: &[(&str, &str, HostValue)] = &[
+    (
+        "gpufleet_host_cpu_utilization_ratio",
+        "CPU utilization over the last interval, all CPUs, 0..1.",
+        |h| h.cpu_util_pct.map(|v| Num::F(f64::from(v) / 100.0)),
+    ),
+    (
+        "gpufleet_host_memory_used_bytes",
+        "Host memory in use.",
+        |h| num(h.mem_used_bytes),
+    ),
+    (
+        "gpufleet_host_memory_total_bytes",
+        "Host memory in total.",
+        |h| num(h.mem_total_bytes),
+    ),
+    (
+        "gpufleet_host_disk_read_bytes_per_second",
+        "Disk read throughput.",
+        |h| num(h.disk_read_bps),
+    ),
+    (
+        "gpufleet_host_disk_write_bytes_per_second",
+        "Disk write throughput.",
+        |h| num(h.disk_write_bps),
+    ),
+    (
+        "gpufleet_host_network_receive_bytes_per_second",
+        "Network receive throughput.",
+        |h| num(h.net_rx_bps),
+    ),
+    (
+        "gpufleet_host_network_transmit_bytes_per_second",
+        "Network transmit throughput.",
+        |h| num(h.net_tx_bps),
+    ),
+    ("gpufleet_host_load1", "One-minute load average.", |h| {
+        h.load1.map(|v| Num::F(f64::from(v)))
+    }),
+];
+
+type NodeValue = fn(&NodeSnap) -> Option<Num>;
+
+const NODE_FAMILIES: &[(&str, MetricType, &str, NodeValue)] = &[
+    (
+        "gpufleet_node_last_seen_timestamp_seconds",
+        MetricType::Gauge,
+        "Time of the newest sample stored for the node (agent clock).",
+        |n| n.last_seen_ms.map(|t| Num::F(t as f64 / 1000.0)),
+    ),
+    (
+        "gpufleet_node_connected",
+        MetricType::Gauge,
+        "1 while the node has an open ingest stream to this collector.",
+        |n| Some(Num::U(u64::from(n.connected))),
+    ),
+    (
+        "gpufleet_node_dropped_samples",
+        MetricType::Counter,
+        "GPU samples the agent dropped because its spool was full.",
+        |n| Some(Num::U(n.delivery.dropped_samples)),
+    ),
+    (
+        "gpufleet_node_spool_backlog_batches",
+        MetricType::Gauge,
+        "Batches in the agent's spool not yet acknowledged.",
+        |n| Some(Num::U(n.delivery.spool_backlog_batches)),
+    ),
+    (
+        "gpufleet_node_spool_backlog_bytes",
+        MetricType::Gauge,
+        "Bytes in the agent's spool not yet acknowledged.",
+        |n| Some(Num::U(n.delivery.spool_backlog_bytes)),
+    ),
+    (
+        "gpufleet_node_rejected_batches",
+        MetricType::Counter,
+        "Batches from the node refused as invalid since the collector started.",
+        |n| Some(Num::U(n.rejected_batches)),
+    ),
+    (
+        "gpufleet_node_stored_gpu_samples",
+        MetricType::Gauge,
+        "GPU samples stored for the node.",
+        |n| Some(Num::U(n.stored_samples)),
+    ),
+];
+
+/// Encodes one sample of a family (gauge or counter) with `labels`.
+fn put(
+    m: &mut MetricEncoder,
+    labels: &impl EncodeLabelSet,
+    kind: MetricType,
+    v: Num,
+) -> fmt::Result {
+    let mut e = m.encode_family(labels)?;
+    value(&mut e, kind, v)
+}
+
+pub(crate) fn value(e: &mut MetricEncoder, kind: MetricType, v: Num) -> fmt::Result {
+    match (kind, v) {
+        (MetricType::Counter, Num::U(v)) => e.encode_counter::<NoLabelSet, _, f64>(&v, None),
+        (MetricType::Counter, Num::I(v)) => {
+            e.encode_counter::<NoLabelSet, _, f64>(&u64::try_from(v).unwrap_or(0), None)
+        }
+        (MetricType::Counter, Num::F(v)) => e.encode_counter::<NoLabelSet, _, f64>(&v, None),
+        // prometheus-client refuses gauges above i64::MAX (a bit mask, a wild counter).
+        (_, Num::U(v)) => match i64::try_from(v) {
+            Ok(v) => e.encode_gauge(&v),
+            Err(_) => e.encode_gauge(&(v as f64)),
+        },
+        (_, Num::I(v)) => e.encode_gauge(&v),
+        (_, Num::F(v)) => e.encode_gauge(&v),
+    }
+}
+
+/// The fleet, the workloads and the collector's own counters, from one snapshot.
+#[derive(Debug)]
+pub struct FleetCollector(pub Arc<Snapshot>);
+
+impl Collector for FleetCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+        let s = &self.0;
+        encode_nodes(&mut enc, &s.nodes)?;
+        encode_gpus(&mut enc, &s.nodes)?;
+        encode_workloads(&mut enc, s)?;
+        encode_collector(&mut enc, &s.collector)
+    }
+}
+
+fn encode_nodes(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
+    let help = "1 if the node is online (newest sample within --stale-after).";
+    let mut m = enc.encode_descriptor("gpufleet_node_up", help, None, MetricType::Gauge)?;
+    for n in nodes {
+        let up = u64::from(n.status == NodeStatus::Online);
+        put(
+            &mut m,
+            &[("node", Text(n.name.as_str()))],
+            MetricType::Gauge,
+            Num::U(up),
+        )?;
+    }
+    let help = "1 for the node's current status (online, stale, offline), 0 for the others.";
+    let mut m = enc.encode_descriptor("gpufleet_node_status", help, None, MetricType::Gauge)?;
+    for n in nodes {
+        for s in NodeStatus::ALL {
+            let labels = [
+                ("node", Text(n.name.as_str())),
+                ("status", Text(s.as_str())),
+            ];
+            put(
+                &mut m,
+                &labels,
+                MetricType::Gauge,
+                Num::U(u64::from(n.status == s)),
+            )?;
+        }
+    }
+    for (name, kind, help, get) in NODE_FAMILIES {
+        let mut m = enc.encode_descriptor(name, help, None, *kind)?;
+        for n in nodes {
+            if let Some(v) = get(n) {
+                put(&mut m, &[("node", Text(n.name.as_str()))], *kind, v)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
+    // Each GPU's labels once, for every family.
+    let indexes: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| n.gpus.iter().map(|g| g.index.to_string()).collect())
+        .collect();
+    let gpus = || {
+        nodes.iter().zip(&indexes).flat_map(|(n, ix)| {
+            n.gpus.iter().zip(ix).map(move |(g, i)| {
+                let labels = [
+                    ("node", Text(n.name.as_str())),
+                    ("gpu", Text(i)),
+                    ("uuid", Text(g.uuid.as_str())),
+                    ("name", Text(g.name.as_str())),
+                ];
+                (labels, g)
+            })
+        })
+    };
+    for (name, kind, help, get) in GPU_FAMILIES {
+        let kind = if *kind == "counter" {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        };
+        let mut m = enc.encode_descriptor(name, help, None, kind)?;
+        for (labels, g) in gpus() {
+            if let Some(v) = get(&g.sample) {
+                put(&mut m, &labels, kind, v)?;
+            }
+        }
+    }
+    let help = "1 while a workload holds memory on the GPU and its SM utilization is at most \
+                1 % (allocated but idle), 0 otherwise; absent when utilization is unknown.";
+    let mut m =
+        enc.encode_descriptor("gpufleet_gpu_idle_allocated", help, None, MetricType::Gauge)?;
+    for (labels, g) in gpus() {
+        if let Some(idle) = snapshot::idle_allocated(&g.sample, &g.processes) {
+            put(&mut m, &labels, MetricType::Gauge, Num::U(u64::from(idle)))?;
+        }
+    }
+    for (name, help, get) in HOST_FAMILIES {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for n in nodes {
+            if let Some(v) = n.host.as_ref().and_then(get) {
+                put(
+                    &mut m,
+                    &[("node", Text(n.name.as_str()))],
+                    MetricType::Gauge,
+                    v,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
+    let w = &s.workloads;
+    let help = "GPU energy charged to the workload since the collector started (energy \
+                accounting minutes; state: active, or idle charged to it under --idle-policy \
+                spread).";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_workload_energy_joules",
+        help,
+        None,
+        MetricType::Counter,
+    )?;
+    for (labels, t) in &w.series {
+        let pairs = workload_pairs(labels);
+        for (state, mj) in [("active", t.active_mj), ("idle", t.idle_mj)] {
+            let v = Num::F(mj as f64 / 1000.0);
+            put(
+                &mut m,
+                &(pairs, [("state", Text(state))]),
+                MetricType::Counter,
+                v,
+            )?;
+        }
+    }
+    let help = "gCO2 of the workload's priced energy since the collector started (energy × \
+                intensity × PUE per GPU-minute); absent until some of it has a price.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_workload_carbon_grams",
+        help,
+        None,
+        MetricType::Counter,
+    )?;
+    for (labels, t) in &w.series {
+        if let Some(g) = t.carbon_g {
+            put(
+                &mut m,
+                &workload_pairs(labels),
+                MetricType::Counter,
+                Num::F(g),
+            )?;
+        }
+    }
+    if let Some(since) = w.since_ms {
+        let help = "Start of the workload counters: they count energy minutes from here on.";
+        let mut m = enc.encode_descriptor(
+            "gpufleet_workload_counters_start_timestamp_seconds",
+            help,
+            None,
+            MetricType::Gauge,
+        )?;
+        value(&mut m, MetricType::Gauge, Num::F(since as f64 / 1000.0))?;
+    }
+    let help = "GPU memory held by the workload's processes on the GPU.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_process_gpu_memory_used_bytes",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in &s.processes {
+        if let Some(v) = p.mem_bytes {
+            put(
+                &mut m,
+                &(workload_pairs(&p.labels), [("gpu", Text(p.gpu.as_str()))]),
+                MetricType::Gauge,
+                Num::U(v),
+            )?;
+        }
+    }
+    let help = "SM utilization of the workload's processes on the GPU, 0..1.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_process_sm_utilization_ratio",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in &s.processes {
+        if let Some(v) = p.sm_pct {
+            let v = Num::F(f64::from(v) / 100.0);
+            put(
+                &mut m,
+                &(workload_pairs(&p.labels), [("gpu", Text(p.gpu.as_str()))]),
+                MetricType::Gauge,
+                v,
+            )?;
+        }
+    }
+    let help = "Carbon intensity now (gCO2/kWh), per provider and region some node is priced with.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_carbon_intensity_grams_per_kwh",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for (provider, region, g) in &w.intensity {
+        let labels = [
+            ("provider", Text(provider.as_str())),
+            ("region", Text(region)),
+        ];
+        put(&mut m, &labels, MetricType::Gauge, Num::F(*g))?;
+    }
+    let help = "Series left out of /metrics by --metrics-max-workloads, summed over refreshes \
+                (family: workload, process).";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_metrics_series_dropped",
+        help,
+        None,
+        MetricType::Counter,
+    )?;
+    for (family, n) in [("workload", w.dropped), ("process", s.process_dropped)] {
+        put(
+            &mut m,
+            &[("family", Text(family))],
+            MetricType::Counter,
+            Num::U(n),
+        )?;
+    }
+    Ok(())
+}
+
+fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Result {
+    let plain: [(&str, &str, u64); 4] = [
+        (
+            "gpufleet_collector_batches_acked",
+            "Batches acknowledged (committed).",
+            c.batches_acked,
+        ),
+        (
+            "gpufleet_collector_gpu_samples_ingested",
+            "GPU samples newly stored (replays excluded).",
+            c.gpu_samples_ingested,
+        ),
+        (
+            "gpufleet_collector_commits",
+            "Transactions committed by the group-commit writer.",
+            c.commits,
+        ),
+        (
+            "gpufleet_collector_commit_failures",
+            "Transactions that failed.",
+            c.commit_failures,
+        ),
+    ];
+    for (name, help, v) in plain {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+        value(&mut m, MetricType::Counter, Num::U(v))?;
+    }
+    let mut m = enc.encode_descriptor(
+        "gpufleet_collector_batches_rejected",
+        "Batches refused, by reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (reason, v) in [
+        ("invalid", c.rejected_invalid),
+        ("too_large", c.rejected_too_large),
+        ("unavailable", c.rejected_unavailable),
+        ("conflict", c.rejected_conflict),
+        ("seq_out_of_range", c.rejected_seq),
+    ] {
+        put(
+            &mut m,
+            &[("reason", Text(reason))],
+            MetricType::Counter,
+            Num::U(v),
+        )?;
+    }
+    let gauges: [(&str, &str, Num); 2] = [
+        (
+            "gpufleet_collector_streams_active",
+            "Ingest streams open now.",
+            Num::I(c.streams_active),
+        ),
+        (
+            "gpufleet_collector_writer_queue_batches",
+            "Batches waiting for the group-commit writer.",
+            Num::U(c.writer_queued as u64),
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        value(&mut m, MetricType::Gauge, v)?;
+    }
+    if !c.leading.is_empty() {
+        let help = "1 if this collector runs the background job now (it holds the job's lease).";
+        let mut m = enc.encode_descriptor(
+            "gpufleet_collector_job_leader",
+            help,
+            None,
+            MetricType::Gauge,
+        )?;
+        for (job, leading) in &c.leading {
+            put(
+                &mut m,
+                &[("job", Text(job))],
+                MetricType::Gauge,
+                Num::U(u64::from(*leading)),
+            )?;
+        }
+    }
+    // The histogram: per-bucket counts (the encoder accumulates), `+Inf` last.
+    let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(COMMIT_BUCKETS.len() + 1);
+    let mut below = 0;
+    for (bound, cumulative) in COMMIT_BUCKETS.iter().zip(c.commit_buckets) {
+        buckets.push((*bound, cumulative.saturating_sub(below)));
+        below = below.max(cumulative);
+    }
+    buckets.push((f64::MAX, c.commits.saturating_sub(below)));
+    let mut m = enc.encode_descriptor(
+        "gpufleet_collector_commit_duration_seconds",
+        "Time to write and commit one group of batches.",
+        None,
+        MetricType::Histogram,
+    )?;
+    m.encode_histogram::<NoLabelSet>(c.commit_seconds_sum, c.commits, &buckets, None)
+}
+
+/// Encodes `snapshot`, then whatever `extra` registers (other parts' families), and
+/// `# EOF`.
+pub fn render(snapshot: Snapshot, extra: impl FnOnce(&mut Registry)) -> String {
+    let mut registry = Registry::default();
+    let size = 4096 + snapshot.nodes.len() * 4096 + snapshot.workloads.series.len() * 600;
+    registry.register_collector(Box::new(FleetCollector(Arc::new(snapshot))));
+    extra(&mut registry);
+    let mut out = String::with_capacity(size);
+    // Writing into a String cannot fail; a collector that fails leaves what it wrote.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+    out
+}
+
+/// `GET /metrics`: the snapshot is copied under the live state's read lock, and encoded
+/// after it is released.
+pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
+    let now = (st.clock)();
+    let queued = st.writer.as_ref().map_or(0, WriterHandle::queued);
+    let collector = CollectorSnap::take(&st.metrics, queued);
+    let snapshot = Snapshot::take(&st.live, &st.status, now, collector, &st.workloads);
+    let body = render(snapshot, |registry| {
+        crate::remote_write::register(&st.metrics.remote_write, registry);
+    });
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::counters::{Published, Totals};
+    use gpufleet_core::{Workload, WorkloadKind};
+
+    fn snapshot(published: Published) -> Snapshot {
+        Snapshot {
+            nodes: Vec::new(),
+            collector: CollectorSnap::default(),
+            workloads: Arc::new(published),
+            processes: Vec::new(),
+            process_dropped: 0,
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped_and_the_text_ends_with_eof() {
+        let w = Workload {
+            kind: WorkloadKind::Container,
+            container_id: Some("a\"b\\c\nd".into()),
+            ..Default::default()
+        };
+        let labels = WorkloadLabels::new("n", &w);
+        let out = render(
+            snapshot(Published {
+                series: vec![(
+                    labels,
+                    Totals {
+                        active_mj: 1500,
+                        ..Default::default()
+                    },
+                )],
+                ..Default::default()
+            }),
+            |_| {},
+        );
+        assert!(out.contains(r#"workload="container:a\"b\\c\nd""#), "{out}");
+        assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    #[test]
+    fn gauges_beyond_i64_are_still_encoded() {
+        let mut s = snapshot(Published::default());
+        s.collector = CollectorSnap {
+            writer_queued: usize::MAX,
+            ..Default::default()
+        };
+        let out = render(s, |_| {});
+        assert!(
+            out.contains("gpufleet_collector_writer_queue_batches 18446744073709553000.0"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gpufleet_collector_commit_duration_seconds_count 0"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn workload_counters_carry_state_and_every_workload_label() {
+        let w = Workload {
+            kind: WorkloadKind::Container,
+            container_id: Some("c1".into()),
+            container_name: Some("trainer".into()),
+            pod_name: Some("train-0".into()),
+            namespace: Some("ml".into()),
+            uid: Some(1000),
+            ..Default::default()
+        };
+        let out = render(
+            snapshot(Published {
+                series: vec![(
+                    WorkloadLabels::new("n1", &w),
+                    Totals {
+                        active_mj: 1500,
+                        idle_mj: 250,
+                        carbon_g: Some(0.5),
+                        last_minute_ms: 0,
+                    },
+                )],
+                ..Default::default()
+            }),
+            |_| {},
+        );
+        let l = r#"node="n1",workload="container:c1",kind="container",namespace="ml",pod="train-0",container="trainer",job="",user="1000""#;
+        for line in [
+            format!("gpufleet_workload_energy_joules_total{{{l},state=\"active\"}} 1.5"),
+            format!("gpufleet_workload_energy_joules_total{{{l},state=\"idle\"}} 0.25"),
+            format!("gpufleet_workload_carbon_grams_total{{{l}}} 0.5"),
+            "# TYPE gpufleet_workload_energy_joules counter".to_owned(),
+        ] {
+            assert!(out.lines().any(|x| x == line), "missing {line} in\n{out}");
+        }
+    }
+}
