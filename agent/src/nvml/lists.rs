@@ -17,6 +17,9 @@ use std::ffi::c_uint;
 
 /// Entries allocated beyond the count the previous tick saw.
 const HEADROOM: c_uint = 8;
+/// The most entries a list may need: a count NVML asks for beyond it is refused, not
+/// allocated (a GPU runs far fewer processes; utilization samples are per process).
+const MAX_ENTRIES: c_uint = 4096;
 
 /// Which running-process list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +45,9 @@ fn one_call<T: Clone>(
         let code = fill(&mut buffer, &mut count);
         if code == nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE {
             capacity = count.max(capacity).saturating_add(HEADROOM);
+            if capacity > MAX_ENTRIES {
+                return Err(NvmlError::InsufficientSize(Some(count as usize)));
+            }
             continue;
         }
         if code == nvmlReturn_enum_NVML_ERROR_NOT_FOUND {

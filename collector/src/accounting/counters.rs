@@ -105,8 +105,8 @@ pub struct Totals {
 
 impl Totals {
     fn add(&mut self, o: &Totals) {
-        self.active_mj += o.active_mj;
-        self.idle_mj += o.idle_mj;
+        self.active_mj = self.active_mj.saturating_add(o.active_mj);
+        self.idle_mj = self.idle_mj.saturating_add(o.idle_mj);
         self.carbon_g = match (self.carbon_g, o.carbon_g) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),

@@ -153,12 +153,29 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     Some(wait.min(MAX_RETRY_AFTER))
 }
 
+/// 4xx answers that say nothing about the samples (credentials, address, proxy, timeout):
+/// retried, so a rotated token or a wrong path loses nothing once fixed. Only the rest
+/// (400 out of order, 422, ...) drop the request.
+fn retry_refusal(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::NOT_FOUND
+            | StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            | StatusCode::REQUEST_TIMEOUT
+    )
+}
+
 /// What the queue does with an answer of `status` received at `now`.
 pub fn classify(status: StatusCode, headers: &HeaderMap, body: &str, now: SystemTime) -> Delivery {
     let why = format!("{status}: {}", body.trim());
     if status.is_success() {
         Delivery::Sent
-    } else if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+    } else if status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+        || retry_refusal(status)
+    {
         Delivery::Retry {
             after: retry_after(headers, now),
             why,
@@ -251,6 +268,16 @@ mod tests {
             answer(StatusCode::SERVICE_UNAVAILABLE, &none, ""),
             Delivery::Retry { after: None, .. }
         ));
+        for status in [
+            StatusCode::UNAUTHORIZED,
+            StatusCode::FORBIDDEN,
+            StatusCode::NOT_FOUND,
+        ] {
+            assert!(
+                matches!(answer(status, &none, ""), Delivery::Retry { .. }),
+                "{status} says nothing about the samples: retried, not dropped"
+            );
+        }
         assert!(matches!(
             answer(StatusCode::BAD_REQUEST, &none, "out of order sample"),
             Delivery::Refused { status: 400, ref why } if why.contains("out of order")

@@ -3,9 +3,10 @@
 //! positions a request carried once it is delivered (or dropped).
 //!
 //! When full, the reader waits: nothing is lost, the samples stay in the store and are
-//! read when there is room. A request is retried (5xx, 429 honouring `Retry-After`, no
-//! answer) until delivered or until the term ends; a 4xx other than 429 would be refused
-//! again, so it is dropped and its samples counted as failed. Either way its positions are
+//! read when there is room. A request is retried (5xx, 429 honouring `Retry-After`, the
+//! 4xx that say nothing about the samples such as 401 or 404, no answer) until delivered
+//! or until the term ends; any other 4xx would be refused again, so it is dropped and its
+//! samples counted as failed. Either way its positions are
 //! then saved, so a restart resumes after it.
 
 use super::client::{Delivery, Sink};
@@ -122,7 +123,11 @@ async fn deliver(
                 return true;
             }
             Delivery::Retry { after, why } => {
-                let wait = after.unwrap_or_else(|| backoff(options, attempt));
+                // Retry-After is a floor, never below the backoff: a `0` or a date in the
+                // past must not turn into a tight loop against a struggling receiver.
+                let wait = after.map_or(backoff(options, attempt), |a| {
+                    a.max(backoff(options, attempt))
+                });
                 warn!(
                     attempt,
                     retry_in_ms = wait.as_millis() as u64,
@@ -252,7 +257,7 @@ mod tests {
         Arc::new(Positions::default())
     }
 
-    /// 503s back off exponentially, 429 waits what Retry-After says, a 400 drops the
+    /// 503s back off exponentially, 429 waits what Retry-After says (never less than the backoff), a 400 drops the
     /// request (counted) and moves on; order is kept and positions saved after each.
     #[tokio::test(start_paused = true)]
     async fn retries_back_off_and_refusals_are_dropped_and_counted() {
@@ -266,6 +271,7 @@ mod tests {
             retry(None),
             retry(None),
             retry(Some(Duration::from_secs(7))),
+            retry(Some(Duration::ZERO)),
             Delivery::Sent,
             Delivery::Refused {
                 status: 400,
@@ -303,7 +309,8 @@ mod tests {
             .iter()
             .map(|(t, body)| ((*t - start).as_millis(), body[0]))
             .collect();
-        // 0, +100, +200, +250 (capped), then Retry-After 7 s; then batch 2 (refused), 3.
+        // 0, +100, +200, +250 (capped), then Retry-After 7 s, then Retry-After 0 (the
+        // backoff's 250 ms is the floor); then batch 2 (refused), 3.
         assert_eq!(
             times,
             [
@@ -312,13 +319,14 @@ mod tests {
                 (300, 1),
                 (550, 1),
                 (7_550, 1),
-                (7_550, 2),
-                (7_550, 3)
+                (7_800, 1),
+                (7_800, 2),
+                (7_800, 3)
             ]
         );
         assert_eq!(stats.sent.load(Relaxed), 20);
         assert_eq!(stats.failed.load(Relaxed), 10);
-        assert_eq!(stats.retries.load(Relaxed), 4);
+        assert_eq!(stats.retries.load(Relaxed), 5);
         assert_eq!(stats.pending.load(Relaxed), 0);
         let saved = store
             .remote_write_positions(STREAM_GPU)

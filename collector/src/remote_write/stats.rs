@@ -68,7 +68,7 @@ impl Collector for StatsCollector {
             ),
         ];
         for (name, kind, help, v) in families {
-            let mut m = enc.encode_descriptor(name, help, None, kind.clone())?;
+            let mut m = enc.encode_descriptor(name, help, None, kind)?;
             value(&mut m, kind, v)?;
         }
         Ok(())

@@ -638,3 +638,27 @@ pub async fn next(
         .expect("an answer within 10 s")?;
     Ok(msg.and_then(|m| m.msg).expect("a message"))
 }
+
+/// Debian's `prometheus` binary, installed by `scripts/need-deb` when missing; panics (never
+/// skips) when it cannot be had.
+pub fn prometheus_bin() -> std::path::PathBuf {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/need-deb");
+    let out = std::process::Command::new(script)
+        .args(["prometheus", "prometheus"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run scripts/need-deb");
+    assert!(
+        out.status.success(),
+        "Prometheus is needed by this test and could not be installed (scripts/need-deb prometheus prometheus)"
+    );
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// A port nobody listens on now (for a peer that takes a port number, not a listener).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

@@ -30,27 +30,6 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `prometheus` binary, installed when missing; panics (never skips) without it.
-fn prometheus_bin() -> PathBuf {
-    let out = std::process::Command::new(repo_root().join("scripts/need-deb"))
-        .args(["prometheus", "prometheus"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/need-deb");
-    assert!(
-        out.status.success(),
-        "Prometheus is needed by this test and could not be installed (scripts/need-deb prometheus prometheus)"
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// `gpufleet-collector demo` on ephemeral ports; returns it and its HTTP address.
 async fn start_demo() -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
@@ -89,8 +68,8 @@ async fn start_prometheus(dir: &Path, target: &str) -> (Child, String) {
         ),
     )
     .expect("write prometheus.yml");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(prometheus_bin())
+    let listen = format!("127.0.0.1:{}", crate::common::free_port());
+    let child = Command::new(crate::common::prometheus_bin())
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
             "--storage.tsdb.path={}",

@@ -22,27 +22,6 @@ use tokio::process::{Child, Command};
 /// Requests hold at most this many samples (the collector's default).
 const MAX_SAMPLES_PER_SEND: f64 = 2_000.0;
 
-fn prometheus_bin() -> PathBuf {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/need-deb");
-    let out = std::process::Command::new(script)
-        .args(["prometheus", "prometheus"])
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run scripts/need-deb");
-    assert!(
-        out.status.success(),
-        "Prometheus is needed (Debian's `prometheus` package) and could not be installed"
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
 /// A Prometheus receiving remote-write on `port`, its data kept in `dir` across restarts.
 struct Prometheus {
     bin: PathBuf,
@@ -186,13 +165,13 @@ async fn wait_delivered(store: &Arc<dyn Store>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_write_to_a_real_prometheus_survives_outages_and_restarts() {
-    let prometheus = prometheus_bin();
+    let prometheus = crate::common::prometheus_bin();
     let dir = tempfile::tempdir().expect("dir");
-    let prom_port = free_port();
+    let prom_port = crate::common::free_port();
     let mut prom = Prometheus::start(prometheus, dir.path(), prom_port).await;
 
     let db_url = format!("sqlite://{}", dir.path().join("gpufleet.db").display());
-    let grpc = format!("127.0.0.1:{}", free_port());
+    let grpc = format!("127.0.0.1:{}", crate::common::free_port());
     let rw_url = format!("http://127.0.0.1:{prom_port}/api/v1/write");
     let flags = [
         "--remote-write-url",
