@@ -12,6 +12,7 @@
 use super::client::{Delivery, Sink};
 use super::stats::Stats;
 use crate::store::RemoteWriteStore;
+use crate::store::remote_write::{STREAM_ENERGY, WorkloadNodeEnergy};
 use gpufleet_core::UnixMs;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 /// One request ready to send, and how far it takes each stream's series.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Batch {
     /// The encoded `WriteRequest` (empty: nothing to send, only positions to save).
     pub body: Vec<u8>,
@@ -30,6 +31,9 @@ pub struct Batch {
     pub samples: usize,
     /// `(stream, series, position)` delivered once it is.
     pub positions: Vec<(&'static str, String, UnixMs)>,
+    /// The cumulative energy totals pushed up to the energy position it carries, saved
+    /// with that position (empty when it carries none).
+    pub energy_totals: Vec<WorkloadNodeEnergy>,
 }
 
 /// Exponential backoff between retries.
@@ -163,7 +167,17 @@ async fn save_positions(
     }
     for (stream, positions) in by_stream {
         let mut attempt = 0u32;
-        while let Err(e) = store.save_remote_write_positions(stream, &positions).await {
+        loop {
+            // The energy position goes with the totals pushed up to it, in one transaction.
+            let saved = match positions.iter().map(|(_, at)| *at).max() {
+                Some(at) if stream == STREAM_ENERGY => {
+                    store
+                        .save_remote_write_energy(at, &batch.energy_totals)
+                        .await
+                }
+                _ => store.save_remote_write_positions(stream, &positions).await,
+            };
+            let Err(e) = saved else { break };
             let wait = backoff(options, attempt);
             warn!(error = %e, "cannot save the remote-write position; retrying");
             attempt = attempt.saturating_add(1);
@@ -209,6 +223,7 @@ mod tests {
             body: vec![tag],
             samples,
             positions: vec![(STREAM_GPU, "GPU-1".into(), at)],
+            ..Batch::default()
         }
     }
 
@@ -250,6 +265,25 @@ mod tests {
         ) -> Result<Vec<crate::store::remote_write::WorkloadNodeEnergy>, crate::store::StoreError>
         {
             Ok(Vec::new())
+        }
+        async fn energy_closed_to(
+            &self,
+            _from_ms: UnixMs,
+        ) -> Result<Option<UnixMs>, crate::store::StoreError> {
+            Ok(None)
+        }
+        async fn remote_write_energy_totals(
+            &self,
+        ) -> Result<Vec<WorkloadNodeEnergy>, crate::store::StoreError> {
+            Ok(Vec::new())
+        }
+        async fn save_remote_write_energy(
+            &self,
+            position_ms: UnixMs,
+            _totals: &[WorkloadNodeEnergy],
+        ) -> Result<(), crate::store::StoreError> {
+            self.save_remote_write_positions(STREAM_ENERGY, &[(String::new(), position_ms)])
+                .await
         }
     }
 

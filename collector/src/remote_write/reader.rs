@@ -10,10 +10,12 @@
 //! is sent again (Prometheus accepts an identical sample again).
 //!
 //! Per-workload energy is a counter: the cumulative joules (active and idle) of each
-//! workload on each node, summed from the store's closed minutes up to the position when
-//! the term starts, then advanced minute by minute; each minute's value is stamped with
-//! the minute's end. A minute recomputed after it was pushed (late data) is not sent
-//! again: the counter carries the difference from the next minute the workload has.
+//! workload on each node, advanced minute by minute; each minute's value is stamped with
+//! the minute's end. The totals pushed are saved with the energy position once delivered,
+//! and a term starts from them (or from the closed minutes summed up to the position,
+//! where higher), so the counter never goes back after a restart, whatever retention
+//! deleted since. A minute recomputed after it was pushed (late data) is not sent again:
+//! a higher figure shows in the next term's starting total.
 
 use super::RemoteWriteOptions;
 use super::encode;
@@ -24,6 +26,7 @@ use crate::store::remote_write::{STREAM_ENERGY, STREAM_GPU, WorkloadNodeEnergy};
 use crate::store::{FleetReads, RemoteWriteStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use gpufleet_proto::prometheus::{TimeSeries, WriteRequest};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -51,6 +54,8 @@ pub struct Reader {
     energy_ms: UnixMs,
     /// Cumulative energy per (workload key, node) up to `energy_ms`.
     totals: BTreeMap<(String, String), WorkloadNodeEnergy>,
+    /// The totals reached at the energy positions in `positions`, saved with them.
+    energy_totals: Vec<WorkloadNodeEnergy>,
     /// The request being built.
     series: Vec<TimeSeries>,
     samples: usize,
@@ -84,6 +89,30 @@ fn floor_minute(ms: UnixMs) -> UnixMs {
     ms.div_euclid(MINUTE_MS) * MINUTE_MS
 }
 
+/// A term's starting counters: the totals last pushed, or the stored minutes summed up to
+/// the position where they are higher (a workload never pushed, minutes recomputed
+/// higher). Never below what was pushed, though retention deletes minutes and a minute
+/// may be recomputed lower.
+fn starting_totals(
+    summed: Vec<WorkloadNodeEnergy>,
+    pushed: Vec<WorkloadNodeEnergy>,
+) -> BTreeMap<(String, String), WorkloadNodeEnergy> {
+    let mut totals: BTreeMap<(String, String), WorkloadNodeEnergy> = BTreeMap::new();
+    for t in summed.into_iter().chain(pushed) {
+        match totals.entry((t.workload.key(), t.node.clone())) {
+            Entry::Vacant(v) => {
+                v.insert(t);
+            }
+            Entry::Occupied(mut o) => {
+                let o = o.get_mut();
+                o.active_mj = o.active_mj.max(t.active_mj);
+                o.idle_mj = o.idle_mj.max(t.idle_mj);
+            }
+        }
+    }
+    totals
+}
+
 impl Reader {
     /// Loads the saved positions and energy totals (retrying a failing store until
     /// `term` ends).
@@ -107,22 +136,21 @@ impl Reader {
                     .get("")
                     .copied()
                     .unwrap_or_else(|| floor_minute(floor_ms));
-                let totals = store.workload_energy_totals(energy_ms).await?;
-                Ok::<_, StoreError>((gpus, energy_ms, totals))
+                let summed = store.workload_energy_totals(energy_ms).await?;
+                let pushed = store.remote_write_energy_totals().await?;
+                Ok::<_, StoreError>((gpus, energy_ms, summed, pushed))
             }
             .await;
             match loaded {
-                Ok((gpus, energy_ms, totals)) => {
+                Ok((gpus, energy_ms, summed, pushed)) => {
                     return Ok(Reader {
                         fleet,
                         store,
                         floor_ms,
                         gpus: gpus.into_iter().collect(),
                         energy_ms,
-                        totals: totals
-                            .into_iter()
-                            .map(|t| ((t.workload.key(), t.node.clone()), t))
-                            .collect(),
+                        totals: starting_totals(summed, pushed),
+                        energy_totals: Vec::new(),
                         options,
                         stats,
                         clock,
@@ -208,13 +236,25 @@ impl Reader {
     }
 
     /// Adds the closed energy minutes after the energy position; `Ok(true)` if more are
-    /// closed than one round reads.
+    /// closed than one round reads. A minute is closed once its end is `energy_delay`
+    /// behind the clock and the accountant's watermark has passed it on every GPU with
+    /// samples in it or later (see [`RemoteWriteStore::energy_closed_to`]): minutes not
+    /// accounted yet (an outage, a backlog) hold the position back instead of being
+    /// skipped. A minute with more series than a request holds is split, its position
+    /// (and the totals saved with it) on the last part.
     async fn energy(&mut self) -> Result<bool, RoundError> {
         let delay = i64::try_from(self.options.energy_delay.as_millis()).unwrap_or(i64::MAX);
         // The newest minute whose end is `energy_delay` behind the clock.
-        let closed = floor_minute((self.clock)().saturating_sub(delay)) - MINUTE_MS;
+        let mut closed = floor_minute((self.clock)().saturating_sub(delay)) - MINUTE_MS;
         if closed <= self.energy_ms {
             return Ok(false);
+        }
+        let next = self.energy_ms.saturating_add(MINUTE_MS);
+        if let Some(done) = self.store.energy_closed_to(next).await? {
+            closed = closed.min(floor_minute(done) - MINUTE_MS);
+            if closed <= self.energy_ms {
+                return Ok(false);
+            }
         }
         let to = closed.min(self.energy_ms + ENERGY_MINUTES_PER_ROUND * MINUTE_MS);
         let rows = self
@@ -226,7 +266,7 @@ impl Reader {
             by_minute.entry(row.minute_ms).or_default().push(row);
         }
         for (minute, rows) in by_minute {
-            let mut series = Vec::with_capacity(rows.len() * 2);
+            let mut reached = Vec::with_capacity(rows.len());
             for row in rows {
                 let key = (row.workload.key(), row.node.clone());
                 let total = self
@@ -242,9 +282,19 @@ impl Reader {
                 // Names learned later (pod, container) label the series from then on.
                 total.workload = row.workload;
                 total.minute_ms = minute;
-                series.extend(encode::energy_series(total, minute + MINUTE_MS));
+                let series = encode::energy_series(total, minute + MINUTE_MS);
+                reached.push(total.clone());
+                if self.samples > 0
+                    && self.samples + encode::sample_count(&series)
+                        > self.options.max_samples_per_send
+                {
+                    self.flush().await?;
+                }
+                self.samples += encode::sample_count(&series);
+                self.series.extend(series);
             }
-            self.add(series, (STREAM_ENERGY, String::new(), minute))
+            self.energy_totals.extend(reached);
+            self.add(Vec::new(), (STREAM_ENERGY, String::new(), minute))
                 .await?;
         }
         self.positions.push((STREAM_ENERGY, String::new(), to));
@@ -270,7 +320,7 @@ impl Reader {
 
     /// Queues what was built (positions alone too), waiting while the queue is full.
     async fn flush(&mut self) -> Result<(), Stop> {
-        if self.positions.is_empty() {
+        if self.positions.is_empty() && self.series.is_empty() {
             return Ok(());
         }
         let series = std::mem::take(&mut self.series);
@@ -283,6 +333,7 @@ impl Reader {
             body,
             samples: std::mem::take(&mut self.samples),
             positions: std::mem::take(&mut self.positions),
+            energy_totals: std::mem::take(&mut self.energy_totals),
         };
         self.stats
             .pending

@@ -61,6 +61,48 @@ pub trait RemoteWriteStore: Send + Sync + std::fmt::Debug {
         &self,
         to_ms: UnixMs,
     ) -> Result<Vec<WorkloadNodeEnergy>, StoreError>;
+
+    /// How far the accountant has closed every GPU that has samples at or after
+    /// `from_ms`: the lowest energy watermark among them (`from_ms` itself for one never
+    /// accounted); `None` when no GPU has such samples. A GPU that went away stops
+    /// counting once `from_ms` passes its last sample, so it never holds this back.
+    async fn energy_closed_to(&self, from_ms: UnixMs) -> Result<Option<UnixMs>, StoreError>;
+
+    /// The cumulative energy last pushed per workload and node (saved by
+    /// [`Self::save_remote_write_energy`]), each with `minute_ms` = the energy position;
+    /// a workload no longer in the store is left out.
+    async fn remote_write_energy_totals(&self) -> Result<Vec<WorkloadNodeEnergy>, StoreError>;
+
+    /// Records the delivered energy position and the cumulative totals pushed up to it,
+    /// in one transaction. Neither moves back: an older position or a lower total than
+    /// the stored one is ignored.
+    async fn save_remote_write_energy(
+        &self,
+        position_ms: UnixMs,
+        totals: &[WorkloadNodeEnergy],
+    ) -> Result<(), StoreError>;
+}
+
+/// Raises one stored position (never lowering it).
+async fn save_position<DB: Backend>(
+    tx: &mut super::WriteTx<'_, DB>,
+    stream: &str,
+    series: &str,
+    position_ms: UnixMs,
+) -> Result<(), StoreError> {
+    sql::<DB>(
+        "save a remote-write position",
+        "INSERT INTO remote_write_positions (stream, series, position_ms) \
+         VALUES ($1, $2, $3) ON CONFLICT (stream, series) DO UPDATE SET position_ms = \
+         CASE WHEN excluded.position_ms > remote_write_positions.position_ms \
+         THEN excluded.position_ms ELSE remote_write_positions.position_ms END",
+    )
+    .bind(stream)
+    .bind(series)
+    .bind(position_ms)
+    .execute(tx.conn())
+    .await?;
+    Ok(())
 }
 
 fn energy_row<R: Get>(
@@ -113,18 +155,7 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         }
         let mut tx = self.begin_write("save remote-write positions").await?;
         for (series, position_ms) in positions {
-            sql::<DB>(
-                "save a remote-write position",
-                "INSERT INTO remote_write_positions (stream, series, position_ms) \
-                 VALUES ($1, $2, $3) ON CONFLICT (stream, series) DO UPDATE SET position_ms = \
-                 CASE WHEN excluded.position_ms > remote_write_positions.position_ms \
-                 THEN excluded.position_ms ELSE remote_write_positions.position_ms END",
-            )
-            .bind(stream)
-            .bind(series.as_str())
-            .bind(*position_ms)
-            .execute(tx.conn())
-            .await?;
+            save_position::<DB>(&mut tx, stream, series, *position_ms).await?;
         }
         tx.commit("save remote-write positions").await
     }
@@ -165,5 +196,67 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         )
         .bind(to_ms);
         self.fetch(query, |row| energy_row(row, Some(to_ms))).await
+    }
+
+    async fn energy_closed_to(&self, from_ms: UnixMs) -> Result<Option<UnixMs>, StoreError> {
+        let query = sql::<DB>(
+            "read the energy watermark of GPUs with newer samples",
+            "SELECT min(COALESCE(p.done_to_ms, $1)) AS done_to_ms FROM gpus g \
+             LEFT JOIN energy_progress p ON p.gpu_id = g.id \
+             WHERE EXISTS (SELECT 1 FROM gpu_samples s WHERE s.gpu_id = g.id AND s.ts_ms >= $2)",
+        )
+        .bind(from_ms)
+        .bind(from_ms);
+        let rows = self
+            .fetch(query, |row| row.get::<Option<UnixMs>>("done_to_ms"))
+            .await?;
+        Ok(rows.into_iter().flatten().min())
+    }
+
+    async fn remote_write_energy_totals(&self) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+        let query = sql::<DB>(
+            "read the remote-write energy totals",
+            format!(
+                "SELECT COALESCE(p.position_ms, 0) AS minute_ms, {WORKLOAD_COLS}, \
+                 t.node_name, t.active_mj, t.idle_mj FROM remote_write_energy_totals t \
+                 JOIN workloads w ON w.key = t.workload_key \
+                 LEFT JOIN remote_write_positions p ON p.stream = $1 AND p.series = '' \
+                 ORDER BY w.key, t.node_name"
+            ),
+        )
+        .bind(STREAM_ENERGY);
+        self.fetch(query, |row| energy_row(row, None)).await
+    }
+
+    async fn save_remote_write_energy(
+        &self,
+        position_ms: UnixMs,
+        totals: &[WorkloadNodeEnergy],
+    ) -> Result<(), StoreError> {
+        let op = "save the remote-write energy position";
+        let mut tx = self.begin_write(op).await?;
+        save_position::<DB>(&mut tx, STREAM_ENERGY, "", position_ms).await?;
+        let (active, idle) = (
+            DB::DIALECT.greatest("t.active_mj", "excluded.active_mj"),
+            DB::DIALECT.greatest("t.idle_mj", "excluded.idle_mj"),
+        );
+        for total in totals {
+            sql::<DB>(
+                "save a remote-write energy total",
+                format!(
+                    "INSERT INTO remote_write_energy_totals AS t \
+                     (workload_key, node_name, active_mj, idle_mj) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (workload_key, node_name) DO UPDATE SET \
+                     active_mj = {active}, idle_mj = {idle}"
+                ),
+            )
+            .bind(total.workload.key())
+            .bind(total.node.as_str())
+            .bind(rows::to_i64(total.active_mj))
+            .bind(rows::to_i64(total.idle_mj))
+            .execute(tx.conn())
+            .await?;
+        }
+        tx.commit(op).await
     }
 }

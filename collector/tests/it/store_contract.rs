@@ -1560,7 +1560,7 @@ mod contract {
 
 mod remote_write_contract {
     use super::*;
-    use gpufleet_collector::store::remote_write::{STREAM_ENERGY, STREAM_GPU};
+    use gpufleet_collector::store::remote_write::{STREAM_ENERGY, STREAM_GPU, WorkloadNodeEnergy};
     use std::collections::BTreeMap;
 
     const MIN: i64 = 60_000;
@@ -1688,6 +1688,130 @@ mod remote_write_contract {
         assert!(!one.is_empty());
         assert!(one.iter().all(|r| r.minute_ms == T0 + 2 * MIN));
     }
+
+    /// The pushed energy totals are saved with the energy position in one transaction and
+    /// read back with the workload's labels; neither ever goes down. The accountant's
+    /// watermark bounds how far the energy stream may go, counting only GPUs with samples
+    /// at or after the asked time.
+    pub async fn remote_write_energy_totals_never_go_down(store: Arc<dyn Store>) {
+        assert!(
+            store
+                .remote_write_energy_totals()
+                .await
+                .expect("none yet")
+                .is_empty()
+        );
+        let rec = store
+            .register_node(
+                &hello("node-a"),
+                &inventory(vec![gpu_info_full("GPU-a", 0)]),
+                T0,
+            )
+            .await
+            .expect("register");
+        let b = batch(1, T0, 330, &["GPU-a"]);
+        store
+            .write_batches(&[node_batch(&rec, b)])
+            .await
+            .expect("write");
+        assert_eq!(
+            store.energy_closed_to(T0).await.expect("progress"),
+            Some(T0),
+            "samples not accounted yet: no minute is closed"
+        );
+        Accountant::new(
+            store.clone(),
+            EnergyOptions::default(),
+            contract::clock_at(T0 + 5 * MIN + 40_000),
+        )
+        .pass()
+        .await
+        .expect("account");
+        let minutes = store.energy_minutes(None, ALL_TIME).await.expect("minutes");
+        let first_open = minutes
+            .iter()
+            .filter(|(_, m)| m.provisional)
+            .map(|(_, m)| m.minute_ms)
+            .min()
+            .expect("an open minute");
+        assert_eq!(
+            store.energy_closed_to(T0).await.expect("progress"),
+            Some(first_open),
+            "the watermark: every minute before the open one is closed"
+        );
+        assert_eq!(
+            store
+                .energy_closed_to(T0 + 60 * MIN)
+                .await
+                .expect("progress"),
+            None,
+            "no GPU has samples that late"
+        );
+
+        let last_closed = first_open - MIN;
+        let totals = store
+            .workload_energy_totals(last_closed)
+            .await
+            .expect("totals");
+        assert!(
+            totals.iter().any(|t| t.active_mj > 0),
+            "energy was accounted"
+        );
+        store
+            .save_remote_write_energy(last_closed, &totals)
+            .await
+            .expect("save");
+        let read = store.remote_write_energy_totals().await.expect("read");
+        assert_eq!(read, totals, "labels, node, joules and the position");
+        // Lower figures and an older position (a stale sender) change nothing.
+        let lower: Vec<_> = totals
+            .iter()
+            .map(|t| WorkloadNodeEnergy {
+                active_mj: t.active_mj / 2,
+                idle_mj: 0,
+                ..t.clone()
+            })
+            .collect();
+        store
+            .save_remote_write_energy(T0, &lower)
+            .await
+            .expect("save");
+        assert_eq!(
+            store.remote_write_energy_totals().await.expect("read"),
+            totals
+        );
+        // Higher ones raise them; a workload no longer stored is left out on reading.
+        let mut higher: Vec<_> = totals
+            .iter()
+            .map(|t| WorkloadNodeEnergy {
+                minute_ms: last_closed + MIN,
+                active_mj: t.active_mj + 7,
+                idle_mj: t.idle_mj + 3,
+                ..t.clone()
+            })
+            .collect();
+        let mut gone = higher[0].clone();
+        gone.workload.unit = Some("gone.service".into());
+        gone.workload.kind = WorkloadKind::Host;
+        gone.workload.container_id = None;
+        gone.workload.job_id = None;
+        store
+            .save_remote_write_energy(last_closed + MIN, &[higher.clone(), vec![gone]].concat())
+            .await
+            .expect("save");
+        assert_eq!(
+            store
+                .remote_write_positions(STREAM_ENERGY)
+                .await
+                .expect("position"),
+            BTreeMap::from([(String::new(), last_closed + MIN)])
+        );
+        higher.sort_by_key(|t| (t.workload.key(), t.node.clone()));
+        assert_eq!(
+            store.remote_write_energy_totals().await.expect("read"),
+            higher
+        );
+    }
 }
 
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
@@ -1716,6 +1840,12 @@ macro_rules! contract_tests {
             async fn remote_write_positions_and_closed_energy() {
                 let (_guard, store) = $open().await;
                 remote_write_contract::remote_write_positions_and_closed_energy(Arc::clone(&store)).await;
+                store.close().await;
+            }
+            #[tokio::test]
+            async fn remote_write_energy_totals_never_go_down() {
+                let (_guard, store) = $open().await;
+                remote_write_contract::remote_write_energy_totals_never_go_down(Arc::clone(&store)).await;
                 store.close().await;
             }
         }
