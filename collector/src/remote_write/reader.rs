@@ -348,3 +348,277 @@ impl Reader {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote_write::client::{Delivery, Sink};
+    use crate::remote_write::queue::{self, BackoffOptions};
+    use async_trait::async_trait;
+    use gpufleet_core::{Workload, WorkloadKind};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+
+    const T0: UnixMs = 1_700_000_040_000 / MINUTE_MS * MINUTE_MS;
+
+    /// The energy side of the store in memory: closed minutes, what re-summing them
+    /// gives (retention may have deleted some), the accountant's watermark and what the
+    /// sender saved.
+    #[derive(Debug, Default)]
+    struct Energy {
+        minutes: Mutex<Vec<WorkloadNodeEnergy>>,
+        summed: Mutex<Vec<WorkloadNodeEnergy>>,
+        closed_to: Mutex<Option<UnixMs>>,
+        position: Mutex<Option<UnixMs>>,
+        pushed: Mutex<BTreeMap<(String, String), WorkloadNodeEnergy>>,
+    }
+
+    #[async_trait]
+    impl RemoteWriteStore for Energy {
+        async fn remote_write_positions(
+            &self,
+            stream: &str,
+        ) -> Result<BTreeMap<String, UnixMs>, StoreError> {
+            let position = *self.position.lock().expect("lock");
+            Ok(match (stream, position) {
+                (STREAM_ENERGY, Some(p)) => BTreeMap::from([(String::new(), p)]),
+                _ => BTreeMap::new(),
+            })
+        }
+        async fn save_remote_write_positions(
+            &self,
+            _stream: &str,
+            _positions: &[(String, UnixMs)],
+        ) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn workload_energy_minutes(
+            &self,
+            after_ms: UnixMs,
+            to_ms: UnixMs,
+        ) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+            let minutes = self.minutes.lock().expect("lock");
+            Ok(minutes
+                .iter()
+                .filter(|m| m.minute_ms > after_ms && m.minute_ms <= to_ms)
+                .cloned()
+                .collect())
+        }
+        async fn workload_energy_totals(
+            &self,
+            _to_ms: UnixMs,
+        ) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+            Ok(self.summed.lock().expect("lock").clone())
+        }
+        async fn energy_closed_to(&self, _from_ms: UnixMs) -> Result<Option<UnixMs>, StoreError> {
+            Ok(*self.closed_to.lock().expect("lock"))
+        }
+        async fn remote_write_energy_totals(&self) -> Result<Vec<WorkloadNodeEnergy>, StoreError> {
+            Ok(self
+                .pushed
+                .lock()
+                .expect("lock")
+                .values()
+                .cloned()
+                .collect())
+        }
+        async fn save_remote_write_energy(
+            &self,
+            position_ms: UnixMs,
+            totals: &[WorkloadNodeEnergy],
+        ) -> Result<(), StoreError> {
+            let mut position = self.position.lock().expect("lock");
+            *position = Some(position.map_or(position_ms, |p| p.max(position_ms)));
+            let mut pushed = self.pushed.lock().expect("lock");
+            for t in totals {
+                let saved = pushed
+                    .entry((t.workload.key(), t.node.clone()))
+                    .or_insert_with(|| t.clone());
+                saved.active_mj = saved.active_mj.max(t.active_mj);
+                saved.idle_mj = saved.idle_mj.max(t.idle_mj);
+            }
+            Ok(())
+        }
+    }
+
+    /// A receiver taking everything, keeping each request.
+    #[derive(Debug, Default)]
+    struct Receiver(Mutex<Vec<WriteRequest>>);
+
+    #[async_trait]
+    impl Sink for Receiver {
+        async fn send(&self, body: Vec<u8>) -> Delivery {
+            let request = encode::decode(&body).expect("a valid request");
+            self.0.lock().expect("lock").push(request);
+            Delivery::Sent
+        }
+    }
+
+    fn minute(at: UnixMs, job: &str, active_mj: u64) -> WorkloadNodeEnergy {
+        WorkloadNodeEnergy {
+            minute_ms: at,
+            workload: Workload {
+                kind: WorkloadKind::Slurm,
+                job_id: Some(job.into()),
+                ..Workload::default()
+            },
+            node: "node-a".into(),
+            active_mj,
+            idle_mj: 0,
+        }
+    }
+
+    /// One term against `store`: one read round at `now`, every request delivered and its
+    /// positions saved; the requests (with their energy positions) come back.
+    async fn term(
+        store: &Arc<Energy>,
+        now: &Arc<AtomicI64>,
+        max_samples_per_send: usize,
+    ) -> Vec<WriteRequest> {
+        let fleet: Arc<dyn FleetReads> = Arc::new(
+            crate::store::sqlite::SqliteStore::open("sqlite::memory:")
+                .await
+                .expect("store"),
+        );
+        let sink = Arc::new(Receiver::default());
+        let mut options = RemoteWriteOptions::new(sink.clone());
+        options.max_samples_per_send = max_samples_per_send;
+        options.queue_capacity = 1_000;
+        let clock_now = Arc::clone(now);
+        let clock: Clock = Arc::new(move || clock_now.load(SeqCst));
+        let stats = Arc::new(Stats::default());
+        let (tx, rx) = queue::channel(options.queue_capacity);
+        let store_dyn: Arc<dyn RemoteWriteStore> = store.clone();
+        let term = CancellationToken::new();
+        let mut reader = Reader::start(
+            fleet,
+            Arc::clone(&store_dyn),
+            options,
+            Arc::clone(&stats),
+            clock,
+            tx,
+            &term,
+        )
+        .await
+        .expect("started");
+        while reader.round().await.expect("round") {}
+        drop(reader);
+        queue::run_sender(
+            rx,
+            sink.clone(),
+            store_dyn,
+            stats,
+            BackoffOptions::default(),
+            term,
+        )
+        .await;
+        std::mem::take(&mut *sink.0.lock().expect("lock"))
+    }
+
+    /// The active joules each request pushed for `job`.
+    fn active_joules(requests: &[WriteRequest], job: &str) -> Vec<f64> {
+        requests
+            .iter()
+            .flat_map(|r| &r.timeseries)
+            .filter(|s| {
+                s.labels
+                    .iter()
+                    .any(|l| l.name == "state" && l.value == "active")
+                    && s.labels.iter().any(|l| l.value == format!("slurm:{job}"))
+            })
+            .flat_map(|s| s.samples.iter().map(|x| x.value))
+            .collect()
+    }
+
+    /// A new term after retention deleted the minutes already pushed (re-summing them
+    /// gives less) continues from the totals saved with the position: the counter never
+    /// goes down.
+    #[tokio::test]
+    async fn a_new_term_continues_from_the_pushed_totals() {
+        let store = Arc::new(Energy::default());
+        *store.position.lock().expect("lock") = Some(T0);
+        store.minutes.lock().expect("lock").extend([
+            minute(T0 + MINUTE_MS, "7", 1_000),
+            minute(T0 + 2 * MINUTE_MS, "7", 1_000),
+        ]);
+        let now = Arc::new(AtomicI64::new(T0 + 10 * MINUTE_MS));
+        let first = term(&store, &now, 2_000).await;
+        assert_eq!(active_joules(&first, "7"), [1.0, 2.0]);
+        assert_eq!(
+            *store.position.lock().expect("lock"),
+            Some(T0 + 7 * MINUTE_MS)
+        );
+
+        // Retention deletes the pushed minutes; a later minute is accounted.
+        store.summed.lock().expect("lock").clear();
+        *store.minutes.lock().expect("lock") = vec![minute(T0 + 8 * MINUTE_MS, "7", 500)];
+        now.store(T0 + 11 * MINUTE_MS, SeqCst);
+        let second = term(&store, &now, 2_000).await;
+        assert_eq!(
+            active_joules(&second, "7"),
+            [2.5],
+            "never below the 2 J pushed"
+        );
+    }
+
+    /// The position stops before the first minute the accountant has not closed (its
+    /// watermark), whatever the clock says, and moves on once it is closed.
+    #[tokio::test]
+    async fn the_position_waits_for_the_accountant() {
+        let store = Arc::new(Energy::default());
+        *store.position.lock().expect("lock") = Some(T0);
+        *store.closed_to.lock().expect("lock") = Some(T0 + 2 * MINUTE_MS);
+        store
+            .minutes
+            .lock()
+            .expect("lock")
+            .push(minute(T0 + MINUTE_MS, "7", 1_000));
+        let now = Arc::new(AtomicI64::new(T0 + 30 * MINUTE_MS));
+        let first = term(&store, &now, 2_000).await;
+        assert_eq!(active_joules(&first, "7"), [1.0]);
+        assert_eq!(
+            *store.position.lock().expect("lock"),
+            Some(T0 + MINUTE_MS),
+            "minute 2 is not accounted yet"
+        );
+
+        // The accountant catches up (minute 2 written late): it is pushed, not skipped.
+        store
+            .minutes
+            .lock()
+            .expect("lock")
+            .push(minute(T0 + 2 * MINUTE_MS, "7", 1_000));
+        *store.closed_to.lock().expect("lock") = None;
+        let second = term(&store, &now, 2_000).await;
+        assert_eq!(active_joules(&second, "7"), [2.0]);
+        assert_eq!(
+            *store.position.lock().expect("lock"),
+            Some(T0 + 27 * MINUTE_MS)
+        );
+    }
+
+    /// A minute with more series than a request holds is split; the totals are saved with
+    /// the position on the last part only.
+    #[tokio::test]
+    async fn a_large_minute_is_split_across_requests() {
+        let store = Arc::new(Energy::default());
+        *store.position.lock().expect("lock") = Some(T0);
+        store
+            .minutes
+            .lock()
+            .expect("lock")
+            .extend(["1", "2", "3", "4", "5"].map(|job| minute(T0 + MINUTE_MS, job, 1_000)));
+        let now = Arc::new(AtomicI64::new(T0 + 5 * MINUTE_MS));
+        let requests = term(&store, &now, 4).await;
+        let sizes: Vec<usize> = requests
+            .iter()
+            .map(|r| encode::sample_count(&r.timeseries))
+            .collect();
+        assert_eq!(sizes, [4, 4, 2], "two samples (active, idle) a workload");
+        assert_eq!(store.pushed.lock().expect("lock").len(), 5);
+        assert_eq!(
+            *store.position.lock().expect("lock"),
+            Some(T0 + 2 * MINUTE_MS)
+        );
+    }
+}
