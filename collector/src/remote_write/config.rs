@@ -46,9 +46,9 @@ pub struct RemoteWriteArgs {
     /// How often new samples are read and pushed.
     #[arg(long, env = "GPUFLEET_REMOTE_WRITE_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub remote_write_interval: Duration,
-    /// How long after a minute ends its workload energy is pushed. It must exceed the
-    /// time the energy accountant takes to close a minute (its pass period plus the
-    /// nodes' gap limit): a minute still open then is not pushed later.
+    /// How long after a minute ends its workload energy is pushed at the earliest (room
+    /// for late samples). A minute the energy accountant has not closed by then waits
+    /// for it; it is not skipped.
     #[arg(long, env = "GPUFLEET_REMOTE_WRITE_ENERGY_DELAY", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
     pub remote_write_energy_delay: Duration,
 }

@@ -371,6 +371,8 @@ mod tests {
         closed_to: Mutex<Option<UnixMs>>,
         position: Mutex<Option<UnixMs>>,
         pushed: Mutex<BTreeMap<(String, String), WorkloadNodeEnergy>>,
+        /// Each energy save: the position and how many totals came with it.
+        saves: Mutex<Vec<(UnixMs, usize)>>,
     }
 
     #[async_trait]
@@ -427,6 +429,10 @@ mod tests {
             position_ms: UnixMs,
             totals: &[WorkloadNodeEnergy],
         ) -> Result<(), StoreError> {
+            self.saves
+                .lock()
+                .expect("lock")
+                .push((position_ms, totals.len()));
             let mut position = self.position.lock().expect("lock");
             *position = Some(position.map_or(position_ms, |p| p.max(position_ms)));
             let mut pushed = self.pushed.lock().expect("lock");
