@@ -621,10 +621,10 @@ mod tests {
             .map(|r| encode::sample_count(&r.timeseries))
             .collect();
         assert_eq!(sizes, [4, 4, 2], "two samples (active, idle) a workload");
-        assert_eq!(store.pushed.lock().expect("lock").len(), 5);
         assert_eq!(
-            *store.position.lock().expect("lock"),
-            Some(T0 + 2 * MINUTE_MS)
+            *store.saves.lock().expect("lock"),
+            [(T0 + 2 * MINUTE_MS, 5)],
+            "one save, with the last part: the position and every total"
         );
     }
 }
