@@ -178,19 +178,23 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         let table = Table::ints(&["req", "id", "from_ms", "to_ms", "lim"], &requests);
         let d = DB::DIALECT;
         // `rn`: a sample's place in its GPU's answer; ranked by (rn, req), the first
-        // `total` hold every GPU's oldest before any GPU's next.
+        // `total` hold every GPU's oldest before any GPU's next. The ranking carries the
+        // keys only; the samples are joined to the kept ones.
         let query = sql::<DB>(
             "read GPU samples after their positions",
             format!(
-                "{} SELECT * FROM ( \
-                   SELECT *, row_number() OVER (ORDER BY rn, req) AS taken FROM ( \
-                     SELECT r.req, r.lim, {GPU_COLS}, \
-                       row_number() OVER (PARTITION BY r.req ORDER BY s.ts_ms) AS rn \
-                     FROM r {} JOIN gpus g ON g.id = s.gpu_id \
+                "{} SELECT t.req, {GPU_COLS} FROM ( \
+                   SELECT p.req, p.gpu_id, p.ts_ms, \
+                     row_number() OVER (ORDER BY p.rn, p.req) AS taken FROM ( \
+                     SELECT r.req, r.lim, k.gpu_id, k.ts_ms, \
+                       row_number() OVER (PARTITION BY r.req ORDER BY k.ts_ms) AS rn \
+                     FROM r {} \
                    ) p WHERE p.rn <= p.lim \
-                 ) t WHERE t.taken <= ${} ORDER BY t.req, t.ts_ms",
+                 ) t JOIN gpu_samples s ON s.gpu_id = t.gpu_id AND s.ts_ms = t.ts_ms \
+                 JOIN gpus g ON g.id = s.gpu_id \
+                 WHERE t.taken <= ${} ORDER BY t.taken",
                 d.request_rows(&table),
-                d.rows_per_request("gpu_samples", "s", "gpu_id", "x.ts_ms", "r.lim"),
+                d.rows_per_request("gpu_samples", "k", "gpu_id", "x.ts_ms", "r.lim"),
                 d.param_after(&table),
             ),
         )
