@@ -251,6 +251,15 @@ mod tests {
             }
             Ok(())
         }
+        async fn gpu_samples_after(
+            &self,
+            wanted: &[(crate::store::GpuId, UnixMs)],
+            _per_gpu: usize,
+            _total: usize,
+        ) -> Result<Vec<Vec<(UnixMs, gpufleet_core::GpuSample)>>, crate::store::StoreError>
+        {
+            Ok(vec![Vec::new(); wanted.len()])
+        }
         async fn workload_energy_minutes(
             &self,
             _after_ms: UnixMs,

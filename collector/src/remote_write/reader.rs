@@ -23,7 +23,7 @@ use super::queue::Batch;
 use super::stats::Stats;
 use crate::live::status::Clock;
 use crate::store::remote_write::{STREAM_ENERGY, STREAM_GPU, WorkloadNodeEnergy};
-use crate::store::{FleetReads, RemoteWriteStore, StoreError, TimeRange};
+use crate::store::{FleetReads, RemoteWriteStore, StoreError};
 use gpufleet_core::UnixMs;
 use gpufleet_proto::prometheus::{TimeSeries, WriteRequest};
 use std::collections::btree_map::Entry;
@@ -37,6 +37,9 @@ use tracing::warn;
 const MINUTE_MS: i64 = 60_000;
 /// Energy minutes read per round at most (a long outage catches up an hour a round).
 const ENERGY_MINUTES_PER_ROUND: i64 = 60;
+/// GPU sample rows read per round at most, all GPUs together (a fleet of 8,000 GPUs at
+/// one sample a second reads its new rows in one round; a catch-up is bounded in memory).
+const GPU_ROWS_PER_ROUND: usize = 50_000;
 
 /// The reader's state over one term.
 pub struct Reader {
@@ -205,7 +208,11 @@ impl Reader {
         let mut more = false;
         // Ticks per GPU per read: about a request's worth of one GPU's families.
         let chunk = (self.options.max_samples_per_send / encode::GPU_FAMILIES.len()).max(1);
-        for node in self.fleet.nodes().await? {
+        let nodes = self.fleet.nodes().await?;
+        // The GPUs with data newer than their position, read in one query.
+        let mut wanted = Vec::new();
+        let mut gpus = Vec::new();
+        for node in &nodes {
             for gpu in &node.gpus {
                 let from = self
                     .gpus
@@ -215,20 +222,23 @@ impl Reader {
                 if node.last_seen_ms.is_none_or(|t| t <= from) {
                     continue;
                 }
-                let range = TimeRange {
-                    from_ms: from.saturating_add(1),
-                    to_ms: UnixMs::MAX,
-                };
-                let samples = self.fleet.gpu_samples(gpu.id, range, chunk).await?;
-                let Some(&(last, _)) = samples.last() else {
-                    continue;
-                };
-                more |= samples.len() == chunk;
-                let series = encode::gpu_series(&node.name, gpu, &samples);
-                self.add(series, (STREAM_GPU, gpu.info.uuid.clone(), last))
-                    .await?;
-                self.gpus.insert(gpu.info.uuid.clone(), last);
+                wanted.push((gpu.id, from));
+                gpus.push((node, gpu));
             }
+        }
+        let read = (self.store)
+            .gpu_samples_after(&wanted, chunk, GPU_ROWS_PER_ROUND)
+            .await?;
+        more |= read.iter().map(Vec::len).sum::<usize>() >= GPU_ROWS_PER_ROUND;
+        for ((node, gpu), samples) in gpus.into_iter().zip(read) {
+            let Some(&(last, _)) = samples.last() else {
+                continue;
+            };
+            more |= samples.len() == chunk;
+            let series = encode::gpu_series(&node.name, gpu, &samples);
+            self.add(series, (STREAM_GPU, gpu.info.uuid.clone(), last))
+                .await?;
+            self.gpus.insert(gpu.info.uuid.clone(), last);
         }
         more |= self.energy().await?;
         self.flush().await?;
@@ -393,6 +403,14 @@ mod tests {
             _positions: &[(String, UnixMs)],
         ) -> Result<(), StoreError> {
             Ok(())
+        }
+        async fn gpu_samples_after(
+            &self,
+            wanted: &[(crate::store::GpuId, UnixMs)],
+            _per_gpu: usize,
+            _total: usize,
+        ) -> Result<Vec<Vec<(UnixMs, gpufleet_core::GpuSample)>>, StoreError> {
+            Ok(vec![Vec::new(); wanted.len()])
         }
         async fn workload_energy_minutes(
             &self,

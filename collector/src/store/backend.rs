@@ -86,6 +86,15 @@ impl Dialect {
         }
     }
 
+    /// The number of the first parameter after `table`'s, as `Sql::bind_table` binds
+    /// them (SQLite: one JSON text; PostgreSQL: an array per column).
+    pub fn param_after(self, table: &Table) -> usize {
+        match self {
+            Dialect::Sqlite => 2,
+            Dialect::Postgres => table.cols.len() + 1,
+        }
+    }
+
     /// A CTE `r` of the request rows of `table` (see [`Dialect::over`]).
     pub fn request_rows(self, table: &Table) -> String {
         let materialized = match self {

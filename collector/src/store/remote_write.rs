@@ -1,13 +1,13 @@
 //! Prometheus remote-write in the store ([`RemoteWriteStore`]): the delivered positions
 //! (`remote_write_positions`) and the per-workload energy the pusher sends, with their SQL
-//! once for both backends. The pushing is in [`crate::remote_write`]; GPU samples are read
-//! through [`super::FleetReads`].
+//! once for both backends, and the GPU samples after each GPU's position, many GPUs in
+//! one query. The pushing is in [`crate::remote_write`].
 
-use super::backend::{Backend, Get, GetExt, sql};
-use super::rows::{self, WORKLOAD_COLS};
-use super::{SqlStore, StoreError};
+use super::backend::{Backend, Get, GetExt, Table, sql};
+use super::rows::{self, GPU_COLS, WORKLOAD_COLS, limit_i64};
+use super::{GpuId, SqlStore, StoreError};
 use async_trait::async_trait;
-use gpufleet_core::{UnixMs, Workload};
+use gpufleet_core::{GpuSample, UnixMs, Workload};
 use std::collections::BTreeMap;
 
 /// The stream of per-GPU positions (series: the GPU's UUID).
@@ -39,13 +39,27 @@ pub trait RemoteWriteStore: Send + Sync + std::fmt::Debug {
         stream: &str,
     ) -> Result<BTreeMap<String, UnixMs>, StoreError>;
 
-    /// Records delivered positions of `stream` in one transaction. A position never moves
-    /// back: an older one than the stored one is ignored.
+    /// Records delivered positions of `stream` in one statement. A position never moves
+    /// back: an older one than the stored one (or than another of the same series in
+    /// `positions`) is ignored.
     async fn save_remote_write_positions(
         &self,
         stream: &str,
         positions: &[(String, UnixMs)],
     ) -> Result<(), StoreError>;
+
+    /// For each `(gpu, after_ms)` of `wanted`, in order: the GPU's samples after
+    /// `after_ms`, oldest first, in one query whatever the number of GPUs. Each GPU gets
+    /// the oldest of them, at most `per_gpu`, and all together at most `total`, shared
+    /// out oldest-first round by round (every GPU's first sample before any GPU's
+    /// second), so each answer is the start of what follows its position and nothing is
+    /// skipped by reading on from its newest sample.
+    async fn gpu_samples_after(
+        &self,
+        wanted: &[(GpuId, UnixMs)],
+        per_gpu: usize,
+        total: usize,
+    ) -> Result<Vec<Vec<(UnixMs, GpuSample)>>, StoreError>;
 
     /// Per minute in `(after_ms, to_ms]`, per workload and node: the energy of closed
     /// (not provisional) minutes, by minute.
@@ -150,14 +164,97 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         stream: &str,
         positions: &[(String, UnixMs)],
     ) -> Result<(), StoreError> {
-        if positions.is_empty() {
+        // One row per series (an upsert may touch a row once): its newest position.
+        let mut newest: BTreeMap<&str, UnixMs> = BTreeMap::new();
+        for (series, position_ms) in positions {
+            let p = newest.entry(series.as_str()).or_insert(*position_ms);
+            *p = (*p).max(*position_ms);
+        }
+        if newest.is_empty() {
             return Ok(());
         }
-        let mut tx = self.begin_write("save remote-write positions").await?;
-        for (series, position_ms) in positions {
-            save_position::<DB>(&mut tx, stream, series, *position_ms).await?;
+        let table = Table::default()
+            .text("series", newest.keys().map(|s| (*s).to_owned()))
+            .int("position_ms", newest.values().copied());
+        let d = DB::DIALECT;
+        let query = sql::<DB>(
+            "save remote-write positions",
+            format!(
+                "INSERT INTO remote_write_positions (stream, series, position_ms) \
+                 SELECT ${}, v.series, v.position_ms FROM {} WHERE true ORDER BY v.o \
+                 ON CONFLICT (stream, series) DO UPDATE SET position_ms = {}",
+                d.param_after(&table),
+                d.over(&table, "v"),
+                d.greatest("remote_write_positions.position_ms", "excluded.position_ms"),
+            ),
+        )
+        .bind_table(table)
+        .bind(stream);
+        self.write_one(query).await?;
+        Ok(())
+    }
+
+    async fn gpu_samples_after(
+        &self,
+        wanted: &[(GpuId, UnixMs)],
+        per_gpu: usize,
+        total: usize,
+    ) -> Result<Vec<Vec<(UnixMs, GpuSample)>>, StoreError> {
+        let n = wanted.len();
+        let mut out = vec![Vec::new(); n];
+        if n == 0 || per_gpu == 0 || total == 0 {
+            return Ok(out);
         }
-        tx.commit("save remote-write positions").await
+        let requests: Vec<Vec<i64>> = (wanted.iter().enumerate())
+            .map(|(i, (gpu, after))| {
+                let req = i64::try_from(i).unwrap_or(i64::MAX);
+                vec![
+                    req,
+                    gpu.0,
+                    after.saturating_add(1),
+                    UnixMs::MAX,
+                    limit_i64(per_gpu),
+                ]
+            })
+            .collect();
+        let table = Table::ints(&["req", "id", "from_ms", "to_ms", "lim"], &requests);
+        let d = DB::DIALECT;
+        // `rn`: a sample's place in its GPU's answer; ranked by (rn, req), the first
+        // `total` hold every GPU's oldest before any GPU's next. The ranking carries the
+        // keys only; the samples are joined to the kept ones.
+        let query = sql::<DB>(
+            "read GPU samples after their positions",
+            format!(
+                "{} SELECT t.req, {GPU_COLS} FROM ( \
+                   SELECT p.req, p.gpu_id, p.ts_ms, \
+                     row_number() OVER (ORDER BY p.rn, p.req) AS taken FROM ( \
+                     SELECT r.req, r.lim, k.gpu_id, k.ts_ms, \
+                       row_number() OVER (PARTITION BY r.req ORDER BY k.ts_ms) AS rn \
+                     FROM r {} \
+                   ) p WHERE p.rn <= p.lim \
+                 ) t JOIN gpu_samples s ON s.gpu_id = t.gpu_id AND s.ts_ms = t.ts_ms \
+                 JOIN gpus g ON g.id = s.gpu_id \
+                 WHERE t.taken <= ${} ORDER BY t.taken",
+                d.request_rows(&table),
+                d.rows_per_request("gpu_samples", "k", "gpu_id", "x.ts_ms", "r.lim"),
+                d.param_after(&table),
+            ),
+        )
+        .bind_table(table)
+        .bind(limit_i64(total));
+        for row in self
+            .fetch(query, |row| {
+                let req = rows::request(row, n, "remote-write read")?;
+                Ok((req, row.get("ts_ms")?, rows::gpu_sample(row)?))
+            })
+            .await?
+        {
+            let (req, ts_ms, sample) = row;
+            if let Some(samples) = out.get_mut(req) {
+                samples.push((ts_ms, sample));
+            }
+        }
+        Ok(out)
     }
 
     async fn workload_energy_minutes(

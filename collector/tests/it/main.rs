@@ -23,6 +23,7 @@ mod multi_e2e;
 mod ownership;
 mod pg_restart;
 mod prometheus_real;
+mod remote_write_bench;
 mod remote_write_real;
 mod report;
 mod retention_stall;

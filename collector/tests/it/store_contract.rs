@@ -1812,8 +1812,115 @@ mod remote_write_contract {
             higher
         );
     }
-}
 
+    /// The pusher's batched read: per GPU the samples after its own position, oldest
+    /// first, at most `per_gpu` each and `total` together (every GPU's oldest before any
+    /// GPU's next); reading on from each answer's newest sample skips nothing. Positions
+    /// of one call saved in one go, the newest per series kept.
+    pub async fn remote_write_reads_after_per_gpu_positions(store: Arc<dyn Store>) {
+        let rec = store
+            .register_node(
+                &hello("node-a"),
+                &inventory(vec![
+                    gpu_info_full("GPU-a", 0),
+                    gpu_info_sparse("GPU-b", 1),
+                    gpu_info_sparse("GPU-c", 2),
+                ]),
+                T0,
+            )
+            .await
+            .expect("register");
+        let b = batch(1, T0, 20, &["GPU-a", "GPU-b"]);
+        store
+            .write_batches(&[node_batch(&rec, b)])
+            .await
+            .expect("write");
+        let id = |uuid: &str| {
+            rec.gpus
+                .iter()
+                .find(|g| g.info.uuid == uuid)
+                .expect("registered")
+                .id
+        };
+        let (a, b, c) = (id("GPU-a"), id("GPU-b"), id("GPU-c"));
+        let all_a = store.gpu_samples(a, ALL_TIME, 100).await.expect("a");
+        let all_b = store.gpu_samples(b, ALL_TIME, 100).await.expect("b");
+        assert_eq!((all_a.len(), all_b.len()), (20, 20));
+
+        // Each after its own position, at most `per_gpu`, field for field.
+        let got = store
+            .gpu_samples_after(&[(a, T0 - 1), (b, T0 + 2_000), (c, 0)], 3, 100)
+            .await
+            .expect("read");
+        assert_eq!(got, vec![all_a[..3].to_vec(), all_b[3..6].to_vec(), vec![]]);
+        // The total shared out oldest first: a, b, a, b, a.
+        let got = store
+            .gpu_samples_after(&[(a, 0), (b, 0)], 10, 5)
+            .await
+            .expect("read");
+        assert_eq!(got, vec![all_a[..3].to_vec(), all_b[..2].to_vec()]);
+        // A GPU past its newest sample gets nothing; an empty request reads nothing.
+        let newest = all_a.last().expect("samples").0;
+        let got = store
+            .gpu_samples_after(&[(a, newest), (b, newest - 1)], 10, 10)
+            .await
+            .expect("read");
+        assert_eq!(got, vec![vec![], all_b[19..].to_vec()]);
+        assert!(
+            store
+                .gpu_samples_after(&[], 10, 10)
+                .await
+                .expect("read")
+                .is_empty()
+        );
+
+        // Rounds reading on from each answer's newest sample: everything, once, in order.
+        let mut positions = [(a, T0 - 1), (b, T0 + 4_500)];
+        let mut seen = [Vec::new(), Vec::new()];
+        for round in 0.. {
+            assert!(round < 20, "rounds do not end");
+            let got = store
+                .gpu_samples_after(&positions, 4, 7)
+                .await
+                .expect("read");
+            if got.iter().all(Vec::is_empty) {
+                break;
+            }
+            for ((position, seen), samples) in positions.iter_mut().zip(&mut seen).zip(got) {
+                if let Some(&(last, _)) = samples.last() {
+                    position.1 = last;
+                }
+                seen.extend(samples);
+            }
+        }
+        assert_eq!(seen, [all_a.clone(), all_b[5..].to_vec()]);
+
+        // Positions: many series and repeats in one call, the newest kept, never back.
+        let positions: Vec<(String, i64)> =
+            [("GPU-x", 10), ("GPU-y", 7), ("GPU-x", 40), ("GPU-x", 20)]
+                .iter()
+                .map(|(s, p)| ((*s).to_owned(), *p))
+                .collect();
+        store
+            .save_remote_write_positions(STREAM_GPU, &positions)
+            .await
+            .expect("save");
+        store
+            .save_remote_write_positions(
+                STREAM_GPU,
+                &[("GPU-x".to_owned(), 30), ("GPU-y".to_owned(), 8)],
+            )
+            .await
+            .expect("save");
+        assert_eq!(
+            store
+                .remote_write_positions(STREAM_GPU)
+                .await
+                .expect("read"),
+            BTreeMap::from([("GPU-x".to_owned(), 40), ("GPU-y".to_owned(), 8)])
+        );
+    }
+}
 /// Instantiates every contract test for one backend: `$open` returns `(guard, store)`.
 macro_rules! contract_tests {
     ($backend:ident, $open:path) => {
@@ -1846,6 +1953,12 @@ macro_rules! contract_tests {
             async fn remote_write_energy_totals_never_go_down() {
                 let (_guard, store) = $open().await;
                 remote_write_contract::remote_write_energy_totals_never_go_down(Arc::clone(&store)).await;
+                store.close().await;
+            }
+            #[tokio::test]
+            async fn remote_write_reads_after_per_gpu_positions() {
+                let (_guard, store) = $open().await;
+                remote_write_contract::remote_write_reads_after_per_gpu_positions(Arc::clone(&store)).await;
                 store.close().await;
             }
         }
