@@ -12,8 +12,13 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most of an error answer's body read (its message is cut to 200 characters).
+const ERROR_BODY_LIMIT: usize = 4096;
+/// How long an error answer's body may take to arrive (the live stream has no timeout).
+const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where the collector is and how to reach it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct ApiOptions {
     /// Its base URL, e.g. `http://127.0.0.1:8080`.
     pub url: String,
@@ -21,6 +26,34 @@ pub struct ApiOptions {
     pub token: Option<String>,
     /// PEM certificates trusted beside the system's roots (a private CA).
     pub ca_pem: Option<Vec<u8>>,
+}
+
+/// Without the token: options may be logged or printed.
+impl std::fmt::Debug for ApiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiOptions")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// At most `limit` bytes of an error answer's body, within [`ERROR_BODY_TIMEOUT`]: a
+/// stalled or endless answer must not hang the caller (the live stream reconnects).
+async fn error_body(mut resp: Response, limit: usize) -> Vec<u8> {
+    let mut body = Vec::new();
+    let read = async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            body.extend_from_slice(&chunk);
+            if body.len() >= limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(ERROR_BODY_TIMEOUT, read).await;
+    body.truncate(limit);
+    body
 }
 
 /// Why a call failed; each message says what to check.
@@ -143,7 +176,7 @@ impl Api {
         if status.is_success() {
             return Ok(resp);
         }
-        let body = resp.bytes().await.unwrap_or_default();
+        let body = error_body(resp, ERROR_BODY_LIMIT).await;
         let message = serde_json::from_slice::<ApiErrorBody>(&body)
             .map(|e| e.error)
             .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
@@ -240,5 +273,57 @@ mod tests {
             ..Default::default()
         });
         assert!(matches!(e, Err(NetError::BadCa(_))));
+    }
+
+    /// A server that answers 500 with a body it never finishes: the call fails with the
+    /// status and what arrived, within the error body's time limit, instead of hanging.
+    #[tokio::test]
+    async fn a_stalled_error_answer_does_not_hang() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.expect("accept");
+            let mut request = [0u8; 1024];
+            let _ = conn.read(&mut request).await;
+            let head = "HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100000\r\n\r\n";
+            conn.write_all(head.as_bytes()).await.expect("head");
+            conn.write_all(b"partial answer").await.expect("body");
+            // Hold the connection open, sending nothing more.
+            let _ = conn.read(&mut request).await;
+        });
+        let api = Api::new(&ApiOptions {
+            url: format!("http://{addr}"),
+            ..Default::default()
+        })
+        .expect("api");
+        let started = std::time::Instant::now();
+        let url = api.url(&["api", "v1", "live"], &[]);
+        let e = tokio::time::timeout(Duration::from_secs(30), api.send(url, None))
+            .await
+            .expect("the call returns instead of hanging")
+            .expect_err("a 500");
+        assert!(
+            started.elapsed() < ERROR_BODY_TIMEOUT + Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(&e, NetError::Status { status: 500, message, .. } if message == "partial answer"),
+            "{e:?}"
+        );
+        server.abort();
+    }
+
+    #[test]
+    fn debug_output_hides_the_token() {
+        let opts = ApiOptions {
+            url: "http://x".into(),
+            token: Some("gft_secret".into()),
+            ..Default::default()
+        };
+        assert!(!format!("{opts:?}").contains("gft_secret"));
     }
 }
