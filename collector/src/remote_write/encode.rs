@@ -2,92 +2,30 @@
 //! into remote-write `TimeSeries` (the same metric names and labels as `/metrics`), and
 //! a `WriteRequest` as the wire wants it (protobuf, then snappy's block format).
 
+use crate::api::prometheus::{GPU_FAMILIES, GpuValue, Num};
 use crate::store::GpuRecord;
 use crate::store::remote_write::WorkloadNodeEnergy;
 use gpufleet_core::{GpuSample, UnixMs, Workload};
 use gpufleet_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
 use prost::Message;
 
-/// One per-GPU family: its metric name and the value a sample gives it (`None`: absent,
-/// so no sample is sent; never 0).
-pub type GpuFamily = (&'static str, fn(&GpuSample) -> Option<f64>);
-
-fn ratio(v: Option<u32>) -> Option<f64> {
-    v.map(|p| f64::from(p) / 100.0)
-}
-fn watts(v: Option<u32>) -> Option<f64> {
-    v.map(|mw| f64::from(mw) / 1000.0)
-}
-fn hertz(v: Option<u32>) -> Option<f64> {
-    v.map(|mhz| f64::from(mhz) * 1e6)
-}
-fn num(v: Option<u64>) -> Option<f64> {
-    v.map(|n| n as f64)
+/// The per-GPU families pushed: `/metrics`' own table (names, units, absent values), with
+/// a counter's `_total` as the exposition writes it. One list, so the two never differ.
+fn gpu_families() -> impl Iterator<Item = (String, GpuValue)> {
+    GPU_FAMILIES.iter().map(|(name, kind, _, value)| {
+        let name = if *kind == "counter" {
+            format!("{name}_total")
+        } else {
+            (*name).to_owned()
+        };
+        (name, *value)
+    })
 }
 
-/// The per-GPU families pushed, named and scaled as on `/metrics`; labels `node`, `gpu`
-/// (index), `uuid`, `name`.
-pub const GPU_FAMILIES: &[GpuFamily] = &[
-    ("gpufleet_gpu_utilization_ratio", |s| ratio(s.util_gpu_pct)),
-    ("gpufleet_gpu_memory_utilization_ratio", |s| {
-        ratio(s.util_mem_pct)
-    }),
-    ("gpufleet_gpu_memory_used_bytes", |s| num(s.mem_used_bytes)),
-    (
-        "gpufleet_gpu_memory_total_bytes",
-        |s| num(s.mem_total_bytes),
-    ),
-    ("gpufleet_gpu_power_watts", |s| watts(s.power_mw)),
-    ("gpufleet_gpu_power_instant_watts", |s| {
-        watts(s.power_instant_mw)
-    }),
-    ("gpufleet_gpu_power_limit_watts", |s| {
-        watts(s.power_limit_mw)
-    }),
-    ("gpufleet_gpu_energy_joules_total", |s| {
-        s.energy_mj.map(|mj| mj as f64 / 1000.0)
-    }),
-    ("gpufleet_gpu_temperature_celsius", |s| {
-        s.temp_gpu_c.map(f64::from)
-    }),
-    ("gpufleet_gpu_memory_temperature_celsius", |s| {
-        s.temp_mem_c.map(f64::from)
-    }),
-    ("gpufleet_gpu_fan_speed_ratio", |s| ratio(s.fan_pct)),
-    ("gpufleet_gpu_sm_clock_hertz", |s| hertz(s.clock_sm_mhz)),
-    ("gpufleet_gpu_memory_clock_hertz", |s| {
-        hertz(s.clock_mem_mhz)
-    }),
-    ("gpufleet_gpu_graphics_clock_hertz", |s| {
-        hertz(s.clock_graphics_mhz)
-    }),
-    ("gpufleet_gpu_pstate", |s| s.pstate.map(f64::from)),
-    ("gpufleet_gpu_pcie_transmit_bytes_per_second", |s| {
-        num(s.pcie_tx_bps)
-    }),
-    ("gpufleet_gpu_pcie_receive_bytes_per_second", |s| {
-        num(s.pcie_rx_bps)
-    }),
-    ("gpufleet_gpu_nvlink_transmit_bytes_per_second", |s| {
-        num(s.nvlink_tx_bps)
-    }),
-    ("gpufleet_gpu_nvlink_receive_bytes_per_second", |s| {
-        num(s.nvlink_rx_bps)
-    }),
-    ("gpufleet_gpu_ecc_corrected_errors", |s| {
-        num(s.ecc_corrected_volatile)
-    }),
-    ("gpufleet_gpu_ecc_uncorrected_errors", |s| {
-        num(s.ecc_uncorrected_volatile)
-    }),
-    ("gpufleet_gpu_throttle_reasons", |s| num(s.throttle_reasons)),
-    ("gpufleet_gpu_encoder_utilization_ratio", |s| {
-        ratio(s.enc_util_pct)
-    }),
-    ("gpufleet_gpu_decoder_utilization_ratio", |s| {
-        ratio(s.dec_util_pct)
-    }),
-];
+/// How many per-GPU families a sample can give.
+pub fn gpu_family_count() -> usize {
+    GPU_FAMILIES.len()
+}
 
 /// The per-workload energy counter: cumulative joules per workload and node, `state`
 /// `active` or `idle`.
@@ -112,14 +50,17 @@ fn labels(name: &str, mut pairs: Vec<(&'static str, String)>) -> Vec<Label> {
 /// One GPU's stored samples (oldest first) as one series per family that has a value.
 pub fn gpu_series(node: &str, gpu: &GpuRecord, samples: &[(UnixMs, GpuSample)]) -> Vec<TimeSeries> {
     let mut out = Vec::new();
-    for (name, value) in GPU_FAMILIES {
+    for (name, value) in gpu_families() {
         let points: Vec<Sample> = samples
             .iter()
             .filter_map(|(t, s)| {
-                value(s).filter(|v| v.is_finite()).map(|value| Sample {
-                    value,
-                    timestamp: *t,
-                })
+                value(s)
+                    .map(Num::to_f64)
+                    .filter(|v| v.is_finite())
+                    .map(|value| Sample {
+                        value,
+                        timestamp: *t,
+                    })
             })
             .collect();
         if points.is_empty() {
@@ -127,7 +68,7 @@ pub fn gpu_series(node: &str, gpu: &GpuRecord, samples: &[(UnixMs, GpuSample)]) 
         }
         out.push(TimeSeries {
             labels: labels(
-                name,
+                &name,
                 vec![
                     ("node", node.to_owned()),
                     ("gpu", gpu.info.index.to_string()),

@@ -207,7 +207,7 @@ impl Reader {
     async fn round(&mut self) -> Result<bool, RoundError> {
         let mut more = false;
         // Ticks per GPU per read: about a request's worth of one GPU's families.
-        let chunk = (self.options.max_samples_per_send / encode::GPU_FAMILIES.len()).max(1);
+        let chunk = (self.options.max_samples_per_send / encode::gpu_family_count()).max(1);
         let nodes = self.fleet.nodes().await?;
         // The GPUs with data newer than their position, read in one query.
         let mut wanted = Vec::new();

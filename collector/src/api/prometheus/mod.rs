@@ -87,7 +87,18 @@ pub enum Num {
     F(f64),
 }
 
-type GpuValue = fn(&GpuSample) -> Option<Num>;
+impl Num {
+    /// The value as a float (remote-write's sample type).
+    pub fn to_f64(self) -> f64 {
+        match self {
+            Num::U(v) => v as f64,
+            Num::I(v) => v as f64,
+            Num::F(v) => v,
+        }
+    }
+}
+
+pub(crate) type GpuValue = fn(&GpuSample) -> Option<Num>;
 
 fn pct(v: Option<u32>) -> Option<Num> {
     v.map(|v| Num::F(f64::from(v) / 100.0))
@@ -111,7 +122,7 @@ fn int(v: Option<u32>) -> Option<Num> {
 
 /// Per-GPU families: name (counters without `_total`: the encoder adds it), type, help,
 /// value.
-const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
+pub(crate) const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
     (
         "gpufleet_gpu_utilization_ratio",
         "gauge",
