@@ -147,6 +147,21 @@ mod tests {
         }
     }
 
+    /// A count past any real list (a broken driver, a bad fake) is refused, never
+    /// allocated: one call, an error, and the buffer never grew.
+    #[test]
+    fn an_absurd_count_is_refused_not_allocated() {
+        let mut hint = 0;
+        let mut largest = 0;
+        let mut f = list(&[1_000_000]);
+        let got = one_call(&mut hint, 0u32, |b, c| {
+            largest = largest.max(b.len());
+            f(b, c)
+        });
+        assert!(got.is_err(), "{got:?}");
+        assert!(largest <= MAX_ENTRIES as usize, "{largest}");
+    }
+
     #[test]
     fn a_list_is_one_call_when_it_fits_and_grows_only_on_insufficient_size() {
         let mut hint = 0;
