@@ -102,7 +102,7 @@ struct DemoArgs {
     /// none of them the demo prices energy at a static 250 gCO2/kWh (region `demo`).
     /// How often /metrics' per-workload energy and carbon counters are re-read from the
     /// energy accounting.
-    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "2s", value_parser = gpufleet_collector::net::limits::positive_duration, value_name = "DURATION")]
     metrics_refresh: Duration,
     /// Most per-workload (and per-process) series on /metrics; beyond it series are left
     /// out and counted in gpufleet_metrics_series_dropped_total.
@@ -168,7 +168,7 @@ struct ServeArgs {
     retention: gpufleet_collector::accounting::rollups::RetentionArgs,
     /// How often /metrics' per-workload energy and carbon counters are re-read from the
     /// energy accounting.
-    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "15s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "GPUFLEET_METRICS_REFRESH", default_value = "15s", value_parser = gpufleet_collector::net::limits::positive_duration, value_name = "DURATION")]
     metrics_refresh: Duration,
     /// Most per-workload (and per-process) series on /metrics; beyond it series are left
     /// out and counted in gpufleet_metrics_series_dropped_total.

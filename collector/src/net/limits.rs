@@ -69,7 +69,7 @@ pub struct LimitArgs {
 }
 
 /// A duration above zero (a zero header timeout would close every connection).
-fn positive_duration(s: &str) -> Result<Duration, String> {
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
         return Err("must be longer than 0, e.g. 10s".into());

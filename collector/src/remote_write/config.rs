@@ -44,7 +44,7 @@ pub struct RemoteWriteArgs {
     #[arg(long, env = "GPUFLEET_REMOTE_WRITE_CA", value_name = "FILE")]
     pub remote_write_ca: Option<PathBuf>,
     /// How often new samples are read and pushed.
-    #[arg(long, env = "GPUFLEET_REMOTE_WRITE_INTERVAL", default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, env = "GPUFLEET_REMOTE_WRITE_INTERVAL", default_value = "1s", value_parser = crate::net::limits::positive_duration, value_name = "DURATION")]
     pub remote_write_interval: Duration,
     /// How long after a minute ends its workload energy is pushed at the earliest (room
     /// for late samples). A minute the energy accountant has not closed by then waits

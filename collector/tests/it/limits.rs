@@ -272,3 +272,27 @@ async fn loopback_listeners_have_no_warnings() {
     assert_eq!(health["warnings"], serde_json::json!([]));
     c.stop().await;
 }
+
+/// Periods that would spin a task (a zero ticker panics, a zero sleep is a busy loop) are
+/// refused on the command line, naming the flag; the collector never starts with them (an
+/// unusable listen address makes one that got past parsing exit at once, not run).
+#[test]
+fn zero_periods_are_refused_naming_the_flag() {
+    for (command, flag) in [
+        ("serve", "--metrics-refresh"),
+        ("demo", "--metrics-refresh"),
+        ("serve", "--remote-write-interval"),
+        ("serve", "--grpc-handshake-timeout"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
+            .args([command, flag, "0s", "--grpc-listen", "256.0.0.0:1"])
+            .output()
+            .expect("run gpufleet-collector");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command} {flag} 0s: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("longer than 0"),
+            "{command} {flag} 0s: {stderr}"
+        );
+    }
+}
