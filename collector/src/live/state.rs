@@ -16,8 +16,11 @@
 //! commit is announced without its ticks ([`Announcement::partial`]), and subscribers treat
 //! that as missed announcements (resync, recheck).
 
+use crate::health::recent::{self, GpuMemory};
 use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
-use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
+use gpufleet_core::{
+    Batch, Event, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -61,6 +64,10 @@ pub struct LiveNode {
     pub rejected_batches: u64,
     pub host: Option<LiveHost>,
     pub gpus: HashMap<GpuId, LiveGpu>,
+    /// What the health judge remembers per GPU (recent Xid / ECC / lost / recovered
+    /// events, error-counter trends): filled after each commit, seeded from the store's
+    /// events at start-up ([`Live::seed_events`]); only GPUs that had some.
+    pub memory: HashMap<GpuId, GpuMemory>,
 }
 
 /// Everything the live state holds; read it through [`Live::read`].
@@ -100,8 +107,11 @@ impl LiveState {
             rejected_batches: 0,
             host: None,
             gpus: HashMap::new(),
+            memory: HashMap::new(),
         });
         node.gpus
+            .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
+        node.memory
             .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
         // The record was read in the registering transaction; a commit announced since
         // (another stream of the same node) may already be counted here: keep the newer.
@@ -240,6 +250,26 @@ impl Live {
                 });
             }
         }
+    }
+
+    /// Seeds the health judge's memory of node `node` from its stored events (oldest
+    /// first), at start-up: what happened before this collector started still counts.
+    pub fn seed_events(&self, node: &str, events: &[Event]) {
+        let mut state = self.write();
+        let Some(n) = state.nodes.get_mut(node) else {
+            return;
+        };
+        let keys: HashMap<&str, GpuId> = n
+            .record
+            .gpus
+            .iter()
+            .map(|g| (g.info.uuid.as_str(), g.id))
+            .collect();
+        let ids: Vec<_> = events
+            .iter()
+            .map(|e| keys.get(e.gpu_uuid.as_str()).copied())
+            .collect();
+        remember(&mut n.memory, events.iter().zip(ids));
     }
 
     /// A node said hello (and the store registered it): take its new identity and
@@ -401,6 +431,13 @@ impl Live {
 /// Takes each GPU's and the host's newest sample from `ticks` where it is newer than the
 /// node's, and the newest tick time as the node's `last_seen_ms`.
 fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[Tick]) {
+    if ticks.iter().any(|t| !t.events.is_empty()) {
+        let events = ticks.iter().flat_map(|t| &t.events);
+        remember(
+            &mut node.memory,
+            events.map(|e| (e, gpu_ids.get(&e.gpu_uuid).copied())),
+        );
+    }
     let r = &mut node.record;
     // Newest tick first: each GPU's sample is cloned at most once per batch.
     for t in ticks.iter().rev() {
@@ -439,6 +476,28 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
                 sample: ticks.iter().rev().find_map(|u| u.host.clone()).or(last),
                 cost: t.cost.clone(),
             });
+        }
+    }
+}
+
+/// Notes events in their GPUs' memories (events of unknown GPUs, node-level events and
+/// kinds the judge ignores are skipped), then forgets what is older than
+/// [`recent::KEEP_MS`] before the newest event.
+fn remember<'a>(
+    memory: &mut HashMap<GpuId, GpuMemory>,
+    events: impl Iterator<Item = (&'a Event, Option<GpuId>)>,
+) {
+    let mut newest = None;
+    for (e, id) in events {
+        let Some(id) = id.filter(|_| recent::remembered(e.kind)) else {
+            continue;
+        };
+        memory.entry(id).or_default().events.note(e);
+        newest = newest.max(Some(e.time_ms));
+    }
+    if let Some(now) = newest {
+        for m in memory.values_mut() {
+            m.events.prune(now, recent::KEEP_MS);
         }
     }
 }
@@ -535,6 +594,7 @@ mod tests {
             rejected_batches: 0,
             host: None,
             gpus: HashMap::new(),
+            memory: HashMap::new(),
         };
         let ids = HashMap::new();
         apply_ticks(

@@ -1,0 +1,109 @@
+//! GPU and node health: what is wrong, how bad, and what to do.
+//!
+//! - [`xid`]: the Xid catalogue (code → name, meaning, cause, action, severity), cited
+//!   from NVIDIA's Xid documentation.
+//! - [`judge`]: the pure judge: a GPU's signals → ok / warning / critical with reasons;
+//!   a node → its worst GPU plus offline / stale.
+//! - [`recent`]: what the live state remembers per GPU for the judge (recent events,
+//!   error-counter trends), bounded.
+//!
+//! This module also gathers a live GPU's signals ([`gpu_signals`]) and judges the whole
+//! fleet from a live-state snapshot ([`fleet_health`]): what the API, `/metrics`, the
+//! dashboard and the alert rules read.
+
+pub mod judge;
+pub mod recent;
+pub mod xid;
+
+pub use judge::{
+    GpuHealth, GpuSignals, HealthPolicy, HealthReason, HealthState, NodeHealth, decode_throttle,
+    judge_gpu, judge_node,
+};
+
+use crate::live::state::{LiveNode, LiveState};
+use crate::live::status::{NodeStatus, StatusPolicy};
+use crate::store::GpuRecord;
+use gpufleet_core::UnixMs;
+use judge::{HealthFlags, TempThresholds};
+
+/// The signals of GPU `gpu` of `node`, as the live state holds them.
+pub fn gpu_signals<'a>(node: &'a LiveNode, gpu: &'a GpuRecord) -> GpuSignals<'a> {
+    let memory = node.memory.get(&gpu.id);
+    GpuSignals {
+        sample: node.gpus.get(&gpu.id).map(|l| &l.sample),
+        thresholds: TempThresholds::default(),
+        flags: HealthFlags {
+            persistence_mode: gpu.info.persistence_mode,
+            pcie_replay_rise: memory
+                .and_then(|m| Some((m.pcie_replays.rise()?, m.pcie_replays.since_ms()))),
+            nvlink_error_rise: memory
+                .and_then(|m| Some((m.nvlink_errors.rise()?, m.nvlink_errors.since_ms()))),
+            ..HealthFlags::default()
+        },
+        events: memory.map(|m| &m.events),
+    }
+}
+
+/// A node's health and each of its GPUs' (in the node record's GPU order).
+pub fn judge_live_node(
+    node: &LiveNode,
+    status: NodeStatus,
+    status_policy: &StatusPolicy,
+    policy: &HealthPolicy,
+    now_ms: UnixMs,
+) -> (NodeHealth, Vec<GpuHealth>) {
+    let gpus: Vec<GpuHealth> = node
+        .record
+        .gpus
+        .iter()
+        .map(|g| judge_gpu(&gpu_signals(node, g), policy, now_ms))
+        .collect();
+    let refs: Vec<&GpuHealth> = gpus.iter().collect();
+    let offline_after = humantime_secs(status_policy.offline_after.as_secs());
+    (judge_node(status, &refs, &offline_after), gpus)
+}
+
+fn humantime_secs(s: u64) -> String {
+    if s >= 60 && s % 60 == 0 {
+        format!("{} min", s / 60)
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// One GPU's judged health, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct FleetGpuHealth {
+    pub node: String,
+    pub node_status: NodeStatus,
+    pub uuid: String,
+    pub index: u32,
+    pub name: String,
+    #[serde(flatten)]
+    pub health: GpuHealth,
+}
+
+/// Every GPU of the fleet, judged at `now_ms` (nodes by name, GPUs in index order).
+/// Call it inside [`crate::live::state::Live::read`]: judging is cheap (no I/O).
+pub fn fleet_health(
+    state: &LiveState,
+    status_policy: &StatusPolicy,
+    policy: &HealthPolicy,
+    now_ms: UnixMs,
+) -> Vec<FleetGpuHealth> {
+    let mut out = Vec::new();
+    for n in state.nodes.values() {
+        let status = status_policy.classify(n.record.last_seen_ms, now_ms);
+        for g in &n.record.gpus {
+            out.push(FleetGpuHealth {
+                node: n.record.name.clone(),
+                node_status: status,
+                uuid: g.info.uuid.clone(),
+                index: g.info.index,
+                name: g.info.name.clone(),
+                health: judge_gpu(&gpu_signals(n, g), policy, now_ms),
+            });
+        }
+    }
+    out
+}
