@@ -489,6 +489,9 @@ struct EventView {
     time: String,
     #[serde(flatten)]
     event: Event,
+    /// For an Xid event: what the code means, its likely cause, what to do, how bad it
+    /// is (the catalogue, `/api/v1/health/xid/{code}`); `null` for other events.
+    explanation: Option<crate::health::xid::XidInfo>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -519,6 +522,10 @@ async fn events(
         .into_iter()
         .map(|event| EventView {
             time: format_time(event.time_ms),
+            explanation: (event.kind == gpufleet_core::EventKind::Xid)
+                .then_some(event.code)
+                .flatten()
+                .map(crate::health::xid::explain),
             event,
         })
         .collect();

@@ -107,3 +107,45 @@ pub fn fleet_health(
     }
     out
 }
+
+/// Events read per query when seeding the judge's memory at start-up.
+pub const SEED_EVENTS_PER_NODE: usize = 10_000;
+/// Most queries per node when seeding (a node that logged more events in a day is seeded
+/// with its oldest `SEED_PAGES × SEED_EVENTS_PER_NODE`).
+const SEED_PAGES: usize = 20;
+
+/// Seeds the judge's memory of every node in `live` from its events stored in the last
+/// [`recent::KEEP_MS`] before `now_ms` (at start-up, after [`crate::live::state::Live::seed`]):
+/// an Xid from before a restart still counts. One query per node (more for a node with
+/// more than [`SEED_EVENTS_PER_NODE`] events).
+pub async fn seed_memory(
+    store: &dyn crate::store::FleetReads,
+    live: &crate::live::state::Live,
+    now_ms: UnixMs,
+) -> Result<(), crate::store::StoreError> {
+    let nodes: Vec<(String, crate::store::NodeId)> = live.read(|s| {
+        s.nodes
+            .values()
+            .map(|n| (n.record.name.clone(), n.record.id))
+            .collect()
+    });
+    let range = crate::store::TimeRange {
+        from_ms: now_ms.saturating_sub(recent::KEEP_MS),
+        to_ms: now_ms,
+    };
+    for (name, id) in nodes {
+        // Oldest first, a page at a time, so a flood of one Xid does not hide a later one.
+        let mut range = range;
+        for _ in 0..SEED_PAGES {
+            let events = store.events(id, range, SEED_EVENTS_PER_NODE).await?;
+            live.seed_events(&name, &events);
+            match events.last() {
+                Some(last) if events.len() >= SEED_EVENTS_PER_NODE => {
+                    range.from_ms = last.time_ms.saturating_add(1);
+                }
+                _ => break,
+            }
+        }
+    }
+    Ok(())
+}
