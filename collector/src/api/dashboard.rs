@@ -100,6 +100,8 @@ struct FleetNode<'a> {
     last_seen_ms: Option<UnixMs>,
     labels: &'a BTreeMap<String, String>,
     interval_ms: u32,
+    /// The node's health (its worst GPU; critical offline, warning stale).
+    health: crate::health::NodeHealth,
     host: FleetHost,
     gpus: Vec<FleetGpu<'a>>,
 }
@@ -123,6 +125,8 @@ struct FleetGpu<'a> {
     index: u32,
     name: &'a str,
     latest: Option<FleetGpuLatest>,
+    /// The GPU's health and reasons, worst first.
+    health: crate::health::GpuHealth,
 }
 
 /// The GPU values a fleet tile shows (names and units as in the GPU sample).
@@ -139,13 +143,22 @@ struct FleetGpuLatest {
 
 fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> {
     let r = &n.record;
+    let status = st.status.classify(r.last_seen_ms, now);
+    let (health, gpu_health) = crate::health::judge_live_node(
+        n,
+        status,
+        &st.status,
+        &crate::health::HealthPolicy::default(),
+        now,
+    );
     FleetNode {
         name: &r.name,
-        status: st.status.classify(r.last_seen_ms, now),
+        status,
         connected: n.connections > 0,
         last_seen_ms: r.last_seen_ms,
         labels: &r.labels,
         interval_ms: r.interval_ms,
+        health,
         host: FleetHost {
             latest: n.host.as_ref().map(|h| {
                 let s = h.sample.as_ref();
@@ -160,7 +173,8 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
         gpus: r
             .gpus
             .iter()
-            .map(|g| FleetGpu {
+            .zip(gpu_health)
+            .map(|(g, health)| FleetGpu {
                 uuid: &g.info.uuid,
                 index: g.info.index,
                 name: &g.info.name,
@@ -173,6 +187,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
                     power_limit_mw: l.sample.power_limit_mw,
                     temp_gpu_c: l.sample.temp_gpu_c,
                 }),
+                health,
             })
             .collect(),
     }

@@ -5,7 +5,6 @@
 
 use super::*;
 use gpufleet_collector::health::{self, HealthState};
-use gpufleet_collector::store::FleetReads;
 
 fn xid(time_ms: UnixMs, uuid: &str, code: u64) -> Event {
     Event {
