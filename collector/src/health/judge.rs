@@ -147,7 +147,7 @@ impl Default for HealthPolicy {
             warning_xid_ms: 6 * 3_600_000,
             info_xid_ms: 3_600_000,
             temp_margin_c: 5,
-            counter_window_ms: 3_600_000,
+            counter_window_ms: crate::health::recent::COUNTER_WINDOW_MS,
         }
     }
 }

@@ -29,16 +29,30 @@ use judge::{HealthFlags, TempThresholds};
 /// The signals of GPU `gpu` of `node`, as the live state holds them.
 pub fn gpu_signals<'a>(node: &'a LiveNode, gpu: &'a GpuRecord) -> GpuSignals<'a> {
     let memory = node.memory.get(&gpu.id);
+    let live = node.gpus.get(&gpu.id);
+    let health = live.and_then(|l| l.health.as_ref()).map(|h| &h.sample);
+    let info = &gpu.info;
     GpuSignals {
-        sample: node.gpus.get(&gpu.id).map(|l| &l.sample),
-        thresholds: TempThresholds::default(),
+        sample: live.map(|l| &l.sample),
+        thresholds: TempThresholds {
+            slowdown_c: info.temp_slowdown_c,
+            shutdown_c: info.temp_shutdown_c,
+            gpu_max_c: info.temp_gpu_max_c,
+            mem_max_c: info.temp_mem_max_c,
+        },
         flags: HealthFlags {
-            persistence_mode: gpu.info.persistence_mode,
+            retired_pages_pending: health.and_then(|h| h.retired_pages_pending),
+            remapped_rows_pending: health.and_then(|h| h.remapped_rows_pending),
+            remapped_rows_failed: health.and_then(|h| h.remapped_rows_failed),
+            // The health sample's (read every health interval) over the inventory's (read
+            // at Hello).
+            persistence_mode: health
+                .and_then(|h| h.persistence_mode)
+                .or(info.persistence_mode),
             pcie_replay_rise: memory
                 .and_then(|m| Some((m.pcie_replays.rise()?, m.pcie_replays.since_ms()))),
             nvlink_error_rise: memory
                 .and_then(|m| Some((m.nvlink_errors.rise()?, m.nvlink_errors.since_ms()))),
-            ..HealthFlags::default()
         },
         events: memory.map(|m| &m.events),
     }

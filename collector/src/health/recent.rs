@@ -7,7 +7,7 @@
 //! forgotten [`KEEP_MS`] after it last happened; a trend holds at most
 //! [`TREND_POINTS`] points.
 
-use gpufleet_core::{Event, EventKind, UnixMs};
+use gpufleet_core::{Event, EventKind, GpuHealthSample, UnixMs};
 use serde::Serialize;
 use std::collections::VecDeque;
 
@@ -197,12 +197,38 @@ impl CounterTrend {
     }
 }
 
+/// The window over which error counters must not rise ([`crate::health::HealthPolicy`]'s
+/// default `counter_window_ms`).
+pub const COUNTER_WINDOW_MS: i64 = 3_600_000;
+
 /// What the live state keeps per GPU for the health judge.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuMemory {
     pub events: RecentEvents,
     pub pcie_replays: CounterTrend,
+    /// CRC, replay and recovery errors summed over the GPU's links.
     pub nvlink_errors: CounterTrend,
+}
+
+impl GpuMemory {
+    /// Takes a health sample's error counters (read at `time_ms`) into the trends; absent
+    /// counters leave their trend as it is.
+    pub fn note_counters(&mut self, time_ms: UnixMs, h: &GpuHealthSample) {
+        if let Some(v) = h.pcie_replay_count {
+            self.pcie_replays.note(time_ms, v, COUNTER_WINDOW_MS);
+        }
+        let nvlink = [
+            h.nvlink_crc_errors,
+            h.nvlink_replay_errors,
+            h.nvlink_recovery_errors,
+        ]
+        .into_iter()
+        .flatten()
+        .reduce(u64::saturating_add);
+        if let Some(v) = nvlink {
+            self.nvlink_errors.note(time_ms, v, COUNTER_WINDOW_MS);
+        }
+    }
 }
 
 #[cfg(test)]

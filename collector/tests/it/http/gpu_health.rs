@@ -16,10 +16,26 @@ fn xid(time_ms: UnixMs, uuid: &str, code: u64) -> Event {
     }
 }
 
-/// `fleet()`, then an Xid 79 on GPU-a and an Xid 13 (the application's doing) on GPU-b.
+/// GPU-a's health sample: a row remap pending, `pcie` PCIe replays so far.
+fn remap_pending(pcie: u64) -> GpuHealthSample {
+    GpuHealthSample {
+        gpu_uuid: "GPU-a".into(),
+        remapped_rows_pending: Some(true),
+        remapped_rows_failed: Some(false),
+        retired_pages_pending: Some(false),
+        pcie_replay_count: Some(pcie),
+        ..Default::default()
+    }
+}
+
+/// `fleet()`, then an Xid 79 on GPU-a and an Xid 13 (the application's doing) on GPU-b;
+/// GPU-a's health samples say a row remap is pending and its PCIe replays rose by 5.
 async fn with_xids() -> (Fixture, NodeRecord) {
     let (f, rec) = fleet().await;
+    let mut later = tick(T0 + 3500, &["GPU-a", "GPU-b"], 4);
+    later.health = vec![remap_pending(15), health_sparse("GPU-b")];
     let mut t = tick(T0 + 3000, &["GPU-a", "GPU-b"], 3);
+    t.health = vec![remap_pending(10)];
     t.events = vec![
         xid(T0 + 3000, "GPU-a", 79),
         xid(T0 + 3000, "GPU-b", 13),
@@ -35,12 +51,12 @@ async fn with_xids() -> (Fixture, NodeRecord) {
         &rec,
         Batch {
             seq: 2,
-            ticks: vec![t],
+            ticks: vec![t, later],
             delivery: DeliveryStats::default(),
         },
     )
     .await;
-    f.now.store(T0 + 4000, Ordering::Relaxed);
+    f.now.store(T0 + 5000, Ordering::Relaxed);
     (f, rec)
 }
 
@@ -62,16 +78,30 @@ async fn an_xid_79_makes_the_gpu_and_its_node_critical_with_reasons() {
     assert_eq!(node["health"]["gpus_critical"], 1);
     let a = &node["gpus"][0]["health"];
     assert_eq!(a["state"], "critical");
-    // Worst first: the Xid, the uncorrectable ECC count of the sample, then what is only
-    // listed (persistence off, power cap).
+    // Worst first: the Xid; the uncorrectable ECC count of the sample, the PCIe replays
+    // that rose, the pending remap; then what is only listed (persistence off, power cap).
     assert_eq!(
         reason_codes(a),
         [
             "xid_79",
             "ecc_uncorrected",
+            "pcie_replays",
+            "row_remap_pending",
             "persistence_off",
             "throttle_power_cap"
         ]
+    );
+    let remap = &a["reasons"][3];
+    assert_eq!(remap["severity"], "warning");
+    assert!(
+        remap["action"].as_str().is_some_and(|s| s.contains("reset")),
+        "{remap}"
+    );
+    assert!(
+        a["reasons"][2]["summary"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("5 PCIe replays")),
+        "{a}"
     );
     let r = &a["reasons"][0];
     assert_eq!(r["severity"], "critical");
@@ -193,6 +223,9 @@ async fn metrics_carry_health_gauges() {
             "gpufleet_gpu_health_reason{{{a},reason=\"ecc_uncorrected\",severity=\"warning\"}} 1"
         ),
         format!("gpufleet_gpu_health_reason{{{b},reason=\"xid_13\",severity=\"ok\"}} 1"),
+        format!(
+            "gpufleet_gpu_health_reason{{{a},reason=\"row_remap_pending\",severity=\"warning\"}} 1"
+        ),
         format!("gpufleet_gpu_throttle_reason{{{a},reason=\"sw_power_cap\"}} 1"),
         "gpufleet_node_health{node=\"node-a\"} 2".to_owned(),
         "# TYPE gpufleet_gpu_health gauge".to_owned(),
@@ -217,16 +250,25 @@ async fn a_restarted_collector_remembers_and_a_day_later_forgets() {
         f.store.nodes().await.expect("nodes"),
         f.store.latest_gpu_samples().await.expect("gpus"),
         f.store.latest_host_samples().await.expect("hosts"),
+        f.store.latest_gpu_health().await.expect("health"),
     );
-    health::seed_memory(f.store.as_ref(), &live, T0 + 4000)
+    health::seed_memory(f.store.as_ref(), &live, T0 + 5000)
         .await
         .expect("seed");
     let judged = live.read(|s| {
-        health::fleet_health(s, &StatusPolicy::default(), &Default::default(), T0 + 4000)
+        health::fleet_health(s, &StatusPolicy::default(), &Default::default(), T0 + 5000)
     });
     let a = judged.iter().find(|g| g.uuid == "GPU-a").expect("GPU-a");
     assert_eq!(a.health.state, HealthState::Critical);
     assert_eq!(a.health.reasons[0].code, "xid_79");
+    assert!(
+        a.health
+            .reasons
+            .iter()
+            .any(|r| r.code == "row_remap_pending"),
+        "the stored health sample is seeded: {:?}",
+        a.health.reasons
+    );
 
     // 25 hours later: the Xid is forgotten; the node, silent since, is offline.
     f.now.store(T0 + 25 * 3_600_000, Ordering::Relaxed);
