@@ -112,8 +112,8 @@ async fn gpus(
     }
     let mut gpus: Vec<FleetGpuHealth> = all.into_iter().filter(|g| g.health.state >= min).collect();
     // Stable sorts: nodes come by name and GPUs by index already.
-    gpus.sort_by(|a, b| b.health.state.cmp(&a.health.state));
-    nodes.sort_by(|a, b| b.health.state.cmp(&a.health.state));
+    gpus.sort_by_key(|g| std::cmp::Reverse(g.health.state));
+    nodes.sort_by_key(|n| std::cmp::Reverse(n.health.state));
     Ok(Json(FleetHealthView {
         time_ms: now,
         min_state: min,

@@ -78,7 +78,7 @@ pub fn judge_live_node(
 }
 
 fn humantime_secs(s: u64) -> String {
-    if s >= 60 && s % 60 == 0 {
+    if s >= 60 && s.is_multiple_of(60) {
         format!("{} min", s / 60)
     } else {
         format!("{s} s")
