@@ -314,7 +314,9 @@ mod tests {
         assert!(t.points.len() <= TREND_POINTS);
         t.note(260, 1, w);
         assert_eq!(t.rise(), Some(0), "a reset starts again");
+        t.note(270, 4, w);
+        assert_eq!(t.rise(), Some(3), "from the value after the reset");
         t.note(250, 100, w);
-        assert_eq!(t.rise(), Some(0), "an older reading is ignored");
+        assert_eq!(t.rise(), Some(3), "an older reading is ignored");
     }
 }

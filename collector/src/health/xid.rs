@@ -398,7 +398,7 @@ mod tests {
 
     #[test]
     fn severities_follow_what_the_code_says_about_the_gpu() {
-        for code in [48, 62, 64, 74, 79, 95, 119, 140] {
+        for code in [48, 62, 64, 74, 79, 95, 119, 120, 140, 143] {
             assert_eq!(explain(code).severity, Critical, "Xid {code}");
         }
         for code in [63, 92, 94] {

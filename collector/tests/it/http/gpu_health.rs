@@ -94,7 +94,9 @@ async fn an_xid_79_makes_the_gpu_and_its_node_critical_with_reasons() {
     let remap = &a["reasons"][3];
     assert_eq!(remap["severity"], "warning");
     assert!(
-        remap["action"].as_str().is_some_and(|s| s.contains("reset")),
+        remap["action"]
+            .as_str()
+            .is_some_and(|s| s.contains("reset")),
         "{remap}"
     );
     assert!(
