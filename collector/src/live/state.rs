@@ -716,6 +716,86 @@ mod tests {
     }
 
     #[test]
+    fn the_judges_memory_is_seeded_and_filled_by_followed_ticks() {
+        use gpufleet_core::EventKind;
+        let uuid = "GPU-m";
+        let event = |time_ms, kind, code, gpu: &str| Event {
+            time_ms,
+            gpu_uuid: gpu.into(),
+            kind,
+            code,
+            detail: String::new(),
+        };
+        let live = Live::new();
+        live.seed(
+            vec![record_with_gpu(uuid)],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        live.seed_events(
+            "n",
+            &[
+                event(1, EventKind::Xid, Some(79), uuid),
+                event(2, EventKind::Xid, Some(79), "GPU-elsewhere"),
+                event(3, EventKind::SpoolDrop, None, ""),
+            ],
+        );
+        let memory = |live: &Live| {
+            live.read(|s| {
+                let m = &s.nodes["n"].memory[&GpuId(7)];
+                let mut seen: Vec<_> = m
+                    .events
+                    .entries()
+                    .iter()
+                    .map(|e| (e.kind, e.code, e.count))
+                    .collect();
+                seen.sort_by_key(|e| e.0.as_str());
+                (seen, m.pcie_replays.rise())
+            })
+        };
+        assert_eq!(
+            memory(&live),
+            (vec![(EventKind::Xid, Some(79), 1)], None),
+            "seeded: only this node's GPU, only the kinds the judge reads"
+        );
+        // Another collector committed ticks with an ECC event and rising PCIe replays.
+        let mut followed = record_with_gpu(uuid);
+        followed.last_seen_ms = Some(30);
+        let tick = |time_ms, replays, events| Tick {
+            time_ms,
+            health: vec![GpuHealthSample {
+                gpu_uuid: uuid.into(),
+                pcie_replay_count: Some(replays),
+                ..Default::default()
+            }],
+            events,
+            ..Tick::default()
+        };
+        live.followed(
+            &followed,
+            &[
+                tick(
+                    20,
+                    100,
+                    vec![event(20, EventKind::EccDoubleBit, None, uuid)],
+                ),
+                tick(30, 104, Vec::new()),
+            ],
+        );
+        assert_eq!(
+            memory(&live),
+            (
+                vec![
+                    (EventKind::EccDoubleBit, None, 1),
+                    (EventKind::Xid, Some(79), 1)
+                ],
+                Some(4)
+            )
+        );
+    }
+
+    #[test]
     fn ticks_with_only_a_cost_keep_the_last_host_reading() {
         let host = |load: f32| {
             Some(HostSample {
