@@ -46,13 +46,14 @@ export interface Process {
 
 export type HealthState = 'ok' | 'warning' | 'critical';
 
-/** One reason a GPU or node is not (entirely) ok; severity `ok` is informational. */
+/** One reason a GPU or node is not (entirely) ok; severity `ok` is informational.
+ * /api/v1/fleet lists only warning and critical reasons, without action or since. */
 export interface HealthReason {
   code: string;
   severity: HealthState;
   summary: string;
-  action: string;
-  since_ms: number | null;
+  action?: string;
+  since_ms?: number | null;
 }
 
 export interface GpuHealth {

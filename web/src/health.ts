@@ -16,7 +16,7 @@ export function reasonList(reasons: HealthReason[], id?: string): HTMLElement {
     ul.append(el('li', { 'data-code': r.code, 'data-severity': r.severity },
       healthBadge(r.severity), ' ',
       el('span', { class: 'summary' }, r.summary),
-      el('div', { class: 'action' }, '→ ', r.action)));
+      r.action ? el('div', { class: 'action' }, '→ ', r.action) : null));
   }
   if (reasons.length === 0) ul.append(el('li', { class: 'muted' }, 'no problems found'));
   return ul;

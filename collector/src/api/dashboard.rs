@@ -101,7 +101,7 @@ struct FleetNode<'a> {
     labels: &'a BTreeMap<String, String>,
     interval_ms: u32,
     /// The node's health (its worst GPU; critical offline, warning stale).
-    health: crate::health::NodeHealth,
+    health: FleetHealth,
     host: FleetHost,
     gpus: Vec<FleetGpu<'a>>,
 }
@@ -125,8 +125,40 @@ struct FleetGpu<'a> {
     index: u32,
     name: &'a str,
     latest: Option<FleetGpuLatest>,
-    /// The GPU's health and reasons, worst first.
-    health: crate::health::GpuHealth,
+    /// The GPU's health and what is wrong, worst first.
+    health: FleetHealth,
+}
+
+/// A health state and, in brief, the reasons that make it (informational ones and the
+/// actions are left out: the node and GPU endpoints have them).
+#[derive(Serialize, utoipa::ToSchema)]
+struct FleetHealth {
+    state: crate::health::HealthState,
+    reasons: Vec<FleetReason>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct FleetReason {
+    code: String,
+    severity: crate::health::HealthState,
+    summary: String,
+}
+
+impl FleetHealth {
+    fn of(state: crate::health::HealthState, reasons: Vec<crate::health::HealthReason>) -> Self {
+        FleetHealth {
+            state,
+            reasons: reasons
+                .into_iter()
+                .filter(|r| r.severity != crate::health::HealthState::Ok)
+                .map(|r| FleetReason {
+                    code: r.code,
+                    severity: r.severity,
+                    summary: r.summary,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The GPU values a fleet tile shows (names and units as in the GPU sample).
@@ -158,7 +190,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
         last_seen_ms: r.last_seen_ms,
         labels: &r.labels,
         interval_ms: r.interval_ms,
-        health,
+        health: FleetHealth::of(health.state, health.reasons),
         host: FleetHost {
             latest: n.host.as_ref().map(|h| {
                 let s = h.sample.as_ref();
@@ -187,7 +219,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
                     power_limit_mw: l.sample.power_limit_mw,
                     temp_gpu_c: l.sample.temp_gpu_c,
                 }),
-                health,
+                health: FleetHealth::of(health.state, health.reasons),
             })
             .collect(),
     }

@@ -131,6 +131,23 @@ async fn an_xid_79_makes_the_gpu_and_its_node_critical_with_reasons() {
         "no mask, no names"
     );
 
+    // The fleet listing: states and, in brief, what is wrong (no actions, no
+    // informational reasons).
+    let (_, fleet) = f.get_json("/api/v1/fleet").await;
+    assert_eq!(fleet[0]["health"]["state"], "critical");
+    let brief = &fleet[0]["gpus"][0]["health"];
+    assert_eq!(
+        reason_codes(brief),
+        [
+            "xid_79",
+            "ecc_uncorrected",
+            "pcie_replays",
+            "row_remap_pending"
+        ]
+    );
+    assert_eq!(brief["reasons"][0].get("action"), None, "{brief}");
+    assert_eq!(fleet[0]["gpus"][1]["health"]["state"], "ok");
+
     let (_, list) = f.get_json("/api/v1/nodes").await;
     assert_eq!(list[0]["health"]["state"], "critical");
     let (_, gpu) = f.get_json("/api/v1/gpus/GPU-a").await;
