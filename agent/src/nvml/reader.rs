@@ -4,6 +4,7 @@
 use super::NvmlOptions;
 use super::device::{DeviceState, Metric, MetricSet};
 use super::fields::{active_nvlinks, read_fields};
+use super::health::{HealthSchedule, read_health};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
     GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
@@ -45,6 +46,8 @@ pub(super) struct Reader<'n> {
     identities: HashMap<u32, ProcessIdentity>,
     /// Events from the event thread, reported in the next tick.
     events: mpsc::Receiver<Event>,
+    /// When health counters are read.
+    health: HealthSchedule,
 }
 
 impl<'n> Reader<'n> {
@@ -99,6 +102,7 @@ impl<'n> Reader<'n> {
             hostname: opts.hostname,
             identities: HashMap::new(),
             events,
+            health: HealthSchedule::new(opts.health_interval),
         })
     }
 
@@ -170,6 +174,7 @@ impl<'n> Reader<'n> {
             ..Default::default()
         };
         let mut seen_pids = Vec::new();
+        let health_due = self.health.due(now_ms);
         for dev in &mut self.devices {
             if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
                 info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
@@ -218,12 +223,24 @@ impl<'n> Reader<'n> {
                 });
             }
             tick.gpus.push(sample);
+            // A lost GPU's counters cannot be read: its last health stays the one known.
+            if health_due && !dev.lost {
+                tick.health.push(read_health(dev, &mut timer));
+            }
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
         tick.events.extend(self.events.try_iter().map(|mut e| {
             e.time_ms = e.time_ms.min(now_ms);
             e
         }));
+        if tick.events.iter().any(|e| {
+            matches!(
+                e.kind,
+                EventKind::Xid | EventKind::EccDoubleBit | EventKind::GpuLost
+            )
+        }) {
+            self.health.event_seen();
+        }
         tick.cost = Some(SamplerCost {
             cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
             wall_us: None,

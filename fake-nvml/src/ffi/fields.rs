@@ -5,6 +5,8 @@ use crate::scenario::Value;
 use nvml_wrapper_sys::bindings::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
+    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_UNC,
 };
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_int, c_uint};
@@ -50,6 +52,22 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     NVML_FI_DEV_MEMORY_TEMP => {
                         Some((s.read(i, "field_temp_mem", |g| &g.temp_mem_c), false))
                     }
+                    NVML_FI_DEV_REMAPPED_COR => Some((
+                        s.read(i, "remapped_cor", |g| &g.remapped_rows_correctable),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_UNC => Some((
+                        s.read(i, "remapped_unc", |g| &g.remapped_rows_uncorrectable),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_PENDING => Some((
+                        s.read(i, "remapped_pending", |g| &g.remapped_rows_pending),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_FAILURE => Some((
+                        s.read(i, "remapped_failure", |g| &g.remapped_rows_failed),
+                        false,
+                    )),
                     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
                         let g = s.gpu(i);
                         nvlink_kib(g.nvlinks, &g.nvlink_tx_kib, scope, nvlink_read)

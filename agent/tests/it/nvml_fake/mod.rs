@@ -17,7 +17,7 @@ mod snapshot;
 
 use crate::common::cgroup_fixtures;
 use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
-use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
+use gpufleet_agent::nvml::{DEFAULT_HEALTH_INTERVAL, NvmlOptions, NvmlSource};
 use gpufleet_core::GpuSource;
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
 use serde_json::Value as Json;
@@ -66,6 +66,7 @@ impl Fake {
             lib_path: Some(self.lib()),
             proc_root: cgroup_fixtures().join("proc"),
             hostname: "fake-node".into(),
+            health_interval: DEFAULT_HEALTH_INTERVAL,
         })
         .expect("the agent opens the fake NVML")
     }
