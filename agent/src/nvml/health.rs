@@ -75,7 +75,14 @@ pub(super) fn read_health(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> G
     let remap = read(dev, timer, Metric::RemappedRows, |d| {
         field_values_scoped(d, &keys)
     })
-    .map(|samples| remap_from(&field_readings(&keys, &samples).0))
+    .map(|samples| {
+        let (values, unsupported) = field_readings(&keys, &samples);
+        if unsupported.len() == keys.len() {
+            // The call answers, each entry NOT_SUPPORTED: not asked again either.
+            dev.unsupported.insert(Metric::RemappedRows);
+        }
+        remap_from(&values)
+    })
     .unwrap_or_default();
     let ecc_corrected_aggregate = read(dev, timer, Metric::EccCorrectedAggregate, |d| {
         d.total_ecc_errors(MemoryError::Corrected, EccCounter::Aggregate)

@@ -189,6 +189,11 @@ impl<'n> Reader<'n> {
             let was_lost = dev.lost;
             let (sample, procs) = sample_device(dev, &mut timer, now_ms);
             let mig_of = mig_processes(dev, &mut timer);
+            // A lost GPU's counters cannot be read: its last health stays the one known.
+            // Read before the lost check: a GPU lost during this read is reported too.
+            if health_due && !dev.lost {
+                tick.health.push(read_health(dev, &mut timer));
+            }
             if dev.lost && !was_lost {
                 tick.events.push(Event {
                     time_ms: now_ms,
@@ -223,10 +228,6 @@ impl<'n> Reader<'n> {
                 });
             }
             tick.gpus.push(sample);
-            // A lost GPU's counters cannot be read: its last health stays the one known.
-            if health_due && !dev.lost {
-                tick.health.push(read_health(dev, &mut timer));
-            }
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
         tick.events.extend(self.events.try_iter().map(|mut e| {
