@@ -193,6 +193,10 @@ impl<'n> Reader<'n> {
             // Read before the lost check: a GPU lost during this read is reported too.
             if health_due && !dev.lost {
                 tick.health.push(read_health(dev, &mut timer));
+                if dev.lost {
+                    // As `sample_device` does: nothing cached is reported for a lost GPU.
+                    dev.power_limit = None;
+                }
             }
             if dev.lost && !was_lost {
                 tick.events.push(Event {

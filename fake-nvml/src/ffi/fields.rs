@@ -24,8 +24,18 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         if values.is_null() || values_count < 0 {
             return Err(INVALID_ARGUMENT);
         }
-        // Every NVLink entry of this call reads the same index of its counter.
-        let nvlink_read = s.nth(i, "field_nvlink");
+        // Every NVLink entry of this call reads the same index of its counter (a call
+        // without one, e.g. the remapped-row fields, does not count as a read).
+        // SAFETY: `values` holds `values_count` entries (NVML's contract), checked non-null.
+        let asked = unsafe { std::slice::from_raw_parts(values, values_count as usize) };
+        let nvlink_read = if asked.iter().any(|v| {
+            v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+                || v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+        }) {
+            s.nth(i, "field_nvlink")
+        } else {
+            0
+        };
         for k in 0..values_count as usize {
             // SAFETY: `values` holds `values_count` entries (NVML's contract).
             let slot = unsafe { values.add(k) };
