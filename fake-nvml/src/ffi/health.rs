@@ -7,8 +7,11 @@ use crate::scenario::{Gpu, Value};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
+/// A scenario value: its read key and where it is.
+type Picked = (&'static str, fn(&Gpu) -> &Value);
+
 /// The retired-page count `cause` picks.
-fn retired(cause: nvmlPageRetirementCause_t) -> Option<(&'static str, fn(&Gpu) -> &Value)> {
+fn retired(cause: nvmlPageRetirementCause_t) -> Option<Picked> {
     match cause {
         nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS => {
             Some(("retired_sbe", |g| &g.retired_pages_sbe))
