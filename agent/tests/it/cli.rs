@@ -107,9 +107,11 @@ fn a_zero_health_interval_is_refused_naming_the_flag() {
         err.contains("--health-interval") && err.contains("more than 0"),
         "{err}"
     );
-    // The inventory carries the temperature thresholds.
+    // A snapshot shows the health counters (read on its first reading) and the
+    // inventory's temperature thresholds.
     let out = run_ok(agent().args(["snapshot", "--simulate", "--sim-gpus", "1", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(v["tick"]["health"].as_array().map(Vec::len), Some(1), "{v}");
     assert!(v["inventory"]["gpus"][0]["temp_slowdown_c"].is_u64());
 }
 
