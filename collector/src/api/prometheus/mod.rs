@@ -580,6 +580,23 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
             )?;
         }
     }
+    let help = "How long the workload has held GPU memory on a GPU that does no work \
+                (utilization at or below --waste-util-threshold), for ongoing episodes at \
+                least --waste-min-idle long (/api/v1/waste).";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_gpu_idle_allocated_seconds",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for e in &w.idle_allocated {
+        put(
+            &mut m,
+            &(workload_pairs(&e.labels), [("gpu", Text(e.gpu_uuid.as_str()))]),
+            MetricType::Gauge,
+            Num::F(e.seconds),
+        )?;
+    }
     let help = "Carbon intensity now (gCO2/kWh), per provider and region some node is priced with.";
     let mut m = enc.encode_descriptor(
         "gpufleet_carbon_intensity_grams_per_kwh",
@@ -602,7 +619,11 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         None,
         MetricType::Counter,
     )?;
-    for (family, n) in [("workload", w.dropped), ("process", s.process_dropped)] {
+    for (family, n) in [
+        ("workload", w.dropped),
+        ("process", s.process_dropped),
+        ("idle_allocated", w.idle_allocated_dropped),
+    ] {
         put(
             &mut m,
             &[("family", Text(family))],
