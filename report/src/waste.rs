@@ -62,7 +62,10 @@ fn columns(r: &WasteEpisodeRow) -> Vec<(&'static str, Option<String>)> {
         ("ongoing", Some(r.ongoing.to_string())),
         ("idle_minutes", Some(r.idle_minutes.to_string())),
         ("memory_bytes", r.memory_bytes.map(|b| b.to_string())),
-        ("energy_j", Some(format!("{:.3}", r.energy_mj as f64 / 1000.0))),
+        (
+            "energy_j",
+            Some(format!("{:.3}", r.energy_mj as f64 / 1000.0)),
+        ),
         ("energy_kwh", Some(format!("{:.9}", r.energy_kwh))),
         ("carbon_g", r.carbon_g.map(|g| format!("{g:.4}"))),
         (
@@ -216,7 +219,11 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("node,gpu_uuid,gpu_index,workload"));
-        assert!(lines[1].contains(",186000.000,0.051666667,,186000.000"), "{}", lines[1]);
+        assert!(
+            lines[1].contains(",186000.000,0.051666667,,186000.000"),
+            "{}",
+            lines[1]
+        );
     }
 
     #[test]

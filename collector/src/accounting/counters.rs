@@ -481,6 +481,46 @@ mod tests {
     use super::*;
     use gpufleet_core::WorkloadKind;
 
+    #[test]
+    fn idle_allocated_series_are_the_ongoing_episodes_longest_first_and_capped() {
+        use crate::accounting::waste::Episode;
+        let ep = |job: &str, minutes: i64, ongoing: bool| Episode {
+            node: "n1".into(),
+            gpu_uuid: "GPU-1".into(),
+            gpu_index: 0,
+            gpu_name: "A100".into(),
+            workload: Workload {
+                kind: WorkloadKind::Slurm,
+                job_id: Some(job.into()),
+                ..Default::default()
+            },
+            since_ms: 0,
+            until_ms: minutes * MINUTE_MS,
+            ongoing,
+            minutes: minutes as u32,
+            mem_max_bytes: None,
+            energy_mj: 0,
+            idle_mj: 0,
+            charged_mj: 0,
+            provisional_mj: 0,
+            carbon_g: None,
+            priced_mj: 0,
+        };
+        let all = [
+            ep("1", 31, true),
+            ep("2", 90, true),
+            ep("3", 45, false),
+            ep("4", 40, true),
+        ];
+        let (series, dropped) = idle_allocated(&all, 2);
+        let got: Vec<(&str, f64)> = series
+            .iter()
+            .map(|s| (s.labels.job.as_str(), s.seconds))
+            .collect();
+        assert_eq!(got, [("2", 5400.0), ("4", 2400.0)]);
+        assert_eq!(dropped, 1, "job 1 left out; job 3 is over, not dropped");
+    }
+
     fn labels(key: &str) -> WorkloadLabels {
         let w = Workload {
             kind: WorkloadKind::Container,

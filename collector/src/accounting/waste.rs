@@ -153,7 +153,13 @@ pub fn episodes(minutes: &[WasteMinute], settings: WasteSettings, now_ms: UnixMs
 /// One run of consecutive idle minutes (non-empty, ordered) as an episode.
 fn episode(run: &[&WasteMinute], now_ms: UnixMs) -> Episode {
     let (first, last) = (run[0], run[run.len() - 1]);
-    let until_ms = (last.minute_ms + MINUTE_MS).min(now_ms.max(last.minute_ms));
+    // The end of its last minute; now, while that minute is still going on.
+    let end = last.minute_ms + MINUTE_MS;
+    let until_ms = if (last.minute_ms..end).contains(&now_ms) {
+        now_ms
+    } else {
+        end
+    };
     let mut e = Episode {
         node: first.node_name.clone(),
         gpu_uuid: first.gpu_uuid.clone(),
@@ -207,16 +213,14 @@ pub struct WorkloadWaste {
 pub fn totals(episodes: &[Episode]) -> Vec<WorkloadWaste> {
     let mut by: BTreeMap<String, WorkloadWaste> = BTreeMap::new();
     for e in episodes {
-        let t = by
-            .entry(e.workload.key())
-            .or_insert_with(|| WorkloadWaste {
-                workload: e.workload.clone(),
-                episodes: 0,
-                idle_ms: 0,
-                energy_mj: 0,
-                priced_mj: 0,
-                carbon_g: None,
-            });
+        let t = by.entry(e.workload.key()).or_insert_with(|| WorkloadWaste {
+            workload: e.workload.clone(),
+            episodes: 0,
+            idle_ms: 0,
+            energy_mj: 0,
+            priced_mj: 0,
+            carbon_g: None,
+        });
         t.episodes += 1;
         t.idle_ms += e.idle_ms();
         t.energy_mj = t.energy_mj.saturating_add(e.energy_mj);

@@ -52,8 +52,8 @@ pub(crate) struct WasteParams {
 fn settings(base: WasteSettings, p: &WasteParams) -> Result<WasteSettings, ApiError> {
     let mut s = base;
     if let Some(m) = p.min_idle.as_deref() {
-        s.min_idle = parse_duration(m)
-            .map_err(|e| ApiError::BadRequest(format!("min_idle {m:?}: {e}")))?;
+        s.min_idle =
+            parse_duration(m).map_err(|e| ApiError::BadRequest(format!("min_idle {m:?}: {e}")))?;
     }
     if let Some(t) = p.threshold {
         if t > 100 {

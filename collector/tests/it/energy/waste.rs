@@ -55,7 +55,13 @@ fn notebook() -> Workload {
 
 /// Ticks `k` in `ks` (at T0 + k × 10 s) of the trace in the module doc.
 fn trace(ks: std::ops::RangeInclusive<i64>) -> Vec<Tick> {
-    let power = |k: i64| if (30..240).contains(&k) { 100_000 } else { 250_000 };
+    let power = |k: i64| {
+        if (30..240).contains(&k) {
+            100_000
+        } else {
+            250_000
+        }
+    };
     let util = |k: i64| match k {
         100 => 1,
         30..240 => 0,
@@ -67,7 +73,14 @@ fn trace(ks: std::ops::RangeInclusive<i64>) -> Vec<Tick> {
     ks.map(|k| {
         let mut processes = vec![proc_with(GPU, 10, 0, 8 * GIB, ProcessType::Compute, job())];
         if (120..240).contains(&k) {
-            processes.push(proc_with(GPU, 20, 0, 24 * GIB, ProcessType::Compute, notebook()));
+            processes.push(proc_with(
+                GPU,
+                20,
+                0,
+                24 * GIB,
+                ProcessType::Compute,
+                notebook(),
+            ));
         }
         Tick {
             time_ms: T0 + k * 10_000,
@@ -126,22 +139,72 @@ async fn waste_json(store: &Arc<dyn Store>, now: UnixMs, query: &str) -> serde_j
 
 #[tokio::test]
 async fn waste_figures_equal_the_hand_computation() {
-    let (_dir, store) = sqlite_store().await;
-    hand_computation_on(store).await;
+    let (dir, store) = sqlite_store().await;
+    hand_computation_on(&store).await;
+    store.close().await;
+    // `gpufleet-collector report waste` on the same database prints the same figures.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
+        .args(["report", "waste", "--db"])
+        .arg(format!("sqlite://{}", dir.path().join("test.db").display()))
+        .args([
+            "--from",
+            &T0.to_string(),
+            "--to",
+            &(T0 + 50 * MIN).to_string(),
+        ])
+        .args(["--node", "n1", "--format", "csv"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    assert!(
+        rows[1].ends_with(",35,8589934592,120000.000,0.033333333,10.0000,0.000"),
+        "{csv}"
+    );
+    // The flags of the rule: 15 minutes brings the notebook in.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-collector"))
+        .args(["report", "waste", "--db"])
+        .arg(format!("sqlite://{}", dir.path().join("test.db").display()))
+        .args([
+            "--from",
+            &T0.to_string(),
+            "--to",
+            &(T0 + 50 * MIN).to_string(),
+        ])
+        .args(["--waste-min-idle", "15m"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("Total: 2 episodes, 0.058333 kWh, 17.50 gCO2"),
+        "{table}"
+    );
+    assert!(table.contains("nb-0"), "{table}");
 }
 
 #[tokio::test]
 async fn postgres_waste_figures_equal_the_hand_computation() {
     let (_schema, store) = pg_store().await;
-    hand_computation_on(store).await;
+    hand_computation_on(&store).await;
 }
 
-async fn hand_computation_on(store: Arc<dyn Store>) {
-    let node = one_gpu_node(&store, GPU).await;
+async fn hand_computation_on(store: &Arc<dyn Store>) {
+    let node = one_gpu_node(store, GPU).await;
     // First 36:40 only: the job has been idle since 5:00 and still is.
-    write_ticks(&store, &node, 1, trace(0..=220)).await;
+    write_ticks(store, &node, 1, trace(0..=220)).await;
     let now = T0 + 36 * MIN + 45_000;
-    account(&store, now).await;
+    account(store, now).await;
     let going = waste::ongoing(store.as_ref(), WasteSettings::default(), now)
         .await
         .expect("ongoing");
@@ -154,10 +217,10 @@ async fn hand_computation_on(store: Arc<dyn Store>) {
     assert_eq!(going[0].minutes, 32);
 
     // The rest of the trace; every minute closed and priced.
-    write_ticks(&store, &node, 2, trace(221..=270)).await;
+    write_ticks(store, &node, 2, trace(221..=270)).await;
     let now = T0 + 50 * MIN;
-    account(&store, now).await;
-    let v = waste_json(&store, now, "").await;
+    account(store, now).await;
+    let v = waste_json(store, now, "").await;
     assert_eq!(v["threshold_pct"], 1);
     assert_eq!(v["min_idle_seconds"], 1800.0);
     let eps = v["episodes"].as_array().expect("episodes");
@@ -181,8 +244,8 @@ async fn hand_computation_on(store: Arc<dyn Store>) {
     assert!(e["carbon_g"].is_null(), "not priced yet: null, never 0");
     assert_eq!(e["unpriced_j"], 120_000.0);
 
-    price(&store, now).await;
-    let v = waste_json(&store, now, "").await;
+    price(store, now).await;
+    let v = waste_json(store, now, "").await;
     let g = v["episodes"][0]["carbon_g"].as_f64().expect("priced");
     assert!((g - 10.0).abs() < 1e-9, "{g}");
     assert_eq!(v["episodes"][0]["unpriced_j"], 0.0);
@@ -191,40 +254,51 @@ async fn hand_computation_on(store: Arc<dyn Store>) {
     assert_eq!(v["energy_mj"], 120_000_000);
 
     // A shorter minimum brings the notebook's 20 minutes in, at its 3/4 share.
-    let v = waste_json(&store, now, "&min_idle=15m").await;
+    let v = waste_json(store, now, "&min_idle=15m").await;
     let eps = v["episodes"].as_array().expect("episodes");
     assert_eq!(eps.len(), 2, "{v}");
     let nb = &eps[1];
     assert_eq!(nb["workload_key"], format!("container:{NB}"));
     assert_eq!(nb["workload"]["pod_name"], "nb-0");
     assert_eq!(nb["workload"]["namespace"], "ml");
-    assert_eq!((nb["since_ms"].clone(), nb["idle_minutes"].clone()), (serde_json::json!(T0 + 20 * MIN), serde_json::json!(20)));
+    assert_eq!(
+        (nb["since_ms"].clone(), nb["idle_minutes"].clone()),
+        (serde_json::json!(T0 + 20 * MIN), serde_json::json!(20))
+    );
     assert_eq!(nb["energy_mj"], 90_000_000);
     assert_eq!(nb["memory_bytes"], 24 * GIB);
     assert!((nb["carbon_g"].as_f64().expect("priced") - 7.5).abs() < 1e-9);
     assert_eq!(v["energy_mj"], 210_000_000);
     assert!((v["carbon_g"].as_f64().expect("priced") - 17.5).abs() < 1e-9);
     // 36 minutes is too long for either; threshold 0 % splits the job's run at 16:40.
-    let v = waste_json(&store, now, "&min_idle=36m").await;
+    let v = waste_json(store, now, "&min_idle=36m").await;
     assert_eq!(v["episodes"], serde_json::json!([]));
-    let v = waste_json(&store, now, "&threshold=0&min_idle=20m").await;
+    let v = waste_json(store, now, "&threshold=0&min_idle=20m").await;
     let eps = v["episodes"].as_array().expect("episodes");
     let got: Vec<(i64, i64)> = eps
         .iter()
-        .map(|e| (e["since_ms"].as_i64().unwrap_or(0), e["idle_minutes"].as_i64().unwrap_or(0)))
+        .map(|e| {
+            (
+                e["since_ms"].as_i64().unwrap_or(0),
+                e["idle_minutes"].as_i64().unwrap_or(0),
+            )
+        })
         .collect();
     // Minute 16 (16:40 at 1 %) breaks: 17 .. 39 (23 min) for the job, 20 .. 39 for the notebook.
     assert_eq!(got, [(T0 + 17 * MIN, 23), (T0 + 20 * MIN, 20)], "{v}");
     // Bad input: a clear 400.
-    let (status, _) = api_get_json(&store, now, "/api/v1/waste?min_idle=soon").await;
+    let (status, _) = api_get_json(store, now, "/api/v1/waste?min_idle=soon").await;
     assert_eq!(status, 400);
-    let (status, _) = api_get_json(&store, now, "/api/v1/waste?threshold=101").await;
+    let (status, _) = api_get_json(store, now, "/api/v1/waste?threshold=101").await;
     assert_eq!(status, 400);
 
     // The report renders the same figures.
     let episodes = waste::find(
         store.as_ref(),
-        TimeRange { from_ms: T0, to_ms: now },
+        TimeRange {
+            from_ms: T0,
+            to_ms: now,
+        },
         Some("n1"),
         WasteSettings::default(),
         now,
@@ -234,16 +308,28 @@ async fn hand_computation_on(store: Arc<dyn Store>) {
     let report = gpufleet_collector::cli::waste::waste_report(
         &episodes,
         WasteSettings::default(),
-        TimeRange { from_ms: T0, to_ms: now },
+        TimeRange {
+            from_ms: T0,
+            to_ms: now,
+        },
     );
     let csv = gpufleet_report::waste::render(&report, gpufleet_report::Format::Csv).expect("csv");
     let row = csv.lines().nth(1).expect("a row");
-    assert!(row.starts_with("n1,GPU-w,0,slurm:4242,slurm,,,4242,1000,"), "{row}");
-    assert!(row.ends_with(",false,35,8589934592,120000.000,0.033333333,10.0000,0.000"), "{row}");
+    assert!(
+        row.starts_with("n1,GPU-w,0,slurm:4242,slurm,,,4242,1000,"),
+        "{row}"
+    );
+    assert!(
+        row.ends_with(",false,35,8589934592,120000.000,0.033333333,10.0000,0.000"),
+        "{row}"
+    );
     // Another node's filter finds nothing.
     let none = waste::find(
         store.as_ref(),
-        TimeRange { from_ms: T0, to_ms: now },
+        TimeRange {
+            from_ms: T0,
+            to_ms: now,
+        },
         Some("n2"),
         WasteSettings::default(),
         now,
