@@ -295,6 +295,7 @@ async fn run_serve(
         counters: gpufleet_collector::accounting::counters::CounterOptions {
             refresh: args.metrics_refresh,
             max_workloads: args.metrics_max_workloads,
+            ..Default::default()
         },
         carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
@@ -398,6 +399,7 @@ async fn run_demo(
         counters: gpufleet_collector::accounting::counters::CounterOptions {
             refresh: args.metrics_refresh,
             max_workloads: args.metrics_max_workloads,
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -272,8 +272,10 @@ pub async fn serve_with_store(
         Arc::clone(&live),
         Arc::clone(&options.carbon.config),
         Arc::clone(&workloads),
-        options.counters,
-        options.waste,
+        crate::accounting::counters::CounterOptions {
+            waste: options.waste,
+            ..options.counters
+        },
         system_clock(),
         accountant_stop.clone(),
     );

@@ -215,7 +215,7 @@ mod tests {
 
     #[test]
     fn csv_has_one_row_per_episode_and_absent_is_an_empty_cell() {
-        let text = render(&report(), Format::Csv).unwrap();
+        let text = render(&report(), Format::Csv).expect("csv");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("node,gpu_uuid,gpu_index,workload"));
@@ -228,12 +228,13 @@ mod tests {
 
     #[test]
     fn table_says_n_a_for_unknown_carbon_never_zero() {
-        let text = render(&report(), Format::Table).unwrap();
+        let text = render(&report(), Format::Table).expect("table");
         assert!(text.contains("31 min"), "{text}");
         assert!(text.contains("CO2 n/a"), "{text}");
         assert!(!text.contains("0.00 g"), "{text}");
         let json: serde_json::Value =
-            serde_json::from_str(&render(&report(), Format::Json).unwrap()).unwrap();
+            serde_json::from_str(&render(&report(), Format::Json).expect("json"))
+                .expect("valid JSON");
         assert!(json["episodes"][0]["carbon_g"].is_null());
     }
 }

@@ -46,6 +46,8 @@ pub struct CounterOptions {
     pub refresh: Duration,
     /// Most (node, workload) series exposed; beyond it series are dropped and counted.
     pub max_workloads: usize,
+    /// The idle-but-allocated rule of `gpufleet_gpu_idle_allocated_seconds`.
+    pub waste: crate::accounting::waste::WasteSettings,
 }
 
 impl Default for CounterOptions {
@@ -53,6 +55,7 @@ impl Default for CounterOptions {
         CounterOptions {
             refresh: Duration::from_secs(15),
             max_workloads: 5000,
+            waste: crate::accounting::waste::WasteSettings::default(),
         }
     }
 }
@@ -419,7 +422,6 @@ pub fn spawn(
     carbon: Arc<CarbonConfig>,
     counters: Arc<WorkloadCounters>,
     options: CounterOptions,
-    waste: crate::accounting::waste::WasteSettings,
     clock: Clock,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
@@ -443,7 +445,9 @@ pub fn spawn(
             };
             let series = acc.apply(&sums);
             let intensity = read_intensity(store.as_ref(), &live, &carbon, now).await;
-            let idle = match crate::accounting::waste::ongoing(store.as_ref(), waste, now).await {
+            let idle = match crate::accounting::waste::ongoing(store.as_ref(), options.waste, now)
+                .await
+            {
                 Ok(episodes) => {
                     let (series, dropped) = idle_allocated(&episodes, options.max_workloads);
                     idle_dropped += dropped;

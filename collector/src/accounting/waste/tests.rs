@@ -70,7 +70,7 @@ fn energy_is_the_workloads_share_and_carbon_is_priced_like_the_rest() {
     assert_eq!(e.idle_mj, 180_000_000);
     assert_eq!(e.charged_mj, 180_000_000);
     assert_eq!(e.priced_mj, 180_000_000);
-    assert!((e.carbon_g.unwrap() - 15.0).abs() < 1e-9);
+    assert!((e.carbon_g.expect("priced") - 15.0).abs() < 1e-9);
     assert_eq!(e.mem_max_bytes, Some(2 << 30));
     assert!(!e.ongoing);
 }
