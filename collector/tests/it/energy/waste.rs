@@ -338,3 +338,84 @@ async fn hand_computation_on(store: &Arc<dyn Store>) {
     .expect("episodes");
     assert!(none.is_empty());
 }
+
+/// The `/metrics` gauge through the real refresh task: the ongoing episode of the trace's
+/// first 36:40 (idle since 5:00, 31 min 45 s at 36:45), and nothing once it is over.
+#[tokio::test]
+async fn the_idle_allocated_gauge_shows_the_ongoing_episode() {
+    use gpufleet_collector::accounting::counters::{self, CounterOptions, WorkloadCounters};
+    use tower::ServiceExt as _;
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, GPU).await;
+    write_ticks(&store, &node, 1, trace(0..=220)).await;
+    let now = Arc::new(AtomicI64::new(T0 + 36 * MIN + 45_000));
+    account(&store, now.load(Ordering::SeqCst)).await;
+    let workloads = Arc::new(WorkloadCounters::new(10));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let clock: Clock = {
+        let now = Arc::clone(&now);
+        Arc::new(move || now.load(Ordering::SeqCst))
+    };
+    let config =
+        CarbonConfig::new(CarbonSettings::default(), CarbonFile::default()).expect("config");
+    let task = counters::spawn(
+        store.clone(),
+        Arc::new(Live::new()),
+        Arc::new(config),
+        Arc::clone(&workloads),
+        CounterOptions {
+            refresh: std::time::Duration::from_millis(20),
+            ..Default::default()
+        },
+        Arc::clone(&clock),
+        stop.clone(),
+    );
+    let metrics = async || {
+        let state = gpufleet_collector::api::router::AppState {
+            store: Arc::clone(&store),
+            live: Arc::new(Live::new()),
+            metrics: Arc::new(gpufleet_collector::metrics::Metrics::default()),
+            writer: None,
+            status: Default::default(),
+            clock: Arc::clone(&clock),
+            workloads: Arc::clone(&workloads),
+            waste: Default::default(),
+        };
+        let request = axum::http::Request::builder()
+            .uri("/metrics")
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let response = gpufleet_collector::api::router::app(state)
+            .oneshot(request)
+            .await
+            .expect("response");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+            .await
+            .expect("body");
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    let want = r#"gpufleet_gpu_idle_allocated_seconds{node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",user="1000",gpu="GPU-w"} 1905.0"#;
+    wait_until(
+        "the gauge",
+        std::time::Duration::from_secs(30),
+        async || metrics().await.lines().any(|l| l == want).then_some(()),
+    )
+    .await;
+    // The job goes back to work at 40:00: the episode is over, the series leaves.
+    write_ticks(&store, &node, 2, trace(221..=270)).await;
+    now.store(T0 + 50 * MIN, Ordering::SeqCst);
+    account(&store, T0 + 50 * MIN).await;
+    wait_until(
+        "the gauge gone",
+        std::time::Duration::from_secs(30),
+        async || {
+            (!metrics()
+                .await
+                .contains("gpufleet_gpu_idle_allocated_seconds{"))
+            .then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    task.await.expect("the refresh task ends");
+}
