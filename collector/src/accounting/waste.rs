@@ -49,6 +49,9 @@ pub const ONGOING_SLACK_MS: i64 = 3 * MINUTE_MS;
 /// How far back [`ongoing`] looks for the start of an ongoing episode.
 pub const ONGOING_LOOKBACK: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The window [`ongoing`] reads of the whole fleet first (longer only where needed).
+pub const ONGOING_FIRST_WINDOW: Duration = Duration::from_secs(3600);
+
 /// The rule's two knobs (`--waste-util-threshold`, `--waste-min-idle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WasteSettings {
@@ -254,21 +257,70 @@ pub async fn find(
 
 /// The episodes going on at `now_ms` (each with its idle time so far: `idle_ms()`,
 /// `minutes`): the signal for the "idle but allocated" alert and the
-/// `gpufleet_gpu_idle_allocated_seconds` gauge. Looks back [`ONGOING_LOOKBACK`] for their
-/// start.
+/// `gpufleet_gpu_idle_allocated_seconds` gauge. Looks back at most [`ONGOING_LOOKBACK`]
+/// for their start.
+///
+/// Called every `/metrics` refresh, so it reads little: the last [`ONGOING_FIRST_WINDOW`]
+/// (or twice `min_idle`) of the whole fleet first, then longer windows only for the nodes
+/// with an ongoing episode that reaches back to the window's start, until each started
+/// inside its window or the lookback is reached.
 pub async fn ongoing(
     store: &dyn EnergyStore,
     settings: WasteSettings,
     now_ms: UnixMs,
 ) -> Result<Vec<Episode>, StoreError> {
-    let lookback = i64::try_from(ONGOING_LOOKBACK.as_millis()).unwrap_or(i64::MAX);
-    let range = TimeRange {
-        from_ms: now_ms.saturating_sub(lookback),
-        to_ms: now_ms,
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let horizon = now_ms.saturating_sub(ms(ONGOING_LOOKBACK));
+    // Episodes of any length: one clipped by the window may be longer than min_idle.
+    let any = WasteSettings {
+        min_idle: Duration::ZERO,
+        ..settings
     };
-    let mut all = find(store, range, None, settings, now_ms).await?;
-    all.retain(|e| e.ongoing);
-    Ok(all)
+    let mut span = ms(ONGOING_FIRST_WINDOW).max(ms(settings.min_idle).saturating_mul(2));
+    let mut from = now_ms.saturating_sub(span).max(horizon);
+    let read = async |from: UnixMs, node: Option<&str>| -> Result<Vec<Episode>, StoreError> {
+        let range = TimeRange {
+            from_ms: from,
+            to_ms: now_ms,
+        };
+        let mut e = find(store, range, node, any, now_ms).await?;
+        e.retain(|e| e.ongoing);
+        Ok(e)
+    };
+    // Whether an episode may have begun before `from` (it starts in the first minute read).
+    let clipped = |e: &Episode, from: UnixMs| e.since_ms - from < MINUTE_MS && from > horizon;
+    let mut done: Vec<Episode> = Vec::new();
+    let mut open: BTreeMap<String, Vec<Episode>> = BTreeMap::new();
+    for e in read(from, None).await? {
+        open.entry(e.node.clone()).or_default().push(e);
+    }
+    loop {
+        // A node is settled once none of its ongoing episodes reaches the window's start.
+        let (settled, longer): (Vec<_>, Vec<_>) = std::mem::take(&mut open)
+            .into_iter()
+            .partition(|(_, eps)| !eps.iter().any(|e| clipped(e, from)));
+        done.extend(settled.into_iter().flat_map(|(_, eps)| eps));
+        if longer.is_empty() {
+            break;
+        }
+        span = span.saturating_mul(4);
+        from = now_ms.saturating_sub(span).max(horizon);
+        for (node, _) in longer {
+            let eps = read(from, Some(&node)).await?;
+            open.insert(node, eps);
+        }
+    }
+    let min_idle = ms(settings.min_idle);
+    done.retain(|e| e.idle_ms() >= min_idle);
+    done.sort_by(|a, b| {
+        (&a.node, a.gpu_index, a.since_ms, a.workload.key()).cmp(&(
+            &b.node,
+            b.gpu_index,
+            b.since_ms,
+            b.workload.key(),
+        ))
+    });
+    Ok(done)
 }
 
 #[cfg(test)]

@@ -419,3 +419,45 @@ async fn the_idle_allocated_gauge_shows_the_ongoing_episode() {
     stop.cancel();
     task.await.expect("the refresh task ends");
 }
+
+/// An episode longer than `ongoing`'s first window is found whole: the node's history is
+/// read further back until the episode's start. The job holds the GPU idle (0 %, 100 W)
+/// from the first tick, for 3 hours: since T0 (minute 0's five intervals, 0:10 .. 0:50,
+/// are all idle and held), 181 minutes, ongoing at 3:00:30.
+#[tokio::test]
+async fn an_ongoing_episode_longer_than_the_first_window_is_found_whole() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, GPU).await;
+    let ticks: Vec<Tick> = (0..=1080)
+        .map(|k| {
+            let mut t = trace(40..=40).remove(0);
+            t.time_ms = T0 + k * 10_000;
+            t.gpus[0].energy_mj = Some(k as u64 * 1_000_000);
+            t.processes.truncate(1);
+            t
+        })
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    let now = T0 + 180 * MIN + 30_000;
+    account(&store, now).await;
+    let going = waste::ongoing(store.as_ref(), WasteSettings::default(), now)
+        .await
+        .expect("ongoing");
+    assert_eq!(going.len(), 1, "{going:?}");
+    assert_eq!((going[0].since_ms, going[0].until_ms), (T0, now));
+    assert_eq!(going[0].minutes, 181);
+    // The same as a whole-range read.
+    let all = waste::find(
+        store.as_ref(),
+        TimeRange {
+            from_ms: T0,
+            to_ms: now,
+        },
+        None,
+        WasteSettings::default(),
+        now,
+    )
+    .await
+    .expect("find");
+    assert_eq!(going, all);
+}
