@@ -66,6 +66,9 @@ pub struct ServeOptions {
     pub remote_write: Option<crate::remote_write::RemoteWriteOptions>,
     /// `/metrics` per-workload counters: refresh period, series cap.
     pub counters: crate::accounting::counters::CounterOptions,
+    /// The idle-but-allocated rule: `/api/v1/waste`'s defaults and `/metrics`' gauge
+    /// ([`crate::accounting::waste`]).
+    pub waste: crate::accounting::waste::WasteSettings,
 }
 
 impl Default for ServeOptions {
@@ -88,6 +91,7 @@ impl Default for ServeOptions {
             carbon: crate::accounting::carbon::CarbonOptions::default(),
             remote_write: None,
             counters: crate::accounting::counters::CounterOptions::default(),
+            waste: crate::accounting::waste::WasteSettings::default(),
         }
     }
 }
@@ -270,7 +274,10 @@ pub async fn serve_with_store(
         Arc::clone(&live),
         Arc::clone(&options.carbon.config),
         Arc::clone(&workloads),
-        options.counters,
+        crate::accounting::counters::CounterOptions {
+            waste: options.waste,
+            ..options.counters
+        },
         system_clock(),
         accountant_stop.clone(),
     );
@@ -345,6 +352,7 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
         workloads,
+        waste: options.waste,
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
     let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {

@@ -1,5 +1,5 @@
-// The dashboard's entry: a tiny client-side router over /, /node/NAME, /gpu/UUID and
-// /energy.
+// The dashboard's entry: a tiny client-side router over /, /node/NAME, /gpu/UUID,
+// /energy and /waste.
 import './style.css';
 import { getJson } from './api';
 import { clear, el } from './dom';
@@ -7,6 +7,7 @@ import { energyPage } from './energy';
 import { fleetPage } from './fleet';
 import { gpuPage } from './gpu';
 import { nodePage } from './node';
+import { wastePage } from './waste';
 
 let teardown: (() => void) | null = null;
 
@@ -32,6 +33,9 @@ async function route(): Promise<void> {
     } else if (path === '/energy') {
       crumbs([['energy', path]]);
       teardown = await energyPage(app, navigate);
+    } else if (path === '/waste') {
+      crumbs([['waste', path]]);
+      teardown = await wastePage(app, navigate);
     } else if (gpu) {
       const uuid = decodeURIComponent(gpu[1]);
       crumbs([[uuid, path]]);

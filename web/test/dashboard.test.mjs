@@ -558,6 +558,49 @@ test('a GPU logging hardware Xids is marked on the fleet, node and GPU pages, wi
   }
 });
 
+test('the waste page lists the idle-but-allocated episodes the API gives, linked from the nav', async () => {
+  // The last 30 minutes of the demo's simulated history (fixed once accounted). This small
+  // fleet's draw holds no notebook (the simulator's idle-but-allocated workload), so the
+  // page is asked for quiet stretches of bursty work instead: at most 30 % for a minute.
+  const to = Math.floor(demoStartMs / MINUTE_MS) * MINUTE_MS - 1;
+  const from = to + 1 - 30 * MINUTE_MS;
+  const rule = 'min_idle=1m&threshold=30';
+  await historyFigures();
+  const v = await api(`/api/v1/waste?from=${from}&to=${to}&${rule}`);
+  assert.ok(v.episodes.length > 0, 'quiet minutes in the history');
+  assert.equal(v.min_idle_seconds, 60);
+  assert.equal(v.threshold_pct, 30);
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.click('#nav-waste');
+  await page.waitForURL(`${http}/waste`);
+  await page.locator('#waste-totals').waitFor({ timeout: 10_000 });
+  assert.match(await page.locator('#waste-rule').innerText(), /at or below 1 % utilization for at least 30 minutes/);
+  await page.goto(`${http}/waste?from=${new Date(from).toISOString()}&to=${new Date(to).toISOString()}&${rule}`);
+  await page.locator('#waste-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  assert.equal(await page.locator('#min-idle').inputValue(), '1m');
+  assert.match(await page.locator('#waste-rule').innerText(), /at or below 30 % utilization for at least 1 minutes/);
+  // Row for row, the API's episodes with their exact energy.
+  const rows = await page.$$eval('#waste-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), Number(tr.getAttribute('data-energy-mj'))]));
+  assert.deepEqual(rows, v.episodes.map((e) => [`${e.workload_key}@${e.gpu.uuid}@${e.since_ms}`, e.energy_mj]));
+  assert.equal(Number(await page.locator('[data-total=energy]').getAttribute('data-value')), v.energy_mj);
+  assert.equal(await page.locator('[data-total=episodes] strong').innerText(), String(v.episodes.length));
+  // CO2: a figure where the node has an intensity, "n/a" (never 0) where it has none.
+  const co2 = await page.$$eval('#waste-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), tr.querySelector('[data-col=co2]')?.textContent ?? '']));
+  for (const [i, [, text]] of co2.entries()) {
+    const e = v.episodes[i];
+    if (e.gpu.node === 'gpu-node-02') assert.equal(text, 'n/a', `${e.workload_key} on an unpriced node`);
+    else if (e.carbon_g !== null) assert.match(text, /^\d+(\.\d+)? k?g$/);
+  }
+  // Per workload: the API's totals, biggest first.
+  const per = await page.$$eval('#waste-workloads tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
+  assert.deepEqual(per, v.workloads.map((w) => w.workload_key));
+  await page.screenshot({ path: `${shots}/waste.png`, fullPage: true });
+  await page.context().close();
+});
+
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
   assert.deepEqual(cspViolations, []);
 });

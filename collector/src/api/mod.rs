@@ -8,6 +8,7 @@
 //! - [`dashboard`]: the node and GPU detail pages' endpoints (series, events).
 //! - [`live`]: the dashboard's Server-Sent Events stream (`/api/v1/live`).
 //! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports.
+//! - [`waste`]: idle-but-allocated episodes (`/api/v1/waste`).
 //! - [`openapi`]: the OpenAPI description of `/api/v1/*`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`assets`]: the embedded dashboard bundle (`web/`).
@@ -28,3 +29,4 @@ pub mod prometheus;
 pub mod reports;
 pub mod router;
 pub mod series;
+pub mod waste;

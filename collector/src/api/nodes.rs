@@ -10,7 +10,9 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gpufleet_core::config::format_time;
-use gpufleet_core::{GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
+use gpufleet_core::{
+    GpuHealthSample, GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -173,6 +175,19 @@ pub(crate) struct GpuDetailView<'a> {
     node: &'a str,
     node_status: NodeStatus,
     interval_ms: u32,
+    /// The GPU's last health counters as the agent read them (every health interval, and
+    /// after an Xid / ECC / GPU-lost event); `null` before the first. Each counter is
+    /// `null` where the GPU does not support it. (`health` is the judged state.)
+    health_counters: Option<GpuHealthView<'a>>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct GpuHealthView<'a> {
+    /// When the agent read them (the tick's time).
+    time: String,
+    time_ms: UnixMs,
+    #[serde(flatten)]
+    sample: &'a GpuHealthSample,
 }
 
 /// The GPU `uuid` of node `n`, if it has one.
@@ -184,11 +199,18 @@ pub(crate) fn gpu_detail<'a>(
 ) -> Option<GpuDetailView<'a>> {
     let node = node_view(n, policy, now_ms);
     let gpu = node.gpus.into_iter().find(|g| g.uuid == uuid)?;
+    let id = n.record.gpus.iter().find(|g| g.info.uuid == uuid)?.id;
+    let health = n.gpus.get(&id).and_then(|l| l.health.as_ref());
     Some(GpuDetailView {
         gpu,
         node: node.name,
         node_status: node.status,
         interval_ms: node.interval_ms,
+        health_counters: health.map(|h| GpuHealthView {
+            time: format_time(h.time_ms),
+            time_ms: h.time_ms,
+            sample: &h.sample,
+        }),
     })
 }
 

@@ -38,6 +38,7 @@ use utoipa::OpenApi;
         crate::api::energy::containers,
         crate::api::energy::container,
         crate::api::energy::energy,
+        crate::api::waste::waste_view,
         crate::api::carbon::intensity,
         crate::api::reports::report,
         crate::api::reports::report_plot,
@@ -109,6 +110,7 @@ mod tests {
             "/api/v1/containers",
             "/api/v1/containers/{key}",
             "/api/v1/energy",
+            "/api/v1/waste",
             "/api/v1/carbon/intensity",
             "/api/v1/report",
             "/api/v1/report/plot.png",
@@ -118,7 +120,7 @@ mod tests {
         ] {
             assert!(paths.contains_key(p), "{p} is not described");
         }
-        assert_eq!(paths.len(), 19, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 20, "{:?}", paths.keys().collect::<Vec<_>>());
         // Time parameters say what they accept.
         let from = &doc["paths"]["/api/v1/energy"]["get"]["parameters"][0];
         assert_eq!(from["name"], "from");

@@ -553,7 +553,8 @@ macro_rules! migrations {
         migrations!($dir: 1 "init" "0001_init", 6 "energy" "0006_energy",
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
-            21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health")
+            21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
+            24 "waste" "0024_waste")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

@@ -68,6 +68,7 @@ impl Fixture {
             status: StatusPolicy::default(),
             clock: Arc::new(move || now.load(Ordering::Relaxed)),
             workloads: Default::default(),
+            waste: Default::default(),
         }
     }
 
