@@ -160,6 +160,7 @@ pub async fn serve_with_store(
         store.latest_host_samples().await?,
         store.latest_gpu_health().await?,
     );
+    crate::health::seed_memory(store.as_ref(), &live, gpufleet_core::config::now_ms()).await?;
     let metrics = Arc::new(Metrics::default());
     let writer_stop = CancellationToken::new();
     let (writer, writer_task) = writer::spawn(

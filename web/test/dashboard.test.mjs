@@ -514,6 +514,50 @@ test('the GPU and node pages show energy and CO2 beside each other', async () =>
   await page.context().close();
 });
 
+test('a GPU logging hardware Xids is marked on the fleet, node and GPU pages, with reasons and what to do', async () => {
+  // A simulated node with no workloads (so every Xid is a hardware one: 48, 63, 74, 92,
+  // 94 or 119, each at least a warning) and about one Xid a second.
+  const dir = mkdtempSync(`${tmpdir()}/gpufleet-xid-`);
+  writeFileSync(`${dir}/xid.toml`, 'random_workloads = false\nxid_per_gpu_hour = 3600\n');
+  const xidAgent = spawn(`${bins}/gpufleet-agent`, [
+    'run', '--simulate', '--sim-gpus', '1', '--sim-scenario', `${dir}/xid.toml`, '--node', 'zz-xid-node',
+    '--collector', `http://${grpc}`, '--interval', '200ms', '--spool-dir', mkdtempSync(`${tmpdir()}/gpufleet-spool-`),
+  ], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, RUST_LOG: 'warn' } });
+  try {
+    const page = await newPage();
+    await page.goto(`${http}/?q=zz-xid-node`);
+    // The tile turns warning or critical from the live status stream (or a reload).
+    await page.waitForFunction(
+      () => ['warning', 'critical'].includes(document.querySelector('article.node[data-node="zz-xid-node"] .tile')?.getAttribute('data-health') ?? ''),
+      undefined, { timeout: 30_000 });
+    const tile = page.locator('article.node[data-node="zz-xid-node"] .tile').first();
+    assert.match(await tile.getAttribute('class'), /health-(warning|critical)/);
+    const uuid = await tile.getAttribute('data-uuid');
+
+    await page.goto(`${http}/node/zz-xid-node`);
+    const gpuReasons = page.locator(`#health .gpu-health[data-uuid="${uuid}"] li[data-code^="xid_"]`).first();
+    await gpuReasons.waitFor({ timeout: 10_000 });
+    assert.match(await page.locator('#node-health').innerText(), /^(warning|critical)$/);
+    assert.match(await page.locator('#gpu-table [data-col=health]').first().innerText(), /^(warning|critical)$/);
+
+    await page.goto(`${http}/gpu/${encodeURIComponent(uuid)}`);
+    await page.locator('#gpu-reasons li[data-code^="xid_"]').first().waitFor({ timeout: 10_000 });
+    assert.match(await page.locator('#gpu-health').innerText(), /^(warning|critical)$/);
+    const reason = page.locator('#gpu-reasons li[data-code^="xid_"]').first();
+    assert.match(await reason.locator('.summary').innerText(), /^Xid \d+: /);
+    assert.match(await reason.locator('.action').innerText(), /^→ \S/, 'each reason says what to do');
+    // The events list names each Xid and what to do about it.
+    const xidRow = page.locator('#events tr[data-kind="xid"]').first();
+    await xidRow.waitFor({ timeout: 10_000 });
+    const what = await xidRow.locator('[data-col=xid]').innerText();
+    assert.ok(what.includes(' — ') && what.length > 20, `an explained Xid: ${what}`);
+    await page.screenshot({ path: `${shots}/health.png`, fullPage: true });
+    await page.context().close();
+  } finally {
+    xidAgent.kill('SIGKILL');
+  }
+});
+
 test('the waste page lists the idle-but-allocated episodes the API gives, linked from the nav', async () => {
   // The last 30 minutes of the demo's simulated history (fixed once accounted). This small
   // fleet's draw holds no notebook (the simulator's idle-but-allocated workload), so the

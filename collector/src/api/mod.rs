@@ -4,6 +4,7 @@
 //! - [`router`]: `app()`, the handlers' shared state, and the route table.
 //! - [`error`]: `ApiError`, the error body, and time parameters.
 //! - [`health`], [`nodes`], [`series`]: liveness, the node list, one GPU metric over time.
+//! - [`gpu_health`]: fleet health (GPUs and nodes not ok, with reasons) and the Xid catalogue.
 //! - [`dashboard`]: the node and GPU detail pages' endpoints (series, events).
 //! - [`live`]: the dashboard's Server-Sent Events stream (`/api/v1/live`).
 //! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports.
@@ -19,6 +20,7 @@ pub mod dashboard;
 pub mod energy;
 pub mod error;
 pub mod fuzz;
+pub mod gpu_health;
 pub mod health;
 pub mod live;
 pub mod nodes;

@@ -33,6 +33,8 @@ use utoipa::OpenApi;
         crate::api::dashboard::events,
         crate::api::dashboard::gpu,
         crate::api::live::live,
+        crate::api::gpu_health::gpus,
+        crate::api::gpu_health::xid_entry,
         crate::api::energy::containers,
         crate::api::energy::container,
         crate::api::energy::energy,
@@ -46,6 +48,7 @@ use utoipa::OpenApi;
     components(schemas(crate::api::error::ErrorBody)),
     tags(
         (name = "fleet", description = "nodes, GPUs, their samples and events"),
+        (name = "health", description = "GPU and node health with reasons and actions; the Xid catalogue"),
         (name = "energy", description = "energy per workload, GPU and node, with carbon"),
         (name = "carbon", description = "carbon intensity per region"),
         (name = "reports", description = "reports per container, pod, job or node"),
@@ -112,10 +115,12 @@ mod tests {
             "/api/v1/report",
             "/api/v1/report/plot.png",
             "/api/v1/openapi.json",
+            "/api/v1/health/gpus",
+            "/api/v1/health/xid/{code}",
         ] {
             assert!(paths.contains_key(p), "{p} is not described");
         }
-        assert_eq!(paths.len(), 18, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 20, "{:?}", paths.keys().collect::<Vec<_>>());
         // Time parameters say what they accept.
         let from = &doc["paths"]["/api/v1/energy"]["get"]["parameters"][0];
         assert_eq!(from["name"], "from");

@@ -9,6 +9,7 @@
 //! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::api::assets`]) |
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
+//! | `GET /api/v1/health/gpus?state=`, `/api/v1/health/xid/{code}` | fleet health and the Xid catalogue ([`crate::api::gpu_health`]) |
 //! | `GET /api/v1/waste` | idle-but-allocated episodes ([`crate::api::waste`]) |
 //! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::api::openapi`]) |
 //!
@@ -58,6 +59,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::api::assets::routes())
         .route("/api/v1/live", get(crate::api::live::live))
         .merge(crate::api::dashboard::routes())
+        // Fleet health (GPUs / nodes not ok, why, what to do) and the Xid catalogue.
+        .merge(crate::api::gpu_health::routes())
         // Energy per container / pod / job / user, per GPU, fleet totals.
         .merge(crate::api::energy::routes())
         // Carbon intensity per region with forecast and the lowest window.

@@ -1,8 +1,9 @@
 //! End to end, health: the real `gpufleet-agent` on the fake libnvidia-ml (scenario
 //! `fake-nvml/scenarios/health-remap-pending.json`: a row remap becomes pending at the
 //! third health read) streaming to the real `gpufleet-collector`; the GPU detail answer
-//! (`GET /api/v1/gpus/{uuid}`) shows the raw health sample and the temperature
-//! thresholds, first without the remap pending, then with it.
+//! (`GET /api/v1/gpus/{uuid}`) shows the raw health sample (`health_counters`) and the
+//! temperature thresholds, first without the remap pending, then with it, and the judged
+//! health turns warning with the reason `row_remap_pending`.
 
 use crate::harness::{agent_bin, sigterm, start_collector, wait_stdout};
 use serde_json::Value;
@@ -64,8 +65,11 @@ async fn a_pending_row_remap_read_by_the_agent_reaches_the_gpu_detail_answer() {
             && resp.status().is_success()
         {
             let body: Value = resp.json().await.expect("JSON");
-            let pending = body["health"]["remapped_rows_pending"].clone();
-            if seen.last().is_none_or(|h| h["health"] != body["health"]) {
+            let pending = body["health_counters"]["remapped_rows_pending"].clone();
+            if seen
+                .last()
+                .is_none_or(|h| h["health_counters"] != body["health_counters"])
+            {
                 seen.push(body.clone());
             }
             if pending == Value::Bool(true) {
@@ -76,11 +80,27 @@ async fn a_pending_row_remap_read_by_the_agent_reaches_the_gpu_detail_answer() {
     }
     let first = seen
         .iter()
-        .find(|b| !b["health"].is_null())
+        .find(|b| !b["health_counters"].is_null())
         .expect("a health sample");
-    assert_eq!(first["health"]["remapped_rows_pending"], false, "{first}");
+    assert_eq!(
+        first["health_counters"]["remapped_rows_pending"], false,
+        "{first}"
+    );
     let last = seen.last().expect("answers");
-    let h = &last["health"];
+    // Judged: a pending remap is a warning (the GPU needs a reset), with what to do.
+    let judged = &last["health"];
+    assert_eq!(judged["state"], "warning", "{last}");
+    let remap = judged["reasons"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["code"] == "row_remap_pending"))
+        .unwrap_or_else(|| panic!("no row_remap_pending reason: {judged}"));
+    assert_eq!(remap["severity"], "warning");
+    assert!(
+        remap["action"]
+            .as_str()
+            .is_some_and(|a| a.contains("reset"))
+    );
+    let h = &last["health_counters"];
     assert_eq!(h["gpu_uuid"], UUID);
     assert_eq!(h["remapped_rows_uncorrectable"], 1);
     assert_eq!(h["remapped_rows_failed"], false);

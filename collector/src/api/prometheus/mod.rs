@@ -426,6 +426,13 @@ fn encode_nodes(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result 
             )?;
         }
     }
+    let help = "The node's health: 0 ok, 1 warning, 2 critical (its worst GPU; critical when \
+                offline, warning when stale).";
+    let mut m = enc.encode_descriptor("gpufleet_node_health", help, None, MetricType::Gauge)?;
+    for n in nodes {
+        let labels = [("node", Text(n.name.as_str()))];
+        put(&mut m, &labels, MetricType::Gauge, Num::U(n.health.level()))?;
+    }
     for (name, kind, help, get) in NODE_FAMILIES {
         let mut m = enc.encode_descriptor(name, help, None, *kind)?;
         for n in nodes {
@@ -478,6 +485,7 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
             put(&mut m, &labels, MetricType::Gauge, Num::U(u64::from(idle)))?;
         }
     }
+    encode_gpu_health(enc, gpus)?;
     for (name, help, get) in HOST_FAMILIES {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for n in nodes {
@@ -489,6 +497,66 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
                     v,
                 )?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// The health families: state, active reasons, decoded throttle reasons.
+fn encode_gpu_health<'a, L, I>(enc: &mut DescriptorEncoder, gpus: impl Fn() -> I) -> fmt::Result
+where
+    L: EncodeLabelSet + Clone,
+    I: Iterator<Item = (L, &'a snapshot::GpuSnap)>,
+{
+    let help = "The GPU's health: 0 ok, 1 warning, 2 critical (see gpufleet_gpu_health_reason).";
+    let mut m = enc.encode_descriptor("gpufleet_gpu_health", help, None, MetricType::Gauge)?;
+    for (labels, g) in gpus() {
+        put(
+            &mut m,
+            &labels,
+            MetricType::Gauge,
+            Num::U(g.health.state.level()),
+        )?;
+    }
+    let help = "1 for each reason the GPU is not (entirely) ok, with its severity (ok: \
+                informational); absent when the reason does not hold.";
+    let mut m =
+        enc.encode_descriptor("gpufleet_gpu_health_reason", help, None, MetricType::Gauge)?;
+    for (labels, g) in gpus() {
+        for r in &g.health.reasons {
+            let extra = [
+                ("reason", Text(r.code.as_str())),
+                ("severity", Text(r.severity.as_str())),
+            ];
+            put(
+                &mut m,
+                &(labels.clone(), extra),
+                MetricType::Gauge,
+                Num::U(1),
+            )?;
+        }
+    }
+    let help = "1 for each clock-event (throttle) reason set in the GPU's newest sample \
+                (gpu_idle, sw_power_cap, hw_slowdown, sw_thermal, hw_thermal, hw_power_brake, \
+                …); absent when not set or unknown.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_gpu_throttle_reason",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for (labels, g) in gpus() {
+        let Some(mask) = g.sample.throttle_reasons else {
+            continue;
+        };
+        for reason in crate::health::decode_throttle(mask) {
+            let extra = [("reason", Text(reason))];
+            put(
+                &mut m,
+                &(labels.clone(), extra),
+                MetricType::Gauge,
+                Num::U(1),
+            )?;
         }
     }
     Ok(())

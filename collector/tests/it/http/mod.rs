@@ -5,6 +5,7 @@
 //! Shared here: the fixture (store, writer, live state, clock) and a two-GPU fleet.
 
 mod dashboard;
+mod gpu_health;
 mod health;
 mod nodes;
 mod series;
