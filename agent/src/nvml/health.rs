@@ -155,7 +155,10 @@ fn link_readings(
             d.link_wrapper_for(link).error_counter(counter)
         });
         if let Reading::Unsupported(_) = r {
-            dev.nvlink_unsupported.entry(link).or_default().insert(metric);
+            dev.nvlink_unsupported
+                .entry(link)
+                .or_default()
+                .insert(metric);
         }
         readings.push(r);
     }
