@@ -2,7 +2,9 @@
 //! counter, NVLink error counters (summed over the active links) and persistence mode.
 //! They change rarely, so they are read every health interval and on the tick after an
 //! Xid / ECC / GPU-lost event, never on the per-tick path. Each is absent where NVML
-//! answers NOT_SUPPORTED (and not asked again on that GPU), never 0.
+//! answers NOT_SUPPORTED (and not asked again on that GPU), never 0. NVLink counters keep
+//! that per counter and link: the CRC count is the flit and data CRC summed over what is
+//! supported (Hopper: flit only), and absent for a read where any link failed.
 
 use super::device::{DeviceState, Metric};
 use super::fields::field_values_scoped;
