@@ -223,7 +223,10 @@ pub struct Gpu {
 
     /// Functions this GPU answers `NVML_ERROR_NOT_SUPPORTED`, by their C name
     /// (`nvmlDeviceGetFanSpeed_v2`), `field:<id>` for one field value (every scope), or
-    /// `field:<id>:<scopeId>` for one scope of it (an NVLink field's link).
+    /// `field:<id>:<scopeId>` for one scope of it (an NVLink field's link),
+    /// `nvmlDeviceGetNvLinkErrorCounter:<counter>` for one NVLink error counter on every
+    /// link or `…:<counter>:<link>` on one (counter: `crc_flit`, `crc_data`, `replay`,
+    /// `recovery`).
     pub unsupported: Vec<String>,
     /// The GPU answers `NVML_ERROR_GPU_IS_LOST` from its n-th call (0-based) …
     pub lost_after_calls: Option<u64>,

@@ -12,7 +12,7 @@ ALTER TABLE gpus ADD COLUMN temp_mem_max_c bigint;
 -- the group commit. NULL: NVML does not support the counter on this GPU. Not partitioned:
 -- a row every 30 s per GPU is a thirtieth of gpu_samples; retention deletes it behind the
 -- GPU's raw horizon (the newest row before it kept: the live state is seeded from it).
--- Counts are kept as their value (validated below 2^53).
+-- Counts are kept as their value (validated to be at most 2^53).
 CREATE TABLE gpu_health (
     gpu_id                      bigint  NOT NULL, -- gpus.id
     ts_ms                       bigint  NOT NULL,

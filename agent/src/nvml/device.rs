@@ -40,7 +40,8 @@ pub(super) enum Metric {
     EccCorrectedAggregate,
     EccUncorrectedAggregate,
     PcieReplay,
-    NvlinkCrc,
+    NvlinkCrcFlit,
+    NvlinkCrcData,
     NvlinkReplay,
     NvlinkRecovery,
     Persistence,
@@ -79,7 +80,8 @@ impl Metric {
             Self::EccCorrectedAggregate => "total_ecc_errors.corrected_aggregate",
             Self::EccUncorrectedAggregate => "total_ecc_errors.uncorrected_aggregate",
             Self::PcieReplay => "pcie_replay_counter",
-            Self::NvlinkCrc => "nvlink_error_counter.crc",
+            Self::NvlinkCrcFlit => "nvlink_error_counter.crc_flit",
+            Self::NvlinkCrcData => "nvlink_error_counter.crc_data",
             Self::NvlinkReplay => "nvlink_error_counter.replay",
             Self::NvlinkRecovery => "nvlink_error_counter.recovery",
             Self::Persistence => "is_in_persistent_mode",
@@ -130,6 +132,9 @@ pub(super) struct DeviceState<'n> {
     pub(super) links: Vec<u32>,
     /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
     pub(super) nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
+    /// Per active link, the NVLink error counters it answered NOT_SUPPORTED for: not asked
+    /// again on that link (each counter, each link its own: Hopper has no data CRC).
+    pub(super) nvlink_unsupported: BTreeMap<u32, MetricSet>,
     /// Its MIG devices (MIG enabled), found once.
     pub(super) migs: Vec<MigDevice<'n>>,
     /// The enforced power limit as last read, and when (tick time): it changes only when

@@ -2,12 +2,14 @@
 //! counter, NVLink error counters (summed over the active links) and persistence mode.
 //! They change rarely, so they are read every health interval and on the tick after an
 //! Xid / ECC / GPU-lost event, never on the per-tick path. Each is absent where NVML
-//! answers NOT_SUPPORTED (and not asked again on that GPU), never 0.
+//! answers NOT_SUPPORTED (and not asked again on that GPU), never 0. NVLink counters keep
+//! that per counter and link: the CRC count is the flit and data CRC summed over what is
+//! supported (Hopper: flit only), and absent for a read where any link failed.
 
 use super::device::{DeviceState, Metric};
 use super::fields::field_values_scoped;
-use super::mapping::{FieldKey, REMAP_FIELDS, field_readings, link_sum, remap_from};
-use super::reader::read;
+use super::mapping::{FieldKey, REMAP_FIELDS, Reading, field_readings, link_total, remap_from};
+use super::reader::{attempt, read};
 use gpufleet_core::{GpuHealthSample, UnixMs};
 use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause};
@@ -92,25 +94,21 @@ pub(super) fn read_health(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> G
     });
     let pcie_replay_count =
         read(dev, timer, Metric::PcieReplay, |d| d.pcie_replay_counter()).map(u64::from);
-    let links = dev.links.clone();
-    let mut per_link = |metric, counters: &[ErrorCounter]| {
-        let sums = links.iter().map(|&link| {
-            let parts = counters.iter().map(|&c| {
-                read(dev, timer, metric, |d| {
-                    d.link_wrapper_for(link).error_counter(c)
-                })
-            });
-            // A link's figure needs every part (flit and data CRC).
-            parts.collect::<Option<Vec<u64>>>().map(|p| p.iter().sum())
-        });
-        link_sum(sums.collect::<Vec<_>>())
-    };
-    let nvlink_crc_errors = per_link(
-        Metric::NvlinkCrc,
-        &[ErrorCounter::DlCrcFlit, ErrorCounter::DlCrcData],
-    );
-    let nvlink_replay_errors = per_link(Metric::NvlinkReplay, &[ErrorCounter::DlReplay]);
-    let nvlink_recovery_errors = per_link(Metric::NvlinkRecovery, &[ErrorCounter::DlRecovery]);
+    let crc_flit = link_readings(dev, timer, Metric::NvlinkCrcFlit, ErrorCounter::DlCrcFlit);
+    let crc_data = link_readings(dev, timer, Metric::NvlinkCrcData, ErrorCounter::DlCrcData);
+    let nvlink_crc_errors = link_total(crc_flit.iter().chain(&crc_data));
+    let nvlink_replay_errors = link_total(&link_readings(
+        dev,
+        timer,
+        Metric::NvlinkReplay,
+        ErrorCounter::DlReplay,
+    ));
+    let nvlink_recovery_errors = link_total(&link_readings(
+        dev,
+        timer,
+        Metric::NvlinkRecovery,
+        ErrorCounter::DlRecovery,
+    ));
     let persistence_mode = read(dev, timer, Metric::Persistence, |d| {
         d.is_in_persistent_mode()
     });
@@ -131,6 +129,42 @@ pub(super) fn read_health(dev: &mut DeviceState<'_>, timer: &mut CallTimer) -> G
         nvlink_recovery_errors,
         persistence_mode,
     }
+}
+
+/// NVLink error counter `counter` on each active link not known to lack it (a link's
+/// NOT_SUPPORTED is remembered for that link and counter only); nothing once the GPU is
+/// lost, and a `Lost` reading when it is lost on the way.
+fn link_readings(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    counter: ErrorCounter,
+) -> Vec<Reading<u64>> {
+    let mut readings = Vec::with_capacity(dev.links.len());
+    for link in dev.links.clone() {
+        if dev.lost {
+            readings.push(Reading::Lost);
+            break;
+        }
+        if dev
+            .nvlink_unsupported
+            .get(&link)
+            .is_some_and(|s| s.contains(metric))
+        {
+            continue;
+        }
+        let r = attempt(dev, timer, metric, |d| {
+            d.link_wrapper_for(link).error_counter(counter)
+        });
+        if let Reading::Unsupported(_) = r {
+            dev.nvlink_unsupported
+                .entry(link)
+                .or_default()
+                .insert(metric);
+        }
+        readings.push(r);
+    }
+    readings
 }
 
 #[cfg(test)]

@@ -131,15 +131,21 @@ pub fn remap_from(values: &BTreeMap<FieldKey, u64>) -> Remap {
     }
 }
 
-/// A sum of per-link counters: absent when no link answered (a board without NVLink, or
-/// counters it does not support), else the sum of those that did, saturating.
-pub fn link_sum(per_link: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
-    per_link
-        .into_iter()
-        .flatten()
-        .fold(None, |acc: Option<u64>, v| {
-            Some(acc.unwrap_or(0).saturating_add(v))
-        })
+/// An NVLink error count summed over its parts' (link, counter) readings, saturating.
+/// Readings the device does not support are left out (Hopper answers NOT_SUPPORTED for
+/// the data CRC while the flit CRC counts): absent when none remains (a board without
+/// NVLink, or counters it does not support). Absent as well when any reading failed or
+/// the GPU was lost: a sum missing one link would read lower than the last, as a reset.
+pub fn link_total<'a>(readings: impl IntoIterator<Item = &'a Reading<u64>>) -> Option<u64> {
+    let mut total = None;
+    for r in readings {
+        match r {
+            Reading::Value(v) => total = Some(total.unwrap_or(0u64).saturating_add(*v)),
+            Reading::Unsupported(_) => {}
+            Reading::Lost | Reading::Failed(_) => return None,
+        }
+    }
+    total
 }
 
 /// The values of a field-value batch (entry → value; `samples[k]` answers `keys[k]`) and
@@ -433,12 +439,23 @@ mod health_tests {
     }
 
     #[test]
-    fn link_sums_are_absent_without_links_and_zero_is_kept() {
-        assert_eq!(link_sum([]), None);
-        assert_eq!(link_sum([None, None]), None);
-        assert_eq!(link_sum([Some(0), None]), Some(0));
-        assert_eq!(link_sum([Some(2), Some(5)]), Some(7));
-        assert_eq!(link_sum([Some(u64::MAX), Some(1)]), Some(u64::MAX));
+    fn link_totals_leave_unsupported_parts_out_and_a_failed_read_gives_none() {
+        use Reading::{Failed, Lost, Unsupported, Value};
+        let total = |r: &[Reading<u64>]| link_total(r);
+        assert_eq!(total(&[]), None, "no link");
+        assert_eq!(
+            total(&[Unsupported("no".into()), Unsupported("no".into())]),
+            None
+        );
+        assert_eq!(total(&[Value(0), Unsupported("no".into())]), Some(0));
+        assert_eq!(total(&[Value(2), Value(5)]), Some(7));
+        assert_eq!(total(&[Value(u64::MAX), Value(1)]), Some(u64::MAX));
+        assert_eq!(
+            total(&[Value(2), Failed("timeout".into()), Value(5)]),
+            None,
+            "never a partial sum"
+        );
+        assert_eq!(total(&[Value(2), Lost]), None);
     }
 }
 

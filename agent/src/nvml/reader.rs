@@ -90,6 +90,7 @@ impl<'n> Reader<'n> {
                 fields: field_batch(&links),
                 links,
                 nvlink_prev: BTreeMap::new(),
+                nvlink_unsupported: BTreeMap::new(),
                 power_limit: None,
                 list_hints: [0; 3],
             });
@@ -267,20 +268,36 @@ pub(super) fn read<'n, T>(
     if dev.lost || dev.unsupported.contains(metric) {
         return None;
     }
+    match attempt(dev, timer, metric, call) {
+        Reading::Value(v) => Some(v),
+        Reading::Unsupported(_) => {
+            dev.unsupported.insert(metric);
+            None
+        }
+        Reading::Lost | Reading::Failed(_) => None,
+    }
+}
+
+/// One NVML call for `metric`, timed and logged, its answer classified: a lost GPU is
+/// marked lost; remembering NOT_SUPPORTED is the caller's (per metric, or per NVLink).
+pub(super) fn attempt<'n, T>(
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
+) -> Reading<T> {
     let start = Instant::now();
     let result = call(&dev.device);
     timer.record(dev.index, metric.call(), start.elapsed());
-    match classify(result) {
-        Reading::Value(v) => Some(v),
+    let reading = classify(result);
+    match &reading {
+        Reading::Value(_) => {}
         Reading::Unsupported(why) => {
-            dev.unsupported.insert(metric);
             debug!(gpu = dev.index, call = metric.call(), reason = %why, "not supported; the value stays absent");
-            None
         }
         Reading::Lost => {
             dev.lost = true;
             warn!(gpu = dev.index, uuid = %dev.uuid, call = metric.call(), "GPU lost; its values are absent from now on");
-            None
         }
         Reading::Failed(why) => {
             if dev.warned.contains(metric) {
@@ -289,9 +306,9 @@ pub(super) fn read<'n, T>(
                 dev.warned.insert(metric);
                 warn!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed; the value is absent this tick (further failures logged at debug)");
             }
-            None
         }
     }
+    reading
 }
 
 /// One device's tick: its sample and its processes.

@@ -114,7 +114,7 @@ pub trait FleetReads: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<SeriesPoint>, StoreError>;
 
     /// A node's stored ticks in `range` (GPU samples with their processes, host row,
-    /// events), oldest first, the newest `limit` at most: what another collector committed,
+    /// events, health), oldest first, the newest `limit` at most: what another collector committed,
     /// for the live state ([`crate::live::follow`]).
     async fn node_ticks(
         &self,
@@ -657,19 +657,32 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
             return Ok(ticks.pop().unwrap_or_default());
         }
         let mut gpus = Vec::new();
+        for g in &node.gpus {
+            gpus.push(self.gpu_samples(g.id, range, limit).await?);
+        }
+        // Then the other rows of only the ticks whose GPU rows were kept: a GPU read that
+        // stopped at `limit` ends the range at its last row. Health (and events) are
+        // sparser than GPU rows, so their first `limit` reach past it, and ticks holding
+        // only those would push real ticks out of the newest `limit`.
+        let to_ms = gpus
+            .iter()
+            .filter(|rows| rows.len() >= limit)
+            .filter_map(|rows| rows.last().map(|(t, _)| *t))
+            .fold(range.to_ms, i64::min);
+        let kept = TimeRange { to_ms, ..range };
         let mut processes = Vec::new();
         let mut health = Vec::new();
         for g in &node.gpus {
-            gpus.extend(self.gpu_samples(g.id, range, limit).await?);
-            health.extend(self.gpu_health(g.id, range, limit).await?);
+            health.extend(self.gpu_health(g.id, kept, limit).await?);
             // Processes per GPU per tick are few; the range is what bounds the read.
             processes.extend(
-                self.process_samples(g.id, range, limit.saturating_mul(256))
+                self.process_samples(g.id, kept, limit.saturating_mul(256))
                     .await?,
             );
         }
-        let hosts = self.host_samples(node.id, range, limit).await?;
-        let events = self.events(node.id, range, limit).await?;
+        let gpus = gpus.into_iter().flatten().collect();
+        let hosts = self.host_samples(node.id, kept, limit).await?;
+        let events = self.events(node.id, kept, limit).await?;
         Ok(assemble_ticks(
             gpus, processes, hosts, events, health, limit,
         ))

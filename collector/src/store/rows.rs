@@ -172,7 +172,7 @@ pub fn gpu_sample<R: Get>(row: &R) -> Result<GpuSample, StoreError> {
 }
 
 /// A `gpu_health` row ([`HEALTH_COLS`]). Counts are stored as their value (validation keeps
-/// them below 2^53); a negative one means the row was tampered with.
+/// them at most 2^53); a negative one means the row was tampered with.
 pub fn health<R: Get>(row: &R) -> Result<GpuHealthSample, StoreError> {
     let count = |c: &str| -> Result<Option<u64>, StoreError> {
         row.get::<Option<i64>>(c)?

@@ -398,7 +398,7 @@ async fn insert_health<DB: Backend>(
     health: &[HealthRow<'_>],
 ) -> Result<(), StoreError> {
     let count = |f: fn(&GpuHealthSample) -> Option<u64>| {
-        // Validated below 2^53 (`core::wire`), so the value fits.
+        // Validated to be at most 2^53 (`core::wire`), so the value fits.
         health
             .iter()
             .map(move |r| f(r.h).map(|v| i64::try_from(v).unwrap_or(i64::MAX)))

@@ -1,11 +1,14 @@
 //! End to end, health: the real `gpufleet-agent` on the fake libnvidia-ml (scenario
 //! `fake-nvml/scenarios/health-remap-pending.json`: a row remap becomes pending at the
 //! third health read) streaming to the real `gpufleet-collector`; the GPU detail answer
-//! (`GET /api/v1/gpus/{uuid}`) shows the raw health sample (`health_counters`) and the
-//! temperature thresholds, first without the remap pending, then with it, and the judged
-//! health turns warning with the reason `row_remap_pending`.
+//! (`GET /api/v1/gpus/{uuid}`) shows the raw health sample (`health_counters`), the judged health (warning,
+//! `row_remap_pending`) and the temperature
+//! thresholds once the remap is pending, and the stored health history has it not
+//! pending before. (The history, not the first live answer: an agent that connects late
+//! sends its first batch with the pending read already in it.)
 
 use crate::harness::{agent_bin, sigterm, start_collector, wait_stdout};
+use gpufleet_collector::store::TimeRange;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -78,14 +81,6 @@ async fn a_pending_row_remap_read_by_the_agent_reaches_the_gpu_detail_answer() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let first = seen
-        .iter()
-        .find(|b| !b["health_counters"].is_null())
-        .expect("a health sample");
-    assert_eq!(
-        first["health_counters"]["remapped_rows_pending"], false,
-        "{first}"
-    );
     let last = seen.last().expect("answers");
     // Judged: a pending remap is a warning (the GPU needs a reset), with what to do.
     let judged = &last["health"];
@@ -114,4 +109,42 @@ async fn a_pending_row_remap_read_by_the_agent_reaches_the_gpu_detail_answer() {
     let mut c = collector.child;
     sigterm(&c);
     c.wait().await.expect("collector exits");
+
+    // Every health read the agent made is stored, in order: not pending, then pending.
+    let store = gpufleet_collector::store::open(&db_url)
+        .await
+        .expect("open the collector's db");
+    let nodes = store.nodes().await.expect("nodes");
+    let gpu = nodes
+        .iter()
+        .filter(|n| n.name == "health-node")
+        .flat_map(|n| &n.gpus)
+        .find(|g| g.info.uuid == UUID)
+        .expect("the GPU is registered");
+    let all_time = TimeRange {
+        from_ms: 0,
+        to_ms: i64::MAX,
+    };
+    let history = store
+        .gpu_health(gpu.id, all_time, 100_000)
+        .await
+        .expect("health history");
+    let pending: Vec<Option<bool>> = history
+        .iter()
+        .map(|(_, h)| h.remapped_rows_pending)
+        .collect();
+    let first_true = pending
+        .iter()
+        .position(|p| *p == Some(true))
+        .unwrap_or_else(|| panic!("pending stored: {pending:?}"));
+    assert_eq!(
+        &pending[..first_true],
+        [Some(false), Some(false)],
+        "the two reads before the remap became pending"
+    );
+    assert!(
+        pending[first_true..].iter().all(|p| *p == Some(true)),
+        "{pending:?}"
+    );
+    store.close().await;
 }

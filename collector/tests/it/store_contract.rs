@@ -648,6 +648,41 @@ mod contract {
         assert_eq!(many, vec![ticks]);
     }
 
+    pub async fn sparse_health_and_events_never_push_gpu_ticks_out(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-s", vec![gpu_info_full("GPU-a", 0)]).await;
+        // Five ticks; health in the first and the last, an Xid in the last: read with a
+        // limit of 2, the rows past the GPU rows kept must not make ticks of their own.
+        let mut b = batch(1, T0, 5, &["GPU-a"]);
+        b.ticks[0].health = vec![health_full("GPU-a", 1)];
+        b.ticks[4].health = vec![health_full("GPU-a", 2)];
+        b.ticks[4].events = vec![Event {
+            time_ms: T0 + 4000,
+            gpu_uuid: "GPU-a".into(),
+            kind: EventKind::Xid,
+            code: Some(79),
+            detail: "fell off the bus".into(),
+        }];
+        store
+            .write_batches(&[node_batch(&rec, b.clone())])
+            .await
+            .expect("write");
+        let one = store.node_ticks(&rec, ALL_TIME, 2).await.expect("ticks");
+        let mut many = store
+            .nodes_ticks(&[(&rec, ALL_TIME)], 2)
+            .await
+            .expect("ticks");
+        for ticks in [one, many.pop().unwrap_or_default()] {
+            let times: Vec<UnixMs> = ticks.iter().map(|t| t.time_ms).collect();
+            assert_eq!(ticks.len(), 2, "{times:?}");
+            for t in &ticks {
+                let k = usize::try_from((t.time_ms - T0) / 1000).expect("tick");
+                assert_eq!(t.gpus, b.ticks[k].gpus, "a real tick at {}", t.time_ms);
+                assert_eq!(t.health, b.ticks[k].health, "its own health");
+                assert_eq!(t.events, b.ticks[k].events, "its own events");
+            }
+        }
+    }
+
     pub async fn series_raw_and_downsampled(store: Arc<dyn Store>) {
         let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
         let gpu = rec.gpus[0].id;
@@ -2157,6 +2192,7 @@ macro_rules! contract_tests {
                 last_acked_seq_and_last_seen_only_grow,
                 latest_samples_seed_the_live_state,
                 health_round_trips_and_the_latest_seeds_the_live_state,
+                sparse_health_and_events_never_push_gpu_ticks_out,
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
                 workload_renames_take_the_latest_names,

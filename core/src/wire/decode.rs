@@ -261,6 +261,14 @@ pub(super) fn decode_tick(
                 h.gpu_uuid
             )));
         }
+        // The agent reads health on a tick that samples the GPU (a lost one: its sample
+        // with values absent); the store relies on it (a health row comes with its sample).
+        if !seen.contains(&h.gpu_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: health of gpu {} without its GPU sample in the tick",
+                h.gpu_uuid
+            )));
+        }
         health.push(decode_health(i, h)?);
     }
     let mut processes = Vec::with_capacity(t.processes.len());
@@ -413,8 +421,8 @@ pub(super) fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<Gp
     })
 }
 
-/// Health counters are cumulative counts; anything past 2^53 is no real count (and would
-/// not survive a JSON number or a signed SQL integer).
+/// Health counters are cumulative counts, accepted at most 2^53: past it is no real count
+/// (and would not survive a JSON number exactly).
 const MAX_HEALTH_COUNT: u64 = 1 << 53;
 /// NVML retires at most a few hundred pages and remaps a few rows per bank; a million of
 /// either is garbage.

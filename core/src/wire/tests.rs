@@ -140,6 +140,10 @@ fn health_is_validated() {
         "gpu GPU-a has two health samples",
     );
     refused(
+        &|t| t.gpus.clear(),
+        "tick 0: health of gpu GPU-a without its GPU sample in the tick",
+    );
+    refused(
         &|t| t.health[0].pcie_replay_count = Some(u64::MAX),
         "pcie_replay_count = 18446744073709551615 exceeds",
     );

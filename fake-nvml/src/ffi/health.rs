@@ -111,19 +111,28 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
     dev(device, "nvmlDeviceGetNvLinkErrorCounter", |s, i| {
-        let pick: fn(&Gpu) -> &[Value] = match counter {
+        let (name, pick): (&str, fn(&Gpu) -> &[Value]) = match counter {
             nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT => {
-                |g| &g.nvlink_crc_flit_errors
+                ("crc_flit", |g| &g.nvlink_crc_flit_errors)
             }
             nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_DATA => {
-                |g| &g.nvlink_crc_data_errors
+                ("crc_data", |g| &g.nvlink_crc_data_errors)
             }
-            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY => |g| &g.nvlink_replay_errors,
+            nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_REPLAY => {
+                ("replay", |g| &g.nvlink_replay_errors)
+            }
             nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_RECOVERY => {
-                |g| &g.nvlink_recovery_errors
+                ("recovery", |g| &g.nvlink_recovery_errors)
             }
             _ => return Err(INVALID_ARGUMENT),
         };
+        let g = s.gpu(i);
+        if !g.unsupported.is_empty()
+            && (g.is_unsupported(&format!("nvmlDeviceGetNvLinkErrorCounter:{name}"))
+                || g.is_unsupported(&format!("nvmlDeviceGetNvLinkErrorCounter:{name}:{link}")))
+        {
+            return Err(NOT_SUPPORTED);
+        }
         let v = s.read_link(i, counter, link, pick).ok_or(NOT_SUPPORTED)?;
         put(out, v)
     })

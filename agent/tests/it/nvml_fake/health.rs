@@ -4,7 +4,7 @@
 
 use super::events::{events_of, sample_until};
 use super::*;
-use gpufleet_core::GpuHealthSample;
+use gpufleet_core::{GpuHealthSample, Inventory};
 
 fn health_of<'t>(tick: &'t Tick, uuid: &str) -> Option<&'t GpuHealthSample> {
     tick.health.iter().find(|h| h.gpu_uuid == uuid)
@@ -95,6 +95,45 @@ fn health_is_read_first_then_every_interval_with_the_scenario_values() {
 }
 
 #[test]
+fn nvlink_counters_each_keep_their_own_support_per_link() {
+    // Hopper: data CRC NOT_SUPPORTED on every link, flit CRC counts; one link without
+    // the replay counter leaves the replay count of the others.
+    let fake = Fake::new(Scenario {
+        gpus: vec![Gpu {
+            nvlinks: 2,
+            nvlink_crc_flit_errors: vec![2.into(), seq(&[0, 5])],
+            nvlink_crc_data_errors: vec![100.into(), 100.into()],
+            nvlink_replay_errors: vec![1.into(), 9.into()],
+            unsupported: vec![
+                "nvmlDeviceGetNvLinkErrorCounter:crc_data".into(),
+                "nvmlDeviceGetNvLinkErrorCounter:replay:1".into(),
+            ],
+            ..gpu("GPU-hopper")
+        }],
+        ..Scenario::default()
+    });
+    let mut src = fake.open_with_health_every(Duration::from_secs(5));
+    let ticks = ticks(&mut src, 6);
+    let read = |k: usize| {
+        let h = health_of(&ticks[k], "GPU-hopper").expect("health");
+        (
+            h.nvlink_crc_errors,
+            h.nvlink_replay_errors,
+            h.nvlink_recovery_errors,
+        )
+    };
+    assert_eq!(read(0), (Some(2), Some(1), Some(0)), "flit CRC alone");
+    assert_eq!(read(5), (Some(2 + 5), Some(1), Some(0)));
+    drop(src);
+    let c = fake.counts();
+    // First read: 4 counters × 2 links; second: data CRC not asked, replay on link 0 only.
+    assert_eq!(
+        count(&c, "gpu0.nvmlDeviceGetNvLinkErrorCounter"),
+        4 * 2 + 2 + 1 + 2
+    );
+}
+
+#[test]
 fn a_gpu_supporting_no_health_function_reports_every_signal_absent_and_is_asked_once() {
     let unsupported = [
         "nvmlDeviceGetRetiredPages",
@@ -179,7 +218,7 @@ fn health_is_read_again_on_the_tick_after_an_xid() {
 }
 
 /// What a bundled health scenario must show through the agent.
-fn expect_scenario(name: &str, ticks: &[Tick], uuid: &str) {
+fn expect_scenario(name: &str, inv: &Inventory, ticks: &[Tick], uuid: &str) {
     let healths: Vec<&GpuHealthSample> = ticks.iter().filter_map(|t| health_of(t, uuid)).collect();
     let last = healths.last().copied();
     let xids: Vec<Option<u64>> = events_of(ticks, Kind::Xid)
@@ -187,10 +226,26 @@ fn expect_scenario(name: &str, ticks: &[Tick], uuid: &str) {
         .map(|e| e.1)
         .collect();
     let samples: Vec<&GpuSample> = ticks.iter().map(|t| sample(t, uuid)).collect();
+    // No health for the GPU from the tick after its lost event (its counters cannot be
+    // read; the last known stays the collector's).
+    let no_health_once_lost = || {
+        let lost_at = ticks
+            .iter()
+            .position(|t| t.events.iter().any(|e| e.kind == Kind::GpuLost))
+            .expect("a lost event");
+        assert!(
+            ticks[lost_at + 1..]
+                .iter()
+                .all(|t| health_of(t, uuid).is_none()),
+            "{name}: health after the GPU was lost"
+        );
+        assert!(lost_at + 1 < ticks.len(), "{name}: ticks after the loss");
+    };
     match name {
         "health-xid79.json" => {
             assert_eq!(xids, [Some(79)]);
             assert_eq!(events_of(ticks, Kind::GpuLost).len(), 1, "fell off the bus");
+            no_health_once_lost();
         }
         "health-xid48.json" => {
             assert_eq!(xids, [Some(48)]);
@@ -217,10 +272,19 @@ fn expect_scenario(name: &str, ticks: &[Tick], uuid: &str) {
             // SW (0x20) and HW (0x40) thermal slowdown, 2 °C under the slowdown threshold.
             assert_eq!(s.throttle_reasons.map(|r| r & 0x60), Some(0x60));
             assert_eq!(s.temp_gpu_c, Some(87));
+            let g = inv.gpus.iter().find(|g| g.uuid == uuid).expect("inventory");
+            assert_eq!(g.temp_slowdown_c, Some(89));
         }
         "health-gpu-lost.json" => {
             assert_eq!(events_of(ticks, Kind::GpuLost).len(), 1);
             assert_eq!(samples.last().and_then(|s| s.power_mw), None);
+            no_health_once_lost();
+        }
+        "health-nvlink-no-data-crc.json" => {
+            // Flit CRC of links 0 and 1 (data CRC unsupported); replay without link 17.
+            assert_eq!(healths[0].nvlink_crc_errors, Some(2));
+            assert_eq!(last.and_then(|h| h.nvlink_crc_errors), Some(2 + 5));
+            assert_eq!(last.and_then(|h| h.nvlink_replay_errors), Some(1));
         }
         "health-persistence-off.json" => {
             assert_eq!(last.and_then(|h| h.persistence_mode), Some(false));
@@ -250,7 +314,7 @@ fn every_bundled_health_scenario_drives_its_signal_through_the_agent() {
         .filter(|n| n.starts_with("health-") && n.ends_with(".json"))
         .collect();
     names.sort();
-    assert_eq!(names.len(), 10, "{names:?}");
+    assert_eq!(names.len(), 11, "{names:?}");
     for name in &names {
         let text = std::fs::read_to_string(dir.join(name)).expect("read scenario");
         let scenario: Scenario =
@@ -268,6 +332,6 @@ fn every_bundled_health_scenario_drives_its_signal_through_the_agent() {
             let seen = events_of(t, Kind::Xid).len() + events_of(t, Kind::EccDoubleBit).len();
             t.len() >= 40 && seen == events
         });
-        expect_scenario(name, &ticks, &uuid);
+        expect_scenario(name, &inv, &ticks, &uuid);
     }
 }
