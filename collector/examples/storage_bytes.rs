@@ -81,11 +81,9 @@ async fn main() -> Result<()> {
                 pg_sizes(&url).await
             }
             .await;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "DROP SCHEMA {schema} CASCADE"
-            )))
-            .execute(&mut admin)
-            .await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&mut admin)
+                .await?;
             report(&result?, gpu_samples, shape);
         }
         _ => bail!("unknown backend {backend:?}: sqlite or postgres"),
