@@ -57,6 +57,20 @@ impl Dialect {
         }
     }
 
+    /// A process lifetime's `ident` (`process_lives`) from the identity columns of `alias`:
+    /// one value per distinct identity, NULL told from ''. Written by the database, the
+    /// same expression as in migration 0025, so writers on any collector agree on it.
+    pub fn process_ident(self, alias: &str) -> String {
+        let cols = format!(
+            "{alias}.workload_id, {alias}.process_type, {alias}.user_name, {alias}.command, \
+             {alias}.mig_uuid"
+        );
+        match self {
+            Dialect::Sqlite => format!("json_array({cols})"),
+            Dialect::Postgres => format!("md5(json_build_array({cols})::text)"),
+        }
+    }
+
     /// A FROM item `alias` holding the rows of `table`, as `Sql::bind_table` binds them
     /// from parameter 1 on, with its columns and `o`, each row's position (from 0 on
     /// SQLite, 1 on PostgreSQL: use it to order, not to count).

@@ -672,9 +672,10 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         let procs = read(
             "read process samples for energy",
             format!(
-                "SELECT r.req, p.ts_ms, p.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
-                 p.process_type FROM r {} process_samples p ON p.gpu_id = r.id \
-                   AND p.ts_ms >= r.from_ms AND p.ts_ms < r.to_ms ORDER BY r.req, p.ts_ms, p.pid",
+                "SELECT r.req, p.ts_ms, l.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
+                 l.process_type FROM r {} process_samples p ON p.gpu_id = r.id \
+                   AND p.ts_ms >= r.from_ms AND p.ts_ms < r.to_ms \
+                 JOIN process_lives l ON l.id = p.life_id ORDER BY r.req, p.ts_ms, p.pid",
                 join(d)
             ),
         )

@@ -3,7 +3,9 @@
 //! ([`TokenStore`]); each written once over [`Backend`].
 
 use super::backend::{Backend, Dialect, Get, sql};
-use super::rows::{self, EVENT_COLS, GPU_COLS, HEALTH_COLS, limit_i64, process_cols, to_i64};
+use super::rows::{
+    self, EVENT_COLS, GPU_COLS, HEALTH_COLS, PROCESS_JOINS, limit_i64, process_cols, to_i64,
+};
 use super::{
     AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHealth, LatestHost,
     NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange,
@@ -428,7 +430,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
             format!(
                 "SELECT g.id AS gpu_id, {} FROM gpus g \
                  JOIN process_samples p ON p.gpu_id = g.id AND p.ts_ms = {newest} \
-                 JOIN workloads w ON w.id = p.workload_id ORDER BY p.gpu_id, p.pid",
+                 {PROCESS_JOINS} ORDER BY p.gpu_id, p.pid",
                 process_cols()
             ),
         )
@@ -544,7 +546,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
             "read process samples",
             format!(
                 "SELECT {} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
-                 JOIN workloads w ON w.id = p.workload_id \
+                 {PROCESS_JOINS} \
                  WHERE p.gpu_id = $1 AND p.ts_ms BETWEEN $2 AND $3 \
                  ORDER BY p.ts_ms, p.pid LIMIT $4",
                 process_cols()

@@ -6,7 +6,9 @@
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 
 use super::backend::{Backend, Get, Table, sql};
-use super::rows::{self, EVENT_COLS, GPU_COLS, HEALTH_COLS, limit_i64, process_cols};
+use super::rows::{
+    self, EVENT_COLS, GPU_COLS, HEALTH_COLS, PROCESS_JOINS, limit_i64, process_cols,
+};
 use super::{HostRow, NodeRecord, SqlStore, StoreError, TimeRange, assemble_ticks};
 use gpufleet_core::{Event, GpuHealthSample, GpuSample, ProcessSample, Tick, UnixMs};
 
@@ -73,8 +75,7 @@ pub(super) async fn nodes_ticks<DB: Backend>(
                SELECT r.req, {}, r.lim, \
                  row_number() OVER (PARTITION BY r.req \
                    ORDER BY p.ts_ms, g.gpu_index, g.uuid, p.pid) AS rn \
-               FROM r {} JOIN gpus g ON g.id = p.gpu_id \
-               JOIN workloads w ON w.id = p.workload_id \
+               FROM r {} JOIN gpus g ON g.id = p.gpu_id {PROCESS_JOINS} \
              ) t WHERE t.rn <= t.lim \
              ORDER BY t.req, t.rn",
             process_cols(),

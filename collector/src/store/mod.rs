@@ -51,6 +51,7 @@ use gpufleet_core::{
     Inventory, NvLinkSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 use thiserror::Error;
 
@@ -422,6 +423,9 @@ pub struct SqlStore<DB: Backend> {
     /// upserted once and its names stored). Only committed ids enter it: an id from a
     /// rolled-back transaction could be reused for another workload.
     workloads: Mutex<HashMap<Workload, i64>>,
+    /// Process lifetime id per identity (`process_lives`), committed ids only, like
+    /// `workloads`.
+    lives: Mutex<HashMap<write::LifeKey, i64>>,
     /// What the backend keeps besides (SQLite: its write queue and lease files;
     /// PostgreSQL: the days whose partitions exist).
     local: DB::Local,
@@ -430,6 +434,8 @@ pub struct SqlStore<DB: Backend> {
 /// Workload ids kept in memory; the cache is cleared when it grows past this (the ids are
 /// then fetched again by the next upsert, so clearing only costs a few statements).
 const WORKLOAD_CACHE_MAX: usize = 50_000;
+/// Process lifetime ids kept in memory, cleared alike.
+const LIFE_CACHE_MAX: usize = 200_000;
 
 /// A write transaction: on SQLite it holds this process's turn in the write queue until
 /// it ends (see [`Backend::write_gate`]).
@@ -466,6 +472,7 @@ impl<DB: Backend> SqlStore<DB> {
         SqlStore {
             pool,
             workloads: Mutex::new(HashMap::new()),
+            lives: Mutex::new(HashMap::new()),
             local,
         }
     }
@@ -543,6 +550,19 @@ impl<DB: Backend> SqlStore<DB> {
             }
         }
     }
+
+    pub(crate) fn cached_lives(&self) -> std::sync::MutexGuard<'_, HashMap<write::LifeKey, i64>> {
+        self.lives.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Remembers committed process lifetime ids.
+    pub(crate) fn cache_lives(&self, ids: Vec<(write::LifeKey, i64)>) {
+        let mut cache = self.cached_lives();
+        if cache.len() + ids.len() > LIFE_CACHE_MAX {
+            cache.clear();
+        }
+        cache.extend(ids);
+    }
 }
 
 /// The migrations of a backend's folder (`migrations/sqlite`, `migrations/postgres`),
@@ -554,7 +574,7 @@ macro_rules! migrations {
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
-            24 "waste" "0024_waste")
+            24 "waste" "0024_waste", 25 "process lives" "0025_process_lives")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((
@@ -592,6 +612,42 @@ where
         .run(pool)
         .await
         .map_err(StoreError::Migrate)
+}
+
+/// Creates or upgrades the database `url` names with the migrations up to version `last`
+/// and no later one: a database as an older collector left it, for tests of the later
+/// migrations. A collector opens its store with [`open`], which applies them all.
+#[doc(hidden)]
+pub async fn migrate_to(url: &str, last: i64) -> Result<(), StoreError> {
+    let open_err = open_error(url);
+    if url.starts_with("sqlite:") {
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(&open_err)?
+            .create_if_missing(true);
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(&open_err)?;
+        let upto: Vec<_> = (migrations!("sqlite").iter().copied())
+            .filter(|m| m.0 <= last)
+            .collect();
+        let done = migrate(&pool, &upto).await;
+        pool.close().await;
+        done
+    } else {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .map_err(&open_err)?;
+        let upto: Vec<_> = (migrations!("postgres").iter().copied())
+            .filter(|m| m.0 <= last)
+            .collect();
+        let done = migrate(&pool, &upto).await;
+        pool.close().await;
+        done
+    }
 }
 
 /// Groups a node's rows into ticks by time, oldest first, and keeps the newest `limit`

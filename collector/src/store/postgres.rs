@@ -19,7 +19,7 @@
 
 use super::backend::{Backend, Dialect, Get as _, Table, Value, run, sql};
 use super::lease::{self, Lease};
-use super::rows::{process_type, to_i64};
+use super::rows::to_i64;
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written, insert_rows};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
@@ -493,18 +493,14 @@ fn process_table(rows: &[ProcessRow<'_>]) -> Result<Table, StoreError> {
     };
     Ok(Table::default()
         .int("ts_ms", rows.iter().map(|r| r.ts))
-        .int("workload_id", rows.iter().map(|r| r.workload))
+        .int("life_id", rows.iter().map(|r| r.life))
         .int("gpu_mem_bytes", p().map(|p| p.gpu_mem_bytes.map(to_i64)))
         .int4("gpu_id", gpus)
         .int4("pid", p().map(|p| p.pid as i32))
-        .int2("process_type", p().map(|p| process_type(p.process_type)))
         .int2("sm_util_pct", small(|p| p.sm_util_pct, "sm_util_pct")?)
         .int2("mem_util_pct", small(|p| p.mem_util_pct, "mem_util_pct")?)
         .int2("enc_util_pct", small(|p| p.enc_util_pct, "enc_util_pct")?)
-        .int2("dec_util_pct", small(|p| p.dec_util_pct, "dec_util_pct")?)
-        .text("user_name", p().map(|p| p.user.clone()))
-        .text("command", p().map(|p| p.command.clone()))
-        .text("mig_uuid", p().map(|p| p.mig_uuid.clone())))
+        .int2("dec_util_pct", small(|p| p.dec_util_pct, "dec_util_pct")?))
 }
 
 fn host_table(rows: &[HostTick<'_>]) -> Result<Table, StoreError> {

@@ -34,16 +34,22 @@ pub const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
     w.namespace AS w_namespace";
 
 /// Process sample columns (without the workload's), for a query joining
-/// `process_samples p` and `gpus g`; with [`WORKLOAD_COLS`] for [`process`].
-pub const PROCESS_ONLY_COLS: &str = "g.uuid AS gpu_uuid, p.ts_ms, p.pid, p.process_type, \
-    p.user_name, p.command, p.gpu_mem_bytes, p.sm_util_pct, p.mem_util_pct, p.enc_util_pct, \
-    p.dec_util_pct, p.mig_uuid";
+/// `process_samples p`, its lifetime `process_lives l` ([`PROCESS_JOINS`]) and `gpus g`;
+/// with [`WORKLOAD_COLS`] for [`process`].
+pub const PROCESS_ONLY_COLS: &str = "g.uuid AS gpu_uuid, p.ts_ms, p.pid, l.process_type, \
+    l.user_name, l.command, p.gpu_mem_bytes, p.sm_util_pct, p.mem_util_pct, p.enc_util_pct, \
+    p.dec_util_pct, l.mig_uuid";
+
+/// What a query reading `process_samples p` joins for [`process_cols`]: the sample's
+/// lifetime `l` (its identity) and workload `w`.
+pub const PROCESS_JOINS: &str =
+    "JOIN process_lives l ON l.id = p.life_id JOIN workloads w ON w.id = l.workload_id";
 
 /// Event columns, for a query joining `events e` and (left) `gpus g`.
 pub const EVENT_COLS: &str = "e.ts_ms, e.kind, e.code, e.detail, g.uuid AS gpu_uuid";
 
-/// Process sample columns with their workload's, for `process_samples p`, `gpus g`,
-/// `workloads w`.
+/// Process sample columns with their workload's, for `process_samples p`, `gpus g` and
+/// [`PROCESS_JOINS`].
 pub fn process_cols() -> String {
     format!("{PROCESS_ONLY_COLS}, {WORKLOAD_COLS}")
 }
@@ -201,7 +207,7 @@ pub fn health<R: Get>(row: &R) -> Result<GpuHealthSample, StoreError> {
     })
 }
 
-/// How `process_samples.process_type` keeps a process type.
+/// How `process_lives.process_type` keeps a process type.
 pub fn process_type(t: ProcessType) -> i16 {
     match t {
         ProcessType::Compute => 1,
@@ -216,7 +222,7 @@ pub fn process<R: Get>(row: &R) -> Result<ProcessSample, StoreError> {
     let process_type = [Compute, Graphics, ComputeAndGraphics]
         .into_iter()
         .find(|&t| i64::from(process_type(t)) == code)
-        .ok_or_else(|| StoreError::Corrupt(format!("process_samples.process_type {code}")))?;
+        .ok_or_else(|| StoreError::Corrupt(format!("process_lives.process_type {code}")))?;
     Ok(ProcessSample {
         gpu_uuid: row.get("gpu_uuid")?,
         pid: row.get("pid")?,

@@ -16,7 +16,7 @@
 
 use super::backend::{Backend, Dialect, Value, run};
 use super::lease::{self, Lease, LocalLeases};
-use super::rows::{process_type, to_i64};
+use super::rows::to_i64;
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
@@ -327,10 +327,10 @@ static GPU_SAMPLES: InsertSql = InsertSql::new(
 );
 
 static PROCESS_SAMPLES: InsertSql = InsertSql::new(
-    "INSERT OR IGNORE INTO process_samples (gpu_id, ts_ms, pid, workload_id, process_type, user_name, \
-     command, gpu_mem_bytes, sm_util_pct, mem_util_pct, enc_util_pct, dec_util_pct, mig_uuid)",
+    "INSERT OR IGNORE INTO process_samples (gpu_id, ts_ms, pid, life_id, gpu_mem_bytes, \
+     sm_util_pct, mem_util_pct, enc_util_pct, dec_util_pct)",
     "",
-    13,
+    9,
 );
 
 static HOST_SAMPLES: InsertSql = InsertSql::new(
@@ -378,16 +378,12 @@ fn bind_process<'q>(q: SqliteQuery<'q>, r: &ProcessRow<'_>) -> SqliteQuery<'q> {
     q.bind(r.gpu)
         .bind(r.ts)
         .bind(p.pid)
-        .bind(r.workload)
-        .bind(i64::from(process_type(p.process_type)))
-        .bind(p.user.as_deref())
-        .bind(p.command.as_deref())
+        .bind(r.life)
         .bind(p.gpu_mem_bytes.map(to_i64))
         .bind(p.sm_util_pct)
         .bind(p.mem_util_pct)
         .bind(p.enc_util_pct)
         .bind(p.dec_util_pct)
-        .bind(p.mig_uuid.as_deref())
 }
 
 fn bind_host<'q>(q: SqliteQuery<'q>, r: &HostTick<'_>) -> SqliteQuery<'q> {

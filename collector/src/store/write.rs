@@ -53,10 +53,86 @@ pub struct GpuRow<'b> {
 pub struct ProcessRow<'b> {
     pub gpu: i64,
     pub ts: UnixMs,
-    /// Index in [`Collected::workloads`]; resolved to `workload` once ids are known.
+    /// Index in [`Collected::lives`]; resolved to `life` once ids are known.
     pub slot: usize,
-    pub workload: i64,
+    /// Its lifetime's id (`process_lives.id`).
+    pub life: i64,
     pub p: &'b ProcessSample,
+}
+
+/// A process lifetime as `process_lives` keys it: the process (GPU, pid) and its identity.
+/// A pid reused by another command, or a process seen in another workload, is another
+/// lifetime.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LifeKey {
+    pub gpu: i64,
+    pub pid: u32,
+    pub workload: i64,
+    pub process_type: i16,
+    pub user: Option<String>,
+    pub command: Option<String>,
+    pub mig_uuid: Option<String>,
+}
+
+/// One distinct process lifetime of a write.
+pub struct LifeSlot<'b> {
+    pub gpu: i64,
+    /// Its workload's index in [`Collected::workloads`].
+    pub workload: usize,
+    /// Its first process sample in the write (the identity fields are what count).
+    pub p: &'b ProcessSample,
+    /// The first tick it appears in (`first_ms` of a new lifetime).
+    pub first_ms: UnixMs,
+    /// Its id: from the cache, or from the upsert.
+    pub id: Option<i64>,
+}
+
+/// A process sample's lifetime before workload ids are known, for finding the lifetimes
+/// of a write: GPU id, workload slot and the identity fields of the sample.
+struct LifeRef<'b> {
+    gpu: i64,
+    workload: usize,
+    p: &'b ProcessSample,
+}
+
+impl LifeRef<'_> {
+    fn fields(&self) -> impl PartialEq + std::hash::Hash + '_ {
+        let p = self.p;
+        (
+            self.gpu,
+            self.workload,
+            p.pid,
+            p.process_type,
+            &p.user,
+            &p.command,
+            &p.mig_uuid,
+        )
+    }
+}
+
+impl PartialEq for LifeRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.fields() == other.fields()
+    }
+}
+
+impl Eq for LifeRef<'_> {}
+
+impl std::hash::Hash for LifeRef<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.fields().hash(state);
+    }
+}
+
+/// Whether two samples of one process (same position in consecutive ticks) have the same
+/// identity, so the same lifetime (their workloads were compared already).
+fn same_life(a: &ProcessSample, b: &ProcessSample) -> bool {
+    a.gpu_uuid == b.gpu_uuid
+        && a.pid == b.pid
+        && a.process_type == b.process_type
+        && a.user == b.user
+        && a.command == b.command
+        && a.mig_uuid == b.mig_uuid
 }
 
 pub struct HostTick<'b> {
@@ -85,6 +161,7 @@ pub(crate) struct Collected<'b> {
     /// One per node, in node id order.
     pub nodes: Vec<NodeUpdate>,
     pub workloads: Vec<WorkloadSlot<'b>>,
+    pub lives: Vec<LifeSlot<'b>>,
     pub events: Vec<EventRow<'b>>,
     pub health: Vec<HealthRow<'b>>,
 }
@@ -103,6 +180,7 @@ pub(crate) fn collect_rows<'b>(
         samples: Samples::default(),
         nodes: Vec::new(),
         workloads: Vec::new(),
+        lives: Vec::new(),
         events: Vec::new(),
         health: Vec::new(),
     };
@@ -113,7 +191,10 @@ pub(crate) fn collect_rows<'b>(
     out.samples.gpu.reserve(gpus);
     out.samples.process.reserve(processes);
     let mut distinct: HashMap<&'b Workload, usize> = HashMap::new();
-    let (mut prev_slots, mut slots): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
+    let mut distinct_lives: HashMap<LifeRef<'b>, usize> = HashMap::new();
+    // Per position in the previous and the current tick: (workload slot, life slot).
+    type Slots = Vec<(usize, usize)>;
+    let (mut prev_slots, mut slots): (Slots, Slots) = (Vec::new(), Vec::new());
     for group in order.chunk_by(|&a, &b| batches[a].keys.id == batches[b].keys.id) {
         let keys = &batches[group[0]].keys;
         let g = out.nodes.len();
@@ -156,25 +237,41 @@ pub(crate) fn collect_rows<'b>(
                 }
                 slots.clear();
                 for (j, p) in t.processes.iter().enumerate() {
-                    let slot = match prev.get(j) {
-                        Some(q) if q.workload == p.workload => prev_slots[j],
-                        _ => *distinct.entry(&p.workload).or_insert_with(|| {
-                            out.workloads.push(WorkloadSlot {
-                                workload: &p.workload,
-                                first_ms: t.time_ms,
-                                id: cache.get(&p.workload).copied(),
-                            });
-                            out.workloads.len() - 1
-                        }),
-                    };
-                    slots.push(slot);
                     let (gpu, ts) = (gpu_id(&p.gpu_uuid)?, t.time_ms);
-                    let workload = 0;
+                    let (workload, life) = match prev.get(j) {
+                        Some(q) if q.workload == p.workload && same_life(q, p) => prev_slots[j],
+                        same => {
+                            let workload = match same {
+                                Some(q) if q.workload == p.workload => prev_slots[j].0,
+                                _ => *distinct.entry(&p.workload).or_insert_with(|| {
+                                    out.workloads.push(WorkloadSlot {
+                                        workload: &p.workload,
+                                        first_ms: ts,
+                                        id: cache.get(&p.workload).copied(),
+                                    });
+                                    out.workloads.len() - 1
+                                }),
+                            };
+                            let life = LifeRef { gpu, workload, p };
+                            let life = *distinct_lives.entry(life).or_insert_with(|| {
+                                out.lives.push(LifeSlot {
+                                    gpu,
+                                    workload,
+                                    p,
+                                    first_ms: ts,
+                                    id: None,
+                                });
+                                out.lives.len() - 1
+                            });
+                            (workload, life)
+                        }
+                    };
+                    slots.push((workload, life));
                     (out.samples.process).push(ProcessRow {
                         gpu,
                         ts,
-                        slot,
-                        workload,
+                        slot: life,
+                        life: 0,
                         p,
                     });
                 }
@@ -258,12 +355,23 @@ impl<DB: Backend> SqlStore<DB> {
                 mut samples,
                 mut nodes,
                 mut workloads,
+                mut lives,
                 events,
                 health,
             } = collect_rows(batches, &skip, &self.cached_workloads())?;
             upsert_workloads::<DB>(tx.conn(), &mut workloads).await?;
+            let keys = life_keys(&lives, &workloads)?;
+            {
+                let cache = self.cached_lives();
+                for (slot, key) in lives.iter_mut().zip(&keys) {
+                    slot.id = cache.get(key).copied();
+                }
+            }
+            let new_lives = upsert_lives::<DB>(tx.conn(), &mut lives, &keys).await?;
             for r in &mut samples.process {
-                r.workload = workload_id(&workloads[r.slot])?;
+                r.life = lives[r.slot].id.ok_or_else(|| {
+                    StoreError::Corrupt("a process lifetime has no id after upsert".into())
+                })?;
             }
             let (skipped, gpus) =
                 match DB::write_samples(tx.conn(), &samples, &mut nodes, fallback).await? {
@@ -290,6 +398,7 @@ impl<DB: Backend> SqlStore<DB> {
             update_nodes::<DB>(tx.conn(), &nodes).await?;
             tx.commit("commit").await?;
             self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
+            self.cache_lives(new_lives);
             let mut outcome = outcome(&nodes);
             outcome.conflicts = conflicts;
             return Ok(outcome);
@@ -371,6 +480,99 @@ async fn upsert_workloads<DB: Backend>(
         })?);
     }
     Ok(())
+}
+
+/// The lifetime key of every slot, once its workload has an id.
+fn life_keys(
+    lives: &[LifeSlot<'_>],
+    workloads: &[WorkloadSlot<'_>],
+) -> Result<Vec<LifeKey>, StoreError> {
+    lives
+        .iter()
+        .map(|l| {
+            Ok(LifeKey {
+                gpu: l.gpu,
+                pid: l.p.pid,
+                workload: workload_id(&workloads[l.workload])?,
+                process_type: rows::process_type(l.p.process_type),
+                user: l.p.user.clone(),
+                command: l.p.command.clone(),
+                mig_uuid: l.p.mig_uuid.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Upserts the lifetimes that have no id yet (one row per key, in key order so that
+/// concurrent collectors lock rows alike) and fills their ids in; returns the new keys
+/// and ids, to be cached once the write commits. Slots whose workloads turned out to be
+/// one (a variant with names learned later) share a key, so a row.
+async fn upsert_lives<DB: Backend>(
+    conn: &mut DB::Connection,
+    slots: &mut [LifeSlot<'_>],
+    keys: &[LifeKey],
+) -> Result<Vec<(LifeKey, i64)>, StoreError> {
+    let mut first: BTreeMap<&LifeKey, UnixMs> = BTreeMap::new();
+    for (slot, key) in slots.iter().zip(keys).filter(|(s, _)| s.id.is_none()) {
+        let t = first.entry(key).or_insert(slot.first_ms);
+        *t = (*t).min(slot.first_ms);
+    }
+    if first.is_empty() {
+        return Ok(Vec::new());
+    }
+    let k = || first.keys();
+    let table = Table::default()
+        .int("gpu_id", k().map(|k| k.gpu))
+        .int("pid", k().map(|k| i64::from(k.pid)))
+        .int("workload_id", k().map(|k| k.workload))
+        .int("process_type", k().map(|k| i64::from(k.process_type)))
+        .text("user_name", k().map(|k| k.user.clone()))
+        .text("command", k().map(|k| k.command.clone()))
+        .text("mig_uuid", k().map(|k| k.mig_uuid.clone()))
+        .int("first_ms", first.values().copied());
+    let d = DB::DIALECT;
+    let rows = sql::<DB>(
+        "upsert process lifetimes",
+        format!(
+            "INSERT INTO process_lives (ident, {names}) SELECT {}, {names} FROM {}              WHERE true ORDER BY v.o              ON CONFLICT (gpu_id, pid, ident) DO UPDATE SET first_ms = {}              RETURNING id, gpu_id, pid, workload_id, process_type, user_name, command, mig_uuid",
+            d.process_ident("v"),
+            d.over(&table, "v"),
+            d.least("process_lives.first_ms", "excluded.first_ms"),
+            names = table.names(),
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    // Rows come back in no particular order: match them by identity.
+    let mut ids: HashMap<LifeKey, i64> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let process_type: i64 = row.get("process_type")?;
+        let key = LifeKey {
+            gpu: row.get("gpu_id")?,
+            pid: row.get("pid")?,
+            workload: row.get("workload_id")?,
+            process_type: i16::try_from(process_type).map_err(|_| {
+                StoreError::Corrupt(format!("process_lives.process_type {process_type}"))
+            })?,
+            user: row.get("user_name")?,
+            command: row.get("command")?,
+            mig_uuid: row.get("mig_uuid")?,
+        };
+        ids.insert(key, row.get("id")?);
+    }
+    let mut new = Vec::with_capacity(ids.len());
+    for (slot, key) in slots.iter_mut().zip(keys).filter(|(s, _)| s.id.is_none()) {
+        let id = *ids.get(key).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "process {} on GPU {} has no lifetime after upsert",
+                key.pid, key.gpu
+            ))
+        })?;
+        slot.id = Some(id);
+        new.push((key.clone(), id));
+    }
+    Ok(new)
 }
 
 /// Inserts a write's events (ids follow the batches' order: reads order by time, then id).

@@ -19,6 +19,7 @@ mod ingest;
 mod limits;
 mod memory;
 mod metrics_bench;
+mod migration;
 mod multi;
 mod multi_e2e;
 mod ownership;

@@ -1,0 +1,271 @@
+//! Bytes on disk per GPU-week, through the real store: writes simulated ticks (the
+//! simulator's GPU and host values, two processes per GPU, the agent's sampler cost on
+//! every host row) with `IngestWrites::write_batches`, as the collector's group commit
+//! would, then measures what the database holds. A benchmark, not a test (BENCHMARKS.md):
+//!
+//! ```text
+//! cargo run --release -p gpufleet-collector --example storage_bytes -- week sqlite
+//! cargo run --release -p gpufleet-collector --example storage_bytes -- week postgres
+//! cargo run --release -p gpufleet-collector --example storage_bytes -- fleet-hour sqlite
+//! ```
+//!
+//! `week`: 1 node, 1 GPU, one tick a second for 7 days (604,800 ticks), 60 ticks per batch,
+//! one batch per write. `fleet-hour`: 125 nodes × 8 GPUs for one hour, 10 ticks per batch,
+//! one batch of every node per write. SQLite: a temporary file, checkpointed and vacuumed,
+//! then its size and `dbstat` per table. PostgreSQL (`GPUFLEET_TEST_PG_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`): a schema of its own (dropped afterwards),
+//! `pg_total_relation_size` of every table in it (heap, indexes, TOAST), partitions counted
+//! under their parent. Knobs (environment): `DAYS` (7, `week`), `NODES` (125) and `GPUS`
+//! (8, `fleet-hour`), `PROCS` per GPU (2).
+
+use anyhow::{Context, Result, bail};
+use gpufleet_collector::store::{self, NodeBatch, Store};
+use gpufleet_core::wire::HelloInfo;
+use gpufleet_core::{
+    Batch, DeliveryStats, GpuSource, ProcessSample, ProcessType, SamplerCost, Tick, Workload,
+    WorkloadKind,
+};
+use gpufleet_sim::{SimOptions, Simulator};
+use sqlx::Connection;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// 2026-11-01T00:00:00Z: a fixed start, so every run writes the same rows.
+const START_MS: i64 = 1_793_491_200_000;
+/// How long a simulated job (and so its processes' identities) lives.
+const JOB_MS: i64 = 6 * 3_600_000;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (shape, backend) = match args.as_slice() {
+        [s, b] => (s.as_str(), b.as_str()),
+        _ => bail!("usage: storage_bytes week|fleet-hour sqlite|postgres"),
+    };
+    let procs = knob("PROCS", 2);
+    let (nodes, gpus, ticks, per_batch) = match shape {
+        "week" => (1, 1, knob("DAYS", 7) * 86_400, 60),
+        "fleet-hour" => (knob("NODES", 125), knob("GPUS", 8), 3_600, 10),
+        _ => bail!("unknown shape {shape:?}: week or fleet-hour"),
+    };
+    let gpu_samples = u64::from(nodes * gpus * ticks);
+    println!(
+        "{shape} on {backend}: {nodes} node(s) × {gpus} GPU(s) × {ticks} ticks, \
+         {procs} processes per GPU"
+    );
+    match backend {
+        "sqlite" => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("bytes.db");
+            let url = format!("sqlite://{}", path.display());
+            let store = store::open(&url).await?;
+            write(&store, nodes, gpus, ticks, per_batch, procs).await?;
+            store.close().await;
+            report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
+        }
+        "postgres" => {
+            let base = std::env::var("GPUFLEET_TEST_PG_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+            let schema = format!("bytes_bench_{}", std::process::id());
+            let mut admin = sqlx::PgConnection::connect(&base).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&mut admin)
+                .await?;
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
+            let result = async {
+                let store = store::open(&url).await?;
+                write(&store, nodes, gpus, ticks, per_batch, procs).await?;
+                store.close().await;
+                pg_sizes(&url).await
+            }
+            .await;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                .execute(&mut admin)
+                .await?;
+            report(&result?, gpu_samples, shape);
+        }
+        _ => bail!("unknown backend {backend:?}: sqlite or postgres"),
+    }
+    Ok(())
+}
+
+fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Registers the nodes and writes `ticks` ticks of each, `per_batch` ticks per batch, one
+/// batch of every node per write.
+async fn write(
+    store: &Arc<dyn Store>,
+    nodes: u32,
+    gpus: u32,
+    ticks: u32,
+    per_batch: u32,
+    procs: u32,
+) -> Result<()> {
+    let mut sims = Vec::new();
+    for n in 0..nodes {
+        let name = format!("node-{n:04}");
+        let mut sim = Simulator::new(SimOptions::new(name.clone(), gpus))?;
+        let inventory = sim.inventory()?;
+        let hello = HelloInfo {
+            node: name.clone(),
+            agent_version: "bench".into(),
+            boot_id: "boot-1".into(),
+            labels: BTreeMap::new(),
+            interval_ms: 1000,
+            source: "simulator".into(),
+        };
+        let record = store.register_node(&hello, &inventory, START_MS).await?;
+        sims.push((sim, Arc::new(record.keys())));
+    }
+    let began = Instant::now();
+    let (mut seq, mut written) = (0u64, 0u32);
+    while written < ticks {
+        let n = per_batch.min(ticks - written);
+        seq += 1;
+        let mut batches = Vec::with_capacity(sims.len());
+        for (sim, keys) in &mut sims {
+            let ticks = (written..written + n)
+                .map(|k| tick(sim, START_MS + i64::from(k) * 1000, procs))
+                .collect::<Result<Vec<Tick>>>()?;
+            batches.push(NodeBatch {
+                keys: Arc::clone(keys),
+                batch: Batch {
+                    seq,
+                    ticks,
+                    delivery: DeliveryStats::default(),
+                },
+            });
+        }
+        let outcome = store.write_batches(&batches).await?;
+        if !outcome.conflicts.is_empty() {
+            bail!("conflicts: {:?}", outcome.conflicts);
+        }
+        written += n;
+    }
+    let secs = began.elapsed().as_secs_f64();
+    println!(
+        "wrote {} GPU samples in {secs:.1} s",
+        u64::from(nodes * gpus * ticks)
+    );
+    Ok(())
+}
+
+/// One tick: the simulator's GPU samples and host metrics, `procs` processes per GPU
+/// (a job of that many processes, replaced every [`JOB_MS`], sharing the GPU's
+/// utilization and memory), and a sampler cost like the agent's.
+fn tick(sim: &mut Simulator, time_ms: i64, procs: u32) -> Result<Tick> {
+    let mut t = sim.sample(time_ms).context("simulate")?;
+    let job = (time_ms - START_MS) / JOB_MS;
+    t.processes = t
+        .gpus
+        .iter()
+        .enumerate()
+        .flat_map(|(g, s)| {
+            (0..procs).map(move |p| {
+                let share = |v: Option<u64>| v.map(|v| v / u64::from(procs.max(1)));
+                let container = format!("{:016x}{:048x}", job, g as u64 * 16 + u64::from(p));
+                ProcessSample {
+                    gpu_uuid: s.gpu_uuid.clone(),
+                    pid: 100_000 + (job as u32 % 1000) * 100 + g as u32 * 10 + p,
+                    process_type: ProcessType::Compute,
+                    user: Some("alice".into()),
+                    command: Some(format!("python train.py --config configs/run-{job}.yaml")),
+                    gpu_mem_bytes: share(s.mem_used_bytes),
+                    sm_util_pct: s.util_gpu_pct.map(|u| u / procs.max(1)),
+                    mem_util_pct: s.util_mem_pct.map(|u| u / procs.max(1)),
+                    enc_util_pct: None,
+                    dec_util_pct: None,
+                    workload: Workload {
+                        kind: WorkloadKind::Container,
+                        runtime: "containerd".into(),
+                        container_id: Some(container),
+                        pod_uid: Some(format!("{job:08x}-0000-4000-8000-{g:012x}")),
+                        qos: Some("guaranteed".into()),
+                        container_name: Some("trainer".into()),
+                        image: Some("nvcr.io/nvidia/pytorch:24.05-py3".into()),
+                        pod_name: Some(format!("train-{job}-worker-{g}")),
+                        namespace: Some("research".into()),
+                        ..Default::default()
+                    },
+                    mig_uuid: None,
+                }
+            })
+        })
+        .collect();
+    let k = (time_ms / 1000) as u32;
+    t.cost = Some(SamplerCost {
+        cpu_us: Some(300 + k % 97),
+        wall_us: Some(900 + k % 331),
+        source_us: Some(500 + k % 211),
+        slowest_calls_us: BTreeMap::from([
+            ("nvmlDeviceGetFieldValues".into(), 120 + k % 37),
+            ("nvmlDeviceGetProcessUtilization".into(), 80 + k % 23),
+            ("nvmlDeviceGetComputeRunningProcesses".into(), 40 + k % 11),
+        ]),
+    });
+    Ok(t)
+}
+
+/// Bytes per table (partitions under their parent) and the whole database.
+struct Sizes {
+    total: i64,
+    tables: Vec<(String, i64)>,
+}
+
+async fn sqlite_sizes(url: &str, path: &std::path::Path) -> Result<Sizes> {
+    let mut conn = sqlx::SqliteConnection::connect(url).await?;
+    sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);")
+        .execute(&mut conn)
+        .await?;
+    let tables: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT coalesce(m.tbl_name, d.name), sum(d.pgsize) FROM dbstat d \
+         LEFT JOIN sqlite_schema m ON m.name = d.name \
+         GROUP BY 1 ORDER BY 2 DESC",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    conn.close().await?;
+    let total = i64::try_from(std::fs::metadata(path)?.len())?;
+    Ok(Sizes { total, tables })
+}
+
+async fn pg_sizes(url: &str) -> Result<Sizes> {
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    sqlx::raw_sql("VACUUM").execute(&mut conn).await?;
+    let tables: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT coalesce(p.relname, c.relname)::text, \
+           sum(pg_total_relation_size(c.oid))::int8 \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+         LEFT JOIN pg_class p ON p.oid = i.inhparent \
+         WHERE n.nspname = current_schema() AND c.relkind = 'r' \
+         GROUP BY 1 ORDER BY 2 DESC",
+    )
+    .fetch_all(&mut conn)
+    .await?;
+    let total = tables.iter().map(|(_, b)| b).sum();
+    Ok(Sizes { total, tables })
+}
+
+fn report(sizes: &Sizes, gpu_samples: u64, shape: &str) {
+    let per_sample = |b: i64| b as f64 / gpu_samples as f64;
+    for (table, bytes) in sizes.tables.iter().filter(|(_, b)| *b > 0) {
+        println!(
+            "  {table:<24} {bytes:>14} bytes  {:>8.1} B / GPU-sample",
+            per_sample(*bytes)
+        );
+    }
+    let week = per_sample(sizes.total) * 604_800.0 / 1e6;
+    println!(
+        "total {} bytes = {:.1} B per GPU-sample = {week:.1} MB per GPU-week ({shape})",
+        sizes.total,
+        per_sample(sizes.total)
+    );
+}

@@ -1,0 +1,290 @@
+//! Databases left by an older collector, opened by this one: migration 0025 (process
+//! identities once per lifetime) converts the process samples of a database at the schema
+//! before it without losing one. Each test writes the same ticks through today's store
+//! (database A), copies A's rows into a database at the old schema (B, the process samples
+//! in their old layout), opens B (which migrates it) and compares every answer of both;
+//! then writes more ticks to both, and B must find the lifetimes it converted rather than
+//! store them again.
+
+use crate::common::*;
+use gpufleet_collector::store::{self, NodeRecord, Store, TimeRange};
+use gpufleet_core::*;
+use sqlx::Connection;
+use std::sync::Arc;
+
+/// The last migration before process lifetimes: the schema a database is converted from.
+const BEFORE_LIVES: i64 = 24;
+
+const ALL: TimeRange = TimeRange {
+    from_ms: 0,
+    to_ms: i64::MAX,
+};
+
+const GPUS: [&str; 2] = ["GPU-mig-a", "GPU-mig-b"];
+
+/// Tick `k`: processes whose identities change in every way a lifetime can (a pid reused
+/// by another command, the same pid on two GPUs, names learned later, absent and empty
+/// strings, a MIG instance, every process type, absent utilizations).
+fn tick_k(k: u32) -> Tick {
+    let mut t = tick(T0 + i64::from(k) * 1000, &GPUS, k);
+    let proc = |gpu: &str, pid: u32| ProcessSample {
+        gpu_uuid: gpu.into(),
+        pid,
+        gpu_mem_bytes: Some(1_000_000 * u64::from(k + 1)),
+        sm_util_pct: Some(10 + k),
+        mem_util_pct: Some(k),
+        ..Default::default()
+    };
+    let mut ps = vec![
+        ProcessSample {
+            user: Some("alice".into()),
+            command: Some(
+                if k < 6 {
+                    "python train.py"
+                } else {
+                    "python eval.py"
+                }
+                .into(),
+            ),
+            workload: container_workload(&"a1".repeat(32), Some("trainer")),
+            ..proc(GPUS[0], 100)
+        },
+        ProcessSample {
+            process_type: ProcessType::Graphics,
+            sm_util_pct: None,
+            enc_util_pct: Some(5),
+            dec_util_pct: Some(7),
+            workload: host_workload(1000),
+            mig_uuid: Some("MIG-1".into()),
+            ..proc(GPUS[0], 101)
+        },
+        ProcessSample {
+            user: Some("bob".into()),
+            command: Some("serve".into()),
+            workload: container_workload(&"b2".repeat(32), (k >= 4).then_some("web")),
+            ..proc(GPUS[1], 100)
+        },
+    ];
+    if (3..9).contains(&k) {
+        ps.push(ProcessSample {
+            process_type: ProcessType::ComputeAndGraphics,
+            user: Some(String::new()),
+            command: Some(String::new()),
+            gpu_mem_bytes: None,
+            workload: host_workload(0),
+            ..proc(GPUS[1], 200)
+        });
+    }
+    t.processes = ps;
+    t
+}
+
+fn ticks(ks: std::ops::Range<u32>) -> Vec<Tick> {
+    ks.map(tick_k).collect()
+}
+
+/// Every answer that reads process samples, of both stores, equal; and B's process samples
+/// equal to what was written.
+async fn same_answers(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node: &NodeRecord, written: &[Tick]) {
+    for g in &node.gpus {
+        let (pa, pb) = (
+            a.process_samples(g.id, ALL, 10_000).await.expect("read A"),
+            b.process_samples(g.id, ALL, 10_000).await.expect("read B"),
+        );
+        let mut want: Vec<(UnixMs, ProcessSample)> = written
+            .iter()
+            .flat_map(|t| t.processes.iter().map(move |p| (t.time_ms, p.clone())))
+            .filter(|(_, p)| p.gpu_uuid == g.info.uuid)
+            .collect();
+        want.sort_by_key(|(t, p)| (*t, p.pid));
+        let names = |v: &[(UnixMs, ProcessSample)]| -> Vec<(UnixMs, u32, Option<String>)> {
+            v.iter()
+                .map(|(t, p)| (*t, p.pid, p.command.clone()))
+                .collect()
+        };
+        assert_eq!(names(&pb), names(&want), "GPU {}", g.info.uuid);
+        assert_eq!(pa, pb, "process samples of GPU {}", g.info.uuid);
+        for ((_, got), (_, sent)) in pb.iter().zip(&want) {
+            // A workload reads back with the latest names it was sent with.
+            let mut sent = sent.clone();
+            assert_eq!(got.workload.key(), sent.workload.key());
+            sent.workload = got.workload.clone();
+            assert_eq!(*got, sent);
+        }
+        let (ea, eb) = (
+            a.energy_inputs(g.id, T0 - 60_000, T0 + 3_600_000)
+                .await
+                .expect("energy A"),
+            b.energy_inputs(g.id, T0 - 60_000, T0 + 3_600_000)
+                .await
+                .expect("energy B"),
+        );
+        assert!(ea.samples.iter().any(|s| !s.processes.is_empty()));
+        assert_eq!(ea, eb, "energy inputs of GPU {}", g.info.uuid);
+    }
+    let sorted = |mut v: Vec<store::LatestGpu>| {
+        v.sort_by_key(|l| l.gpu);
+        v
+    };
+    assert_eq!(
+        sorted(a.latest_gpu_samples().await.expect("latest A")),
+        sorted(b.latest_gpu_samples().await.expect("latest B")),
+    );
+    assert_eq!(
+        a.node_ticks(node, ALL, 10_000).await.expect("ticks A"),
+        b.node_ticks(node, ALL, 10_000).await.expect("ticks B"),
+    );
+}
+
+/// The tables 0025 leaves alone, copied as they are.
+const COPIED: [&str; 6] = [
+    "nodes",
+    "gpus",
+    "workloads",
+    "gpu_samples",
+    "host_samples",
+    "events",
+];
+
+/// A's process samples in the layout before 0025 (identity on every row).
+const OLD_PROCESS_COLS: &str = "gpu_id, ts_ms, pid, workload_id, process_type, user_name, \
+    command, gpu_mem_bytes, sm_util_pct, mem_util_pct, enc_util_pct, dec_util_pct, mig_uuid";
+
+fn old_process_rows(a: &str) -> String {
+    format!(
+        "SELECT p.gpu_id, p.ts_ms, p.pid, l.workload_id, l.process_type, l.user_name, \
+           l.command, p.gpu_mem_bytes, p.sm_util_pct, p.mem_util_pct, p.enc_util_pct, \
+           p.dec_util_pct, l.mig_uuid \
+         FROM {a}process_samples p JOIN {a}process_lives l ON l.id = p.life_id"
+    )
+}
+
+#[tokio::test]
+async fn sqlite_database_before_process_lives_is_converted_without_losing_a_sample() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a_path, b_path) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let (a_url, b_url) = (
+        format!("sqlite://{}", a_path.display()),
+        format!("sqlite://{}", b_path.display()),
+    );
+    let a = store::open(&a_url).await.expect("open A");
+    let node = register_gpus(&a, "n1", &GPUS, T0).await;
+    write_ticks(&a, &node, 1, ticks(0..12)).await;
+    a.close().await;
+
+    store::migrate_to(&b_url, BEFORE_LIVES)
+        .await
+        .expect("old schema");
+    let mut conn = sqlx::SqliteConnection::connect(&b_url)
+        .await
+        .expect("connect B");
+    let mut copy = format!("ATTACH DATABASE '{}' AS a;", a_path.display());
+    for t in COPIED {
+        copy += &format!("INSERT INTO main.{t} SELECT * FROM a.{t};");
+    }
+    copy += &format!(
+        "INSERT INTO main.process_samples ({OLD_PROCESS_COLS}) {}; DETACH DATABASE a;",
+        old_process_rows("a.")
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
+        .execute(&mut conn)
+        .await
+        .expect("copy A into the old schema");
+    let old: i64 = sqlx::query_scalar("SELECT count(*) FROM process_samples")
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(old, 12 * 3 + 6);
+    conn.close().await.expect("close");
+
+    let a = store::open(&a_url).await.expect("reopen A");
+    let b = store::open(&b_url).await.expect("open and migrate B");
+    same_answers(&a, &b, &node, &ticks(0..12)).await;
+
+    // New ticks of the same processes find the converted lifetimes.
+    write_ticks(&a, &node, 2, ticks(12..16)).await;
+    write_ticks(&b, &node, 2, ticks(12..16)).await;
+    same_answers(&a, &b, &node, &ticks(0..16)).await;
+    let lives = |url: String| async move {
+        let mut conn = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("connect");
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM process_lives")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count lives");
+        n
+    };
+    assert_eq!(lives(a_url).await, 5);
+    assert_eq!(lives(b_url).await, 5);
+}
+
+#[tokio::test]
+async fn postgres_database_before_process_lives_is_converted_without_losing_a_sample() {
+    let (a_schema, b_schema) = (PgSchema::create().await, PgSchema::create().await);
+    let a = store::open(&a_schema.url()).await.expect("open A");
+    let node = register_gpus(&a, "n1", &GPUS, T0).await;
+    write_ticks(&a, &node, 1, ticks(0..12)).await;
+
+    store::migrate_to(&b_schema.url(), BEFORE_LIVES)
+        .await
+        .expect("old schema");
+    let (an, bn) = (&a_schema.name, &b_schema.name);
+    // T0's day (2027-01-15): the partitions the copied rows go to, named as the store
+    // names them.
+    let day = T0.div_euclid(86_400_000);
+    assert_eq!(day, 20_833);
+    let mut copy = String::new();
+    for t in store::postgres::RAW_TABLES {
+        copy += &format!(
+            "CREATE TABLE {bn}.{t}_p20270115 PARTITION OF {bn}.{t} FOR VALUES FROM ({}) TO ({});",
+            day * 86_400_000,
+            (day + 1) * 86_400_000
+        );
+    }
+    for t in COPIED {
+        copy += &format!("INSERT INTO {bn}.{t} SELECT * FROM {an}.{t};");
+    }
+    copy += &format!(
+        "INSERT INTO {bn}.process_samples ({OLD_PROCESS_COLS}) {};",
+        old_process_rows(&format!("{an}."))
+    );
+    for t in ["nodes", "gpus", "workloads", "events"] {
+        copy += &format!(
+            "SELECT setval(pg_get_serial_sequence('{bn}.{t}', 'id'), \
+               (SELECT max(id) FROM {bn}.{t}));"
+        );
+    }
+    let mut conn = pg_connect(&a_schema.base_url).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
+        .execute(&mut conn)
+        .await
+        .expect("copy A into the old schema");
+    let old: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {bn}.process_samples"
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("count");
+    assert_eq!(old, 12 * 3 + 6);
+
+    let b = store::open(&b_schema.url())
+        .await
+        .expect("open and migrate B");
+    same_answers(&a, &b, &node, &ticks(0..12)).await;
+
+    write_ticks(&a, &node, 2, ticks(12..16)).await;
+    write_ticks(&b, &node, 2, ticks(12..16)).await;
+    same_answers(&a, &b, &node, &ticks(0..16)).await;
+    for schema in [an, bn] {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {schema}.process_lives"
+        )))
+        .fetch_one(&mut conn)
+        .await
+        .expect("count lives");
+        assert_eq!(n, 5, "{schema}");
+    }
+    a.close().await;
+    b.close().await;
+}
