@@ -1,0 +1,233 @@
+//! The signals rules are written over: each one a name and a function of a [`LiveState`]
+//! snapshot giving its series (labels → value). A flag signal gives 1 (set) or 0.
+//!
+//! A series is left out when its value is unknown (absent is not zero: a GPU that cannot
+//! report its temperature has no `gpu_temp_c` series, so no rule over it holds), and
+//! per-GPU series only come from samples newer than the status policy's `stale_after`
+//! (a node that stopped reporting resolves its GPUs' alerts; `node_offline` takes over).
+//!
+//! Adding a signal is one entry of [`SIGNALS`].
+
+use crate::live::state::{LiveGpu, LiveNode, LiveState};
+use crate::live::status::{NodeStatus, StatusPolicy};
+use crate::store::GpuRecord;
+use gpufleet_core::UnixMs;
+use std::collections::BTreeMap;
+
+/// A signal's labels → value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// What a signal reads.
+pub struct Snapshot<'a> {
+    pub state: &'a LiveState,
+    pub now_ms: UnixMs,
+    pub status: StatusPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignalKind {
+    /// A number, compared with a threshold.
+    Number,
+    /// 1 (set) or 0, used alone.
+    Flag,
+}
+
+/// One signal.
+pub struct Signal {
+    pub name: &'static str,
+    pub kind: SignalKind,
+    /// The unit of its values (`celsius`, `percent`, ...; `flag`).
+    pub unit: &'static str,
+    pub help: &'static str,
+    /// The labels of its series.
+    pub labels: &'static [&'static str],
+    pub eval: fn(&Snapshot<'_>) -> Vec<Series>,
+}
+
+/// A per-GPU signal's labels.
+const GPU_LABELS: &[&str] = &["node", "gpu", "gpu_index", "gpu_name"];
+
+/// Every signal.
+pub const SIGNALS: &[Signal] = &[
+    Signal {
+        name: "node_offline",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "the node's newest sample is older than the offline threshold (--offline-after)",
+        labels: &["node"],
+        eval: |s| {
+            (s.state.nodes.values())
+                .map(|n| Series {
+                    labels: BTreeMap::from([("node".to_owned(), n.record.name.clone())]),
+                    value: flag(
+                        s.status.classify(n.record.last_seen_ms, s.now_ms) == NodeStatus::Offline,
+                    ),
+                })
+                .collect()
+        },
+    },
+    Signal {
+        name: "gpu_lost",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "the node reports (online), but this GPU of its inventory has had no sample \
+               for longer than --stale-after",
+        labels: GPU_LABELS,
+        eval: gpu_lost,
+    },
+    Signal {
+        name: "gpu_temp_c",
+        kind: SignalKind::Number,
+        unit: "celsius",
+        help: "GPU temperature",
+        labels: GPU_LABELS,
+        eval: |s| per_gpu(s, |g, _| g.sample.temp_gpu_c.map(f64::from)),
+    },
+    Signal {
+        name: "gpu_mem_temp_c",
+        kind: SignalKind::Number,
+        unit: "celsius",
+        help: "GPU memory temperature",
+        labels: GPU_LABELS,
+        eval: |s| per_gpu(s, |g, _| g.sample.temp_mem_c.map(f64::from)),
+    },
+    Signal {
+        name: "gpu_power_w",
+        kind: SignalKind::Number,
+        unit: "watts",
+        help: "GPU power draw",
+        labels: GPU_LABELS,
+        eval: |s| per_gpu(s, |g, _| g.sample.power_mw.map(|mw| f64::from(mw) / 1000.0)),
+    },
+    Signal {
+        name: "gpu_power_limit_pct",
+        kind: SignalKind::Number,
+        unit: "percent",
+        help: "GPU power draw as a share of its enforced power limit",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, _| {
+                let (p, l) = (g.sample.power_mw?, g.sample.power_limit_mw?);
+                (l > 0).then(|| 100.0 * f64::from(p) / f64::from(l))
+            })
+        },
+    },
+    Signal {
+        name: "gpu_util_pct",
+        kind: SignalKind::Number,
+        unit: "percent",
+        help: "GPU (SM) utilization",
+        labels: GPU_LABELS,
+        eval: |s| per_gpu(s, |g, _| g.sample.util_gpu_pct.map(f64::from)),
+    },
+    Signal {
+        name: "gpu_mem_used_pct",
+        kind: SignalKind::Number,
+        unit: "percent",
+        help: "GPU memory used, as a share of its total",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, info| {
+                let used = g.sample.mem_used_bytes?;
+                let total = g.sample.mem_total_bytes.or(info.info.memory_total_bytes)?;
+                (total > 0).then(|| 100.0 * used as f64 / total as f64)
+            })
+        },
+    },
+    Signal {
+        name: "gpu_ecc_uncorrected",
+        kind: SignalKind::Number,
+        unit: "errors",
+        help: "uncorrected ECC errors since the driver loaded (volatile)",
+        labels: GPU_LABELS,
+        eval: |s| per_gpu(s, |g, _| g.sample.ecc_uncorrected_volatile.map(|v| v as f64)),
+    },
+];
+
+/// The signal named `name`.
+pub fn find(name: &str) -> Option<&'static Signal> {
+    SIGNALS.iter().find(|s| s.name == name)
+}
+
+fn flag(set: bool) -> f64 {
+    if set { 1.0 } else { 0.0 }
+}
+
+fn gpu_labels(node: &LiveNode, gpu: &GpuRecord) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("node".to_owned(), node.record.name.clone()),
+        ("gpu".to_owned(), gpu.info.uuid.clone()),
+        ("gpu_index".to_owned(), gpu.info.index.to_string()),
+        ("gpu_name".to_owned(), gpu.info.name.clone()),
+    ])
+}
+
+/// Whether a sample taken at `time_ms` is fresh at `now_ms`.
+fn fresh(s: &Snapshot<'_>, time_ms: UnixMs) -> bool {
+    s.status.classify(Some(time_ms), s.now_ms) == NodeStatus::Online
+}
+
+/// One series per GPU with a fresh sample for which `value` knows a value.
+fn per_gpu(s: &Snapshot<'_>, value: impl Fn(&LiveGpu, &GpuRecord) -> Option<f64>) -> Vec<Series> {
+    let mut out = Vec::new();
+    for node in s.state.nodes.values() {
+        for gpu in &node.record.gpus {
+            if let Some(live) = node.gpus.get(&gpu.id)
+                && fresh(s, live.time_ms)
+                && let Some(v) = value(live, gpu).filter(|v| v.is_finite())
+            {
+                out.push(Series {
+                    labels: gpu_labels(node, gpu),
+                    value: v,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Per GPU of every online node: set when its newest sample (if any) is not fresh while
+/// the node's is.
+fn gpu_lost(s: &Snapshot<'_>) -> Vec<Series> {
+    let mut out = Vec::new();
+    for node in s.state.nodes.values() {
+        if !node.record.last_seen_ms.is_some_and(|t| fresh(s, t)) {
+            continue;
+        }
+        for gpu in &node.record.gpus {
+            let sampled = node.gpus.get(&gpu.id).map(|g| g.time_ms);
+            out.push(Series {
+                labels: gpu_labels(node, gpu),
+                value: flag(!sampled.is_some_and(|t| fresh(s, t))),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_names_are_unique_and_labels_known() {
+        let mut names: Vec<&str> = SIGNALS.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SIGNALS.len());
+        let empty = LiveState::default();
+        for s in SIGNALS {
+            assert!(s.labels.contains(&"node"), "{}", s.name);
+            let snap = Snapshot {
+                state: &empty,
+                now_ms: 0,
+                status: StatusPolicy::default(),
+            };
+            assert!((s.eval)(&snap).is_empty(), "{}: no node, no series", s.name);
+        }
+    }
+}
