@@ -395,9 +395,13 @@ pub async fn serve_with_store(
     let app = crate::auth::security_headers::with_security_headers(
         crate::net::rate_limit::with_http_rate_limit(
             crate::auth::web::with_auth(
-                router::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
-                    Arc::new(warnings),
-                ))),
+                router::app(state)
+                    .layer(axum::Extension(crate::net::exposure::ExposureWarnings(
+                        Arc::new(warnings),
+                    )))
+                    .layer(axum::Extension(crate::api::alerts::AlertRules(Arc::clone(
+                        &options.alerts.settings,
+                    )))),
                 auth,
             ),
             crate::net::rate_limit::PerIpRate::new(options.limits.http_rate),

@@ -9,6 +9,7 @@
 //! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::api::assets`]) |
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
+//! | `GET /api/v1/alerts[/history, /rules]` | alerts ([`crate::api::alerts`]) |
 //! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::api::openapi`]) |
 //!
 //! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
@@ -60,6 +61,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::api::carbon::routes())
         // Reports per container / pod / job / node, and their plot.
         .merge(crate::api::reports::routes())
+        // Current alerts, their history, the rules.
+        .merge(crate::api::alerts::routes())
         // The OpenAPI description of all of the above.
         .merge(crate::api::openapi::routes())
         .fallback(not_found)
