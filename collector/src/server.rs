@@ -159,6 +159,7 @@ pub async fn serve_with_store(
         store.nodes().await?,
         store.latest_gpu_samples().await?,
         store.latest_host_samples().await?,
+        store.latest_gpu_health().await?,
     );
     let metrics = Arc::new(Metrics::default());
     let writer_stop = CancellationToken::new();

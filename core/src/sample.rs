@@ -57,6 +57,13 @@ pub struct GpuInfo {
     pub pcie_link_width_max: Option<u32>,
     pub vbios_version: Option<String>,
     pub mig_instances: Vec<MigInstance>,
+    /// NVML temperature thresholds: the GPU slows itself down at `temp_slowdown_c`, shuts
+    /// down at `temp_shutdown_c`; `temp_gpu_max_c` / `temp_mem_max_c` are the maximum
+    /// operating temperatures of the GPU and its memory.
+    pub temp_slowdown_c: Option<u32>,
+    pub temp_shutdown_c: Option<u32>,
+    pub temp_gpu_max_c: Option<u32>,
+    pub temp_mem_max_c: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -78,6 +85,9 @@ pub struct Tick {
     pub host: Option<HostSample>,
     pub events: Vec<Event>,
     pub cost: Option<SamplerCost>,
+    /// Health counters and flags, present when the agent read them this tick: the first
+    /// tick, then every health interval, and on the tick after an Xid / ECC / GPU-lost event.
+    pub health: Vec<GpuHealthSample>,
 }
 
 /// One GPU at one instant.
@@ -113,6 +123,36 @@ pub struct GpuSample {
     pub throttle_reasons: Option<u64>,
     pub enc_util_pct: Option<u32>,
     pub dec_util_pct: Option<u32>,
+}
+
+/// A GPU's health counters and flags: read less often than the tick (they change rarely),
+/// absent (None) when NVML does not support them on this GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpuHealthSample {
+    pub gpu_uuid: String,
+    /// Pages retired for single-bit errors.
+    pub retired_pages_sbe: Option<u32>,
+    /// Pages retired for double-bit errors.
+    pub retired_pages_dbe: Option<u32>,
+    /// A retirement waits for a reboot.
+    pub retired_pages_pending: Option<bool>,
+    pub remapped_rows_correctable: Option<u32>,
+    pub remapped_rows_uncorrectable: Option<u32>,
+    /// A row remap waits for a GPU reset.
+    pub remapped_rows_pending: Option<bool>,
+    /// A row remap failed: the GPU needs service.
+    pub remapped_rows_failed: Option<bool>,
+    /// Lifetime (aggregate) ECC error counts, all memory locations.
+    pub ecc_corrected_aggregate: Option<u64>,
+    pub ecc_uncorrected_aggregate: Option<u64>,
+    /// PCIe replay counter (link-level retransmissions since driver load).
+    pub pcie_replay_count: Option<u64>,
+    /// NVLink error counters summed over the GPU's links (CRC: flit + data).
+    pub nvlink_crc_errors: Option<u64>,
+    pub nvlink_replay_errors: Option<u64>,
+    pub nvlink_recovery_errors: Option<u64>,
+    pub persistence_mode: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 
 use super::catalog::GpuModel;
 use super::workload::{SimRng, chance, normal};
-use gpufleet_core::{Event, EventKind, GpuSample};
+use gpufleet_core::{Event, EventKind, GpuHealthSample, GpuSample};
 use rand::Rng;
 
 /// NVML clock event reason bits (`nvmlClocksEventReason*`).
@@ -119,6 +119,36 @@ impl GpuState {
             cooling_fault_until_ms: i64::MIN,
             cooling_fault_c: 0.0,
             thermal_throttled: false,
+        }
+    }
+
+    /// The board's health counters. Every simulated product remaps rows (Ampere and newer),
+    /// so page retirement is absent, as NVML reports it there. Lifetime counts start from a
+    /// small per-board history (from the UUID: no draw, so the rest of the run is
+    /// unchanged) plus what this run added; a double-bit error leaves a remap pending.
+    pub fn health(&self) -> GpuHealthSample {
+        let history = self.uuid.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let links = self.model.nvlinks > 0;
+        GpuHealthSample {
+            gpu_uuid: self.uuid.clone(),
+            retired_pages_sbe: None,
+            retired_pages_dbe: None,
+            retired_pages_pending: None,
+            remapped_rows_correctable: Some((history % 3) as u32),
+            remapped_rows_uncorrectable: Some(
+                u32::try_from(self.ecc_uncorrected).unwrap_or(u32::MAX),
+            ),
+            remapped_rows_pending: Some(self.ecc_uncorrected > 0),
+            remapped_rows_failed: Some(false),
+            ecc_corrected_aggregate: Some((history >> 8) % 200 + self.ecc_corrected),
+            ecc_uncorrected_aggregate: Some(self.ecc_uncorrected),
+            pcie_replay_count: Some((history >> 16) % 5),
+            nvlink_crc_errors: links.then_some(0),
+            nvlink_replay_errors: links.then_some(0),
+            nvlink_recovery_errors: links.then_some(0),
+            persistence_mode: Some(true),
         }
     }
 

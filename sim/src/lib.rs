@@ -126,7 +126,14 @@ pub struct Simulator {
     last_ms: Option<UnixMs>,
     /// Host load average state.
     load1: Option<f64>,
+    /// When health counters were last sent (`None`: not yet; the first tick sends them).
+    last_health_ms: Option<UnixMs>,
+    /// The previous tick had an Xid / ECC / GPU-lost event: this one sends health.
+    health_due: bool,
 }
+
+/// How often the simulator sends health counters (the agent's default health interval).
+pub const HEALTH_INTERVAL_MS: i64 = 30_000;
 
 impl Simulator {
     /// Builds the node: draws its model, boards and counters from the seed.
@@ -189,6 +196,12 @@ impl Simulator {
                 pcie_link_width_max: Some(16),
                 vbios_version: Some(model.vbios.into()),
                 mig_instances: Vec::new(),
+                // Shaped like real boards: shutdown a few degrees above slowdown, the
+                // maximum operating temperature below it; memory's only on HBM boards.
+                temp_slowdown_c: Some(model.slowdown_c as u32),
+                temp_shutdown_c: Some(model.slowdown_c as u32 + 5),
+                temp_gpu_max_c: Some(model.slowdown_c as u32 - 2),
+                temp_mem_max_c: model.has_mem_temp.then_some(95),
             });
             gpus.push(state);
         }
@@ -222,6 +235,8 @@ impl Simulator {
             t0_ms: None,
             last_ms: None,
             load1: None,
+            last_health_ms: None,
+            health_due: false,
         })
     }
 
@@ -610,6 +625,20 @@ impl GpuSource for Simulator {
             }
         }
         tick.host = Some(self.host_sample(dt_ms, &demands));
+        let due = self.health_due
+            || self
+                .last_health_ms
+                .is_none_or(|last| now - last >= HEALTH_INTERVAL_MS);
+        if due {
+            tick.health = self.gpus.iter().map(GpuState::health).collect();
+            self.last_health_ms = Some(now);
+        }
+        self.health_due = tick.events.iter().any(|e| {
+            matches!(
+                e.kind,
+                EventKind::Xid | EventKind::EccDoubleBit | EventKind::GpuLost
+            )
+        });
         Ok(tick)
     }
 }

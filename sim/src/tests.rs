@@ -366,3 +366,38 @@ fn a_default_cluster_shows_every_kind_of_workload_starting_and_ending() {
     assert!(idle_allocated, "memory held on an idle GPU");
     assert!(empty, "some GPUs are empty");
 }
+
+#[test]
+fn health_comes_first_then_every_interval_and_after_an_xid() {
+    // Xids often enough that a few ticks have one.
+    let mut s = sim("gpu-node-h", 2, scenario("xid_per_gpu_hour = 100"));
+    let inv = s.inventory().expect("inv");
+    assert_eq!(
+        inv.gpus[0].temp_slowdown_c,
+        Some(s.model().slowdown_c as u32)
+    );
+    assert!(inv.gpus[0].temp_shutdown_c > inv.gpus[0].temp_slowdown_c);
+    let ticks = run(&mut s, &[1000; 120]);
+    assert_eq!(ticks[0].health.len(), 2, "first tick: every GPU");
+    let h = &ticks[0].health[0];
+    assert_eq!(
+        h.retired_pages_sbe, None,
+        "rows are remapped, pages not retired"
+    );
+    assert!(h.remapped_rows_pending.is_some() && h.ecc_corrected_aggregate.is_some());
+    for (k, t) in ticks.iter().enumerate().skip(1) {
+        let after_event = ticks[k - 1].events.iter().any(|e| e.kind == EventKind::Xid);
+        let last = (0..k)
+            .rev()
+            .find(|&j| !ticks[j].health.is_empty())
+            .unwrap_or(0);
+        let due = after_event || t.time_ms - ticks[last].time_ms >= HEALTH_INTERVAL_MS;
+        assert_eq!(!t.health.is_empty(), due, "tick {k}");
+    }
+    let xids = ticks
+        .iter()
+        .filter(|t| t.events.iter().any(|e| e.kind == EventKind::Xid));
+    assert!(xids.count() > 0, "the run had an Xid");
+    let sent = ticks.iter().filter(|t| !t.health.is_empty()).count();
+    assert!(sent < 30, "{sent} ticks with health");
+}

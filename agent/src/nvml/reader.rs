@@ -18,7 +18,7 @@ use gpufleet_core::{
 };
 use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor,
+    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -139,6 +139,12 @@ impl<'n> Reader<'n> {
                     pcie_link_width_max: d.max_pcie_link_width().ok(),
                     vbios_version: d.vbios_version().ok(),
                     mig_instances: s.migs.iter().map(|m| m.info.clone()).collect(),
+                    temp_slowdown_c: d.temperature_threshold(TemperatureThreshold::Slowdown).ok(),
+                    temp_shutdown_c: d.temperature_threshold(TemperatureThreshold::Shutdown).ok(),
+                    temp_gpu_max_c: d.temperature_threshold(TemperatureThreshold::GpuMax).ok(),
+                    temp_mem_max_c: d
+                        .temperature_threshold(TemperatureThreshold::MemoryMax)
+                        .ok(),
                 }
             })
             .collect();

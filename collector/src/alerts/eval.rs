@@ -259,8 +259,7 @@ impl Evaluator {
                 }
             }
             AlertState::Resolved => {
-                if a
-                    .resolved_at_ms
+                if a.resolved_at_ms
                     .is_none_or(|r| now_ms.saturating_sub(r) >= ms(RESOLVED_RETENTION))
                 {
                     self.alerts.remove(key);
@@ -366,10 +365,20 @@ mod tests {
         let r = rule("gpu_temp_c > 80", "30s", "0s");
         let mut e = Evaluator::default();
         assert_eq!(step(&mut e, &r, 0, &[("a", 70.0)]), []);
-        assert_eq!(step(&mut e, &r, 10, &[("a", 85.0)]), [tr("a", Inactive, Pending)]);
-        assert_eq!(e.due(10_000, Duration::from_secs(60)), [], "pending is not sent");
+        assert_eq!(
+            step(&mut e, &r, 10, &[("a", 85.0)]),
+            [tr("a", Inactive, Pending)]
+        );
+        assert_eq!(
+            e.due(10_000, Duration::from_secs(60)),
+            [],
+            "pending is not sent"
+        );
         assert_eq!(step(&mut e, &r, 39, &[("a", 86.0)]), [], "29 s < for");
-        assert_eq!(step(&mut e, &r, 40, &[("a", 87.0)]), [tr("a", Pending, Firing)]);
+        assert_eq!(
+            step(&mut e, &r, 40, &[("a", 87.0)]),
+            [tr("a", Pending, Firing)]
+        );
         let a = e.alerts().next().expect("alert").clone();
         assert_eq!((a.active_at_ms, a.fired_at_ms), (10_000, Some(40_000)));
         assert_eq!(a.annotations["summary"], "a at 87");
@@ -377,14 +386,29 @@ mod tests {
         assert_eq!(a.labels["severity"], "warning");
         let sent = e.due(40_000, Duration::from_secs(60));
         assert_eq!(sent.len(), 1);
-        assert_eq!(e.due(41_000, Duration::from_secs(60)), [], "not again before resend_delay");
-        assert_eq!(e.due(100_000, Duration::from_secs(60)).len(), 1, "re-sent after it");
-        assert_eq!(step(&mut e, &r, 110, &[("a", 60.0)]), [tr("a", Firing, Resolved)]);
+        assert_eq!(
+            e.due(41_000, Duration::from_secs(60)),
+            [],
+            "not again before resend_delay"
+        );
+        assert_eq!(
+            e.due(100_000, Duration::from_secs(60)).len(),
+            1,
+            "re-sent after it"
+        );
+        assert_eq!(
+            step(&mut e, &r, 110, &[("a", 60.0)]),
+            [tr("a", Firing, Resolved)]
+        );
         let sent = e.due(110_000, Duration::from_secs(60));
         assert_eq!(sent.len(), 1);
         assert_eq!(sent[0].state, Resolved);
         assert_eq!(sent[0].resolved_at_ms, Some(110_000));
-        assert_eq!(e.due(200_000, Duration::from_secs(60)), [], "a resolved alert is sent once");
+        assert_eq!(
+            e.due(200_000, Duration::from_secs(60)),
+            [],
+            "a resolved alert is sent once"
+        );
         // Kept for RESOLVED_RETENTION, then forgotten.
         assert_eq!(step(&mut e, &r, 110 + 899, &[]), []);
         assert_eq!(e.alerts().count(), 1);
@@ -397,13 +421,22 @@ mod tests {
         let r = rule("gpu_temp_c > 80", "30s", "0s");
         let mut e = Evaluator::default();
         step(&mut e, &r, 0, &[("a", 85.0)]);
-        assert_eq!(step(&mut e, &r, 10, &[("a", 75.0)]), [tr("a", Pending, Inactive)]);
+        assert_eq!(
+            step(&mut e, &r, 10, &[("a", 75.0)]),
+            [tr("a", Pending, Inactive)]
+        );
         assert_eq!(e.alerts().count(), 0);
         assert_eq!(e.due(10_000, Duration::from_secs(1)), []);
         // Holding again starts the `for` over.
-        assert_eq!(step(&mut e, &r, 20, &[("a", 85.0)]), [tr("a", Inactive, Pending)]);
+        assert_eq!(
+            step(&mut e, &r, 20, &[("a", 85.0)]),
+            [tr("a", Inactive, Pending)]
+        );
         assert_eq!(step(&mut e, &r, 45, &[("a", 85.0)]), []);
-        assert_eq!(step(&mut e, &r, 50, &[("a", 85.0)]), [tr("a", Pending, Firing)]);
+        assert_eq!(
+            step(&mut e, &r, 50, &[("a", 85.0)]),
+            [tr("a", Pending, Firing)]
+        );
     }
 
     #[test]
@@ -420,12 +453,17 @@ mod tests {
             ],
             "for = 0s fires at once"
         );
-        assert_eq!(step(&mut e, &r, 15, &[("a", 85.0)]), [tr("b", Firing, Resolved)]);
+        assert_eq!(
+            step(&mut e, &r, 15, &[("a", 85.0)]),
+            [tr("b", Firing, Resolved)]
+        );
         // Rules removed from the configuration resolve their alerts.
         let none: &[Rule] = &[];
         let t = e.evaluate(none, &mut |_| Vec::new(), 30_000);
         assert_eq!(
-            t.iter().map(|x| (x.labels["gpu"].as_str(), x.to)).collect::<Vec<_>>(),
+            t.iter()
+                .map(|x| (x.labels["gpu"].as_str(), x.to))
+                .collect::<Vec<_>>(),
             [("a", Resolved)]
         );
     }
@@ -438,12 +476,21 @@ mod tests {
         step(&mut e, &r, 20, &[("a", 85.0)]);
         assert_eq!(e.due(20_000, Duration::from_secs(60)).len(), 1);
         assert_eq!(step(&mut e, &r, 30, &[]), [tr("a", Firing, Resolved)]);
-        assert_eq!(step(&mut e, &r, 40, &[("a", 85.0)]), [tr("a", Inactive, Pending)]);
+        assert_eq!(
+            step(&mut e, &r, 40, &[("a", 85.0)]),
+            [tr("a", Inactive, Pending)]
+        );
         let a = e.alerts().next().expect("alert");
-        assert_eq!((a.state, a.active_at_ms, a.last_sent_ms), (Pending, 40_000, None));
+        assert_eq!(
+            (a.state, a.active_at_ms, a.last_sent_ms),
+            (Pending, 40_000, None)
+        );
         // The resolution was never sent: it is lost with the new alert, as in Prometheus,
         // but the new alert re-fires after `for` and is sent then.
-        assert_eq!(step(&mut e, &r, 60, &[("a", 85.0)]), [tr("a", Pending, Firing)]);
+        assert_eq!(
+            step(&mut e, &r, 60, &[("a", 85.0)]),
+            [tr("a", Pending, Firing)]
+        );
     }
 
     #[test]
@@ -452,7 +499,11 @@ mod tests {
         let mut e = Evaluator::default();
         step(&mut e, &r, 0, &[("a", 85.0)]);
         assert_eq!(step(&mut e, &r, 10, &[]), [], "still firing");
-        assert_eq!(step(&mut e, &r, 20, &[("a", 85.0)]), [], "back: the clock restarts");
+        assert_eq!(
+            step(&mut e, &r, 20, &[("a", 85.0)]),
+            [],
+            "back: the clock restarts"
+        );
         assert_eq!(step(&mut e, &r, 30, &[]), []);
         assert_eq!(step(&mut e, &r, 59, &[]), []);
         assert_eq!(step(&mut e, &r, 60, &[]), [tr("a", Firing, Resolved)]);
@@ -464,7 +515,10 @@ mod tests {
         let mut first = Evaluator::default();
         step(&mut first, &r, 0, &[("a", 85.0)]);
         let mut second = Evaluator::from_alerts(first.alerts().cloned());
-        assert_eq!(step(&mut second, &r, 30, &[("a", 85.0)]), [tr("a", Pending, Firing)]);
+        assert_eq!(
+            step(&mut second, &r, 30, &[("a", 85.0)]),
+            [tr("a", Pending, Firing)]
+        );
     }
 
     #[test]

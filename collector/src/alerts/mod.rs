@@ -137,7 +137,11 @@ pub async fn run_term(
         Arc::clone(&t.stats),
         &term,
     );
-    let signals: BTreeSet<&'static str> = settings.rules.iter().map(|r| r.condition.signal()).collect();
+    let signals: BTreeSet<&'static str> = settings
+        .rules
+        .iter()
+        .map(|r| r.condition.signal())
+        .collect();
     let mut ticker = tokio::time::interval(settings.evaluation_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pending_transitions = Vec::new();
@@ -174,7 +178,10 @@ pub async fn run_term(
             .filter(|k| !current.contains_key(*k))
             .cloned()
             .collect();
-        match store.save_alerts(&changed, &removed, &pending_transitions).await {
+        match store
+            .save_alerts(&changed, &removed, &pending_transitions)
+            .await
+        {
             Ok(()) => {
                 saved = current;
                 pending_transitions.clear();
@@ -183,16 +190,17 @@ pub async fn run_term(
             Err(e) => {
                 warn!(error = %e, "cannot save alerts; retrying at the next evaluation");
                 // Bounded while the database is away: the oldest changes go first.
-                let over = pending_transitions.len().saturating_sub(MAX_UNSAVED_TRANSITIONS);
+                let over = pending_transitions
+                    .len()
+                    .saturating_sub(MAX_UNSAVED_TRANSITIONS);
                 pending_transitions.drain(..over);
             }
         }
         notifier.notify(&due, now);
         if last_prune.is_none_or(|p| now - p >= 3_600_000) {
             last_prune = Some(now);
-            let before = now.saturating_sub(
-                i64::try_from(HISTORY_RETENTION.as_millis()).unwrap_or(i64::MAX),
-            );
+            let before = now
+                .saturating_sub(i64::try_from(HISTORY_RETENTION.as_millis()).unwrap_or(i64::MAX));
             if let Err(e) = store.prune_alert_history(before).await {
                 warn!(error = %e, "cannot prune the alert history");
             }

@@ -209,12 +209,8 @@ impl std::fmt::Debug for HttpPost {
 
 impl HttpPost {
     pub fn new(hook: &Webhook) -> Result<HttpPost, String> {
-        let url = reqwest::Url::parse(&hook.url).map_err(|e| {
-            format!(
-                "webhook {}: {e}",
-                crate::store::redact_url(&hook.url)
-            )
-        })?;
+        let url = reqwest::Url::parse(&hook.url)
+            .map_err(|e| format!("webhook {}: {e}", crate::store::redact_url(&hook.url)))?;
         let client = reqwest::Client::builder()
             .user_agent(concat!("gpufleet-collector/", env!("CARGO_PKG_VERSION")))
             .timeout(hook.timeout)
@@ -238,7 +234,10 @@ impl Post for HttpPost {
         let mut request = self
             .client
             .post(self.url.clone())
-            .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
             .body(body);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -306,14 +305,7 @@ impl Notifier {
                 term.clone(),
             )));
         }
-        (
-            Notifier {
-                queues,
-                ctx,
-                stats,
-            },
-            tasks,
-        )
+        (Notifier { queues, ctx, stats }, tasks)
     }
 
     /// Queues `alerts` (firing and resolved) for every webhook; never waits.
@@ -328,7 +320,9 @@ impl Notifier {
             };
             if q.tx.try_send(body).is_err() {
                 self.stats.dropped.fetch_add(1, Relaxed);
-                warn!("an alert webhook's queue is full: notification dropped (firing alerts are sent again)");
+                warn!(
+                    "an alert webhook's queue is full: notification dropped (firing alerts are sent again)"
+                );
             }
         }
     }
@@ -362,16 +356,27 @@ async fn run_sender(
                 }
                 Delivery::Refused { status, why } => {
                     stats.failed.fetch_add(1, Relaxed);
-                    warn!(?post, status, why, "alert webhook refused a notification; given up");
+                    warn!(
+                        ?post,
+                        status, why, "alert webhook refused a notification; given up"
+                    );
                     break;
                 }
                 Delivery::Retry { after, why } => {
                     if attempt >= max_attempts {
                         stats.failed.fetch_add(1, Relaxed);
-                        warn!(?post, attempts = attempt, why, "alert notification not delivered; given up");
+                        warn!(
+                            ?post,
+                            attempts = attempt,
+                            why,
+                            "alert notification not delivered; given up"
+                        );
                         break;
                     }
-                    warn!(?post, attempt, why, "alert notification not delivered; retrying");
+                    warn!(
+                        ?post,
+                        attempt, why, "alert notification not delivered; retrying"
+                    );
                     after.unwrap_or_else(|| backoff(options, attempt - 1))
                 }
             };
@@ -439,11 +444,17 @@ mod tests {
 
     #[test]
     fn json_body_says_firing_or_resolved() {
-        let body = json_body(&[alert(AlertState::Firing), alert(AlertState::Resolved)], &ctx());
+        let body = json_body(
+            &[alert(AlertState::Firing), alert(AlertState::Resolved)],
+            &ctx(),
+        );
         let p: JsonPayload = serde_json::from_slice(&body).expect("our shape");
         assert_eq!(p.version, "1");
         assert_eq!(p.alerts[0].status, "firing");
-        assert_eq!((p.alerts[0].ends_at.as_deref(), p.alerts[0].ends_at_ms), (None, None));
+        assert_eq!(
+            (p.alerts[0].ends_at.as_deref(), p.alerts[0].ends_at_ms),
+            (None, None)
+        );
         assert_eq!(p.alerts[1].status, "resolved");
         assert_eq!(p.alerts[1].ends_at_ms, Some(121_000));
         assert_eq!(p.alerts[1].severity, "warning");
@@ -462,7 +473,11 @@ mod tests {
         async fn post(&self, body: Vec<u8>) -> Delivery {
             self.posted.lock().expect("lock").push(body);
             let mut a = self.answers.lock().expect("lock");
-            if a.is_empty() { Delivery::Sent } else { a.remove(0) }
+            if a.is_empty() {
+                Delivery::Sent
+            } else {
+                a.remove(0)
+            }
         }
     }
 

@@ -354,6 +354,26 @@ const DEFAULT_RULES: &[DefaultRule] = &[
             ({{ $labels.gpu }}) has no new sample: it fell off the bus or the driver lost it. \
             Drain the node and reset or reseat the GPU.",
     },
+    DefaultRule {
+        name: "GpuTemperatureNearSlowdown",
+        condition: "gpu_temp_margin_c <= 5",
+        hold: "2m",
+        severity: "warning",
+        summary: "GPU {{ $labels.gpu_index }} of {{ $labels.node }} is {{ $value }} °C from its slowdown temperature",
+        description: "GPU {{ $labels.gpu_index }} ({{ $labels.gpu }}) on {{ $labels.node }} runs \
+            within 5 °C of the temperature at which it slows its clocks down. Check the \
+            cooling (fans, airflow, inlet temperature) and the GPU's load.",
+    },
+    DefaultRule {
+        name: "GpuRowRemapFailed",
+        condition: "gpu_row_remap_failed",
+        hold: "0s",
+        severity: "critical",
+        summary: "GPU {{ $labels.gpu_index }} of {{ $labels.node }}: a memory row remap failed",
+        description: "GPU {{ $labels.gpu_index }} ({{ $labels.gpu }}) on {{ $labels.node }} could \
+            not remap a failing memory row: its memory can no longer be repaired in the field. \
+            Drain the node and have the GPU serviced (RMA).",
+    },
 ];
 
 /// The default rules, checked.
@@ -413,7 +433,8 @@ impl RuleFile {
             .condition
             .as_deref()
             .ok_or_else(|| format!("{what}: `condition` is missing (e.g. \"gpu_temp_c > 85\")"))?;
-        let condition = Condition::parse(condition).map_err(|e| format!("{what}: `condition`: {e}"))?;
+        let condition =
+            Condition::parse(condition).map_err(|e| format!("{what}: `condition`: {e}"))?;
         let severity = match self.severity.as_deref() {
             None => Severity::Warning,
             Some(s) => Severity::parse(s).ok_or_else(|| {
@@ -430,7 +451,8 @@ impl RuleFile {
                 ));
             }
         }
-        let signal = signals::find(condition.signal()).ok_or_else(|| format!("{what}: no signal"))?;
+        let signal =
+            signals::find(condition.signal()).ok_or_else(|| format!("{what}: no signal"))?;
         let mut known: Vec<&str> = signal.labels.to_vec();
         known.extend(["alertname", "severity"]);
         known.extend(self.labels.keys().map(String::as_str));
@@ -460,7 +482,10 @@ impl RuleFile {
 
 impl WebhookFile {
     fn resolve(&self, n: usize) -> Result<Webhook, String> {
-        let what = format!("[[alerts.webhooks]] #{n} ({})", crate::store::redact_url(&self.url));
+        let what = format!(
+            "[[alerts.webhooks]] #{n} ({})",
+            crate::store::redact_url(&self.url)
+        );
         let kind = match self.kind.as_str() {
             "alertmanager" => WebhookKind::Alertmanager,
             "json" => WebhookKind::Json,
@@ -489,17 +514,16 @@ impl WebhookFile {
             (Some(t), None) => Some(t.trim().to_owned()),
             (None, Some(path)) => Some(
                 std::fs::read_to_string(path)
-                    .map_err(|e| {
-                        format!("{what}: `bearer_token_file` {}: {e}", path.display())
-                    })?
+                    .map_err(|e| format!("{what}: `bearer_token_file` {}: {e}", path.display()))?
                     .trim()
                     .to_owned(),
             ),
             (None, None) => None,
         };
-        if bearer_token.as_deref().is_some_and(|t| {
-            t.is_empty() || t.chars().any(|c| c.is_control() || c == ' ')
-        }) {
+        if bearer_token
+            .as_deref()
+            .is_some_and(|t| t.is_empty() || t.chars().any(|c| c.is_control() || c == ' '))
+        {
             return Err(format!(
                 "{what}: the bearer token is empty or holds spaces or control characters"
             ));
@@ -588,7 +612,11 @@ impl AlertsFile {
                         return Err(format!(
                             "[[alerts.rules]] {:?}: `enabled = false` names no default rule ({})",
                             file.name,
-                            DEFAULT_RULES.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
+                            DEFAULT_RULES
+                                .iter()
+                                .map(|d| d.name)
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ));
                     }
                 }
@@ -699,7 +727,15 @@ mod tests {
         assert_eq!(s.evaluation_interval, Duration::from_secs(15));
         assert_eq!(s.resend_delay, Duration::from_secs(60));
         let names: Vec<&str> = s.rules.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["NodeOffline", "GpuLost"]);
+        assert_eq!(
+            names,
+            [
+                "NodeOffline",
+                "GpuLost",
+                "GpuTemperatureNearSlowdown",
+                "GpuRowRemapFailed"
+            ]
+        );
     }
 
     #[test]
@@ -732,9 +768,18 @@ mod tests {
         .expect("valid");
         assert_eq!(s.evaluation_interval, Duration::from_secs(1));
         let names: Vec<&str> = s.rules.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["GpuLost", "GpuHot"], "NodeOffline off, GpuLost replaced");
+        assert_eq!(
+            names,
+            [
+                "GpuLost",
+                "GpuTemperatureNearSlowdown",
+                "GpuRowRemapFailed",
+                "GpuHot"
+            ],
+            "NodeOffline off, GpuLost replaced"
+        );
         assert_eq!(s.rules[0].hold, Duration::from_secs(30));
-        let hot = &s.rules[1];
+        let hot = &s.rules[3];
         assert_eq!(
             hot.condition,
             Condition::Compare {
@@ -745,10 +790,17 @@ mod tests {
         );
         assert_eq!(
             (hot.hold, hot.keep_firing_for, hot.severity),
-            (Duration::from_secs(120), Duration::from_secs(30), Severity::Critical)
+            (
+                Duration::from_secs(120),
+                Duration::from_secs(30),
+                Severity::Critical
+            )
         );
         assert_eq!(s.webhooks[0].url, "http://am:9093/api/v2/alerts");
-        assert!(!format!("{:?}", s.webhooks[0]).contains("s3cret"), "token never in Debug");
+        assert!(
+            !format!("{:?}", s.webhooks[0]).contains("s3cret"),
+            "token never in Debug"
+        );
         let labels = BTreeMap::from([
             ("node".to_owned(), "n1".to_owned()),
             ("gpu_index".to_owned(), "3".to_owned()),
@@ -762,17 +814,47 @@ mod tests {
     #[test]
     fn errors_name_the_rule_and_the_field() {
         let cases = [
-            ("name = \"A\"\ncondition = \"gpu_temp > 1\"", "\"A\": `condition`: unknown signal \"gpu_temp\""),
-            ("name = \"A\"\ncondition = \"gpu_temp_c > hot\"", "\"A\": `condition`: \"hot\" is not a number"),
-            ("name = \"A\"\ncondition = \"gpu_lost > 0\"", "\"A\": `condition`: signal \"gpu_lost\" is a flag"),
-            ("name = \"A\"\ncondition = \"gpu_temp_c\"", "\"A\": `condition`: signal \"gpu_temp_c\" is a number"),
+            (
+                "name = \"A\"\ncondition = \"gpu_temp > 1\"",
+                "\"A\": `condition`: unknown signal \"gpu_temp\"",
+            ),
+            (
+                "name = \"A\"\ncondition = \"gpu_temp_c > hot\"",
+                "\"A\": `condition`: \"hot\" is not a number",
+            ),
+            (
+                "name = \"A\"\ncondition = \"gpu_lost > 0\"",
+                "\"A\": `condition`: signal \"gpu_lost\" is a flag",
+            ),
+            (
+                "name = \"A\"\ncondition = \"gpu_temp_c\"",
+                "\"A\": `condition`: signal \"gpu_temp_c\" is a number",
+            ),
             ("name = \"A\"", "\"A\": `condition` is missing"),
-            ("name = \"A\"\ncondition = \"gpu_lost\"\nfor = \"soon\"", "\"A\": `for`: invalid duration"),
-            ("name = \"A\"\ncondition = \"gpu_lost\"\nseverity = \"page\"", "\"A\": `severity` \"page\""),
-            ("name = \"A\"\ncondition = \"node_offline\"\nannotations = { summary = \"{{ $labels.gpu }}\" }", "\"A\": `annotations.summary`: `{{ $labels.gpu }}`: the alert has no label \"gpu\""),
-            ("name = \"A\"\ncondition = \"node_offline\"\nlabels = { severity = \"x\" }", "\"A\": `labels`: \"severity\" is set by gpufleet"),
-            ("name = \"A b\"\ncondition = \"node_offline\"", "\"A b\": `name` must be"),
-            ("name = \"Nope\"\nenabled = false", "\"Nope\": `enabled = false` names no default rule"),
+            (
+                "name = \"A\"\ncondition = \"gpu_lost\"\nfor = \"soon\"",
+                "\"A\": `for`: invalid duration",
+            ),
+            (
+                "name = \"A\"\ncondition = \"gpu_lost\"\nseverity = \"page\"",
+                "\"A\": `severity` \"page\"",
+            ),
+            (
+                "name = \"A\"\ncondition = \"node_offline\"\nannotations = { summary = \"{{ $labels.gpu }}\" }",
+                "\"A\": `annotations.summary`: `{{ $labels.gpu }}`: the alert has no label \"gpu\"",
+            ),
+            (
+                "name = \"A\"\ncondition = \"node_offline\"\nlabels = { severity = \"x\" }",
+                "\"A\": `labels`: \"severity\" is set by gpufleet",
+            ),
+            (
+                "name = \"A b\"\ncondition = \"node_offline\"",
+                "\"A b\": `name` must be",
+            ),
+            (
+                "name = \"Nope\"\nenabled = false",
+                "\"Nope\": `enabled = false` names no default rule",
+            ),
         ];
         for (rule, want) in cases {
             let err = parse(&format!("[[alerts.rules]]\n{rule}")).expect_err(rule);
@@ -781,9 +863,11 @@ mod tests {
         let err = parse("[[alerts.rules]]\nname = \"A\"\ncondition = \"gpu_lost\"\n[[alerts.rules]]\nname = \"A\"\ncondition = \"gpu_lost\"")
             .expect_err("twice");
         assert!(err.contains("used twice"), "{err}");
-        let err = parse("[[alerts.webhooks]]\nkind = \"slack\"\nurl = \"http://x\"").expect_err("kind");
+        let err =
+            parse("[[alerts.webhooks]]\nkind = \"slack\"\nurl = \"http://x\"").expect_err("kind");
         assert!(err.contains("#1 (http://x): `kind` \"slack\""), "{err}");
-        let err = parse("[[alerts.webhooks]]\nkind = \"json\"\nurl = \"ftp://x\"").expect_err("url");
+        let err =
+            parse("[[alerts.webhooks]]\nkind = \"json\"\nurl = \"ftp://x\"").expect_err("url");
         assert!(err.contains("`url` is not an http"), "{err}");
         let err = parse("[alerts]\nevaluation_interval = \"0s\"").expect_err("zero");
         assert!(err.contains("`evaluation_interval`"), "{err}");

@@ -88,6 +88,56 @@ pub const SIGNALS: &[Signal] = &[
         eval: |s| per_gpu(s, |g, _| g.sample.temp_gpu_c.map(f64::from)),
     },
     Signal {
+        name: "gpu_temp_margin_c",
+        kind: SignalKind::Number,
+        unit: "celsius",
+        help: "how far the GPU's temperature is below its own slowdown threshold (NVML's \
+               SLOWDOWN); negative past it",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, info| {
+                let (limit, t) = (info.info.temp_slowdown_c?, g.sample.temp_gpu_c?);
+                Some(f64::from(limit) - f64::from(t))
+            })
+        },
+    },
+    Signal {
+        name: "gpu_row_remap_failed",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "a memory row remap failed: the GPU needs service (from its last health reading)",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, _| {
+                g.health.as_ref()?.sample.remapped_rows_failed.map(flag)
+            })
+        },
+    },
+    Signal {
+        name: "gpu_row_remap_pending",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "a memory row remap waits for a GPU reset (from its last health reading)",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, _| {
+                g.health.as_ref()?.sample.remapped_rows_pending.map(flag)
+            })
+        },
+    },
+    Signal {
+        name: "gpu_retired_pages_pending",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "a page retirement waits for a reboot (from its last health reading)",
+        labels: GPU_LABELS,
+        eval: |s| {
+            per_gpu(s, |g, _| {
+                g.health.as_ref()?.sample.retired_pages_pending.map(flag)
+            })
+        },
+    },
+    Signal {
         name: "gpu_mem_temp_c",
         kind: SignalKind::Number,
         unit: "celsius",
@@ -144,7 +194,11 @@ pub const SIGNALS: &[Signal] = &[
         unit: "errors",
         help: "uncorrected ECC errors since the driver loaded (volatile)",
         labels: GPU_LABELS,
-        eval: |s| per_gpu(s, |g, _| g.sample.ecc_uncorrected_volatile.map(|v| v as f64)),
+        eval: |s| {
+            per_gpu(s, |g, _| {
+                g.sample.ecc_uncorrected_volatile.map(|v| v as f64)
+            })
+        },
     },
 ];
 
@@ -212,6 +266,144 @@ fn gpu_lost(s: &Snapshot<'_>) -> Vec<Series> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::live::state::Live;
+    use crate::store::{GpuId, LatestGpu, LatestHealth, NodeId, NodeRecord};
+    use gpufleet_core::{GpuHealthSample, GpuInfo, GpuSample};
+
+    const NOW: UnixMs = 1_800_000_000_000;
+
+    fn record(id: i64, name: &str, last_seen_ms: UnixMs, gpus: &[(i64, u32)]) -> NodeRecord {
+        NodeRecord {
+            id: NodeId(id),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            agent_version: String::new(),
+            boot_id: String::new(),
+            source: String::new(),
+            interval_ms: 1000,
+            first_seen_ms: 0,
+            last_hello_ms: 0,
+            last_seen_ms: Some(last_seen_ms),
+            last_acked_seq: 0,
+            delivery: Default::default(),
+            stored_samples: 0,
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host: Default::default(),
+            gpus: gpus
+                .iter()
+                .map(|&(id, index)| GpuRecord {
+                    id: GpuId(id),
+                    info: GpuInfo {
+                        index,
+                        uuid: format!("GPU-{id}"),
+                        name: "H100".into(),
+                        temp_slowdown_c: Some(90),
+                        ..GpuInfo::default()
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    fn latest(id: i64, time_ms: UnixMs, temp: Option<u32>) -> LatestGpu {
+        LatestGpu {
+            gpu: GpuId(id),
+            time_ms,
+            sample: GpuSample {
+                gpu_uuid: format!("GPU-{id}"),
+                temp_gpu_c: temp,
+                ..GpuSample::default()
+            },
+            processes: Vec::new(),
+        }
+    }
+
+    /// Node `n` reports now: GPU 1 at 87 °C with a failed row remap, GPU 2 silent for a
+    /// minute (lost), GPU 3 without a temperature reading. Node `old` went silent an hour
+    /// ago with its GPU 4.
+    fn state() -> Live {
+        let live = Live::new();
+        live.seed(
+            vec![
+                record(1, "n", NOW - 500, &[(1, 0), (2, 1), (3, 2)]),
+                record(2, "old", NOW - 3_600_000, &[(4, 0)]),
+            ],
+            vec![
+                latest(1, NOW - 500, Some(87)),
+                latest(2, NOW - 60_000, Some(50)),
+                latest(3, NOW - 500, None),
+                latest(4, NOW - 3_600_000, Some(95)),
+            ],
+            Vec::new(),
+            vec![LatestHealth {
+                gpu: GpuId(1),
+                time_ms: NOW - 20_000,
+                sample: GpuHealthSample {
+                    gpu_uuid: "GPU-1".into(),
+                    remapped_rows_failed: Some(true),
+                    ..GpuHealthSample::default()
+                },
+            }],
+        );
+        live
+    }
+
+    fn values(live: &Live, name: &str) -> Vec<(String, f64)> {
+        let signal = find(name).expect("signal");
+        live.read(|state| {
+            let snap = Snapshot {
+                state,
+                now_ms: NOW,
+                status: StatusPolicy::default(),
+            };
+            (signal.eval)(&snap)
+                .into_iter()
+                .map(|s| {
+                    let key = s.labels.get("gpu").unwrap_or(&s.labels["node"]).clone();
+                    (key, s.value)
+                })
+                .collect()
+        })
+    }
+
+    fn v(key: &str, value: f64) -> (String, f64) {
+        (key.to_owned(), value)
+    }
+
+    #[test]
+    fn signals_read_the_live_state_and_leave_out_what_is_unknown_or_stale() {
+        let live = state();
+        assert_eq!(values(&live, "node_offline"), [v("n", 0.0), v("old", 1.0)]);
+        assert_eq!(
+            values(&live, "gpu_temp_c"),
+            [v("GPU-1", 87.0)],
+            "no reading (GPU-3) and stale readings (GPU-2, GPU-4) give no series"
+        );
+        assert_eq!(values(&live, "gpu_temp_margin_c"), [v("GPU-1", 3.0)]);
+        assert_eq!(values(&live, "gpu_row_remap_failed"), [v("GPU-1", 1.0)]);
+        assert_eq!(values(&live, "gpu_row_remap_pending"), [], "not reported");
+        assert_eq!(
+            values(&live, "gpu_lost"),
+            [v("GPU-1", 0.0), v("GPU-2", 1.0), v("GPU-3", 0.0)],
+            "only an online node's GPUs can be lost"
+        );
+        let labels = live.read(|state| {
+            let snap = Snapshot {
+                state,
+                now_ms: NOW,
+                status: StatusPolicy::default(),
+            };
+            (find("gpu_temp_c").expect("signal").eval)(&snap)[0]
+                .labels
+                .clone()
+        });
+        let names: Vec<&str> = labels.keys().map(String::as_str).collect();
+        assert_eq!(names, ["gpu", "gpu_index", "gpu_name", "node"]);
+        assert_eq!(labels["gpu_index"], "0");
+        assert_eq!(labels["gpu_name"], "H100");
+    }
 
     #[test]
     fn signal_names_are_unique_and_labels_known() {

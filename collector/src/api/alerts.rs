@@ -132,12 +132,18 @@ async fn alerts(
         _ => 2,
     };
     alerts.sort_by(|a, b| {
-        (rank(a.state), std::cmp::Reverse(a.active_at_ms), &a.rule, &a.fingerprint).cmp(&(
-            rank(b.state),
-            std::cmp::Reverse(b.active_at_ms),
-            &b.rule,
-            &b.fingerprint,
-        ))
+        (
+            rank(a.state),
+            std::cmp::Reverse(a.active_at_ms),
+            &a.rule,
+            &a.fingerprint,
+        )
+            .cmp(&(
+                rank(b.state),
+                std::cmp::Reverse(b.active_at_ms),
+                &b.rule,
+                &b.fingerprint,
+            ))
     });
     Ok(Json(AlertsView {
         alerts: alerts.into_iter().map(view).collect(),
@@ -197,7 +203,13 @@ async fn history(
     }
     let rows = st
         .store
-        .alert_history(TimeRange { from_ms: from, to_ms: to }, limit)
+        .alert_history(
+            TimeRange {
+                from_ms: from,
+                to_ms: to,
+            },
+            limit,
+        )
         .await?;
     Ok(Json(HistoryView {
         from: format_time(from),
@@ -255,7 +267,10 @@ pub(crate) struct RulesView {
 #[utoipa::path(get, path = "/api/v1/alerts/rules", tag = "alerts",
     responses((status = 200, description = "rules and signals", body = RulesView), AccessResponses))]
 async fn rules(rules: Option<Extension<AlertRules>>) -> Json<RulesView> {
-    let settings = rules.map_or_else(|| Arc::new(AlertSettings::default()), |r| Arc::clone(&r.0 .0));
+    let settings = rules.map_or_else(
+        || Arc::new(AlertSettings::default()),
+        |r| Arc::clone(&r.0.0),
+    );
     Json(RulesView {
         evaluation_interval_seconds: settings.evaluation_interval.as_secs_f64(),
         resend_delay_seconds: settings.resend_delay.as_secs_f64(),

@@ -16,8 +16,10 @@
 //! commit is announced without its ticks ([`Announcement::partial`]), and subscribers treat
 //! that as missed announcements (resync, recheck).
 
-use crate::store::{GpuId, LatestGpu, LatestHost, NodeBatch, NodeRecord};
-use gpufleet_core::{Batch, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs};
+use crate::store::{GpuId, LatestGpu, LatestHealth, LatestHost, NodeBatch, NodeRecord};
+use gpufleet_core::{
+    Batch, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -38,6 +40,16 @@ pub struct LiveGpu {
     pub sample: GpuSample,
     /// The processes seen on this GPU in the same tick.
     pub processes: Vec<ProcessSample>,
+    /// The last health sample received (agents send one every health interval, not every
+    /// tick): kept across ticks without one, seeded from the store at start-up.
+    pub health: Option<LiveHealth>,
+}
+
+/// The newest health sample of one GPU, and the time of the tick that carried it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveHealth {
+    pub time_ms: UnixMs,
+    pub sample: GpuHealthSample,
 }
 
 /// The newest host row of one node.
@@ -167,6 +179,7 @@ pub fn batch_bytes(batch: &Batch) -> usize {
             size_of::<Tick>()
                 + t.gpus.len() * size_of::<GpuSample>()
                 + t.gpus.iter().map(|g| g.gpu_uuid.len()).sum::<usize>()
+                + t.health.len() * size_of::<GpuHealthSample>()
                 + t.processes.len() * (size_of::<ProcessSample>() + 256)
                 + t.events
                     .iter()
@@ -207,8 +220,15 @@ impl Live {
         }
     }
 
-    /// Fills the state from the store at start-up.
-    pub fn seed(&self, nodes: Vec<NodeRecord>, gpus: Vec<LatestGpu>, hosts: Vec<LatestHost>) {
+    /// Fills the state from the store at start-up. A GPU's health is kept only where the
+    /// GPU has a sample (a GPU without one is not shown live).
+    pub fn seed(
+        &self,
+        nodes: Vec<NodeRecord>,
+        gpus: Vec<LatestGpu>,
+        hosts: Vec<LatestHost>,
+        health: Vec<LatestHealth>,
+    ) {
         let mut state = self.write();
         let mut owner_of: HashMap<GpuId, String> = HashMap::new();
         let mut node_of: HashMap<i64, String> = HashMap::new();
@@ -227,8 +247,21 @@ impl Live {
                         time_ms: l.time_ms,
                         sample: l.sample,
                         processes: l.processes,
+                        health: None,
                     },
                 );
+            }
+        }
+        for h in health {
+            let live = owner_of
+                .get(&h.gpu)
+                .and_then(|n| state.nodes.get_mut(n))
+                .and_then(|node| node.gpus.get_mut(&h.gpu));
+            if let Some(live) = live {
+                live.health = Some(LiveHealth {
+                    time_ms: h.time_ms,
+                    sample: h.sample,
+                });
             }
         }
         for h in hosts {
@@ -418,14 +451,31 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
                 .filter(|p| p.gpu_uuid == s.gpu_uuid)
                 .cloned()
                 .collect();
+            let health = node.gpus.remove(&id).and_then(|l| l.health);
             node.gpus.insert(
                 id,
                 LiveGpu {
                     time_ms: t.time_ms,
                     sample: s.clone(),
                     processes,
+                    health,
                 },
             );
+        }
+        // After the samples of this tick, so a GPU first seen in it has its entry.
+        for h in &t.health {
+            let Some(live) = gpu_ids
+                .get(&h.gpu_uuid)
+                .and_then(|id| node.gpus.get_mut(id))
+            else {
+                continue;
+            };
+            if live.health.as_ref().is_none_or(|l| l.time_ms < t.time_ms) {
+                live.health = Some(LiveHealth {
+                    time_ms: t.time_ms,
+                    sample: h.clone(),
+                });
+            }
         }
         if (t.host.is_some() || t.cost.is_some())
             && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
@@ -494,6 +544,104 @@ mod tests {
             batch: big_batch(9, 10),
         });
         assert!(!stuck.try_recv().expect("next").partial, "room again");
+    }
+
+    fn record_with_gpu(uuid: &str) -> NodeRecord {
+        NodeRecord {
+            id: crate::store::NodeId(1),
+            name: "n".into(),
+            labels: BTreeMap::new(),
+            agent_version: String::new(),
+            boot_id: String::new(),
+            source: String::new(),
+            interval_ms: 100,
+            first_seen_ms: 0,
+            last_hello_ms: 0,
+            last_seen_ms: None,
+            last_acked_seq: 0,
+            delivery: Default::default(),
+            stored_samples: 0,
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host: Default::default(),
+            gpus: vec![crate::store::GpuRecord {
+                id: GpuId(7),
+                info: gpufleet_core::GpuInfo {
+                    uuid: uuid.into(),
+                    temp_slowdown_c: Some(87),
+                    ..Default::default()
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn health_is_seeded_kept_across_ticks_without_it_and_replaced_by_a_newer_one() {
+        let uuid = "GPU-h";
+        let health = |pending: bool| GpuHealthSample {
+            gpu_uuid: uuid.into(),
+            remapped_rows_pending: Some(pending),
+            ..Default::default()
+        };
+        let sample = || GpuSample {
+            gpu_uuid: uuid.into(),
+            ..Default::default()
+        };
+        let live = Live::new();
+        live.seed(
+            vec![record_with_gpu(uuid)],
+            vec![LatestGpu {
+                gpu: GpuId(7),
+                time_ms: 10,
+                sample: sample(),
+                processes: Vec::new(),
+            }],
+            Vec::new(),
+            vec![LatestHealth {
+                gpu: GpuId(7),
+                time_ms: 5,
+                sample: health(false),
+            }],
+        );
+        let now = |live: &Live| {
+            live.read(|s| {
+                let (node, id) = s.find_gpu(uuid).expect("gpu");
+                let g = &node.gpus[&id];
+                (
+                    g.time_ms,
+                    g.health.as_ref().map(|h| (h.time_ms, h.sample.clone())),
+                )
+            })
+        };
+        assert_eq!(now(&live), (10, Some((5, health(false)))), "seeded");
+        let mut followed = record_with_gpu(uuid);
+        followed.last_seen_ms = Some(30);
+        let tick = |time_ms, health: Vec<GpuHealthSample>| Tick {
+            time_ms,
+            gpus: vec![sample()],
+            health,
+            ..Tick::default()
+        };
+        live.followed(&followed, &[tick(20, Vec::new()), tick(30, Vec::new())]);
+        assert_eq!(now(&live), (30, Some((5, health(false)))), "kept");
+        live.followed(
+            &followed,
+            &[tick(40, vec![health(true)]), tick(50, Vec::new())],
+        );
+        assert_eq!(now(&live), (50, Some((40, health(true)))), "newer one");
+        live.followed(&followed, &[tick(35, vec![health(false)])]);
+        assert_eq!(
+            now(&live),
+            (50, Some((40, health(true)))),
+            "older one ignored"
+        );
+        let thresholds = live.read(|s| s.nodes["n"].record.gpus[0].info.temp_slowdown_c);
+        assert_eq!(
+            thresholds,
+            Some(87),
+            "thresholds reachable from the inventory"
+        );
     }
 
     #[test]

@@ -111,7 +111,10 @@ impl<DB: Backend> AlertStore for SqlStore<DB> {
                 .text("fingerprint", changed.iter().map(|a| a.fingerprint.clone()))
                 .text("state", changed.iter().map(|a| a.state.as_str().to_owned()))
                 .text("labels", changed.iter().map(|a| to_json(&a.labels)))
-                .text("annotations", changed.iter().map(|a| to_json(&a.annotations)))
+                .text(
+                    "annotations",
+                    changed.iter().map(|a| to_json(&a.annotations)),
+                )
                 .float("value", changed.iter().map(|a| a.value))
                 .int("active_at_ms", changed.iter().map(|a| a.active_at_ms))
                 .int("fired_at_ms", changed.iter().map(|a| a.fired_at_ms))

@@ -3,15 +3,17 @@
 //! ([`TokenStore`]); each written once over [`Backend`].
 
 use super::backend::{Backend, Dialect, Get, sql};
-use super::rows::{self, EVENT_COLS, GPU_COLS, limit_i64, process_cols, to_i64};
+use super::rows::{self, EVENT_COLS, GPU_COLS, HEALTH_COLS, limit_i64, process_cols, to_i64};
 use super::{
-    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHost, NodeBatch,
-    NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange, WriteOutcome,
-    assemble_ticks, follow,
+    AgentTokenRecord, GpuId, GpuMetric, GpuRecord, HostRow, LatestGpu, LatestHealth, LatestHost,
+    NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange,
+    WriteOutcome, assemble_ticks, follow,
 };
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
-use gpufleet_core::{Event, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs};
+use gpufleet_core::{
+    Event, GpuHealthSample, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs,
+};
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -54,6 +56,17 @@ pub trait FleetReads: Send + Sync + std::fmt::Debug {
 
     /// The newest host row of every node that has one.
     async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError>;
+
+    /// The newest health sample of every GPU that has one (seeds the live state).
+    async fn latest_gpu_health(&self) -> Result<Vec<LatestHealth>, StoreError>;
+
+    /// A GPU's health samples in `range`, oldest first, at most `limit`.
+    async fn gpu_health(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError>;
 
     /// A GPU's samples in `range`, oldest first, at most `limit`.
     async fn gpu_samples(
@@ -112,7 +125,7 @@ pub trait FleetReads: Send + Sync + std::fmt::Debug {
 
     /// Many nodes' stored ticks at once: for each `(node, range)` of `wanted`, in order,
     /// what [`FleetReads::node_ticks`] answers for it. The follower asks this every period
-    /// for all the nodes other collectors wrote; it takes four queries whatever the number
+    /// for all the nodes other collectors wrote; it takes five queries whatever the number
     /// of nodes.
     async fn nodes_ticks(
         &self,
@@ -171,7 +184,8 @@ static GPU_UPSERT: LazyLock<String> = LazyLock::new(|| {
         power_limit_max_mw, max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz, \
         nvlink_count, mig_enabled, compute_mode, persistence_mode, cuda_capability_major, \
         cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, vbios_version, \
-        mig_instances, first_seen_ms";
+        mig_instances, first_seen_ms, temp_slowdown_c, temp_shutdown_c, temp_gpu_max_c, \
+        temp_mem_max_c";
     let keep = ["node_id", "first_seen_ms"];
     upsert(
         "gpus",
@@ -271,6 +285,10 @@ impl<DB: Backend> IngestWrites for SqlStore<DB> {
                 .bind(g.vbios_version.as_deref())
                 .bind(mig)
                 .bind(now_ms)
+                .bind(u(g.temp_slowdown_c))
+                .bind(u(g.temp_shutdown_c))
+                .bind(u(g.temp_gpu_max_c))
+                .bind(u(g.temp_mem_max_c))
                 .execute(tx.conn())
                 .await?;
             let owner = sql::<DB>(
@@ -455,6 +473,46 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .await
     }
 
+    async fn latest_gpu_health(&self) -> Result<Vec<LatestHealth>, StoreError> {
+        let query = sql::<DB>(
+            "read the newest GPU health samples",
+            format!(
+                "SELECT g.id AS gpu_id, {HEALTH_COLS} FROM gpus g \
+                 JOIN gpu_health h ON h.gpu_id = g.id \
+                   AND h.ts_ms = (SELECT max(m.ts_ms) FROM gpu_health m WHERE m.gpu_id = g.id)"
+            ),
+        );
+        self.fetch(query, |row| {
+            Ok(LatestHealth {
+                gpu: GpuId(row.get("gpu_id")?),
+                time_ms: row.get("ts_ms")?,
+                sample: rows::health(row)?,
+            })
+        })
+        .await
+    }
+
+    async fn gpu_health(
+        &self,
+        gpu: GpuId,
+        range: TimeRange,
+        limit: usize,
+    ) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
+        let query = sql::<DB>(
+            "read GPU health samples",
+            format!(
+                "SELECT {HEALTH_COLS} FROM gpu_health h JOIN gpus g ON g.id = h.gpu_id \
+                 WHERE h.gpu_id = $1 AND h.ts_ms BETWEEN $2 AND $3 ORDER BY h.ts_ms LIMIT $4"
+            ),
+        )
+        .bind(gpu.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit));
+        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::health(row)?)))
+            .await
+    }
+
     async fn gpu_samples(
         &self,
         gpu: GpuId,
@@ -594,14 +652,16 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         limit: usize,
     ) -> Result<Vec<Tick>, StoreError> {
         if DB::SHARED {
-            // The follower's four queries (a collector sharing the database asks often).
+            // The follower's five queries (a collector sharing the database asks often).
             let mut ticks = follow::nodes_ticks(self, &[(node, range)], limit).await?;
             return Ok(ticks.pop().unwrap_or_default());
         }
         let mut gpus = Vec::new();
         let mut processes = Vec::new();
+        let mut health = Vec::new();
         for g in &node.gpus {
             gpus.extend(self.gpu_samples(g.id, range, limit).await?);
+            health.extend(self.gpu_health(g.id, range, limit).await?);
             // Processes per GPU per tick are few; the range is what bounds the read.
             processes.extend(
                 self.process_samples(g.id, range, limit.saturating_mul(256))
@@ -610,7 +670,9 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         }
         let hosts = self.host_samples(node.id, range, limit).await?;
         let events = self.events(node.id, range, limit).await?;
-        Ok(assemble_ticks(gpus, processes, hosts, events, limit))
+        Ok(assemble_ticks(
+            gpus, processes, hosts, events, health, limit,
+        ))
     }
 
     async fn nodes_ticks(

@@ -1,13 +1,14 @@
-//! The store follower's read: the new ticks of many nodes in four queries, whatever the
-//! number of nodes (one per table: GPU samples, process samples, host samples, events).
+//! The store follower's read: the new ticks of many nodes in five queries, whatever the
+//! number of nodes (one per table: GPU samples, process samples, host samples, events,
+//! GPU health).
 //! The requests travel as request rows ([`Dialect::request_rows`](super::backend::Dialect::request_rows));
 //! each GPU's or node's rows are found through its primary key, and a window keeps each
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 
 use super::backend::{Backend, Get, Table, sql};
-use super::rows::{self, EVENT_COLS, GPU_COLS, limit_i64, process_cols};
+use super::rows::{self, EVENT_COLS, GPU_COLS, HEALTH_COLS, limit_i64, process_cols};
 use super::{HostRow, NodeRecord, SqlStore, StoreError, TimeRange, assemble_ticks};
-use gpufleet_core::{Event, GpuSample, ProcessSample, Tick, UnixMs};
+use gpufleet_core::{Event, GpuHealthSample, GpuSample, ProcessSample, Tick, UnixMs};
 
 /// Per request, rows of one kind, oldest first.
 type PerNode<T> = Vec<Vec<T>>;
@@ -92,6 +93,28 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         processes[rows::request(row, n, "follower read")?]
             .push((row.get("ts_ms")?, rows::process(row)?));
     }
+    // At most one health row per GPU per tick.
+    let rows = read::<DB>(
+        &mut conn,
+        "read the followed nodes' new GPU health samples",
+        &gpu_requests(wanted, &ranges, &gpu_limit),
+        &format!(
+            "SELECT * FROM ( \
+               SELECT r.req, {HEALTH_COLS}, g.gpu_index AS k_index, r.lim, \
+                 row_number() OVER (PARTITION BY r.req \
+                   ORDER BY h.ts_ms, g.gpu_index, g.uuid) AS rn \
+               FROM r {} JOIN gpus g ON g.id = h.gpu_id \
+             ) t WHERE t.rn <= t.lim \
+             ORDER BY t.req, t.rn",
+            DB::DIALECT.rows_per_request("gpu_health", "h", "gpu_id", "x.ts_ms", "r.lim")
+        ),
+    )
+    .await?;
+    let mut health: PerNode<(UnixMs, GpuHealthSample)> = vec![Vec::new(); n];
+    for row in &rows {
+        health[rows::request(row, n, "follower read")?]
+            .push((row.get("ts_ms")?, rows::health(row)?));
+    }
     let nodes: Vec<Vec<i64>> = wanted
         .iter()
         .zip(&ranges)
@@ -149,7 +172,8 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         .zip(processes)
         .zip(hosts)
         .zip(events)
-        .map(|(((g, p), h), e)| assemble_ticks(g, p, h, e, limit))
+        .zip(health)
+        .map(|((((g, p), h), e), x)| assemble_ticks(g, p, h, e, x, limit))
         .collect())
 }
 

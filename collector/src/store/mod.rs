@@ -49,8 +49,8 @@ pub use rollup::RollupStore;
 
 use async_trait::async_trait;
 use gpufleet_core::{
-    Batch, DeliveryStats, Event, GpuInfo, GpuSample, HostInfo, HostSample, Inventory, NvLinkSample,
-    ProcessSample, SamplerCost, Tick, UnixMs, Workload,
+    Batch, DeliveryStats, Event, GpuHealthSample, GpuInfo, GpuSample, HostInfo, HostSample,
+    Inventory, NvLinkSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -260,6 +260,14 @@ pub struct LatestGpu {
     pub time_ms: UnixMs,
     pub sample: GpuSample,
     pub processes: Vec<ProcessSample>,
+}
+
+/// The newest stored health sample of one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatestHealth {
+    pub gpu: GpuId,
+    pub time_ms: UnixMs,
+    pub sample: GpuHealthSample,
 }
 
 /// The newest stored host sample of one node.
@@ -548,7 +556,8 @@ macro_rules! migrations {
         migrations!($dir: 1 "init" "0001_init", 6 "energy" "0006_energy",
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
-            21 "remote write" "0021_remote_write", 23 "alerts" "0023_alerts")
+            21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
+            23 "alerts" "0023_alerts")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((
@@ -595,6 +604,7 @@ pub fn assemble_ticks(
     processes: Vec<(UnixMs, ProcessSample)>,
     hosts: Vec<HostRow>,
     events: Vec<Event>,
+    health: Vec<(UnixMs, GpuHealthSample)>,
     limit: usize,
 ) -> Vec<Tick> {
     fn at(ticks: &mut BTreeMap<UnixMs, Tick>, t: UnixMs) -> &mut Tick {
@@ -617,6 +627,9 @@ pub fn assemble_ticks(
     }
     for e in events {
         at(&mut ticks, e.time_ms).events.push(e);
+    }
+    for (t, h) in health {
+        at(&mut ticks, t).health.push(h);
     }
     let skip = ticks.len().saturating_sub(limit);
     ticks.into_values().skip(skip).collect()

@@ -467,6 +467,22 @@ impl<DB: Backend> SqlStore<DB> {
                     }
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
+                    // Health rows go with the raw samples; the newest before the horizon
+                    // stays, so the live state is seeded with the GPU's last health.
+                    let keep: Option<i64> = sql::<DB>(
+                        "find the health sample before a raw horizon",
+                        "SELECT max(ts_ms) AS keep FROM gpu_health \
+                         WHERE gpu_id = $1 AND ts_ms < $2",
+                    )
+                    .bind(id_value)
+                    .bind(horizon)
+                    .one(&mut *self.conn().await?)
+                    .await?
+                    .get("keep")?;
+                    if let Some(keep) = keep {
+                        self.delete_before("gpu_health", "ts_ms", id, keep, batch, out)
+                            .await?;
+                    }
                 }
                 RollupKind::Host => {
                     let id = Some(("node_id", id_value));

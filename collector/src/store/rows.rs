@@ -6,8 +6,8 @@ use super::{
     AgentTokenRecord, GpuId, GpuRecord, HostRow, NodeId, NodeRecord, StoreError, decode_nvlinks,
 };
 use gpufleet_core::{
-    DeliveryStats, Event, EventKind, GpuInfo, GpuSample, HostInfo, HostSample, MigInstance,
-    ProcessSample, ProcessType, SamplerCost, Workload, WorkloadKind,
+    DeliveryStats, Event, EventKind, GpuHealthSample, GpuInfo, GpuSample, HostInfo, HostSample,
+    MigInstance, ProcessSample, ProcessType, SamplerCost, Workload, WorkloadKind,
 };
 use std::collections::BTreeMap;
 
@@ -18,6 +18,13 @@ pub const GPU_COLS: &str = "g.uuid AS gpu_uuid, s.ts_ms, s.util_gpu_pct, s.util_
     s.clock_mem_mhz, s.clock_graphics_mhz, s.pstate, s.pcie_tx_bps, s.pcie_rx_bps, \
     s.nvlink_tx_bps, s.nvlink_rx_bps, s.nvlinks, s.ecc_corrected_volatile, \
     s.ecc_uncorrected_volatile, s.throttle_reasons, s.enc_util_pct, s.dec_util_pct";
+
+/// Health columns, for a query joining `gpu_health h` and `gpus g` (read by [`health`]).
+pub const HEALTH_COLS: &str = "g.uuid AS gpu_uuid, h.ts_ms, h.retired_pages_sbe, \
+    h.retired_pages_dbe, h.retired_pages_pending, h.remapped_rows_correctable, \
+    h.remapped_rows_uncorrectable, h.remapped_rows_pending, h.remapped_rows_failed, \
+    h.ecc_corrected_aggregate, h.ecc_uncorrected_aggregate, h.pcie_replay_count, \
+    h.nvlink_crc_errors, h.nvlink_replay_errors, h.nvlink_recovery_errors, h.persistence_mode";
 
 /// Workload columns, for a query joining `workloads w` (read by [`workload`]).
 pub const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
@@ -119,6 +126,10 @@ pub fn gpu<R: Get>(row: &R) -> Result<GpuRecord, StoreError> {
             pcie_link_width_max: row.get("pcie_link_width_max")?,
             vbios_version: row.get("vbios_version")?,
             mig_instances,
+            temp_slowdown_c: row.get("temp_slowdown_c")?,
+            temp_shutdown_c: row.get("temp_shutdown_c")?,
+            temp_gpu_max_c: row.get("temp_gpu_max_c")?,
+            temp_mem_max_c: row.get("temp_mem_max_c")?,
         },
     })
 }
@@ -157,6 +168,36 @@ pub fn gpu_sample<R: Get>(row: &R) -> Result<GpuSample, StoreError> {
         throttle_reasons: row.u64_bits("throttle_reasons")?,
         enc_util_pct: row.get("enc_util_pct")?,
         dec_util_pct: row.get("dec_util_pct")?,
+    })
+}
+
+/// A `gpu_health` row ([`HEALTH_COLS`]). Counts are stored as their value (validation keeps
+/// them below 2^53); a negative one means the row was tampered with.
+pub fn health<R: Get>(row: &R) -> Result<GpuHealthSample, StoreError> {
+    let count = |c: &str| -> Result<Option<u64>, StoreError> {
+        row.get::<Option<i64>>(c)?
+            .map(|v| {
+                u64::try_from(v)
+                    .map_err(|_| StoreError::Corrupt(format!("gpu_health.{c} is negative ({v})")))
+            })
+            .transpose()
+    };
+    Ok(GpuHealthSample {
+        gpu_uuid: row.get("gpu_uuid")?,
+        retired_pages_sbe: row.get("retired_pages_sbe")?,
+        retired_pages_dbe: row.get("retired_pages_dbe")?,
+        retired_pages_pending: row.get("retired_pages_pending")?,
+        remapped_rows_correctable: row.get("remapped_rows_correctable")?,
+        remapped_rows_uncorrectable: row.get("remapped_rows_uncorrectable")?,
+        remapped_rows_pending: row.get("remapped_rows_pending")?,
+        remapped_rows_failed: row.get("remapped_rows_failed")?,
+        ecc_corrected_aggregate: count("ecc_corrected_aggregate")?,
+        ecc_uncorrected_aggregate: count("ecc_uncorrected_aggregate")?,
+        pcie_replay_count: count("pcie_replay_count")?,
+        nvlink_crc_errors: count("nvlink_crc_errors")?,
+        nvlink_replay_errors: count("nvlink_replay_errors")?,
+        nvlink_recovery_errors: count("nvlink_recovery_errors")?,
+        persistence_mode: row.get("persistence_mode")?,
     })
 }
 

@@ -5,7 +5,8 @@
 use super::backend::{Backend, Get, Table, sql};
 use super::{BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, rows};
 use gpufleet_core::{
-    DeliveryStats, Event, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
+    DeliveryStats, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick,
+    UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -71,6 +72,13 @@ pub(crate) struct EventRow<'b> {
     e: &'b Event,
 }
 
+/// A health sample of a write, with its GPU's id and its tick's time.
+pub(crate) struct HealthRow<'b> {
+    gpu: i64,
+    ts: UnixMs,
+    h: &'b GpuHealthSample,
+}
+
 /// The rows of one write.
 pub(crate) struct Collected<'b> {
     pub samples: Samples<'b>,
@@ -78,6 +86,7 @@ pub(crate) struct Collected<'b> {
     pub nodes: Vec<NodeUpdate>,
     pub workloads: Vec<WorkloadSlot<'b>>,
     pub events: Vec<EventRow<'b>>,
+    pub health: Vec<HealthRow<'b>>,
 }
 
 /// Every row of one write (without the `skip`ped batches), grouped by node in id order
@@ -95,6 +104,7 @@ pub(crate) fn collect_rows<'b>(
         nodes: Vec::new(),
         workloads: Vec::new(),
         events: Vec::new(),
+        health: Vec::new(),
     };
     let ticks = order.iter().flat_map(|&i| &batches[i].batch.ticks);
     let (gpus, processes) = ticks.fold((0, 0), |(g, p), t| {
@@ -183,6 +193,10 @@ pub(crate) fn collect_rows<'b>(
                     let node = keys.id.0;
                     out.events.push(EventRow { node, gpu, e });
                 }
+                for h in &t.health {
+                    let (gpu, ts) = (gpu_id(&h.gpu_uuid)?, t.time_ms);
+                    out.health.push(HealthRow { gpu, ts, h });
+                }
             }
         }
         out.nodes.push(update);
@@ -245,6 +259,7 @@ impl<DB: Backend> SqlStore<DB> {
                 mut nodes,
                 mut workloads,
                 events,
+                health,
             } = collect_rows(batches, &skip, &self.cached_workloads())?;
             upsert_workloads::<DB>(tx.conn(), &mut workloads).await?;
             for r in &mut samples.process {
@@ -271,6 +286,7 @@ impl<DB: Backend> SqlStore<DB> {
                 continue;
             }
             insert_events::<DB>(tx.conn(), &events).await?;
+            insert_health::<DB>(tx.conn(), &health).await?;
             update_nodes::<DB>(tx.conn(), &nodes).await?;
             tx.commit("commit").await?;
             self.cache_workloads(workloads.iter().map(|s| (s.workload, s.id)));
@@ -371,6 +387,59 @@ async fn insert_events<DB: Backend>(
         .text("detail", events.iter().map(|r| r.e.detail.clone()));
     let tail = "ORDER BY v.o ON CONFLICT DO NOTHING";
     insert_rows::<DB>(conn, "insert events", "events", table, tail).await?;
+    Ok(())
+}
+
+/// Inserts a write's health samples. A replay is skipped: a health row at a stored
+/// (GPU, time) key comes only with the GPU sample of the same tick, whose replay or
+/// conflict the sample check already decided.
+async fn insert_health<DB: Backend>(
+    conn: &mut DB::Connection,
+    health: &[HealthRow<'_>],
+) -> Result<(), StoreError> {
+    let count = |f: fn(&GpuHealthSample) -> Option<u64>| {
+        // Validated below 2^53 (`core::wire`), so the value fits.
+        health
+            .iter()
+            .map(move |r| f(r.h).map(|v| i64::try_from(v).unwrap_or(i64::MAX)))
+    };
+    let rows =
+        |f: fn(&GpuHealthSample) -> Option<u32>| health.iter().map(move |r| f(r.h).map(i64::from));
+    let flag = |f: fn(&GpuHealthSample) -> Option<bool>| health.iter().map(move |r| f(r.h));
+    let table = Table::default()
+        .int("gpu_id", health.iter().map(|r| r.gpu))
+        .int("ts_ms", health.iter().map(|r| r.ts))
+        .int("retired_pages_sbe", rows(|h| h.retired_pages_sbe))
+        .int("retired_pages_dbe", rows(|h| h.retired_pages_dbe))
+        .flag("retired_pages_pending", flag(|h| h.retired_pages_pending))
+        .int(
+            "remapped_rows_correctable",
+            rows(|h| h.remapped_rows_correctable),
+        )
+        .int(
+            "remapped_rows_uncorrectable",
+            rows(|h| h.remapped_rows_uncorrectable),
+        )
+        .flag("remapped_rows_pending", flag(|h| h.remapped_rows_pending))
+        .flag("remapped_rows_failed", flag(|h| h.remapped_rows_failed))
+        .int(
+            "ecc_corrected_aggregate",
+            count(|h| h.ecc_corrected_aggregate),
+        )
+        .int(
+            "ecc_uncorrected_aggregate",
+            count(|h| h.ecc_uncorrected_aggregate),
+        )
+        .int("pcie_replay_count", count(|h| h.pcie_replay_count))
+        .int("nvlink_crc_errors", count(|h| h.nvlink_crc_errors))
+        .int("nvlink_replay_errors", count(|h| h.nvlink_replay_errors))
+        .int(
+            "nvlink_recovery_errors",
+            count(|h| h.nvlink_recovery_errors),
+        )
+        .flag("persistence_mode", flag(|h| h.persistence_mode));
+    let tail = "ORDER BY v.o ON CONFLICT DO NOTHING";
+    insert_rows::<DB>(conn, "insert GPU health", "gpu_health", table, tail).await?;
     Ok(())
 }
 

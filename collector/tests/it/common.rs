@@ -165,6 +165,10 @@ pub fn gpu_info_full(uuid: &str, index: u32) -> GpuInfo {
             profile: Some("1g.10gb".into()),
             memory_total_bytes: None,
         }],
+        temp_slowdown_c: Some(87),
+        temp_shutdown_c: Some(92),
+        temp_gpu_max_c: Some(85),
+        temp_mem_max_c: Some(95),
     }
 }
 
@@ -337,6 +341,38 @@ pub fn tick(time_ms: UnixMs, gpus: &[&str], k: u32) -> Tick {
             source_us: None,
             slowest_calls_us: BTreeMap::from([("nvmlDeviceGetPowerUsage".into(), 120)]),
         }),
+        health: Vec::new(),
+    }
+}
+
+/// A health sample with every counter known (values vary with `k`; flags set when `k` is
+/// odd, so both `true` and `false` are stored).
+pub fn health_full(uuid: &str, k: u32) -> GpuHealthSample {
+    let odd = k % 2 == 1;
+    GpuHealthSample {
+        gpu_uuid: uuid.into(),
+        retired_pages_sbe: Some(k),
+        retired_pages_dbe: Some(0),
+        retired_pages_pending: Some(odd),
+        remapped_rows_correctable: Some(2 + k),
+        remapped_rows_uncorrectable: Some(k),
+        remapped_rows_pending: Some(!odd),
+        remapped_rows_failed: Some(odd),
+        ecc_corrected_aggregate: Some(1 << 40),
+        ecc_uncorrected_aggregate: Some(u64::from(k)),
+        pcie_replay_count: Some((1 << 53) - 1),
+        nvlink_crc_errors: Some(7),
+        nvlink_replay_errors: Some(0),
+        nvlink_recovery_errors: Some(1),
+        persistence_mode: Some(!odd),
+    }
+}
+
+/// A health sample of a GPU that supports none of the health counters.
+pub fn health_sparse(uuid: &str) -> GpuHealthSample {
+    GpuHealthSample {
+        gpu_uuid: uuid.into(),
+        ..Default::default()
     }
 }
 

@@ -587,6 +587,67 @@ mod contract {
         assert_eq!(hosts[0].sample, b2.ticks[1].host);
     }
 
+    pub async fn health_round_trips_and_the_latest_seeds_the_live_state(store: Arc<dyn Store>) {
+        let rec = register(
+            &store,
+            "node-h",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        assert!(store.latest_gpu_health().await.expect("latest").is_empty());
+        // Health in ticks 0 (both GPUs; GPU-b supports nothing) and 2 (GPU-a), none in 1.
+        let mut b1 = batch(1, T0, 3, &["GPU-a", "GPU-b"]);
+        b1.ticks[0].health = vec![health_full("GPU-a", 1), health_sparse("GPU-b")];
+        b1.ticks[2].health = vec![health_full("GPU-a", 2)];
+        store
+            .write_batches(&[node_batch(&rec, b1.clone())])
+            .await
+            .expect("write");
+        // A replay changes nothing.
+        store
+            .write_batches(&[node_batch(&rec, b1.clone())])
+            .await
+            .expect("replay");
+
+        let read = store.gpu_health(a, ALL_TIME, 10).await.expect("read");
+        assert_eq!(
+            read,
+            vec![
+                (T0, health_full("GPU-a", 1)),
+                (T0 + 2000, health_full("GPU-a", 2))
+            ],
+            "every value, true and false, 2^53 - 1, stored once"
+        );
+        let read = store.gpu_health(b, ALL_TIME, 10).await.expect("read");
+        assert_eq!(read, vec![(T0, health_sparse("GPU-b"))], "absent as None");
+
+        let mut latest = store.latest_gpu_health().await.expect("latest");
+        latest.sort_by_key(|l| l.gpu);
+        let latest: Vec<_> = latest
+            .into_iter()
+            .map(|l| (l.gpu, l.time_ms, l.sample))
+            .collect();
+        assert_eq!(
+            latest,
+            vec![
+                (a, T0 + 2000, health_full("GPU-a", 2)),
+                (b, T0, health_sparse("GPU-b"))
+            ]
+        );
+
+        // The follower's read puts health back into its ticks.
+        let ticks = store.node_ticks(&rec, ALL_TIME, 10).await.expect("ticks");
+        let health: Vec<_> = ticks.iter().map(|t| t.health.clone()).collect();
+        let expected: Vec<_> = b1.ticks.iter().map(|t| t.health.clone()).collect();
+        assert_eq!(health, expected);
+        let many = store
+            .nodes_ticks(&[(&rec, ALL_TIME)], 10)
+            .await
+            .expect("ticks");
+        assert_eq!(many, vec![ticks]);
+    }
+
     pub async fn series_raw_and_downsampled(store: Arc<dyn Store>) {
         let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
         let gpu = rec.gpus[0].id;
@@ -1025,13 +1086,12 @@ mod contract {
         let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
         // 5.5 minutes at 1 Hz: GPU-a by energy counter, GPU-b by trapezoid; processes and
         // host rows on every tick.
-        write(
-            &store,
-            &rec,
-            1,
-            batch(1, T0, 330, &["GPU-a", "GPU-b"]).ticks,
-        )
-        .await;
+        // Health every 30 s on GPU-a.
+        let mut ticks = batch(1, T0, 330, &["GPU-a", "GPU-b"]).ticks;
+        for (k, t) in ticks.iter_mut().enumerate().step_by(30) {
+            t.health = vec![health_full("GPU-a", k as u32)];
+        }
+        write(&store, &rec, 1, ticks).await;
         let energy = EnergyOptions::default();
         Accountant::new(store.clone(), energy.clone(), clock_at(T0))
             .pass()
@@ -1053,6 +1113,8 @@ mod contract {
         assert_eq!(out.deleted.get("gpu_samples"), Some(&(2 * 179)), "{out:?}");
         assert_eq!(out.deleted.get("process_samples"), Some(&(2 * 180)));
         assert_eq!(out.deleted.get("host_samples"), Some(&180));
+        // Health at 0, 30 .. 150 s is before the horizon: the newest of those stays.
+        assert_eq!(out.deleted.get("gpu_health"), Some(&5), "{out:?}");
         assert!(out.transactions > 15, "batches of ~50 rows: {out:?}");
         let early = TimeRange {
             from_ms: 0,
@@ -1063,6 +1125,12 @@ mod contract {
             kept.iter().map(|s| s.0).collect::<Vec<_>>(),
             vec![horizon - 1000],
             "only the start of the horizon minute's first interval stays"
+        );
+        let health = store.gpu_health(a, early, 10).await.expect("health");
+        assert_eq!(
+            health.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![T0 + 150_000],
+            "the newest health before the horizon stays"
         );
         assert!(
             store
@@ -1934,6 +2002,7 @@ macro_rules! contract_tests {
                 replaying_a_batch_changes_nothing,
                 last_acked_seq_and_last_seen_only_grow,
                 latest_samples_seed_the_live_state,
+                health_round_trips_and_the_latest_seeds_the_live_state,
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
                 workload_renames_take_the_latest_names,

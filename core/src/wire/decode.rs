@@ -118,6 +118,18 @@ pub fn decode_hello(h: pb::Hello, limits: &Limits) -> Result<(HelloInfo, Invento
             pcie_link_width_max: g.pcie_link_width_max,
             vbios_version: c.opt_string(what("vbios_version"), g.vbios_version)?,
             mig_instances,
+            temp_slowdown_c: at_most(
+                what("temp_slowdown_c"),
+                g.temp_slowdown_c,
+                limits.max_temp_c,
+            )?,
+            temp_shutdown_c: at_most(
+                what("temp_shutdown_c"),
+                g.temp_shutdown_c,
+                limits.max_temp_c,
+            )?,
+            temp_gpu_max_c: at_most(what("temp_gpu_max_c"), g.temp_gpu_max_c, limits.max_temp_c)?,
+            temp_mem_max_c: at_most(what("temp_mem_max_c"), g.temp_mem_max_c, limits.max_temp_c)?,
             uuid,
         });
     }
@@ -229,6 +241,28 @@ pub(super) fn decode_tick(
         }
         gpus.push(decode_gpu(c, i, g)?);
     }
+    count(
+        format_args!("health samples in tick {i}"),
+        &t.health,
+        l.max_gpus_per_node,
+    )?;
+    let mut health = Vec::with_capacity(t.health.len());
+    let mut seen_health = std::collections::HashSet::with_capacity(t.health.len());
+    for h in t.health {
+        if !known_gpus(&h.gpu_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: health of gpu {:?}, which is not in this node's inventory",
+                truncate(&h.gpu_uuid)
+            )));
+        }
+        if !seen_health.insert(h.gpu_uuid.clone()) {
+            return Err(invalid(format!(
+                "tick {i}: gpu {} has two health samples",
+                h.gpu_uuid
+            )));
+        }
+        health.push(decode_health(i, h)?);
+    }
     let mut processes = Vec::with_capacity(t.processes.len());
     for p in t.processes {
         if !known_gpus(&p.gpu_uuid) {
@@ -297,6 +331,7 @@ pub(super) fn decode_tick(
         processes,
         host: host.transpose()?,
         events,
+        health,
         cost: t.cost.map(|c| SamplerCost {
             cpu_us: c.cpu_us,
             wall_us: c.wall_us,
@@ -374,6 +409,46 @@ pub(super) fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<Gp
         throttle_reasons: g.throttle_reasons,
         enc_util_pct: pct(w("enc_util_pct"), g.enc_util_pct)?,
         dec_util_pct: pct(w("dec_util_pct"), g.dec_util_pct)?,
+        gpu_uuid: uuid,
+    })
+}
+
+/// Health counters are cumulative counts; anything past 2^53 is no real count (and would
+/// not survive a JSON number or a signed SQL integer).
+const MAX_HEALTH_COUNT: u64 = 1 << 53;
+/// NVML retires at most a few hundred pages and remaps a few rows per bank; a million of
+/// either is garbage.
+const MAX_HEALTH_ROWS: u32 = 1_000_000;
+
+pub(super) fn decode_health(i: usize, h: pb::GpuHealthSample) -> Result<GpuHealthSample, Invalid> {
+    let uuid = h.gpu_uuid;
+    let u = uuid.as_str();
+    let w = |f: &'static str| {
+        Lazy(move |o: &mut std::fmt::Formatter<'_>| write!(o, "tick {i}: gpu {u} health: {f}"))
+    };
+    let rows = |f: &'static str, v: Option<u32>| at_most(w(f), v, MAX_HEALTH_ROWS);
+    let counter = |f: &'static str, v: Option<u64>| at_most(w(f), v, MAX_HEALTH_COUNT);
+    Ok(GpuHealthSample {
+        retired_pages_sbe: rows("retired_pages_sbe", h.retired_pages_sbe)?,
+        retired_pages_dbe: rows("retired_pages_dbe", h.retired_pages_dbe)?,
+        retired_pages_pending: h.retired_pages_pending,
+        remapped_rows_correctable: rows("remapped_rows_correctable", h.remapped_rows_correctable)?,
+        remapped_rows_uncorrectable: rows(
+            "remapped_rows_uncorrectable",
+            h.remapped_rows_uncorrectable,
+        )?,
+        remapped_rows_pending: h.remapped_rows_pending,
+        remapped_rows_failed: h.remapped_rows_failed,
+        ecc_corrected_aggregate: counter("ecc_corrected_aggregate", h.ecc_corrected_aggregate)?,
+        ecc_uncorrected_aggregate: counter(
+            "ecc_uncorrected_aggregate",
+            h.ecc_uncorrected_aggregate,
+        )?,
+        pcie_replay_count: counter("pcie_replay_count", h.pcie_replay_count)?,
+        nvlink_crc_errors: counter("nvlink_crc_errors", h.nvlink_crc_errors)?,
+        nvlink_replay_errors: counter("nvlink_replay_errors", h.nvlink_replay_errors)?,
+        nvlink_recovery_errors: counter("nvlink_recovery_errors", h.nvlink_recovery_errors)?,
+        persistence_mode: h.persistence_mode,
         gpu_uuid: uuid,
     })
 }

@@ -37,6 +37,7 @@ impl From<GpuInfo> for pb::GpuInfo {
             power_limit_max_mw, max_clock_sm_mhz, max_clock_mem_mhz, max_clock_graphics_mhz,
             nvlink_count, mig_enabled, compute_mode, persistence_mode, cuda_capability_major,
             cuda_capability_minor, pcie_link_gen_max, pcie_link_width_max, vbios_version,
+            temp_slowdown_c, temp_shutdown_c, temp_gpu_max_c, temp_mem_max_c,
         }; mig_instances: mig.collect())
     }
 }
@@ -70,6 +71,7 @@ impl From<Tick> for pb::Tick {
                 same_fields!(c => SamplerCost { cpu_us, wall_us, source_us };
                     slowest_calls_us: c.slowest_calls_us.into_iter().collect())
             }),
+            health: t.health.into_iter().map(Into::into).collect(),
         }
     }
 }
@@ -88,6 +90,18 @@ impl From<GpuSample> for pb::GpuSample {
             ecc_corrected_volatile, ecc_uncorrected_volatile, throttle_reasons, enc_util_pct,
             dec_util_pct,
         }; nvlinks: links.collect())
+    }
+}
+
+impl From<GpuHealthSample> for pb::GpuHealthSample {
+    fn from(h: GpuHealthSample) -> Self {
+        same_fields!(h => GpuHealthSample {
+            gpu_uuid, retired_pages_sbe, retired_pages_dbe, retired_pages_pending,
+            remapped_rows_correctable, remapped_rows_uncorrectable, remapped_rows_pending,
+            remapped_rows_failed, ecc_corrected_aggregate, ecc_uncorrected_aggregate,
+            pcie_replay_count, nvlink_crc_errors, nvlink_replay_errors, nvlink_recovery_errors,
+            persistence_mode,
+        })
     }
 }
 

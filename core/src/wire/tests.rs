@@ -47,6 +47,23 @@ fn sample_batch() -> Batch {
                 detail: "fell off the bus".into(),
             }],
             cost: None,
+            health: vec![GpuHealthSample {
+                gpu_uuid: "GPU-a".into(),
+                retired_pages_sbe: None,
+                retired_pages_dbe: None,
+                retired_pages_pending: None,
+                remapped_rows_correctable: Some(2),
+                remapped_rows_uncorrectable: Some(0),
+                remapped_rows_pending: Some(true),
+                remapped_rows_failed: Some(false),
+                ecc_corrected_aggregate: Some(17),
+                ecc_uncorrected_aggregate: Some(0),
+                pcie_replay_count: Some(3),
+                nvlink_crc_errors: None,
+                nvlink_replay_errors: Some(0),
+                nvlink_recovery_errors: None,
+                persistence_mode: Some(false),
+            }],
         }],
         delivery: DeliveryStats {
             dropped_samples: 3,
@@ -68,6 +85,75 @@ fn round_trip_keeps_every_field_and_absence() {
         back.ticks[0].gpus[0].temp_gpu_c, None,
         "absent stays absent"
     );
+}
+
+#[test]
+fn health_and_thresholds_round_trip_with_absence_and_false_kept() {
+    let b = sample_batch();
+    let back = decode(b.clone().into()).expect("valid batch");
+    let h = &back.ticks[0].health[0];
+    assert_eq!(h, &b.ticks[0].health[0]);
+    assert_eq!(h.retired_pages_sbe, None, "unsupported stays absent");
+    assert_eq!(h.remapped_rows_uncorrectable, Some(0), "zero stays zero");
+    assert_eq!(h.persistence_mode, Some(false), "false is not absent");
+    // A tick without health decodes to none (not to an empty sample).
+    let mut b = sample_batch();
+    b.ticks[0].health.clear();
+    assert!(decode(b.into()).expect("valid").ticks[0].health.is_empty());
+
+    let info = GpuInfo {
+        index: 0,
+        uuid: "GPU-a".into(),
+        name: "H100".into(),
+        temp_slowdown_c: Some(87),
+        temp_shutdown_c: Some(92),
+        temp_gpu_max_c: None,
+        temp_mem_max_c: Some(95),
+        ..Default::default()
+    };
+    let hello = pb::Hello {
+        node: "n".into(),
+        inventory: Some(pb::Inventory {
+            gpus: vec![info.clone().into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let (_, inv) = decode_hello(hello, &Limits::default()).expect("valid hello");
+    assert_eq!(inv.gpus[0], info);
+}
+
+#[test]
+fn health_is_validated() {
+    let refused = |f: &dyn Fn(&mut Tick), what: &str| {
+        let mut b = sample_batch();
+        f(&mut b.ticks[0]);
+        let err = decode(b.into()).expect_err(what);
+        assert!(err.to_string().contains(what), "{err}");
+    };
+    refused(
+        &|t| t.health[0].gpu_uuid = "GPU-other".into(),
+        "health of gpu \"GPU-other\", which is not in this node's inventory",
+    );
+    refused(
+        &|t| t.health.push(t.health[0].clone()),
+        "gpu GPU-a has two health samples",
+    );
+    refused(
+        &|t| t.health[0].pcie_replay_count = Some(u64::MAX),
+        "pcie_replay_count = 18446744073709551615 exceeds",
+    );
+    refused(
+        &|t| t.health[0].retired_pages_dbe = Some(u32::MAX),
+        "retired_pages_dbe = 4294967295 exceeds",
+    );
+    refused(
+        &|t| t.health = vec![t.health[0].clone(); 65],
+        "65 health samples in tick 0, limit 64",
+    );
+    let mut b = sample_batch();
+    b.ticks[0].health[0].ecc_corrected_aggregate = Some(1 << 53);
+    decode(b.into()).expect("2^53 is the largest count accepted");
 }
 
 #[test]

@@ -49,10 +49,18 @@ async fn start_alertmanager(dir: &std::path::Path) -> (Child, String) {
         .spawn()
         .expect("start prometheus-alertmanager");
     let client = reqwest::Client::new();
-    crate::common::wait_until("Alertmanager to be ready", Duration::from_secs(30), async || {
-        let r = client.get(format!("http://{listen}/-/ready")).send().await.ok()?;
-        r.status().is_success().then_some(())
-    })
+    crate::common::wait_until(
+        "Alertmanager to be ready",
+        Duration::from_secs(30),
+        async || {
+            let r = client
+                .get(format!("http://{listen}/-/ready"))
+                .send()
+                .await
+                .ok()?;
+            r.status().is_success().then_some(())
+        },
+    )
     .await;
     (child, listen)
 }
@@ -106,11 +114,24 @@ timeout = "5s"
         &db,
         "127.0.0.1:0",
         "127.0.0.1:0",
-        &["--config", &config_arg, "--stale-after", "1s", "--offline-after", "1h"],
+        &[
+            "--config",
+            &config_arg,
+            "--stale-after",
+            "1s",
+            "--offline-after",
+            "1h",
+        ],
     )
     .await;
     let spool = dir.path().join("spool");
-    let mut agent = start_sim_agent(&collector.grpc, "am-node", &spool, 2, &["--interval", "200ms"]);
+    let mut agent = start_sim_agent(
+        &collector.grpc,
+        "am-node",
+        &spool,
+        2,
+        &["--interval", "200ms"],
+    );
 
     let client = reqwest::Client::new();
     let alerts = crate::common::wait_until(
@@ -134,13 +155,18 @@ timeout = "5s"
             format!("am-node GPU {index} is warm")
         );
         assert!(
-            a["labels"]["gpu"].as_str().is_some_and(|g| g.starts_with("GPU-")),
+            a["labels"]["gpu"]
+                .as_str()
+                .is_some_and(|g| g.starts_with("GPU-")),
             "{a}"
         );
     }
     // The collector's API knows the same alerts as firing.
     let ours: Value = client
-        .get(format!("http://{}/api/v1/alerts?state=firing", collector.http))
+        .get(format!(
+            "http://{}/api/v1/alerts?state=firing",
+            collector.http
+        ))
         .send()
         .await
         .expect("GET /api/v1/alerts")
@@ -153,17 +179,29 @@ timeout = "5s"
     crate::common::wait_until(
         "the alerts to resolve in Alertmanager",
         Duration::from_secs(30),
-        async || active(&client, &am, "GpufleetTestWarm").await.is_empty().then_some(()),
+        async || {
+            active(&client, &am, "GpufleetTestWarm")
+                .await
+                .is_empty()
+                .then_some(())
+        },
     )
     .await;
     let resolved: Value = client
-        .get(format!("http://{}/api/v1/alerts?state=resolved", collector.http))
+        .get(format!(
+            "http://{}/api/v1/alerts?state=resolved",
+            collector.http
+        ))
         .send()
         .await
         .expect("GET /api/v1/alerts")
         .json()
         .await
         .expect("JSON");
-    assert_eq!(resolved["alerts"].as_array().map(Vec::len), Some(2), "{resolved}");
+    assert_eq!(
+        resolved["alerts"].as_array().map(Vec::len),
+        Some(2),
+        "{resolved}"
+    );
     harness::sigterm(&collector.child);
 }

@@ -87,8 +87,10 @@ async fn alerts_round_trip_with_their_history(store: Arc<dyn Store>) {
         to_ms: i64::MAX,
     };
     let h = store.alert_history(all, 10).await.expect("history");
-    let seen: Vec<(i64, &str, AlertState)> =
-        h.iter().map(|t| (t.at_ms, t.fingerprint.as_str(), t.to)).collect();
+    let seen: Vec<(i64, &str, AlertState)> = h
+        .iter()
+        .map(|t| (t.at_ms, t.fingerprint.as_str(), t.to))
+        .collect();
     assert_eq!(
         seen,
         [
@@ -105,9 +107,15 @@ async fn alerts_round_trip_with_their_history(store: Arc<dyn Store>) {
         from_ms: 0,
         to_ms: T0,
     };
-    assert_eq!(store.alert_history(early, 10).await.expect("range").len(), 2);
+    assert_eq!(
+        store.alert_history(early, 10).await.expect("range").len(),
+        2
+    );
     assert_eq!(store.prune_alert_history(T0 + 1).await.expect("prune"), 2);
-    assert_eq!(store.alert_history(all, 10).await.expect("history").len(), 2);
+    assert_eq!(
+        store.alert_history(all, 10).await.expect("history").len(),
+        2
+    );
     // Nothing to do is fine.
     store.save_alerts(&[], &[], &[]).await.expect("empty save");
 }

@@ -114,10 +114,14 @@ async fn a_json_webhook_gets_firing_after_a_retry_then_resolved_once() {
     };
     agent.send(batch(1, 91)).await;
 
-    let fired = wait_until("the firing notification, delivered", Duration::from_secs(30), async || {
-        let p = payloads(&seen);
-        (p.len() >= 2).then_some(p)
-    })
+    let fired = wait_until(
+        "the firing notification, delivered",
+        Duration::from_secs(30),
+        async || {
+            let p = payloads(&seen);
+            (p.len() >= 2).then_some(p)
+        },
+    )
     .await;
     let (auth, first, status) = &fired[0];
     assert_eq!(*status, 500, "the receiver refused the first");
@@ -127,7 +131,10 @@ async fn a_json_webhook_gets_firing_after_a_retry_then_resolved_once() {
     let a = &first.alerts[0];
     assert_eq!(first.alerts.len(), 1);
     assert_eq!(first.source, "gpufleet");
-    assert_eq!((a.status.as_str(), a.rule.as_str(), a.severity.as_str()), ("firing", "GpuHot", "critical"));
+    assert_eq!(
+        (a.status.as_str(), a.rule.as_str(), a.severity.as_str()),
+        ("firing", "GpuHot", "critical")
+    );
     assert_eq!(a.labels["node"], "node-7");
     assert_eq!(a.labels["gpu"], "GPU-hot");
     assert_eq!(a.labels["team"], "infra");
@@ -154,27 +161,43 @@ async fn a_json_webhook_gets_firing_after_a_retry_then_resolved_once() {
     assert_eq!(current["alerts"][0]["labels"]["gpu"], "GPU-hot");
 
     agent.send(batch(2, 60)).await;
-    let all = wait_until("the resolved notification", Duration::from_secs(30), async || {
-        let p = payloads(&seen);
-        (p.len() >= 3).then_some(p)
-    })
+    let all = wait_until(
+        "the resolved notification",
+        Duration::from_secs(30),
+        async || {
+            let p = payloads(&seen);
+            (p.len() >= 3).then_some(p)
+        },
+    )
     .await;
     let resolved = &all[2].1.alerts[0];
     assert_eq!(resolved.status, "resolved");
     assert_eq!(resolved.fingerprint, a.fingerprint);
-    assert!(resolved.ends_at_ms.is_some_and(|e| e >= a.starts_at_ms), "{resolved:?}");
+    assert!(
+        resolved.ends_at_ms.is_some_and(|e| e >= a.starts_at_ms),
+        "{resolved:?}"
+    );
     // Resolved alerts are notified once (and firing ones not before resend_delay).
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(payloads(&seen).len(), 3, "nothing more was sent");
 
     let history = api("/api/v1/alerts/history").await;
     let changes: Vec<(String, String)> = (history["transitions"].as_array().expect("list").iter())
-        .map(|t| (t["from"].as_str().unwrap_or("").to_owned(), t["to"].as_str().unwrap_or("").to_owned()))
+        .map(|t| {
+            (
+                t["from"].as_str().unwrap_or("").to_owned(),
+                t["to"].as_str().unwrap_or("").to_owned(),
+            )
+        })
         .collect();
     let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
     assert_eq!(
         changes,
-        [pair("firing", "resolved"), pair("pending", "firing"), pair("inactive", "pending")],
+        [
+            pair("firing", "resolved"),
+            pair("pending", "firing"),
+            pair("inactive", "pending")
+        ],
         "newest first"
     );
     let resolved_now = api("/api/v1/alerts?state=resolved").await;

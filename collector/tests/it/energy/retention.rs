@@ -34,6 +34,7 @@ async fn after_raw_expiry_reports_stay_exact_on(store: Arc<dyn Store>) {
         store.nodes().await.expect("nodes"),
         store.latest_gpu_samples().await.expect("latest"),
         store.latest_host_samples().await.expect("host"),
+        store.latest_gpu_health().await.expect("health"),
     );
     let get = |uri: String| {
         let (store, live) = (Arc::clone(&store), Arc::clone(&live));
