@@ -78,6 +78,7 @@ fn main() {
         lib_path: Some(lib),
         proc_root,
         hostname: "bench".into(),
+        health_interval: gpufleet_agent::nvml::DEFAULT_HEALTH_INTERVAL,
     })
     .expect("open the fake NVML");
     src.inventory().expect("inventory");

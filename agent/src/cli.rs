@@ -45,6 +45,19 @@ pub struct SourceArgs {
         default_value = "/proc"
     )]
     pub proc_root: PathBuf,
+    /// How often GPU health counters are read (retired / remapped memory, lifetime ECC,
+    /// PCIe replays, NVLink errors, persistence mode); also right after an Xid, ECC or
+    /// GPU-lost event. Not 0.
+    #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = positive_duration)]
+    pub health_interval: std::time::Duration,
+}
+
+/// A duration above zero (`30s`): a zero health interval would read NVML every tick.
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match gpufleet_core::config::parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: must be more than 0 (e.g. 30s)")),
+        d => Ok(d),
+    }
 }
 
 /// Why the source the flags ask for could not be opened.
@@ -69,12 +82,13 @@ impl SourceArgs {
                 Some(path) => Scenario::from_file(path)?,
                 None => Scenario::default(),
             };
-            let sim = simulator(SimOptions {
+            let mut sim = simulator(SimOptions {
                 node: node.to_owned(),
                 gpus: self.sim_gpus,
                 seed: self.sim_seed,
                 scenario,
             })?;
+            sim.set_health_interval(self.health_interval);
             info!(
                 node,
                 gpus = self.sim_gpus,
@@ -88,6 +102,7 @@ impl SourceArgs {
                 lib_path: self.nvml_lib.clone(),
                 proc_root: self.proc_root.clone(),
                 hostname: node.to_owned(),
+                health_interval: self.health_interval,
             })?;
             Ok(Box::new(nvml))
         }

@@ -17,25 +17,26 @@ pub enum Spacing {
 }
 
 /// Takes a snapshot: the inventory and the second of two readings (so rates, CPU % and
-/// per-process utilization cover a real interval).
+/// per-process utilization cover a real interval), with the first's health counters.
 pub fn take(
     sampler: &mut Sampler,
     now_ms: i64,
     spacing: Spacing,
 ) -> Result<(Inventory, Tick), SourceError> {
     let inventory = sampler.inventory()?;
-    let tick = match spacing {
-        Spacing::Simulated => {
-            sampler.sample(now_ms - 1000)?;
-            sampler.sample(now_ms)?
-        }
+    let (first, mut tick) = match spacing {
+        Spacing::Simulated => (sampler.sample(now_ms - 1000)?, sampler.sample(now_ms)?),
         Spacing::Wait(d) => {
-            sampler.sample(now_ms)?;
+            let first = sampler.sample(now_ms)?;
             std::thread::sleep(d);
             let later = gpufleet_core::config::now_ms().max(now_ms + 1);
-            sampler.sample(later)?
+            (first, sampler.sample(later)?)
         }
     };
+    // Health counters are read on the first reading (then every health interval).
+    if tick.health.is_empty() {
+        tick.health = first.health;
+    }
     Ok((inventory, tick))
 }
 

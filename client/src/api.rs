@@ -30,6 +30,49 @@ impl NodeStatus {
     }
 }
 
+/// A GPU's or node's health as the collector judged it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    Ok,
+    Warning,
+    Critical,
+    /// A state this client does not know (a newer collector).
+    #[default]
+    #[serde(other)]
+    Unknown,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "ok",
+            Health::Warning => "warning",
+            Health::Critical => "critical",
+            Health::Unknown => "?",
+        }
+    }
+}
+
+/// One reason a GPU or node is not (entirely) ok: what is wrong and what to do.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct HealthReason {
+    pub code: String,
+    pub severity: Health,
+    #[serde(default)]
+    pub summary: String,
+    #[serde(default)]
+    pub action: String,
+}
+
+/// A GPU's or node's judged health (absent from a collector that does not judge).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+pub struct HealthView {
+    pub state: Health,
+    #[serde(default)]
+    pub reasons: Vec<HealthReason>,
+}
+
 /// One node of `GET /api/v1/fleet`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct FleetNode {
@@ -44,6 +87,8 @@ pub struct FleetNode {
     pub host: FleetHost,
     #[serde(default)]
     pub gpus: Vec<FleetGpu>,
+    #[serde(default)]
+    pub health: Option<HealthView>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -67,6 +112,8 @@ pub struct FleetGpu {
     pub index: u32,
     pub name: String,
     pub latest: Option<GpuLatest>,
+    #[serde(default)]
+    pub health: Option<HealthView>,
 }
 
 /// A GPU's newest sample: the fleet's fields, and the node view's (present in
@@ -105,6 +152,8 @@ pub struct NodeDetail {
     pub host: NodeHost,
     #[serde(default)]
     pub gpus: Vec<NodeGpu>,
+    #[serde(default)]
+    pub health: Option<HealthView>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -125,6 +174,8 @@ pub struct NodeGpu {
     pub latest: Option<GpuLatest>,
     #[serde(default)]
     pub processes: Vec<ProcessSample>,
+    #[serde(default)]
+    pub health: Option<HealthView>,
 }
 
 /// `GET /api/v1/nodes/{name}/events`.
@@ -133,7 +184,34 @@ pub struct Events {
     #[serde(default)]
     pub truncated: bool,
     #[serde(default)]
-    pub events: Vec<Event>,
+    pub events: Vec<EventView>,
+}
+
+/// One event, with the Xid catalogue's explanation for Xid events.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct EventView {
+    #[serde(flatten)]
+    pub event: Event,
+    #[serde(default)]
+    pub explanation: Option<XidExplanation>,
+}
+
+impl std::ops::Deref for EventView {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        &self.event
+    }
+}
+
+/// What an Xid means and what to do (the fields `top` shows).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct XidExplanation {
+    pub name: String,
+    #[serde(default)]
+    pub action: String,
+    #[serde(default)]
+    pub severity: String,
 }
 
 /// `GET /api/v1/containers` (default range: today, UTC midnight to now).
@@ -195,6 +273,12 @@ pub struct LiveNodeStatus {
     pub last_seen_ms: Option<UnixMs>,
     #[serde(default)]
     pub connected: bool,
+    /// The node's health state (absent from a collector that does not judge).
+    #[serde(default)]
+    pub health: Option<Health>,
+    /// The GPUs that are not ok, by UUID.
+    #[serde(default)]
+    pub gpu_health: BTreeMap<String, Health>,
 }
 
 /// The error body of every API error: `{"error": "..."}`.
@@ -220,6 +304,40 @@ mod tests {
         assert_eq!(g.power_mw, None);
         assert_eq!(g.temp_gpu_c, Some(40));
         assert_eq!(nodes[0].status, NodeStatus::Online);
+    }
+
+    #[test]
+    fn health_and_explained_events_parse_and_their_absence_is_kept() {
+        let j = r#"{"name":"n1","status":"online","last_seen_ms":5,
+            "health":{"state":"critical","reasons":[],"gpus_warning":0,"gpus_critical":1},
+            "gpus":[{"uuid":"GPU-1","index":0,"name":"H100","latest":null,
+              "health":{"state":"critical","reasons":[{"code":"xid_79","severity":"critical",
+              "summary":"Xid 79: GPU has fallen off the bus","action":"Reboot","since_ms":5}]}}]}"#;
+        let n: NodeDetail = serde_json::from_str(j).expect("parses");
+        let h = n.gpus[0].health.as_ref().expect("health");
+        assert_eq!(
+            (h.state, h.reasons[0].code.as_str()),
+            (Health::Critical, "xid_79")
+        );
+        let old: FleetNode =
+            serde_json::from_str(r#"{"name":"n","status":"online","last_seen_ms":1}"#)
+                .expect("parses");
+        assert_eq!(old.health, None, "an older collector: no health, not ok");
+        let e: Events = serde_json::from_str(
+            r#"{"events":[{"time_ms":1,"gpu_uuid":"GPU-1","kind":"xid","code":79,"detail":"x",
+              "explanation":{"code":79,"name":"GPU has fallen off the bus","meaning":"m",
+              "cause":"c","action":"Reboot","severity":"critical","known":true}},
+              {"time_ms":2,"gpu_uuid":"","kind":"spool_drop","code":null,"detail":"y"}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(e.events[0].code, Some(79));
+        assert_eq!(
+            e.events[0].explanation.as_ref().map(|x| x.name.as_str()),
+            Some("GPU has fallen off the bus")
+        );
+        assert_eq!(e.events[1].explanation, None);
+        let s: Health = serde_json::from_str("\"degraded\"").expect("parses");
+        assert_eq!(s, Health::Unknown);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! workload, and the connection state. Pure: the network code feeds it, the UI reads it.
 
 use crate::api::{
-    Containers, Events, FleetGpu, FleetNode, LiveStatus, LiveTick, NodeDetail, NodeStatus,
+    Containers, Events, FleetGpu, FleetNode, Health, LiveStatus, LiveTick, NodeDetail, NodeStatus,
 };
 use serde::Serialize;
 use std::collections::HashMap;
@@ -113,6 +113,15 @@ impl Fleet {
                     n.status = st.status;
                     n.connected = st.connected;
                     n.last_seen_ms = st.last_seen_ms;
+                    // Health states follow the status event (reasons come with the next
+                    // fleet or node reload).
+                    if let Some(h) = st.health {
+                        n.health.get_or_insert_with(Default::default).state = h;
+                        for g in &mut n.gpus {
+                            let state = st.gpu_health.get(&g.uuid).copied().unwrap_or(Health::Ok);
+                            g.health.get_or_insert_with(Default::default).state = state;
+                        }
+                    }
                 }
                 None => unknown = true,
             }
@@ -274,6 +283,7 @@ mod tests {
                         util_gpu_pct: *util,
                         ..Default::default()
                     }),
+                    health: None,
                 })
                 .collect(),
             ..Default::default()
@@ -318,13 +328,44 @@ mod tests {
                     status: NodeStatus::Stale,
                     last_seen_ms: Some(5),
                     connected: false,
+                    health: None,
+                    gpu_health: Default::default(),
                 })
                 .collect(),
         };
         assert_eq!(f.apply_status(st(&["a"])), Applied::Updated);
         assert_eq!(f.get("a").map(|n| n.status), Some(NodeStatus::Stale));
+        assert_eq!(
+            f.get("a").map(|n| n.health.clone()),
+            Some(None),
+            "no health from a collector that does not judge"
+        );
         assert_eq!(f.now_ms, 100);
         assert_eq!(f.apply_status(st(&["a", "b"])), Applied::Unknown);
+    }
+
+    #[test]
+    fn status_events_carry_health_states() {
+        let mut f = Fleet::new(vec![node("a", &[("G1", Some(50)), ("G2", None)])]);
+        let mut gpu_health = std::collections::BTreeMap::new();
+        gpu_health.insert("G2".to_owned(), Health::Critical);
+        let status = LiveStatus {
+            now_ms: 100,
+            nodes: vec![LiveNodeStatus {
+                name: "a".into(),
+                status: NodeStatus::Online,
+                last_seen_ms: Some(5),
+                connected: true,
+                health: Some(Health::Critical),
+                gpu_health,
+            }],
+        };
+        assert_eq!(f.apply_status(status), Applied::Updated);
+        let n = f.get("a").expect("a");
+        let state = |h: &Option<crate::api::HealthView>| h.as_ref().map(|h| h.state);
+        assert_eq!(state(&n.health), Some(Health::Critical));
+        assert_eq!(state(&n.gpus[0].health), Some(Health::Ok), "not listed: ok");
+        assert_eq!(state(&n.gpus[1].health), Some(Health::Critical));
     }
 
     #[test]

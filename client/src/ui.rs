@@ -3,7 +3,7 @@
 //! the area are cut, and every part takes only the rows it is given, so any terminal
 //! size (and a resize) draws without wrapping or panicking.
 
-use crate::api::{FleetNode, NodeStatus};
+use crate::api::{FleetNode, Health, HealthReason, NodeStatus};
 use crate::app::{App, Sort, View};
 use crate::format::{self, NA, ago, bytes, carbon_g, celsius, energy_j, fit, frac, pct, watts_mw};
 use crate::model::{Link, Model, NodeFigures};
@@ -48,6 +48,15 @@ impl Theme {
         }
     }
 
+    fn health(self, h: Health) -> Style {
+        match h {
+            Health::Ok => self.fg(Color::Green),
+            Health::Warning => self.fg(Color::Yellow),
+            Health::Critical => self.fg(Color::Red).add_modifier(Modifier::BOLD),
+            Health::Unknown => Style::default(),
+        }
+    }
+
     /// Green, yellow, red by how full `f` (0..=1) is.
     fn level(self, f: Option<f64>) -> Style {
         match f {
@@ -71,6 +80,8 @@ impl Theme {
     }
 }
 
+/// Most health reasons the node view lists (the worst first).
+const MAX_REASON_LINES: usize = 6;
 /// Most per-GPU cells a fleet row shows per metric (more GPUs: the first ones, then `+`).
 const MAX_GPU_CELLS: usize = 8;
 /// Temperature drawn full in a bar.
@@ -267,6 +278,7 @@ fn fleet(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, theme: Them
     let heads = [
         (Some(Sort::Name), col("  NODE", 18)),
         (Some(Sort::Status), col("STATUS", 8)),
+        (None, col("HEALTH", 9)),
         (None, col("SEEN", 5)),
         (None, col("GPU", 4)),
         (Some(Sort::Util), col("UTIL", cells + 6)),
@@ -314,6 +326,7 @@ fn fleet(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, theme: Them
             Span::raw(fit(&n.name, 16)),
             Span::raw(" "),
             Span::styled(fit(n.status.as_str(), 8), theme.status(n.status)),
+            health_cell(n.health.as_ref().map(|h| h.state), 9, theme),
             Span::raw(fit(
                 &if now > 0 {
                     ago(n.last_seen_ms, now)
@@ -381,6 +394,14 @@ fn fleet(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, theme: Them
     Paragraph::new(lines).render(list_area, buf);
 }
 
+/// A health state in `width` columns, coloured; `n/a` from a collector that does not judge.
+fn health_cell(h: Option<Health>, width: usize, theme: Theme) -> Span<'static> {
+    match h {
+        Some(h) => Span::styled(fit(h.as_str(), width), theme.health(h)),
+        None => Span::styled(fit(NA, width), theme.dim()),
+    }
+}
+
 /// `HH:MM:SS` (UTC) of a Unix-ms time.
 fn clock(ms: i64) -> String {
     let s = ms.div_euclid(1000).rem_euclid(86_400);
@@ -398,9 +419,28 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         return;
     };
     let gpus = u16::try_from(detail.gpus.len()).unwrap_or(u16::MAX);
-    let [info, gpu_area, proc_area, event_area] = Layout::vertical([
+    // What is wrong, GPU by GPU (informational reasons left out), at most MAX_REASON_LINES.
+    let mut reasons: Vec<(u32, &HealthReason)> = detail
+        .health
+        .iter()
+        .flat_map(|h| h.reasons.iter().map(|r| (u32::MAX, r)))
+        .chain(detail.gpus.iter().flat_map(|g| {
+            g.health
+                .iter()
+                .flat_map(move |h| h.reasons.iter().map(move |r| (g.index, r)))
+        }))
+        .filter(|(_, r)| r.severity != Health::Ok)
+        .collect();
+    reasons.sort_by_key(|(_, r)| std::cmp::Reverse(r.severity));
+    let reason_lines = u16::try_from(reasons.len().min(MAX_REASON_LINES)).unwrap_or(0);
+    let [info, gpu_area, health_area, proc_area, event_area] = Layout::vertical([
         Constraint::Length(2),
         Constraint::Length(gpus.saturating_add(2)),
+        Constraint::Length(if reason_lines > 0 {
+            reason_lines + 1
+        } else {
+            0
+        }),
         Constraint::Fill(2),
         Constraint::Fill(1),
     ])
@@ -422,6 +462,8 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
             ),
             Span::raw(" "),
             Span::styled(detail.status.as_str(), theme.status(detail.status)),
+            Span::raw("  health "),
+            health_cell(detail.health.as_ref().map(|h| h.state), 8, theme),
             Span::raw(format!(
                 "  seen {} ago  {}  {}",
                 ago(
@@ -454,8 +496,18 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
     // The GPU table, like nvidia-smi's.
     let mut lines = vec![Line::styled(
         format!(
-            "{:<5}{:<22}{:<17}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
-            " GPU", "NAME", "UTIL", "MEMORY", "POWER / CAP", "TEMP", "FAN", "PERF", "SM CLK", "ECC"
+            "{:<5}{:<22}{:<9}{:<17}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
+            " GPU",
+            "NAME",
+            "HEALTH",
+            "UTIL",
+            "MEMORY",
+            "POWER / CAP",
+            "TEMP",
+            "FAN",
+            "PERF",
+            "SM CLK",
+            "ECC"
         ),
         theme.title(),
     )];
@@ -474,6 +526,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
             Span::raw(format!(" {:<4}", g.index)),
             Span::raw(fit(&g.name, 21)),
             Span::raw(" "),
+            health_cell(g.health.as_ref().map(|h| h.state), 9, theme),
             Span::styled(
                 format!(
                     "[{}]{:>5} ",
@@ -512,6 +565,29 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         ]));
     }
     Paragraph::new(lines).render(gpu_area, buf);
+
+    if reason_lines > 0 {
+        let mut lines = vec![Line::styled(
+            format!(
+                "{:<5}{:<10}{}",
+                " GPU", "HEALTH", "WHAT IS WRONG → WHAT TO DO"
+            ),
+            theme.title(),
+        )];
+        for (gpu, r) in reasons.iter().take(MAX_REASON_LINES) {
+            let gpu = if *gpu == u32::MAX {
+                "node".to_owned()
+            } else {
+                gpu.to_string()
+            };
+            lines.push(Line::from(vec![
+                Span::raw(format!(" {gpu:<4}")),
+                Span::styled(fit(r.severity.as_str(), 10), theme.health(r.severity)),
+                Span::raw(format!("{} → {}", r.summary, r.action)),
+            ]));
+        }
+        Paragraph::new(lines).render(health_area, buf);
+    }
 
     // Processes, with who they belong to.
     let index_of = |uuid: &str| {
@@ -608,9 +684,14 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
                 } else {
                     index_of(&e.gpu_uuid)
                 };
+                // An Xid says what it is and what to do before the driver's text.
+                let what = e
+                    .explanation
+                    .as_ref()
+                    .map_or_else(String::new, |x| format!("{} — {} | ", x.name, x.action));
                 lines.push(Line::styled(
                     format!(
-                        " {:<10}{:<5}{:<16}{:<7}{}",
+                        " {:<10}{:<5}{:<16}{:<7}{what}{}",
                         clock(e.time_ms),
                         gpu,
                         e.kind.as_str(),

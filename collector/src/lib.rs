@@ -9,6 +9,7 @@
 //! - [`store`]: the storage boundary (a trait per concept, `Store` all of them); the only module that knows SQL.
 //! - [`ingest`]: the gRPC ingest service, the group-commit writer, agents' identity.
 //! - [`live`]: in-memory latest state, following other collectors, node status.
+//! - [`health`]: the Xid catalogue and the GPU / node health judge.
 //! - [`accounting`]: energy, rollups and retention, carbon, reports; jobs under leases.
 //! - [`api`]: the axum router, one module per resource, OpenAPI, `/metrics`, dashboard.
 //! - [`auth`]: agent/viewer/admin tokens, dashboard login, security headers.
@@ -23,6 +24,7 @@ pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod health;
 pub mod ingest;
 pub mod live;
 pub mod metrics;

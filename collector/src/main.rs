@@ -183,6 +183,8 @@ struct ServeArgs {
     carbon: gpufleet_cli::CarbonArgs,
     #[command(flatten)]
     remote_write: gpufleet_collector::remote_write::RemoteWriteArgs,
+    #[command(flatten)]
+    waste: gpufleet_collector::cli::waste::WasteArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -305,9 +307,11 @@ async fn run_serve(
         follow: args.follow_store,
         retention,
         remote_write,
+        waste: args.waste.settings(),
         counters: gpufleet_collector::accounting::counters::CounterOptions {
             refresh: args.metrics_refresh,
             max_workloads: args.metrics_max_workloads,
+            ..Default::default()
         },
         carbon: gpufleet_collector::accounting::carbon::CarbonOptions {
             config: std::sync::Arc::new(carbon),
@@ -413,6 +417,7 @@ async fn run_demo(
         counters: gpufleet_collector::accounting::counters::CounterOptions {
             refresh: args.metrics_refresh,
             max_workloads: args.metrics_max_workloads,
+            ..Default::default()
         },
         alerts,
         ..Default::default()

@@ -68,6 +68,9 @@ pub struct ServeOptions {
     pub counters: crate::accounting::counters::CounterOptions,
     /// Alert rules and webhooks ([`crate::alerts`]); the default rules unless configured.
     pub alerts: crate::alerts::AlertOptions,
+    /// The idle-but-allocated rule: `/api/v1/waste`'s defaults and `/metrics`' gauge
+    /// ([`crate::accounting::waste`]).
+    pub waste: crate::accounting::waste::WasteSettings,
 }
 
 impl Default for ServeOptions {
@@ -91,6 +94,7 @@ impl Default for ServeOptions {
             remote_write: None,
             counters: crate::accounting::counters::CounterOptions::default(),
             alerts: crate::alerts::AlertOptions::default(),
+            waste: crate::accounting::waste::WasteSettings::default(),
         }
     }
 }
@@ -161,6 +165,7 @@ pub async fn serve_with_store(
         store.latest_host_samples().await?,
         store.latest_gpu_health().await?,
     );
+    crate::health::seed_memory(store.as_ref(), &live, gpufleet_core::config::now_ms()).await?;
     let metrics = Arc::new(Metrics::default());
     let writer_stop = CancellationToken::new();
     let (writer, writer_task) = writer::spawn(
@@ -304,7 +309,10 @@ pub async fn serve_with_store(
         Arc::clone(&live),
         Arc::clone(&options.carbon.config),
         Arc::clone(&workloads),
-        options.counters,
+        crate::accounting::counters::CounterOptions {
+            waste: options.waste,
+            ..options.counters
+        },
         system_clock(),
         accountant_stop.clone(),
     );
@@ -379,6 +387,7 @@ pub async fn serve_with_store(
         status: options.status,
         clock: system_clock(),
         workloads,
+        waste: options.waste,
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
     let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {

@@ -231,6 +231,38 @@ pub struct Gpu {
     pub lost_for_calls: Option<u64>,
     /// Events its event sets deliver.
     pub events: Vec<EventSpec>,
+
+    /// `nvmlDeviceGetTemperatureThreshold`: slowdown, shutdown, GPU maximum, memory
+    /// maximum (°C).
+    pub temp_slowdown_c: u32,
+    pub temp_shutdown_c: u32,
+    pub temp_gpu_max_c: u32,
+    pub temp_mem_max_c: u32,
+    /// Pages retired for single-bit / double-bit errors (`nvmlDeviceGetRetiredPages`
+    /// answers this many pages; one read per count query, the fill answers the same).
+    pub retired_pages_sbe: Value,
+    pub retired_pages_dbe: Value,
+    /// `nvmlDeviceGetRetiredPagesPendingStatus` (0 / 1).
+    pub retired_pages_pending: Value,
+    /// Fields `NVML_FI_DEV_REMAPPED_COR` / `_UNC` / `_PENDING` / `_FAILURE` (flags 0 / 1).
+    pub remapped_rows_correctable: Value,
+    pub remapped_rows_uncorrectable: Value,
+    pub remapped_rows_pending: Value,
+    pub remapped_rows_failed: Value,
+    /// `nvmlDeviceGetTotalEccErrors` with `NVML_AGGREGATE_ECC` (lifetime counts);
+    /// `nvmlDeviceGetTotalEccErrors:aggregate` in `unsupported` answers NOT_SUPPORTED for
+    /// these only.
+    pub ecc_corrected_aggregate: Value,
+    pub ecc_uncorrected_aggregate: Value,
+    /// `nvmlDeviceGetPcieReplayCounter`.
+    pub pcie_replay_count: Value,
+    /// `nvmlDeviceGetNvLinkErrorCounter`, per link (index = link id; a link past the list
+    /// counts 0, a link past `nvlinks` answers NOT_SUPPORTED): DL CRC flit, DL CRC data,
+    /// DL replay, DL recovery. Each (link, counter) has its own read count.
+    pub nvlink_crc_flit_errors: Vec<Value>,
+    pub nvlink_crc_data_errors: Vec<Value>,
+    pub nvlink_replay_errors: Vec<Value>,
+    pub nvlink_recovery_errors: Vec<Value>,
 }
 
 impl Default for Gpu {
@@ -291,6 +323,24 @@ impl Default for Gpu {
             lost_after_calls: None,
             lost_for_calls: None,
             events: Vec::new(),
+            temp_slowdown_c: 89,
+            temp_shutdown_c: 92,
+            temp_gpu_max_c: 87,
+            temp_mem_max_c: 95,
+            retired_pages_sbe: 0.into(),
+            retired_pages_dbe: 0.into(),
+            retired_pages_pending: 0.into(),
+            remapped_rows_correctable: 0.into(),
+            remapped_rows_uncorrectable: 0.into(),
+            remapped_rows_pending: 0.into(),
+            remapped_rows_failed: 0.into(),
+            ecc_corrected_aggregate: 0.into(),
+            ecc_uncorrected_aggregate: 0.into(),
+            pcie_replay_count: 0.into(),
+            nvlink_crc_flit_errors: Vec::new(),
+            nvlink_crc_data_errors: Vec::new(),
+            nvlink_replay_errors: Vec::new(),
+            nvlink_recovery_errors: Vec::new(),
         }
     }
 }

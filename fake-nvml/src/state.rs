@@ -76,6 +76,8 @@ pub struct State {
     calls: Vec<u64>,
     /// Reads per (GPU, value): the index into each [`Value`].
     reads: HashMap<(usize, &'static str), u64>,
+    /// Reads per (GPU, NVLink error counter, link).
+    link_reads: HashMap<(usize, u32, u32), u64>,
     /// Which of each GPU's events were delivered.
     delivered: Vec<Vec<bool>>,
     /// Event sets by handle - 1; `None` once freed.
@@ -99,6 +101,7 @@ impl State {
             fields: BTreeMap::new(),
             calls: vec![0; n],
             reads: HashMap::new(),
+            link_reads: HashMap::new(),
             sets: Vec::new(),
             last_ts: 0,
         }
@@ -172,6 +175,32 @@ impl State {
         let v = pick(&self.scenario.gpus[i]).at(*n);
         *n += 1;
         v
+    }
+
+    /// The value `key` of GPU `i` as its latest read answered (its first if never read),
+    /// without counting a read: a fill answering what its count query said.
+    pub fn last_read(&self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.reads.get(&(i, key)).copied().unwrap_or(0);
+        pick(&self.scenario.gpus[i]).at(n.saturating_sub(1))
+    }
+
+    /// The next read of NVLink error counter `counter` of link `link` on GPU `i`: `None`
+    /// for a link that is not active.
+    pub fn read_link(
+        &mut self,
+        i: usize,
+        counter: u32,
+        link: u32,
+        pick: fn(&Gpu) -> &[Value],
+    ) -> Option<u64> {
+        let g = &self.scenario.gpus[i];
+        if link >= g.nvlinks {
+            return None;
+        }
+        let n = self.link_reads.entry((i, counter, link)).or_insert(0);
+        let v = pick(g).get(link as usize).map_or(0, |v| v.at(*n));
+        *n += 1;
+        Some(v)
     }
 
     /// The call number of `key` on GPU `i` (0-based), counting this one.

@@ -7,10 +7,12 @@
 //!   per-GPU series).
 //! - [`render`]: `table`, `json`, `yaml`, `csv`.
 //! - [`plot`]: the PNG time-series plot.
+//! - [`waste`]: the idle-but-allocated episodes of a range (`gpufleet-collector report waste`).
 
 pub mod model;
 pub mod plot;
 pub mod render;
+pub mod waste;
 
 pub use model::{
     CarbonSummary, EnergySummary, GpuRef, GpuSeries, IntensityPoint, MetricSummary, MetricsBuilder,

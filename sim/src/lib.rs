@@ -128,11 +128,14 @@ pub struct Simulator {
     load1: Option<f64>,
     /// When health counters were last sent (`None`: not yet; the first tick sends them).
     last_health_ms: Option<UnixMs>,
+    /// How often they are sent ([`HEALTH_INTERVAL_MS`] unless set).
+    health_every_ms: i64,
     /// The previous tick had an Xid / ECC / GPU-lost event: this one sends health.
     health_due: bool,
 }
 
-/// How often the simulator sends health counters (the agent's default health interval).
+/// How often the simulator sends health counters by default (the agent's default
+/// `--health-interval`).
 pub const HEALTH_INTERVAL_MS: i64 = 30_000;
 
 impl Simulator {
@@ -236,6 +239,7 @@ impl Simulator {
             last_ms: None,
             load1: None,
             last_health_ms: None,
+            health_every_ms: HEALTH_INTERVAL_MS,
             health_due: false,
         })
     }
@@ -243,6 +247,11 @@ impl Simulator {
     /// The seed in use (given, or derived from the node name).
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Sends health counters every `every` (of tick time) instead of every 30 s.
+    pub fn set_health_interval(&mut self, every: std::time::Duration) {
+        self.health_every_ms = i64::try_from(every.as_millis()).unwrap_or(i64::MAX).max(1);
     }
 
     /// The GPU model of this node.
@@ -628,7 +637,7 @@ impl GpuSource for Simulator {
         let due = self.health_due
             || self
                 .last_health_ms
-                .is_none_or(|last| now - last >= HEALTH_INTERVAL_MS);
+                .is_none_or(|last| now - last >= self.health_every_ms);
         if due {
             tick.health = self.gpus.iter().map(GpuState::health).collect();
             self.last_health_ms = Some(now);

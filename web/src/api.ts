@@ -44,6 +44,39 @@ export interface Process {
   workload: Workload;
 }
 
+export type HealthState = 'ok' | 'warning' | 'critical';
+
+/** One reason a GPU or node is not (entirely) ok; severity `ok` is informational.
+ * /api/v1/fleet lists only warning and critical reasons, without action or since. */
+export interface HealthReason {
+  code: string;
+  severity: HealthState;
+  summary: string;
+  action?: string;
+  since_ms?: number | null;
+}
+
+export interface GpuHealth {
+  state: HealthState;
+  reasons: HealthReason[];
+}
+
+export interface NodeHealth extends GpuHealth {
+  gpus_warning: number;
+  gpus_critical: number;
+}
+
+/** The Xid catalogue's entry for an Xid event. */
+export interface XidInfo {
+  code: number;
+  name: string;
+  meaning: string;
+  cause: string;
+  action: string;
+  severity: 'info' | 'warning' | 'critical';
+  known: boolean;
+}
+
 export interface GpuView {
   uuid: string;
   index: number;
@@ -51,6 +84,9 @@ export interface GpuView {
   inventory: { pci_bus_id?: string | null; [k: string]: unknown };
   latest: GpuLatest | null;
   processes: Process[];
+  health?: GpuHealth;
+  /** The latest sample's throttle reasons by name (absent: no mask). */
+  throttle?: string[] | null;
 }
 
 export interface HostLatest {
@@ -73,6 +109,7 @@ export interface NodeView {
   labels: Record<string, string>;
   agent_version: string;
   interval_ms: number;
+  health?: NodeHealth;
   host: {
     hostname: string;
     kernel: string | null;
@@ -112,6 +149,8 @@ export interface EventView {
   kind: string;
   code: number | null;
   detail: string;
+  /** For Xid events: the catalogue's entry. */
+  explanation?: XidInfo | null;
 }
 
 /** A tick pushed by /api/v1/live. */
@@ -125,7 +164,15 @@ export interface LiveTick {
 
 export interface LiveStatus {
   now_ms: number;
-  nodes: { name: string; status: Status; last_seen_ms: number | null; connected: boolean }[];
+  nodes: {
+    name: string;
+    status: Status;
+    last_seen_ms: number | null;
+    connected: boolean;
+    health?: HealthState;
+    /** GPUs that are not ok, by UUID. */
+    gpu_health?: Record<string, HealthState>;
+  }[];
 }
 
 export class ApiError extends Error {}

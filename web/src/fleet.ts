@@ -3,14 +3,19 @@
 // then one live stream for everything.
 import { getJson, type GpuView, type LiveStatus, type LiveTick, type NodeView } from './api';
 import { ago, bytes, clear, el, loadClass, num, watts } from './dom';
+import { healthBadge, reasonsText } from './health';
 import { openLive } from './live';
 
 const PAGE_SIZE = 48;
 const RENDER_EVERY_MS = 250;
+/** At most this often, a change of some GPU's health reloads the list (for its reasons). */
+const RELOAD_REASONS_MS = 10_000;
 /** A GPU counts as busy at or above this utilization. */
 export const BUSY_PCT = 10;
 
-type SortKey = 'name' | 'load' | 'status';
+type SortKey = 'name' | 'load' | 'status' | 'health';
+
+const HEALTH_RANK = { critical: 0, warning: 1, ok: 2 } as const;
 
 function nodeLoad(n: NodeView): number {
   const vals = n.gpus.map((g) => g.latest?.util_gpu_pct).filter((v): v is number => typeof v === 'number');
@@ -20,7 +25,8 @@ function nodeLoad(n: NodeView): number {
 function matches(n: NodeView, q: string): boolean {
   if (!q) return true;
   const terms = q.toLowerCase().split(/\s+/).filter(Boolean);
-  const hay = [n.name, ...Object.entries(n.labels).flatMap(([k, v]) => [k, v, `${k}=${v}`]), n.status]
+  const hay = [n.name, ...Object.entries(n.labels).flatMap(([k, v]) => [k, v, `${k}=${v}`]), n.status,
+    n.health?.state ?? 'ok']
     .map((s) => s.toLowerCase());
   return terms.every((t) => hay.some((h) => h.includes(t)));
 }
@@ -29,13 +35,16 @@ function tile(n: NodeView, g: GpuView): HTMLElement {
   const l = n.status === 'offline' ? null : g.latest;
   const util = l?.util_gpu_pct ?? null;
   const memPct = l && l.mem_used_bytes !== null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
+  const health = g.health?.state ?? 'ok';
+  const why = reasonsText(g.health?.reasons.filter((r) => r.severity !== 'ok'));
   const t = el('a', {
-    class: `tile ${loadClass(util)}`,
+    class: `tile ${loadClass(util)} health-${health}`,
     href: `/gpu/${encodeURIComponent(g.uuid)}`,
-    title: `${g.name} ${g.uuid}`,
+    title: `${g.name} ${g.uuid}${why ? '\n' + why : ''}`,
     'data-uuid': g.uuid,
+    'data-health': health,
   },
-  el('span', { class: 'idx' }, `GPU ${g.index}`),
+  el('span', { class: 'idx' }, `GPU ${g.index}`, health !== 'ok' ? healthBadge(health) : null),
   el('span', { class: 'util' }, num(util, 0, '%')),
   el('span', { class: 'mem' }, 'mem ', num(memPct, 0, '%')),
   el('span', { class: 'pow' }, watts(l?.power_mw), ' / ', watts(l?.power_limit_mw)),
@@ -53,6 +62,7 @@ function card(n: NodeView, now: number): HTMLElement {
     el('header', {},
       el('a', { class: 'name', href: `/node/${encodeURIComponent(n.name)}` }, n.name),
       el('span', { class: `badge ${n.status}` }, n.status),
+      n.health && n.health.state !== 'ok' ? healthBadge(n.health.state) : null,
       el('span', { class: 'seen' }, ago(n.last_seen_ms, now)),
       host ? el('span', { class: 'host' }, 'cpu ', num(host.cpu_util_pct, 0, '%'), ' · mem ', bytes(host.mem_used_bytes)) : null),
     labels,
@@ -72,7 +82,8 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
   const sortSel = el('select', { id: 'sort', 'aria-label': 'sort' },
     el('option', { value: 'name' }, 'sort by name'),
     el('option', { value: 'load' }, 'sort by load'),
-    el('option', { value: 'status' }, 'sort by status'));
+    el('option', { value: 'status' }, 'sort by status'),
+    el('option', { value: 'health' }, 'sort by health'));
   sortSel.value = sort;
   const pager = el('div', { class: 'pager' });
   const grid = el('div', { class: 'fleet', id: 'fleet' });
@@ -97,9 +108,11 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     let powerMw = 0;
     let powerKnown = false;
     const counts = { online: 0, stale: 0, offline: 0 };
+    const health = { ok: 0, warning: 0, critical: 0 };
     for (const n of all) {
       counts[n.status]++;
       gpus += n.gpus.length;
+      for (const g of n.gpus) health[g.health?.state ?? 'ok']++;
       if (n.status === 'offline') continue;
       for (const g of n.gpus) {
         const u = g.latest?.util_gpu_pct;
@@ -116,6 +129,7 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       el('span', { 'data-total': 'nodes' }, `${all.length} nodes`),
       el('span', {}, `${counts.online} online · ${counts.stale} stale · ${counts.offline} offline`),
       el('span', { 'data-total': 'gpus' }, `${gpus} GPUs`),
+      el('span', { 'data-total': 'health' }, `${health.critical} critical · ${health.warning} warning`),
       el('span', { 'data-total': 'busy' }, `${busy} busy (≥ ${BUSY_PCT}%)`),
       el('span', { 'data-total': 'power' }, `power now ${powerKnown ? (powerMw / 1e6).toFixed(2) + ' kW' : 'n/a'}`));
 
@@ -124,6 +138,9 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     else if (sort === 'status') {
       const rank = { offline: 0, stale: 1, online: 2 };
       shown.sort((a, b) => rank[a.status] - rank[b.status] || a.name.localeCompare(b.name));
+    } else if (sort === 'health') {
+      const h = (n: NodeView) => HEALTH_RANK[n.health?.state ?? 'ok'];
+      shown.sort((a, b) => h(a) - h(b) || a.name.localeCompare(b.name));
     }
     const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
     page = Math.min(page, pages - 1);
@@ -154,8 +171,12 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
   search.addEventListener('input', () => { filter = search.value; page = 0; keepUrl(); schedule(); });
   sortSel.addEventListener('change', () => { sort = sortSel.value as SortKey; keepUrl(); schedule(); });
 
+  let staleReasons = false;
+  let loadedAt = 0;
   const load = async () => {
     // The brief listing (a fraction of /api/v1/nodes): what the tiles show.
+    staleReasons = false;
+    loadedAt = Date.now();
     const list = await getJson<NodeView[]>('/api/v1/fleet');
     nodes = new Map(list.map((n) => [n.name, n]));
     now = Date.now();
@@ -187,8 +208,23 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       n.status = x.status;
       n.last_seen_ms = x.last_seen_ms;
       n.connected = x.connected;
+      // Health states follow the status event; a GPU whose state changed gets its
+      // reasons at the next reload of the list.
+      let changed = false;
+      if (x.health && n.health && n.health.state !== x.health) {
+        n.health.state = x.health;
+        changed = true;
+      }
+      for (const g of n.gpus) {
+        const st = x.gpu_health?.[g.uuid] ?? 'ok';
+        if (g.health && g.health.state !== st) {
+          g.health.state = st;
+          changed = true;
+        }
+      }
+      if (changed) staleReasons = true;
     }
-    if (s.nodes.length !== nodes.size) void load();
+    if (s.nodes.length !== nodes.size || (staleReasons && Date.now() - loadedAt > RELOAD_REASONS_MS)) void load();
     schedule();
   };
   return openLive(null, { tick: onTick, status: onStatus, resync: () => void load() });

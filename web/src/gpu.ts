@@ -5,6 +5,7 @@ import { Chart } from './chart';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
 import { bytes, clear, el, NA, rate, watts } from './dom';
 import type { Baseline, EnergyView } from './energy';
+import { healthBadge, reasonList, xidCell } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
 
@@ -60,18 +61,23 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
   const charts = METRICS.map(([m, title, fmt]) => new Chart({ title, unit: m, series: [{ label: title }], fmt, marks, height: 140, sync: 'gpu' }));
   const evBody = el('tbody');
   for (const e of events) {
-    evBody.append(el('tr', {}, el('td', {}, new Date(e.time_ms).toISOString()), el('td', {}, e.kind),
-      el('td', {}, e.code === null ? NA : String(e.code)), el('td', {}, e.detail)));
+    evBody.append(el('tr', { 'data-kind': e.kind }, el('td', {}, new Date(e.time_ms).toISOString()), el('td', {}, e.kind),
+      el('td', {}, e.code === null ? NA : String(e.code)), el('td', { 'data-col': 'xid' }, xidCell(e.explanation)),
+      el('td', {}, e.detail)));
   }
-  if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '4' }, 'no events in this range')));
+  if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '5' }, 'no events in this range')));
   clear(app);
   app.append(
     el('h2', {}, el('a', { href: `/node/${enc(g.node)}` }, g.node), ` / GPU ${g.index} · ${g.name}`),
     el('p', { class: 'muted' }, `${g.uuid} · bus ${g.inventory.pci_bus_id ?? NA}`),
+    el('h3', {}, 'Health ', healthBadge(g.health?.state, 'gpu-health')),
+    reasonList(g.health?.reasons ?? [], 'gpu-reasons'),
+    el('p', { class: 'muted', id: 'throttle' },
+      g.throttle && g.throttle.length > 0 ? `clock-event reasons now: ${g.throttle.join(', ')}` : ''),
     rangePicker(r, (qs) => navigate(`/gpu/${enc(uuid)}${qs}`)),
     el('div', { class: 'panels small', id: 'panels' }, ...charts.map((c) => c.root)),
     el('h3', {}, 'Events'),
-    el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'detail'].map((h) => el('th', {}, h)))), evBody));
+    el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'what it means / what to do', 'detail'].map((h) => el('th', {}, h)))), evBody));
   for (const c of charts) c.mount();
   // The energy counter's panel also says what the GPU spent in the range, and its CO2.
   const counter = charts[METRICS.findIndex(([m]) => m === 'energy_mj')];

@@ -1,5 +1,5 @@
 // The dashboard's entry: a tiny client-side router over /, /node/NAME, /gpu/UUID,
-// /energy and /alerts.
+// /energy, /waste and /alerts.
 import './style.css';
 import { alertsPage } from './alerts';
 import { getJson } from './api';
@@ -8,6 +8,7 @@ import { energyPage } from './energy';
 import { fleetPage } from './fleet';
 import { gpuPage } from './gpu';
 import { nodePage } from './node';
+import { wastePage } from './waste';
 
 let teardown: (() => void) | null = null;
 
@@ -33,6 +34,9 @@ async function route(): Promise<void> {
     } else if (path === '/energy') {
       crumbs([['energy', path]]);
       teardown = await energyPage(app, navigate);
+    } else if (path === '/waste') {
+      crumbs([['waste', path]]);
+      teardown = await wastePage(app, navigate);
     } else if (path === '/alerts') {
       crumbs([['alerts', path]]);
       teardown = await alertsPage(app);

@@ -6,6 +6,7 @@ import { align, Chart } from './chart';
 import { carbonG, co2, kwh } from './carbon';
 import { ago, bytes, clear, el, NA, num, rate, watts } from './dom';
 import type { EnergyTotals, EnergyView } from './energy';
+import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
 
@@ -33,7 +34,7 @@ function workload(p: Process): string {
 type EnergyByGpu = Map<string, EnergyTotals>;
 
 function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
-  const head = ['GPU', 'name', 'bus id', 'temp', 'perf', 'power / cap', 'memory', 'util', 'ECC corr / uncorr', 'fan', 'SM / mem clock',
+  const head = ['GPU', 'name', 'health', 'bus id', 'temp', 'perf', 'power / cap', 'memory', 'util', 'ECC corr / uncorr', 'fan', 'SM / mem clock',
     'energy (range)', 'CO2 (range)'];
   const tbody = el('tbody');
   for (const g of n.gpus) {
@@ -41,6 +42,7 @@ function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
     tbody.append(el('tr', { 'data-uuid': g.uuid },
       el('td', {}, el('a', { href: `/gpu/${enc(g.uuid)}` }, String(g.index))),
       el('td', {}, g.name),
+      el('td', { 'data-col': 'health' }, healthBadge(g.health?.state)),
       el('td', {}, g.inventory.pci_bus_id ?? NA),
       el('td', {}, num(l?.temp_gpu_c, 0, '°C')),
       el('td', {}, l?.pstate === null || l?.pstate === undefined ? NA : `P${l.pstate}`),
@@ -75,11 +77,27 @@ function processTable(n: NodeView): HTMLElement {
   return el('table', { class: 'procs', id: 'process-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
 }
 
+/** What is wrong on the node: its own reasons, then each GPU's that are not only informational. */
+function healthSection(n: NodeView): HTMLElement {
+  const box = el('div', { id: 'health' });
+  if (n.health && n.health.reasons.length > 0) box.append(reasonList(n.health.reasons, 'node-reasons'));
+  for (const g of n.gpus) {
+    const reasons = g.health?.reasons ?? [];
+    if (reasons.length === 0) continue;
+    box.append(el('div', { class: 'gpu-health', 'data-uuid': g.uuid },
+      el('a', { href: `/gpu/${enc(g.uuid)}` }, `GPU ${g.index}`), ' ', healthBadge(g.health?.state),
+      reasonList(reasons)));
+  }
+  if (!box.firstChild) box.append(el('p', { class: 'muted' }, 'no problems found'));
+  return box;
+}
+
 function hostInfo(n: NodeView, now: number): HTMLElement {
   const h = n.host;
   const labels = Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(' ');
   return el('div', { class: 'nodeinfo' },
-    el('h2', {}, n.name, ' ', el('span', { class: `badge ${n.status}`, id: 'node-status' }, n.status)),
+    el('h2', {}, n.name, ' ', el('span', { class: `badge ${n.status}`, id: 'node-status' }, n.status),
+      ' ', healthBadge(n.health?.state, 'node-health')),
     el('p', {},
       `last sample ${ago(n.last_seen_ms, now)} · ${n.gpus.length} GPUs · driver ${h.driver_version ?? NA} · CUDA ${h.cuda_driver_version ?? NA}`,
       ` · ${h.os ?? NA} · kernel ${h.kernel ?? NA} · ${h.cpu_count ?? NA} CPUs · ${bytes(h.memory_total_bytes)} RAM`,
@@ -214,7 +232,8 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
     clear(info);
     info.append(hostInfo(n, Date.now()));
     clear(tables);
-    tables.append(el('h3', {}, 'GPUs'), gpuTable(n, energy), el('h3', {}, 'Processes'), processTable(n));
+    tables.append(el('h3', {}, 'Health'), healthSection(n), el('h3', {}, 'GPUs'), gpuTable(n, energy),
+      el('h3', {}, 'Processes'), processTable(n));
   };
   void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(name)}`)
     .then((e) => {
@@ -251,10 +270,16 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
         requestAnimationFrame(() => { pending = false; showTables(); });
       }
     },
-    status: (s) => {
+    status: async (s) => {
       const x = s.nodes.find((y) => y.name === name);
       if (x && x.status !== n.status) {
         n.status = x.status;
+        showTables();
+      }
+      // A GPU's health changed: reload the node for its reasons.
+      const changed = x && n.gpus.some((g) => g.health && (x.gpu_health?.[g.uuid] ?? 'ok') !== g.health.state);
+      if (changed) {
+        n = await getJson<NodeView>(base);
         showTables();
       }
     },

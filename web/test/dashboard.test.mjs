@@ -519,6 +519,93 @@ test('the GPU and node pages show energy and CO2 beside each other', async () =>
   await page.context().close();
 });
 
+test('a GPU logging hardware Xids is marked on the fleet, node and GPU pages, with reasons and what to do', async () => {
+  // A simulated node with no workloads (so every Xid is a hardware one: 48, 63, 74, 92,
+  // 94 or 119, each at least a warning) and about one Xid a second.
+  const dir = mkdtempSync(`${tmpdir()}/gpufleet-xid-`);
+  writeFileSync(`${dir}/xid.toml`, 'random_workloads = false\nxid_per_gpu_hour = 3600\n');
+  const xidAgent = spawn(`${bins}/gpufleet-agent`, [
+    'run', '--simulate', '--sim-gpus', '1', '--sim-scenario', `${dir}/xid.toml`, '--node', 'zz-xid-node',
+    '--collector', `http://${grpc}`, '--interval', '200ms', '--spool-dir', mkdtempSync(`${tmpdir()}/gpufleet-spool-`),
+  ], { stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, RUST_LOG: 'warn' } });
+  try {
+    const page = await newPage();
+    await page.goto(`${http}/?q=zz-xid-node`);
+    // The tile turns warning or critical from the live status stream (or a reload).
+    await page.waitForFunction(
+      () => ['warning', 'critical'].includes(document.querySelector('article.node[data-node="zz-xid-node"] .tile')?.getAttribute('data-health') ?? ''),
+      undefined, { timeout: 30_000 });
+    const tile = page.locator('article.node[data-node="zz-xid-node"] .tile').first();
+    assert.match(await tile.getAttribute('class'), /health-(warning|critical)/);
+    const uuid = await tile.getAttribute('data-uuid');
+
+    await page.goto(`${http}/node/zz-xid-node`);
+    const gpuReasons = page.locator(`#health .gpu-health[data-uuid="${uuid}"] li[data-code^="xid_"]`).first();
+    await gpuReasons.waitFor({ timeout: 10_000 });
+    assert.match(await page.locator('#node-health').innerText(), /^(warning|critical)$/);
+    assert.match(await page.locator('#gpu-table [data-col=health]').first().innerText(), /^(warning|critical)$/);
+
+    await page.goto(`${http}/gpu/${encodeURIComponent(uuid)}`);
+    await page.locator('#gpu-reasons li[data-code^="xid_"]').first().waitFor({ timeout: 10_000 });
+    assert.match(await page.locator('#gpu-health').innerText(), /^(warning|critical)$/);
+    const reason = page.locator('#gpu-reasons li[data-code^="xid_"]').first();
+    assert.match(await reason.locator('.summary').innerText(), /^Xid \d+: /);
+    assert.match(await reason.locator('.action').innerText(), /^→ \S/, 'each reason says what to do');
+    // The events list names each Xid and what to do about it.
+    const xidRow = page.locator('#events tr[data-kind="xid"]').first();
+    await xidRow.waitFor({ timeout: 10_000 });
+    const what = await xidRow.locator('[data-col=xid]').innerText();
+    assert.ok(what.includes(' — ') && what.length > 20, `an explained Xid: ${what}`);
+    await page.screenshot({ path: `${shots}/health.png`, fullPage: true });
+    await page.context().close();
+  } finally {
+    xidAgent.kill('SIGKILL');
+  }
+});
+
+test('the waste page lists the idle-but-allocated episodes the API gives, linked from the nav', async () => {
+  // The last 30 minutes of the demo's simulated history (fixed once accounted). This small
+  // fleet's draw holds no notebook (the simulator's idle-but-allocated workload), so the
+  // page is asked for quiet stretches of bursty work instead: at most 30 % for a minute.
+  const to = Math.floor(demoStartMs / MINUTE_MS) * MINUTE_MS - 1;
+  const from = to + 1 - 30 * MINUTE_MS;
+  const rule = 'min_idle=1m&threshold=30';
+  await historyFigures();
+  const v = await api(`/api/v1/waste?from=${from}&to=${to}&${rule}`);
+  assert.ok(v.episodes.length > 0, 'quiet minutes in the history');
+  assert.equal(v.min_idle_seconds, 60);
+  assert.equal(v.threshold_pct, 30);
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.click('#nav-waste');
+  await page.waitForURL(`${http}/waste`);
+  await page.locator('#waste-totals').waitFor({ timeout: 10_000 });
+  assert.match(await page.locator('#waste-rule').innerText(), /at or below 1 % utilization for at least 30 minutes/);
+  await page.goto(`${http}/waste?from=${new Date(from).toISOString()}&to=${new Date(to).toISOString()}&${rule}`);
+  await page.locator('#waste-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  assert.equal(await page.locator('#min-idle').inputValue(), '1m');
+  assert.match(await page.locator('#waste-rule').innerText(), /at or below 30 % utilization for at least 1 minutes/);
+  // Row for row, the API's episodes with their exact energy.
+  const rows = await page.$$eval('#waste-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), Number(tr.getAttribute('data-energy-mj'))]));
+  assert.deepEqual(rows, v.episodes.map((e) => [`${e.workload_key}@${e.gpu.uuid}@${e.since_ms}`, e.energy_mj]));
+  assert.equal(Number(await page.locator('[data-total=energy]').getAttribute('data-value')), v.energy_mj);
+  assert.equal(await page.locator('[data-total=episodes] strong').innerText(), String(v.episodes.length));
+  // CO2: a figure where the node has an intensity, "n/a" (never 0) where it has none.
+  const co2 = await page.$$eval('#waste-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), tr.querySelector('[data-col=co2]')?.textContent ?? '']));
+  for (const [i, [, text]] of co2.entries()) {
+    const e = v.episodes[i];
+    if (e.gpu.node === 'gpu-node-02') assert.equal(text, 'n/a', `${e.workload_key} on an unpriced node`);
+    else if (e.carbon_g !== null) assert.match(text, /^\d+(\.\d+)? k?g$/);
+  }
+  // Per workload: the API's totals, biggest first.
+  const per = await page.$$eval('#waste-workloads tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
+  assert.deepEqual(per, v.workloads.map((w) => w.workload_key));
+  await page.screenshot({ path: `${shots}/waste.png`, fullPage: true });
+  await page.context().close();
+});
+
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
   assert.deepEqual(cspViolations, []);
 });

@@ -32,6 +32,18 @@ pub(super) enum Metric {
     GraphicsProcs,
     ProcessUtil,
     FieldValues,
+    // Health counters (read every health interval, not every tick).
+    RetiredSbe,
+    RetiredDbe,
+    RetiredPending,
+    RemappedRows,
+    EccCorrectedAggregate,
+    EccUncorrectedAggregate,
+    PcieReplay,
+    NvlinkCrc,
+    NvlinkReplay,
+    NvlinkRecovery,
+    Persistence,
 }
 
 impl Metric {
@@ -60,17 +72,28 @@ impl Metric {
             Self::GraphicsProcs => "running_graphics_processes",
             Self::ProcessUtil => "process_utilization_stats",
             Self::FieldValues => "field_values",
+            Self::RetiredSbe => "retired_pages.sbe",
+            Self::RetiredDbe => "retired_pages.dbe",
+            Self::RetiredPending => "are_pages_pending_retired",
+            Self::RemappedRows => "field_values.remapped_rows",
+            Self::EccCorrectedAggregate => "total_ecc_errors.corrected_aggregate",
+            Self::EccUncorrectedAggregate => "total_ecc_errors.uncorrected_aggregate",
+            Self::PcieReplay => "pcie_replay_counter",
+            Self::NvlinkCrc => "nvlink_error_counter.crc",
+            Self::NvlinkReplay => "nvlink_error_counter.replay",
+            Self::NvlinkRecovery => "nvlink_error_counter.recovery",
+            Self::Persistence => "is_in_persistent_mode",
         }
     }
 
-    fn bit(self) -> u32 {
+    fn bit(self) -> u64 {
         1 << (self as u32)
     }
 }
 
 /// A set of [`Metric`]s.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct MetricSet(u32);
+pub(super) struct MetricSet(u64);
 
 impl MetricSet {
     pub(super) fn contains(self, m: Metric) -> bool {
@@ -142,5 +165,7 @@ mod tests {
         s.insert(Metric::ProcessUtil);
         assert!(s.contains(Metric::Fan) && s.contains(Metric::ProcessUtil));
         assert!(!s.contains(Metric::Power));
+        s.insert(Metric::Persistence);
+        assert!(s.contains(Metric::Persistence) && !s.contains(Metric::NvlinkRecovery));
     }
 }

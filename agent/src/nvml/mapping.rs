@@ -11,6 +11,8 @@ use nvml_wrapper::struct_wrappers::device::{
 };
 use nvml_wrapper::sys_exports::field_id::{
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_UNC,
 };
 use std::collections::BTreeMap;
 
@@ -96,6 +98,48 @@ pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
         }
     }
     keys
+}
+
+/// The row-remapping field values (`nvmlDeviceGetRemappedRows` is not wrapped by
+/// nvml-wrapper 0.13; these fields answer the same counts): correctable, uncorrectable,
+/// pending, failure.
+pub const REMAP_FIELDS: [u32; 4] = [
+    NVML_FI_DEV_REMAPPED_COR,
+    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_FAILURE,
+];
+
+/// Row remapping as read from [`REMAP_FIELDS`]: each absent where its entry gave nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Remap {
+    pub correctable: Option<u32>,
+    pub uncorrectable: Option<u32>,
+    pub pending: Option<bool>,
+    pub failed: Option<bool>,
+}
+
+/// [`Remap`] from the readings of the [`REMAP_FIELDS`] batch (see [`field_readings`]).
+pub fn remap_from(values: &BTreeMap<FieldKey, u64>) -> Remap {
+    let get = |field| values.get(&FieldKey { field, scope: 0 }).copied();
+    let count = |field| get(field).map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+    Remap {
+        correctable: count(NVML_FI_DEV_REMAPPED_COR),
+        uncorrectable: count(NVML_FI_DEV_REMAPPED_UNC),
+        pending: get(NVML_FI_DEV_REMAPPED_PENDING).map(|v| v != 0),
+        failed: get(NVML_FI_DEV_REMAPPED_FAILURE).map(|v| v != 0),
+    }
+}
+
+/// A sum of per-link counters: absent when no link answered (a board without NVLink, or
+/// counters it does not support), else the sum of those that did, saturating.
+pub fn link_sum(per_link: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+    per_link
+        .into_iter()
+        .flatten()
+        .fold(None, |acc: Option<u64>, v| {
+            Some(acc.unwrap_or(0).saturating_add(v))
+        })
 }
 
 /// The values of a field-value batch (entry → value; `samples[k]` answers `keys[k]`) and
@@ -362,6 +406,40 @@ pub fn merge_processes(
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    #[test]
+    fn remap_fields_map_to_counts_and_flags_absent_stays_absent() {
+        let key = |field| FieldKey { field, scope: 0 };
+        let values = BTreeMap::from([
+            (key(NVML_FI_DEV_REMAPPED_COR), 3),
+            (key(NVML_FI_DEV_REMAPPED_PENDING), 1),
+            (key(NVML_FI_DEV_REMAPPED_FAILURE), 0),
+        ]);
+        assert_eq!(
+            remap_from(&values),
+            Remap {
+                correctable: Some(3),
+                uncorrectable: None,
+                pending: Some(true),
+                failed: Some(false),
+            }
+        );
+        assert_eq!(remap_from(&BTreeMap::new()), Remap::default());
+    }
+
+    #[test]
+    fn link_sums_are_absent_without_links_and_zero_is_kept() {
+        assert_eq!(link_sum([]), None);
+        assert_eq!(link_sum([None, None]), None);
+        assert_eq!(link_sum([Some(0), None]), Some(0));
+        assert_eq!(link_sum([Some(2), Some(5)]), Some(7));
+        assert_eq!(link_sum([Some(u64::MAX), Some(1)]), Some(u64::MAX));
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,11 @@
 //! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
 //! [`SamplerCost`] carries the total and the slowest.
 //!
+//! Health (`health`): retired pages, row remapping, lifetime ECC, PCIe replays, NVLink
+//! error counters and persistence mode, in `Tick::health`, on the first tick, every
+//! `health_interval` and on the tick after an Xid / ECC / GPU-lost event; the inventory
+//! carries the temperature thresholds (slowdown, shutdown, GPU and memory maximum).
+//!
 //! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
 //! errors, ECC double-bit errors) with a timeout; what it receives is reported in the
 //! next tick. A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
@@ -33,7 +38,7 @@
 //! `field_values_scoped` (the agent's `unsafe`, with the one-call lists of `lists`). Rates are the counters' deltas
 //! between ticks: absent on the first tick and after a counter went backwards.
 //!
-//! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `fields`
+//! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `health`, `fields`
 //! for the batched field values, `lists` for the process and utilization lists in one
 //! call each), `events` is the event thread, and `mapping` holds
 //! the NVML → domain mappings, pure functions tested without NVML.
@@ -43,11 +48,13 @@
 mod device;
 mod events;
 mod fields;
+mod health;
 mod lists;
 mod mapping;
 mod mig;
 mod reader;
 
+pub use health::DEFAULT_HEALTH_INTERVAL;
 pub use mapping::*;
 
 use events::watch_events;
@@ -90,6 +97,9 @@ pub struct NvmlOptions {
     pub proc_root: PathBuf,
     /// The node name reported as the host name.
     pub hostname: String,
+    /// How often health counters are read (`--health-interval`); they are also read on
+    /// the tick after an Xid / ECC / GPU-lost event.
+    pub health_interval: Duration,
 }
 
 self_cell::self_cell!(

@@ -4,6 +4,7 @@
 use super::NvmlOptions;
 use super::device::{DeviceState, Metric, MetricSet};
 use super::fields::{active_nvlinks, read_fields};
+use super::health::{HealthSchedule, read_health};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
     GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
@@ -45,6 +46,8 @@ pub(super) struct Reader<'n> {
     identities: HashMap<u32, ProcessIdentity>,
     /// Events from the event thread, reported in the next tick.
     events: mpsc::Receiver<Event>,
+    /// When health counters are read.
+    health: HealthSchedule,
 }
 
 impl<'n> Reader<'n> {
@@ -99,6 +102,7 @@ impl<'n> Reader<'n> {
             hostname: opts.hostname,
             identities: HashMap::new(),
             events,
+            health: HealthSchedule::new(opts.health_interval),
         })
     }
 
@@ -170,6 +174,7 @@ impl<'n> Reader<'n> {
             ..Default::default()
         };
         let mut seen_pids = Vec::new();
+        let health_due = self.health.due(now_ms);
         for dev in &mut self.devices {
             if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
                 info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
@@ -184,6 +189,15 @@ impl<'n> Reader<'n> {
             let was_lost = dev.lost;
             let (sample, procs) = sample_device(dev, &mut timer, now_ms);
             let mig_of = mig_processes(dev, &mut timer);
+            // A lost GPU's counters cannot be read: its last health stays the one known.
+            // Read before the lost check: a GPU lost during this read is reported too.
+            if health_due && !dev.lost {
+                tick.health.push(read_health(dev, &mut timer));
+                if dev.lost {
+                    // As `sample_device` does: nothing cached is reported for a lost GPU.
+                    dev.power_limit = None;
+                }
+            }
             if dev.lost && !was_lost {
                 tick.events.push(Event {
                     time_ms: now_ms,
@@ -224,6 +238,14 @@ impl<'n> Reader<'n> {
             e.time_ms = e.time_ms.min(now_ms);
             e
         }));
+        if tick.events.iter().any(|e| {
+            matches!(
+                e.kind,
+                EventKind::Xid | EventKind::EccDoubleBit | EventKind::GpuLost
+            )
+        }) {
+            self.health.event_seen();
+        }
         tick.cost = Some(SamplerCost {
             cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
             wall_us: None,

@@ -96,6 +96,26 @@ fn snapshot_json_parses_and_keeps_absent_values_null() {
 }
 
 #[test]
+fn a_zero_health_interval_is_refused_naming_the_flag() {
+    let out = agent()
+        .args(["snapshot", "--simulate", "--health-interval", "0s"])
+        .output()
+        .expect("the agent binary runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--health-interval") && err.contains("more than 0"),
+        "{err}"
+    );
+    // A snapshot shows the health counters (read on its first reading) and the
+    // inventory's temperature thresholds.
+    let out = run_ok(agent().args(["snapshot", "--simulate", "--sim-gpus", "1", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(v["tick"]["health"].as_array().map(Vec::len), Some(1), "{v}");
+    assert!(v["inventory"]["gpus"][0]["temp_slowdown_c"].is_u64());
+}
+
+#[test]
 fn snapshot_needs_no_node_name_nor_a_hostname_file() {
     // A --proc-root without sys/kernel/hostname, no $HOSTNAME, no --node: the table is
     // labelled with this machine's name from gethostname(2).

@@ -29,6 +29,7 @@ fn gpu(node: u32, i: u32, util: Option<u32>) -> FleetGpu {
             temp_gpu_c: Some(40 + util.unwrap_or(0) / 3),
             ..Default::default()
         }),
+        health: None,
     }
 }
 
@@ -209,6 +210,7 @@ fn node_pane() -> NodePane {
                         },
                     ),
                 ],
+                health: None,
             }],
             ..Default::default()
         }),
@@ -320,4 +322,91 @@ fn a_failed_events_fetch_says_why_instead_of_loading_forever() {
     let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
     assert!(text.contains("answered 503"), "{text}");
     assert!(!text.contains("loading events"), "{text}");
+}
+
+#[test]
+fn health_shows_on_the_fleet_and_the_node_with_reasons_and_explained_xids() {
+    use gpufleet::api::{EventView, Events, Health, HealthReason, HealthView, XidExplanation};
+    let critical = |code: &str, summary: &str, action: &str| HealthView {
+        state: Health::Critical,
+        reasons: vec![HealthReason {
+            code: code.into(),
+            severity: Health::Critical,
+            summary: summary.into(),
+            action: action.into(),
+        }],
+    };
+    let mut m = model(4);
+    let mut nodes = m.fleet.nodes().to_vec();
+    nodes[1].health = Some(critical("xid_79", "Xid 79", "reboot"));
+    m.fleet = Fleet::new(nodes);
+    let mut app = App::new();
+    let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
+    let row = text
+        .lines()
+        .find(|l| l.contains("gpu-node-0002"))
+        .expect("row");
+    assert!(row.contains("critical"), "{row}");
+    let other = text
+        .lines()
+        .find(|l| l.contains("gpu-node-0001"))
+        .expect("row");
+    assert!(
+        other.contains("n/a"),
+        "no health from the collector: n/a, {other}"
+    );
+
+    let mut pane = node_pane();
+    let detail = pane.detail.as_mut().expect("detail");
+    detail.health = Some(HealthView {
+        state: Health::Critical,
+        reasons: Vec::new(),
+    });
+    detail.gpus[0].health = Some(critical(
+        "xid_79",
+        "Xid 79: GPU has fallen off the bus (last at 12:00:00Z)",
+        "Drain the node and reboot it",
+    ));
+    pane.events = Some(Events {
+        truncated: false,
+        events: vec![EventView {
+            event: gpufleet_core::Event {
+                time_ms: 1_000,
+                gpu_uuid: "GPU-1-0".into(),
+                kind: gpufleet_core::EventKind::Xid,
+                code: Some(79),
+                detail: "NVRM: Xid 79".into(),
+            },
+            explanation: Some(XidExplanation {
+                name: "GPU has fallen off the bus".into(),
+                action: "Reboot the node".into(),
+                severity: "critical".into(),
+            }),
+        }],
+    });
+    m.node = Some(pane);
+    app.view = View::Node("gpu-node-0002".into());
+    let (text, _) = draw(&mut app, &m, 200, 30, COLOR);
+    assert!(text.contains("health critical"), "{text}");
+    let gpu_row = text
+        .lines()
+        .find(|l| l.contains("NVIDIA H100 80GB HBM3"))
+        .expect("GPU row");
+    assert!(gpu_row.contains("critical"), "{gpu_row}");
+    let reason = text
+        .lines()
+        .find(|l| l.contains("fallen off the bus (last"))
+        .expect("reason line");
+    assert!(
+        reason.contains("critical") && reason.contains("→ Drain the node and reboot it"),
+        "{reason}"
+    );
+    let event = text
+        .lines()
+        .find(|l| l.contains("NVRM: Xid 79"))
+        .expect("event row");
+    assert!(
+        event.contains("GPU has fallen off the bus — Reboot the node"),
+        "{event}"
+    );
 }

@@ -2,7 +2,7 @@
 //! each minute equal to what the raw samples give with the parameters the minute
 //! recorded (idle power, idle policy, gap limit) — and reports every violation.
 
-use crate::accounting::energy::{self, GpuMinute, MINUTE_MS, RULES, minute_of};
+use crate::accounting::energy::{self, GpuMinute, MINUTE_MS, RULES, WorkloadMinute, minute_of};
 use crate::store::rollup::RollupKey;
 use crate::store::{EnergyStore, RollupStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
@@ -163,7 +163,23 @@ fn differences(stored: &GpuMinute, raw: &GpuMinute) -> String {
         samples,
         min_power_mw
     );
-    if stored.workloads != raw.workloads {
+    // Rows computed before the waste columns existed hold NULL there (unknown), not a
+    // disagreement with the raw samples.
+    if stored.util_max_pct.is_some() && stored.util_max_pct != raw.util_max_pct {
+        d.push(format!(
+            "util_max_pct stored {:?} raw {:?}",
+            stored.util_max_pct, raw.util_max_pct
+        ));
+    }
+    let same_workloads = stored.workloads.len() == raw.workloads.len()
+        && stored.workloads.iter().zip(&raw.workloads).all(|(s, r)| {
+            let mem_max_bytes = s.mem_max_bytes.or(r.mem_max_bytes);
+            WorkloadMinute {
+                mem_max_bytes,
+                ..s.clone()
+            } == *r
+        });
+    if !same_workloads {
         let s: Vec<(i64, u64)> = stored
             .workloads
             .iter()

@@ -15,6 +15,10 @@
 //! already published keep their place, new ones are taken biggest first, the rest are
 //! counted in `gpufleet_metrics_series_dropped_total`. A workload without energy for
 //! [`EVICT_AFTER`] leaves the exposition.
+//!
+//! The same refresh publishes the ongoing idle-but-allocated episodes
+//! ([`crate::accounting::waste::ongoing`]) for `gpufleet_gpu_idle_allocated_seconds`, at
+//! most `--metrics-max-workloads` of them (longest first; the rest counted).
 
 use crate::live::state::Live;
 use crate::live::status::Clock;
@@ -42,6 +46,8 @@ pub struct CounterOptions {
     pub refresh: Duration,
     /// Most (node, workload) series exposed; beyond it series are dropped and counted.
     pub max_workloads: usize,
+    /// The idle-but-allocated rule of `gpufleet_gpu_idle_allocated_seconds`.
+    pub waste: crate::accounting::waste::WasteSettings,
 }
 
 impl Default for CounterOptions {
@@ -49,6 +55,7 @@ impl Default for CounterOptions {
         CounterOptions {
             refresh: Duration::from_secs(15),
             max_workloads: 5000,
+            waste: crate::accounting::waste::WasteSettings::default(),
         }
     }
 }
@@ -136,6 +143,47 @@ pub struct Published {
     pub intensity: Vec<(ProviderKind, String, f64)>,
     /// Workload series left out by the cap, summed over refreshes.
     pub dropped: u64,
+    /// Ongoing idle-but-allocated episodes ([`crate::accounting::waste::ongoing`]), at
+    /// most the series cap, longest first.
+    pub idle_allocated: Vec<IdleAllocated>,
+    /// Episodes left out by the cap, summed over refreshes.
+    pub idle_allocated_dropped: u64,
+}
+
+/// One ongoing idle-but-allocated episode, for `gpufleet_gpu_idle_allocated_seconds`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleAllocated {
+    pub labels: WorkloadLabels,
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// Idle so far.
+    pub seconds: f64,
+}
+
+/// The gauge's series from ongoing episodes: longest first, at most `max`; and how many
+/// were left out.
+pub fn idle_allocated(
+    episodes: &[crate::accounting::waste::Episode],
+    max: usize,
+) -> (Vec<IdleAllocated>, u64) {
+    let mut all: Vec<IdleAllocated> = episodes
+        .iter()
+        .filter(|e| e.ongoing)
+        .map(|e| IdleAllocated {
+            labels: WorkloadLabels::new(&e.node, &e.workload),
+            gpu_uuid: e.gpu_uuid.clone(),
+            gpu_index: e.gpu_index,
+            seconds: e.idle_ms() as f64 / 1000.0,
+        })
+        .collect();
+    all.sort_by(|a, b| {
+        b.seconds
+            .total_cmp(&a.seconds)
+            .then_with(|| (&a.labels, &a.gpu_uuid).cmp(&(&b.labels, &b.gpu_uuid)))
+    });
+    let dropped = all.len().saturating_sub(max) as u64;
+    all.truncate(max);
+    (all, dropped)
 }
 
 /// The published counters, shared by the refresh task and `/metrics`
@@ -379,6 +427,7 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut acc = Accumulator::new(clock(), options.max_workloads);
+        let mut idle_dropped = 0u64;
         let mut ticker = tokio::time::interval(options.refresh);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -396,11 +445,26 @@ pub fn spawn(
             };
             let series = acc.apply(&sums);
             let intensity = read_intensity(store.as_ref(), &live, &carbon, now).await;
+            let idle = match crate::accounting::waste::ongoing(store.as_ref(), options.waste, now)
+                .await
+            {
+                Ok(episodes) => {
+                    let (series, dropped) = idle_allocated(&episodes, options.max_workloads);
+                    idle_dropped += dropped;
+                    series
+                }
+                Err(e) => {
+                    warn!(error = %e, "reading idle-but-allocated episodes failed; retrying next period");
+                    counters.current().idle_allocated.clone()
+                }
+            };
             counters.publish(Published {
                 since_ms: Some(acc.since_ms()),
                 series,
                 intensity,
                 dropped: acc.dropped(),
+                idle_allocated: idle,
+                idle_allocated_dropped: idle_dropped,
             });
             if let Some(to) = acc.settle_to(now) {
                 let range = TimeRange {
@@ -420,6 +484,46 @@ pub fn spawn(
 mod tests {
     use super::*;
     use gpufleet_core::WorkloadKind;
+
+    #[test]
+    fn idle_allocated_series_are_the_ongoing_episodes_longest_first_and_capped() {
+        use crate::accounting::waste::Episode;
+        let ep = |job: &str, minutes: i64, ongoing: bool| Episode {
+            node: "n1".into(),
+            gpu_uuid: "GPU-1".into(),
+            gpu_index: 0,
+            gpu_name: "A100".into(),
+            workload: Workload {
+                kind: WorkloadKind::Slurm,
+                job_id: Some(job.into()),
+                ..Default::default()
+            },
+            since_ms: 0,
+            until_ms: minutes * MINUTE_MS,
+            ongoing,
+            minutes: minutes as u32,
+            mem_max_bytes: None,
+            energy_mj: 0,
+            idle_mj: 0,
+            charged_mj: 0,
+            provisional_mj: 0,
+            carbon_g: None,
+            priced_mj: 0,
+        };
+        let all = [
+            ep("1", 31, true),
+            ep("2", 90, true),
+            ep("3", 45, false),
+            ep("4", 40, true),
+        ];
+        let (series, dropped) = idle_allocated(&all, 2);
+        let got: Vec<(&str, f64)> = series
+            .iter()
+            .map(|s| (s.labels.job.as_str(), s.seconds))
+            .collect();
+        assert_eq!(got, [("2", 5400.0), ("4", 2400.0)]);
+        assert_eq!(dropped, 1, "job 1 left out; job 3 is over, not dropped");
+    }
 
     fn labels(key: &str) -> WorkloadLabels {
         let w = Workload {

@@ -403,6 +403,10 @@ pub struct WorkloadMinute {
     /// Time its idle share was split by GPU memory held, or equally.
     pub idle_memory_ms: i64,
     pub idle_equal_ms: i64,
+    /// The most GPU memory its processes held together at the end of one of its
+    /// intervals of the minute; `None` when none of them reported memory. (Waste
+    /// detection reports it: [`crate::accounting::waste`].)
+    pub mem_max_bytes: Option<u64>,
 }
 
 /// One GPU's energy in one minute, and the policy that split it.
@@ -437,6 +441,11 @@ pub struct GpuMinute {
     pub missing_ms: i64,
     /// Samples of this GPU in the minute.
     pub samples: u32,
+    /// The highest GPU utilization reported at the end of the minute's measured
+    /// intervals; `None` when one of them did not report it (or none was measured), so a
+    /// minute is known to be idle only when every interval says so
+    /// ([`crate::accounting::waste`]).
+    pub util_max_pct: Option<u32>,
     /// Lowest power reported in the minute.
     pub min_power_mw: Option<u32>,
     /// The idle power used for this minute.
@@ -575,7 +584,12 @@ pub fn rollup_minute(
         ..Default::default()
     };
     let mut workloads: BTreeMap<WorkloadRef, WorkloadMinute> = BTreeMap::new();
-    for iv in &intervals {
+    // `account` gives one interval per sample after the first (or after `prev`): the
+    // interval ending at `samples[i + offset]` is `intervals[i]`.
+    let offset = samples.len() - intervals.len();
+    // Some(max) while every measured interval's end sample reported utilization.
+    let mut util_max: Option<Option<u32>> = None;
+    for (i, iv) in intervals.iter().enumerate() {
         let dt = iv.duration_ms();
         match iv.method {
             Method::Missing => {
@@ -585,6 +599,12 @@ pub fn rollup_minute(
             Method::Counter => m.counter_mj += iv.energy_mj,
             Method::Trapezoid => m.trapezoid_mj += iv.energy_mj,
         }
+        let end = &samples[i + offset];
+        util_max = Some(match (util_max, end.util_gpu_pct) {
+            (Some(None), _) | (_, None) => None,
+            (Some(Some(a)), Some(b)) => Some(a.max(b)),
+            (None, Some(b)) => Some(b),
+        });
         m.covered_ms += dt;
         m.energy_mj += iv.energy_mj;
         m.active_mj += iv.energy_mj - iv.idle_mj;
@@ -619,10 +639,17 @@ pub fn rollup_minute(
                 Some(SplitMethod::Memory) => w.idle_memory_ms += dt,
                 _ => w.idle_equal_ms += dt,
             }
+            let held = end
+                .processes
+                .iter()
+                .filter(|q| q.workload == p.workload)
+                .try_fold(0u64, |a, q| q.gpu_mem_bytes.map(|b| a.saturating_add(b)));
+            w.mem_max_bytes = w.mem_max_bytes.max(held);
             m.attributed_mj += p.energy_mj;
         }
     }
     m.workloads = workloads.into_values().collect();
+    m.util_max_pct = util_max.flatten();
     m
 }
 

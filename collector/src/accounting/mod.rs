@@ -9,6 +9,7 @@
 //! - [`carbon`]: prices energy minutes in gCO2 from carbon-intensity providers.
 //! - [`report`]: what a container, pod, Slurm job or node spent over a range.
 //! - [`leader`]: runs a background job under a lease, on one collector at a time.
+//! - [`waste`]: idle-but-allocated episodes (a workload holding an idle GPU) and their energy.
 
 pub mod accountant;
 pub mod carbon;
@@ -18,3 +19,4 @@ pub mod energy;
 pub mod leader;
 pub mod report;
 pub mod rollups;
+pub mod waste;

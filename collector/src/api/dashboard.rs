@@ -100,6 +100,8 @@ struct FleetNode<'a> {
     last_seen_ms: Option<UnixMs>,
     labels: &'a BTreeMap<String, String>,
     interval_ms: u32,
+    /// The node's health (its worst GPU; critical offline, warning stale).
+    health: FleetHealth,
     host: FleetHost,
     gpus: Vec<FleetGpu<'a>>,
 }
@@ -123,6 +125,40 @@ struct FleetGpu<'a> {
     index: u32,
     name: &'a str,
     latest: Option<FleetGpuLatest>,
+    /// The GPU's health and what is wrong, worst first.
+    health: FleetHealth,
+}
+
+/// A health state and, in brief, the reasons that make it (informational ones and the
+/// actions are left out: the node and GPU endpoints have them).
+#[derive(Serialize, utoipa::ToSchema)]
+struct FleetHealth {
+    state: crate::health::HealthState,
+    reasons: Vec<FleetReason>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct FleetReason {
+    code: String,
+    severity: crate::health::HealthState,
+    summary: String,
+}
+
+impl FleetHealth {
+    fn of(state: crate::health::HealthState, reasons: Vec<crate::health::HealthReason>) -> Self {
+        FleetHealth {
+            state,
+            reasons: reasons
+                .into_iter()
+                .filter(|r| r.severity != crate::health::HealthState::Ok)
+                .map(|r| FleetReason {
+                    code: r.code,
+                    severity: r.severity,
+                    summary: r.summary,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The GPU values a fleet tile shows (names and units as in the GPU sample).
@@ -139,13 +175,22 @@ struct FleetGpuLatest {
 
 fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> {
     let r = &n.record;
+    let status = st.status.classify(r.last_seen_ms, now);
+    let (health, gpu_health) = crate::health::judge_live_node(
+        n,
+        status,
+        &st.status,
+        &crate::health::HealthPolicy::default(),
+        now,
+    );
     FleetNode {
         name: &r.name,
-        status: st.status.classify(r.last_seen_ms, now),
+        status,
         connected: n.connections > 0,
         last_seen_ms: r.last_seen_ms,
         labels: &r.labels,
         interval_ms: r.interval_ms,
+        health: FleetHealth::of(health.state, health.reasons),
         host: FleetHost {
             latest: n.host.as_ref().map(|h| {
                 let s = h.sample.as_ref();
@@ -160,7 +205,8 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
         gpus: r
             .gpus
             .iter()
-            .map(|g| FleetGpu {
+            .zip(gpu_health)
+            .map(|(g, health)| FleetGpu {
                 uuid: &g.info.uuid,
                 index: g.info.index,
                 name: &g.info.name,
@@ -173,6 +219,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
                     power_limit_mw: l.sample.power_limit_mw,
                     temp_gpu_c: l.sample.temp_gpu_c,
                 }),
+                health: FleetHealth::of(health.state, health.reasons),
             })
             .collect(),
     }
@@ -489,6 +536,9 @@ struct EventView {
     time: String,
     #[serde(flatten)]
     event: Event,
+    /// For an Xid event: what the code means, its likely cause, what to do, how bad it
+    /// is (the catalogue, `/api/v1/health/xid/{code}`); `null` for other events.
+    explanation: Option<crate::health::xid::XidInfo>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -519,6 +569,10 @@ async fn events(
         .into_iter()
         .map(|event| EventView {
             time: format_time(event.time_ms),
+            explanation: (event.kind == gpufleet_core::EventKind::Xid)
+                .then_some(event.code)
+                .flatten()
+                .map(crate::health::xid::explain),
             event,
         })
         .collect();

@@ -5,7 +5,9 @@
 //!   `{"node", "time_ms", "gpus": [{"uuid", …GPU sample}], "host": {…} | null,
 //!   "processes": [...]}` (absent values `null`, as everywhere).
 //! - `status`: every second, `{"now_ms", "nodes": [{"name", "status", "last_seen_ms",
-//!   "connected"}]}` (so stale and offline nodes are marked without polling).
+//!   "connected", "health", "gpu_health": {uuid: state}}]}` (so stale and offline nodes,
+//!   and GPUs whose health changed, are marked without polling; `gpu_health` lists only
+//!   GPUs that are not ok).
 //! - `resync`: `{"skipped": N}` when this client fell more than the announcement buffer
 //!   behind and N commits were skipped: reload `/api/v1/nodes` (or the node) once.
 //!
@@ -65,6 +67,10 @@ struct StatusNode<'a> {
     status: crate::live::status::NodeStatus,
     last_seen_ms: Option<UnixMs>,
     connected: bool,
+    /// The node's health state (its worst GPU, or offline / stale).
+    health: crate::health::HealthState,
+    /// Each GPU's health state by UUID, only GPUs that are not ok.
+    gpu_health: std::collections::BTreeMap<&'a str, crate::health::HealthState>,
 }
 
 fn tick_event(c: &Committed) -> Option<Event> {
@@ -96,11 +102,30 @@ fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
             .nodes
             .values()
             .filter(|n| node.is_none_or(|name| n.record.name == name))
-            .map(|n| StatusNode {
-                name: &n.record.name,
-                status: st.status.classify(n.record.last_seen_ms, now),
-                last_seen_ms: n.record.last_seen_ms,
-                connected: n.connections > 0,
+            .map(|n| {
+                let status = st.status.classify(n.record.last_seen_ms, now);
+                let (health, gpus) = crate::health::judge_live_node(
+                    n,
+                    status,
+                    &st.status,
+                    &crate::health::HealthPolicy::default(),
+                    now,
+                );
+                StatusNode {
+                    name: &n.record.name,
+                    status,
+                    last_seen_ms: n.record.last_seen_ms,
+                    connected: n.connections > 0,
+                    health: health.state,
+                    gpu_health: n
+                        .record
+                        .gpus
+                        .iter()
+                        .zip(gpus)
+                        .filter(|(_, h)| h.state != crate::health::HealthState::Ok)
+                        .map(|(g, h)| (g.info.uuid.as_str(), h.state))
+                        .collect(),
+                }
             })
             .collect();
         Event::default()

@@ -4,9 +4,11 @@
 //! - [`router`]: `app()`, the handlers' shared state, and the route table.
 //! - [`error`]: `ApiError`, the error body, and time parameters.
 //! - [`health`], [`nodes`], [`series`]: liveness, the node list, one GPU metric over time.
+//! - [`gpu_health`]: fleet health (GPUs and nodes not ok, with reasons) and the Xid catalogue.
 //! - [`dashboard`]: the node and GPU detail pages' endpoints (series, events).
 //! - [`live`]: the dashboard's Server-Sent Events stream (`/api/v1/live`).
 //! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports.
+//! - [`waste`]: idle-but-allocated episodes (`/api/v1/waste`).
 //! - [`openapi`]: the OpenAPI description of `/api/v1/*`.
 //! - [`prometheus`]: the `/metrics` text exposition.
 //! - [`assets`]: the embedded dashboard bundle (`web/`).
@@ -19,6 +21,7 @@ pub mod dashboard;
 pub mod energy;
 pub mod error;
 pub mod fuzz;
+pub mod gpu_health;
 pub mod health;
 pub mod live;
 pub mod nodes;
@@ -27,3 +30,4 @@ pub mod prometheus;
 pub mod reports;
 pub mod router;
 pub mod series;
+pub mod waste;

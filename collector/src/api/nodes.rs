@@ -3,13 +3,16 @@
 
 use crate::api::error::{AccessResponses, ApiError};
 use crate::api::router::AppState;
+use crate::health::{GpuHealth, HealthPolicy, NodeHealth};
 use crate::live::state::{LiveGpu, LiveNode};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gpufleet_core::config::format_time;
-use gpufleet_core::{GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
+use gpufleet_core::{
+    GpuHealthSample, GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -32,6 +35,9 @@ pub(crate) struct NodeView<'a> {
     spool_backlog: SpoolView,
     rejected_batches: u64,
     stored_samples: u64,
+    /// The node's health: its worst GPU, critical when offline, warning when stale
+    /// (`reasons` holds the node's own; each GPU carries its own).
+    health: NodeHealth,
     host: HostView<'a>,
     gpus: Vec<GpuView<'a>>,
 }
@@ -74,6 +80,11 @@ struct GpuView<'a> {
     latest: Option<GpuLatestView<'a>>,
     /// Processes seen on the GPU in the latest sample's tick.
     processes: &'a [ProcessSample],
+    /// The GPU's health (ok / warning / critical) and the reasons, worst first.
+    health: GpuHealth,
+    /// The latest sample's clock-event (throttle) reasons by name (`sw_power_cap`,
+    /// `hw_thermal`, …); absent when the sample has no mask.
+    throttle: Option<Vec<&'static str>>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -90,9 +101,12 @@ pub(crate) fn node_view<'a>(
     now_ms: UnixMs,
 ) -> NodeView<'a> {
     let r = &n.record;
+    let status = policy.classify(r.last_seen_ms, now_ms);
+    let (health, gpu_health) =
+        crate::health::judge_live_node(n, status, policy, &HealthPolicy::default(), now_ms);
     NodeView {
         name: &r.name,
-        status: policy.classify(r.last_seen_ms, now_ms),
+        status,
         connected: n.connections > 0,
         last_seen: r.last_seen_ms.map(format_time),
         last_seen_ms: r.last_seen_ms,
@@ -109,6 +123,7 @@ pub(crate) fn node_view<'a>(
         },
         rejected_batches: n.rejected_batches,
         stored_samples: r.stored_samples,
+        health,
         host: HostView {
             hostname: &r.host.hostname,
             kernel: r.host.kernel.as_deref(),
@@ -128,7 +143,8 @@ pub(crate) fn node_view<'a>(
         gpus: r
             .gpus
             .iter()
-            .map(|g| {
+            .zip(gpu_health)
+            .map(|(g, health)| {
                 let latest: Option<&LiveGpu> = n.gpus.get(&g.id);
                 GpuView {
                     uuid: &g.info.uuid,
@@ -141,6 +157,10 @@ pub(crate) fn node_view<'a>(
                         sample: &l.sample,
                     }),
                     processes: latest.map_or(&[], |l| &l.processes),
+                    health,
+                    throttle: latest
+                        .and_then(|l| l.sample.throttle_reasons)
+                        .map(crate::health::decode_throttle),
                 }
             })
             .collect(),
@@ -155,6 +175,19 @@ pub(crate) struct GpuDetailView<'a> {
     node: &'a str,
     node_status: NodeStatus,
     interval_ms: u32,
+    /// The GPU's last health counters as the agent read them (every health interval, and
+    /// after an Xid / ECC / GPU-lost event); `null` before the first. Each counter is
+    /// `null` where the GPU does not support it. (`health` is the judged state.)
+    health_counters: Option<GpuHealthView<'a>>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct GpuHealthView<'a> {
+    /// When the agent read them (the tick's time).
+    time: String,
+    time_ms: UnixMs,
+    #[serde(flatten)]
+    sample: &'a GpuHealthSample,
 }
 
 /// The GPU `uuid` of node `n`, if it has one.
@@ -166,11 +199,18 @@ pub(crate) fn gpu_detail<'a>(
 ) -> Option<GpuDetailView<'a>> {
     let node = node_view(n, policy, now_ms);
     let gpu = node.gpus.into_iter().find(|g| g.uuid == uuid)?;
+    let id = n.record.gpus.iter().find(|g| g.info.uuid == uuid)?.id;
+    let health = n.gpus.get(&id).and_then(|l| l.health.as_ref());
     Some(GpuDetailView {
         gpu,
         node: node.name,
         node_status: node.status,
         interval_ms: node.interval_ms,
+        health_counters: health.map(|h| GpuHealthView {
+            time: format_time(h.time_ms),
+            time_ms: h.time_ms,
+            sample: &h.sample,
+        }),
     })
 }
 

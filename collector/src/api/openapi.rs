@@ -33,9 +33,12 @@ use utoipa::OpenApi;
         crate::api::dashboard::events,
         crate::api::dashboard::gpu,
         crate::api::live::live,
+        crate::api::gpu_health::gpus,
+        crate::api::gpu_health::xid_entry,
         crate::api::energy::containers,
         crate::api::energy::container,
         crate::api::energy::energy,
+        crate::api::waste::waste_view,
         crate::api::carbon::intensity,
         crate::api::reports::report,
         crate::api::reports::report_plot,
@@ -48,6 +51,7 @@ use utoipa::OpenApi;
     components(schemas(crate::api::error::ErrorBody)),
     tags(
         (name = "fleet", description = "nodes, GPUs, their samples and events"),
+        (name = "health", description = "GPU and node health with reasons and actions; the Xid catalogue"),
         (name = "energy", description = "energy per workload, GPU and node, with carbon"),
         (name = "carbon", description = "carbon intensity per region"),
         (name = "reports", description = "reports per container, pod, job or node"),
@@ -110,6 +114,7 @@ mod tests {
             "/api/v1/containers",
             "/api/v1/containers/{key}",
             "/api/v1/energy",
+            "/api/v1/waste",
             "/api/v1/carbon/intensity",
             "/api/v1/report",
             "/api/v1/report/plot.png",
@@ -117,10 +122,12 @@ mod tests {
             "/api/v1/alerts/history",
             "/api/v1/alerts/rules",
             "/api/v1/openapi.json",
+            "/api/v1/health/gpus",
+            "/api/v1/health/xid/{code}",
         ] {
             assert!(paths.contains_key(p), "{p} is not described");
         }
-        assert_eq!(paths.len(), 20, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 23, "{:?}", paths.keys().collect::<Vec<_>>());
         // Time parameters say what they accept.
         let from = &doc["paths"]["/api/v1/energy"]["get"]["parameters"][0];
         assert_eq!(from["name"], "from");

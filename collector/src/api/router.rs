@@ -10,6 +10,8 @@
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
 //! | `GET /api/v1/alerts[/history, /rules]` | alerts ([`crate::api::alerts`]) |
+//! | `GET /api/v1/health/gpus?state=`, `/api/v1/health/xid/{code}` | fleet health and the Xid catalogue ([`crate::api::gpu_health`]) |
+//! | `GET /api/v1/waste` | idle-but-allocated episodes ([`crate::api::waste`]) |
 //! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::api::openapi`]) |
 //!
 //! Timestamps in responses are RFC 3339 UTC (`last_seen`, `time`, `from`) with a Unix-ms
@@ -42,6 +44,9 @@ pub struct AppState {
     /// The per-workload counters `/metrics` exposes, refreshed in the background
     /// ([`crate::accounting::counters`]).
     pub workloads: Arc<crate::accounting::counters::WorkloadCounters>,
+    /// The idle-but-allocated rule's defaults (`--waste-util-threshold`,
+    /// `--waste-min-idle`) for `/api/v1/waste`.
+    pub waste: crate::accounting::waste::WasteSettings,
 }
 
 /// The router. Tests call it without a socket: `app(state).oneshot(request)`.
@@ -55,10 +60,14 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::api::assets::routes())
         .route("/api/v1/live", get(crate::api::live::live))
         .merge(crate::api::dashboard::routes())
+        // Fleet health (GPUs / nodes not ok, why, what to do) and the Xid catalogue.
+        .merge(crate::api::gpu_health::routes())
         // Energy per container / pod / job / user, per GPU, fleet totals.
         .merge(crate::api::energy::routes())
         // Carbon intensity per region with forecast and the lowest window.
         .merge(crate::api::carbon::routes())
+        // Idle-but-allocated episodes: who holds an idle GPU, and what it burns.
+        .merge(crate::api::waste::routes())
         // Reports per container / pod / job / node, and their plot.
         .merge(crate::api::reports::routes())
         // Current alerts, their history, the rules.

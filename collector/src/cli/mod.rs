@@ -3,9 +3,11 @@
 //! - [`demo`]: the collector plus simulated agents over loopback gRPC.
 //! - [`energy`]: the accounting flags and the `check-energy` / `recompute-energy` commands.
 //! - [`report`]: `report`, what a workload or node spent, as text or a plot.
+//! - [`waste`]: the idle-but-allocated flags (`--waste-*`) and `report waste`.
 //! - [`rehome`]: `rehome-gpu`, the only way a GPU changes node.
 
 pub mod demo;
 pub mod energy;
 pub mod rehome;
 pub mod report;
+pub mod waste;

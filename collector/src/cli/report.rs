@@ -1,9 +1,11 @@
 //! `gpufleet-collector report`: the report of [`crate::accounting::report`] for a
 //! container, pod, Slurm job or node, printed as a table, JSON, YAML or CSV, with an
-//! optional plot.
+//! optional plot; `report waste`: the idle-but-allocated episodes of a range
+//! ([`crate::cli::waste`]).
 
 use crate::accounting::report::{ReportError, ReportSubject, build};
 use crate::cli::energy::{EnergyCliError, EnergyRangeArgs};
+use crate::cli::waste::{WasteReportArgs, run_waste_report};
 use crate::store;
 use gpufleet_report::Format;
 use std::io::Write;
@@ -12,7 +14,11 @@ use std::path::PathBuf;
 /// `gpufleet-collector report` arguments.
 #[derive(Debug, Clone, clap::Args)]
 #[command(group(clap::ArgGroup::new("subject").required(true).args(["container", "pod", "job", "node"])))]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 pub struct ReportArgs {
+    /// `waste`: the idle-but-allocated episodes of a range instead of one subject's report.
+    #[command(subcommand)]
+    pub what: Option<ReportCommand>,
     /// A workload key (`container:<id>`, `slurm:<job>`, `host:<unit>`; a bare id means a
     /// container), as listed by /api/v1/containers.
     #[arg(long, value_name = "KEY")]
@@ -39,6 +45,14 @@ pub struct ReportArgs {
     pub series: bool,
 }
 
+/// Reports other than one subject's.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ReportCommand {
+    /// Idle-but-allocated episodes: workloads holding GPU memory on a GPU that does no
+    /// work, with the energy and CO2 they burned meanwhile.
+    Waste(WasteReportArgs),
+}
+
 impl ReportArgs {
     fn subject(&self) -> Option<ReportSubject> {
         let s = if let Some(c) = &self.container {
@@ -56,6 +70,9 @@ impl ReportArgs {
 
 /// Runs `report`: prints the report in the asked format to `out` and writes the plot.
 pub async fn run_report(args: &ReportArgs, out: &mut dyn Write) -> Result<(), EnergyCliError> {
+    if let Some(ReportCommand::Waste(w)) = &args.what {
+        return run_waste_report(w, out).await;
+    }
     let subject = args.subject().ok_or_else(|| {
         EnergyCliError::Args("give one of --container, --pod, --job or --node".into())
     })?;

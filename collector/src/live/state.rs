@@ -16,9 +16,10 @@
 //! commit is announced without its ticks ([`Announcement::partial`]), and subscribers treat
 //! that as missed announcements (resync, recheck).
 
+use crate::health::recent::{self, GpuMemory};
 use crate::store::{GpuId, LatestGpu, LatestHealth, LatestHost, NodeBatch, NodeRecord};
 use gpufleet_core::{
-    Batch, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
+    Batch, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -73,6 +74,10 @@ pub struct LiveNode {
     pub rejected_batches: u64,
     pub host: Option<LiveHost>,
     pub gpus: HashMap<GpuId, LiveGpu>,
+    /// What the health judge remembers per GPU (recent Xid / ECC / lost / recovered
+    /// events, error-counter trends): filled after each commit, seeded from the store's
+    /// events at start-up ([`Live::seed_events`]); only GPUs that had some.
+    pub memory: HashMap<GpuId, GpuMemory>,
 }
 
 /// Everything the live state holds; read it through [`Live::read`].
@@ -112,8 +117,11 @@ impl LiveState {
             rejected_batches: 0,
             host: None,
             gpus: HashMap::new(),
+            memory: HashMap::new(),
         });
         node.gpus
+            .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
+        node.memory
             .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
         // The record was read in the registering transaction; a commit announced since
         // (another stream of the same node) may already be counted here: keep the newer.
@@ -253,11 +261,14 @@ impl Live {
             }
         }
         for h in health {
-            let live = owner_of
-                .get(&h.gpu)
-                .and_then(|n| state.nodes.get_mut(n))
-                .and_then(|node| node.gpus.get_mut(&h.gpu));
-            if let Some(live) = live {
+            let Some(node) = owner_of.get(&h.gpu).and_then(|n| state.nodes.get_mut(n)) else {
+                continue;
+            };
+            if let Some(live) = node.gpus.get_mut(&h.gpu) {
+                node.memory
+                    .entry(h.gpu)
+                    .or_default()
+                    .note_counters(h.time_ms, &h.sample);
                 live.health = Some(LiveHealth {
                     time_ms: h.time_ms,
                     sample: h.sample,
@@ -273,6 +284,26 @@ impl Live {
                 });
             }
         }
+    }
+
+    /// Seeds the health judge's memory of node `node` from its stored events (oldest
+    /// first), at start-up: what happened before this collector started still counts.
+    pub fn seed_events(&self, node: &str, events: &[Event]) {
+        let mut state = self.write();
+        let Some(n) = state.nodes.get_mut(node) else {
+            return;
+        };
+        let keys: HashMap<&str, GpuId> = n
+            .record
+            .gpus
+            .iter()
+            .map(|g| (g.info.uuid.as_str(), g.id))
+            .collect();
+        let ids: Vec<_> = events
+            .iter()
+            .map(|e| keys.get(e.gpu_uuid.as_str()).copied())
+            .collect();
+        remember(&mut n.memory, events.iter().zip(ids));
     }
 
     /// A node said hello (and the store registered it): take its new identity and
@@ -434,6 +465,24 @@ impl Live {
 /// Takes each GPU's and the host's newest sample from `ticks` where it is newer than the
 /// node's, and the newest tick time as the node's `last_seen_ms`.
 fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[Tick]) {
+    if ticks.iter().any(|t| !t.events.is_empty()) {
+        let events = ticks.iter().flat_map(|t| &t.events);
+        remember(
+            &mut node.memory,
+            events.map(|e| (e, gpu_ids.get(&e.gpu_uuid).copied())),
+        );
+    }
+    // Error-counter trends, oldest reading first.
+    for t in ticks {
+        for h in &t.health {
+            if let Some(&id) = gpu_ids.get(&h.gpu_uuid) {
+                node.memory
+                    .entry(id)
+                    .or_default()
+                    .note_counters(t.time_ms, h);
+            }
+        }
+    }
     let r = &mut node.record;
     // Newest tick first: each GPU's sample is cloned at most once per batch.
     for t in ticks.iter().rev() {
@@ -489,6 +538,28 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
                 sample: ticks.iter().rev().find_map(|u| u.host.clone()).or(last),
                 cost: t.cost.clone(),
             });
+        }
+    }
+}
+
+/// Notes events in their GPUs' memories (events of unknown GPUs, node-level events and
+/// kinds the judge ignores are skipped), then forgets what is older than
+/// [`recent::KEEP_MS`] before the newest event.
+fn remember<'a>(
+    memory: &mut HashMap<GpuId, GpuMemory>,
+    events: impl Iterator<Item = (&'a Event, Option<GpuId>)>,
+) {
+    let mut newest = None;
+    for (e, id) in events {
+        let Some(id) = id.filter(|_| recent::remembered(e.kind)) else {
+            continue;
+        };
+        memory.entry(id).or_default().events.note(e);
+        newest = newest.max(Some(e.time_ms));
+    }
+    if let Some(now) = newest {
+        for m in memory.values_mut() {
+            m.events.prune(now, recent::KEEP_MS);
         }
     }
 }
@@ -645,6 +716,86 @@ mod tests {
     }
 
     #[test]
+    fn the_judges_memory_is_seeded_and_filled_by_followed_ticks() {
+        use gpufleet_core::EventKind;
+        let uuid = "GPU-m";
+        let event = |time_ms, kind, code, gpu: &str| Event {
+            time_ms,
+            gpu_uuid: gpu.into(),
+            kind,
+            code,
+            detail: String::new(),
+        };
+        let live = Live::new();
+        live.seed(
+            vec![record_with_gpu(uuid)],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        live.seed_events(
+            "n",
+            &[
+                event(1, EventKind::Xid, Some(79), uuid),
+                event(2, EventKind::Xid, Some(79), "GPU-elsewhere"),
+                event(3, EventKind::SpoolDrop, None, ""),
+            ],
+        );
+        let memory = |live: &Live| {
+            live.read(|s| {
+                let m = &s.nodes["n"].memory[&GpuId(7)];
+                let mut seen: Vec<_> = m
+                    .events
+                    .entries()
+                    .iter()
+                    .map(|e| (e.kind, e.code, e.count))
+                    .collect();
+                seen.sort_by_key(|e| e.0.as_str());
+                (seen, m.pcie_replays.rise())
+            })
+        };
+        assert_eq!(
+            memory(&live),
+            (vec![(EventKind::Xid, Some(79), 1)], None),
+            "seeded: only this node's GPU, only the kinds the judge reads"
+        );
+        // Another collector committed ticks with an ECC event and rising PCIe replays.
+        let mut followed = record_with_gpu(uuid);
+        followed.last_seen_ms = Some(30);
+        let tick = |time_ms, replays, events| Tick {
+            time_ms,
+            health: vec![GpuHealthSample {
+                gpu_uuid: uuid.into(),
+                pcie_replay_count: Some(replays),
+                ..Default::default()
+            }],
+            events,
+            ..Tick::default()
+        };
+        live.followed(
+            &followed,
+            &[
+                tick(
+                    20,
+                    100,
+                    vec![event(20, EventKind::EccDoubleBit, None, uuid)],
+                ),
+                tick(30, 104, Vec::new()),
+            ],
+        );
+        assert_eq!(
+            memory(&live),
+            (
+                vec![
+                    (EventKind::EccDoubleBit, None, 1),
+                    (EventKind::Xid, Some(79), 1)
+                ],
+                Some(4)
+            )
+        );
+    }
+
+    #[test]
     fn ticks_with_only_a_cost_keep_the_last_host_reading() {
         let host = |load: f32| {
             Some(HostSample {
@@ -683,6 +834,7 @@ mod tests {
             rejected_batches: 0,
             host: None,
             gpus: HashMap::new(),
+            memory: HashMap::new(),
         };
         let ids = HashMap::new();
         apply_ticks(

@@ -142,6 +142,38 @@ pub struct WorkloadEnergyPoint {
     pub share_ppm_ms: u64,
 }
 
+/// One workload's minute on a GPU whose utilization stayed at or below a threshold, with
+/// what waste detection ([`crate::accounting::waste`]) judges and sums.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasteMinute {
+    pub gpu: GpuId,
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    pub gpu_name: String,
+    pub node_name: String,
+    pub workload: Workload,
+    pub minute_ms: UnixMs,
+    /// The GPU's highest utilization in the minute (`None`: not known for every interval).
+    pub util_max_pct: Option<u32>,
+    /// The GPU's measured and missing time in the minute.
+    pub covered_ms: i64,
+    pub missing_ms: i64,
+    /// The workload's time resident on the GPU in measured intervals.
+    pub gpu_ms: i64,
+    /// The most GPU memory it held at one sample of the minute.
+    pub mem_max_bytes: Option<u64>,
+    /// Charged to it (active, plus idle under `spread`).
+    pub energy_mj: u64,
+    pub active_mj: u64,
+    /// Its idle share by memory held (charged only under `spread`).
+    pub idle_mj: u64,
+    pub provisional: bool,
+    /// The GPU-minute's price (g/kWh, PUE), when priced.
+    pub price: Option<(f64, f64)>,
+    /// The GPU's newest energy minute (is the episode still going on?).
+    pub gpu_last_minute_ms: UnixMs,
+}
+
 /// GPU-minute rows (`SELECT *` of `energy_gpu_minutes`) with their workload rows, each
 /// ordered by GPU and minute. Workload rows without their GPU row come back under a GPU
 /// row that has nothing, so conservation fails visibly.
@@ -168,6 +200,7 @@ pub(super) fn minutes_from_rows<R: Get>(
                 equal_ms: row.get::<i64>("equal_ms")?,
                 idle_memory_ms: row.get::<i64>("idle_memory_ms")?,
                 idle_equal_ms: row.get::<i64>("idle_equal_ms")?,
+                mem_max_bytes: row.u64_bits("mem_max_bytes")?,
             });
     }
     let mut out = Vec::with_capacity(rows.len());
@@ -200,6 +233,7 @@ pub(super) fn minutes_from_rows<R: Get>(
                 missing_ms: row.get::<i64>("missing_ms")?,
                 samples: u32::try_from(samples)
                     .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
+                util_max_pct: row.get("util_max_pct")?,
                 min_power_mw: row
                     .get::<Option<i64>>("min_power_mw")?
                     .map(u32::try_from)
@@ -323,6 +357,16 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError>;
+
+    /// Workload minutes in `range` (optionally one node's GPUs) whose GPU's
+    /// `util_max_pct` is known and at most `util_threshold_pct`, ordered by GPU, workload
+    /// and minute: the candidates of waste detection ([`crate::accounting::waste`]).
+    async fn waste_minutes(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        util_threshold_pct: u32,
+    ) -> Result<Vec<WasteMinute>, StoreError>;
 }
 
 pub(super) fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
@@ -471,6 +515,10 @@ async fn replace_in<DB: Backend>(
         .int(
             "learned_idle_mj",
             mj("learned_idle_mj", |m| m.learned_idle_mj)?,
+        )
+        .int(
+            "util_max_pct",
+            kept.iter().map(|m| m.util_max_pct.map(i64::from)),
         );
     let op = "insert energy minutes of a GPU";
     insert_rows::<DB>(&mut *tx, op, "energy_gpu_minutes", table, "").await?;
@@ -497,7 +545,11 @@ async fn replace_in<DB: Backend>(
         .int("active_mj", mj("active_mj", |w| w.active_mj)?)
         .int("idle_memory_ms", int(|w| w.idle_memory_ms))
         .int("idle_equal_ms", int(|w| w.idle_equal_ms))
-        .flag("provisional", ws.iter().map(|(m, _)| m.provisional));
+        .flag("provisional", ws.iter().map(|(m, _)| m.provisional))
+        .int(
+            "mem_max_bytes",
+            ws.iter().map(|(_, w)| w.mem_max_bytes.map(rows::to_i64)),
+        );
     let op = "insert energy minutes of workloads";
     insert_rows::<DB>(&mut *tx, op, "energy_workload_minutes", table, "").await?;
     if let Some(done) = done_to_ms {
@@ -940,6 +992,71 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 provisional_mj: row.nonneg("provisional_mj")?,
                 gpu_ms: row.get("gpu_ms")?,
                 share_ppm_ms: row.nonneg("share_ppm_ms")?,
+            })
+        })
+        .await
+    }
+
+    async fn waste_minutes(
+        &self,
+        range: TimeRange,
+        node: Option<&str>,
+        util_threshold_pct: u32,
+    ) -> Result<Vec<WasteMinute>, StoreError> {
+        // The GPU row carries the judgement's inputs (utilization, coverage); the carbon
+        // row, when priced, the GPU-minute's price (a workload's carbon is its energy at
+        // that price, like every carbon figure). Busy minutes are left out here: they
+        // are most minutes, and they break an episode whether read or not.
+        let query = sql::<DB>(
+            "read idle workload minutes",
+            format!(
+                "SELECT m.gpu_id, g.uuid, g.gpu_index, g.name AS gpu_name, n.name AS node_name, \
+                 m.minute_ms, e.util_max_pct, e.covered_ms, e.missing_ms, m.gpu_ms, \
+                 m.mem_max_bytes, m.energy_mj, m.active_mj, m.idle_mj, m.provisional, \
+                 c.g_per_kwh, c.pue, \
+                 (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = m.gpu_id) \
+                   AS gpu_last_minute_ms, {WORKLOAD_COLS} \
+                 FROM energy_gpu_minutes e \
+                 JOIN energy_workload_minutes m ON m.gpu_id = e.gpu_id AND m.minute_ms = e.minute_ms \
+                 JOIN workloads w ON w.id = m.workload_id \
+                 JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
+                 LEFT JOIN carbon_gpu_minutes c ON c.gpu_id = m.gpu_id AND c.minute_ms = m.minute_ms \
+                 WHERE e.minute_ms BETWEEN $1 AND $2 AND e.util_max_pct <= $3 \
+                   AND (CAST($4 AS TEXT) IS NULL OR n.name = $4) \
+                 ORDER BY m.gpu_id, m.workload_id, m.minute_ms"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(i64::from(util_threshold_pct))
+        .bind(node);
+        self.fetch(query, |row| {
+            let price = match (
+                row.get::<Option<f64>>("g_per_kwh")?,
+                row.get::<Option<f64>>("pue")?,
+            ) {
+                (Some(g), Some(p)) => Some((g, p)),
+                _ => None,
+            };
+            Ok(WasteMinute {
+                gpu: GpuId(row.get("gpu_id")?),
+                gpu_uuid: row.get("uuid")?,
+                gpu_index: row.get("gpu_index")?,
+                gpu_name: row.get("gpu_name")?,
+                node_name: row.get("node_name")?,
+                workload: rows::workload(row)?,
+                minute_ms: row.get("minute_ms")?,
+                util_max_pct: row.get("util_max_pct")?,
+                covered_ms: row.get("covered_ms")?,
+                missing_ms: row.get("missing_ms")?,
+                gpu_ms: row.get("gpu_ms")?,
+                mem_max_bytes: row.u64_bits("mem_max_bytes")?,
+                energy_mj: row.nonneg("energy_mj")?,
+                active_mj: row.nonneg("active_mj")?,
+                idle_mj: row.nonneg("idle_mj")?,
+                provisional: row.flag("provisional")?,
+                price,
+                gpu_last_minute_ms: row.get("gpu_last_minute_ms")?,
             })
         })
         .await

@@ -557,7 +557,7 @@ macro_rules! migrations {
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
-            23 "alerts" "0023_alerts")
+            23 "alerts" "0023_alerts", 24 "waste" "0024_waste")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

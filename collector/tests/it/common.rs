@@ -642,6 +642,7 @@ pub async fn api_get_live(
         status: Default::default(),
         clock: Arc::new(move || now),
         workloads: Default::default(),
+        waste: Default::default(),
     };
     let response = gpufleet_collector::api::router::app(state)
         .oneshot(

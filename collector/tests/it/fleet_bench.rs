@@ -38,6 +38,7 @@ async fn nodes_endpoint_for_a_large_fleet() {
         status: StatusPolicy::default(),
         clock: Arc::new(|| T0 + 1000),
         workloads: Default::default(),
+        waste: Default::default(),
     };
     for uri in ["/api/v1/nodes", "/api/v1/fleet"] {
         let mut times = Vec::with_capacity(runs as usize);

@@ -55,6 +55,7 @@ async fn metrics_scrape_and_commit_stall() {
         status: StatusPolicy::default(),
         clock: Arc::new(|| T0 + 1000),
         workloads: Arc::clone(&counters),
+        waste: Default::default(),
     };
     let policy = StatusPolicy::default();
 

@@ -1319,6 +1319,160 @@ mod contract {
         }
     }
 
+    /// `waste_minutes`: the idle candidates of waste detection, every field read back,
+    /// the threshold inclusive, unknown utilization never idle, the price joined, the
+    /// node filter.
+    pub async fn waste_minutes_read_idle_candidates_with_their_price(store: Arc<dyn Store>) {
+        use gpufleet_collector::accounting::energy::WorkloadMinute;
+        let a = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let b = register(&store, "node-b", vec![gpu_info_sparse("GPU-b", 0)]).await;
+        let w = container_workload(&"c".repeat(64), Some("nb"));
+        for (rec, uuid) in [(&a, "GPU-a"), (&b, "GPU-b")] {
+            let tick = Tick {
+                time_ms: T0,
+                gpus: vec![gpu_sample_sparse(uuid, 0)],
+                processes: vec![ProcessSample {
+                    gpu_uuid: uuid.into(),
+                    pid: 7,
+                    process_type: ProcessType::Compute,
+                    user: None,
+                    command: None,
+                    gpu_mem_bytes: Some(1),
+                    sm_util_pct: None,
+                    mem_util_pct: None,
+                    enc_util_pct: None,
+                    dec_util_pct: None,
+                    workload: w.clone(),
+                    mig_uuid: None,
+                }],
+                ..Default::default()
+            };
+            write_ticks(&store, rec, 1, vec![tick]).await;
+        }
+        let (ga, gb) = (a.gpus[0].id, b.gpus[0].id);
+        let inputs = store.energy_inputs(ga, T0, T0 + 1).await.expect("inputs");
+        let wid = inputs.samples[0].processes[0].workload;
+        let minute = |k: i64, util: Option<u32>, mem: Option<u64>| GpuMinute {
+            minute_ms: T0 + k * 60_000,
+            energy_mj: 6_000,
+            counter_mj: 6_000,
+            attributed_mj: 6_000,
+            active_mj: 1_000,
+            covered_ms: 60_000,
+            missing_ms: k,
+            samples: 60,
+            util_max_pct: util,
+            provisional: k == 3,
+            workloads: vec![WorkloadMinute {
+                workload: wid,
+                energy_mj: 6_000,
+                active_mj: 1_000,
+                idle_mj: 5_000,
+                counter_mj: 6_000,
+                gpu_ms: 60_000 - k,
+                mem_max_bytes: mem,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let minutes = [
+            minute(0, Some(0), Some(5 << 30)),
+            minute(1, Some(1), None),
+            minute(2, Some(2), Some(1)),
+            minute(3, None, Some(1)),
+        ];
+        store
+            .replace_energy_minutes(ga, T0, T0 + 4 * 60_000, &minutes, None)
+            .await
+            .expect("minutes");
+        store
+            .replace_energy_minutes(gb, T0, T0 + 60_000, &minutes[..1], None)
+            .await
+            .expect("minutes");
+        // The accountant's fields read back as written.
+        let back = store
+            .energy_minutes(Some(ga), ALL_TIME)
+            .await
+            .expect("read");
+        assert_eq!(
+            back.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
+            minutes
+        );
+        store
+            .replace_carbon_minutes(&[price(
+                ga,
+                T0,
+                6_000,
+                90.0,
+                IntensityKind::Actual,
+                PriceBasis::Slot,
+            )])
+            .await
+            .expect("price");
+
+        let read = |threshold: u32, node: Option<&'static str>| {
+            let store = Arc::clone(&store);
+            async move {
+                store
+                    .waste_minutes(ALL_TIME, node, threshold)
+                    .await
+                    .expect("waste minutes")
+            }
+        };
+        let got = read(1, Some("node-a")).await;
+        assert_eq!(got.len(), 2, "minute 2 above, minute 3 unknown: {got:?}");
+        let m = &got[0];
+        assert_eq!((m.gpu, m.gpu_uuid.as_str(), m.gpu_index), (ga, "GPU-a", 0));
+        assert_eq!((m.node_name.as_str(), m.minute_ms), ("node-a", T0));
+        assert_eq!(m.workload, w);
+        assert_eq!(
+            (m.util_max_pct, m.covered_ms, m.missing_ms, m.gpu_ms),
+            (Some(0), 60_000, 0, 60_000)
+        );
+        assert_eq!(
+            (m.mem_max_bytes, m.energy_mj, m.active_mj, m.idle_mj),
+            (Some(5 << 30), 6_000, 1_000, 5_000)
+        );
+        assert!(!m.provisional);
+        assert_eq!(m.price, Some((90.0, 1.5)));
+        assert_eq!(m.gpu_last_minute_ms, T0 + 3 * 60_000);
+        let m = &got[1];
+        assert_eq!(
+            (m.minute_ms, m.util_max_pct, m.mem_max_bytes, m.price),
+            (T0 + 60_000, Some(1), None, None)
+        );
+        assert_eq!((m.missing_ms, m.gpu_ms), (1, 59_999));
+        // Inclusive thresholds; absent utilization never passes; the range bounds.
+        assert_eq!(read(0, Some("node-a")).await.len(), 1);
+        assert_eq!(read(100, Some("node-a")).await.len(), 3);
+        let one = store
+            .waste_minutes(
+                TimeRange {
+                    from_ms: T0 + 60_000,
+                    to_ms: T0 + 60_000,
+                },
+                None,
+                100,
+            )
+            .await
+            .expect("one minute");
+        assert_eq!(
+            one.iter().map(|m| m.minute_ms).collect::<Vec<_>>(),
+            [T0 + 60_000]
+        );
+        // Node filter; all nodes ordered by GPU.
+        let nb = read(1, Some("node-b")).await;
+        assert_eq!(
+            nb.iter()
+                .map(|m| (m.gpu, m.gpu_last_minute_ms))
+                .collect::<Vec<_>>(),
+            [(gb, T0)]
+        );
+        let all = read(1, None).await;
+        assert_eq!(all.iter().map(|m| m.gpu).collect::<Vec<_>>(), [ga, ga, gb]);
+        assert!(read(1, Some("node-c")).await.is_empty());
+    }
+
     pub async fn carbon_cache_and_minute_prices(store: Arc<dyn Store>) {
         use IntensityKind::{Actual, Forecast};
         // The cache: an actual replaces a forecast, never the reverse; regions apart.
@@ -2011,6 +2165,7 @@ macro_rules! contract_tests {
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
+                waste_minutes_read_idle_candidates_with_their_price,
             );
             #[tokio::test]
             async fn remote_write_positions_and_closed_energy() {

@@ -5,6 +5,8 @@ use crate::scenario::Value;
 use nvml_wrapper_sys::bindings::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
+    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+    NVML_FI_DEV_REMAPPED_UNC,
 };
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_int, c_uint};
@@ -22,8 +24,18 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         if values.is_null() || values_count < 0 {
             return Err(INVALID_ARGUMENT);
         }
-        // Every NVLink entry of this call reads the same index of its counter.
-        let nvlink_read = s.nth(i, "field_nvlink");
+        // Every NVLink entry of this call reads the same index of its counter (a call
+        // without one, e.g. the remapped-row fields, does not count as a read).
+        // SAFETY: `values` holds `values_count` entries (NVML's contract), checked non-null.
+        let asked = unsafe { std::slice::from_raw_parts(values, values_count as usize) };
+        let nvlink_read = if asked.iter().any(|v| {
+            v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+                || v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+        }) {
+            s.nth(i, "field_nvlink")
+        } else {
+            0
+        };
         for k in 0..values_count as usize {
             // SAFETY: `values` holds `values_count` entries (NVML's contract).
             let slot = unsafe { values.add(k) };
@@ -50,6 +62,22 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     NVML_FI_DEV_MEMORY_TEMP => {
                         Some((s.read(i, "field_temp_mem", |g| &g.temp_mem_c), false))
                     }
+                    NVML_FI_DEV_REMAPPED_COR => Some((
+                        s.read(i, "remapped_cor", |g| &g.remapped_rows_correctable),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_UNC => Some((
+                        s.read(i, "remapped_unc", |g| &g.remapped_rows_uncorrectable),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_PENDING => Some((
+                        s.read(i, "remapped_pending", |g| &g.remapped_rows_pending),
+                        false,
+                    )),
+                    NVML_FI_DEV_REMAPPED_FAILURE => Some((
+                        s.read(i, "remapped_failure", |g| &g.remapped_rows_failed),
+                        false,
+                    )),
                     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
                         let g = s.gpu(i);
                         nvlink_kib(g.nvlinks, &g.nvlink_tx_kib, scope, nvlink_read)

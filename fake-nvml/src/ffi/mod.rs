@@ -7,7 +7,8 @@
 //!
 //! One module per NVML area: `system` (init, shutdown, driver facts, device handles),
 //! `device` (static device facts), `values` (per-tick readings), `processes`,
-//! `fields` (field values) and `events`.
+//! `fields` (field values), `health` (retired pages, ECC aggregates, PCIe replays,
+//! NVLink errors, temperature thresholds) and `events`.
 #![allow(unsafe_code)]
 // The safety contract of every function is NVML's own (nvml.h): valid pointers, buffers
 // of the stated length.
@@ -22,6 +23,7 @@ use std::ffi::{c_char, c_uint, c_ulonglong};
 mod device;
 mod events;
 mod fields;
+mod health;
 mod processes;
 mod system;
 mod values;

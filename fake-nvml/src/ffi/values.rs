@@ -157,6 +157,25 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
     dev(device, "nvmlDeviceGetTotalEccErrors", |s, i| {
+        if counter == nvmlEccCounterType_enum_NVML_AGGREGATE_ECC {
+            if s.gpu(i)
+                .is_unsupported("nvmlDeviceGetTotalEccErrors:aggregate")
+            {
+                return Err(NOT_SUPPORTED);
+            }
+            let v = match error_type {
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => {
+                    s.read(i, "ecc_corrected_aggregate", |g| &g.ecc_corrected_aggregate)
+                }
+                nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => {
+                    s.read(i, "ecc_uncorrected_aggregate", |g| {
+                        &g.ecc_uncorrected_aggregate
+                    })
+                }
+                _ => return Err(INVALID_ARGUMENT),
+            };
+            return put(out, v);
+        }
         if counter != nvmlEccCounterType_enum_NVML_VOLATILE_ECC {
             return Err(NOT_SUPPORTED);
         }

@@ -4,7 +4,7 @@ use super::*;
 
 /// Samples (1 s of simulated time apart, 10 ms of real time) until `done` holds for the
 /// ticks so far, or fails after a deadline.
-fn sample_until(
+pub(super) fn sample_until(
     src: &mut NvmlSource,
     ticks: &mut Vec<Tick>,
     what: &str,
@@ -22,7 +22,7 @@ fn sample_until(
     }
 }
 
-fn events_of(ticks: &[Tick], kind: Kind) -> Vec<(String, Option<u64>)> {
+pub(super) fn events_of(ticks: &[Tick], kind: Kind) -> Vec<(String, Option<u64>)> {
     ticks
         .iter()
         .flat_map(|t| &t.events)

@@ -182,8 +182,9 @@ fn every_metric_reads_back_the_scenario_values() {
     );
     assert_eq!(
         count(&counts, "gpu0.nvmlDeviceGetFieldValues"),
-        2,
-        "instant power, memory temperature and NVLink: one batched call per tick"
+        2 + 1,
+        "instant power, memory temperature and NVLink: one batched call per tick \
+         (and the first tick's health read, the remapped rows)"
     );
 }
 
@@ -283,8 +284,8 @@ fn nvlink_throughput_is_read_per_link_and_summed_in_the_one_field_value_call() {
     for g in 0..3 {
         assert_eq!(
             count(&c, &format!("gpu{g}.nvmlDeviceGetFieldValues")),
-            N as u64,
-            "gpu{g}: one field-value call per tick: {c:?}"
+            N as u64 + 1,
+            "gpu{g}: one field-value call per tick (and the first tick's health read): {c:?}"
         );
     }
     let asked =
@@ -378,14 +379,15 @@ fn unsupported_metrics_are_absent_and_asked_once() {
     }
     assert_eq!(
         count(&c, "gpu0.nvmlDeviceGetTotalEccErrors"),
-        2,
-        "corrected and uncorrected, once each"
+        4,
+        "corrected and uncorrected, volatile and (health) aggregate, once each"
     );
     assert_eq!(count(&c, "gpu0.nvmlDeviceGetDecoderUtilization"), N as u64);
-    assert_eq!(count(&c, "gpu0.nvmlDeviceGetFieldValues"), N as u64);
+    // Each also made the first tick's health read (the remapped-row fields).
+    assert_eq!(count(&c, "gpu0.nvmlDeviceGetFieldValues"), N as u64 + 1);
     assert_eq!(
         count(&c, "gpu1.nvmlDeviceGetFieldValues"),
-        1,
+        1 + 1,
         "no field left: the call is not made again"
     );
     assert_eq!(count(&c, "gpu1.nvmlDeviceGetFanSpeed_v2"), N as u64);

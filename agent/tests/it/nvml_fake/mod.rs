@@ -2,7 +2,8 @@
 //! (`fake-nvml`): every metric read back with the scenario's values, unsupported ones
 //! absent and asked once, process lists growing under NVML's INSUFFICIENT_SIZE protocol,
 //! the fixture pids mapped to their containers, an Xid event delivered once, a GPU lost
-//! and recovered, and `gpufleet-agent snapshot --nvml-lib`.
+//! and recovered, health counters on their interval and after events (every bundled
+//! health scenario), and `gpufleet-agent snapshot --nvml-lib`.
 //!
 //! Each test copies the built library into its own temporary folder beside its scenario,
 //! so each test has its own fake machine (the loader loads each copy separately).
@@ -11,13 +12,14 @@
 //! scenario and tick helpers.
 
 mod events;
+mod health;
 mod metrics;
 mod processes;
 mod snapshot;
 
 use crate::common::cgroup_fixtures;
 use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
-use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
+use gpufleet_agent::nvml::{DEFAULT_HEALTH_INTERVAL, NvmlOptions, NvmlSource};
 use gpufleet_core::GpuSource;
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
 use serde_json::Value as Json;
@@ -62,10 +64,16 @@ impl Fake {
     }
 
     fn open(&self) -> NvmlSource {
+        self.open_with_health_every(DEFAULT_HEALTH_INTERVAL)
+    }
+
+    /// Opens the source with `--health-interval` `every`.
+    fn open_with_health_every(&self, every: Duration) -> NvmlSource {
         NvmlSource::open(NvmlOptions {
             lib_path: Some(self.lib()),
             proc_root: cgroup_fixtures().join("proc"),
             hostname: "fake-node".into(),
+            health_interval: every,
         })
         .expect("the agent opens the fake NVML")
     }

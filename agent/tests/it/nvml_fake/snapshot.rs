@@ -10,6 +10,7 @@ fn a_library_that_cannot_load_its_scenario_fails_with_a_clear_error() {
         lib_path: Some(fake.lib()),
         proc_root: cgroup_fixtures().join("proc"),
         hostname: "x".into(),
+        health_interval: DEFAULT_HEALTH_INTERVAL,
     })
     .expect_err("init fails");
     assert!(

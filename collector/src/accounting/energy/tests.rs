@@ -501,3 +501,67 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_minute_keeps_its_highest_utilization_and_each_workloads_most_memory_held() {
+    let at = |t: UnixMs, util: Option<u32>, procs| EnergySample {
+        util_gpu_pct: util,
+        ..sample(t, 100, None, procs)
+    };
+    let samples = vec![
+        at(
+            60_000,
+            Some(0),
+            vec![proc(1, None, Some(3)), proc(1, None, Some(4))],
+        ),
+        at(
+            70_000,
+            Some(2),
+            vec![proc(1, None, Some(5)), proc(2, None, None)],
+        ),
+        at(80_000, Some(1), vec![proc(1, None, Some(1))]),
+    ];
+    let prev = at(50_000, None, vec![]);
+    let m = rollup_minute(
+        60_000,
+        Some(&prev),
+        &samples,
+        30_000,
+        50_000,
+        IdleSource::Watts,
+        IdlePolicy::Spread,
+    );
+    // The start sample's utilization is not an interval's: only ends count.
+    assert_eq!(m.util_max_pct, Some(2));
+    // Workload 1: 3 + 4 = 7 bytes together at 60 s beats 5 and 1; workload 2 never said.
+    let mem: Vec<(WorkloadRef, Option<u64>)> = m
+        .workloads
+        .iter()
+        .map(|w| (w.workload, w.mem_max_bytes))
+        .collect();
+    assert_eq!(mem, [(1, Some(7)), (2, None)]);
+    // One interval without utilization: the minute's idleness is unknown.
+    let mut s2 = samples.clone();
+    s2[1].util_gpu_pct = None;
+    let m = rollup_minute(
+        60_000,
+        Some(&prev),
+        &s2,
+        30_000,
+        50_000,
+        IdleSource::Watts,
+        IdlePolicy::Spread,
+    );
+    assert_eq!(m.util_max_pct, None);
+    // No measured interval (the first sample only): unknown, not 0.
+    let m = rollup_minute(
+        60_000,
+        None,
+        &samples[..1],
+        30_000,
+        50_000,
+        IdleSource::Watts,
+        IdlePolicy::Spread,
+    );
+    assert_eq!(m.util_max_pct, None);
+}

@@ -426,6 +426,13 @@ fn encode_nodes(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result 
             )?;
         }
     }
+    let help = "The node's health: 0 ok, 1 warning, 2 critical (its worst GPU; critical when \
+                offline, warning when stale).";
+    let mut m = enc.encode_descriptor("gpufleet_node_health", help, None, MetricType::Gauge)?;
+    for n in nodes {
+        let labels = [("node", Text(n.name.as_str()))];
+        put(&mut m, &labels, MetricType::Gauge, Num::U(n.health.level()))?;
+    }
     for (name, kind, help, get) in NODE_FAMILIES {
         let mut m = enc.encode_descriptor(name, help, None, *kind)?;
         for n in nodes {
@@ -478,6 +485,7 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
             put(&mut m, &labels, MetricType::Gauge, Num::U(u64::from(idle)))?;
         }
     }
+    encode_gpu_health(enc, gpus)?;
     for (name, help, get) in HOST_FAMILIES {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for n in nodes {
@@ -489,6 +497,66 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
                     v,
                 )?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// The health families: state, active reasons, decoded throttle reasons.
+fn encode_gpu_health<'a, L, I>(enc: &mut DescriptorEncoder, gpus: impl Fn() -> I) -> fmt::Result
+where
+    L: EncodeLabelSet + Clone,
+    I: Iterator<Item = (L, &'a snapshot::GpuSnap)>,
+{
+    let help = "The GPU's health: 0 ok, 1 warning, 2 critical (see gpufleet_gpu_health_reason).";
+    let mut m = enc.encode_descriptor("gpufleet_gpu_health", help, None, MetricType::Gauge)?;
+    for (labels, g) in gpus() {
+        put(
+            &mut m,
+            &labels,
+            MetricType::Gauge,
+            Num::U(g.health.state.level()),
+        )?;
+    }
+    let help = "1 for each reason the GPU is not (entirely) ok, with its severity (ok: \
+                informational); absent when the reason does not hold.";
+    let mut m =
+        enc.encode_descriptor("gpufleet_gpu_health_reason", help, None, MetricType::Gauge)?;
+    for (labels, g) in gpus() {
+        for r in &g.health.reasons {
+            let extra = [
+                ("reason", Text(r.code.as_str())),
+                ("severity", Text(r.severity.as_str())),
+            ];
+            put(
+                &mut m,
+                &(labels.clone(), extra),
+                MetricType::Gauge,
+                Num::U(1),
+            )?;
+        }
+    }
+    let help = "1 for each clock-event (throttle) reason set in the GPU's newest sample \
+                (gpu_idle, sw_power_cap, hw_slowdown, sw_thermal, hw_thermal, hw_power_brake, \
+                …); absent when not set or unknown.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_gpu_throttle_reason",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for (labels, g) in gpus() {
+        let Some(mask) = g.sample.throttle_reasons else {
+            continue;
+        };
+        for reason in crate::health::decode_throttle(mask) {
+            let extra = [("reason", Text(reason))];
+            put(
+                &mut m,
+                &(labels.clone(), extra),
+                MetricType::Gauge,
+                Num::U(1),
+            )?;
         }
     }
     Ok(())
@@ -580,6 +648,26 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
             )?;
         }
     }
+    let help = "How long the workload has held GPU memory on a GPU that does no work \
+                (utilization at or below --waste-util-threshold), for ongoing episodes at \
+                least --waste-min-idle long (/api/v1/waste).";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_gpu_idle_allocated_seconds",
+        help,
+        None,
+        MetricType::Gauge,
+    )?;
+    for e in &w.idle_allocated {
+        put(
+            &mut m,
+            &(
+                workload_pairs(&e.labels),
+                [("gpu", Text(e.gpu_uuid.as_str()))],
+            ),
+            MetricType::Gauge,
+            Num::F(e.seconds),
+        )?;
+    }
     let help = "Carbon intensity now (gCO2/kWh), per provider and region some node is priced with.";
     let mut m = enc.encode_descriptor(
         "gpufleet_carbon_intensity_grams_per_kwh",
@@ -602,7 +690,11 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
         None,
         MetricType::Counter,
     )?;
-    for (family, n) in [("workload", w.dropped), ("process", s.process_dropped)] {
+    for (family, n) in [
+        ("workload", w.dropped),
+        ("process", s.process_dropped),
+        ("idle_allocated", w.idle_allocated_dropped),
+    ] {
         put(
             &mut m,
             &[("family", Text(family))],
@@ -827,6 +919,38 @@ mod tests {
             format!("gpufleet_workload_energy_joules_total{{{l},state=\"idle\"}} 0.25"),
             format!("gpufleet_workload_carbon_grams_total{{{l}}} 0.5"),
             "# TYPE gpufleet_workload_energy_joules counter".to_owned(),
+        ] {
+            assert!(out.lines().any(|x| x == line), "missing {line} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn ongoing_idle_allocated_episodes_are_a_gauge_per_workload_and_gpu() {
+        use crate::accounting::counters::IdleAllocated;
+        let w = Workload {
+            kind: WorkloadKind::Slurm,
+            job_id: Some("4242".into()),
+            uid: Some(1000),
+            ..Default::default()
+        };
+        let out = render(
+            snapshot(Published {
+                idle_allocated: vec![IdleAllocated {
+                    labels: WorkloadLabels::new("n1", &w),
+                    gpu_uuid: "GPU-w".into(),
+                    gpu_index: 0,
+                    seconds: 1905.0,
+                }],
+                idle_allocated_dropped: 3,
+                ..Default::default()
+            }),
+            |_| {},
+        );
+        let l = r#"node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",user="1000""#;
+        for line in [
+            "# TYPE gpufleet_gpu_idle_allocated_seconds gauge".to_owned(),
+            format!("gpufleet_gpu_idle_allocated_seconds{{{l},gpu=\"GPU-w\"}} 1905.0"),
+            "gpufleet_metrics_series_dropped_total{family=\"idle_allocated\"} 3".to_owned(),
         ] {
             assert!(out.lines().any(|x| x == line), "missing {line} in\n{out}");
         }

@@ -4,6 +4,7 @@
 //! stalled by the encoding (BENCHMARKS.md, "/metrics scrape").
 
 use crate::accounting::counters::{Published, WorkloadCounters, WorkloadLabels};
+use crate::health::{GpuHealth, HealthPolicy, HealthState};
 use crate::live::state::{Live, LiveState};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use crate::metrics::{COMMIT_BUCKETS, Metrics};
@@ -20,6 +21,8 @@ pub struct GpuSnap {
     pub name: String,
     pub sample: GpuSample,
     pub processes: Vec<ProcessSample>,
+    /// The GPU's judged health.
+    pub health: GpuHealth,
 }
 
 /// One node. Offline nodes carry no GPUs or host (their last values are not current).
@@ -34,6 +37,8 @@ pub struct NodeSnap {
     pub stored_samples: u64,
     pub host: Option<HostSample>,
     pub gpus: Vec<GpuSnap>,
+    /// The node's judged health (critical when offline).
+    pub health: HealthState,
 }
 
 /// The collector's own counters at scrape time.
@@ -136,11 +141,14 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
         .map(|n| {
             let status = policy.classify(n.record.last_seen_ms, now_ms);
             let current = status != NodeStatus::Offline;
+            let (health, judged) =
+                crate::health::judge_live_node(n, status, policy, &HealthPolicy::default(), now_ms);
             let gpus = if current {
                 n.record
                     .gpus
                     .iter()
-                    .filter_map(|g| {
+                    .zip(judged)
+                    .filter_map(|(g, health)| {
                         let latest = n.gpus.get(&g.id)?;
                         Some(GpuSnap {
                             index: g.info.index,
@@ -148,6 +156,7 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
                             name: g.info.name.clone(),
                             sample: latest.sample.clone(),
                             processes: latest.processes.clone(),
+                            health,
                         })
                     })
                     .collect()
@@ -166,6 +175,7 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
                     .then(|| n.host.as_ref().and_then(|h| h.sample.clone()))
                     .flatten(),
                 gpus,
+                health: health.state,
             }
         })
         .collect()
@@ -281,7 +291,9 @@ mod tests {
                     process("7", Some(50), None),
                     process("8", None, Some(10)),
                 ],
+                health: GpuHealth::default(),
             }],
+            health: HealthState::Ok,
         };
         let (series, left_out) = process_series(std::slice::from_ref(&node), 10);
         assert_eq!(left_out, 0);

@@ -10,6 +10,7 @@ mod live;
 mod passes;
 mod retention;
 mod traces;
+mod waste;
 
 use crate::common::*;
 use gpufleet_collector::accounting::accountant::{

@@ -5,6 +5,7 @@
 //! Shared here: the fixture (store, writer, live state, clock) and a two-GPU fleet.
 
 mod dashboard;
+mod gpu_health;
 mod health;
 mod nodes;
 mod series;
@@ -67,6 +68,7 @@ impl Fixture {
             status: StatusPolicy::default(),
             clock: Arc::new(move || now.load(Ordering::Relaxed)),
             workloads: Default::default(),
+            waste: Default::default(),
         }
     }
 

@@ -56,7 +56,9 @@ async fn the_live_stream_pushes_committed_ticks_and_statuses_and_ends_at_shutdow
     assert_eq!(status["now_ms"], T0 + 3000);
     assert_eq!(
         status["nodes"],
-        serde_json::json!([{"name": "node-a", "status": "online", "last_seen_ms": T0 + 2000, "connected": true}]),
+        serde_json::json!([{"name": "node-a", "status": "online", "last_seen_ms": T0 + 2000, "connected": true,
+            // GPU-a's sample counts uncorrectable ECC errors: a warning; GPU-b is ok.
+            "health": "warning", "gpu_health": {"GPU-a": "warning"}}]),
         "only the asked-for node"
     );
 

@@ -1,0 +1,164 @@
+// The waste page: idle-but-allocated episodes (/api/v1/waste): workloads holding GPU
+// memory on a GPU that does no work (utilization at or below the collector's threshold)
+// for at least the minimum idle time, with the energy and CO2 they burned meanwhile.
+// Range, minimum idle time and threshold live in the URL (?range=, ?from=&to=,
+// ?min_idle=30m, ?threshold=1).
+import { enc, getJson } from './api';
+import { co2, kwh } from './carbon';
+import { bytes, clear, el, NA } from './dom';
+import { currentRange, ENERGY_RANGES, rangePicker } from './range';
+
+interface Identity {
+  kind: string;
+  container_id?: string;
+  container_name?: string;
+  pod_name?: string;
+  namespace?: string;
+  job_id?: string;
+  unit?: string;
+  uid?: number;
+}
+
+interface Episode {
+  gpu: { node: string; uuid: string; index: number; name: string };
+  workload: Identity;
+  workload_key: string;
+  since: string;
+  since_ms: number;
+  until: string;
+  until_ms: number;
+  ongoing: boolean;
+  idle_seconds: number;
+  idle_minutes: number;
+  memory_bytes: number | null;
+  energy_mj: number;
+  energy_j: number;
+  energy_kwh: number;
+  carbon_g: number | null;
+  unpriced_j: number;
+}
+
+interface WorkloadTotal {
+  workload: Identity;
+  workload_key: string;
+  episodes: number;
+  idle_seconds: number;
+  energy_mj: number;
+  energy_kwh: number;
+  carbon_g: number | null;
+}
+
+export interface WasteView {
+  from_ms: number;
+  to_ms: number;
+  threshold_pct: number;
+  min_idle_seconds: number;
+  episodes: Episode[];
+  workloads: WorkloadTotal[];
+  energy_mj: number;
+  energy_kwh: number;
+  carbon_g: number | null;
+}
+
+/** Who it is, as a person would name it. */
+function who(w: Identity, key: string): string {
+  if (w.kind === 'slurm') return `job ${w.job_id ?? key}`;
+  if (w.kind === 'container') {
+    const name = w.pod_name ?? w.container_name ?? (w.container_id ?? key).slice(0, 12);
+    return w.namespace ? `${w.namespace}/${name}` : name;
+  }
+  return w.unit ?? (w.uid !== undefined ? `uid ${w.uid}` : key);
+}
+
+function idleText(s: number): string {
+  const m = Math.floor(s / 60);
+  return m >= 120 ? `${(m / 60).toFixed(1)} h` : `${m} min`;
+}
+
+const MIN_IDLE = ['30m', '15m', '1h', '4h'];
+
+export async function wastePage(app: HTMLElement, navigate: (url: string) => void): Promise<() => void> {
+  const q = new URLSearchParams(location.search);
+  const r = currentRange(Date.now(), ENERGY_RANGES);
+  const minIdle = q.get('min_idle');
+  // ?threshold= (percent) overrides the collector's threshold, like the API's parameter.
+  const threshold = q.get('threshold');
+  const v = await getJson<WasteView>(`/api/v1/waste?from=${r.fromMs}&to=${r.toMs}`
+    + `${minIdle ? `&min_idle=${enc(minIdle)}` : ''}${threshold ? `&threshold=${enc(threshold)}` : ''}`);
+
+  const urlWith = (changes: Record<string, string | null>): string => {
+    const n = new URLSearchParams(location.search);
+    for (const [k, val] of Object.entries(changes)) {
+      if (val === null) n.delete(k);
+      else n.set(k, val);
+    }
+    const s = n.toString();
+    return `/waste${s ? '?' + s : ''}`;
+  };
+  const minSel = el('select', { id: 'min-idle', 'aria-label': 'minimum idle time' },
+    ...[...new Set([minIdle ?? '', ...MIN_IDLE])].filter(Boolean).map((m) => el('option', { value: m }, `idle ≥ ${m}`)));
+  minSel.value = minIdle ?? `${Math.round(v.min_idle_seconds / 60)}m`;
+  if (!minIdle) {
+    // The collector's own minimum, as the first choice.
+    const own = `${Math.round(v.min_idle_seconds / 60)}m`;
+    if (![...minSel.options].some((o) => o.value === own)) minSel.prepend(el('option', { value: own }, `idle ≥ ${own}`));
+    minSel.value = own;
+  }
+  minSel.addEventListener('change', () => navigate(urlWith({ min_idle: minSel.value })));
+
+  const total = (key: string, name: string, value: string, exact?: number | null) =>
+    el('div', { class: 'total', 'data-total': key, 'data-value': exact === undefined || exact === null ? undefined : String(exact) },
+      el('span', { class: 'muted' }, name), el('strong', {}, value));
+  const totals = el('div', { class: 'energy-totals', id: 'waste-totals' },
+    total('episodes', 'episodes', String(v.episodes.length), v.episodes.length),
+    total('ongoing', 'ongoing now', String(v.episodes.filter((e) => e.ongoing).length)),
+    total('energy', 'energy burned idle', kwh(v.energy_kwh), v.energy_mj),
+    total('co2', 'CO2', co2(v.carbon_g), v.carbon_g));
+
+  const table = el('table', { id: 'waste-table', class: 'energy' });
+  table.append(el('thead', {}, el('tr', {}, ...['workload', 'GPU', 'since', 'idle', 'memory held', 'energy', 'CO2'].map((h) => el('th', {}, h)))));
+  const body = el('tbody');
+  for (const e of v.episodes) {
+    body.append(el('tr', {
+      'data-key': `${e.workload_key}@${e.gpu.uuid}@${e.since_ms}`,
+      'data-energy-mj': String(e.energy_mj),
+      'data-carbon-g': e.carbon_g === null ? undefined : String(e.carbon_g),
+      class: e.ongoing ? 'ongoing' : '',
+    },
+    el('td', { 'data-col': 'workload', title: e.workload_key }, who(e.workload, e.workload_key), ' ', el('span', { class: 'muted' }, e.workload.kind)),
+    el('td', { 'data-col': 'gpu' }, el('a', { href: `/node/${enc(e.gpu.node)}` }, e.gpu.node), ' · ', el('a', { href: `/gpu/${enc(e.gpu.uuid)}` }, `GPU ${e.gpu.index}`)),
+    el('td', { 'data-col': 'since' }, new Date(e.since_ms).toLocaleString()),
+    el('td', { 'data-col': 'idle', 'data-idle-s': String(e.idle_seconds) }, idleText(e.idle_seconds),
+      e.ongoing ? el('span', { class: 'mark', 'data-mark': 'ongoing', title: 'still idle and allocated' }, 'ongoing') : null),
+    el('td', { 'data-col': 'memory' }, e.memory_bytes === null ? NA : bytes(e.memory_bytes)),
+    el('td', { 'data-col': 'energy' }, kwh(e.energy_kwh)),
+    el('td', { 'data-col': 'co2' }, co2(e.carbon_g))));
+  }
+  table.append(body);
+
+  const per = el('table', { id: 'waste-workloads', class: 'energy' });
+  per.append(el('thead', {}, el('tr', {}, ...['workload', 'episodes', 'idle', 'energy', 'CO2'].map((h) => el('th', {}, h)))));
+  const pbody = el('tbody');
+  for (const w of v.workloads) {
+    pbody.append(el('tr', { 'data-key': w.workload_key, 'data-energy-mj': String(w.energy_mj) },
+      el('td', { title: w.workload_key }, who(w.workload, w.workload_key)),
+      el('td', {}, String(w.episodes)),
+      el('td', {}, idleText(w.idle_seconds)),
+      el('td', {}, kwh(w.energy_kwh)),
+      el('td', { 'data-col': 'co2' }, co2(w.carbon_g))));
+  }
+  per.append(pbody);
+
+  clear(app);
+  app.append(
+    el('h2', {}, 'Idle but allocated'),
+    el('p', { class: 'muted', id: 'waste-rule' },
+      `A workload holding GPU memory on a GPU at or below ${v.threshold_pct} % utilization for at least ${Math.round(v.min_idle_seconds / 60)} minutes; `
+      + 'its energy is its share of the GPU\'s energy meanwhile, as the energy accounting split it.'),
+    el('div', { class: 'toolbar' }, rangePicker(r, (query) => navigate(`/waste${query}`), ENERGY_RANGES), minSel),
+    totals,
+    v.episodes.length === 0 ? el('p', { id: 'no-episodes', class: 'muted' }, 'No idle-but-allocated GPUs in this range.') : table,
+    el('h3', {}, 'Per workload'),
+    per);
+  return () => {};
+}
