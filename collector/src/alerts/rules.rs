@@ -355,6 +355,16 @@ const DEFAULT_RULES: &[DefaultRule] = &[
             Drain the node and reset or reseat the GPU.",
     },
     DefaultRule {
+        name: "XidCritical",
+        condition: "xid_critical",
+        hold: "0s",
+        severity: "critical",
+        summary: "GPU {{ $labels.gpu_index }} of {{ $labels.node }} reported a critical Xid",
+        description: "GPU {{ $labels.gpu_index }} ({{ $labels.gpu }}) on {{ $labels.node }} \
+            reported an Xid error rated critical: see the GPU's page for what it means and \
+            what to do (often: drain the node, reset the GPU or reboot).",
+    },
+    DefaultRule {
         name: "GpuTemperatureNearSlowdown",
         condition: "gpu_temp_margin_c <= 5",
         hold: "2m",
@@ -732,6 +742,7 @@ mod tests {
             [
                 "NodeOffline",
                 "GpuLost",
+                "XidCritical",
                 "GpuTemperatureNearSlowdown",
                 "GpuRowRemapFailed"
             ]
@@ -772,6 +783,7 @@ mod tests {
             names,
             [
                 "GpuLost",
+                "XidCritical",
                 "GpuTemperatureNearSlowdown",
                 "GpuRowRemapFailed",
                 "GpuHot"
@@ -779,7 +791,7 @@ mod tests {
             "NodeOffline off, GpuLost replaced"
         );
         assert_eq!(s.rules[0].hold, Duration::from_secs(30));
-        let hot = &s.rules[3];
+        let hot = &s.rules[4];
         assert_eq!(
             hot.condition,
             Condition::Compare {

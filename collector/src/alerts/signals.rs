@@ -8,6 +8,8 @@
 //!
 //! Adding a signal is one entry of [`SIGNALS`].
 
+use crate::health::fleet_health;
+use crate::health::judge::{GpuHealth, HealthPolicy, HealthState};
 use crate::live::state::{LiveGpu, LiveNode, LiveState};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use crate::store::GpuRecord;
@@ -138,6 +140,37 @@ pub const SIGNALS: &[Signal] = &[
         },
     },
     Signal {
+        name: "gpu_health",
+        kind: SignalKind::Number,
+        unit: "state",
+        help: "the GPU's judged health (crate::health): 0 ok, 1 warning, 2 critical",
+        labels: GPU_LABELS,
+        eval: |s| {
+            judged(s, |h| {
+                Some(match h.state {
+                    HealthState::Ok => 0.0,
+                    HealthState::Warning => 1.0,
+                    HealthState::Critical => 2.0,
+                })
+            })
+        },
+    },
+    Signal {
+        name: "xid_critical",
+        kind: SignalKind::Flag,
+        unit: "flag",
+        help: "the GPU reported an Xid the health judge rates critical (kept critical for a \
+               day, or until the GPU is reported recovered)",
+        labels: GPU_LABELS,
+        eval: |s| {
+            judged(s, |h| {
+                Some(flag(h.reasons.iter().any(|r| {
+                    r.code.starts_with("xid_") && r.severity == HealthState::Critical
+                })))
+            })
+        },
+    },
+    Signal {
         name: "gpu_mem_temp_c",
         kind: SignalKind::Number,
         unit: "celsius",
@@ -242,6 +275,27 @@ fn per_gpu(s: &Snapshot<'_>, value: impl Fn(&LiveGpu, &GpuRecord) -> Option<f64>
         }
     }
     out
+}
+
+/// One series per GPU of every node that is not offline, from its judged health
+/// ([`crate::health::fleet_health`]).
+fn judged(s: &Snapshot<'_>, value: impl Fn(&GpuHealth) -> Option<f64>) -> Vec<Series> {
+    fleet_health(s.state, &s.status, &HealthPolicy::default(), s.now_ms)
+        .into_iter()
+        .filter(|g| g.node_status != NodeStatus::Offline)
+        .filter_map(|g| {
+            let v = value(&g.health)?;
+            Some(Series {
+                labels: BTreeMap::from([
+                    ("node".to_owned(), g.node),
+                    ("gpu".to_owned(), g.uuid),
+                    ("gpu_index".to_owned(), g.index.to_string()),
+                    ("gpu_name".to_owned(), g.name),
+                ]),
+                value: v,
+            })
+        })
+        .collect()
 }
 
 /// Per GPU of every online node: set when its newest sample (if any) is not fresh while
@@ -384,6 +438,10 @@ mod tests {
         assert_eq!(values(&live, "gpu_temp_margin_c"), [v("GPU-1", 3.0)]);
         assert_eq!(values(&live, "gpu_row_remap_failed"), [v("GPU-1", 1.0)]);
         assert_eq!(values(&live, "gpu_row_remap_pending"), [], "not reported");
+        let health = values(&live, "gpu_health");
+        assert_eq!(health.len(), 3, "every GPU of the online node: {health:?}");
+        assert_eq!(health[0], v("GPU-1", 2.0), "a failed row remap is critical");
+        assert_eq!(values(&live, "xid_critical")[0], v("GPU-1", 0.0), "no Xid");
         assert_eq!(
             values(&live, "gpu_lost"),
             [v("GPU-1", 0.0), v("GPU-2", 1.0), v("GPU-3", 0.0)],
