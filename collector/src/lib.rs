@@ -16,9 +16,11 @@
 //! - [`net`]: listeners, TLS and certificates, connection and rate limits, exposure.
 //! - [`cli`]: subcommands other than `serve` (demo, energy checks, rehome).
 //! - [`metrics`]: the collector's own counters.
+//! - [`alerts`]: alert rules over live signals, evaluated under a lease, stored, sent to webhooks.
 //! - [`remote_write`]: pushing samples and workload energy to a Prometheus remote-write receiver.
 
 pub mod accounting;
+pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod cli;

@@ -200,11 +200,13 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             // The config file's `[carbon]` table: per-node / per-label overrides.
             let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
-            runtime.block_on(run_serve(*args, file))
+            let alerts = alert_settings(&raw_args)?;
+            runtime.block_on(run_serve(*args, file, alerts))
         }
         Command::Demo(args) => {
             let file = gpufleet_carbon::config::CarbonFile::from_config_file(&raw_args)?;
-            runtime.block_on(run_demo(*args, file))
+            let alerts = alert_settings(&raw_args)?;
+            runtime.block_on(run_demo(*args, file, alerts))
         }
         Command::Certs(args) => run_certs(args),
         Command::Tokens(args) => {
@@ -239,9 +241,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The config file's `[alerts]` table, checked (the default rules without one).
+fn alert_settings(
+    raw_args: &[std::ffi::OsString],
+) -> anyhow::Result<gpufleet_collector::alerts::AlertOptions> {
+    let settings = gpufleet_collector::alerts::AlertsFile::from_config_file(raw_args)
+        .and_then(|f| f.resolve())
+        .map_err(|e| anyhow::anyhow!("config file: {e}"))?;
+    Ok(gpufleet_collector::alerts::AlertOptions {
+        settings: std::sync::Arc::new(settings),
+        ..Default::default()
+    })
+}
+
 async fn run_serve(
     args: ServeArgs,
     carbon_file: gpufleet_carbon::config::CarbonFile,
+    alerts: gpufleet_collector::alerts::AlertOptions,
 ) -> anyhow::Result<()> {
     let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.clone().into(), carbon_file)?;
     if args.offline_after < args.stale_after {
@@ -301,6 +317,7 @@ async fn run_serve(
             config: std::sync::Arc::new(carbon),
             ..Default::default()
         },
+        alerts,
         ..Default::default()
     };
     serve(options, grpc, http, shutdown).await?;
@@ -323,6 +340,7 @@ const DEMO_G_PER_KWH: f64 = 250.0;
 async fn run_demo(
     args: DemoArgs,
     carbon_file: gpufleet_carbon::config::CarbonFile,
+    alerts: gpufleet_collector::alerts::AlertOptions,
 ) -> anyhow::Result<()> {
     let mut carbon_args: gpufleet_carbon::CarbonSettings = args.carbon.clone().into();
     if !gpufleet_carbon::CarbonConfig::new(carbon_args.clone(), carbon_file.clone())?.enabled() {
@@ -401,6 +419,7 @@ async fn run_demo(
             max_workloads: args.metrics_max_workloads,
             ..Default::default()
         },
+        alerts,
         ..Default::default()
     };
     run_demo_on(demo, options, grpc, http, shutdown).await?;

@@ -46,6 +46,8 @@ pub struct Metrics {
     leading: Mutex<BTreeMap<&'static str, bool>>,
     /// The remote-write pusher's counters ([`crate::remote_write`]).
     pub remote_write: std::sync::Arc<crate::remote_write::Stats>,
+    /// The alert notifier's counters ([`crate::alerts::notify`]).
+    pub alerts: std::sync::Arc<crate::alerts::notify::NotifyStats>,
 }
 
 impl Metrics {

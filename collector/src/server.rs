@@ -66,6 +66,8 @@ pub struct ServeOptions {
     pub remote_write: Option<crate::remote_write::RemoteWriteOptions>,
     /// `/metrics` per-workload counters: refresh period, series cap.
     pub counters: crate::accounting::counters::CounterOptions,
+    /// Alert rules and webhooks ([`crate::alerts`]); the default rules unless configured.
+    pub alerts: crate::alerts::AlertOptions,
     /// The idle-but-allocated rule: `/api/v1/waste`'s defaults and `/metrics`' gauge
     /// ([`crate::accounting::waste`]).
     pub waste: crate::accounting::waste::WasteSettings,
@@ -91,6 +93,7 @@ impl Default for ServeOptions {
             carbon: crate::accounting::carbon::CarbonOptions::default(),
             remote_write: None,
             counters: crate::accounting::counters::CounterOptions::default(),
+            alerts: crate::alerts::AlertOptions::default(),
             waste: crate::accounting::waste::WasteSettings::default(),
         }
     }
@@ -109,6 +112,8 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    #[error("alerts: {0}")]
+    Alerts(String),
 }
 
 /// Opens the store `options.db_url` names and runs the collector on the given listeners
@@ -265,6 +270,36 @@ pub async fn serve_with_store(
             },
         )
     });
+    // Alert rules are evaluated once across collectors; alerts live in the database.
+    let alert_posts = options.alerts.posts().map_err(ServeError::Alerts)?;
+    let alerts_task = crate::accounting::leader::spawn(
+        store.clone(),
+        crate::alerts::JOB,
+        Arc::clone(&metrics),
+        options.lead,
+        accountant_stop.clone(),
+        {
+            let scheme = if http_has_tls { "https" } else { "http" };
+            let t = crate::alerts::Term {
+                external_url: (options.alerts.settings.external_url.clone())
+                    .unwrap_or_else(|| format!("{scheme}://{http_addr}")),
+                options: options.alerts.clone(),
+                posts: alert_posts,
+                status: options.status,
+                stats: Arc::clone(&metrics.alerts),
+            };
+            let (store, live) = (store.clone(), Arc::clone(&live));
+            move |term| {
+                crate::alerts::run_term(
+                    store.clone(),
+                    Arc::clone(&live),
+                    t.clone(),
+                    system_clock(),
+                    term,
+                )
+            }
+        },
+    );
     // Every collector serves /metrics, so each refreshes its own counters (reads only).
     let workloads = Arc::new(crate::accounting::counters::WorkloadCounters::new(
         options.counters.max_workloads,
@@ -370,9 +405,13 @@ pub async fn serve_with_store(
     let app = crate::auth::security_headers::with_security_headers(
         crate::net::rate_limit::with_http_rate_limit(
             crate::auth::web::with_auth(
-                router::app(state).layer(axum::Extension(crate::net::exposure::ExposureWarnings(
-                    Arc::new(warnings),
-                ))),
+                router::app(state)
+                    .layer(axum::Extension(crate::net::exposure::ExposureWarnings(
+                        Arc::new(warnings),
+                    )))
+                    .layer(axum::Extension(crate::api::alerts::AlertRules(Arc::clone(
+                        &options.alerts.settings,
+                    )))),
                 auth,
             ),
             crate::net::rate_limit::PerIpRate::new(options.limits.http_rate),
@@ -436,6 +475,9 @@ pub async fn serve_with_store(
         && let Err(e) = task.await
     {
         warn!(error = %e, "the remote-write task ended abnormally");
+    }
+    if let Err(e) = alerts_task.await {
+        warn!(error = %e, "the alerts task ended abnormally");
     }
     if let Err(e) = counters_task.await {
         warn!(error = %e, "the workload counters task ended abnormally");

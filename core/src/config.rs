@@ -39,7 +39,7 @@ pub enum ConfigError {
 
 /// Top-level tables of the config file that are not flags: settings with structure (lists
 /// of per-node overrides), read with [`config_file_section`] by the code that owns them.
-pub const SECTIONS: &[&str] = &["carbon"];
+pub const SECTIONS: &[&str] = &["carbon", "alerts"];
 
 /// The top-level table `name` (one of [`SECTIONS`]) of the config file named by `--config`
 /// or `GPUFLEET_CONFIG`; `None` without a file or without that table.

@@ -1,6 +1,7 @@
 // The dashboard's entry: a tiny client-side router over /, /node/NAME, /gpu/UUID,
-// /energy and /waste.
+// /energy, /waste and /alerts.
 import './style.css';
+import { alertsPage } from './alerts';
 import { getJson } from './api';
 import { clear, el } from './dom';
 import { energyPage } from './energy';
@@ -36,6 +37,9 @@ async function route(): Promise<void> {
     } else if (path === '/waste') {
       crumbs([['waste', path]]);
       teardown = await wastePage(app, navigate);
+    } else if (path === '/alerts') {
+      crumbs([['alerts', path]]);
+      teardown = await alertsPage(app);
     } else if (gpu) {
       const uuid = decodeURIComponent(gpu[1]);
       crumbs([[uuid, path]]);

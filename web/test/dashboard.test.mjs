@@ -108,7 +108,12 @@ before(async () => {
   writeFileSync(config, [
     '[[carbon.nodes]]', `node = "${STATIC_NODE}"`, 'provider = "static"', `g_per_kwh = ${G_PER_KWH}`, 'region = "lab-east"',
     '[[carbon.nodes]]', `node = "${UK_NODE}"`, 'provider = "uk"', 'region = "national"',
-    `url = "http://127.0.0.1:${ukStub.address().port}"`, ''].join('\n'));
+    `url = "http://127.0.0.1:${ukStub.address().port}"`,
+    // Alerts: one rule every demo GPU meets at once, one that stays pending for an hour.
+    '[alerts]', 'evaluation_interval = "1s"',
+    '[[alerts.rules]]', 'name = "DemoGpuWarm"', 'condition = "gpu_temp_c > 0"', 'severity = "info"',
+    'annotations = { summary = "{{ $labels.node }} GPU {{ $labels.gpu_index }} at {{ $value }} C" }',
+    '[[alerts.rules]]', 'name = "DemoGpuBusyAnHour"', 'condition = "gpu_util_pct >= 0"', 'for = "1h"', ''].join('\n'));
   const d = startAndWait(`${bins}/gpufleet-collector`, [
     'demo', '--config', config, '--http-listen', '127.0.0.1:0', '--nodes', String(NODES.length),
     '--gpus-per-node', String(GPUS_PER_NODE), '--interval', '200ms', '--stale-after', '2s',
@@ -603,4 +608,39 @@ test('the waste page lists the idle-but-allocated episodes the API gives, linked
 
 test('the pages run under a strict CSP (no inline scripts or styles) without errors', () => {
   assert.deepEqual(cspViolations, []);
+});
+
+// ---- The alerts page: the demo's rules (see `before`) fire on every GPU, or stay pending.
+test('the alerts page shows firing and pending alerts as the API does, and their history', async () => {
+  const api = async (path) => (await fetch(`${http}${path}`)).json();
+  const all = NODES.length * GPUS_PER_NODE;
+  const deadline = Date.now() + 30_000;
+  let current;
+  for (;;) {
+    current = (await api('/api/v1/alerts?state=firing,pending')).alerts;
+    const warm = current.filter((a) => a.rule === 'DemoGpuWarm' && a.state === 'firing');
+    const busy = current.filter((a) => a.rule === 'DemoGpuBusyAnHour' && a.state === 'pending');
+    if ((warm.length >= all && busy.length >= all) || Date.now() > deadline) break;
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  const firing = current.filter((a) => a.state === 'firing');
+  assert.ok(firing.filter((a) => a.rule === 'DemoGpuWarm').length >= all, 'every demo GPU fires DemoGpuWarm');
+  const page = await newPage();
+  await page.goto(http);
+  await page.click('#nav-alerts');
+  await page.waitForURL(`${http}/alerts`);
+  await page.locator('#alerts-table tbody tr[data-state=firing]').first().waitFor({ timeout: 10_000 });
+  const shownFiring = Number(await page.locator('#alerts-counts [data-firing]').getAttribute('data-firing'));
+  assert.ok(shownFiring >= all, `${shownFiring} firing shown`);
+  assert.equal(await page.locator('#alerts-table tbody tr[data-state=firing][data-rule=DemoGpuWarm]').count() >= all, true);
+  assert.ok(await page.locator('#alerts-table tbody tr[data-state=pending][data-rule=DemoGpuBusyAnHour]').count() >= all);
+  // Firing rows come first, and a summary is filled in from the alert's labels.
+  assert.equal(await page.locator('#alerts-table tbody tr').first().getAttribute('data-state'), 'firing');
+  const summary = await page.locator('#alerts-table tbody tr[data-rule=DemoGpuWarm] td.summary').first().innerText();
+  assert.match(summary, /^gpu-node-0\d GPU \d at \d+ C$/);
+  // The history holds each firing alert's pending → firing change.
+  assert.ok(await page.locator('#alerts-history tbody tr[data-to=firing][data-rule=DemoGpuWarm]').count() >= all);
+  assert.ok(await page.locator('#alerts-rules tbody tr[data-rule=NodeOffline]').count() === 1, 'default rules listed');
+  await page.screenshot({ path: `${shots}/alerts.png` });
+  await page.context().close();
 });

@@ -1,5 +1,5 @@
 //! The embedded web dashboard (`web/`, built by `collector/build.rs`): `index.html` at `/`
-//! and at the dashboard's own routes (`/node/{name}`, `/gpu/{uuid}`, `/energy`, `/waste`), and the bundle's
+//! and at the dashboard's own routes (`/node/{name}`, `/gpu/{uuid}`, `/energy`, `/waste`, `/alerts`), and the bundle's
 //! files at `/assets/{file}`.
 //!
 //! Files are looked up by exact name in the table compiled into the binary, so no request
@@ -24,6 +24,7 @@ pub fn routes() -> Router<AppState> {
         .route("/gpu/{uuid}", get(index))
         .route("/energy", get(index))
         .route("/waste", get(index))
+        .route("/alerts", get(index))
         .route("/assets/{*file}", get(asset))
 }
 

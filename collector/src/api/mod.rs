@@ -14,6 +14,7 @@
 //! - [`assets`]: the embedded dashboard bundle (`web/`).
 //! - [`fuzz`]: the fuzz entry point for the routes' query parsing.
 
+pub mod alerts;
 pub mod assets;
 pub mod carbon;
 pub mod dashboard;

@@ -42,6 +42,9 @@ use utoipa::OpenApi;
         crate::api::carbon::intensity,
         crate::api::reports::report,
         crate::api::reports::report_plot,
+        crate::api::alerts::alerts,
+        crate::api::alerts::history,
+        crate::api::alerts::rules,
         openapi_json,
     ),
     // Referred to by `ErrorResponses`, which does not register it itself.
@@ -52,6 +55,7 @@ use utoipa::OpenApi;
         (name = "energy", description = "energy per workload, GPU and node, with carbon"),
         (name = "carbon", description = "carbon intensity per region"),
         (name = "reports", description = "reports per container, pod, job or node"),
+        (name = "alerts", description = "alerts: current, history, rules"),
     )
 )]
 pub struct ApiDoc;
@@ -114,13 +118,16 @@ mod tests {
             "/api/v1/carbon/intensity",
             "/api/v1/report",
             "/api/v1/report/plot.png",
+            "/api/v1/alerts",
+            "/api/v1/alerts/history",
+            "/api/v1/alerts/rules",
             "/api/v1/openapi.json",
             "/api/v1/health/gpus",
             "/api/v1/health/xid/{code}",
         ] {
             assert!(paths.contains_key(p), "{p} is not described");
         }
-        assert_eq!(paths.len(), 20, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 23, "{:?}", paths.keys().collect::<Vec<_>>());
         // Time parameters say what they accept.
         let from = &doc["paths"]["/api/v1/energy"]["get"]["parameters"][0];
         assert_eq!(from["name"], "from");

@@ -9,6 +9,7 @@
 //! | `GET /`, `/node/{name}`, `/gpu/{uuid}`, `/assets/*` | the dashboard ([`crate::api::assets`]) |
 //! | `GET /api/v1/live` | live updates, Server-Sent Events ([`crate::api::live`]) |
 //! | `GET /api/v1/nodes/{name}[/series, /host/series, /events]`, `/api/v1/gpus/{uuid}` | [`crate::api::dashboard`] |
+//! | `GET /api/v1/alerts[/history, /rules]` | alerts ([`crate::api::alerts`]) |
 //! | `GET /api/v1/health/gpus?state=`, `/api/v1/health/xid/{code}` | fleet health and the Xid catalogue ([`crate::api::gpu_health`]) |
 //! | `GET /api/v1/waste` | idle-but-allocated episodes ([`crate::api::waste`]) |
 //! | `GET /api/v1/openapi.json` | the OpenAPI description of `/api/v1/*` ([`crate::api::openapi`]) |
@@ -69,6 +70,8 @@ pub fn app(state: AppState) -> Router {
         .merge(crate::api::waste::routes())
         // Reports per container / pod / job / node, and their plot.
         .merge(crate::api::reports::routes())
+        // Current alerts, their history, the rules.
+        .merge(crate::api::alerts::routes())
         // The OpenAPI description of all of the above.
         .merge(crate::api::openapi::routes())
         .fallback(not_found)

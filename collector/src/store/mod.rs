@@ -3,7 +3,7 @@
 //!
 //! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
 //! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
-//! [`CarbonStore`], [`JobLeases`], [`RemoteWriteStore`]; [`Store`] is all of them. Components take the traits
+//! [`CarbonStore`], [`JobLeases`], [`RemoteWriteStore`], [`AlertStore`]; [`Store`] is all of them. Components take the traits
 //! they use and speak in domain types (`gpufleet_core` samples, [`NodeRecord`],
 //! [`GpuMetric`]). [`SqlStore`] implements every trait once over a [`Backend`] (the dialect
 //! layer, `backend.rs`; rows decoded once in `rows.rs`); [`sqlite`] and [`postgres`] hold
@@ -24,6 +24,7 @@
 //! - **One transaction per [`IngestWrites::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
 
+pub mod alerts;
 mod backend;
 pub mod carbon;
 pub mod energy;
@@ -37,6 +38,7 @@ mod rows;
 pub mod sqlite;
 mod write;
 
+pub use alerts::AlertStore;
 pub use backend::{Backend, Dialect};
 pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
@@ -382,6 +384,7 @@ pub trait Store:
     + CarbonStore
     + JobLeases
     + RemoteWriteStore
+    + AlertStore
     + std::fmt::Debug
     + 'static
 {
@@ -574,7 +577,7 @@ macro_rules! migrations {
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
-            24 "waste" "0024_waste", 25 "process lives" "0025_process_lives")
+            23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

@@ -2,6 +2,7 @@
 //! fixtures (`common`: stores, batches, an in-process collector) and the harness that runs
 //! the real binaries (`harness`).
 
+mod alerts;
 mod carbon;
 mod common;
 mod demo;

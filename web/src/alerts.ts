@@ -1,0 +1,127 @@
+// The alerts page: firing and pending alerts (/api/v1/alerts), the recent state changes
+// (/api/v1/alerts/history) and the rules evaluated (/api/v1/alerts/rules). Refreshed every
+// few seconds while shown. Label and annotation values are text, never markup.
+import { getJson } from './api';
+import { ago, clear, el } from './dom';
+
+export type AlertState = 'inactive' | 'pending' | 'firing' | 'resolved';
+
+export interface AlertView {
+  rule: string;
+  fingerprint: string;
+  state: AlertState;
+  severity: string | null;
+  labels: Record<string, string>;
+  annotations: Record<string, string>;
+  value: number;
+  active_at_ms: number;
+  fired_at_ms: number | null;
+  resolved_at_ms: number | null;
+}
+
+export interface TransitionView {
+  at_ms: number;
+  rule: string;
+  fingerprint: string;
+  labels: Record<string, string>;
+  from: AlertState;
+  to: AlertState;
+  value: number;
+}
+
+export interface RuleView {
+  name: string;
+  condition: string;
+  for_seconds: number;
+  severity: string;
+}
+
+/** Labels other than the ones shown in their own columns. */
+const OWN_COLUMNS = new Set(['alertname', 'severity']);
+
+function labelList(labels: Record<string, string>): HTMLElement {
+  const span = el('span', { class: 'labels' });
+  for (const [k, v] of Object.entries(labels)) {
+    if (!OWN_COLUMNS.has(k)) span.append(el('span', { class: 'label' }, `${k}=${v}`), ' ');
+  }
+  return span;
+}
+
+function fmtValue(v: number): string {
+  return Number.isInteger(v) ? String(v) : v.toFixed(2);
+}
+
+function alertsTable(alerts: AlertView[], now: number): HTMLElement {
+  const table = el('table', { id: 'alerts-table', class: 'alerts' },
+    el('thead', {}, el('tr', {}, ...['state', 'alert', 'severity', 'summary', 'labels', 'value', 'since'].map((h) => el('th', {}, h)))));
+  const body = el('tbody');
+  for (const a of alerts) {
+    const since = a.state === 'firing' ? a.fired_at_ms ?? a.active_at_ms : a.active_at_ms;
+    body.append(el('tr', { 'data-state': a.state, 'data-rule': a.rule, 'data-fingerprint': a.fingerprint },
+      el('td', {}, el('span', { class: `badge alert-${a.state}` }, a.state)),
+      el('td', {}, a.rule),
+      el('td', { class: `sev-${a.severity ?? 'none'}` }, a.severity ?? ''),
+      el('td', { class: 'summary' }, a.annotations.summary ?? ''),
+      el('td', {}, labelList(a.labels)),
+      el('td', { class: 'num' }, fmtValue(a.value)),
+      el('td', {}, ago(since, now))));
+  }
+  table.append(body);
+  if (alerts.length === 0) body.append(el('tr', {}, el('td', { colspan: '7', id: 'alerts-none' }, 'no firing or pending alert')));
+  return table;
+}
+
+function historyTable(rows: TransitionView[], now: number): HTMLElement {
+  const table = el('table', { id: 'alerts-history', class: 'alerts' },
+    el('thead', {}, el('tr', {}, ...['when', 'alert', 'change', 'labels', 'value'].map((h) => el('th', {}, h)))));
+  const body = el('tbody');
+  for (const t of rows) {
+    body.append(el('tr', { 'data-to': t.to, 'data-rule': t.rule },
+      el('td', { title: new Date(t.at_ms).toISOString() }, ago(t.at_ms, now)),
+      el('td', {}, t.rule),
+      el('td', {}, `${t.from} → ${t.to}`),
+      el('td', {}, labelList(t.labels)),
+      el('td', { class: 'num' }, fmtValue(t.value))));
+  }
+  table.append(body);
+  return table;
+}
+
+function rulesTable(rules: RuleView[]): HTMLElement {
+  const table = el('table', { id: 'alerts-rules', class: 'alerts' },
+    el('thead', {}, el('tr', {}, ...['rule', 'condition', 'for', 'severity'].map((h) => el('th', {}, h)))));
+  const body = el('tbody');
+  for (const r of rules) {
+    body.append(el('tr', { 'data-rule': r.name },
+      el('td', {}, r.name), el('td', { class: 'cmd' }, r.condition), el('td', {}, `${r.for_seconds}s`), el('td', {}, r.severity)));
+  }
+  table.append(body);
+  return table;
+}
+
+export async function alertsPage(app: HTMLElement): Promise<() => void> {
+  const draw = async (): Promise<void> => {
+    const [current, history, rules] = await Promise.all([
+      getJson<{ alerts: AlertView[] }>('/api/v1/alerts?state=firing,pending'),
+      getJson<{ transitions: TransitionView[] }>('/api/v1/alerts/history?limit=200'),
+      getJson<{ rules: RuleView[] }>('/api/v1/alerts/rules'),
+    ]);
+    const now = Date.now();
+    const firing = current.alerts.filter((a) => a.state === 'firing').length;
+    const pending = current.alerts.length - firing;
+    clear(app);
+    app.append(
+      el('h1', {}, 'Alerts'),
+      el('p', { id: 'alerts-counts' },
+        el('strong', { 'data-firing': String(firing) }, `${firing} firing`), ', ',
+        el('span', { 'data-pending': String(pending) }, `${pending} pending`)),
+      alertsTable(current.alerts, now),
+      el('h2', {}, 'History'),
+      historyTable(history.transitions, now),
+      el('h2', {}, 'Rules'),
+      rulesTable(rules.rules));
+  };
+  await draw();
+  const timer = setInterval(() => void draw().catch(() => undefined), 5000);
+  return () => clearInterval(timer);
+}
