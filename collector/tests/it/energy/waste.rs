@@ -291,6 +291,11 @@ async fn hand_computation_on(store: &Arc<dyn Store>) {
     assert_eq!(status, 400);
     let (status, _) = api_get_json(store, now, "/api/v1/waste?threshold=101").await;
     assert_eq!(status, 400);
+    // At most 31 days in one request.
+    let (status, v) = api_get_json(store, now, "/api/v1/waste?from=now-32d").await;
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = api_get_json(store, now, "/api/v1/waste?from=now-30d").await;
+    assert_eq!(status, 200);
 
     // The report renders the same figures.
     let episodes = waste::find(
