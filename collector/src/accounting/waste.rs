@@ -7,8 +7,8 @@
 //!   the minute's `util_max_pct` is known and at or below it (unknown is never idle);
 //! - the workload held the GPU the whole measured time: a process of it was listed by
 //!   NVML (a process with a context, which holds memory) at the end of every measured
-//!   interval of the minute (`gpu_ms == covered_ms`), and none of its readings said it
-//!   held 0 bytes;
+//!   interval of the minute (`gpu_ms == covered_ms`), and the most memory it held at one
+//!   of them is not 0 bytes (unknown memory counts as held);
 //! - nothing of the minute is missing (no gap: `missing_ms == 0`), so "continuously" is
 //!   known, not assumed.
 //!
@@ -20,10 +20,11 @@
 //! [`ONGOING_SLACK_MS`] of now (the accountant closes a minute a grace period after it).
 //!
 //! **Its energy** is the workload's share of the GPU's energy in those minutes, as the
-//! accountant split it: its active share plus its idle share by memory held (charged to it
-//! under the `spread` policy, reported beside it under `separate`). Its **carbon** is that
-//! energy priced at each GPU-minute's intensity × PUE, as every other carbon figure;
-//! `None` while none of it has a price (never 0), with the unpriced energy counted.
+//! accountant split it: its active share plus its idle share (by memory held, or equally
+//! when memory is unknown; charged to it under the `spread` policy, reported beside it
+//! under `separate`). Its **carbon** is that energy priced at each GPU-minute's intensity
+//! × PUE, as every other carbon figure; `None` while none of it has a price (never 0),
+//! with the unpriced energy counted.
 //!
 //! **Why minute rows, not raw samples.** The energy minutes are what every other energy
 //! and carbon figure is made of: exact, already split, recomputed when late data arrives,

@@ -165,7 +165,8 @@ pub struct WasteMinute {
     /// Charged to it (active, plus idle under `spread`).
     pub energy_mj: u64,
     pub active_mj: u64,
-    /// Its idle share by memory held (charged only under `spread`).
+    /// Its idle share, by memory held or equally when memory is unknown (charged only
+    /// under `spread`).
     pub idle_mj: u64,
     pub provisional: bool,
     /// The GPU-minute's price (g/kWh, PUE), when priced.

@@ -126,7 +126,11 @@ fn a_minute_partly_held_missing_or_at_zero_bytes_breaks_the_episode() {
         |m: &mut WasteMinute| m.gpu_ms = MINUTE_MS - 1_000,
         |m: &mut WasteMinute| m.missing_ms = 5_000,
         |m: &mut WasteMinute| m.mem_max_bytes = Some(0),
-        |m: &mut WasteMinute| m.covered_ms = 0,
+        // Nothing measured: held the whole (zero) measured time, but not known idle.
+        |m: &mut WasteMinute| {
+            m.covered_ms = 0;
+            m.gpu_ms = 0;
+        },
     ] {
         let mut m = run(3);
         breaks(&mut m[1]);
