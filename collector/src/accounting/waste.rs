@@ -17,7 +17,8 @@
 //! (`--waste-min-idle`, default 30 min): `until − since ≥ min_idle`, where `since` is the
 //! start of its first minute and `until` the end of its last (capped at now). It is
 //! *ongoing* when its last minute is the GPU's newest energy minute and ends within
-//! [`ONGOING_SLACK_MS`] of now (the accountant closes a minute a grace period after it).
+//! [`ongoing_slack_ms`] of now: the gap limit the accountant used for that minute (its
+//! grace: `--energy-max-gap`, or 3 sampling intervals) plus a minute.
 //!
 //! **Its energy** is the workload's share of the GPU's energy in those minutes, as the
 //! accountant split it: its active share plus its idle share (by memory held, or equally
@@ -42,10 +43,13 @@ use std::time::Duration;
 
 const MINUTE_MS: i64 = 60_000;
 
-/// An episode whose last minute ends this long before now is no longer ongoing (the
-/// accountant's grace plus a minute: a node that stopped reporting does not stay
-/// "ongoing" forever).
-pub const ONGOING_SLACK_MS: i64 = 3 * MINUTE_MS;
+/// An episode whose last minute ends longer than this before now is no longer ongoing:
+/// the gap limit its GPU's minute was computed with (the accountant closes a minute that
+/// long after it, `EnergyOptions::grace_ms`) plus a minute, so a node that stopped
+/// reporting does not stay "ongoing" forever.
+pub fn ongoing_slack_ms(last: &WasteMinute) -> i64 {
+    last.max_gap_ms.max(0).saturating_add(MINUTE_MS)
+}
 
 /// How far back [`ongoing`] looks for the start of an ongoing episode.
 pub const ONGOING_LOOKBACK: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -187,7 +191,7 @@ fn episode(run: &[&WasteMinute], now_ms: UnixMs) -> Episode {
         since_ms: first.minute_ms,
         until_ms,
         ongoing: last.minute_ms >= last.gpu_last_minute_ms
-            && now_ms - (last.minute_ms + MINUTE_MS) <= ONGOING_SLACK_MS,
+            && now_ms - (last.minute_ms + MINUTE_MS) <= ongoing_slack_ms(last),
         minutes: u32::try_from(run.len()).unwrap_or(u32::MAX),
         mem_max_bytes: None,
         energy_mj: 0,

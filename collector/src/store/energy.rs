@@ -173,6 +173,8 @@ pub struct WasteMinute {
     pub price: Option<(f64, f64)>,
     /// The GPU's newest energy minute (is the episode still going on?).
     pub gpu_last_minute_ms: UnixMs,
+    /// The gap limit the minute was computed with (the accountant's grace).
+    pub max_gap_ms: i64,
 }
 
 /// Which GPUs' minutes [`EnergyStore::waste_minutes`] reads.
@@ -1054,7 +1056,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "read idle workload minutes",
             format!(
                 "SELECT m.gpu_id, g.uuid, g.gpu_index, g.name AS gpu_name, n.name AS node_name, \
-                 m.minute_ms, e.util_max_pct, e.covered_ms, e.missing_ms, m.gpu_ms, \
+                 m.minute_ms, e.util_max_pct, e.covered_ms, e.missing_ms, e.max_gap_ms, m.gpu_ms, \
                  m.mem_max_bytes, m.energy_mj, m.active_mj, m.idle_mj, m.provisional, \
                  c.g_per_kwh, c.pue, \
                  (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = m.gpu_id) \
@@ -1103,6 +1105,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 provisional: row.flag("provisional")?,
                 price,
                 gpu_last_minute_ms: row.get("gpu_last_minute_ms")?,
+                max_gap_ms: row.get("max_gap_ms")?,
             })
         })
         .await

@@ -1458,6 +1458,7 @@ mod contract {
         assert!(!m.provisional);
         assert_eq!(m.price, Some((90.0, 1.5)));
         assert_eq!(m.gpu_last_minute_ms, T0 + 7 * 60_000);
+        assert_eq!(m.max_gap_ms, minutes[0].max_gap_ms);
         let m = &got[1];
         assert_eq!(
             (m.minute_ms, m.util_max_pct, m.mem_max_bytes, m.price),

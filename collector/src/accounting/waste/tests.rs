@@ -36,6 +36,7 @@ fn minute(k: i64, j: &str) -> WasteMinute {
         provisional: false,
         price: Some((200.0, 1.5)),
         gpu_last_minute_ms: T0 + 1000 * MINUTE_MS,
+        max_gap_ms: 15_000,
     }
 }
 
@@ -187,8 +188,14 @@ fn ongoing_when_its_last_minute_is_the_gpus_newest_and_recent() {
     for x in &mut m {
         x.gpu_last_minute_ms = T0 + 30 * MINUTE_MS;
     }
-    let late = T0 + 31 * MINUTE_MS + ONGOING_SLACK_MS + 1;
-    assert!(!episodes(&m, settings(30), late)[0].ongoing);
+    let late = T0 + 31 * MINUTE_MS + MINUTE_MS + 15_000;
+    assert!(episodes(&m, settings(30), late)[0].ongoing);
+    assert!(!episodes(&m, settings(30), late + 1)[0].ongoing);
+    // The slack follows the gap limit the minute was computed with.
+    for x in &mut m {
+        x.max_gap_ms = 5 * MINUTE_MS;
+    }
+    assert!(episodes(&m, settings(30), late + 4 * MINUTE_MS)[0].ongoing);
 }
 
 proptest! {
