@@ -260,7 +260,10 @@ pub fn totals(episodes: &[Episode]) -> Vec<WorkloadWaste> {
     out
 }
 
-/// The episodes of `range` (optionally one node's GPUs) at `now_ms`, from the store.
+/// The episodes of `range` (optionally one node's GPUs) at `now_ms`, from the store. An
+/// episode going on at the range's start is found whole (its true start, up to
+/// [`ONGOING_LOOKBACK`] before it, with the energy of its earlier minutes), and
+/// `min_idle` is judged on the whole of it.
 pub async fn find(
     store: &dyn EnergyStore,
     range: TimeRange,
@@ -268,11 +271,27 @@ pub async fn find(
     settings: WasteSettings,
     now_ms: UnixMs,
 ) -> Result<Vec<Episode>, StoreError> {
+    let thr = settings.util_threshold_pct;
     let scope = node.map_or(WasteScope::Fleet, WasteScope::Node);
-    let minutes = store
-        .waste_minutes(range, scope, settings.util_threshold_pct)
-        .await?;
-    Ok(episodes(&minutes, settings, now_ms))
+    let minutes = store.waste_minutes(range, scope, thr).await?;
+    let from = range.from_ms;
+    let horizon = from.saturating_sub(i64::try_from(ONGOING_LOOKBACK.as_millis()).unwrap_or(0));
+    let min_idle_ms = i64::try_from(settings.min_idle.as_millis()).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    for run in runs(&minutes, thr) {
+        // A run in the range's first minute may have begun before it: found whole.
+        let before = if run[0].minute_ms == from {
+            earlier(store, run[0], from, horizon, thr, now_ms).await?
+        } else {
+            None
+        };
+        let e = joined(before, episode(&run, now_ms));
+        if e.idle_ms() >= min_idle_ms {
+            out.push(e);
+        }
+    }
+    sort(&mut out);
+    Ok(out)
 }
 
 /// The episodes going on at `now_ms` (each with its idle time so far: `idle_ms()`,

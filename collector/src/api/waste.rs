@@ -5,7 +5,9 @@
 //! | `GET /api/v1/waste?from=&to=&min_idle=&threshold=&node=` | episodes and totals per workload |
 //!
 //! `from` / `to` as the energy API (default today .. now; from the minute holding
-//! `from`), at most 31 days apart (longer: 400); an episode that began before `from` is counted from `from`. `min_idle` (a
+//! `from`), at most 31 days apart (longer: 400); an episode going on at `from` is
+//! reported whole, from its true start (up to 7 days before `from`), and `min_idle` is
+//! judged on the whole of it. `min_idle` (a
 //! duration, `45m`) and `threshold` (percent) default to the collector's
 //! `--waste-min-idle` / `--waste-util-threshold`. Energy is the workload's share of the
 //! GPU's energy while idle (`energy_mj` exact, `energy_j`, `energy_kwh`); `carbon_g` is
