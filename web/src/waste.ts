@@ -95,6 +95,16 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     const s = n.toString();
     return `/waste${s ? '?' + s : ''}`;
   };
+  // A new range keeps the rule asked for (min_idle, threshold).
+  const withRule = (query: string): string => {
+    const n = new URLSearchParams(query);
+    for (const k of ['min_idle', 'threshold']) {
+      const val = q.get(k);
+      if (val !== null) n.set(k, val);
+    }
+    const s = n.toString();
+    return `/waste${s ? '?' + s : ''}`;
+  };
   const minSel = el('select', { id: 'min-idle', 'aria-label': 'minimum idle time' },
     ...[...new Set([minIdle ?? '', ...MIN_IDLE])].filter(Boolean).map((m) => el('option', { value: m }, `idle ≥ ${m}`)));
   minSel.value = minIdle ?? `${Math.round(v.min_idle_seconds / 60)}m`;
@@ -155,7 +165,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     el('p', { class: 'muted', id: 'waste-rule' },
       `A workload holding GPU memory on a GPU at or below ${v.threshold_pct} % utilization for at least ${Math.round(v.min_idle_seconds / 60)} minutes; `
       + 'its energy is its share of the GPU\'s energy meanwhile, as the energy accounting split it.'),
-    el('div', { class: 'toolbar' }, rangePicker(r, (query) => navigate(`/waste${query}`), ENERGY_RANGES), minSel),
+    el('div', { class: 'toolbar' }, rangePicker(r, (query) => navigate(withRule(query)), ENERGY_RANGES), minSel),
     totals,
     v.episodes.length === 0 ? el('p', { id: 'no-episodes', class: 'muted' }, 'No idle-but-allocated GPUs in this range.') : table,
     el('h3', {}, 'Per workload'),

@@ -603,6 +603,14 @@ test('the waste page lists the idle-but-allocated episodes the API gives, linked
   const per = await page.$$eval('#waste-workloads tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
   assert.deepEqual(per, v.workloads.map((w) => w.workload_key));
   await page.screenshot({ path: `${shots}/waste.png`, fullPage: true });
+  // Another range keeps the rule in the URL (and in the page's request).
+  await page.click('.ranges button[data-range]:not(.active):not([data-range="custom"])');
+  await page.waitForURL((u) => u.searchParams.has('range') || !u.searchParams.has('from'));
+  const after = new URL(page.url());
+  assert.equal(after.searchParams.get('min_idle'), '1m', page.url());
+  assert.equal(after.searchParams.get('threshold'), '30', page.url());
+  await page.locator('#waste-rule').waitFor();
+  assert.match(await page.locator('#waste-rule').innerText(), /at or below 30 % utilization for at least 1 minutes/);
   await page.context().close();
 });
 

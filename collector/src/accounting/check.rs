@@ -2,7 +2,10 @@
 //! each minute equal to what the raw samples give with the parameters the minute
 //! recorded (idle power, idle policy, gap limit) — and reports every violation.
 
-use crate::accounting::energy::{self, GpuMinute, MINUTE_MS, RULES, WorkloadMinute, minute_of};
+use crate::accounting::energy::{
+    self, GpuMinute, MINUTE_MS, RULES_COMPARED_WITH_RAW, RULES_WITH_WASTE_COLUMNS, WorkloadMinute,
+    minute_of,
+};
 use crate::store::rollup::RollupKey;
 use crate::store::{EnergyStore, RollupStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
@@ -24,7 +27,7 @@ pub struct CheckReport {
     pub minutes: usize,
     /// Of which compared with raw samples (the others' samples are gone).
     pub compared_with_raw: usize,
-    /// Of which computed by earlier attribution rules ([`RULES`]): checked for
+    /// Of which computed by attribution rules before [`RULES_COMPARED_WITH_RAW`]: checked for
     /// conservation only (`recompute-energy` rebuilds them).
     pub earlier_rules: usize,
     /// Minutes with samples not yet accounted (at or after a GPU's watermark), or only
@@ -102,7 +105,7 @@ pub async fn check<S: EnergyStore + RollupStore + ?Sized>(
                 match stored.remove(&minute) {
                     // An open minute: more samples may have come since it was computed.
                     Some(m) if m.provisional => report.pending_minutes += 1,
-                    Some(m) if m.rules < RULES => report.earlier_rules += 1,
+                    Some(m) if m.rules < RULES_COMPARED_WITH_RAW => report.earlier_rules += 1,
                     Some(m) => {
                         report.compared_with_raw += 1;
                         let raw = energy::rollup_minute(
@@ -163,9 +166,10 @@ fn differences(stored: &GpuMinute, raw: &GpuMinute) -> String {
         samples,
         min_power_mw
     );
-    // Rows computed before the waste columns existed hold NULL there (unknown), not a
-    // disagreement with the raw samples.
-    if stored.util_max_pct.is_some() && stored.util_max_pct != raw.util_max_pct {
+    // Rows computed before the waste columns existed (earlier rules) hold NULL there
+    // (unknown), not a disagreement with the raw samples; newer rows must match.
+    let old = stored.rules < RULES_WITH_WASTE_COLUMNS;
+    if (!old || stored.util_max_pct.is_some()) && stored.util_max_pct != raw.util_max_pct {
         d.push(format!(
             "util_max_pct stored {:?} raw {:?}",
             stored.util_max_pct, raw.util_max_pct
@@ -173,7 +177,11 @@ fn differences(stored: &GpuMinute, raw: &GpuMinute) -> String {
     }
     let same_workloads = stored.workloads.len() == raw.workloads.len()
         && stored.workloads.iter().zip(&raw.workloads).all(|(s, r)| {
-            let mem_max_bytes = s.mem_max_bytes.or(r.mem_max_bytes);
+            let mem_max_bytes = if old {
+                s.mem_max_bytes.or(r.mem_max_bytes)
+            } else {
+                s.mem_max_bytes
+            };
             WorkloadMinute {
                 mem_max_bytes,
                 ..s.clone()

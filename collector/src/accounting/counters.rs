@@ -428,6 +428,8 @@ pub fn spawn(
     tokio::spawn(async move {
         let mut acc = Accumulator::new(clock(), options.max_workloads);
         let mut idle_dropped = 0u64;
+        // Keeps the ongoing episodes between refreshes: each reads only the new minutes.
+        let mut ongoing = crate::accounting::waste::OngoingTracker::default();
         let mut ticker = tokio::time::interval(options.refresh);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -445,9 +447,7 @@ pub fn spawn(
             };
             let series = acc.apply(&sums);
             let intensity = read_intensity(store.as_ref(), &live, &carbon, now).await;
-            let idle = match crate::accounting::waste::ongoing(store.as_ref(), options.waste, now)
-                .await
-            {
+            let idle = match ongoing.refresh(store.as_ref(), options.waste, now).await {
                 Ok(episodes) => {
                     let (series, dropped) = idle_allocated(&episodes, options.max_workloads);
                     idle_dropped += dropped;

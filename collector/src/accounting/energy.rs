@@ -49,8 +49,16 @@ pub const MINUTE_MS: i64 = 60_000;
 
 /// The attribution rules minutes are computed with, stored in each minute row: 1 before
 /// the idle baseline was learned and idle split by memory (those rows are checked for
-/// conservation only; `recompute-energy` rebuilds them), 2 now.
-pub const RULES: u32 = 2;
+/// conservation only; `recompute-energy` rebuilds them), 2 before the waste columns
+/// (`util_max_pct`, `mem_max_bytes`, migration 0024: those rows may hold NULL there), 3
+/// now.
+pub const RULES: u32 = 3;
+
+/// The oldest rules whose rows are compared with raw samples (`check-energy`).
+pub const RULES_COMPARED_WITH_RAW: u32 = 2;
+
+/// The first rules whose rows were written with the waste columns.
+pub const RULES_WITH_WASTE_COLUMNS: u32 = 3;
 
 /// One process on a GPU at one sample, as accounting needs it.
 #[derive(Debug, Clone, PartialEq)]

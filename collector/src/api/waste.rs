@@ -5,7 +5,9 @@
 //! | `GET /api/v1/waste?from=&to=&min_idle=&threshold=&node=` | episodes and totals per workload |
 //!
 //! `from` / `to` as the energy API (default today .. now; from the minute holding
-//! `from`); an episode that began before `from` is counted from `from`. `min_idle` (a
+//! `from`), at most 31 days apart (longer: 400); an episode going on at `from` is
+//! reported whole, from its true start (up to 7 days before `from`), and `min_idle` is
+//! judged on the whole of it. `min_idle` (a
 //! duration, `45m`) and `threshold` (percent) default to the collector's
 //! `--waste-min-idle` / `--waste-util-threshold`. Energy is the workload's share of the
 //! GPU's energy while idle (`energy_mj` exact, `energy_j`, `energy_kwh`); `carbon_g` is
@@ -22,6 +24,11 @@ use axum::{Json, Router};
 use gpufleet_core::config::{format_time, parse_duration};
 use gpufleet_core::{UnixMs, Workload};
 use serde::{Deserialize, Serialize};
+
+const DAY_MS: i64 = 24 * 3600 * 1000;
+
+/// The longest range one request reads (a longer one is a 400).
+pub const MAX_RANGE_MS: i64 = 31 * DAY_MS;
 
 /// The routes, merged into [`crate::api::router::app`].
 pub fn routes() -> Router<AppState> {
@@ -217,6 +224,14 @@ async fn waste_view(
             ..Default::default()
         },
     )?;
+    if r.to_ms.saturating_sub(r.from_ms) > MAX_RANGE_MS {
+        return Err(ApiError::BadRequest(format!(
+            "the range {} .. {} is longer than {} days; ask for a shorter one (from / to)",
+            format_time(r.from_ms),
+            format_time(r.to_ms),
+            MAX_RANGE_MS / DAY_MS
+        )));
+    }
     let episodes = waste::find(st.store.as_ref(), r, p.node.as_deref(), s, (st.clock)()).await?;
     let totals = waste::totals(&episodes);
     let energy_mj: u64 = episodes.iter().map(|e| e.energy_mj).sum();

@@ -32,7 +32,10 @@ impl WasteArgs {
     }
 }
 
-/// `report waste` arguments.
+/// How far back `report waste` looks without `--from`: a day.
+pub const REPORT_DEFAULT_SPAN_MS: i64 = 24 * 3600 * 1000;
+
+/// `report waste` arguments (`--from` defaults to a day before `--to`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WasteReportArgs {
     #[command(flatten)]
@@ -53,6 +56,11 @@ pub async fn run_waste_report(
     out: &mut dyn Write,
 ) -> Result<(), EnergyCliError> {
     let mut range = args.range.range()?;
+    // The episodes of the last day unless asked for more (an unbounded range reads the
+    // whole history).
+    if args.range.from.is_none() {
+        range.from_ms = range.to_ms.saturating_sub(REPORT_DEFAULT_SPAN_MS);
+    }
     range.from_ms = crate::accounting::energy::minute_of(range.from_ms);
     let store = store::open(&args.range.db).await?;
     let episodes = waste::find(

@@ -165,14 +165,34 @@ pub struct WasteMinute {
     /// Charged to it (active, plus idle under `spread`).
     pub energy_mj: u64,
     pub active_mj: u64,
-    /// Its idle share by memory held (charged only under `spread`).
+    /// Its idle share, by memory held or equally when memory is unknown (charged only
+    /// under `spread`).
     pub idle_mj: u64,
     pub provisional: bool,
     /// The GPU-minute's price (g/kWh, PUE), when priced.
     pub price: Option<(f64, f64)>,
     /// The GPU's newest energy minute (is the episode still going on?).
     pub gpu_last_minute_ms: UnixMs,
+    /// The gap limit the minute was computed with (the accountant's grace).
+    pub max_gap_ms: i64,
 }
+
+/// Which GPUs' minutes [`EnergyStore::waste_minutes`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WasteScope<'a> {
+    /// Every GPU (by the minute index).
+    Fleet,
+    /// One node's GPUs (by their (gpu_id, minute_ms) key).
+    Node(&'a str),
+    /// One workload on one GPU (`Workload::key()`).
+    Series(GpuId, &'a str),
+}
+
+/// The per-minute test of waste detection as SQL over `e` (the GPU minute) and `m` (the
+/// workload minute); the threshold is `$3`.
+const IDLE_ALLOCATED_SQL: &str = "e.util_max_pct <= $3 AND e.missing_ms = 0 \
+     AND e.covered_ms > 0 AND m.gpu_ms = e.covered_ms \
+     AND (m.mem_max_bytes IS NULL OR m.mem_max_bytes <> 0)";
 
 /// GPU-minute rows (`SELECT *` of `energy_gpu_minutes`) with their workload rows, each
 /// ordered by GPU and minute. Workload rows without their GPU row come back under a GPU
@@ -358,15 +378,30 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError>;
 
-    /// Workload minutes in `range` (optionally one node's GPUs) whose GPU's
-    /// `util_max_pct` is known and at most `util_threshold_pct`, ordered by GPU, workload
-    /// and minute: the candidates of waste detection ([`crate::accounting::waste`]).
+    /// The idle-allocated workload minutes in `range` of `scope`, ordered by GPU, workload
+    /// and minute: those passing the whole per-minute test of waste detection
+    /// ([`crate::accounting::waste::idle_allocated`]: utilization known and at most
+    /// `util_threshold_pct`, nothing missing, something measured, held the whole measured
+    /// time, never at 0 bytes). The test runs in SQL so busy minutes are never read.
     async fn waste_minutes(
         &self,
         range: TimeRange,
-        node: Option<&str>,
+        scope: WasteScope<'_>,
         util_threshold_pct: u32,
     ) -> Result<Vec<WasteMinute>, StoreError>;
+
+    /// The first minute of the run of idle-allocated minutes of `workload_key` on `gpu`
+    /// that ends with the minute `last_ms` (`None` when `last_ms` is not one), looking no
+    /// further back than `horizon_ms`: one indexed query on (gpu_id, minute_ms) that
+    /// numbers the idle minutes from `last_ms` backwards (a window function).
+    async fn waste_run_start(
+        &self,
+        gpu: GpuId,
+        workload_key: &str,
+        last_ms: UnixMs,
+        horizon_ms: UnixMs,
+        util_threshold_pct: u32,
+    ) -> Result<Option<UnixMs>, StoreError>;
 }
 
 pub(super) fn u64_to_i64(v: u64, what: &str) -> Result<i64, StoreError> {
@@ -1001,18 +1036,28 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
     async fn waste_minutes(
         &self,
         range: TimeRange,
-        node: Option<&str>,
+        scope: WasteScope<'_>,
         util_threshold_pct: u32,
     ) -> Result<Vec<WasteMinute>, StoreError> {
         // The GPU row carries the judgement's inputs (utilization, coverage); the carbon
         // row, when priced, the GPU-minute's price (a workload's carbon is its energy at
         // that price, like every carbon figure). Busy minutes are left out here: they
         // are most minutes, and they break an episode whether read or not.
+        // A node's or a GPU's read starts from its GPUs and walks the (gpu_id, minute_ms)
+        // key; the fleet's walks the minute index.
+        let scope_sql = match scope {
+            WasteScope::Fleet => "",
+            WasteScope::Node(_) => {
+                "AND e.gpu_id IN (SELECT g2.id FROM gpus g2 \
+                 JOIN nodes n2 ON n2.id = g2.node_id WHERE n2.name = $4)"
+            }
+            WasteScope::Series(..) => "AND e.gpu_id = $4 AND w.key = $5",
+        };
         let query = sql::<DB>(
             "read idle workload minutes",
             format!(
                 "SELECT m.gpu_id, g.uuid, g.gpu_index, g.name AS gpu_name, n.name AS node_name, \
-                 m.minute_ms, e.util_max_pct, e.covered_ms, e.missing_ms, m.gpu_ms, \
+                 m.minute_ms, e.util_max_pct, e.covered_ms, e.missing_ms, e.max_gap_ms, m.gpu_ms, \
                  m.mem_max_bytes, m.energy_mj, m.active_mj, m.idle_mj, m.provisional, \
                  c.g_per_kwh, c.pue, \
                  (SELECT max(x.minute_ms) FROM energy_gpu_minutes x WHERE x.gpu_id = m.gpu_id) \
@@ -1022,15 +1067,18 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                  JOIN workloads w ON w.id = m.workload_id \
                  JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
                  LEFT JOIN carbon_gpu_minutes c ON c.gpu_id = m.gpu_id AND c.minute_ms = m.minute_ms \
-                 WHERE e.minute_ms BETWEEN $1 AND $2 AND e.util_max_pct <= $3 \
-                   AND (CAST($4 AS TEXT) IS NULL OR n.name = $4) \
+                 WHERE e.minute_ms BETWEEN $1 AND $2 AND {IDLE_ALLOCATED_SQL} {scope_sql} \
                  ORDER BY m.gpu_id, m.workload_id, m.minute_ms"
             ),
         )
         .bind(range.from_ms)
         .bind(range.to_ms)
-        .bind(i64::from(util_threshold_pct))
-        .bind(node);
+        .bind(i64::from(util_threshold_pct));
+        let query = match scope {
+            WasteScope::Fleet => query,
+            WasteScope::Node(node) => query.bind(node),
+            WasteScope::Series(gpu, key) => query.bind(gpu.0).bind(key),
+        };
         self.fetch(query, |row| {
             let price = match (
                 row.get::<Option<f64>>("g_per_kwh")?,
@@ -1058,9 +1106,46 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 provisional: row.flag("provisional")?,
                 price,
                 gpu_last_minute_ms: row.get("gpu_last_minute_ms")?,
+                max_gap_ms: row.get("max_gap_ms")?,
             })
         })
         .await
+    }
+
+    async fn waste_run_start(
+        &self,
+        gpu: GpuId,
+        workload_key: &str,
+        last_ms: UnixMs,
+        horizon_ms: UnixMs,
+        util_threshold_pct: u32,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        // Numbered from the newest backwards, the minutes of the run ending at `last_ms`
+        // are exactly those with minute + n × 1 min = last + 1 min.
+        let query = sql::<DB>(
+            "find the start of an idle run",
+            format!(
+                "SELECT min(t.minute_ms) AS start_ms FROM (\
+                   SELECT m.minute_ms, m.minute_ms + 60000 * row_number() \
+                     OVER (ORDER BY m.minute_ms DESC) AS k \
+                   FROM energy_gpu_minutes e \
+                   JOIN energy_workload_minutes m ON m.gpu_id = e.gpu_id AND m.minute_ms = e.minute_ms \
+                   JOIN workloads w ON w.id = m.workload_id \
+                   WHERE e.minute_ms BETWEEN $1 AND $2 AND {IDLE_ALLOCATED_SQL} \
+                     AND e.gpu_id = $4 AND w.key = $5) t \
+                 WHERE t.k = $6"
+            ),
+        )
+        .bind(horizon_ms)
+        .bind(last_ms)
+        .bind(i64::from(util_threshold_pct))
+        .bind(gpu.0)
+        .bind(workload_key)
+        .bind(last_ms.saturating_add(60_000));
+        let rows = self
+            .fetch(query, |row| row.get::<Option<i64>>("start_ms"))
+            .await?;
+        Ok(rows.into_iter().flatten().next())
     }
 
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError> {

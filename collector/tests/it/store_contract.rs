@@ -11,7 +11,7 @@ use gpufleet_collector::accounting::check as energy_check;
 use gpufleet_collector::accounting::energy::GpuMinute;
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
-use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement};
+use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement, WasteScope};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
 use gpufleet_collector::store::{
     GpuId, GpuMetric, NodeRecord, Rehomed, Store, StoreError, TimeRange,
@@ -1354,9 +1354,10 @@ mod contract {
         }
     }
 
-    /// `waste_minutes`: the idle candidates of waste detection, every field read back,
-    /// the threshold inclusive, unknown utilization never idle, the price joined, the
-    /// node filter.
+    /// `waste_minutes`: the idle-allocated minutes of waste detection, every field read
+    /// back, the threshold inclusive, unknown utilization never idle, a minute with a gap,
+    /// held part of the time, at 0 bytes or unmeasured left out (in SQL), the price
+    /// joined, the node and series scopes; `waste_run_start` finds a run's first minute.
     pub async fn waste_minutes_read_idle_candidates_with_their_price(store: Arc<dyn Store>) {
         use gpufleet_collector::accounting::energy::WorkloadMinute;
         let a = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
@@ -1394,7 +1395,7 @@ mod contract {
             attributed_mj: 6_000,
             active_mj: 1_000,
             covered_ms: 60_000,
-            missing_ms: k,
+            missing_ms: 0,
             samples: 60,
             util_max_pct: util,
             provisional: k == 3,
@@ -1404,7 +1405,7 @@ mod contract {
                 active_mj: 1_000,
                 idle_mj: 5_000,
                 counter_mj: 6_000,
-                gpu_ms: 60_000 - k,
+                gpu_ms: 60_000,
                 mem_max_bytes: mem,
                 ..Default::default()
             }],
@@ -1415,9 +1416,26 @@ mod contract {
             minute(1, Some(1), None),
             minute(2, Some(2), Some(1)),
             minute(3, None, Some(1)),
+            // Idle, but a gap / held part of the time / at 0 bytes / nothing measured.
+            GpuMinute {
+                missing_ms: 5_000,
+                ..minute(4, Some(0), Some(1))
+            },
+            {
+                let mut m = minute(5, Some(0), Some(1));
+                m.workloads[0].gpu_ms = 59_000;
+                m
+            },
+            minute(6, Some(0), Some(0)),
+            {
+                let mut m = minute(7, Some(0), Some(1));
+                m.covered_ms = 0;
+                m.workloads[0].gpu_ms = 0;
+                m
+            },
         ];
         store
-            .replace_energy_minutes(ga, T0, T0 + 4 * 60_000, &minutes, None)
+            .replace_energy_minutes(ga, T0, T0 + 8 * 60_000, &minutes, None)
             .await
             .expect("minutes");
         store
@@ -1449,7 +1467,11 @@ mod contract {
             let store = Arc::clone(&store);
             async move {
                 store
-                    .waste_minutes(ALL_TIME, node, threshold)
+                    .waste_minutes(
+                        ALL_TIME,
+                        node.map_or(WasteScope::Fleet, WasteScope::Node),
+                        threshold,
+                    )
                     .await
                     .expect("waste minutes")
             }
@@ -1470,13 +1492,33 @@ mod contract {
         );
         assert!(!m.provisional);
         assert_eq!(m.price, Some((90.0, 1.5)));
-        assert_eq!(m.gpu_last_minute_ms, T0 + 3 * 60_000);
+        assert_eq!(m.gpu_last_minute_ms, T0 + 7 * 60_000);
+        assert_eq!(m.max_gap_ms, minutes[0].max_gap_ms);
         let m = &got[1];
         assert_eq!(
             (m.minute_ms, m.util_max_pct, m.mem_max_bytes, m.price),
             (T0 + 60_000, Some(1), None, None)
         );
-        assert_eq!((m.missing_ms, m.gpu_ms), (1, 59_999));
+        // The series scope; the start of the run ending at minute 1.
+        let key = w.key();
+        let series = store
+            .waste_minutes(ALL_TIME, WasteScope::Series(ga, &key), 1)
+            .await
+            .expect("series");
+        assert_eq!(series.len(), 2);
+        let start = |last: i64| {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            async move {
+                store
+                    .waste_run_start(ga, &key, last, T0 - 60_000, 1)
+                    .await
+                    .expect("run start")
+            }
+        };
+        assert_eq!(start(T0 + 60_000).await, Some(T0));
+        assert_eq!(start(T0).await, Some(T0));
+        assert_eq!(start(T0 + 2 * 60_000).await, None, "minute 2 is busy");
+        assert_eq!(start(T0 + 4 * 60_000).await, None, "minute 4 has a gap");
         // Inclusive thresholds; absent utilization never passes; the range bounds.
         assert_eq!(read(0, Some("node-a")).await.len(), 1);
         assert_eq!(read(100, Some("node-a")).await.len(), 3);
@@ -1486,7 +1528,7 @@ mod contract {
                     from_ms: T0 + 60_000,
                     to_ms: T0 + 60_000,
                 },
-                None,
+                WasteScope::Fleet,
                 100,
             )
             .await

@@ -36,6 +36,7 @@ fn minute(k: i64, j: &str) -> WasteMinute {
         provisional: false,
         price: Some((200.0, 1.5)),
         gpu_last_minute_ms: T0 + 1000 * MINUTE_MS,
+        max_gap_ms: 15_000,
     }
 }
 
@@ -126,7 +127,11 @@ fn a_minute_partly_held_missing_or_at_zero_bytes_breaks_the_episode() {
         |m: &mut WasteMinute| m.gpu_ms = MINUTE_MS - 1_000,
         |m: &mut WasteMinute| m.missing_ms = 5_000,
         |m: &mut WasteMinute| m.mem_max_bytes = Some(0),
-        |m: &mut WasteMinute| m.covered_ms = 0,
+        // Nothing measured: held the whole (zero) measured time, but not known idle.
+        |m: &mut WasteMinute| {
+            m.covered_ms = 0;
+            m.gpu_ms = 0;
+        },
     ] {
         let mut m = run(3);
         breaks(&mut m[1]);
@@ -183,8 +188,14 @@ fn ongoing_when_its_last_minute_is_the_gpus_newest_and_recent() {
     for x in &mut m {
         x.gpu_last_minute_ms = T0 + 30 * MINUTE_MS;
     }
-    let late = T0 + 31 * MINUTE_MS + ONGOING_SLACK_MS + 1;
-    assert!(!episodes(&m, settings(30), late)[0].ongoing);
+    let late = T0 + 31 * MINUTE_MS + MINUTE_MS + 15_000;
+    assert!(episodes(&m, settings(30), late)[0].ongoing);
+    assert!(!episodes(&m, settings(30), late + 1)[0].ongoing);
+    // The slack follows the gap limit the minute was computed with.
+    for x in &mut m {
+        x.max_gap_ms = 5 * MINUTE_MS;
+    }
+    assert!(episodes(&m, settings(30), late + 4 * MINUTE_MS)[0].ongoing);
 }
 
 proptest! {
@@ -231,4 +242,143 @@ proptest! {
             .count();
         prop_assert_eq!(runs, eps.len());
     }
+}
+
+/// A store of minutes that records what is read of it.
+#[derive(Default)]
+struct Fake {
+    minutes: Vec<WasteMinute>,
+    reads: std::sync::Mutex<Vec<(TimeRange, bool)>>,
+    starts: std::sync::Mutex<u32>,
+}
+
+impl WasteSource for Fake {
+    async fn minutes(
+        &self,
+        range: TimeRange,
+        scope: WasteScope<'_>,
+        thr: u32,
+    ) -> Result<Vec<WasteMinute>, StoreError> {
+        let series = matches!(scope, WasteScope::Series(..));
+        self.reads.lock().expect("lock").push((range, series));
+        Ok(self
+            .minutes
+            .iter()
+            .filter(|m| (range.from_ms..=range.to_ms).contains(&m.minute_ms))
+            .filter(|m| match scope {
+                WasteScope::Series(g, k) => m.gpu == g && m.workload.key() == k,
+                _ => true,
+            })
+            .filter(|m| idle_allocated(m, thr))
+            .cloned()
+            .collect())
+    }
+
+    async fn run_start(
+        &self,
+        gpu: GpuId,
+        key: &str,
+        last_ms: UnixMs,
+        horizon_ms: UnixMs,
+        thr: u32,
+    ) -> Result<Option<UnixMs>, StoreError> {
+        *self.starts.lock().expect("lock") += 1;
+        let idle = |t: i64| {
+            self.minutes.iter().any(|m| {
+                m.gpu == gpu
+                    && m.workload.key() == key
+                    && m.minute_ms == t
+                    && idle_allocated(m, thr)
+            })
+        };
+        let mut t = last_ms;
+        if !idle(t) {
+            return Ok(None);
+        }
+        while t - MINUTE_MS >= horizon_ms && idle(t - MINUTE_MS) {
+            t -= MINUTE_MS;
+        }
+        Ok(Some(t))
+    }
+}
+
+#[tokio::test]
+async fn the_tracker_finds_a_long_episodes_start_once_then_reads_only_new_minutes() {
+    // Job 7 idle for two days (still going on); job 8 idle for 40 min, then busy.
+    let days = 2 * 24 * 60;
+    let now_at = |k: i64| T0 + k * MINUTE_MS + 20_000;
+    let fake = |upto: i64| {
+        let mut minutes: Vec<WasteMinute> = (0..=upto)
+            .map(|k| WasteMinute {
+                gpu_last_minute_ms: T0 + upto * MINUTE_MS,
+                ..minute(k, "7")
+            })
+            .collect();
+        minutes.extend((upto - 50..upto - 10).map(|k| WasteMinute {
+            gpu: GpuId(2),
+            gpu_last_minute_ms: T0 + upto * MINUTE_MS,
+            ..minute(k, "8")
+        }));
+        Fake {
+            minutes,
+            ..Fake::default()
+        }
+    };
+    let mut tracker = OngoingTracker::default();
+    let store = fake(days);
+    let got = tracker
+        .refresh_from(&store, settings(30), now_at(days))
+        .await
+        .expect("first");
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].since_ms, got[0].minutes), (T0, days as u32 + 1));
+    assert_eq!(*store.starts.lock().expect("lock"), 1);
+    same(&got, &store, now_at(days));
+
+    // Later refreshes: no look-back, only the minutes since the last one (and the overlap).
+    for k in [days + 1, days + 2, days + 7] {
+        let store = fake(k);
+        let got = tracker
+            .refresh_from(&store, settings(30), now_at(k))
+            .await
+            .expect("refresh");
+        assert_eq!(*store.starts.lock().expect("lock"), 0);
+        let reads = store.reads.lock().expect("lock").clone();
+        assert_eq!(reads.len(), 1, "{reads:?}");
+        assert!(!reads[0].1);
+        assert!(now_at(k) - reads[0].0.from_ms <= ONGOING_OVERLAP_MS + 8 * MINUTE_MS);
+        same(&got, &store, now_at(k));
+    }
+    // The free function agrees.
+    let store = fake(days + 7);
+    let all = ongoing_from(&store, settings(30), now_at(days + 7)).await;
+    assert_eq!(all[0].since_ms, T0);
+}
+
+/// `got` is exactly the ongoing episodes of reading every minute (carbon to rounding).
+fn same(got: &[Episode], store: &Fake, now: UnixMs) {
+    let mut want = episodes(&store.minutes, settings(30), now);
+    want.retain(|e| e.ongoing);
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(want) {
+        let (gc, wc) = (g.carbon_g.expect("priced"), w.carbon_g.expect("priced"));
+        assert!((gc - wc).abs() < 1e-6, "{gc} {wc}");
+        assert_eq!(
+            Episode {
+                carbon_g: None,
+                ..g.clone()
+            },
+            Episode {
+                carbon_g: None,
+                ..w
+            }
+        );
+    }
+}
+
+async fn ongoing_from(store: &Fake, s: WasteSettings, now: UnixMs) -> Vec<Episode> {
+    OngoingTracker::default()
+        .refresh_from(store, s, now)
+        .await
+        .expect("ongoing")
 }

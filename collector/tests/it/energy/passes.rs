@@ -54,6 +54,51 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
     pool.close().await;
 }
 
+/// Rows written before the waste columns (rules 2) may hold NULL there; rows of today's
+/// rules must hold what the raw samples say.
+#[tokio::test]
+async fn waste_columns_are_checked_on_rows_of_todays_rules_only() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("waste.db").display());
+    let store = gpufleet_collector::store::open(&url).await.expect("open");
+    let node = one_gpu_node(&store, "GPU-w").await;
+    let ticks = (0..=121)
+        .map(|k| shared_tick("GPU-w", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(
+        store.clone(),
+        options(40, IdlePolicy::Spread),
+        clock_at(T0 + 60 * MIN),
+    )
+    .pass()
+    .await
+    .expect("pass");
+    let pool = sqlx::SqlitePool::connect(&url).await.expect("pool");
+    let sql = |q: &'static str| {
+        let pool = pool.clone();
+        async move { sqlx::query(q).execute(&pool).await.expect("update") }
+    };
+    let violations = async || {
+        energy_check::check(store.as_ref(), all_time())
+            .await
+            .expect("check")
+            .violations
+            .len()
+    };
+    assert_eq!(violations().await, 0);
+    sql("UPDATE energy_gpu_minutes SET util_max_pct = NULL").await;
+    sql("UPDATE energy_workload_minutes SET mem_max_bytes = NULL").await;
+    assert_eq!(violations().await, 3, "today's rules: NULL is a difference");
+    sql("UPDATE energy_gpu_minutes SET rules = 2").await;
+    assert_eq!(
+        violations().await,
+        0,
+        "rows from before the columns: unknown"
+    );
+    pool.close().await;
+}
+
 /// On a fleet larger than a pass's budget of open minutes, a pass recomputes only that
 /// many: GPUs whose samples stopped first (so a job that ended shows whole at once), then
 /// the longest since computed; the others come in later passes.

@@ -270,6 +270,25 @@ async fn hand_computation_on(store: &Arc<dyn Store>) {
     assert!((nb["carbon_g"].as_f64().expect("priced") - 7.5).abs() < 1e-9);
     assert_eq!(v["energy_mj"], 210_000_000);
     assert!((v["carbon_g"].as_f64().expect("priced") - 17.5).abs() < 1e-9);
+    // A range starting mid-episode reports it whole, min_idle judged on the whole.
+    let uri = format!(
+        "/api/v1/waste?from={}&to={}&min_idle=15m",
+        T0 + 35 * MIN,
+        T0 + 50 * MIN
+    );
+    let (status, v) = api_get_json(store, now, &uri).await;
+    assert_eq!(status, 200, "{v}");
+    let eps = v["episodes"].as_array().expect("episodes");
+    let nb = eps
+        .iter()
+        .find(|e| e["workload_key"] == format!("container:{NB}"))
+        .expect("the notebook's episode");
+    assert_eq!(
+        (nb["since_ms"].clone(), nb["idle_minutes"].clone()),
+        (serde_json::json!(T0 + 20 * MIN), serde_json::json!(20)),
+        "{v}"
+    );
+    assert_eq!(nb["energy_mj"], 90_000_000);
     // 36 minutes is too long for either; threshold 0 % splits the job's run at 16:40.
     let v = waste_json(store, now, "&min_idle=36m").await;
     assert_eq!(v["episodes"], serde_json::json!([]));
@@ -291,6 +310,11 @@ async fn hand_computation_on(store: &Arc<dyn Store>) {
     assert_eq!(status, 400);
     let (status, _) = api_get_json(store, now, "/api/v1/waste?threshold=101").await;
     assert_eq!(status, 400);
+    // At most 31 days in one request.
+    let (status, v) = api_get_json(store, now, "/api/v1/waste?from=now-32d").await;
+    assert_eq!(status, 400, "{v}");
+    let (status, _) = api_get_json(store, now, "/api/v1/waste?from=now-30d").await;
+    assert_eq!(status, 200);
 
     // The report renders the same figures.
     let episodes = waste::find(
