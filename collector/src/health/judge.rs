@@ -5,12 +5,15 @@
 //!
 //! The rules, and why:
 //! - **Xid** (see [`crate::health::xid`]): a catalogued critical Xid keeps the GPU critical
-//!   for [`HealthPolicy::critical_xid_ms`] (24 h) or until the GPU is reported recovered; a
+//!   for [`HealthPolicy::critical_xid_ms`] (24 h) or until a reset: the GPU reported
+//!   recovered, or a new Hello from its node (agent restart, driver reload, reboot); a
 //!   warning Xid makes it warning for [`HealthPolicy::warning_xid_ms`]; an informational
 //!   one (13, 31, 43, 45: the application's doing) is listed for
 //!   [`HealthPolicy::info_xid_ms`] without changing the state. 48 and 95 (uncontained
 //!   ECC) are critical, 94 (contained ECC) a warning.
-//! - **GPU lost** (fell off the bus) is critical until it is reported recovered.
+//! - **GPU lost** (fell off the bus) is critical until it is reported recovered, its node
+//!   says Hello again, or it sends a sample with real readings (power or temperature)
+//!   newer than the loss: a rebooted node's agent never reports a recovery.
 //! - **Double-bit ECC** events are critical like Xid 48; uncorrectable errors counted
 //!   since the driver loaded without such an event (contained errors) are a warning.
 //! - **Row remapping**: a pending remap is a warning (the GPU needs a reset for it to take
@@ -271,8 +274,9 @@ fn event_reasons(
             Some(since),
         ));
     }
-    // Errors before a reported recovery were cleared by the reset that recovered the GPU.
-    let reset = events.recovered_at().unwrap_or(UnixMs::MIN);
+    // Errors before a reset (a reported recovery, or a Hello: agent restart, driver
+    // reload, reboot) were cleared by it.
+    let reset = events.reset_at().unwrap_or(UnixMs::MIN);
     let mut dbe = false;
     for e in events.entries() {
         if e.last_ms <= reset {

@@ -36,6 +36,12 @@ pub struct RecentEvent {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecentEvents {
     entries: Vec<RecentEvent>,
+    /// The newest reset that is not an event: the node's latest Hello (an agent restart,
+    /// a driver reload, a reboot). Errors before it were cleared.
+    reset_ms: Option<UnixMs>,
+    /// The newest GPU sample with real readings (power or temperature): a GPU that
+    /// answers is no longer lost.
+    answered_ms: Option<UnixMs>,
 }
 
 /// Whether the health judge looks at events of this kind.
@@ -101,18 +107,30 @@ impl RecentEvents {
         });
     }
 
-    /// When the GPU was last reported lost, if no recovery was reported after that.
-    pub fn lost_since(&self) -> Option<UnixMs> {
-        let lost = self.last(EventKind::GpuLost)?;
-        match self.last(EventKind::GpuRecovered) {
-            Some(r) if r >= lost => None,
-            _ => Some(lost),
-        }
+    /// Notes a reset at `time_ms` that is not an event (the node said Hello again: the
+    /// agent restarted, the driver was reloaded or the node rebooted).
+    pub fn note_reset(&mut self, time_ms: UnixMs) {
+        self.reset_ms = self.reset_ms.max(Some(time_ms));
     }
 
-    /// When the GPU was last reported recovered (a reset: errors before it are cleared).
-    pub fn recovered_at(&self) -> Option<UnixMs> {
-        self.last(EventKind::GpuRecovered)
+    /// Notes a GPU sample with real readings taken at `time_ms`: the GPU answers.
+    pub fn note_answered(&mut self, time_ms: UnixMs) {
+        self.answered_ms = self.answered_ms.max(Some(time_ms));
+    }
+
+    /// When the GPU was last reported lost, if it neither recovered, was reset nor answered
+    /// with real readings after that (the agent of a rebooted node never reports a
+    /// recovery: its GPUs simply answer again).
+    pub fn lost_since(&self) -> Option<UnixMs> {
+        let lost = self.last(EventKind::GpuLost)?;
+        let cleared = self.reset_at().is_some_and(|r| r >= lost)
+            || self.answered_ms.is_some_and(|a| a > lost);
+        (!cleared).then_some(lost)
+    }
+
+    /// The newest reset: a reported recovery or a Hello. Errors before it are cleared.
+    pub fn reset_at(&self) -> Option<UnixMs> {
+        self.last(EventKind::GpuRecovered).max(self.reset_ms)
     }
 
     fn last(&self, kind: EventKind) -> Option<UnixMs> {
