@@ -20,8 +20,10 @@
 //!   effect), a failed one critical (the memory cannot be repaired: service). A page
 //!   retirement pending is a warning (needs a reboot).
 //! - **Temperature** against the GPU's own thresholds (absent thresholds judge nothing):
-//!   within [`HealthPolicy::temp_margin_c`] of the slowdown threshold is a warning, at or
-//!   over it, or within the margin of shutdown, critical; over the maximum operating
+//!   within [`HealthPolicy::temp_margin_c`] of the slowdown threshold, or at or over it
+//!   (the GPU protects itself by slowing down), is a warning; at or over slowdown and
+//!   within the margin of shutdown (at most half the slowdown-shutdown gap: 89 and 92 °C
+//!   on A100 / H100) critical; over the maximum operating
 //!   temperature a warning; memory at its maximum critical, near it a warning.
 //! - **Clock-event (throttle) reasons**: thermal slowdown (software or hardware), an
 //!   unexplained hardware slowdown and the hardware power brake are warnings: the GPU runs
@@ -406,7 +408,17 @@ fn temp_reasons(s: &GpuSample, t: &TempThresholds, margin: u32, out: &mut Vec<He
     const COOL: &str = "Check the node's cooling (fans, airflow, inlet temperature) and the GPU's load; the GPU slows itself down at the slowdown threshold.";
     if let Some(temp) = s.temp_gpu_c {
         let near = |limit: u32| temp.saturating_add(margin) >= limit;
-        if let Some(shutdown) = t.shutdown_c.filter(|&l| near(l)) {
+        // Slowdown and shutdown can be a few °C apart (A100 / H100: 89 and 92 °C): near
+        // shutdown is judged only at or over slowdown, and within half the gap.
+        let shutdown_margin = match (t.slowdown_c, t.shutdown_c) {
+            (Some(slow), Some(shut)) => margin.min(shut.saturating_sub(slow) / 2),
+            _ => margin,
+        };
+        let near_shutdown = |limit: u32| {
+            temp.saturating_add(shutdown_margin) >= limit
+                && t.slowdown_c.is_none_or(|slow| temp >= slow)
+        };
+        if let Some(shutdown) = t.shutdown_c.filter(|&l| near_shutdown(l)) {
             out.push(reason(
                 "temp_near_shutdown",
                 HealthState::Critical,
@@ -415,9 +427,10 @@ fn temp_reasons(s: &GpuSample, t: &TempThresholds, margin: u32, out: &mut Vec<He
                 None,
             ));
         } else if let Some(slow) = t.slowdown_c.filter(|&l| temp >= l) {
+            // The GPU protects itself by slowing down: degraded, not yet in danger.
             out.push(reason(
                 "temp_at_slowdown",
-                HealthState::Critical,
+                HealthState::Warning,
                 format!("GPU at {temp} °C, at or over its slowdown threshold ({slow} °C): clocks are cut"),
                 COOL,
                 None,
@@ -752,12 +765,48 @@ mod tests {
     }
 
     #[test]
+    fn close_slowdown_and_shutdown_thresholds_are_not_critical_below_slowdown() {
+        use HealthState::*;
+        // A100 / H100: maximum operating 85 °C, slowdown 89 °C, shutdown 92 °C.
+        let at = |gpu: u32| {
+            let sample = GpuSample {
+                temp_gpu_c: Some(gpu),
+                ..Default::default()
+            };
+            let s = GpuSignals {
+                sample: Some(&sample),
+                thresholds: TempThresholds {
+                    slowdown_c: Some(89),
+                    shutdown_c: Some(92),
+                    gpu_max_c: Some(85),
+                    mem_max_c: None,
+                },
+                ..Default::default()
+            };
+            let h = judge_gpu(&s, &HealthPolicy::default(), NOW);
+            (h.state, h.reasons.first().map(|r| r.code.clone()))
+        };
+        let r = |s, c: &str| (s, Some(c.to_owned()));
+        assert_eq!(at(83), (Ok, None));
+        assert_eq!(at(85), r(Warning, "temp_near_slowdown"));
+        assert_eq!(
+            at(87),
+            r(Warning, "temp_near_slowdown"),
+            "not near shutdown"
+        );
+        assert_eq!(at(89), r(Warning, "temp_at_slowdown"), "the GPU slows down");
+        assert_eq!(at(90), r(Warning, "temp_at_slowdown"));
+        assert_eq!(at(91), r(Critical, "temp_near_shutdown"));
+        assert_eq!(at(92), r(Critical, "temp_near_shutdown"));
+    }
+
+    #[test]
     fn temperature_against_the_gpus_own_thresholds() {
         use HealthState::*;
         let w = |c: &str, s| vec![(c.to_owned(), s)];
         assert_eq!(temps(84, Some(80)), []);
         assert_eq!(temps(85, None), w("temp_near_slowdown", Warning));
-        assert_eq!(temps(90, None), w("temp_at_slowdown", Critical));
+        assert_eq!(temps(90, None), w("temp_at_slowdown", Warning));
         assert_eq!(temps(95, None), w("temp_near_shutdown", Critical));
         assert_eq!(temps(70, Some(90)), w("temp_mem_near_max", Warning));
         assert_eq!(temps(70, Some(95)), w("temp_mem_at_max", Critical));
