@@ -14,7 +14,8 @@
 //! - **GPU lost** (fell off the bus) is critical until it is reported recovered, its node
 //!   says Hello again, or it sends a sample with real readings (power or temperature)
 //!   newer than the loss: a rebooted node's agent never reports a recovery.
-//! - **Double-bit ECC** events are critical like Xid 48; uncorrectable errors counted
+//! - **Double-bit ECC** events are critical like Xid 48, a warning when the driver logged
+//!   Xid 94 (contained) next to it and no 48 / 95; uncorrectable errors counted
 //!   since the driver loaded without such an event (contained errors) are a warning.
 //! - **Row remapping**: a pending remap is a warning (the GPU needs a reset for it to take
 //!   effect), a failed one critical (the memory cannot be repaired: service). A page
@@ -316,14 +317,24 @@ fn event_reasons(
             }
             EventKind::EccDoubleBit if age <= policy.critical_xid_ms => {
                 dbe = true;
+                let contained = dbe_contained(events, e.last_ms, reset);
+                let (severity, what, code) = if contained {
+                    (
+                        HealthState::Warning,
+                        "contained: the affected process was ended",
+                        94,
+                    )
+                } else {
+                    (HealthState::Critical, "uncontained", 48)
+                };
                 out.push(reason(
                     "ecc_dbe",
-                    HealthState::Critical,
+                    severity,
                     format!(
-                        "double-bit (uncorrectable) ECC error in GPU memory (last at {})",
+                        "double-bit (uncorrectable) ECC error in GPU memory, {what} (last at {})",
                         format_time(e.last_ms)
                     ),
-                    xid::explain(48).action,
+                    xid::explain(code).action,
                     Some(e.first_ms),
                 ));
             }
@@ -333,6 +344,25 @@ fn event_reasons(
     if !dbe && let Some(n) = sample.and_then(|x| x.ecc_uncorrected_volatile) {
         uncorrected(n, out);
     }
+}
+
+/// How far apart a double-bit ECC event and the Xid the driver logs for the same error
+/// may be.
+const DBE_XID_PAIRING_MS: i64 = 60_000;
+
+/// Whether the double-bit ECC error last seen at `dbe_ms` was contained: an Xid 94
+/// (contained ECC) was logged next to it and no Xid 48 / 95 (uncontained) was. Without
+/// any of them it is taken as uncontained (critical), as older drivers log only Xid 48.
+fn dbe_contained(events: &RecentEvents, dbe_ms: UnixMs, reset: UnixMs) -> bool {
+    let near = |code: u64| {
+        events.entries().iter().any(|x| {
+            x.kind == EventKind::Xid
+                && x.code == Some(code)
+                && x.last_ms > reset
+                && x.last_ms.abs_diff(dbe_ms) <= DBE_XID_PAIRING_MS.unsigned_abs()
+        })
+    };
+    near(94) && !near(48) && !near(95)
 }
 
 fn uncorrected(n: u64, out: &mut Vec<HealthReason>) {
@@ -696,6 +726,31 @@ mod tests {
         };
         let h = judge_gpu(&s, &HealthPolicy::default(), NOW);
         assert_eq!(codes(&h), [("ecc_dbe", HealthState::Critical)]);
+        // The driver's Xid next to the event says whether the error was contained.
+        let dbe_with = |code: u64, at: i64| {
+            let r = events(&[
+                (NOW - H, EventKind::EccDoubleBit, None),
+                (NOW - H + at, EventKind::Xid, Some(code)),
+            ]);
+            let s = GpuSignals {
+                sample: Some(&sample),
+                events: Some(&r),
+                ..Default::default()
+            };
+            judge_gpu(&s, &HealthPolicy::default(), NOW)
+                .reasons
+                .iter()
+                .find(|x| x.code == "ecc_dbe")
+                .map(|x| x.severity)
+        };
+        assert_eq!(dbe_with(94, 10), Some(HealthState::Warning), "contained");
+        assert_eq!(dbe_with(48, 10), Some(HealthState::Critical));
+        assert_eq!(dbe_with(95, -10), Some(HealthState::Critical));
+        assert_eq!(
+            dbe_with(94, 10 * 60_000),
+            Some(HealthState::Critical),
+            "an Xid 94 long after is another error"
+        );
         let s = GpuSignals {
             sample: Some(&sample),
             ..Default::default()
