@@ -677,6 +677,35 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_after_a_critical_xid_resets_it_and_ends_lost() {
+        use EventKind::*;
+        let mut r = events(&[(NOW - H, Xid, Some(79)), (NOW - H, GpuLost, None)]);
+        r.note_reset(NOW - 2 * H);
+        assert_eq!(
+            judge_events(&r).state,
+            HealthState::Critical,
+            "Hello before"
+        );
+        r.note_reset(NOW - H + 1);
+        assert_eq!(
+            judge_events(&r),
+            GpuHealth::default(),
+            "agent restarted after"
+        );
+        r.note(&Event {
+            time_ms: NOW - 60_000,
+            gpu_uuid: "GPU-1".into(),
+            kind: Xid,
+            code: Some(48),
+            detail: String::new(),
+        });
+        assert_eq!(
+            codes(&judge_events(&r)),
+            [("xid_48", HealthState::Critical)]
+        );
+    }
+
+    #[test]
     fn ecc_xids_48_95_are_critical_94_is_a_warning() {
         use EventKind::Xid;
         for (code, state) in [
