@@ -202,9 +202,13 @@ impl CounterTrend {
     }
 
     /// How much the counter rose from the baseline to the newest reading; `None` before
-    /// any reading.
-    pub fn rise(&self) -> Option<u64> {
-        let (_, now) = self.latest?;
+    /// any reading, and once the newest reading is older than `window_ms` before `now_ms`
+    /// (the GPU stopped reporting the counter: nothing is known of the last window).
+    pub fn rise(&self, now_ms: UnixMs, window_ms: i64) -> Option<u64> {
+        let (t, now) = self.latest?;
+        if t < now_ms.saturating_sub(window_ms) {
+            return None;
+        }
         let (_, base) = self.points.front().copied().unwrap_or((0, now));
         Some(now.saturating_sub(base))
     }
@@ -312,29 +316,41 @@ mod tests {
     }
 
     #[test]
-    fn a_trend_measures_the_rise_over_the_window() {
+    fn a_trend_goes_stale_a_window_after_its_newest_reading() {
         let w = 80;
         let mut t = CounterTrend::default();
-        assert_eq!(t.rise(), None, "absent before any reading");
         t.note(0, 5, w);
-        assert_eq!(t.rise(), Some(0));
+        t.note(20, 9, w);
+        assert_eq!(t.rise(100, w), Some(4), "newest reading within the window");
+        assert_eq!(t.rise(101, w), None, "stale: the counter is no longer read");
+    }
+
+    #[test]
+    fn a_trend_measures_the_rise_over_the_window() {
+        let w = 80;
+        // Read right after the newest reading.
+        let rise = |t: &CounterTrend| t.rise(t.latest.map_or(0, |l| l.0), w);
+        let mut t = CounterTrend::default();
+        assert_eq!(rise(&t), None, "absent before any reading");
+        t.note(0, 5, w);
+        assert_eq!(rise(&t), Some(0));
         for s in 1..=10 {
             t.note(s * 10, 5, w);
         }
-        assert_eq!(t.rise(), Some(0), "flat");
+        assert_eq!(rise(&t), Some(0), "flat");
         t.note(110, 7, w);
-        assert_eq!(t.rise(), Some(2));
+        assert_eq!(rise(&t), Some(2));
         // A window later without new errors: no rise.
         for s in 12..=25 {
             t.note(s * 10, 7, w);
         }
-        assert_eq!(t.rise(), Some(0));
+        assert_eq!(rise(&t), Some(0));
         assert!(t.points.len() <= TREND_POINTS);
         t.note(260, 1, w);
-        assert_eq!(t.rise(), Some(0), "a reset starts again");
+        assert_eq!(rise(&t), Some(0), "a reset starts again");
         t.note(270, 4, w);
-        assert_eq!(t.rise(), Some(3), "from the value after the reset");
+        assert_eq!(rise(&t), Some(3), "from the value after the reset");
         t.note(250, 100, w);
-        assert_eq!(t.rise(), Some(3), "an older reading is ignored");
+        assert_eq!(rise(&t), Some(3), "an older reading is ignored");
     }
 }

@@ -770,7 +770,7 @@ mod tests {
                     .map(|e| (e.kind, e.code, e.count))
                     .collect();
                 seen.sort_by_key(|e| e.0.as_str());
-                (seen, m.pcie_replays.rise())
+                (seen, m.pcie_replays.rise(30, recent::COUNTER_WINDOW_MS))
             })
         };
         assert_eq!(
@@ -831,7 +831,7 @@ mod tests {
                 let n = &s.nodes["n"];
                 let g = &n.record.gpus[0];
                 let h = judge_gpu(
-                    &crate::health::gpu_signals(n, g),
+                    &crate::health::gpu_signals(n, g, 1_000),
                     &HealthPolicy::default(),
                     1_000,
                 );
