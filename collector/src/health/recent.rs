@@ -4,7 +4,9 @@
 //! The live state keeps one [`GpuMemory`] per GPU, fills it after each commit (its own and
 //! followed ones) and seeds it from the store's events at start-up. Both parts are bounded:
 //! events are folded per (kind, Xid code), at most [`MAX_ENTRIES`] kinds per GPU, each
-//! forgotten [`KEEP_MS`] after it last happened; a trend holds at most
+//! forgotten [`KEEP_MS`] after it last happened (an event noted again, same time, kind
+//! and code, as in a replayed batch, is counted once: the last [`MAX_SEEN`] are kept to
+//! tell); a trend holds at most
 //! [`TREND_POINTS`] points.
 
 use gpufleet_core::{Event, EventKind, GpuHealthSample, UnixMs};
@@ -42,7 +44,13 @@ pub struct RecentEvents {
     /// The newest GPU sample with real readings (power or temperature): a GPU that
     /// answers is no longer lost.
     answered_ms: Option<UnixMs>,
+    /// The (time, kind, code) of the last [`MAX_SEEN`] events noted: a batch an agent
+    /// sends again (after a lost ack) is not counted twice.
+    seen: VecDeque<(UnixMs, EventKind, Option<u64>)>,
 }
+
+/// Most events remembered per GPU to recognise one sent again.
+pub const MAX_SEEN: usize = 256;
 
 /// Whether the health judge looks at events of this kind.
 pub fn remembered(kind: EventKind) -> bool {
@@ -64,6 +72,14 @@ impl RecentEvents {
         } else {
             None
         };
+        let key = (e.time_ms, e.kind, code);
+        if self.seen.contains(&key) {
+            return;
+        }
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.pop_front();
+        }
+        self.seen.push_back(key);
         if let Some(x) = self
             .entries
             .iter_mut()
@@ -278,6 +294,24 @@ mod tests {
         let x = r.entries().iter().find(|x| x.code == Some(79)).expect("79");
         assert_eq!((x.first_ms, x.last_ms, x.count), (10, 20, 2));
         assert_eq!(x.detail, "at 20", "the newest occurrence's detail");
+    }
+
+    #[test]
+    fn an_event_sent_again_is_counted_once() {
+        let mut r = RecentEvents::default();
+        let batch = [
+            ev(10, EventKind::Xid, Some(79)),
+            ev(20, EventKind::Xid, Some(79)),
+            ev(20, EventKind::Xid, Some(48)),
+        ];
+        for e in batch.iter().chain(&batch) {
+            r.note(e);
+        }
+        let x = r.entries().iter().find(|x| x.code == Some(79)).expect("79");
+        assert_eq!(x.count, 2, "the replayed batch is not counted again");
+        r.note(&ev(30, EventKind::Xid, Some(79)));
+        let x = r.entries().iter().find(|x| x.code == Some(79)).expect("79");
+        assert_eq!(x.count, 3, "a new occurrence is");
     }
 
     #[test]
