@@ -9,12 +9,18 @@ export function healthBadge(state: HealthState | undefined, id?: string): HTMLEl
   return el('span', { class: `health ${s}`, 'data-health': s, id }, s);
 }
 
+/** A reason's severity badge: an `ok` reason is informational (listed, not a problem). */
+export function reasonBadge(severity: HealthState): HTMLElement {
+  const s = severity === 'ok' ? 'info' : severity;
+  return el('span', { class: `health ${s}`, 'data-health': severity }, s);
+}
+
 /** The reasons as a list: severity, summary, and the action on its own line. */
 export function reasonList(reasons: HealthReason[], id?: string): HTMLElement {
   const ul = el('ul', { class: 'reasons', id });
   for (const r of reasons) {
     ul.append(el('li', { 'data-code': r.code, 'data-severity': r.severity },
-      healthBadge(r.severity), ' ',
+      reasonBadge(r.severity), ' ',
       el('span', { class: 'summary' }, r.summary),
       r.action ? el('div', { class: 'action' }, '→ ', r.action) : null));
   }
@@ -24,7 +30,9 @@ export function reasonList(reasons: HealthReason[], id?: string): HTMLElement {
 
 /** The reasons in one line, for a tooltip. */
 export function reasonsText(reasons: HealthReason[] | undefined): string {
-  return (reasons ?? []).map((r) => `${r.severity}: ${r.summary}`).join('\n');
+  return (reasons ?? [])
+    .map((r) => `${r.severity === 'ok' ? 'info' : r.severity}: ${r.summary}`)
+    .join('\n');
 }
 
 /** An Xid's name and what to do, for an events table cell. */

@@ -5,20 +5,26 @@
 //!
 //! The rules, and why:
 //! - **Xid** (see [`crate::health::xid`]): a catalogued critical Xid keeps the GPU critical
-//!   for [`HealthPolicy::critical_xid_ms`] (24 h) or until the GPU is reported recovered; a
+//!   for [`HealthPolicy::critical_xid_ms`] (24 h) or until a reset: the GPU reported
+//!   recovered, or a new Hello from its node (agent restart, driver reload, reboot); a
 //!   warning Xid makes it warning for [`HealthPolicy::warning_xid_ms`]; an informational
 //!   one (13, 31, 43, 45: the application's doing) is listed for
 //!   [`HealthPolicy::info_xid_ms`] without changing the state. 48 and 95 (uncontained
 //!   ECC) are critical, 94 (contained ECC) a warning.
-//! - **GPU lost** (fell off the bus) is critical until it is reported recovered.
-//! - **Double-bit ECC** events are critical like Xid 48; uncorrectable errors counted
+//! - **GPU lost** (fell off the bus) is critical until it is reported recovered, its node
+//!   says Hello again, or it sends a sample with real readings (power or temperature)
+//!   newer than the loss: a rebooted node's agent never reports a recovery.
+//! - **Double-bit ECC** events are critical like Xid 48, a warning when the driver logged
+//!   Xid 94 (contained) next to it and no 48 / 95; uncorrectable errors counted
 //!   since the driver loaded without such an event (contained errors) are a warning.
 //! - **Row remapping**: a pending remap is a warning (the GPU needs a reset for it to take
 //!   effect), a failed one critical (the memory cannot be repaired: service). A page
 //!   retirement pending is a warning (needs a reboot).
 //! - **Temperature** against the GPU's own thresholds (absent thresholds judge nothing):
-//!   within [`HealthPolicy::temp_margin_c`] of the slowdown threshold is a warning, at or
-//!   over it, or within the margin of shutdown, critical; over the maximum operating
+//!   within [`HealthPolicy::temp_margin_c`] of the slowdown threshold, or at or over it
+//!   (the GPU protects itself by slowing down), is a warning; at or over slowdown and
+//!   within the margin of shutdown (at most half the slowdown-shutdown gap: 89 and 92 °C
+//!   on A100 / H100) critical; over the maximum operating
 //!   temperature a warning; memory at its maximum critical, near it a warning.
 //! - **Clock-event (throttle) reasons**: thermal slowdown (software or hardware), an
 //!   unexplained hardware slowdown and the hardware power brake are warnings: the GPU runs
@@ -271,8 +277,9 @@ fn event_reasons(
             Some(since),
         ));
     }
-    // Errors before a reported recovery were cleared by the reset that recovered the GPU.
-    let reset = events.recovered_at().unwrap_or(UnixMs::MIN);
+    // Errors before a reset (a reported recovery, or a Hello: agent restart, driver
+    // reload, reboot) were cleared by it.
+    let reset = events.reset_at().unwrap_or(UnixMs::MIN);
     let mut dbe = false;
     for e in events.entries() {
         if e.last_ms <= reset {
@@ -310,14 +317,24 @@ fn event_reasons(
             }
             EventKind::EccDoubleBit if age <= policy.critical_xid_ms => {
                 dbe = true;
+                let contained = dbe_contained(events, e.last_ms, reset);
+                let (severity, what, code) = if contained {
+                    (
+                        HealthState::Warning,
+                        "contained: the affected process was ended",
+                        94,
+                    )
+                } else {
+                    (HealthState::Critical, "uncontained", 48)
+                };
                 out.push(reason(
                     "ecc_dbe",
-                    HealthState::Critical,
+                    severity,
                     format!(
-                        "double-bit (uncorrectable) ECC error in GPU memory (last at {})",
+                        "double-bit (uncorrectable) ECC error in GPU memory, {what} (last at {})",
                         format_time(e.last_ms)
                     ),
-                    xid::explain(48).action,
+                    xid::explain(code).action,
                     Some(e.first_ms),
                 ));
             }
@@ -327,6 +344,25 @@ fn event_reasons(
     if !dbe && let Some(n) = sample.and_then(|x| x.ecc_uncorrected_volatile) {
         uncorrected(n, out);
     }
+}
+
+/// How far apart a double-bit ECC event and the Xid the driver logs for the same error
+/// may be.
+const DBE_XID_PAIRING_MS: i64 = 60_000;
+
+/// Whether the double-bit ECC error last seen at `dbe_ms` was contained: an Xid 94
+/// (contained ECC) was logged next to it and no Xid 48 / 95 (uncontained) was. Without
+/// any of them it is taken as uncontained (critical), as older drivers log only Xid 48.
+fn dbe_contained(events: &RecentEvents, dbe_ms: UnixMs, reset: UnixMs) -> bool {
+    let near = |code: u64| {
+        events.entries().iter().any(|x| {
+            x.kind == EventKind::Xid
+                && x.code == Some(code)
+                && x.last_ms > reset
+                && x.last_ms.abs_diff(dbe_ms) <= DBE_XID_PAIRING_MS.unsigned_abs()
+        })
+    };
+    near(94) && !near(48) && !near(95)
 }
 
 fn uncorrected(n: u64, out: &mut Vec<HealthReason>) {
@@ -402,7 +438,17 @@ fn temp_reasons(s: &GpuSample, t: &TempThresholds, margin: u32, out: &mut Vec<He
     const COOL: &str = "Check the node's cooling (fans, airflow, inlet temperature) and the GPU's load; the GPU slows itself down at the slowdown threshold.";
     if let Some(temp) = s.temp_gpu_c {
         let near = |limit: u32| temp.saturating_add(margin) >= limit;
-        if let Some(shutdown) = t.shutdown_c.filter(|&l| near(l)) {
+        // Slowdown and shutdown can be a few °C apart (A100 / H100: 89 and 92 °C): near
+        // shutdown is judged only at or over slowdown, and within half the gap.
+        let shutdown_margin = match (t.slowdown_c, t.shutdown_c) {
+            (Some(slow), Some(shut)) => margin.min(shut.saturating_sub(slow) / 2),
+            _ => margin,
+        };
+        let near_shutdown = |limit: u32| {
+            temp.saturating_add(shutdown_margin) >= limit
+                && t.slowdown_c.is_none_or(|slow| temp >= slow)
+        };
+        if let Some(shutdown) = t.shutdown_c.filter(|&l| near_shutdown(l)) {
             out.push(reason(
                 "temp_near_shutdown",
                 HealthState::Critical,
@@ -411,9 +457,10 @@ fn temp_reasons(s: &GpuSample, t: &TempThresholds, margin: u32, out: &mut Vec<He
                 None,
             ));
         } else if let Some(slow) = t.slowdown_c.filter(|&l| temp >= l) {
+            // The GPU protects itself by slowing down: degraded, not yet in danger.
             out.push(reason(
                 "temp_at_slowdown",
-                HealthState::Critical,
+                HealthState::Warning,
                 format!("GPU at {temp} °C, at or over its slowdown threshold ({slow} °C): clocks are cut"),
                 COOL,
                 None,
@@ -630,6 +677,35 @@ mod tests {
     }
 
     #[test]
+    fn a_hello_after_a_critical_xid_resets_it_and_ends_lost() {
+        use EventKind::*;
+        let mut r = events(&[(NOW - H, Xid, Some(79)), (NOW - H, GpuLost, None)]);
+        r.note_reset(NOW - 2 * H);
+        assert_eq!(
+            judge_events(&r).state,
+            HealthState::Critical,
+            "Hello before"
+        );
+        r.note_reset(NOW - H + 1);
+        assert_eq!(
+            judge_events(&r),
+            GpuHealth::default(),
+            "agent restarted after"
+        );
+        r.note(&Event {
+            time_ms: NOW - 60_000,
+            gpu_uuid: "GPU-1".into(),
+            kind: Xid,
+            code: Some(48),
+            detail: String::new(),
+        });
+        assert_eq!(
+            codes(&judge_events(&r)),
+            [("xid_48", HealthState::Critical)]
+        );
+    }
+
+    #[test]
     fn ecc_xids_48_95_are_critical_94_is_a_warning() {
         use EventKind::Xid;
         for (code, state) in [
@@ -679,6 +755,31 @@ mod tests {
         };
         let h = judge_gpu(&s, &HealthPolicy::default(), NOW);
         assert_eq!(codes(&h), [("ecc_dbe", HealthState::Critical)]);
+        // The driver's Xid next to the event says whether the error was contained.
+        let dbe_with = |code: u64, at: i64| {
+            let r = events(&[
+                (NOW - H, EventKind::EccDoubleBit, None),
+                (NOW - H + at, EventKind::Xid, Some(code)),
+            ]);
+            let s = GpuSignals {
+                sample: Some(&sample),
+                events: Some(&r),
+                ..Default::default()
+            };
+            judge_gpu(&s, &HealthPolicy::default(), NOW)
+                .reasons
+                .iter()
+                .find(|x| x.code == "ecc_dbe")
+                .map(|x| x.severity)
+        };
+        assert_eq!(dbe_with(94, 10), Some(HealthState::Warning), "contained");
+        assert_eq!(dbe_with(48, 10), Some(HealthState::Critical));
+        assert_eq!(dbe_with(95, -10), Some(HealthState::Critical));
+        assert_eq!(
+            dbe_with(94, 10 * 60_000),
+            Some(HealthState::Critical),
+            "an Xid 94 long after is another error"
+        );
         let s = GpuSignals {
             sample: Some(&sample),
             ..Default::default()
@@ -748,12 +849,48 @@ mod tests {
     }
 
     #[test]
+    fn close_slowdown_and_shutdown_thresholds_are_not_critical_below_slowdown() {
+        use HealthState::*;
+        // A100 / H100: maximum operating 85 °C, slowdown 89 °C, shutdown 92 °C.
+        let at = |gpu: u32| {
+            let sample = GpuSample {
+                temp_gpu_c: Some(gpu),
+                ..Default::default()
+            };
+            let s = GpuSignals {
+                sample: Some(&sample),
+                thresholds: TempThresholds {
+                    slowdown_c: Some(89),
+                    shutdown_c: Some(92),
+                    gpu_max_c: Some(85),
+                    mem_max_c: None,
+                },
+                ..Default::default()
+            };
+            let h = judge_gpu(&s, &HealthPolicy::default(), NOW);
+            (h.state, h.reasons.first().map(|r| r.code.clone()))
+        };
+        let r = |s, c: &str| (s, Some(c.to_owned()));
+        assert_eq!(at(83), (Ok, None));
+        assert_eq!(at(85), r(Warning, "temp_near_slowdown"));
+        assert_eq!(
+            at(87),
+            r(Warning, "temp_near_slowdown"),
+            "not near shutdown"
+        );
+        assert_eq!(at(89), r(Warning, "temp_at_slowdown"), "the GPU slows down");
+        assert_eq!(at(90), r(Warning, "temp_at_slowdown"));
+        assert_eq!(at(91), r(Critical, "temp_near_shutdown"));
+        assert_eq!(at(92), r(Critical, "temp_near_shutdown"));
+    }
+
+    #[test]
     fn temperature_against_the_gpus_own_thresholds() {
         use HealthState::*;
         let w = |c: &str, s| vec![(c.to_owned(), s)];
         assert_eq!(temps(84, Some(80)), []);
         assert_eq!(temps(85, None), w("temp_near_slowdown", Warning));
-        assert_eq!(temps(90, None), w("temp_at_slowdown", Critical));
+        assert_eq!(temps(90, None), w("temp_at_slowdown", Warning));
         assert_eq!(temps(95, None), w("temp_near_shutdown", Critical));
         assert_eq!(temps(70, Some(90)), w("temp_mem_near_max", Warning));
         assert_eq!(temps(70, Some(95)), w("temp_mem_at_max", Critical));

@@ -26,8 +26,8 @@ use crate::store::GpuRecord;
 use gpufleet_core::UnixMs;
 use judge::{HealthFlags, TempThresholds};
 
-/// The signals of GPU `gpu` of `node`, as the live state holds them.
-pub fn gpu_signals<'a>(node: &'a LiveNode, gpu: &'a GpuRecord) -> GpuSignals<'a> {
+/// The signals of GPU `gpu` of `node` at `now_ms`, as the live state holds them.
+pub fn gpu_signals<'a>(node: &'a LiveNode, gpu: &'a GpuRecord, now_ms: UnixMs) -> GpuSignals<'a> {
     let memory = node.memory.get(&gpu.id);
     let live = node.gpus.get(&gpu.id);
     let health = live.and_then(|l| l.health.as_ref()).map(|h| &h.sample);
@@ -49,10 +49,18 @@ pub fn gpu_signals<'a>(node: &'a LiveNode, gpu: &'a GpuRecord) -> GpuSignals<'a>
             persistence_mode: health
                 .and_then(|h| h.persistence_mode)
                 .or(info.persistence_mode),
-            pcie_replay_rise: memory
-                .and_then(|m| Some((m.pcie_replays.rise()?, m.pcie_replays.since_ms()))),
-            nvlink_error_rise: memory
-                .and_then(|m| Some((m.nvlink_errors.rise()?, m.nvlink_errors.since_ms()))),
+            pcie_replay_rise: memory.and_then(|m| {
+                Some((
+                    m.pcie_replays.rise(now_ms, recent::COUNTER_WINDOW_MS)?,
+                    m.pcie_replays.since_ms(),
+                ))
+            }),
+            nvlink_error_rise: memory.and_then(|m| {
+                Some((
+                    m.nvlink_errors.rise(now_ms, recent::COUNTER_WINDOW_MS)?,
+                    m.nvlink_errors.since_ms(),
+                ))
+            }),
         },
         events: memory.map(|m| &m.events),
     }
@@ -70,7 +78,7 @@ pub fn judge_live_node(
         .record
         .gpus
         .iter()
-        .map(|g| judge_gpu(&gpu_signals(node, g), policy, now_ms))
+        .map(|g| judge_gpu(&gpu_signals(node, g, now_ms), policy, now_ms))
         .collect();
     let refs: Vec<&GpuHealth> = gpus.iter().collect();
     let offline_after = humantime_secs(status_policy.offline_after.as_secs());
@@ -115,7 +123,7 @@ pub fn fleet_health(
                 uuid: g.info.uuid.clone(),
                 index: g.info.index,
                 name: g.info.name.clone(),
-                health: judge_gpu(&gpu_signals(n, g), policy, now_ms),
+                health: judge_gpu(&gpu_signals(n, g, now_ms), policy, now_ms),
             });
         }
     }

@@ -4,7 +4,9 @@
 //! The live state keeps one [`GpuMemory`] per GPU, fills it after each commit (its own and
 //! followed ones) and seeds it from the store's events at start-up. Both parts are bounded:
 //! events are folded per (kind, Xid code), at most [`MAX_ENTRIES`] kinds per GPU, each
-//! forgotten [`KEEP_MS`] after it last happened; a trend holds at most
+//! forgotten [`KEEP_MS`] after it last happened (an event noted again, same time, kind
+//! and code, as in a replayed batch, is counted once: the last [`MAX_SEEN`] are kept to
+//! tell); a trend holds at most
 //! [`TREND_POINTS`] points.
 
 use gpufleet_core::{Event, EventKind, GpuHealthSample, UnixMs};
@@ -36,7 +38,19 @@ pub struct RecentEvent {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RecentEvents {
     entries: Vec<RecentEvent>,
+    /// The newest reset that is not an event: the node's latest Hello (an agent restart,
+    /// a driver reload, a reboot). Errors before it were cleared.
+    reset_ms: Option<UnixMs>,
+    /// The newest GPU sample with real readings (power or temperature): a GPU that
+    /// answers is no longer lost.
+    answered_ms: Option<UnixMs>,
+    /// The (time, kind, code) of the last [`MAX_SEEN`] events noted: a batch an agent
+    /// sends again (after a lost ack) is not counted twice.
+    seen: VecDeque<(UnixMs, EventKind, Option<u64>)>,
 }
+
+/// Most events remembered per GPU to recognise one sent again.
+pub const MAX_SEEN: usize = 256;
 
 /// Whether the health judge looks at events of this kind.
 pub fn remembered(kind: EventKind) -> bool {
@@ -58,6 +72,14 @@ impl RecentEvents {
         } else {
             None
         };
+        let key = (e.time_ms, e.kind, code);
+        if self.seen.contains(&key) {
+            return;
+        }
+        if self.seen.len() >= MAX_SEEN {
+            self.seen.pop_front();
+        }
+        self.seen.push_back(key);
         if let Some(x) = self
             .entries
             .iter_mut()
@@ -101,18 +123,30 @@ impl RecentEvents {
         });
     }
 
-    /// When the GPU was last reported lost, if no recovery was reported after that.
-    pub fn lost_since(&self) -> Option<UnixMs> {
-        let lost = self.last(EventKind::GpuLost)?;
-        match self.last(EventKind::GpuRecovered) {
-            Some(r) if r >= lost => None,
-            _ => Some(lost),
-        }
+    /// Notes a reset at `time_ms` that is not an event (the node said Hello again: the
+    /// agent restarted, the driver was reloaded or the node rebooted).
+    pub fn note_reset(&mut self, time_ms: UnixMs) {
+        self.reset_ms = self.reset_ms.max(Some(time_ms));
     }
 
-    /// When the GPU was last reported recovered (a reset: errors before it are cleared).
-    pub fn recovered_at(&self) -> Option<UnixMs> {
-        self.last(EventKind::GpuRecovered)
+    /// Notes a GPU sample with real readings taken at `time_ms`: the GPU answers.
+    pub fn note_answered(&mut self, time_ms: UnixMs) {
+        self.answered_ms = self.answered_ms.max(Some(time_ms));
+    }
+
+    /// When the GPU was last reported lost, if it neither recovered, was reset nor answered
+    /// with real readings after that (the agent of a rebooted node never reports a
+    /// recovery: its GPUs simply answer again).
+    pub fn lost_since(&self) -> Option<UnixMs> {
+        let lost = self.last(EventKind::GpuLost)?;
+        let cleared = self.reset_at().is_some_and(|r| r >= lost)
+            || self.answered_ms.is_some_and(|a| a > lost);
+        (!cleared).then_some(lost)
+    }
+
+    /// The newest reset: a reported recovery or a Hello. Errors before it are cleared.
+    pub fn reset_at(&self) -> Option<UnixMs> {
+        self.last(EventKind::GpuRecovered).max(self.reset_ms)
     }
 
     fn last(&self, kind: EventKind) -> Option<UnixMs> {
@@ -184,9 +218,13 @@ impl CounterTrend {
     }
 
     /// How much the counter rose from the baseline to the newest reading; `None` before
-    /// any reading.
-    pub fn rise(&self) -> Option<u64> {
-        let (_, now) = self.latest?;
+    /// any reading, and once the newest reading is older than `window_ms` before `now_ms`
+    /// (the GPU stopped reporting the counter: nothing is known of the last window).
+    pub fn rise(&self, now_ms: UnixMs, window_ms: i64) -> Option<u64> {
+        let (t, now) = self.latest?;
+        if t < now_ms.saturating_sub(window_ms) {
+            return None;
+        }
         let (_, base) = self.points.front().copied().unwrap_or((0, now));
         Some(now.saturating_sub(base))
     }
@@ -259,6 +297,24 @@ mod tests {
     }
 
     #[test]
+    fn an_event_sent_again_is_counted_once() {
+        let mut r = RecentEvents::default();
+        let batch = [
+            ev(10, EventKind::Xid, Some(79)),
+            ev(20, EventKind::Xid, Some(79)),
+            ev(20, EventKind::Xid, Some(48)),
+        ];
+        for e in batch.iter().chain(&batch) {
+            r.note(e);
+        }
+        let x = r.entries().iter().find(|x| x.code == Some(79)).expect("79");
+        assert_eq!(x.count, 2, "the replayed batch is not counted again");
+        r.note(&ev(30, EventKind::Xid, Some(79)));
+        let x = r.entries().iter().find(|x| x.code == Some(79)).expect("79");
+        assert_eq!(x.count, 3, "a new occurrence is");
+    }
+
+    #[test]
     fn memory_is_bounded_and_forgets_the_least_recent() {
         let mut r = RecentEvents::default();
         for code in 0..(MAX_ENTRIES as u64 + 10) {
@@ -294,29 +350,41 @@ mod tests {
     }
 
     #[test]
-    fn a_trend_measures_the_rise_over_the_window() {
+    fn a_trend_goes_stale_a_window_after_its_newest_reading() {
         let w = 80;
         let mut t = CounterTrend::default();
-        assert_eq!(t.rise(), None, "absent before any reading");
         t.note(0, 5, w);
-        assert_eq!(t.rise(), Some(0));
+        t.note(20, 9, w);
+        assert_eq!(t.rise(100, w), Some(4), "newest reading within the window");
+        assert_eq!(t.rise(101, w), None, "stale: the counter is no longer read");
+    }
+
+    #[test]
+    fn a_trend_measures_the_rise_over_the_window() {
+        let w = 80;
+        // Read right after the newest reading.
+        let rise = |t: &CounterTrend| t.rise(t.latest.map_or(0, |l| l.0), w);
+        let mut t = CounterTrend::default();
+        assert_eq!(rise(&t), None, "absent before any reading");
+        t.note(0, 5, w);
+        assert_eq!(rise(&t), Some(0));
         for s in 1..=10 {
             t.note(s * 10, 5, w);
         }
-        assert_eq!(t.rise(), Some(0), "flat");
+        assert_eq!(rise(&t), Some(0), "flat");
         t.note(110, 7, w);
-        assert_eq!(t.rise(), Some(2));
+        assert_eq!(rise(&t), Some(2));
         // A window later without new errors: no rise.
         for s in 12..=25 {
             t.note(s * 10, 7, w);
         }
-        assert_eq!(t.rise(), Some(0));
+        assert_eq!(rise(&t), Some(0));
         assert!(t.points.len() <= TREND_POINTS);
         t.note(260, 1, w);
-        assert_eq!(t.rise(), Some(0), "a reset starts again");
+        assert_eq!(rise(&t), Some(0), "a reset starts again");
         t.note(270, 4, w);
-        assert_eq!(t.rise(), Some(3), "from the value after the reset");
+        assert_eq!(rise(&t), Some(3), "from the value after the reset");
         t.note(250, 100, w);
-        assert_eq!(t.rise(), Some(3), "an older reading is ignored");
+        assert_eq!(rise(&t), Some(3), "an older reading is ignored");
     }
 }

@@ -304,13 +304,25 @@ impl Live {
             .map(|e| keys.get(e.gpu_uuid.as_str()).copied())
             .collect();
         remember(&mut n.memory, events.iter().zip(ids));
+        // The node's latest Hello came after these events where it is newer: a reset.
+        let hello = n.record.last_hello_ms;
+        for m in n.memory.values_mut() {
+            m.events.note_reset(hello);
+        }
     }
 
     /// A node said hello (and the store registered it): take its new identity and
     /// inventory, and count the connection.
     pub fn connected(&self, record: NodeRecord) {
         let mut state = self.write();
-        state.insert(record).connections += 1;
+        let hello = record.last_hello_ms;
+        let node = state.insert(record);
+        node.connections += 1;
+        // A Hello is an agent restart (or a driver reload, or a reboot): errors before it
+        // were cleared by the reset that came with it.
+        for m in node.memory.values_mut() {
+            m.events.note_reset(hello);
+        }
     }
 
     /// A node's stream ended.
@@ -491,6 +503,13 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
             let Some(&id) = gpu_ids.get(&s.gpu_uuid) else {
                 continue;
             };
+            // A lost GPU reads nothing; one with real readings answers again (after a
+            // reboot the new agent never reports a recovery).
+            if (s.power_mw.is_some() || s.temp_gpu_c.is_some())
+                && let Some(m) = node.memory.get_mut(&id)
+            {
+                m.events.note_answered(t.time_ms);
+            }
             if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
                 continue;
             }
@@ -751,7 +770,7 @@ mod tests {
                     .map(|e| (e.kind, e.code, e.count))
                     .collect();
                 seen.sort_by_key(|e| e.0.as_str());
-                (seen, m.pcie_replays.rise())
+                (seen, m.pcie_replays.rise(30, recent::COUNTER_WINDOW_MS))
             })
         };
         assert_eq!(
@@ -792,6 +811,101 @@ mod tests {
                 ],
                 Some(4)
             )
+        );
+    }
+
+    #[test]
+    fn a_lost_gpu_that_answers_after_a_reboot_or_a_hello_is_ok_again() {
+        use crate::health::{HealthPolicy, HealthState, judge_gpu};
+        use gpufleet_core::EventKind;
+        let uuid = "GPU-m";
+        let live = Live::new();
+        live.seed(
+            vec![record_with_gpu(uuid)],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let state = |live: &Live| {
+            live.read(|s| {
+                let n = &s.nodes["n"];
+                let g = &n.record.gpus[0];
+                let h = judge_gpu(
+                    &crate::health::gpu_signals(n, g, 1_000),
+                    &HealthPolicy::default(),
+                    1_000,
+                );
+                (
+                    h.state,
+                    h.reasons.iter().map(|r| r.code.clone()).collect::<Vec<_>>(),
+                )
+            })
+        };
+        let sample = |temp: Option<u32>| GpuSample {
+            gpu_uuid: uuid.into(),
+            temp_gpu_c: temp,
+            ..Default::default()
+        };
+        let tick = |time_ms, gpus, events| Tick {
+            time_ms,
+            gpus,
+            events,
+            ..Tick::default()
+        };
+        let mut followed = record_with_gpu(uuid);
+        followed.last_seen_ms = Some(110);
+        live.followed(
+            &followed,
+            &[
+                tick(90, vec![sample(Some(50))], Vec::new()),
+                tick(
+                    100,
+                    vec![sample(None)],
+                    vec![Event {
+                        time_ms: 100,
+                        gpu_uuid: uuid.into(),
+                        kind: EventKind::GpuLost,
+                        code: None,
+                        detail: String::new(),
+                    }],
+                ),
+                tick(110, vec![sample(None)], Vec::new()),
+            ],
+        );
+        assert_eq!(
+            state(&live),
+            (HealthState::Critical, vec!["gpu_lost".to_owned()]),
+            "a reading from before the loss, and empty ones after it, do not recover it"
+        );
+        // The node rebooted; its new agent sends samples with readings, never a recovery.
+        followed.last_seen_ms = Some(200);
+        live.followed(&followed, &[tick(200, vec![sample(Some(40))], Vec::new())]);
+        assert_eq!(state(&live), (HealthState::Ok, Vec::new()), "answers again");
+
+        // An Xid before a new Hello (agent restart, driver reload) is cleared by it.
+        followed.last_seen_ms = Some(300);
+        live.followed(
+            &followed,
+            &[tick(
+                300,
+                vec![sample(Some(40))],
+                vec![Event {
+                    time_ms: 300,
+                    gpu_uuid: uuid.into(),
+                    kind: EventKind::Xid,
+                    code: Some(79),
+                    detail: String::new(),
+                }],
+            )],
+        );
+        assert_eq!(state(&live).0, HealthState::Critical);
+        let mut hello = record_with_gpu(uuid);
+        hello.last_hello_ms = 400;
+        live.connected(hello);
+        assert_eq!(
+            state(&live),
+            (HealthState::Ok, Vec::new()),
+            "reset by the Hello"
         );
     }
 

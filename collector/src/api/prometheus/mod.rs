@@ -450,9 +450,15 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
         .iter()
         .map(|n| n.gpus.iter().map(|g| g.index.to_string()).collect())
         .collect();
-    let gpus = || {
-        nodes.iter().zip(&indexes).flat_map(|(n, ix)| {
-            n.gpus.iter().zip(ix).map(move |(g, i)| {
+    let last_indexes: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|n| n.last_health.iter().map(|g| g.index.to_string()).collect())
+        .collect();
+    let labelled = |current: bool| {
+        let ix = if current { &indexes } else { &last_indexes };
+        nodes.iter().zip(ix).flat_map(move |(n, ix)| {
+            let list = if current { &n.gpus } else { &n.last_health };
+            list.iter().zip(ix).map(move |(g, i)| {
                 let labels = [
                     ("node", Text(n.name.as_str())),
                     ("gpu", Text(i)),
@@ -463,6 +469,9 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
             })
         })
     };
+    let gpus = || labelled(true);
+    // The health families also cover offline nodes' GPUs, as last judged.
+    let judged = || labelled(true).chain(labelled(false));
     for (name, kind, help, get) in GPU_FAMILIES {
         let kind = if *kind == "counter" {
             MetricType::Counter
@@ -485,7 +494,7 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
             put(&mut m, &labels, MetricType::Gauge, Num::U(u64::from(idle)))?;
         }
     }
-    encode_gpu_health(enc, gpus)?;
+    encode_gpu_health(enc, judged, gpus)?;
     for (name, help, get) in HOST_FAMILIES {
         let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
         for n in nodes {
@@ -502,15 +511,21 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
     Ok(())
 }
 
-/// The health families: state, active reasons, decoded throttle reasons.
-fn encode_gpu_health<'a, L, I>(enc: &mut DescriptorEncoder, gpus: impl Fn() -> I) -> fmt::Result
+/// The health families: state and active reasons (of `judged`: current GPUs and offline
+/// nodes' GPUs as last judged), decoded throttle reasons (of `gpus`: current samples).
+fn encode_gpu_health<'a, L, I, J>(
+    enc: &mut DescriptorEncoder,
+    judged: impl Fn() -> J,
+    gpus: impl Fn() -> I,
+) -> fmt::Result
 where
     L: EncodeLabelSet + Clone,
     I: Iterator<Item = (L, &'a snapshot::GpuSnap)>,
+    J: Iterator<Item = (L, &'a snapshot::GpuSnap)>,
 {
     let help = "The GPU's health: 0 ok, 1 warning, 2 critical (see gpufleet_gpu_health_reason).";
     let mut m = enc.encode_descriptor("gpufleet_gpu_health", help, None, MetricType::Gauge)?;
-    for (labels, g) in gpus() {
+    for (labels, g) in judged() {
         put(
             &mut m,
             &labels,
@@ -522,7 +537,7 @@ where
                 informational); absent when the reason does not hold.";
     let mut m =
         enc.encode_descriptor("gpufleet_gpu_health_reason", help, None, MetricType::Gauge)?;
-    for (labels, g) in gpus() {
+    for (labels, g) in judged() {
         for r in &g.health.reasons {
             let extra = [
                 ("reason", Text(r.code.as_str())),

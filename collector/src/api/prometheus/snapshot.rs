@@ -25,7 +25,8 @@ pub struct GpuSnap {
     pub health: GpuHealth,
 }
 
-/// One node. Offline nodes carry no GPUs or host (their last values are not current).
+/// One node. Offline nodes carry no GPUs or host (their last values are not current),
+/// only their GPUs' health as last judged ([`NodeSnap::last_health`]).
 #[derive(Debug, Clone)]
 pub struct NodeSnap {
     pub name: String,
@@ -37,6 +38,10 @@ pub struct NodeSnap {
     pub stored_samples: u64,
     pub host: Option<HostSample>,
     pub gpus: Vec<GpuSnap>,
+    /// An offline node's GPUs, judged from what was last known of them (empty sample and
+    /// processes): their health series stay, so an alert on a GPU's health does not
+    /// resolve because its node went offline.
+    pub last_health: Vec<GpuSnap>,
     /// The node's judged health (critical when offline).
     pub health: HealthState,
 }
@@ -143,25 +148,29 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
             let current = status != NodeStatus::Offline;
             let (health, judged) =
                 crate::health::judge_live_node(n, status, policy, &HealthPolicy::default(), now_ms);
-            let gpus = if current {
-                n.record
-                    .gpus
-                    .iter()
-                    .zip(judged)
-                    .filter_map(|(g, health)| {
-                        let latest = n.gpus.get(&g.id)?;
-                        Some(GpuSnap {
-                            index: g.info.index,
-                            uuid: g.info.uuid.clone(),
-                            name: g.info.name.clone(),
-                            sample: latest.sample.clone(),
-                            processes: latest.processes.clone(),
-                            health,
-                        })
-                    })
-                    .collect()
+            let snaps = n.record.gpus.iter().zip(judged).filter_map(|(g, health)| {
+                let latest = n.gpus.get(&g.id)?;
+                Some(GpuSnap {
+                    index: g.info.index,
+                    uuid: g.info.uuid.clone(),
+                    name: g.info.name.clone(),
+                    sample: if current {
+                        latest.sample.clone()
+                    } else {
+                        GpuSample::default()
+                    },
+                    processes: if current {
+                        latest.processes.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    health,
+                })
+            });
+            let (gpus, last_health) = if current {
+                (snaps.collect(), Vec::new())
             } else {
-                Vec::new()
+                (Vec::new(), snaps.collect())
             };
             NodeSnap {
                 name: n.record.name.clone(),
@@ -175,6 +184,7 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
                     .then(|| n.host.as_ref().and_then(|h| h.sample.clone()))
                     .flatten(),
                 gpus,
+                last_health,
                 health: health.state,
             }
         })
@@ -293,6 +303,7 @@ mod tests {
                 ],
                 health: GpuHealth::default(),
             }],
+            last_health: Vec::new(),
             health: HealthState::Ok,
         };
         let (series, left_out) = process_series(std::slice::from_ref(&node), 10);

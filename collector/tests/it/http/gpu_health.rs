@@ -299,3 +299,30 @@ async fn a_restarted_collector_remembers_and_a_day_later_forgets() {
         "{node}"
     );
 }
+
+#[tokio::test]
+async fn an_offline_nodes_gpus_keep_their_last_health_series() {
+    let (f, _) = with_xids().await;
+    // An hour later the node is offline; the Xid 79 (24 h) still holds.
+    f.now.store(T0 + 3_600_000, Ordering::Relaxed);
+    let (_, body) = f.get("/metrics").await;
+    let a = r#"node="node-a",gpu="0",uuid="GPU-a",name="NVIDIA H100 80GB HBM3""#;
+    for line in [
+        format!("gpufleet_gpu_health{{{a}}} 2"),
+        format!("gpufleet_gpu_health_reason{{{a},reason=\"xid_79\",severity=\"critical\"}} 1"),
+        "gpufleet_node_health{node=\"node-a\"} 2".to_owned(),
+    ] {
+        assert!(
+            body.lines().any(|l| l == line),
+            "missing {line:?} in\n{body}"
+        );
+    }
+    assert!(
+        !body.contains(&format!("gpufleet_gpu_throttle_reason{{{a}")),
+        "an offline node's samples are not current: no throttle series\n{body}"
+    );
+    assert!(
+        !body.contains(&format!("gpufleet_gpu_power_watts{{{a}")),
+        "nor sample series\n{body}"
+    );
+}
