@@ -76,8 +76,9 @@ pub const SIGNALS: &[Signal] = &[
         name: "gpu_lost",
         kind: SignalKind::Flag,
         unit: "flag",
-        help: "the node reports (online), but this GPU of its inventory has had no sample \
-               for longer than --stale-after",
+        help: "the node reports (online), but this GPU of its inventory was reported lost \
+               by its agent (until reported recovered) or has had no sample for longer than \
+               --stale-after",
         labels: GPU_LABELS,
         eval: gpu_lost,
     },
@@ -308,9 +309,13 @@ fn gpu_lost(s: &Snapshot<'_>) -> Vec<Series> {
         }
         for gpu in &node.record.gpus {
             let sampled = node.gpus.get(&gpu.id).map(|g| g.time_ms);
+            // The agent keeps sending a lost GPU's (empty) sample and reports the loss
+            // as an event: lost until a recovery is reported after it.
+            let reported_lost =
+                (node.memory.get(&gpu.id)).is_some_and(|m| m.events.lost_since().is_some());
             out.push(Series {
                 labels: gpu_labels(node, gpu),
-                value: flag(!sampled.is_some_and(|t| fresh(s, t))),
+                value: flag(reported_lost || !sampled.is_some_and(|t| fresh(s, t))),
             });
         }
     }
@@ -461,6 +466,29 @@ mod tests {
         assert_eq!(names, ["gpu", "gpu_index", "gpu_name", "node"]);
         assert_eq!(labels["gpu_index"], "0");
         assert_eq!(labels["gpu_name"], "H100");
+    }
+
+    #[test]
+    fn a_gpu_its_agent_reports_lost_is_lost_until_reported_recovered() {
+        let live = state();
+        let event = |time_ms, kind| gpufleet_core::Event {
+            time_ms,
+            gpu_uuid: "GPU-1".into(),
+            kind,
+            code: None,
+            detail: String::new(),
+        };
+        // The agent still sends GPU-1's (fresh) sample, but reported it lost.
+        live.seed_events(
+            "n",
+            &[event(NOW - 2_000, gpufleet_core::EventKind::GpuLost)],
+        );
+        assert_eq!(values(&live, "gpu_lost")[0], v("GPU-1", 1.0));
+        live.seed_events(
+            "n",
+            &[event(NOW - 1_000, gpufleet_core::EventKind::GpuRecovered)],
+        );
+        assert_eq!(values(&live, "gpu_lost")[0], v("GPU-1", 0.0), "recovered");
     }
 
     #[test]
