@@ -85,6 +85,8 @@ pub struct Term {
     /// The collector's address as users reach it (`generatorURL`'s base).
     pub external_url: String,
     pub stats: Arc<NotifyStats>,
+    /// The published workload counters (the ongoing idle-but-allocated episodes).
+    pub workloads: Arc<crate::accounting::counters::WorkloadCounters>,
 }
 
 type Key = (String, String);
@@ -152,12 +154,14 @@ pub async fn run_term(
             _ = ticker.tick() => {}
         }
         let now = clock();
+        let published = t.workloads.current();
         // Series are read under the live state's lock, evaluated after it.
         let mut series: BTreeMap<&str, Vec<signals::Series>> = live.read(|state| {
             let snap = signals::Snapshot {
                 state,
                 now_ms: now,
                 status: t.status,
+                idle_allocated: &published.idle_allocated,
             };
             (signals.iter())
                 .filter_map(|name| signals::find(name).map(|s| (*name, (s.eval)(&snap))))

@@ -8,6 +8,7 @@
 //!
 //! Adding a signal is one entry of [`SIGNALS`].
 
+use crate::accounting::counters::IdleAllocated;
 use crate::health::fleet_health;
 use crate::health::judge::{GpuHealth, HealthPolicy, HealthState};
 use crate::live::state::{LiveGpu, LiveNode, LiveState};
@@ -28,6 +29,10 @@ pub struct Snapshot<'a> {
     pub state: &'a LiveState,
     pub now_ms: UnixMs,
     pub status: StatusPolicy,
+    /// The ongoing idle-but-allocated episodes, as last published for `/metrics`
+    /// (`--metrics-refresh`; those at least `--waste-min-idle` long, capped by
+    /// `--metrics-max-workloads`).
+    pub idle_allocated: &'a [IdleAllocated],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +225,56 @@ pub const SIGNALS: &[Signal] = &[
                 let total = g.sample.mem_total_bytes.or(info.info.memory_total_bytes)?;
                 (total > 0).then(|| 100.0 * used as f64 / total as f64)
             })
+        },
+    },
+    Signal {
+        name: "gpu_idle_allocated_min",
+        kind: SignalKind::Number,
+        unit: "minutes",
+        help: "how long a workload has held memory on a GPU that does no work (an ongoing \
+               idle-but-allocated episode, /api/v1/waste), per workload and GPU",
+        labels: &[
+            "node",
+            "gpu",
+            "gpu_index",
+            "workload",
+            "kind",
+            "namespace",
+            "pod",
+            "container",
+            "job",
+            "user",
+        ],
+        eval: |s| {
+            (s.idle_allocated.iter())
+                .filter(|e| e.seconds.is_finite())
+                .map(|e| {
+                    let l = &e.labels;
+                    let mut labels = BTreeMap::from([
+                        ("node".to_owned(), l.node.clone()),
+                        ("gpu".to_owned(), e.gpu_uuid.clone()),
+                        ("gpu_index".to_owned(), e.gpu_index.to_string()),
+                        ("workload".to_owned(), l.workload.clone()),
+                        ("kind".to_owned(), l.kind.to_owned()),
+                    ]);
+                    // Identity labels the workload has (absent ones are left out).
+                    for (k, v) in [
+                        ("namespace", &l.namespace),
+                        ("pod", &l.pod),
+                        ("container", &l.container),
+                        ("job", &l.job),
+                        ("user", &l.user),
+                    ] {
+                        if !v.is_empty() {
+                            labels.insert(k.to_owned(), v.clone());
+                        }
+                    }
+                    Series {
+                        labels,
+                        value: e.seconds / 60.0,
+                    }
+                })
+                .collect()
         },
     },
     Signal {
@@ -416,6 +471,7 @@ mod tests {
                 state,
                 now_ms: NOW,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             (signal.eval)(&snap)
                 .into_iter()
@@ -457,6 +513,7 @@ mod tests {
                 state,
                 now_ms: NOW,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             (find("gpu_temp_c").expect("signal").eval)(&snap)[0]
                 .labels
@@ -492,6 +549,69 @@ mod tests {
     }
 
     #[test]
+    fn idle_but_allocated_reads_the_published_episodes_and_the_default_rule_holds_past_30_min() {
+        use crate::accounting::counters::WorkloadLabels;
+        let episode = |workload: &str, pod: &str, seconds| IdleAllocated {
+            labels: WorkloadLabels {
+                node: "n".into(),
+                workload: workload.into(),
+                kind: "container",
+                namespace: "ml".into(),
+                pod: pod.into(),
+                container: String::new(),
+                job: String::new(),
+                user: "1000".into(),
+            },
+            gpu_uuid: "GPU-1".into(),
+            gpu_index: 0,
+            seconds,
+        };
+        let published = [
+            episode("container:a", "train-0", 1_905.0),
+            episode("container:b", "", 600.0),
+        ];
+        let live = state();
+        let series = live.read(|state| {
+            let snap = Snapshot {
+                state,
+                now_ms: NOW,
+                status: StatusPolicy::default(),
+                idle_allocated: &published,
+            };
+            (find("gpu_idle_allocated_min").expect("signal").eval)(&snap)
+        });
+        assert_eq!(series.len(), 2);
+        assert_eq!(series[0].value, 31.75, "1905 s idle");
+        let l = &series[0].labels;
+        let pairs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("gpu", "GPU-1"),
+                ("gpu_index", "0"),
+                ("kind", "container"),
+                ("namespace", "ml"),
+                ("node", "n"),
+                ("pod", "train-0"),
+                ("user", "1000"),
+                ("workload", "container:a"),
+            ],
+            "absent identity labels are left out"
+        );
+        assert!(!series[1].labels.contains_key("pod"));
+        // The default rule: over 30 minutes only.
+        let rule = (crate::alerts::rules::default_rules().into_iter())
+            .find(|r| r.name == "GpuIdleButAllocated")
+            .expect("a default rule");
+        assert_eq!(rule.condition.signal(), "gpu_idle_allocated_min");
+        let held: Vec<bool> = series
+            .iter()
+            .map(|s| rule.condition.holds(s.value))
+            .collect();
+        assert_eq!(held, [true, false]);
+    }
+
+    #[test]
     fn signal_names_are_unique_and_labels_known() {
         let mut names: Vec<&str> = SIGNALS.iter().map(|s| s.name).collect();
         names.sort_unstable();
@@ -504,6 +624,7 @@ mod tests {
                 state: &empty,
                 now_ms: 0,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             assert!((s.eval)(&snap).is_empty(), "{}: no node, no series", s.name);
         }
