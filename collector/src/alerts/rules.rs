@@ -223,6 +223,8 @@ pub enum Severity {
 }
 
 impl Severity {
+    pub const ALL: [Severity; 3] = [Severity::Info, Severity::Warning, Severity::Critical];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Severity::Info => "info",
