@@ -25,6 +25,8 @@ struct Case {
     code: &'static str,
     /// The alert rule's condition.
     condition: &'static str,
+    /// The firing alert's value, where it is a number.
+    value: Option<f64>,
 }
 
 fn fake_library() -> PathBuf {
@@ -147,17 +149,17 @@ async fn run(case: Case) {
     }
 
     // The alert fires, for this GPU.
-    poll("the alert firing", 15, async || {
+    let fired = poll("the alert firing", 15, async || {
         let body = get(&client, &firing_url).await?;
         let on_gpu = (body["alerts"].as_array().into_iter().flatten())
-            .any(|a| a["rule"] == "UnderTest" && a["labels"]["gpu"] == case.uuid);
-        if on_gpu {
-            Ok(())
-        } else {
-            Err(body.to_string())
-        }
+            .find(|a| a["rule"] == "UnderTest" && a["labels"]["gpu"] == case.uuid)
+            // A number's value settles with the readings (84 °C, then 87 °C).
+            .filter(|a| case.value.is_none_or(|v| a["value"].as_f64() == Some(v)))
+            .cloned();
+        on_gpu.ok_or_else(|| body.to_string())
     })
     .await;
+    assert_eq!(fired["labels"]["severity"], "critical", "{fired}");
 
     // The agent stops: the GPU's samples go stale, the alert resolves.
     sigterm(&agent);
@@ -193,6 +195,7 @@ async fn xid_79_gpu_fell_off_the_bus_is_critical_and_alerts() {
         state: "critical",
         code: "xid_79",
         condition: "xid_critical",
+        value: None,
     })
     .await;
 }
@@ -205,6 +208,7 @@ async fn xid_48_double_bit_ecc_is_critical_and_alerts() {
         state: "critical",
         code: "xid_48",
         condition: "xid_critical",
+        value: None,
     })
     .await;
 }
@@ -217,6 +221,7 @@ async fn xid_94_contained_ecc_is_a_warning_and_alerts() {
         state: "warning",
         code: "xid_94",
         condition: "gpu_health == 1",
+        value: None,
     })
     .await;
 }
@@ -229,6 +234,7 @@ async fn a_double_bit_ecc_event_is_critical_and_alerts() {
         state: "critical",
         code: "ecc_dbe",
         condition: "gpu_health == 2",
+        value: None,
     })
     .await;
 }
@@ -241,6 +247,7 @@ async fn a_pending_row_remap_is_a_warning_and_alerts() {
         state: "warning",
         code: "row_remap_pending",
         condition: "gpu_row_remap_pending",
+        value: None,
     })
     .await;
 }
@@ -254,6 +261,8 @@ async fn thermal_throttling_near_shutdown_is_critical_and_alerts() {
         state: "critical",
         code: "throttle_thermal",
         condition: "gpu_temp_margin_c <= 5",
+        // 89 °C slowdown - 87 °C.
+        value: Some(2.0),
     })
     .await;
 }
@@ -266,6 +275,7 @@ async fn a_lost_gpu_is_critical_and_alerts() {
         state: "critical",
         code: "gpu_lost",
         condition: "gpu_lost",
+        value: None,
     })
     .await;
 }
