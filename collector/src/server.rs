@@ -270,6 +270,11 @@ pub async fn serve_with_store(
             },
         )
     });
+    // Every collector serves /metrics, so each refreshes its own counters (reads only);
+    // the alerts job reads the ongoing idle-but-allocated episodes from them.
+    let workloads = Arc::new(crate::accounting::counters::WorkloadCounters::new(
+        options.counters.max_workloads,
+    ));
     // Alert rules are evaluated once across collectors; alerts live in the database.
     let alert_posts = options.alerts.posts().map_err(ServeError::Alerts)?;
     let alerts_task = crate::accounting::leader::spawn(
@@ -287,6 +292,7 @@ pub async fn serve_with_store(
                 posts: alert_posts,
                 status: options.status,
                 stats: Arc::clone(&metrics.alerts),
+                workloads: Arc::clone(&workloads),
             };
             let (store, live) = (store.clone(), Arc::clone(&live));
             move |term| {
@@ -300,10 +306,6 @@ pub async fn serve_with_store(
             }
         },
     );
-    // Every collector serves /metrics, so each refreshes its own counters (reads only).
-    let workloads = Arc::new(crate::accounting::counters::WorkloadCounters::new(
-        options.counters.max_workloads,
-    ));
     let counters_task = crate::accounting::counters::spawn(
         store.clone(),
         Arc::clone(&live),

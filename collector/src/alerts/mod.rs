@@ -85,6 +85,8 @@ pub struct Term {
     /// The collector's address as users reach it (`generatorURL`'s base).
     pub external_url: String,
     pub stats: Arc<NotifyStats>,
+    /// The published workload counters (the ongoing idle-but-allocated episodes).
+    pub workloads: Arc<crate::accounting::counters::WorkloadCounters>,
 }
 
 type Key = (String, String);
@@ -96,6 +98,23 @@ fn snapshot(e: &Evaluator) -> BTreeMap<Key, Alert> {
     e.alerts()
         .map(|a| ((a.rule.clone(), a.fingerprint.clone()), a.clone()))
         .collect()
+}
+
+/// Firing and pending alerts per severity (an alert's `severity` label).
+fn count_active<'a>(alerts: impl Iterator<Item = &'a Alert>) -> notify::ActiveAlerts {
+    let mut out = notify::ActiveAlerts::default();
+    for a in alerts {
+        let counts = match a.state {
+            eval::AlertState::Firing => &mut out.firing,
+            eval::AlertState::Pending => &mut out.pending,
+            _ => continue,
+        };
+        let severity = a.labels.get("severity").map(String::as_str);
+        if let Some(i) = (rules::Severity::ALL.iter()).position(|s| Some(s.as_str()) == severity) {
+            counts[i] += 1;
+        }
+    }
+    out
 }
 
 /// One term of leadership: evaluates, saves and notifies until `term` ends.
@@ -152,12 +171,14 @@ pub async fn run_term(
             _ = ticker.tick() => {}
         }
         let now = clock();
+        let published = t.workloads.current();
         // Series are read under the live state's lock, evaluated after it.
         let mut series: BTreeMap<&str, Vec<signals::Series>> = live.read(|state| {
             let snap = signals::Snapshot {
                 state,
                 now_ms: now,
                 status: t.status,
+                idle_allocated: &published.idle_allocated,
             };
             (signals.iter())
                 .filter_map(|name| signals::find(name).map(|s| (*name, (s.eval)(&snap))))
@@ -170,6 +191,7 @@ pub async fn run_term(
         ));
         let due = evaluator.due(now, settings.resend_delay);
         let current = snapshot(&evaluator);
+        t.stats.set_active(Some(count_active(current.values())));
         let changed: Vec<Alert> = (current.iter())
             .filter(|(k, a)| saved.get(*k) != Some(*a))
             .map(|(_, a)| a.clone())
@@ -206,10 +228,54 @@ pub async fn run_term(
             }
         }
     }
+    t.stats.set_active(None);
     drop(notifier);
     for s in senders {
         if let Err(e) = s.await {
             warn!(error = %e, "an alert webhook sender ended abnormally");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eval::AlertState;
+
+    fn alert(state: AlertState, severity: Option<&str>) -> Alert {
+        Alert {
+            rule: "R".into(),
+            fingerprint: String::new(),
+            state,
+            labels: severity
+                .map(|s| BTreeMap::from([("severity".to_owned(), s.to_owned())]))
+                .unwrap_or_default(),
+            annotations: BTreeMap::new(),
+            value: 1.0,
+            active_at_ms: 0,
+            fired_at_ms: None,
+            resolved_at_ms: None,
+            keep_firing_since_ms: None,
+            last_sent_ms: None,
+        }
+    }
+
+    #[test]
+    fn active_alerts_are_counted_per_state_and_severity() {
+        let alerts = [
+            alert(AlertState::Firing, Some("critical")),
+            alert(AlertState::Firing, Some("critical")),
+            alert(AlertState::Firing, Some("warning")),
+            alert(AlertState::Pending, Some("info")),
+            alert(AlertState::Resolved, Some("critical")),
+            alert(AlertState::Firing, None),
+        ];
+        let n = count_active(alerts.iter());
+        assert_eq!(
+            n.firing,
+            [0, 1, 2],
+            "resolved and severity-less ones are not counted"
+        );
+        assert_eq!(n.pending, [1, 0, 0]);
     }
 }

@@ -67,6 +67,34 @@ pub struct NotifyStats {
     pub dropped: AtomicU64,
     /// Notifications sent again.
     pub retries: AtomicU64,
+    /// Alerts now, per state and severity, while this collector evaluates the rules
+    /// (absent on the others: they do not know).
+    pub active: std::sync::Mutex<Option<ActiveAlerts>>,
+}
+
+/// How many alerts are firing and pending, per severity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ActiveAlerts {
+    /// Per [`crate::alerts::rules::Severity::ALL`], in its order.
+    pub firing: [u64; 3],
+    pub pending: [u64; 3],
+}
+
+impl NotifyStats {
+    /// Publishes the alerts now (`None`: this collector stopped evaluating).
+    pub fn set_active(&self, active: Option<ActiveAlerts>) {
+        *self
+            .active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = active;
+    }
+
+    pub fn active(&self) -> Option<ActiveAlerts> {
+        *self
+            .active
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// One alert in Alertmanager's API v2 (`postableAlert`).

@@ -223,6 +223,8 @@ pub enum Severity {
 }
 
 impl Severity {
+    pub const ALL: [Severity; 3] = [Severity::Info, Severity::Warning, Severity::Critical];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Severity::Info => "info",
@@ -383,6 +385,17 @@ const DEFAULT_RULES: &[DefaultRule] = &[
         description: "GPU {{ $labels.gpu_index }} ({{ $labels.gpu }}) on {{ $labels.node }} could \
             not remap a failing memory row: its memory can no longer be repaired in the field. \
             Drain the node and have the GPU serviced (RMA).",
+    },
+    DefaultRule {
+        name: "GpuIdleButAllocated",
+        condition: "gpu_idle_allocated_min >= 30",
+        hold: "0s",
+        severity: "warning",
+        summary: "{{ $labels.workload }} holds GPU {{ $labels.gpu_index }} of {{ $labels.node }} idle for {{ $value }} min",
+        description: "{{ $labels.workload }} has held memory on GPU {{ $labels.gpu_index }} \
+            ({{ $labels.gpu }}) of {{ $labels.node }} at about 0 % utilization for over 30 \
+            minutes: the GPU is allocated but does no work. Ask its owner to release it \
+            (/api/v1/waste has the energy and CO2 burned while idle).",
     },
 ];
 
@@ -744,7 +757,8 @@ mod tests {
                 "GpuLost",
                 "XidCritical",
                 "GpuTemperatureNearSlowdown",
-                "GpuRowRemapFailed"
+                "GpuRowRemapFailed",
+                "GpuIdleButAllocated"
             ]
         );
     }
@@ -786,12 +800,13 @@ mod tests {
                 "XidCritical",
                 "GpuTemperatureNearSlowdown",
                 "GpuRowRemapFailed",
+                "GpuIdleButAllocated",
                 "GpuHot"
             ],
             "NodeOffline off, GpuLost replaced"
         );
         assert_eq!(s.rules[0].hold, Duration::from_secs(30));
-        let hot = &s.rules[4];
+        let hot = &s.rules[5];
         assert_eq!(
             hot.condition,
             Condition::Compare {

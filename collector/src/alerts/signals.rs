@@ -8,6 +8,7 @@
 //!
 //! Adding a signal is one entry of [`SIGNALS`].
 
+use crate::accounting::counters::IdleAllocated;
 use crate::health::fleet_health;
 use crate::health::judge::{GpuHealth, HealthPolicy, HealthState};
 use crate::live::state::{LiveGpu, LiveNode, LiveState};
@@ -28,6 +29,10 @@ pub struct Snapshot<'a> {
     pub state: &'a LiveState,
     pub now_ms: UnixMs,
     pub status: StatusPolicy,
+    /// The ongoing idle-but-allocated episodes, as last published for `/metrics`
+    /// (`--metrics-refresh`; those at least `--waste-min-idle` long, capped by
+    /// `--metrics-max-workloads`).
+    pub idle_allocated: &'a [IdleAllocated],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +81,9 @@ pub const SIGNALS: &[Signal] = &[
         name: "gpu_lost",
         kind: SignalKind::Flag,
         unit: "flag",
-        help: "the node reports (online), but this GPU of its inventory has had no sample \
-               for longer than --stale-after",
+        help: "the node reports (online), but this GPU of its inventory was reported lost \
+               by its agent (until reported recovered) or has had no sample for longer than \
+               --stale-after",
         labels: GPU_LABELS,
         eval: gpu_lost,
     },
@@ -222,6 +228,56 @@ pub const SIGNALS: &[Signal] = &[
         },
     },
     Signal {
+        name: "gpu_idle_allocated_min",
+        kind: SignalKind::Number,
+        unit: "minutes",
+        help: "how long a workload has held memory on a GPU that does no work (an ongoing \
+               idle-but-allocated episode, /api/v1/waste), per workload and GPU",
+        labels: &[
+            "node",
+            "gpu",
+            "gpu_index",
+            "workload",
+            "kind",
+            "namespace",
+            "pod",
+            "container",
+            "job",
+            "user",
+        ],
+        eval: |s| {
+            (s.idle_allocated.iter())
+                .filter(|e| e.seconds.is_finite())
+                .map(|e| {
+                    let l = &e.labels;
+                    let mut labels = BTreeMap::from([
+                        ("node".to_owned(), l.node.clone()),
+                        ("gpu".to_owned(), e.gpu_uuid.clone()),
+                        ("gpu_index".to_owned(), e.gpu_index.to_string()),
+                        ("workload".to_owned(), l.workload.clone()),
+                        ("kind".to_owned(), l.kind.to_owned()),
+                    ]);
+                    // Identity labels the workload has (absent ones are left out).
+                    for (k, v) in [
+                        ("namespace", &l.namespace),
+                        ("pod", &l.pod),
+                        ("container", &l.container),
+                        ("job", &l.job),
+                        ("user", &l.user),
+                    ] {
+                        if !v.is_empty() {
+                            labels.insert(k.to_owned(), v.clone());
+                        }
+                    }
+                    Series {
+                        labels,
+                        value: e.seconds / 60.0,
+                    }
+                })
+                .collect()
+        },
+    },
+    Signal {
         name: "gpu_ecc_uncorrected",
         kind: SignalKind::Number,
         unit: "errors",
@@ -308,9 +364,13 @@ fn gpu_lost(s: &Snapshot<'_>) -> Vec<Series> {
         }
         for gpu in &node.record.gpus {
             let sampled = node.gpus.get(&gpu.id).map(|g| g.time_ms);
+            // The agent keeps sending a lost GPU's (empty) sample and reports the loss
+            // as an event: lost until a recovery is reported after it.
+            let reported_lost =
+                (node.memory.get(&gpu.id)).is_some_and(|m| m.events.lost_since().is_some());
             out.push(Series {
                 labels: gpu_labels(node, gpu),
-                value: flag(!sampled.is_some_and(|t| fresh(s, t))),
+                value: flag(reported_lost || !sampled.is_some_and(|t| fresh(s, t))),
             });
         }
     }
@@ -411,6 +471,7 @@ mod tests {
                 state,
                 now_ms: NOW,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             (signal.eval)(&snap)
                 .into_iter()
@@ -452,6 +513,7 @@ mod tests {
                 state,
                 now_ms: NOW,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             (find("gpu_temp_c").expect("signal").eval)(&snap)[0]
                 .labels
@@ -461,6 +523,92 @@ mod tests {
         assert_eq!(names, ["gpu", "gpu_index", "gpu_name", "node"]);
         assert_eq!(labels["gpu_index"], "0");
         assert_eq!(labels["gpu_name"], "H100");
+    }
+
+    #[test]
+    fn a_gpu_its_agent_reports_lost_is_lost_until_reported_recovered() {
+        let live = state();
+        let event = |time_ms, kind| gpufleet_core::Event {
+            time_ms,
+            gpu_uuid: "GPU-1".into(),
+            kind,
+            code: None,
+            detail: String::new(),
+        };
+        // The agent still sends GPU-1's (fresh) sample, but reported it lost.
+        live.seed_events(
+            "n",
+            &[event(NOW - 2_000, gpufleet_core::EventKind::GpuLost)],
+        );
+        assert_eq!(values(&live, "gpu_lost")[0], v("GPU-1", 1.0));
+        live.seed_events(
+            "n",
+            &[event(NOW - 1_000, gpufleet_core::EventKind::GpuRecovered)],
+        );
+        assert_eq!(values(&live, "gpu_lost")[0], v("GPU-1", 0.0), "recovered");
+    }
+
+    #[test]
+    fn idle_but_allocated_reads_the_published_episodes_and_the_default_rule_holds_past_30_min() {
+        use crate::accounting::counters::WorkloadLabels;
+        let episode = |workload: &str, pod: &str, seconds| IdleAllocated {
+            labels: WorkloadLabels {
+                node: "n".into(),
+                workload: workload.into(),
+                kind: "container",
+                namespace: "ml".into(),
+                pod: pod.into(),
+                container: String::new(),
+                job: String::new(),
+                user: "1000".into(),
+            },
+            gpu_uuid: "GPU-1".into(),
+            gpu_index: 0,
+            seconds,
+        };
+        let published = [
+            episode("container:a", "train-0", 1_905.0),
+            episode("container:b", "", 600.0),
+        ];
+        let live = state();
+        let series = live.read(|state| {
+            let snap = Snapshot {
+                state,
+                now_ms: NOW,
+                status: StatusPolicy::default(),
+                idle_allocated: &published,
+            };
+            (find("gpu_idle_allocated_min").expect("signal").eval)(&snap)
+        });
+        assert_eq!(series.len(), 2);
+        assert_eq!(series[0].value, 31.75, "1905 s idle");
+        let l = &series[0].labels;
+        let pairs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("gpu", "GPU-1"),
+                ("gpu_index", "0"),
+                ("kind", "container"),
+                ("namespace", "ml"),
+                ("node", "n"),
+                ("pod", "train-0"),
+                ("user", "1000"),
+                ("workload", "container:a"),
+            ],
+            "absent identity labels are left out"
+        );
+        assert!(!series[1].labels.contains_key("pod"));
+        // The default rule: over 30 minutes only.
+        let rule = (crate::alerts::rules::default_rules().into_iter())
+            .find(|r| r.name == "GpuIdleButAllocated")
+            .expect("a default rule");
+        assert_eq!(rule.condition.signal(), "gpu_idle_allocated_min");
+        let held: Vec<bool> = series
+            .iter()
+            .map(|s| rule.condition.holds(s.value))
+            .collect();
+        assert_eq!(held, [true, false]);
     }
 
     #[test]
@@ -476,6 +624,7 @@ mod tests {
                 state: &empty,
                 now_ms: 0,
                 status: StatusPolicy::default(),
+                idle_allocated: &[],
             };
             assert!((s.eval)(&snap).is_empty(), "{}: no node, no series", s.name);
         }

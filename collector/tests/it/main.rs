@@ -13,6 +13,7 @@ mod fleet_bench;
 mod fuzz_corpus;
 mod grpc_idle;
 mod harness;
+mod health_alerts_e2e;
 mod health_e2e;
 mod hostile;
 mod http;

@@ -800,6 +800,47 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
             )?;
         }
     }
+    let mut m = enc.encode_descriptor(
+        "gpufleet_alert_notifications",
+        "Alert notifications to webhooks since start-up, by result: sent (accepted), \
+         failed (refused or out of attempts), dropped (the webhook's queue was full).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (result, v) in [
+        ("sent", c.alerts_sent),
+        ("failed", c.alerts_failed),
+        ("dropped", c.alerts_dropped),
+    ] {
+        put(
+            &mut m,
+            &[("result", Text(result))],
+            MetricType::Counter,
+            Num::U(v),
+        )?;
+    }
+    // Only the collector evaluating the rules knows the alerts; the others leave it out.
+    if let Some(active) = &c.alerts_active {
+        let mut m = enc.encode_descriptor(
+            "gpufleet_alerts",
+            "Alerts now, by state and severity (on the collector evaluating the rules).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (state, counts) in [("firing", &active.firing), ("pending", &active.pending)] {
+            for (severity, n) in crate::alerts::rules::Severity::ALL.iter().zip(counts) {
+                put(
+                    &mut m,
+                    &[
+                        ("state", Text(state)),
+                        ("severity", Text(severity.as_str())),
+                    ],
+                    MetricType::Gauge,
+                    Num::U(*n),
+                )?;
+            }
+        }
+    }
     // The histogram: per-bucket counts (the encoder accumulates), `+Inf` last.
     let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(COMMIT_BUCKETS.len() + 1);
     let mut below = 0;
@@ -882,6 +923,44 @@ mod tests {
         );
         assert!(out.contains(r#"workload="container:a\"b\\c\nd""#), "{out}");
         assert!(out.ends_with("# EOF\n"), "{out}");
+    }
+
+    #[test]
+    fn alerts_by_state_and_severity_and_notification_counters() {
+        let mut s = snapshot(Published::default());
+        s.collector = CollectorSnap {
+            alerts_sent: 4,
+            alerts_failed: 1,
+            alerts_dropped: 2,
+            alerts_active: Some(crate::alerts::notify::ActiveAlerts {
+                firing: [0, 2, 1],
+                pending: [0, 0, 3],
+            }),
+            ..Default::default()
+        };
+        let out = render(s, |_| {});
+        let lines: Vec<&str> = (out.lines())
+            .filter(|l| l.starts_with("gpufleet_alert"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                r#"gpufleet_alert_notifications_total{result="sent"} 4"#,
+                r#"gpufleet_alert_notifications_total{result="failed"} 1"#,
+                r#"gpufleet_alert_notifications_total{result="dropped"} 2"#,
+                r#"gpufleet_alerts{state="firing",severity="info"} 0"#,
+                r#"gpufleet_alerts{state="firing",severity="warning"} 2"#,
+                r#"gpufleet_alerts{state="firing",severity="critical"} 1"#,
+                r#"gpufleet_alerts{state="pending",severity="info"} 0"#,
+                r#"gpufleet_alerts{state="pending",severity="warning"} 0"#,
+                r#"gpufleet_alerts{state="pending",severity="critical"} 3"#,
+            ],
+            "{out}"
+        );
+        // A collector that does not evaluate the rules does not know the alerts.
+        let out = render(snapshot(Published::default()), |_| {});
+        assert!(!out.contains("gpufleet_alerts{"), "{out}");
+        assert!(out.contains(r#"gpufleet_alert_notifications_total{result="sent"} 0"#));
     }
 
     #[test]

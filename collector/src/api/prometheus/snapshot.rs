@@ -64,6 +64,12 @@ pub struct CollectorSnap {
     /// Cumulative counts per [`COMMIT_BUCKETS`] bound.
     pub commit_buckets: [u64; COMMIT_BUCKETS.len()],
     pub commit_seconds_sum: f64,
+    /// Alert notifications sent, given up and dropped (queue full), since start-up.
+    pub alerts_sent: u64,
+    pub alerts_failed: u64,
+    pub alerts_dropped: u64,
+    /// Alerts now, while this collector evaluates the rules.
+    pub alerts_active: Option<crate::alerts::notify::ActiveAlerts>,
 }
 
 impl CollectorSnap {
@@ -83,6 +89,10 @@ impl CollectorSnap {
             leading: m.leading(),
             commit_buckets: std::array::from_fn(|i| m.commit_buckets[i].load(Relaxed)),
             commit_seconds_sum: m.commit_micros_sum.load(Relaxed) as f64 / 1e6,
+            alerts_sent: m.alerts.sent.load(Relaxed),
+            alerts_failed: m.alerts.failed.load(Relaxed),
+            alerts_dropped: m.alerts.dropped.load(Relaxed),
+            alerts_active: m.alerts.active(),
         }
     }
 }
