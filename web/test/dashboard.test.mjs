@@ -645,7 +645,8 @@ test('the alerts page shows firing and pending alerts as the API does, and their
   // Firing rows come first, and a summary is filled in from the alert's labels.
   assert.equal(await page.locator('#alerts-table tbody tr').first().getAttribute('data-state'), 'firing');
   const summary = await page.locator('#alerts-table tbody tr[data-rule=DemoGpuWarm] td.summary').first().innerText();
-  assert.match(summary, /^gpu-node-0\d GPU \d at \d+ C$/);
+  // Any node's GPU: other tests add nodes (zz-xid-node) to the same collector.
+  assert.match(summary, /^[\w-]+ GPU \d at \d+ C$/);
   // The history holds each firing alert's pending → firing change.
   assert.ok(await page.locator('#alerts-history tbody tr[data-to=firing][data-rule=DemoGpuWarm]').count() >= all);
   assert.ok(await page.locator('#alerts-rules tbody tr[data-rule=NodeOffline]').count() === 1, 'default rules listed');
