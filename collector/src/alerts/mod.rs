@@ -146,7 +146,10 @@ pub async fn run_term(
     let mut saved = snapshot(&evaluator);
     let ctx = Context {
         external_url: t.external_url.trim_end_matches('/').to_owned(),
-        valid_for: 4 * settings.resend_delay.max(settings.evaluation_interval),
+        valid_for: settings
+            .resend_delay
+            .max(settings.evaluation_interval)
+            .saturating_mul(4),
     };
     let (notifier, senders) = Notifier::spawn(
         &settings.webhooks,

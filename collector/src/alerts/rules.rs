@@ -569,6 +569,10 @@ impl WebhookFile {
     }
 }
 
+/// The longest `evaluation_interval` or `resend_delay` taken: longer ones are surely typos,
+/// and Alertmanager's expiry (4 × the longer of the two) must stay representable.
+const MAX_PERIOD: Duration = Duration::from_secs(86_400);
+
 impl AlertsFile {
     /// The `[alerts]` table of the config file named on the command line (`--config`) or
     /// by `GPUFLEET_CONFIG`; empty without one.
@@ -596,6 +600,9 @@ impl AlertsFile {
         if evaluation_interval < Duration::from_millis(100) {
             return Err("[alerts]: `evaluation_interval` must be at least 100ms".into());
         }
+        if evaluation_interval > MAX_PERIOD {
+            return Err("[alerts]: `evaluation_interval` must be at most 1d".into());
+        }
         let resend_delay = duration(
             "[alerts]",
             "resend_delay",
@@ -604,6 +611,9 @@ impl AlertsFile {
         )?;
         if resend_delay.is_zero() {
             return Err("[alerts]: `resend_delay` must be longer than 0s".into());
+        }
+        if resend_delay > MAX_PERIOD {
+            return Err("[alerts]: `resend_delay` must be at most 1d".into());
         }
         if let Some(url) = &self.external_url
             && reqwest::Url::parse(url).is_err()
@@ -741,6 +751,21 @@ mod tests {
             .transpose()?
             .unwrap_or_default();
         file.resolve()
+    }
+
+    #[test]
+    fn absurd_periods_are_refused_not_overflowed() {
+        // humantime takes this; 4 × it overflowed `Duration` and panicked the alerts task.
+        let e = parse("[alerts]\nresend_delay = \"200000000000y\"\n").unwrap_err();
+        assert!(e.contains("`resend_delay` must be at most 1d"), "{e}");
+        let e = parse("[alerts]\nevaluation_interval = \"2d\"\n").unwrap_err();
+        assert!(
+            e.contains("`evaluation_interval` must be at most 1d"),
+            "{e}"
+        );
+        let s = parse("[alerts]\nresend_delay = \"1d\"\nevaluation_interval = \"1d\"\n")
+            .expect("1d is allowed");
+        assert_eq!(s.resend_delay, Duration::from_secs(86_400));
     }
 
     #[test]

@@ -253,12 +253,14 @@ async fn a_pending_row_remap_is_a_warning_and_alerts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thermal_throttling_near_shutdown_is_critical_and_alerts() {
+async fn thermal_throttling_below_slowdown_is_a_warning_and_alerts() {
     run(Case {
         scenario: "health-thermal.json",
         uuid: "GPU-7e000000-0000-0000-0000-0000000000c0",
-        // 87 °C: 2 °C under slowdown (89), 5 under shutdown (92): near shutdown is critical.
-        state: "critical",
+        // 87 °C: 2 °C under slowdown (89), 5 under shutdown (92). Under slowdown the GPU is
+        // not near shutdown (as an H100's 89 / 92 °C thresholds are close): a warning, with
+        // its clocks thermally reduced.
+        state: "warning",
         code: "throttle_thermal",
         condition: "gpu_temp_margin_c <= 5",
         // 89 °C slowdown - 87 °C.
