@@ -756,9 +756,11 @@ mod tests {
     #[test]
     fn absurd_periods_are_refused_not_overflowed() {
         // humantime takes this; 4 × it overflowed `Duration` and panicked the alerts task.
-        let e = parse("[alerts]\nresend_delay = \"200000000000y\"\n").unwrap_err();
+        let e = parse("[alerts]\nresend_delay = \"200000000000y\"\n")
+            .expect_err("a resend_delay over 1d is refused");
         assert!(e.contains("`resend_delay` must be at most 1d"), "{e}");
-        let e = parse("[alerts]\nevaluation_interval = \"2d\"\n").unwrap_err();
+        let e = parse("[alerts]\nevaluation_interval = \"2d\"\n")
+            .expect_err("an evaluation_interval over 1d is refused");
         assert!(
             e.contains("`evaluation_interval` must be at most 1d"),
             "{e}"
