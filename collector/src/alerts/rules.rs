@@ -476,6 +476,18 @@ impl RuleFile {
         }
         let signal =
             signals::find(condition.signal()).ok_or_else(|| format!("{what}: no signal"))?;
+        // A rule label named like one of the signal's would give every series the same
+        // label set: the GPUs would collapse into one alert and the others never fire.
+        if let Some(key) = self
+            .labels
+            .keys()
+            .find(|k| signal.labels.contains(&k.as_str()))
+        {
+            return Err(format!(
+                "{what}: `labels`: {key:?} is a label of signal `{}` (it tells its series apart)",
+                condition.signal()
+            ));
+        }
         let mut known: Vec<&str> = signal.labels.to_vec();
         known.extend(["alertname", "severity"]);
         known.extend(self.labels.keys().map(String::as_str));
@@ -751,6 +763,22 @@ mod tests {
             .transpose()?
             .unwrap_or_default();
         file.resolve()
+    }
+
+    #[test]
+    fn a_rule_label_may_not_shadow_a_signal_label() {
+        let e = parse(
+            "[[alerts.rules]]\nname = \"Hot\"\ncondition = \"gpu_temp_c > 80\"\nlabels = { gpu = \"x\" }\n",
+        )
+        .expect_err("a rule label named like the signal's is refused");
+        assert!(
+            e.contains("\"gpu\" is a label of signal `gpu_temp_c`"),
+            "{e}"
+        );
+        parse(
+            "[[alerts.rules]]\nname = \"Hot\"\ncondition = \"gpu_temp_c > 80\"\nlabels = { team = \"ml\" }\n",
+        )
+        .expect("another label is fine");
     }
 
     #[test]
