@@ -925,24 +925,8 @@ mod tests {
         };
         let mut node = LiveNode {
             record: NodeRecord {
-                id: crate::store::NodeId(1),
-                name: "n".into(),
-                labels: BTreeMap::new(),
-                agent_version: String::new(),
-                boot_id: String::new(),
-                source: String::new(),
-                interval_ms: 100,
-                first_seen_ms: 0,
-                last_hello_ms: 0,
-                last_seen_ms: None,
-                last_acked_seq: 0,
-                delivery: Default::default(),
-                stored_samples: 0,
-                driver_version: None,
-                cuda_driver_version: None,
-                nvml_version: None,
-                host: Default::default(),
                 gpus: Vec::new(),
+                ..record_with_gpu("")
             },
             connections: 0,
             rejected_batches: 0,

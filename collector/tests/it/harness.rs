@@ -154,6 +154,46 @@ pub fn start_sim_agent(
         .expect("start gpufleet-agent")
 }
 
+/// Starts the real agent on the fake libnvidia-ml playing `scenario` (a file of
+/// `fake-nvml/scenarios/`), with the library, the scenario and the spool under `dir`.
+pub fn start_fake_nvml_agent(
+    dir: &std::path::Path,
+    scenario: &str,
+    collector_grpc: &str,
+    node: &str,
+    interval: &str,
+    health_interval: &str,
+) -> Child {
+    let exe = std::env::current_exe().expect("own path");
+    let library = fake_nvml::built_library(&exe).unwrap_or_else(|| {
+        panic!(
+            "{} not built beside {}",
+            fake_nvml::LIBRARY_FILE,
+            exe.display()
+        )
+    });
+    let nvml = dir.join("nvml");
+    std::fs::create_dir(&nvml).expect("mkdir");
+    std::fs::copy(library, nvml.join("libnvidia-ml.so.1")).expect("copy lib");
+    let scenario = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../fake-nvml/scenarios")
+        .join(scenario);
+    std::fs::copy(&scenario, nvml.join(fake_nvml::SCENARIO_FILE)).expect("copy scenario");
+    Command::new(agent_bin())
+        .args(["run", "--collector", &format!("http://{collector_grpc}")])
+        .args(["--node", node, "--interval", interval])
+        .args(["--health-interval", health_interval])
+        .arg("--nvml-lib")
+        .arg(nvml.join("libnvidia-ml.so.1"))
+        .arg("--spool-dir")
+        .arg(dir.join("spool"))
+        .env("GPUFLEET_LOG", "error")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start gpufleet-agent")
+}
+
 /// Agent summary, in GPU samples.
 #[derive(Debug, Clone, Copy)]
 pub struct Summary {

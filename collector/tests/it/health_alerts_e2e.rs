@@ -9,12 +9,9 @@
 //! remap waits for a reset), so stopping the agent is the recovery path used: signals
 //! only read fresh samples, and the judge's signals skip offline nodes.
 
-use crate::harness::{agent_bin, sigterm, start_collector, wait_stdout};
+use crate::harness::{sigterm, start_collector, start_fake_nvml_agent, wait_stdout};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::Command;
 
 /// What one scenario must show.
 struct Case {
@@ -27,17 +24,6 @@ struct Case {
     condition: &'static str,
     /// The firing alert's value, where it is a number.
     value: Option<f64>,
-}
-
-fn fake_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    fake_nvml::built_library(&exe).unwrap_or_else(|| {
-        panic!(
-            "{} not built beside {}",
-            fake_nvml::LIBRARY_FILE,
-            exe.display()
-        )
-    })
 }
 
 /// Polls `check` every 50 ms until it gives a value, failing after `secs` seconds with
@@ -63,13 +49,6 @@ async fn get(client: &reqwest::Client, url: &str) -> Result<Value, String> {
 
 async fn run(case: Case) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let nvml = dir.path().join("nvml");
-    std::fs::create_dir(&nvml).expect("mkdir");
-    std::fs::copy(fake_library(), nvml.join("libnvidia-ml.so.1")).expect("copy lib");
-    let scenario = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fake-nvml/scenarios")
-        .join(case.scenario);
-    std::fs::copy(&scenario, nvml.join(fake_nvml::SCENARIO_FILE)).expect("copy scenario");
     let config = dir.path().join("collector.toml");
     std::fs::write(
         &config,
@@ -105,19 +84,14 @@ async fn run(case: Case) {
         ],
     )
     .await;
-    let agent = Command::new(agent_bin())
-        .args(["run", "--collector", &format!("http://{}", collector.grpc)])
-        .args(["--node", "hnode", "--interval", "50ms"])
-        .args(["--health-interval", "100ms"])
-        .arg("--nvml-lib")
-        .arg(nvml.join("libnvidia-ml.so.1"))
-        .arg("--spool-dir")
-        .arg(dir.path().join("spool"))
-        .env("GPUFLEET_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gpufleet-agent");
+    let agent = start_fake_nvml_agent(
+        dir.path(),
+        case.scenario,
+        &collector.grpc.to_string(),
+        "hnode",
+        "50ms",
+        "100ms",
+    );
 
     let client = reqwest::Client::new();
     let gpu_url = format!("http://{}/api/v1/gpus/{}", collector.http, case.uuid);

@@ -7,53 +7,27 @@
 //! pending before. (The history, not the first live answer: an agent that connects late
 //! sends its first batch with the pending read already in it.)
 
-use crate::harness::{agent_bin, sigterm, start_collector, wait_stdout};
+use crate::harness::{sigterm, start_collector, start_fake_nvml_agent, wait_stdout};
 use gpufleet_collector::store::TimeRange;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::Command;
 
 const UUID: &str = "GPU-4e9a0000-0000-0000-0000-00000000000a";
-
-/// The fake library cargo built for this test binary (fake-nvml is a dev-dependency).
-fn fake_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("own path");
-    fake_nvml::built_library(&exe).unwrap_or_else(|| {
-        panic!(
-            "{} not built beside {}",
-            fake_nvml::LIBRARY_FILE,
-            exe.display()
-        )
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_row_remap_read_by_the_agent_reaches_the_gpu_detail_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let nvml = dir.path().join("nvml");
-    std::fs::create_dir(&nvml).expect("mkdir");
-    std::fs::copy(fake_library(), nvml.join("libnvidia-ml.so.1")).expect("copy lib");
-    let scenario = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fake-nvml/scenarios/health-remap-pending.json");
-    std::fs::copy(&scenario, nvml.join(fake_nvml::SCENARIO_FILE)).expect("copy scenario");
 
     let db_url = format!("sqlite://{}", dir.path().join("health.db").display());
     let collector = start_collector(&db_url, "127.0.0.1:0", "127.0.0.1:0", &[]).await;
-    let agent = Command::new(agent_bin())
-        .args(["run", "--collector", &format!("http://{}", collector.grpc)])
-        .args(["--node", "health-node", "--interval", "100ms"])
-        .args(["--health-interval", "300ms"])
-        .arg("--nvml-lib")
-        .arg(nvml.join("libnvidia-ml.so.1"))
-        .arg("--spool-dir")
-        .arg(dir.path().join("spool"))
-        .env("GPUFLEET_LOG", "error")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start gpufleet-agent");
+    let agent = start_fake_nvml_agent(
+        dir.path(),
+        "health-remap-pending.json",
+        &collector.grpc.to_string(),
+        "health-node",
+        "100ms",
+        "300ms",
+    );
 
     let client = reqwest::Client::new();
     let url = format!("http://{}/api/v1/gpus/{UUID}", collector.http);
