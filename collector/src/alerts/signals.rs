@@ -14,7 +14,7 @@ use crate::health::judge::{GpuHealth, HealthPolicy, HealthState};
 use crate::live::state::{LiveGpu, LiveNode, LiveState};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use crate::store::GpuRecord;
-use gpufleet_core::UnixMs;
+use gpufleet_core::{GpuHealthSample, UnixMs};
 use std::collections::BTreeMap;
 
 /// A signal's labels → value.
@@ -115,11 +115,7 @@ pub const SIGNALS: &[Signal] = &[
         unit: "flag",
         help: "a memory row remap failed: the GPU needs service (from its last health reading)",
         labels: GPU_LABELS,
-        eval: |s| {
-            per_gpu(s, |g, _| {
-                g.health.as_ref()?.sample.remapped_rows_failed.map(flag)
-            })
-        },
+        eval: |s| health_flag(s, |h| h.remapped_rows_failed),
     },
     Signal {
         name: "gpu_row_remap_pending",
@@ -127,11 +123,7 @@ pub const SIGNALS: &[Signal] = &[
         unit: "flag",
         help: "a memory row remap waits for a GPU reset (from its last health reading)",
         labels: GPU_LABELS,
-        eval: |s| {
-            per_gpu(s, |g, _| {
-                g.health.as_ref()?.sample.remapped_rows_pending.map(flag)
-            })
-        },
+        eval: |s| health_flag(s, |h| h.remapped_rows_pending),
     },
     Signal {
         name: "gpu_retired_pages_pending",
@@ -139,11 +131,7 @@ pub const SIGNALS: &[Signal] = &[
         unit: "flag",
         help: "a page retirement waits for a reboot (from its last health reading)",
         labels: GPU_LABELS,
-        eval: |s| {
-            per_gpu(s, |g, _| {
-                g.health.as_ref()?.sample.retired_pages_pending.map(flag)
-            })
-        },
+        eval: |s| health_flag(s, |h| h.retired_pages_pending),
     },
     Signal {
         name: "gpu_health",
@@ -298,6 +286,12 @@ pub fn find(name: &str) -> Option<&'static Signal> {
 
 fn flag(set: bool) -> f64 {
     if set { 1.0 } else { 0.0 }
+}
+
+/// A flag of the GPU's last health reading (absent while it has none or the GPU does not
+/// report it).
+fn health_flag(s: &Snapshot<'_>, field: fn(&GpuHealthSample) -> Option<bool>) -> Vec<Series> {
+    per_gpu(s, |g, _| field(&g.health.as_ref()?.sample).map(flag))
 }
 
 fn gpu_labels(node: &LiveNode, gpu: &GpuRecord) -> BTreeMap<String, String> {
