@@ -1,7 +1,13 @@
 //! The fake machine's state between calls: the scenario, call counts, read counters,
 //! event sets. Safe code; `ffi` only converts pointers.
+//!
+//! The bookkeeping of a call is array slots indexed by [`Function`] and [`Reading`]
+//! (no string compares, no hashing, no allocation): a real driver has none of it, and the
+//! fake's cost is charged to every monitor measured against it.
 
+use crate::function::Function;
 use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
+use crate::unsupported::Unsupported;
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
@@ -63,19 +69,98 @@ pub struct Delivery {
     pub data: u64,
 }
 
+/// A per-GPU read counter: the index into one of the GPU's [`Value`]s (or a call number).
+#[derive(Debug, Clone, Copy)]
+pub enum Reading {
+    UtilGpu,
+    UtilMem,
+    MemUsed,
+    Power,
+    Energy,
+    Pstate,
+    ThrottleReasons,
+    TempGpu,
+    Fan,
+    ClockGraphics,
+    ClockSm,
+    ClockMem,
+    PcieTx,
+    PcieRx,
+    EccCorrected,
+    EccUncorrected,
+    EccCorrectedAggregate,
+    EccUncorrectedAggregate,
+    EncoderUtil,
+    DecoderUtil,
+    /// Field `NVML_FI_DEV_POWER_INSTANT` (its own count, apart from `Power`).
+    FieldPowerInstant,
+    /// Field `NVML_FI_DEV_POWER_AVERAGE` (reads `power_mw` with its own count).
+    FieldPowerAverage,
+    FieldTempMem,
+    /// `nvmlDeviceGetFieldValues` calls that asked an NVLink throughput field.
+    FieldNvlink,
+    RemappedCorrectable,
+    RemappedUncorrectable,
+    RemappedPending,
+    RemappedFailed,
+    RetiredSbe,
+    RetiredDbe,
+    RetiredPending,
+    PcieReplay,
+    /// Calls of `nvmlDeviceGetComputeRunningProcesses_v3`.
+    ComputeProcesses,
+    /// Calls of `nvmlDeviceGetGraphicsRunningProcesses_v3`. Keep last: it sizes
+    /// [`Reading::COUNT`].
+    GraphicsProcesses,
+}
+
+impl Reading {
+    /// How many read counters a GPU has.
+    const COUNT: usize = Reading::GraphicsProcesses as usize + 1;
+}
+
+/// Field-value entries asked of one GPU: (field id, scope id, count), in first-asked order.
+/// A monitor asks the same list every call, so the entry after the previously found one
+/// is tried first and usually is the one; otherwise the (short) list is scanned.
+#[derive(Debug, Default)]
+struct FieldCounts {
+    entries: Vec<(u32, u32, u64)>,
+    /// Where the next entry is expected.
+    next: usize,
+}
+
+impl FieldCounts {
+    fn count(&mut self, field: u32, scope: u32) {
+        let is = |e: &(u32, u32, u64)| e.0 == field && e.1 == scope;
+        let k = match self.entries.get(self.next) {
+            Some(e) if is(e) => self.next,
+            _ => self.entries.iter().position(is).unwrap_or_else(|| {
+                self.entries.push((field, scope, 0));
+                self.entries.len() - 1
+            }),
+        };
+        self.entries[k].2 += 1;
+        self.next = k + 1;
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub scenario: Scenario,
     /// `nvmlInit_v2` calls not yet matched by `nvmlShutdown`.
     pub inits: u32,
-    /// Calls per (GPU, function); `None` for system-level functions.
-    counts: BTreeMap<(Option<usize>, &'static str), u64>,
-    /// Field-value entries asked per (GPU, field id, scope id).
-    fields: BTreeMap<(usize, u32, u32), u64>,
+    /// Calls per system-level function, by [`Function`].
+    system_counts: [u64; Function::COUNT],
+    /// Calls per GPU and function, by [`Function`].
+    gpu_counts: Vec<[u64; Function::COUNT]>,
+    /// Field-value entries asked per GPU.
+    fields: Vec<FieldCounts>,
     /// Calls per GPU (all functions): the clock of lost windows and events.
     calls: Vec<u64>,
-    /// Reads per (GPU, value): the index into each [`Value`].
-    reads: HashMap<(usize, &'static str), u64>,
+    /// Reads per GPU, by [`Reading`]: the index into each [`Value`].
+    reads: Vec<[u64; Reading::COUNT]>,
+    /// Each GPU's `unsupported` list, resolved at load.
+    unsupported: Vec<Unsupported>,
     /// Reads per (GPU, NVLink error counter, link).
     link_reads: HashMap<(usize, u32, u32), u64>,
     /// Which of each GPU's events were delivered.
@@ -95,12 +180,18 @@ impl State {
                 .iter()
                 .map(|g| vec![false; g.events.len()])
                 .collect(),
+            unsupported: scenario
+                .gpus
+                .iter()
+                .map(|g| Unsupported::new(&g.unsupported))
+                .collect(),
             scenario,
             inits: 1,
-            counts: BTreeMap::new(),
-            fields: BTreeMap::new(),
+            system_counts: [0; Function::COUNT],
+            gpu_counts: vec![[0; Function::COUNT]; n],
+            fields: (0..n).map(|_| FieldCounts::default()).collect(),
             calls: vec![0; n],
-            reads: HashMap::new(),
+            reads: vec![[0; Reading::COUNT]; n],
             link_reads: HashMap::new(),
             sets: Vec::new(),
             last_ts: 0,
@@ -108,8 +199,8 @@ impl State {
     }
 
     /// Counts a system-level call.
-    pub fn system_call(&mut self, name: &'static str) {
-        *self.counts.entry((None, name)).or_insert(0) += 1;
+    pub fn system_call(&mut self, f: Function) {
+        self.system_counts[f as usize] += 1;
     }
 
     /// The GPU index of a handle (index + 1), without counting a call.
@@ -137,19 +228,19 @@ impl State {
     pub fn device_or_mig_call(
         &mut self,
         handle: usize,
-        name: &'static str,
+        f: Function,
     ) -> NvmlResult<(usize, Option<usize>)> {
         match self.mig_of(handle) {
-            Ok((i, k)) => self.device_call(i + 1, name).map(|i| (i, Some(k))),
-            Err(_) => self.device_call(handle, name).map(|i| (i, None)),
+            Ok((i, k)) => self.device_call(i + 1, f).map(|i| (i, Some(k))),
+            Err(_) => self.device_call(handle, f).map(|i| (i, None)),
         }
     }
 
-    /// Counts a call of `name` on the GPU behind `handle`; answers GPU_IS_LOST inside the
+    /// Counts a call of `f` on the GPU behind `handle`; answers GPU_IS_LOST inside the
     /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
-    pub fn device_call(&mut self, handle: usize, name: &'static str) -> NvmlResult<usize> {
+    pub fn device_call(&mut self, handle: usize, f: Function) -> NvmlResult<usize> {
         let i = self.gpu_of(handle)?;
-        *self.counts.entry((Some(i), name)).or_insert(0) += 1;
+        self.gpu_counts[i][f as usize] += 1;
         let call = self.calls[i];
         self.calls[i] += 1;
         let gpu = &self.scenario.gpus[i];
@@ -159,7 +250,7 @@ impl State {
         if gpu.is_lost_at(call) {
             return Err(GPU_IS_LOST);
         }
-        if gpu.is_unsupported(name) {
+        if self.unsupported[i].function(f) {
             return Err(NOT_SUPPORTED);
         }
         Ok(i)
@@ -169,18 +260,21 @@ impl State {
         &self.scenario.gpus[i]
     }
 
+    /// What GPU `i` does not support, beyond whole functions (which `device_call` answers).
+    pub fn unsupported(&self, i: usize) -> &Unsupported {
+        &self.unsupported[i]
+    }
+
     /// The next read of the value `key` of GPU `i`.
-    pub fn read(&mut self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
-        let n = self.reads.entry((i, key)).or_insert(0);
-        let v = pick(&self.scenario.gpus[i]).at(*n);
-        *n += 1;
-        v
+    pub fn read(&mut self, i: usize, key: Reading, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.nth(i, key);
+        pick(&self.scenario.gpus[i]).at(n)
     }
 
     /// The value `key` of GPU `i` as its latest read answered (its first if never read),
     /// without counting a read: a fill answering what its count query said.
-    pub fn last_read(&self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
-        let n = self.reads.get(&(i, key)).copied().unwrap_or(0);
+    pub fn last_read(&self, i: usize, key: Reading, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.reads[i][key as usize];
         pick(&self.scenario.gpus[i]).at(n.saturating_sub(1))
     }
 
@@ -204,8 +298,8 @@ impl State {
     }
 
     /// The call number of `key` on GPU `i` (0-based), counting this one.
-    pub fn nth(&mut self, i: usize, key: &'static str) -> u64 {
-        let n = self.reads.entry((i, key)).or_insert(0);
+    pub fn nth(&mut self, i: usize, key: Reading) -> u64 {
+        let n = &mut self.reads[i][key as usize];
         let v = *n;
         *n += 1;
         v
@@ -261,28 +355,35 @@ impl State {
 
     /// Counts one field-value entry asked of GPU `i`.
     pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
-        *self.fields.entry((i, field, scope)).or_insert(0) += 1;
+        self.fields[i].count(field, scope);
     }
 
     /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
     /// and the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`.
     pub fn counts_json(&self) -> String {
-        let map: BTreeMap<String, u64> = self
-            .counts
-            .iter()
-            .map(|((gpu, name), n)| {
-                let key = match gpu {
-                    Some(i) => format!("gpu{i}.{name}"),
-                    None => (*name).to_owned(),
-                };
-                (key, *n)
-            })
-            .chain(
-                self.fields
-                    .iter()
-                    .map(|((i, field, scope), n)| (format!("gpu{i}.field:{field}:{scope}"), *n)),
-            )
-            .collect();
+        // A function never called has no entry (a count is never 0 once it exists).
+        let called = |counts: &[u64; Function::COUNT]| {
+            Function::ALL
+                .iter()
+                .zip(*counts)
+                .filter(|(_, n)| *n > 0)
+                .map(|(f, n)| (f.name(), n))
+                .collect::<Vec<_>>()
+        };
+        let system = called(&self.system_counts)
+            .into_iter()
+            .map(|(name, n)| (name.to_owned(), n));
+        let gpus = self.gpu_counts.iter().enumerate().flat_map(|(i, counts)| {
+            called(counts)
+                .into_iter()
+                .map(move |(name, n)| (format!("gpu{i}.{name}"), n))
+        });
+        let fields = self.fields.iter().enumerate().flat_map(|(i, f)| {
+            f.entries
+                .iter()
+                .map(move |(field, scope, n)| (format!("gpu{i}.field:{field}:{scope}"), *n))
+        });
+        let map: BTreeMap<String, u64> = system.chain(gpus).chain(fields).collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
 }

@@ -3,8 +3,9 @@
 use super::{
     INSUFFICIENT_SIZE, MEM_NOT_AVAILABLE, NO_ID, NOT_FOUND, code, dev, get, handle, put, u32v,
 };
+use crate::function::Function;
 use crate::scenario::{Gpu, Process};
-use crate::state::{self, State};
+use crate::state::{self, Reading, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
@@ -12,14 +13,15 @@ use std::ffi::{c_uint, c_ulonglong};
 /// answers INSUFFICIENT_SIZE with the needed count (SUCCESS with 0 for an empty list).
 pub(super) fn process_list(
     device: nvmlDevice_t,
-    name: &'static str,
+    function: Function,
+    calls: Reading,
     list: fn(&Gpu) -> &Vec<Process>,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        let (i, mig) = s.device_or_mig_call(handle(device), name)?;
-        let call = s.nth(i, name);
+        let (i, mig) = s.device_or_mig_call(handle(device), function)?;
+        let call = s.nth(i, calls);
         let visible = State::visible(list(s.gpu(i)), call, mig);
         let instances = &s.gpu(i).mig_instances;
         let capacity = get(count)? as usize;
@@ -53,7 +55,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> nvmlReturn_t {
     process_list(
         device,
-        "nvmlDeviceGetComputeRunningProcesses_v3",
+        Function::nvmlDeviceGetComputeRunningProcesses_v3,
+        Reading::ComputeProcesses,
         |g| &g.compute_processes,
         count,
         infos,
@@ -68,7 +71,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
 ) -> nvmlReturn_t {
     process_list(
         device,
-        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        Function::nvmlDeviceGetGraphicsRunningProcesses_v3,
+        Reading::GraphicsProcesses,
         |g| &g.graphics_processes,
         count,
         infos,
@@ -84,7 +88,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut c_uint,
     last_seen: c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetProcessUtilization", |s, i| {
+    dev(device, Function::nvmlDeviceGetProcessUtilization, |s, i| {
         let ts = s.timestamp();
         let g = s.gpu(i);
         let mut busy: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
