@@ -307,11 +307,13 @@ impl State {
 
     /// The processes of a list visible on its call number `call` (on MIG device `mig`
     /// only its own).
-    pub fn visible(list: &[Process], call: u64, mig: Option<usize>) -> Vec<Process> {
+    pub fn visible(
+        list: &[Process],
+        call: u64,
+        mig: Option<usize>,
+    ) -> impl Iterator<Item = &Process> + Clone {
         list.iter()
-            .filter(|p| p.from_call <= call && (mig.is_none() || p.mig == mig))
-            .cloned()
-            .collect()
+            .filter(move |p| p.from_call <= call && (mig.is_none() || p.mig == mig))
     }
 
     /// A wall-clock timestamp in µs, strictly after the previous one.
@@ -320,6 +322,15 @@ impl State {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         self.last_ts = now.max(self.last_ts + 1);
+        self.last_ts
+    }
+
+    /// The timestamp after the previous one, without reading the clock: for the entries
+    /// after a call's first. The same as [`State::timestamp`] while the entries take less
+    /// than a µs each (the clock has not passed the previous stamp + 1), and a clock read
+    /// per entry was most of the cost of a field-value call.
+    pub fn next_timestamp(&mut self) -> u64 {
+        self.last_ts += 1;
         self.last_ts
     }
 
@@ -395,5 +406,65 @@ pub fn event_type(kind: EventKind) -> u64 {
         EventKind::Xid => u64::from(b::nvmlEventTypeXidCriticalError),
         EventKind::EccDoubleBit => u64::from(b::nvmlEventTypeDoubleBitEccError),
         EventKind::EccSingleBit => u64::from(b::nvmlEventTypeSingleBitEccError),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_name_system_calls_gpu_calls_and_field_entries() {
+        let fanless = Gpu {
+            unsupported: vec!["nvmlDeviceGetFanSpeed_v2".into()],
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![Gpu::default(), fanless],
+            ..Scenario::default()
+        });
+        s.system_call(Function::nvmlInit_v2);
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
+        assert_eq!(
+            s.device_call(2, Function::nvmlDeviceGetFanSpeed_v2),
+            Err(NOT_SUPPORTED)
+        );
+        assert_eq!(
+            s.device_call(3, Function::nvmlDeviceGetPowerUsage),
+            Err(INVALID_ARGUMENT)
+        );
+        // Asked in one order, then in another: each (field, scope) keeps its own count.
+        for (field, scope) in [(138, u32::MAX), (82, 0), (82, 0), (138, u32::MAX), (138, 0)] {
+            s.field_asked(0, field, scope);
+        }
+        let expected = r#"{
+  "gpu0.field:138:0": 1,
+  "gpu0.field:138:4294967295": 2,
+  "gpu0.field:82:0": 2,
+  "gpu0.nvmlDeviceGetPowerUsage": 2,
+  "gpu1.nvmlDeviceGetFanSpeed_v2": 1,
+  "nvmlInit_v2": 1
+}"#;
+        assert_eq!(s.counts_json(), expected);
+    }
+
+    #[test]
+    fn reads_count_per_gpu_and_value() {
+        let ramp = Gpu {
+            power_mw: Value::Ramp { start: 10, step: 1 },
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![ramp.clone(), ramp],
+            ..Scenario::default()
+        });
+        let power: fn(&Gpu) -> &Value = |g| &g.power_mw;
+        assert_eq!(s.last_read(0, Reading::Power, power), 10);
+        assert_eq!(s.read(0, Reading::Power, power), 10);
+        assert_eq!(s.read(0, Reading::Power, power), 11);
+        assert_eq!(s.last_read(0, Reading::Power, power), 11);
+        assert_eq!(s.read(0, Reading::FieldPowerAverage, power), 10);
+        assert_eq!(s.read(1, Reading::Power, power), 10);
     }
 }

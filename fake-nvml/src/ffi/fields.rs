@@ -93,7 +93,12 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     _ => None,
                 }
             };
-            fv.timestamp = i64::try_from(s.timestamp()).unwrap_or(i64::MAX);
+            let ts = if k == 0 {
+                s.timestamp()
+            } else {
+                s.next_timestamp()
+            };
+            fv.timestamp = i64::try_from(ts).unwrap_or(i64::MAX);
             fv.latencyUsec = 0;
             match read {
                 Some((v, true)) => {
