@@ -144,6 +144,39 @@ impl FieldCounts {
     }
 }
 
+/// One GPU's bookkeeping, kept together so that a call touches few cache lines.
+#[derive(Debug)]
+struct GpuState {
+    /// Calls of all functions: the clock of lost windows and events.
+    calls: u64,
+    /// Calls per function, by [`Function`].
+    counts: [u64; Function::COUNT],
+    /// Reads, by [`Reading`]: the index into each [`Value`].
+    reads: [u64; Reading::COUNT],
+    /// Its `unsupported` list, resolved at load.
+    unsupported: Unsupported,
+    /// Field-value entries asked.
+    fields: FieldCounts,
+    /// Reads per (NVLink error counter, link).
+    link_reads: HashMap<(u32, u32), u64>,
+    /// Which of its events were delivered.
+    delivered: Vec<bool>,
+}
+
+impl GpuState {
+    fn new(g: &Gpu) -> Self {
+        Self {
+            calls: 0,
+            counts: [0; Function::COUNT],
+            reads: [0; Reading::COUNT],
+            unsupported: Unsupported::new(&g.unsupported),
+            fields: FieldCounts::default(),
+            link_reads: HashMap::new(),
+            delivered: vec![false; g.events.len()],
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub scenario: Scenario,
@@ -151,20 +184,8 @@ pub struct State {
     pub inits: u32,
     /// Calls per system-level function, by [`Function`].
     system_counts: [u64; Function::COUNT],
-    /// Calls per GPU and function, by [`Function`].
-    gpu_counts: Vec<[u64; Function::COUNT]>,
-    /// Field-value entries asked per GPU.
-    fields: Vec<FieldCounts>,
-    /// Calls per GPU (all functions): the clock of lost windows and events.
-    calls: Vec<u64>,
-    /// Reads per GPU, by [`Reading`]: the index into each [`Value`].
-    reads: Vec<[u64; Reading::COUNT]>,
-    /// Each GPU's `unsupported` list, resolved at load.
-    unsupported: Vec<Unsupported>,
-    /// Reads per (GPU, NVLink error counter, link).
-    link_reads: HashMap<(usize, u32, u32), u64>,
-    /// Which of each GPU's events were delivered.
-    delivered: Vec<Vec<bool>>,
+    /// Per GPU (index as in the scenario): counts, reads, what it does not support.
+    gpus: Vec<GpuState>,
     /// Event sets by handle - 1; `None` once freed.
     pub sets: Vec<Option<EventSet>>,
     /// The newest timestamp handed out (µs), to keep them strictly increasing.
@@ -173,26 +194,11 @@ pub struct State {
 
 impl State {
     pub fn new(scenario: Scenario) -> Self {
-        let n = scenario.gpus.len();
         Self {
-            delivered: scenario
-                .gpus
-                .iter()
-                .map(|g| vec![false; g.events.len()])
-                .collect(),
-            unsupported: scenario
-                .gpus
-                .iter()
-                .map(|g| Unsupported::new(&g.unsupported))
-                .collect(),
+            gpus: scenario.gpus.iter().map(GpuState::new).collect(),
             scenario,
             inits: 1,
             system_counts: [0; Function::COUNT],
-            gpu_counts: vec![[0; Function::COUNT]; n],
-            fields: (0..n).map(|_| FieldCounts::default()).collect(),
-            calls: vec![0; n],
-            reads: vec![[0; Reading::COUNT]; n],
-            link_reads: HashMap::new(),
             sets: Vec::new(),
             last_ts: 0,
         }
@@ -240,9 +246,10 @@ impl State {
     /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
     pub fn device_call(&mut self, handle: usize, f: Function) -> NvmlResult<usize> {
         let i = self.gpu_of(handle)?;
-        self.gpu_counts[i][f as usize] += 1;
-        let call = self.calls[i];
-        self.calls[i] += 1;
+        let state = &mut self.gpus[i];
+        state.counts[f as usize] += 1;
+        let call = state.calls;
+        state.calls += 1;
         let gpu = &self.scenario.gpus[i];
         if gpu.events.iter().any(|e| e.after_calls == call + 1) {
             EVENT_PENDING.notify_all();
@@ -250,7 +257,7 @@ impl State {
         if gpu.is_lost_at(call) {
             return Err(GPU_IS_LOST);
         }
-        if self.unsupported[i].function(f) {
+        if state.unsupported.function(f) {
             return Err(NOT_SUPPORTED);
         }
         Ok(i)
@@ -262,7 +269,7 @@ impl State {
 
     /// What GPU `i` does not support, beyond whole functions (which `device_call` answers).
     pub fn unsupported(&self, i: usize) -> &Unsupported {
-        &self.unsupported[i]
+        &self.gpus[i].unsupported
     }
 
     /// The next read of the value `key` of GPU `i`.
@@ -274,7 +281,7 @@ impl State {
     /// The value `key` of GPU `i` as its latest read answered (its first if never read),
     /// without counting a read: a fill answering what its count query said.
     pub fn last_read(&self, i: usize, key: Reading, pick: fn(&Gpu) -> &Value) -> u64 {
-        let n = self.reads[i][key as usize];
+        let n = self.gpus[i].reads[key as usize];
         pick(&self.scenario.gpus[i]).at(n.saturating_sub(1))
     }
 
@@ -291,7 +298,7 @@ impl State {
         if link >= g.nvlinks {
             return None;
         }
-        let n = self.link_reads.entry((i, counter, link)).or_insert(0);
+        let n = self.gpus[i].link_reads.entry((counter, link)).or_insert(0);
         let v = pick(g).get(link as usize).map_or(0, |v| v.at(*n));
         *n += 1;
         Some(v)
@@ -299,7 +306,7 @@ impl State {
 
     /// The call number of `key` on GPU `i` (0-based), counting this one.
     pub fn nth(&mut self, i: usize, key: Reading) -> u64 {
-        let n = &mut self.reads[i][key as usize];
+        let n = &mut self.gpus[i].reads[key as usize];
         let v = *n;
         *n += 1;
         v
@@ -343,13 +350,13 @@ impl State {
             };
             for (k, ev) in g.events.iter().enumerate() {
                 let event_type = event_type(ev.kind);
-                if self.delivered[gpu][k]
+                if self.gpus[gpu].delivered[k]
                     || mask & event_type == 0
-                    || self.calls[gpu] < ev.after_calls
+                    || self.gpus[gpu].calls < ev.after_calls
                 {
                     continue;
                 }
-                self.delivered[gpu][k] = true;
+                self.gpus[gpu].delivered[k] = true;
                 return Some(Delivery {
                     gpu,
                     event_type,
@@ -366,7 +373,7 @@ impl State {
 
     /// Counts one field-value entry asked of GPU `i`.
     pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
-        self.fields[i].count(field, scope);
+        self.gpus[i].fields.count(field, scope);
     }
 
     /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
@@ -384,13 +391,14 @@ impl State {
         let system = called(&self.system_counts)
             .into_iter()
             .map(|(name, n)| (name.to_owned(), n));
-        let gpus = self.gpu_counts.iter().enumerate().flat_map(|(i, counts)| {
-            called(counts)
+        let gpus = self.gpus.iter().enumerate().flat_map(|(i, g)| {
+            called(&g.counts)
                 .into_iter()
                 .map(move |(name, n)| (format!("gpu{i}.{name}"), n))
         });
-        let fields = self.fields.iter().enumerate().flat_map(|(i, f)| {
-            f.entries
+        let fields = self.gpus.iter().enumerate().flat_map(|(i, g)| {
+            g.fields
+                .entries
                 .iter()
                 .map(move |(field, scope, n)| (format!("gpu{i}.field:{field}:{scope}"), *n))
         });
