@@ -1,8 +1,9 @@
 //! The fake machine's state between calls: the scenario, call counts, read counters,
 //! event sets. Safe code; `ffi` only converts pointers.
 //!
-//! The bookkeeping of a call is array slots indexed by [`Function`] and [`Reading`]
-//! (no string compares, no hashing, no allocation): a real driver has none of it, and the
+//! The bookkeeping of a per-tick call is array slots indexed by [`Function`] and
+//! [`Reading`] (no string compares, no hashing, no allocation once warm; only the NVLink
+//! error counters, a health read, keep a map): a real driver has none of it, and the
 //! fake's cost is charged to every monitor measured against it.
 
 use crate::function::Function;
