@@ -19,7 +19,9 @@
 pub mod scenario;
 
 mod ffi;
+mod function;
 mod state;
+mod unsupported;
 
 pub use scenario::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 

@@ -1,7 +1,14 @@
 //! The fake machine's state between calls: the scenario, call counts, read counters,
 //! event sets. Safe code; `ffi` only converts pointers.
+//!
+//! The bookkeeping of a per-tick call is array slots indexed by [`Function`] and
+//! [`Reading`] (no string compares, no hashing, no allocation once warm; only the NVLink
+//! error counters, a health read, keep a map): a real driver has none of it, and the
+//! fake's cost is charged to every monitor measured against it.
 
+use crate::function::Function;
 use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
+use crate::unsupported::Unsupported;
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
@@ -63,23 +70,123 @@ pub struct Delivery {
     pub data: u64,
 }
 
+/// A per-GPU read counter: the index into one of the GPU's [`Value`]s (or a call number).
+#[derive(Debug, Clone, Copy)]
+pub enum Reading {
+    UtilGpu,
+    UtilMem,
+    MemUsed,
+    Power,
+    Energy,
+    Pstate,
+    ThrottleReasons,
+    TempGpu,
+    Fan,
+    ClockGraphics,
+    ClockSm,
+    ClockMem,
+    PcieTx,
+    PcieRx,
+    EccCorrected,
+    EccUncorrected,
+    EccCorrectedAggregate,
+    EccUncorrectedAggregate,
+    EncoderUtil,
+    DecoderUtil,
+    /// Field `NVML_FI_DEV_POWER_INSTANT` (its own count, apart from `Power`).
+    FieldPowerInstant,
+    /// Field `NVML_FI_DEV_POWER_AVERAGE` (reads `power_mw` with its own count).
+    FieldPowerAverage,
+    FieldTempMem,
+    /// `nvmlDeviceGetFieldValues` calls that asked an NVLink throughput field.
+    FieldNvlink,
+    RemappedCorrectable,
+    RemappedUncorrectable,
+    RemappedPending,
+    RemappedFailed,
+    RetiredSbe,
+    RetiredDbe,
+    RetiredPending,
+    PcieReplay,
+    /// Calls of `nvmlDeviceGetComputeRunningProcesses_v3`.
+    ComputeProcesses,
+    /// Calls of `nvmlDeviceGetGraphicsRunningProcesses_v3`. Keep last: it sizes
+    /// [`Reading::COUNT`].
+    GraphicsProcesses,
+}
+
+impl Reading {
+    /// How many read counters a GPU has.
+    const COUNT: usize = Reading::GraphicsProcesses as usize + 1;
+}
+
+/// Field-value entries asked of one GPU: (field id, scope id, count), in first-asked order.
+/// A monitor asks the same list every call, so the entry after the previously found one
+/// is tried first and usually is the one; otherwise the (short) list is scanned.
+#[derive(Debug, Default)]
+struct FieldCounts {
+    entries: Vec<(u32, u32, u64)>,
+    /// Where the next entry is expected.
+    next: usize,
+}
+
+impl FieldCounts {
+    fn count(&mut self, field: u32, scope: u32) {
+        let is = |e: &(u32, u32, u64)| e.0 == field && e.1 == scope;
+        let k = match self.entries.get(self.next) {
+            Some(e) if is(e) => self.next,
+            _ => self.entries.iter().position(is).unwrap_or_else(|| {
+                self.entries.push((field, scope, 0));
+                self.entries.len() - 1
+            }),
+        };
+        self.entries[k].2 += 1;
+        self.next = k + 1;
+    }
+}
+
+/// One GPU's bookkeeping, kept together so that a call touches few cache lines.
+#[derive(Debug)]
+struct GpuState {
+    /// Calls of all functions: the clock of lost windows and events.
+    calls: u64,
+    /// Calls per function, by [`Function`].
+    counts: [u64; Function::COUNT],
+    /// Reads, by [`Reading`]: the index into each [`Value`].
+    reads: [u64; Reading::COUNT],
+    /// Its `unsupported` list, resolved at load.
+    unsupported: Unsupported,
+    /// Field-value entries asked.
+    fields: FieldCounts,
+    /// Reads per (NVLink error counter, link).
+    link_reads: HashMap<(u32, u32), u64>,
+    /// Which of its events were delivered.
+    delivered: Vec<bool>,
+}
+
+impl GpuState {
+    fn new(g: &Gpu) -> Self {
+        Self {
+            calls: 0,
+            counts: [0; Function::COUNT],
+            reads: [0; Reading::COUNT],
+            unsupported: Unsupported::new(&g.unsupported),
+            fields: FieldCounts::default(),
+            link_reads: HashMap::new(),
+            delivered: vec![false; g.events.len()],
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub scenario: Scenario,
     /// `nvmlInit_v2` calls not yet matched by `nvmlShutdown`.
     pub inits: u32,
-    /// Calls per (GPU, function); `None` for system-level functions.
-    counts: BTreeMap<(Option<usize>, &'static str), u64>,
-    /// Field-value entries asked per (GPU, field id, scope id).
-    fields: BTreeMap<(usize, u32, u32), u64>,
-    /// Calls per GPU (all functions): the clock of lost windows and events.
-    calls: Vec<u64>,
-    /// Reads per (GPU, value): the index into each [`Value`].
-    reads: HashMap<(usize, &'static str), u64>,
-    /// Reads per (GPU, NVLink error counter, link).
-    link_reads: HashMap<(usize, u32, u32), u64>,
-    /// Which of each GPU's events were delivered.
-    delivered: Vec<Vec<bool>>,
+    /// Calls per system-level function, by [`Function`].
+    system_counts: [u64; Function::COUNT],
+    /// Per GPU (index as in the scenario): counts, reads, what it does not support.
+    gpus: Vec<GpuState>,
     /// Event sets by handle - 1; `None` once freed.
     pub sets: Vec<Option<EventSet>>,
     /// The newest timestamp handed out (µs), to keep them strictly increasing.
@@ -88,28 +195,19 @@ pub struct State {
 
 impl State {
     pub fn new(scenario: Scenario) -> Self {
-        let n = scenario.gpus.len();
         Self {
-            delivered: scenario
-                .gpus
-                .iter()
-                .map(|g| vec![false; g.events.len()])
-                .collect(),
+            gpus: scenario.gpus.iter().map(GpuState::new).collect(),
             scenario,
             inits: 1,
-            counts: BTreeMap::new(),
-            fields: BTreeMap::new(),
-            calls: vec![0; n],
-            reads: HashMap::new(),
-            link_reads: HashMap::new(),
+            system_counts: [0; Function::COUNT],
             sets: Vec::new(),
             last_ts: 0,
         }
     }
 
     /// Counts a system-level call.
-    pub fn system_call(&mut self, name: &'static str) {
-        *self.counts.entry((None, name)).or_insert(0) += 1;
+    pub fn system_call(&mut self, f: Function) {
+        self.system_counts[f as usize] += 1;
     }
 
     /// The GPU index of a handle (index + 1), without counting a call.
@@ -137,21 +235,22 @@ impl State {
     pub fn device_or_mig_call(
         &mut self,
         handle: usize,
-        name: &'static str,
+        f: Function,
     ) -> NvmlResult<(usize, Option<usize>)> {
         match self.mig_of(handle) {
-            Ok((i, k)) => self.device_call(i + 1, name).map(|i| (i, Some(k))),
-            Err(_) => self.device_call(handle, name).map(|i| (i, None)),
+            Ok((i, k)) => self.device_call(i + 1, f).map(|i| (i, Some(k))),
+            Err(_) => self.device_call(handle, f).map(|i| (i, None)),
         }
     }
 
-    /// Counts a call of `name` on the GPU behind `handle`; answers GPU_IS_LOST inside the
+    /// Counts a call of `f` on the GPU behind `handle`; answers GPU_IS_LOST inside the
     /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
-    pub fn device_call(&mut self, handle: usize, name: &'static str) -> NvmlResult<usize> {
+    pub fn device_call(&mut self, handle: usize, f: Function) -> NvmlResult<usize> {
         let i = self.gpu_of(handle)?;
-        *self.counts.entry((Some(i), name)).or_insert(0) += 1;
-        let call = self.calls[i];
-        self.calls[i] += 1;
+        let state = &mut self.gpus[i];
+        state.counts[f as usize] += 1;
+        let call = state.calls;
+        state.calls += 1;
         let gpu = &self.scenario.gpus[i];
         if gpu.events.iter().any(|e| e.after_calls == call + 1) {
             EVENT_PENDING.notify_all();
@@ -159,7 +258,7 @@ impl State {
         if gpu.is_lost_at(call) {
             return Err(GPU_IS_LOST);
         }
-        if gpu.is_unsupported(name) {
+        if state.unsupported.function(f) {
             return Err(NOT_SUPPORTED);
         }
         Ok(i)
@@ -169,18 +268,21 @@ impl State {
         &self.scenario.gpus[i]
     }
 
+    /// What GPU `i` does not support, beyond whole functions (which `device_call` answers).
+    pub fn unsupported(&self, i: usize) -> &Unsupported {
+        &self.gpus[i].unsupported
+    }
+
     /// The next read of the value `key` of GPU `i`.
-    pub fn read(&mut self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
-        let n = self.reads.entry((i, key)).or_insert(0);
-        let v = pick(&self.scenario.gpus[i]).at(*n);
-        *n += 1;
-        v
+    pub fn read(&mut self, i: usize, key: Reading, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.nth(i, key);
+        pick(&self.scenario.gpus[i]).at(n)
     }
 
     /// The value `key` of GPU `i` as its latest read answered (its first if never read),
     /// without counting a read: a fill answering what its count query said.
-    pub fn last_read(&self, i: usize, key: &'static str, pick: fn(&Gpu) -> &Value) -> u64 {
-        let n = self.reads.get(&(i, key)).copied().unwrap_or(0);
+    pub fn last_read(&self, i: usize, key: Reading, pick: fn(&Gpu) -> &Value) -> u64 {
+        let n = self.gpus[i].reads[key as usize];
         pick(&self.scenario.gpus[i]).at(n.saturating_sub(1))
     }
 
@@ -197,15 +299,15 @@ impl State {
         if link >= g.nvlinks {
             return None;
         }
-        let n = self.link_reads.entry((i, counter, link)).or_insert(0);
+        let n = self.gpus[i].link_reads.entry((counter, link)).or_insert(0);
         let v = pick(g).get(link as usize).map_or(0, |v| v.at(*n));
         *n += 1;
         Some(v)
     }
 
     /// The call number of `key` on GPU `i` (0-based), counting this one.
-    pub fn nth(&mut self, i: usize, key: &'static str) -> u64 {
-        let n = self.reads.entry((i, key)).or_insert(0);
+    pub fn nth(&mut self, i: usize, key: Reading) -> u64 {
+        let n = &mut self.gpus[i].reads[key as usize];
         let v = *n;
         *n += 1;
         v
@@ -213,11 +315,13 @@ impl State {
 
     /// The processes of a list visible on its call number `call` (on MIG device `mig`
     /// only its own).
-    pub fn visible(list: &[Process], call: u64, mig: Option<usize>) -> Vec<Process> {
+    pub fn visible(
+        list: &[Process],
+        call: u64,
+        mig: Option<usize>,
+    ) -> impl Iterator<Item = &Process> + Clone {
         list.iter()
-            .filter(|p| p.from_call <= call && (mig.is_none() || p.mig == mig))
-            .cloned()
-            .collect()
+            .filter(move |p| p.from_call <= call && (mig.is_none() || p.mig == mig))
     }
 
     /// A wall-clock timestamp in µs, strictly after the previous one.
@@ -226,6 +330,15 @@ impl State {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         self.last_ts = now.max(self.last_ts + 1);
+        self.last_ts
+    }
+
+    /// The timestamp after the previous one, without reading the clock: for the entries
+    /// after a call's first. The same as [`State::timestamp`] while the entries take less
+    /// than a µs each (the clock has not passed the previous stamp + 1), and a clock read
+    /// per entry was most of the cost of a field-value call.
+    pub fn next_timestamp(&mut self) -> u64 {
+        self.last_ts += 1;
         self.last_ts
     }
 
@@ -238,13 +351,13 @@ impl State {
             };
             for (k, ev) in g.events.iter().enumerate() {
                 let event_type = event_type(ev.kind);
-                if self.delivered[gpu][k]
+                if self.gpus[gpu].delivered[k]
                     || mask & event_type == 0
-                    || self.calls[gpu] < ev.after_calls
+                    || self.gpus[gpu].calls < ev.after_calls
                 {
                     continue;
                 }
-                self.delivered[gpu][k] = true;
+                self.gpus[gpu].delivered[k] = true;
                 return Some(Delivery {
                     gpu,
                     event_type,
@@ -261,28 +374,36 @@ impl State {
 
     /// Counts one field-value entry asked of GPU `i`.
     pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
-        *self.fields.entry((i, field, scope)).or_insert(0) += 1;
+        self.gpus[i].fields.count(field, scope);
     }
 
     /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
     /// and the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`.
     pub fn counts_json(&self) -> String {
-        let map: BTreeMap<String, u64> = self
-            .counts
-            .iter()
-            .map(|((gpu, name), n)| {
-                let key = match gpu {
-                    Some(i) => format!("gpu{i}.{name}"),
-                    None => (*name).to_owned(),
-                };
-                (key, *n)
-            })
-            .chain(
-                self.fields
-                    .iter()
-                    .map(|((i, field, scope), n)| (format!("gpu{i}.field:{field}:{scope}"), *n)),
-            )
-            .collect();
+        // A function never called has no entry (a count is never 0 once it exists).
+        let called = |counts: &[u64; Function::COUNT]| {
+            Function::ALL
+                .iter()
+                .zip(*counts)
+                .filter(|(_, n)| *n > 0)
+                .map(|(f, n)| (f.name(), n))
+                .collect::<Vec<_>>()
+        };
+        let system = called(&self.system_counts)
+            .into_iter()
+            .map(|(name, n)| (name.to_owned(), n));
+        let gpus = self.gpus.iter().enumerate().flat_map(|(i, g)| {
+            called(&g.counts)
+                .into_iter()
+                .map(move |(name, n)| (format!("gpu{i}.{name}"), n))
+        });
+        let fields = self.gpus.iter().enumerate().flat_map(|(i, g)| {
+            g.fields
+                .entries
+                .iter()
+                .map(move |(field, scope, n)| (format!("gpu{i}.field:{field}:{scope}"), *n))
+        });
+        let map: BTreeMap<String, u64> = system.chain(gpus).chain(fields).collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
 }
@@ -294,5 +415,65 @@ pub fn event_type(kind: EventKind) -> u64 {
         EventKind::Xid => u64::from(b::nvmlEventTypeXidCriticalError),
         EventKind::EccDoubleBit => u64::from(b::nvmlEventTypeDoubleBitEccError),
         EventKind::EccSingleBit => u64::from(b::nvmlEventTypeSingleBitEccError),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_name_system_calls_gpu_calls_and_field_entries() {
+        let fanless = Gpu {
+            unsupported: vec!["nvmlDeviceGetFanSpeed_v2".into()],
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![Gpu::default(), fanless],
+            ..Scenario::default()
+        });
+        s.system_call(Function::nvmlInit_v2);
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
+        assert_eq!(
+            s.device_call(2, Function::nvmlDeviceGetFanSpeed_v2),
+            Err(NOT_SUPPORTED)
+        );
+        assert_eq!(
+            s.device_call(3, Function::nvmlDeviceGetPowerUsage),
+            Err(INVALID_ARGUMENT)
+        );
+        // Asked in one order, then in another: each (field, scope) keeps its own count.
+        for (field, scope) in [(138, u32::MAX), (82, 0), (82, 0), (138, u32::MAX), (138, 0)] {
+            s.field_asked(0, field, scope);
+        }
+        let expected = r#"{
+  "gpu0.field:138:0": 1,
+  "gpu0.field:138:4294967295": 2,
+  "gpu0.field:82:0": 2,
+  "gpu0.nvmlDeviceGetPowerUsage": 2,
+  "gpu1.nvmlDeviceGetFanSpeed_v2": 1,
+  "nvmlInit_v2": 1
+}"#;
+        assert_eq!(s.counts_json(), expected);
+    }
+
+    #[test]
+    fn reads_count_per_gpu_and_value() {
+        let ramp = Gpu {
+            power_mw: Value::Ramp { start: 10, step: 1 },
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![ramp.clone(), ramp],
+            ..Scenario::default()
+        });
+        let power: fn(&Gpu) -> &Value = |g| &g.power_mw;
+        assert_eq!(s.last_read(0, Reading::Power, power), 10);
+        assert_eq!(s.read(0, Reading::Power, power), 10);
+        assert_eq!(s.read(0, Reading::Power, power), 11);
+        assert_eq!(s.last_read(0, Reading::Power, power), 11);
+        assert_eq!(s.read(0, Reading::FieldPowerAverage, power), 10);
+        assert_eq!(s.read(1, Reading::Power, power), 10);
     }
 }

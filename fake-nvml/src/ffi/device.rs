@@ -4,6 +4,7 @@ use super::{
     INVALID_ARGUMENT, MAX_NVLINKS, NOT_FOUND, NOT_SUPPORTED, code, dev, dev_value, fill_array,
     handle, put, put_str,
 };
+use crate::function::Function;
 use crate::scenario::{Gpu, MigSpec};
 use crate::state;
 use nvml_wrapper_sys::bindings::*;
@@ -17,7 +18,7 @@ macro_rules! string_fn {
             buf: *mut c_char,
             length: c_uint,
         ) -> nvmlReturn_t {
-            dev(device, stringify!($name), |s, i| {
+            dev(device, Function::$name, |s, i| {
                 put_str(buf, length, &s.gpu(i).$field)
             })
         }
@@ -27,13 +28,13 @@ macro_rules! string_fn {
 /// A string of a GPU or of a MIG device.
 pub(super) fn gpu_or_mig_string(
     d: nvmlDevice_t,
-    name: &'static str,
+    f: Function,
     buf: *mut c_char,
     length: c_uint,
     pick: fn(&Gpu, Option<&MigSpec>) -> String,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        let (i, k) = s.device_or_mig_call(handle(d), name)?;
+        let (i, k) = s.device_or_mig_call(handle(d), f)?;
         let g = s.gpu(i);
         put_str(
             buf,
@@ -49,7 +50,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     buf: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    gpu_or_mig_string(device, "nvmlDeviceGetUUID", buf, length, |g, m| {
+    gpu_or_mig_string(device, Function::nvmlDeviceGetUUID, buf, length, |g, m| {
         m.map_or_else(|| g.uuid.clone(), |m| m.uuid.clone())
     })
 }
@@ -60,7 +61,7 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     buf: *mut c_char,
     length: c_uint,
 ) -> nvmlReturn_t {
-    gpu_or_mig_string(device, "nvmlDeviceGetName", buf, length, |g, m| {
+    gpu_or_mig_string(device, Function::nvmlDeviceGetName, buf, length, |g, m| {
         m.map_or_else(
             || g.name.clone(),
             |m| format!("{} MIG {}", g.name, m.profile),
@@ -73,7 +74,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
     device: nvmlDevice_t,
     count: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetMaxMigDeviceCount", |s, i| {
+    dev(device, Function::nvmlDeviceGetMaxMigDeviceCount, |s, i| {
         if s.gpu(i).mig_mode == 0 {
             return Err(NOT_SUPPORTED);
         }
@@ -87,22 +88,26 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     index: c_uint,
     mig: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetMigDeviceHandleByIndex", |s, i| {
-        let g = s.gpu(i);
-        if g.mig_mode == 0 {
-            return Err(NOT_SUPPORTED);
-        }
-        if index >= 7 {
-            return Err(INVALID_ARGUMENT);
-        }
-        if index as usize >= g.mig_instances.len() {
-            return Err(NOT_FOUND);
-        }
-        put(
-            mig,
-            (state::MIG_HANDLES + i * 256 + index as usize) as nvmlDevice_t,
-        )
-    })
+    dev(
+        device,
+        Function::nvmlDeviceGetMigDeviceHandleByIndex,
+        |s, i| {
+            let g = s.gpu(i);
+            if g.mig_mode == 0 {
+                return Err(NOT_SUPPORTED);
+            }
+            if index >= 7 {
+                return Err(INVALID_ARGUMENT);
+            }
+            if index as usize >= g.mig_instances.len() {
+                return Err(NOT_FOUND);
+            }
+            put(
+                mig,
+                (state::MIG_HANDLES + i * 256 + index as usize) as nvmlDevice_t,
+            )
+        },
+    )
 }
 string_fn!(nvmlDeviceGetSerial, serial);
 string_fn!(nvmlDeviceGetVbiosVersion, vbios_version);
@@ -111,7 +116,7 @@ macro_rules! static_u32_fn {
     ($name:ident, $ty:ty, |$g:ident| $e:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(device: nvmlDevice_t, out: *mut $ty) -> nvmlReturn_t {
-            dev_value(device, stringify!($name), out, |s, i| {
+            dev_value(device, Function::$name, out, |s, i| {
                 let $g: &Gpu = s.gpu(i);
                 $e
             })
@@ -141,7 +146,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
     pci: *mut nvmlPciInfo_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetPciInfo_v3", |s, i| {
+    dev(device, Function::nvmlDeviceGetPciInfo_v3, |s, i| {
         let id = &s.gpu(i).pci_bus_id;
         // "DDDDDDDD:BB:DD.F"
         let mut parts = id.split([':', '.']);
@@ -175,7 +180,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimitConstraints(
 ) -> nvmlReturn_t {
     dev(
         device,
-        "nvmlDeviceGetPowerManagementLimitConstraints",
+        Function::nvmlDeviceGetPowerManagementLimitConstraints,
         |s, i| {
             let g = s.gpu(i);
             put(min, g.power_limit_min_mw)?;
@@ -190,7 +195,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(
     clock: nvmlClockType_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetMaxClockInfo", |s, i| {
+    dev(device, Function::nvmlDeviceGetMaxClockInfo, |s, i| {
         let g = s.gpu(i);
         let v = match clock {
             nvmlClockType_enum_NVML_CLOCK_GRAPHICS => g.max_clock_graphics_mhz,
@@ -208,7 +213,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     link: c_uint,
     active: *mut nvmlEnableState_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetNvLinkState", |s, i| {
+    dev(device, Function::nvmlDeviceGetNvLinkState, |s, i| {
         let n = s.gpu(i).nvlinks;
         if n == 0 {
             return Err(NOT_SUPPORTED);
@@ -226,7 +231,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
     current: *mut c_uint,
     pending: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetMigMode", |s, i| {
+    dev(device, Function::nvmlDeviceGetMigMode, |s, i| {
         let m = s.gpu(i).mig_mode;
         put(current, m)?;
         put(pending, m)
@@ -239,9 +244,13 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     major: *mut c_int,
     minor: *mut c_int,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetCudaComputeCapability", |s, i| {
-        let (a, b) = s.gpu(i).cuda_capability;
-        put(major, a)?;
-        put(minor, b)
-    })
+    dev(
+        device,
+        Function::nvmlDeviceGetCudaComputeCapability,
+        |s, i| {
+            let (a, b) = s.gpu(i).cuda_capability;
+            put(major, a)?;
+            put(minor, b)
+        },
+    )
 }

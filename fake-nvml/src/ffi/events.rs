@@ -4,6 +4,7 @@ use super::{
     INVALID_ARGUMENT, NO_ID, NOT_SUPPORTED, TIMEOUT, UNINITIALIZED, code, dev, dev_value,
     device_handle, put,
 };
+use crate::function::Function;
 use crate::state::{self, NvmlResult, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
@@ -23,15 +24,18 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
     device: nvmlDevice_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    dev_value(device, "nvmlDeviceGetSupportedEventTypes", out, |_, _| {
-        supported_events()
-    })
+    dev_value(
+        device,
+        Function::nvmlDeviceGetSupportedEventTypes,
+        out,
+        |_, _| supported_events(),
+    )
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlEventSetCreate");
+        s.system_call(Function::nvmlEventSetCreate);
         s.sets.push(Some(state::EventSet::default()));
         put(set, s.sets.len() as nvmlEventSet_t)
     }))
@@ -50,7 +54,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
     types: c_ulonglong,
     set: nvmlEventSet_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceRegisterEvents", |s, i| {
+    dev(device, Function::nvmlDeviceRegisterEvents, |s, i| {
         let k = set_index(s, set)?;
         if types & !supported_events() != 0 {
             return Err(NOT_SUPPORTED);
@@ -76,7 +80,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         let Some(s) = guard.as_mut() else {
             return UNINITIALIZED;
         };
-        s.system_call("nvmlEventSetWait_v2");
+        s.system_call(Function::nvmlEventSetWait_v2);
         let k = match set_index(s, set) {
             Ok(k) => k,
             Err(e) => return e,
@@ -104,7 +108,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlEventSetFree");
+        s.system_call(Function::nvmlEventSetFree);
         let k = set_index(s, set)?;
         s.sets[k] = None;
         Ok(())

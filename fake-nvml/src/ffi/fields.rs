@@ -1,7 +1,9 @@
 //! Field values (`nvmlDeviceGetFieldValues`), NVLink counters by scope included.
 
 use super::{INVALID_ARGUMENT, NOT_SUPPORTED, SUCCESS, dev, get, put, u32v};
+use crate::function::Function;
 use crate::scenario::Value;
+use crate::state::Reading;
 use nvml_wrapper_sys::bindings::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
@@ -20,7 +22,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     values_count: c_int,
     values: *mut nvmlFieldValue_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetFieldValues", |s, i| {
+    dev(device, Function::nvmlDeviceGetFieldValues, |s, i| {
         if values.is_null() || values_count < 0 {
             return Err(INVALID_ARGUMENT);
         }
@@ -32,7 +34,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
                 || v.fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
         }) {
-            s.nth(i, "field_nvlink")
+            s.nth(i, Reading::FieldNvlink)
         } else {
             0
         };
@@ -42,40 +44,40 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
             let mut fv = get(slot)?;
             let (id, scope) = (fv.fieldId, fv.scopeId);
             s.field_asked(i, id, scope);
-            let g = s.gpu(i);
-            // (No names to build when nothing is unsupported: the fake's own cost per
-            // entry stays small next to the monitors measured against it.)
-            let unsupported = !g.unsupported.is_empty()
-                && (g.is_unsupported(&format!("field:{id}"))
-                    || g.is_unsupported(&format!("field:{id}:{scope}")));
+            let unsupported = s.unsupported(i).field(id, scope);
             let read: Option<(u64, bool)> = if unsupported {
                 None
             } else {
                 match id {
                     NVML_FI_DEV_POWER_INSTANT => Some((
-                        s.read(i, "field_power_instant", |g| &g.power_instant_mw),
+                        s.read(i, Reading::FieldPowerInstant, |g| &g.power_instant_mw),
                         false,
                     )),
-                    NVML_FI_DEV_POWER_AVERAGE => {
-                        Some((s.read(i, "field_power_avg", |g| &g.power_mw), false))
-                    }
+                    NVML_FI_DEV_POWER_AVERAGE => Some((
+                        s.read(i, Reading::FieldPowerAverage, |g| &g.power_mw),
+                        false,
+                    )),
                     NVML_FI_DEV_MEMORY_TEMP => {
-                        Some((s.read(i, "field_temp_mem", |g| &g.temp_mem_c), false))
+                        Some((s.read(i, Reading::FieldTempMem, |g| &g.temp_mem_c), false))
                     }
                     NVML_FI_DEV_REMAPPED_COR => Some((
-                        s.read(i, "remapped_cor", |g| &g.remapped_rows_correctable),
+                        s.read(i, Reading::RemappedCorrectable, |g| {
+                            &g.remapped_rows_correctable
+                        }),
                         false,
                     )),
                     NVML_FI_DEV_REMAPPED_UNC => Some((
-                        s.read(i, "remapped_unc", |g| &g.remapped_rows_uncorrectable),
+                        s.read(i, Reading::RemappedUncorrectable, |g| {
+                            &g.remapped_rows_uncorrectable
+                        }),
                         false,
                     )),
                     NVML_FI_DEV_REMAPPED_PENDING => Some((
-                        s.read(i, "remapped_pending", |g| &g.remapped_rows_pending),
+                        s.read(i, Reading::RemappedPending, |g| &g.remapped_rows_pending),
                         false,
                     )),
                     NVML_FI_DEV_REMAPPED_FAILURE => Some((
-                        s.read(i, "remapped_failure", |g| &g.remapped_rows_failed),
+                        s.read(i, Reading::RemappedFailed, |g| &g.remapped_rows_failed),
                         false,
                     )),
                     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => {
@@ -91,7 +93,12 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                     _ => None,
                 }
             };
-            fv.timestamp = i64::try_from(s.timestamp()).unwrap_or(i64::MAX);
+            let ts = if k == 0 {
+                s.timestamp()
+            } else {
+                s.next_timestamp()
+            };
+            fv.timestamp = i64::try_from(ts).unwrap_or(i64::MAX);
             fv.latencyUsec = 0;
             match read {
                 Some((v, true)) => {

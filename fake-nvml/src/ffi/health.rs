@@ -3,21 +3,23 @@
 //! remapping is in `fields`, lifetime ECC in `values`' `nvmlDeviceGetTotalEccErrors`.)
 
 use super::{INSUFFICIENT_SIZE, INVALID_ARGUMENT, NOT_SUPPORTED, dev, dev_value, get, put, u32v};
+use crate::function::Function;
 use crate::scenario::{Gpu, Value};
+use crate::state::Reading;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
 /// A scenario value: its read key and where it is.
-type Picked = (&'static str, fn(&Gpu) -> &Value);
+type Picked = (Reading, fn(&Gpu) -> &Value);
 
 /// The retired-page count `cause` picks.
 fn retired(cause: nvmlPageRetirementCause_t) -> Option<Picked> {
     match cause {
         nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS => {
-            Some(("retired_sbe", |g| &g.retired_pages_sbe))
+            Some((Reading::RetiredSbe, |g| &g.retired_pages_sbe))
         }
         nvmlPageRetirementCause_enum_NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR => {
-            Some(("retired_dbe", |g| &g.retired_pages_dbe))
+            Some((Reading::RetiredDbe, |g| &g.retired_pages_dbe))
         }
         _ => None,
     }
@@ -58,7 +60,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
     count: *mut c_uint,
     addresses: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetRetiredPages", |s, i| {
+    dev(device, Function::nvmlDeviceGetRetiredPages, |s, i| {
         let (key, pick) = retired(cause).ok_or(INVALID_ARGUMENT)?;
         let n = s.read(i, key, pick);
         fill_pages(n, count, addresses, std::ptr::null_mut())
@@ -74,7 +76,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     addresses: *mut c_ulonglong,
     timestamps: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetRetiredPages_v2", |s, i| {
+    dev(device, Function::nvmlDeviceGetRetiredPages_v2, |s, i| {
         let (key, pick) = retired(cause).ok_or(INVALID_ARGUMENT)?;
         fill_pages(s.last_read(i, key, pick), count, addresses, timestamps)
     })
@@ -87,9 +89,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
 ) -> nvmlReturn_t {
     dev_value(
         device,
-        "nvmlDeviceGetRetiredPagesPendingStatus",
+        Function::nvmlDeviceGetRetiredPagesPendingStatus,
         out,
-        |s, i| u32::from(s.read(i, "retired_pending", |g| &g.retired_pages_pending) != 0),
+        |s, i| u32::from(s.read(i, Reading::RetiredPending, |g| &g.retired_pages_pending) != 0),
     )
 }
 
@@ -98,9 +100,12 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     device: nvmlDevice_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev_value(device, "nvmlDeviceGetPcieReplayCounter", out, |s, i| {
-        u32v(s.read(i, "pcie_replay", |g| &g.pcie_replay_count))
-    })
+    dev_value(
+        device,
+        Function::nvmlDeviceGetPcieReplayCounter,
+        out,
+        |s, i| u32v(s.read(i, Reading::PcieReplay, |g| &g.pcie_replay_count)),
+    )
 }
 
 #[unsafe(no_mangle)]
@@ -110,7 +115,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
     counter: nvmlNvLinkErrorCounter_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetNvLinkErrorCounter", |s, i| {
+    dev(device, Function::nvmlDeviceGetNvLinkErrorCounter, |s, i| {
         let (name, pick): (&str, fn(&Gpu) -> &[Value]) = match counter {
             nvmlNvLinkErrorCounter_enum_NVML_NVLINK_ERROR_DL_CRC_FLIT => {
                 ("crc_flit", |g| &g.nvlink_crc_flit_errors)
@@ -126,11 +131,7 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
             }
             _ => return Err(INVALID_ARGUMENT),
         };
-        let g = s.gpu(i);
-        if !g.unsupported.is_empty()
-            && (g.is_unsupported(&format!("nvmlDeviceGetNvLinkErrorCounter:{name}"))
-                || g.is_unsupported(&format!("nvmlDeviceGetNvLinkErrorCounter:{name}:{link}")))
-        {
+        if s.unsupported(i).nvlink_error(name, link) {
             return Err(NOT_SUPPORTED);
         }
         let v = s.read_link(i, counter, link, pick).ok_or(NOT_SUPPORTED)?;
@@ -144,15 +145,27 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
     threshold: nvmlTemperatureThresholds_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetTemperatureThreshold", |s, i| {
-        let g = s.gpu(i);
-        let v = match threshold {
-            nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_SLOWDOWN => g.temp_slowdown_c,
-            nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_SHUTDOWN => g.temp_shutdown_c,
-            nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_GPU_MAX => g.temp_gpu_max_c,
-            nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_MEM_MAX => g.temp_mem_max_c,
-            _ => return Err(NOT_SUPPORTED),
-        };
-        put(out, v)
-    })
+    dev(
+        device,
+        Function::nvmlDeviceGetTemperatureThreshold,
+        |s, i| {
+            let g = s.gpu(i);
+            let v = match threshold {
+                nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_SLOWDOWN => {
+                    g.temp_slowdown_c
+                }
+                nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_SHUTDOWN => {
+                    g.temp_shutdown_c
+                }
+                nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_GPU_MAX => {
+                    g.temp_gpu_max_c
+                }
+                nvmlTemperatureThresholds_enum_NVML_TEMPERATURE_THRESHOLD_MEM_MAX => {
+                    g.temp_mem_max_c
+                }
+                _ => return Err(NOT_SUPPORTED),
+            };
+            put(out, v)
+        },
+    )
 }

@@ -16,6 +16,7 @@
 // The exported names and NVML's constants are the C names.
 #![allow(non_snake_case, non_upper_case_globals)]
 
+use crate::function::Function;
 use crate::state::{self, NvmlResult, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_char, c_uint, c_ulonglong};
@@ -107,11 +108,11 @@ fn device_handle(i: usize) -> nvmlDevice_t {
 /// A per-device call: counts it, applies lost / unsupported, then runs `f`.
 fn dev(
     d: nvmlDevice_t,
-    name: &'static str,
+    function: Function,
     f: impl FnOnce(&mut State, usize) -> NvmlResult<()>,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        let i = s.device_call(handle(d), name)?;
+        let i = s.device_call(handle(d), function)?;
         f(s, i)
     }))
 }
@@ -119,9 +120,9 @@ fn dev(
 /// A per-device call answering one value.
 fn dev_value<T>(
     d: nvmlDevice_t,
-    name: &'static str,
+    function: Function,
     out: *mut T,
     f: impl FnOnce(&mut State, usize) -> T,
 ) -> nvmlReturn_t {
-    dev(d, name, |s, i| put(out, f(s, i)))
+    dev(d, function, |s, i| put(out, f(s, i)))
 }

@@ -3,8 +3,9 @@
 use super::{
     INSUFFICIENT_SIZE, MEM_NOT_AVAILABLE, NO_ID, NOT_FOUND, code, dev, get, handle, put, u32v,
 };
+use crate::function::Function;
 use crate::scenario::{Gpu, Process};
-use crate::state::{self, State};
+use crate::state::{self, Reading, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
@@ -12,25 +13,27 @@ use std::ffi::{c_uint, c_ulonglong};
 /// answers INSUFFICIENT_SIZE with the needed count (SUCCESS with 0 for an empty list).
 pub(super) fn process_list(
     device: nvmlDevice_t,
-    name: &'static str,
+    function: Function,
+    calls: Reading,
     list: fn(&Gpu) -> &Vec<Process>,
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        let (i, mig) = s.device_or_mig_call(handle(device), name)?;
-        let call = s.nth(i, name);
+        let (i, mig) = s.device_or_mig_call(handle(device), function)?;
+        let call = s.nth(i, calls);
         let visible = State::visible(list(s.gpu(i)), call, mig);
+        let n = visible.clone().count();
         let instances = &s.gpu(i).mig_instances;
         let capacity = get(count)? as usize;
-        put(count, u32v(visible.len() as u64))?;
-        if visible.is_empty() {
+        put(count, u32v(n as u64))?;
+        if n == 0 {
             return Ok(());
         }
-        if infos.is_null() || capacity < visible.len() {
+        if infos.is_null() || capacity < n {
             return Err(INSUFFICIENT_SIZE);
         }
-        for (k, p) in visible.iter().enumerate() {
+        for (k, p) in visible.enumerate() {
             let instance = p.mig.and_then(|m| instances.get(m));
             let info = nvmlProcessInfo_t {
                 pid: p.pid,
@@ -53,7 +56,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 ) -> nvmlReturn_t {
     process_list(
         device,
-        "nvmlDeviceGetComputeRunningProcesses_v3",
+        Function::nvmlDeviceGetComputeRunningProcesses_v3,
+        Reading::ComputeProcesses,
         |g| &g.compute_processes,
         count,
         infos,
@@ -68,7 +72,8 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
 ) -> nvmlReturn_t {
     process_list(
         device,
-        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+        Function::nvmlDeviceGetGraphicsRunningProcesses_v3,
+        Reading::GraphicsProcesses,
         |g| &g.graphics_processes,
         count,
         infos,
@@ -84,35 +89,36 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut c_uint,
     last_seen: c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetProcessUtilization", |s, i| {
+    dev(device, Function::nvmlDeviceGetProcessUtilization, |s, i| {
         let ts = s.timestamp();
         let g = s.gpu(i);
-        let mut busy: Vec<nvmlProcessUtilizationSample_t> = Vec::new();
-        for p in g.compute_processes.iter().chain(&g.graphics_processes) {
-            if let Some(sm) = p.sm_pct
-                && ts > last_seen
-                && !busy.iter().any(|b| b.pid == p.pid)
-            {
-                busy.push(nvmlProcessUtilizationSample_t {
-                    pid: p.pid,
-                    timeStamp: ts,
-                    smUtil: sm,
-                    memUtil: p.mem_pct,
-                    encUtil: p.enc_pct,
-                    decUtil: p.dec_pct,
-                });
-            }
-        }
-        if busy.is_empty() {
+        let all = || g.compute_processes.iter().chain(&g.graphics_processes);
+        // The first entry of each pid with a utilization (a pid on both lists, or twice on
+        // one, has one sample); none when nothing is newer than `last_seen`. Counted, then
+        // written: no list to allocate per call.
+        let busy = all().enumerate().filter_map(|(k, p)| {
+            let first = !all().take(k).any(|q| q.pid == p.pid && q.sm_pct.is_some());
+            let sm = p.sm_pct.filter(|_| ts > last_seen && first)?;
+            Some(nvmlProcessUtilizationSample_t {
+                pid: p.pid,
+                timeStamp: ts,
+                smUtil: sm,
+                memUtil: p.mem_pct,
+                encUtil: p.enc_pct,
+                decUtil: p.dec_pct,
+            })
+        });
+        let n = busy.clone().count();
+        if n == 0 {
             put(count, 0)?;
             return Err(NOT_FOUND);
         }
         let capacity = get(count)? as usize;
-        put(count, u32v(busy.len() as u64))?;
-        if samples.is_null() || capacity < busy.len() {
+        put(count, u32v(n as u64))?;
+        if samples.is_null() || capacity < n {
             return Err(INSUFFICIENT_SIZE);
         }
-        for (k, b) in busy.into_iter().enumerate() {
+        for (k, b) in busy.enumerate() {
             // SAFETY: `samples` holds `capacity` entries; k < capacity.
             put(unsafe { samples.add(k) }, b)?;
         }

@@ -4,6 +4,7 @@ use super::{
     INVALID_ARGUMENT, NOT_FOUND, SUCCESS, UNINITIALIZED, UNKNOWN, code, device_handle, put,
     put_str, u32v,
 };
+use crate::function::Function;
 use crate::scenario::Scenario;
 use crate::state::{self, State};
 use crate::{SCENARIO_ENV, SCENARIO_FILE};
@@ -41,17 +42,17 @@ pub(super) fn load_scenario() -> Result<Scenario, String> {
 }
 
 /// Both init functions: the first loads the scenario, later ones count a reference.
-pub(super) fn init(name: &'static str) -> nvmlReturn_t {
+pub(super) fn init(f: Function) -> nvmlReturn_t {
     let mut guard = state::lock();
     if let Some(s) = guard.as_mut() {
         s.inits += 1;
-        s.system_call(name);
+        s.system_call(f);
         return SUCCESS;
     }
     match load_scenario() {
         Ok(scenario) => {
             let mut s = State::new(scenario);
-            s.system_call(name);
+            s.system_call(f);
             *guard = Some(s);
             SUCCESS
         }
@@ -64,13 +65,13 @@ pub(super) fn init(name: &'static str) -> nvmlReturn_t {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
-    init("nvmlInit_v2")
+    init(Function::nvmlInit_v2)
 }
 
 /// What pynvml's `nvmlInit()` calls (flags 0); the fake has no flag to honour.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
-    init("nvmlInitWithFlags")
+    init(Function::nvmlInitWithFlags)
 }
 
 #[unsafe(no_mangle)]
@@ -79,7 +80,7 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     let Some(s) = guard.as_mut() else {
         return UNINITIALIZED;
     };
-    s.system_call("nvmlShutdown");
+    s.system_call(Function::nvmlShutdown);
     s.inits = s.inits.saturating_sub(1);
     if s.inits == 0 {
         if let Some(path) = &s.scenario.counts_file
@@ -97,7 +98,7 @@ macro_rules! system_string_fn {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
             code(state::with(|s| {
-                s.system_call(stringify!($name));
+                s.system_call(Function::$name);
                 put_str(version, length, &s.scenario.$field)
             }))
         }
@@ -110,7 +111,7 @@ system_string_fn!(nvmlSystemGetNVMLVersion, nvml_version);
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlSystemGetCudaDriverVersion_v2");
+        s.system_call(Function::nvmlSystemGetCudaDriverVersion_v2);
         put(version, s.scenario.cuda_driver_version)
     }))
 }
@@ -118,7 +119,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlDeviceGetCount_v2");
+        s.system_call(Function::nvmlDeviceGetCount_v2);
         put(count, u32v(s.scenario.gpus.len() as u64))
     }))
 }
@@ -129,7 +130,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlDeviceGetHandleByIndex_v2");
+        s.system_call(Function::nvmlDeviceGetHandleByIndex_v2);
         let i = s.gpu_of(index as usize + 1)?;
         put(device, device_handle(i))
     }))
@@ -141,7 +142,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        s.system_call("nvmlDeviceGetHandleByUUID");
+        s.system_call(Function::nvmlDeviceGetHandleByUUID);
         if uuid.is_null() {
             return Err(INVALID_ARGUMENT);
         }

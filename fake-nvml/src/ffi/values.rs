@@ -3,27 +3,34 @@
 use super::{
     INVALID_ARGUMENT, NOT_SUPPORTED, VERSION_MISMATCH, code, dev, dev_value, get, handle, put, u32v,
 };
-use crate::state;
+use crate::function::Function;
+use crate::state::{self, Reading};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
 macro_rules! value_fn {
-    ($name:ident, $ty:ty, $field:ident) => {
+    ($name:ident, $ty:ty, $key:ident, $field:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(device: nvmlDevice_t, out: *mut $ty) -> nvmlReturn_t {
-            dev_value(device, stringify!($name), out, |s, i| {
-                <$ty>::try_from(s.read(i, stringify!($field), |g| &g.$field)).unwrap_or(<$ty>::MAX)
+            dev_value(device, Function::$name, out, |s, i| {
+                <$ty>::try_from(s.read(i, Reading::$key, |g| &g.$field)).unwrap_or(<$ty>::MAX)
             })
         }
     };
 }
 
-value_fn!(nvmlDeviceGetPowerUsage, c_uint, power_mw);
-value_fn!(nvmlDeviceGetTotalEnergyConsumption, c_ulonglong, energy_mj);
-value_fn!(nvmlDeviceGetPerformanceState, nvmlPstates_t, pstate);
+value_fn!(nvmlDeviceGetPowerUsage, c_uint, Power, power_mw);
+value_fn!(
+    nvmlDeviceGetTotalEnergyConsumption,
+    c_ulonglong,
+    Energy,
+    energy_mj
+);
+value_fn!(nvmlDeviceGetPerformanceState, nvmlPstates_t, Pstate, pstate);
 value_fn!(
     nvmlDeviceGetCurrentClocksThrottleReasons,
     c_ulonglong,
+    ThrottleReasons,
     throttle_reasons
 );
 
@@ -32,9 +39,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     device: nvmlDevice_t,
     out: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetUtilizationRates", |s, i| {
-        let gpu = u32v(s.read(i, "util_gpu_pct", |g| &g.util_gpu_pct));
-        let memory = u32v(s.read(i, "util_mem_pct", |g| &g.util_mem_pct));
+    dev(device, Function::nvmlDeviceGetUtilizationRates, |s, i| {
+        let gpu = u32v(s.read(i, Reading::UtilGpu, |g| &g.util_gpu_pct));
+        let memory = u32v(s.read(i, Reading::UtilMem, |g| &g.util_mem_pct));
         put(out, nvmlUtilization_t { gpu, memory })
     })
 }
@@ -45,7 +52,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     code(state::with(|s| {
-        let (i, mig) = s.device_or_mig_call(handle(device), "nvmlDeviceGetMemoryInfo_v2")?;
+        let (i, mig) =
+            s.device_or_mig_call(handle(device), Function::nvmlDeviceGetMemoryInfo_v2)?;
         let given = get(out)?;
         let expected = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
         if given.version != expected {
@@ -64,7 +72,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
                 },
             );
         }
-        let used = s.read(i, "mem_used_bytes", |g| &g.mem_used_bytes);
+        let used = s.read(i, Reading::MemUsed, |g| &g.mem_used_bytes);
         let g = s.gpu(i);
         let total = g.memory_total_bytes;
         let reserved = g.memory_reserved_bytes.min(total);
@@ -88,11 +96,11 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
     sensor: nvmlTemperatureSensors_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetTemperature", |s, i| {
+    dev(device, Function::nvmlDeviceGetTemperature, |s, i| {
         if sensor != nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU {
             return Err(INVALID_ARGUMENT);
         }
-        put(out, u32v(s.read(i, "temp_gpu_c", |g| &g.temp_gpu_c)))
+        put(out, u32v(s.read(i, Reading::TempGpu, |g| &g.temp_gpu_c)))
     })
 }
 
@@ -102,11 +110,11 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
     fan: c_uint,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetFanSpeed_v2", |s, i| {
+    dev(device, Function::nvmlDeviceGetFanSpeed_v2, |s, i| {
         if fan != 0 {
             return Err(INVALID_ARGUMENT);
         }
-        put(out, u32v(s.read(i, "fan_pct", |g| &g.fan_pct)))
+        put(out, u32v(s.read(i, Reading::Fan, |g| &g.fan_pct)))
     })
 }
 
@@ -116,13 +124,13 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
     clock: nvmlClockType_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetClockInfo", |s, i| {
+    dev(device, Function::nvmlDeviceGetClockInfo, |s, i| {
         let v = match clock {
             nvmlClockType_enum_NVML_CLOCK_GRAPHICS => {
-                s.read(i, "clock_graphics_mhz", |g| &g.clock_graphics_mhz)
+                s.read(i, Reading::ClockGraphics, |g| &g.clock_graphics_mhz)
             }
-            nvmlClockType_enum_NVML_CLOCK_SM => s.read(i, "clock_sm_mhz", |g| &g.clock_sm_mhz),
-            nvmlClockType_enum_NVML_CLOCK_MEM => s.read(i, "clock_mem_mhz", |g| &g.clock_mem_mhz),
+            nvmlClockType_enum_NVML_CLOCK_SM => s.read(i, Reading::ClockSm, |g| &g.clock_sm_mhz),
+            nvmlClockType_enum_NVML_CLOCK_MEM => s.read(i, Reading::ClockMem, |g| &g.clock_mem_mhz),
             _ => return Err(NOT_SUPPORTED),
         };
         put(out, u32v(v))
@@ -135,13 +143,13 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: nvmlPcieUtilCounter_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetPcieThroughput", |s, i| {
+    dev(device, Function::nvmlDeviceGetPcieThroughput, |s, i| {
         let v = match counter {
             nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => {
-                s.read(i, "pcie_tx_kib", |g| &g.pcie_tx_kib)
+                s.read(i, Reading::PcieTx, |g| &g.pcie_tx_kib)
             }
             nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_RX_BYTES => {
-                s.read(i, "pcie_rx_kib", |g| &g.pcie_rx_kib)
+                s.read(i, Reading::PcieRx, |g| &g.pcie_rx_kib)
             }
             _ => return Err(INVALID_ARGUMENT),
         };
@@ -156,19 +164,19 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
     counter: nvmlEccCounterType_t,
     out: *mut c_ulonglong,
 ) -> nvmlReturn_t {
-    dev(device, "nvmlDeviceGetTotalEccErrors", |s, i| {
+    dev(device, Function::nvmlDeviceGetTotalEccErrors, |s, i| {
         if counter == nvmlEccCounterType_enum_NVML_AGGREGATE_ECC {
-            if s.gpu(i)
-                .is_unsupported("nvmlDeviceGetTotalEccErrors:aggregate")
-            {
+            if s.unsupported(i).ecc_aggregate {
                 return Err(NOT_SUPPORTED);
             }
             let v = match error_type {
                 nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => {
-                    s.read(i, "ecc_corrected_aggregate", |g| &g.ecc_corrected_aggregate)
+                    s.read(i, Reading::EccCorrectedAggregate, |g| {
+                        &g.ecc_corrected_aggregate
+                    })
                 }
                 nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => {
-                    s.read(i, "ecc_uncorrected_aggregate", |g| {
+                    s.read(i, Reading::EccUncorrectedAggregate, |g| {
                         &g.ecc_uncorrected_aggregate
                     })
                 }
@@ -181,10 +189,10 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
         }
         let v = match error_type {
             nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_CORRECTED => {
-                s.read(i, "ecc_corrected", |g| &g.ecc_corrected)
+                s.read(i, Reading::EccCorrected, |g| &g.ecc_corrected)
             }
             nvmlMemoryErrorType_enum_NVML_MEMORY_ERROR_TYPE_UNCORRECTED => {
-                s.read(i, "ecc_uncorrected", |g| &g.ecc_uncorrected)
+                s.read(i, Reading::EccUncorrected, |g| &g.ecc_uncorrected)
             }
             _ => return Err(INVALID_ARGUMENT),
         };
@@ -193,20 +201,20 @@ pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
 }
 
 macro_rules! codec_fn {
-    ($name:ident, $field:ident) => {
+    ($name:ident, $key:ident, $field:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(
             device: nvmlDevice_t,
             util: *mut c_uint,
             period_us: *mut c_uint,
         ) -> nvmlReturn_t {
-            dev(device, stringify!($name), |s, i| {
-                put(util, u32v(s.read(i, stringify!($field), |g| &g.$field)))?;
+            dev(device, Function::$name, |s, i| {
+                put(util, u32v(s.read(i, Reading::$key, |g| &g.$field)))?;
                 put(period_us, 167_000)
             })
         }
     };
 }
 
-codec_fn!(nvmlDeviceGetEncoderUtilization, enc_util_pct);
-codec_fn!(nvmlDeviceGetDecoderUtilization, dec_util_pct);
+codec_fn!(nvmlDeviceGetEncoderUtilization, EncoderUtil, enc_util_pct);
+codec_fn!(nvmlDeviceGetDecoderUtilization, DecoderUtil, dec_util_pct);
