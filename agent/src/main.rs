@@ -80,6 +80,10 @@ struct RunArgs {
     /// Sampling interval (200ms, 1s, 5m).
     #[arg(long, env = "GPUFLEET_INTERVAL", value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     interval: Duration,
+    /// How often host metrics (CPU, memory, load, disk and network I/O from /proc) are
+    /// read, whatever the interval; the ticks between carry none (0: every tick).
+    #[arg(long, env = "GPUFLEET_HOST_INTERVAL", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    host_interval: Duration,
     #[command(flatten)]
     source: SourceArgs,
     #[command(flatten)]
@@ -224,6 +228,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let node = node_name(args.node, &args.source.proc_root)?;
     let source = args.source.open(&node)?;
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
+    let host_interval = args.host_interval;
     // A simulated node must not report this machine's CPU and memory as its own.
     let host: Option<Box<dyn HostSource>> = (!args.source.simulate)
         .then(|| Box::new(HostReader::new(&args.source.proc_root)) as Box<dyn HostSource>);
@@ -249,7 +254,7 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let summary = runtime.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = watch_signals(shutdown.clone())?;
-        let sampler = Sampler::new(source, host);
+        let sampler = Sampler::new(source, host).with_host_interval(host_interval);
         let summary = run_agent_with(opts, sampler, Some(open_spool), shutdown).await;
         signals.abort();
         anyhow::Ok(summary?)
@@ -288,7 +293,8 @@ fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
     let source = args.source.open(&node)?;
     let host = (!args.source.simulate)
         .then(|| Box::new(HostReader::new(&args.source.proc_root)) as Box<dyn HostSource>);
-    let mut sampler = Sampler::new(source, host);
+    // Both readings carry host metrics (the CPU share is their difference).
+    let mut sampler = Sampler::new(source, host).with_host_interval(Duration::ZERO);
     let spacing = if args.source.simulate {
         Spacing::Simulated
     } else {

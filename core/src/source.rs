@@ -68,9 +68,6 @@ pub enum SourceError {
         /// NVML's error, as text.
         reason: String,
     },
-    /// The NVML source was already closed.
-    #[error("the NVML source is closed")]
-    WorkerGone,
     /// `sample` was called with a time that does not move forward.
     #[error("sample time {now_ms} is not after the previous sample's {last_ms}")]
     TimeNotIncreasing {

@@ -203,9 +203,13 @@ pub async fn run_agent_with(
     let stop = shutdown.child_token();
     let wake = Arc::new(Notify::new());
     // On the sampling thread, per tick: encode once, append to the outbox (the spool's
-    // write and fsync), deferred spool housekeeping, then one wake-up of the uplink.
+    // write and fsync), deferred spool housekeeping; the uplink is woken once a partial
+    // batch's worth of ticks is spooled (the first tick at once). Between wake-ups it
+    // still sends what is due on its own timers (a backlog, a held-back partial batch).
     let sink = {
         let (outbox, wake) = (Arc::clone(&outbox), Arc::clone(&wake));
+        let every = session::ticks_per_wake(opts.interval);
+        let mut spooled = every - 1;
         move |tick| {
             let tick = EncodedTick::new(tick);
             {
@@ -213,7 +217,11 @@ pub async fn run_agent_with(
                 outbox.push_encoded(tick);
                 outbox.maintain();
             }
-            wake.notify_one();
+            spooled += 1;
+            if spooled >= every {
+                spooled = 0;
+                wake.notify_one();
+            }
             true
         }
     };

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
-/// Host metrics (`/proc`) are read at most this often, whatever the interval: they cost
-/// more than a GPU sample and change slowly; the ticks between carry none (the collector
-/// keeps the last reading as the node's latest).
-pub const HOST_EVERY: Duration = Duration::from_secs(1);
-/// How early a tick may come and still take the host reading due at the next
-/// [`HOST_EVERY`] mark (wake-up jitter must not skip every other reading at 1 s).
+/// Host metrics (`/proc`) are read at most this often by default (the agent's
+/// `--host-interval`), whatever the sampling interval: reading them costs more than the
+/// GPU samples of a tick (the kernel formats `stat`, `diskstats`, `net/dev`, `meminfo`)
+/// and they are the node's context, not what energy is attributed from; the ticks between
+/// carry none (the collector keeps the last reading as the node's latest).
+pub const DEFAULT_HOST_INTERVAL: Duration = Duration::from_secs(5);
+/// How early a tick may come and still take the host reading due at the next mark
+/// (wake-up jitter must not skip every other reading when the two intervals are equal).
 const HOST_SLACK: Duration = Duration::from_millis(50);
 
 /// A source plus the host metrics source, measuring the cost of each tick.
@@ -24,6 +26,8 @@ pub struct Sampler {
     /// Host metrics (the agent's `/proc` reader), used when the source does not provide
     /// them (the simulator does; NVML does not).
     host: Option<Box<dyn HostSource>>,
+    /// Host metrics are read at most this often.
+    host_every: Duration,
     /// When the next host reading is due (`None`: at the next tick).
     host_due: Option<Instant>,
 }
@@ -38,13 +42,22 @@ impl std::fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    /// A sampler of `source`, with host metrics from `host` when given.
+    /// A sampler of `source`, with host metrics from `host` when given, read at most every
+    /// [`DEFAULT_HOST_INTERVAL`].
     pub fn new(source: Box<dyn GpuSource>, host: Option<Box<dyn HostSource>>) -> Self {
         Self {
             source,
             host,
+            host_every: DEFAULT_HOST_INTERVAL,
             host_due: None,
         }
+    }
+
+    /// Reads host metrics at most every `every` (zero: at every tick).
+    #[must_use]
+    pub fn with_host_interval(mut self, every: Duration) -> Self {
+        self.host_every = every;
+        self
     }
 
     /// The source's name.
@@ -67,7 +80,7 @@ impl Sampler {
     /// One tick at `now_ms`, with host metrics and its cost: `wall_us` for the whole tick,
     /// `cpu_us` of this thread plus what the source reports for its own thread,
     /// `source_us` as the source measured it (else the wall time of the source call).
-    /// Host metrics are added at most every [`HOST_EVERY`].
+    /// Host metrics are added at most every host interval.
     pub fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
         self.sample_at(now_ms, Instant::now())
     }
@@ -82,10 +95,10 @@ impl Sampler {
             && self.host_due.is_none_or(|due| wall + HOST_SLACK >= due)
         {
             tick.host = Some(h.sample(now_ms));
-            // On the grid of HOST_EVERY marks (a late tick does not shift it), never
+            // On the grid of host interval marks (a late tick does not shift it), never
             // closer than half a period after this reading.
-            let due = self.host_due.map_or(wall, |d| d) + HOST_EVERY;
-            self.host_due = Some(due.max(wall + HOST_EVERY / 2));
+            let due = self.host_due.map_or(wall, |d| d) + self.host_every;
+            self.host_due = Some(due.max(wall + self.host_every / 2));
         }
         let own_cpu = micros(thread_cpu_time().saturating_sub(cpu));
         let cost = tick.cost.get_or_insert_with(Default::default);
@@ -253,8 +266,8 @@ mod tests {
     }
 
     /// Which of the ticks at `offsets_ms` (from one start) carry host metrics.
-    fn host_ticks(offsets_ms: impl IntoIterator<Item = u64>) -> Vec<u64> {
-        let mut s = Sampler::new(Box::new(NoGpus), Some(Box::new(Host)));
+    fn host_ticks(every: Duration, offsets_ms: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut s = Sampler::new(Box::new(NoGpus), Some(Box::new(Host))).with_host_interval(every);
         let start = Instant::now();
         offsets_ms
             .into_iter()
@@ -267,19 +280,33 @@ mod tests {
     }
 
     #[test]
-    fn host_metrics_are_read_at_most_once_a_second_whatever_the_interval() {
+    fn host_metrics_are_read_at_most_once_per_host_interval_whatever_the_interval() {
+        let second = Duration::from_secs(1);
         assert_eq!(
-            host_ticks((0..=30).map(|i| i * 100)),
+            host_ticks(second, (0..=30).map(|i| i * 100)),
             [0, 1000, 2000, 3000],
             "100 ms: one tick in ten"
         );
         // 1 s, each wake-up up to 20 ms early or late: every tick still reads them.
         let jittered = [0, 980, 2020, 3000, 3980, 5020, 6000];
-        assert_eq!(host_ticks(jittered), jittered);
+        assert_eq!(host_ticks(second, jittered), jittered);
         assert_eq!(
-            host_ticks([0, 300, 600, 900, 1200, 1500, 1800, 2100, 2400]),
+            host_ticks(second, [0, 300, 600, 900, 1200, 1500, 1800, 2100, 2400]),
             [0, 1200, 2100],
             "300 ms: the first tick at or after each second mark"
+        );
+        // The default, 5 s, at a 1 s interval with jitter: one tick in five.
+        let jittered = [
+            0, 1020, 2000, 2980, 4000, 5020, 6000, 6980, 8000, 9020, 10000, 10980, 12000,
+        ];
+        assert_eq!(
+            host_ticks(DEFAULT_HOST_INTERVAL, jittered),
+            [0, 5020, 10000]
+        );
+        assert_eq!(
+            host_ticks(Duration::ZERO, [0, 10, 20, 30]),
+            [0, 10, 20, 30],
+            "zero: every tick"
         );
     }
 }

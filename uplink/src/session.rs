@@ -3,8 +3,9 @@
 //!
 //! One task owns the session and the timers and reacts to one thing at a time: a new tick
 //! in the outbox, a collector message, a connection attempt finishing, a timer. The
-//! sampling thread puts encoded ticks into the shared outbox and wakes this task (a
-//! [`Notify`]: one pending wake-up at most, however many ticks arrived). Sampling never
+//! sampling thread puts encoded ticks into the shared outbox and wakes this task once a
+//! partial batch's worth is in ([`ticks_per_wake`]; a [`Notify`]: one pending wake-up at
+//! most, however many ticks arrived). Sampling never
 //! waits for the network: while disconnected, ticks pile up in the outbox (bounded; see
 //! [`crate::queue`]) and go out, merged into larger batches, once a session is up again.
 //! Batches go out as the encoded ticks the outbox holds ([`crate::encoded`]).
@@ -48,6 +49,21 @@ const RETRY_AFTER_REJECT: Duration = Duration::from_secs(1);
 /// one message (and one ack) per tick. Full batches (a backlog) and resends go at once;
 /// at intervals of 500 ms and more every tick still goes as soon as it is spooled.
 pub const PARTIAL_BATCH_GAP: Duration = Duration::from_millis(500);
+
+/// How many ticks the sampling thread spools between two wake-ups of the uplink: one
+/// partial batch's worth at `interval` (1 at 500 ms and more, 5 at 100 ms), so the uplink
+/// is not woken for ticks it would only hold back.
+pub fn ticks_per_wake(interval: Duration) -> usize {
+    let per_gap = PARTIAL_BATCH_GAP.as_nanos() / interval.as_nanos().max(1);
+    usize::try_from(per_gap).unwrap_or(usize::MAX).max(1)
+}
+
+/// How early a partial batch may go: the wake-up that brings its last tick may come a
+/// little before [`PARTIAL_BATCH_GAP`] has passed (tick jitter); half an interval (at most
+/// half the gap) is accepted rather than waking again a few milliseconds later.
+fn partial_slack(interval: Duration) -> Duration {
+    interval.min(PARTIAL_BATCH_GAP) / 2
+}
 
 /// Why a session could not be opened or ended.
 #[derive(Debug, Error)]
@@ -373,6 +389,7 @@ pub async fn run(
     let mut deadline: Option<Instant> = None;
     let mut paused_until: Option<Instant> = None;
     let mut partial_at = Instant::now();
+    let slack = partial_slack(cfg.hello.interval);
     let far = || Instant::now() + Duration::from_secs(86_400 * 365);
     loop {
         if deadline.is_none() && shutdown.is_cancelled() {
@@ -391,7 +408,7 @@ pub async fn run(
             paused_until = None;
         }
         if let (Link::Up(session), None) = (&mut link, paused_until)
-            && let Err(why) = pump(session, lock(&outbox).as_mut(), &mut partial_at)
+            && let Err(why) = pump(session, lock(&outbox).as_mut(), &mut partial_at, slack)
         {
             warn!(collector = %session.url, reason = why, "session lost while sending");
             link = down(&mut attempt);
@@ -496,16 +513,17 @@ fn down(attempt: &mut u32) -> Link {
 }
 
 /// Sends what the window allows: resends and full batches, and a partial batch when
-/// `partial_at` has passed (then the next one waits [`PARTIAL_BATCH_GAP`]). Fails when the
-/// session's request stream is gone.
+/// `partial_at` is at most `slack` away (then the next one waits [`PARTIAL_BATCH_GAP`]).
+/// Fails when the session's request stream is gone.
 fn pump(
     session: &mut Session,
     outbox: &mut dyn Outbox,
     partial_at: &mut Instant,
+    slack: Duration,
 ) -> Result<(), &'static str> {
     while outbox.in_flight() < WINDOW {
         let now = Instant::now();
-        let partial = now >= *partial_at;
+        let partial = now + slack >= *partial_at;
         let Some(batch) = outbox.next_batch(session.limits, partial) else {
             return Ok(());
         };
@@ -556,6 +574,18 @@ fn handle(msg: pb::CollectorMessage, outbox: &mut dyn Outbox) -> Option<Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_uplink_is_woken_once_per_partial_batch_and_takes_a_slightly_early_one() {
+        let ms = Duration::from_millis;
+        assert_eq!(ticks_per_wake(ms(1000)), 1);
+        assert_eq!(ticks_per_wake(ms(500)), 1);
+        assert_eq!(ticks_per_wake(ms(300)), 1);
+        assert_eq!(ticks_per_wake(ms(100)), 5);
+        assert_eq!(ticks_per_wake(ms(20)), 25);
+        assert_eq!(partial_slack(ms(100)), ms(50));
+        assert_eq!(partial_slack(ms(1000)), ms(250));
+    }
 
     #[test]
     fn collectors_are_split_and_given_a_scheme() {

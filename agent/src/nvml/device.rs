@@ -1,7 +1,7 @@
 //! Per-GPU state kept between ticks: its handle, what it does not support, and the
 //! counters rates are taken from.
 
-use super::mapping::FieldKey;
+use super::mapping::{FieldKey, FieldMap};
 use super::mig::MigDevice;
 use gpufleet_core::UnixMs;
 use nvml_wrapper::Device;
@@ -131,7 +131,7 @@ pub(super) struct DeviceState<'n> {
     /// Its active NVLink links, found once.
     pub(super) links: Vec<u32>,
     /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
-    pub(super) nvlink_prev: BTreeMap<FieldKey, (u64, UnixMs)>,
+    pub(super) nvlink_prev: FieldMap<(u64, UnixMs)>,
     /// Per active link, the NVLink error counters it answered NOT_SUPPORTED for: not asked
     /// again on that link (each counter, each link its own: Hopper has no data CRC).
     pub(super) nvlink_unsupported: BTreeMap<u32, MetricSet>,

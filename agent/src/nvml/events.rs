@@ -1,53 +1,69 @@
-//! The NVML event thread: Xid critical errors and ECC double-bit errors, waited on
-//! with a timeout and forwarded to the sampler.
+//! NVML events: Xid critical errors and ECC double-bit errors, registered once and
+//! polled by the sampling thread at the end of every tick (`nvmlEventSetWait` with a
+//! zero timeout), so they are reported in that tick. No thread waits on the set: a
+//! waiting thread woke every second to notice shutdown, and each wake-up cost more than a
+//! poll per tick; an event is seen at most one interval after it happened, as when a
+//! thread forwarded it to the next tick.
 
-use super::EVENT_WAIT;
 use gpufleet_core::{Event, EventKind, UnixMs};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::event::EventData;
-use nvml_wrapper::{EventSet, Nvml};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use nvml_wrapper::{Device, EventSet, Nvml};
 use tracing::{debug, info, warn};
 
-/// The event thread: registers every GPU that supports them for Xid and ECC double-bit
-/// events, then waits on the set (with a timeout, to notice `stop`) and forwards what
-/// arrives to the sampler.
-pub(super) fn watch_events(nvml: &Nvml, gpus: u32, tx: &mpsc::Sender<Event>, stop: &AtomicBool) {
-    let Some(set) = register_events(nvml, gpus) else {
-        return;
-    };
-    let mut warned = false;
-    while !stop.load(Ordering::Relaxed) {
-        let timeout_ms = u32::try_from(EVENT_WAIT.as_millis()).unwrap_or(u32::MAX);
-        match set.wait(timeout_ms) {
-            Ok(data) => {
-                let event = event_from(&data, gpufleet_core::config::now_ms());
-                debug!(gpu = %event.gpu_uuid, kind = event.kind.as_str(), code = ?event.code, "NVML event");
-                if tx.send(event).is_err() {
-                    return;
+/// Most events taken from the set in one tick (the rest wait for the next tick).
+const MAX_EVENTS_PER_TICK: usize = 64;
+
+/// The registered event set and its polling state.
+pub(super) struct Events<'n> {
+    set: EventSet<'n>,
+    /// Whether a failed poll was logged at warn (further ones go to debug).
+    warned: bool,
+}
+
+impl<'n> Events<'n> {
+    /// Registers every GPU that supports them; `None` when none does.
+    pub(super) fn register(nvml: &'n Nvml, gpus: u32) -> Option<Self> {
+        register_events(nvml, gpus).map(|set| Self { set, warned: false })
+    }
+
+    /// The events pending now, timed `now_ms`. `uuid_of` names the GPU of an event's
+    /// device handle without asking it (the GPU may be lost by now).
+    pub(super) fn poll(
+        &mut self,
+        now_ms: UnixMs,
+        uuid_of: impl Fn(&Device<'n>) -> Option<String>,
+    ) -> Vec<Event> {
+        let mut events = Vec::new();
+        while events.len() < MAX_EVENTS_PER_TICK {
+            match self.set.wait(0) {
+                Ok(data) => {
+                    let event = event_from(&data, uuid_of(&data.device), now_ms);
+                    debug!(gpu = %event.gpu_uuid, kind = event.kind.as_str(), code = ?event.code, "NVML event");
+                    events.push(event);
                 }
-            }
-            Err(NvmlError::Timeout) => {}
-            Err(e) => {
-                if !warned {
-                    warned = true;
-                    warn!(error = %e, "waiting for NVML events failed; retrying (further failures logged at debug)");
-                } else {
-                    debug!(error = %e, "waiting for NVML events failed");
+                Err(NvmlError::Timeout) => break,
+                Err(e) => {
+                    if self.warned {
+                        debug!(error = %e, "polling NVML events failed");
+                    } else {
+                        self.warned = true;
+                        warn!(error = %e, "polling NVML events failed; trying again next tick (further failures logged at debug)");
+                    }
+                    break;
                 }
-                std::thread::sleep(EVENT_WAIT);
             }
         }
+        events
     }
 }
 
 /// An event set with every GPU that supports Xid / double-bit ECC events registered;
 /// `None` when no GPU does. (nvml-wrapper frees the set when a registration fails, so a
 /// GPU that refuses is left out and the set is built again without it.)
-pub(super) fn register_events(nvml: &Nvml, gpus: u32) -> Option<EventSet<'_>> {
+fn register_events(nvml: &Nvml, gpus: u32) -> Option<EventSet<'_>> {
     let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
     let mut refused: Vec<u32> = Vec::new();
     'build: loop {
@@ -90,9 +106,10 @@ pub(super) fn register_events(nvml: &Nvml, gpus: u32) -> Option<EventSet<'_>> {
     }
 }
 
-/// The domain event for what an event set delivered.
-pub(super) fn event_from(data: &EventData<'_>, now_ms: UnixMs) -> Event {
-    let gpu_uuid = data.device.uuid().unwrap_or_default();
+/// The domain event for what an event set delivered; `uuid` is its GPU's when known,
+/// else the device is asked (and the event is node-level if it cannot answer).
+pub(super) fn event_from(data: &EventData<'_>, uuid: Option<String>, now_ms: UnixMs) -> Event {
+    let gpu_uuid = uuid.unwrap_or_else(|| data.device.uuid().unwrap_or_default());
     let (kind, code, detail) = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
         let code = match data.event_data {
             Some(XidError::Value(v)) => Some(v),
@@ -123,4 +140,12 @@ pub(super) fn event_from(data: &EventData<'_>, now_ms: UnixMs) -> Event {
         code,
         detail,
     }
+}
+
+/// Whether two devices are the same NVML handle.
+#[allow(unsafe_code)]
+pub(super) fn same_handle(a: &Device<'_>, b: &Device<'_>) -> bool {
+    // SAFETY: `handle` only returns the raw handle (nvml-wrapper marks it unsafe so that no
+    // second owner of it is built); here it is compared, never used.
+    unsafe { a.handle() == b.handle() }
 }

@@ -37,20 +37,23 @@ pub(super) fn read_fields(
     if dev.fields.is_empty() {
         return FieldValues::default();
     }
-    let keys = dev.fields.clone();
-    let Some(samples) = read(dev, timer, Metric::FieldValues, |d| {
+    // Taken out for the call (which borrows the device state) and put back after.
+    let mut keys = std::mem::take(&mut dev.fields);
+    let samples = read(dev, timer, Metric::FieldValues, |d| {
         field_values_scoped(d, &keys)
-    }) else {
-        if dev.unsupported.contains(Metric::FieldValues) {
-            dev.fields.clear();
+    });
+    let Some(samples) = samples else {
+        if !dev.unsupported.contains(Metric::FieldValues) {
+            dev.fields = keys;
         }
         return FieldValues::default();
     };
     let (values, unsupported) = field_readings(&keys, &samples);
     if !unsupported.is_empty() {
         debug!(gpu = dev.index, fields = ?unsupported, "field values not supported; not asked again");
-        dev.fields.retain(|f| !unsupported.contains(f));
+        keys.retain(|f| !unsupported.contains(f));
     }
+    dev.fields = keys;
     let rates = counter_rates(&mut dev.nvlink_prev, &values, now_ms);
     let (nvlink_tx_bps, nvlink_rx_bps, nvlinks) = nvlink_samples(&dev.links, &rates);
     let scalar = |field| {

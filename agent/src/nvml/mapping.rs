@@ -80,6 +80,81 @@ pub struct FieldKey {
     pub scope: u32,
 }
 
+/// Values keyed by [`FieldKey`], for the few dozen entries of one GPU's batch: a vector in
+/// key order, so a tick's readings and rates cost one allocation each (a B-tree map costs
+/// several nodes, allocated and freed every tick).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldMap<V>(Vec<(FieldKey, V)>);
+
+impl<V> Default for FieldMap<V> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<V> FieldMap<V> {
+    /// An empty map with room for `n` entries.
+    pub fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
+    fn position(&self, key: &FieldKey) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.cmp(key))
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &FieldKey) -> Option<&V> {
+        let i = self.position(key).ok()?;
+        self.0.get(i).map(|(_, v)| v)
+    }
+
+    /// Whether `key` has a value.
+    pub fn contains_key(&self, key: &FieldKey) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Sets the value of `key`.
+    pub fn insert(&mut self, key: FieldKey, value: V) {
+        match self.position(&key) {
+            Ok(i) => {
+                if let Some(slot) = self.0.get_mut(i) {
+                    slot.1 = value;
+                }
+            }
+            Err(i) => self.0.insert(i, (key, value)),
+        }
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The entries in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&FieldKey, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<V, const N: usize> From<[(FieldKey, V); N]> for FieldMap<V> {
+    fn from(entries: [(FieldKey, V); N]) -> Self {
+        let mut map = Self::with_capacity(N);
+        for (k, v) in entries {
+            map.insert(k, v);
+        }
+        map
+    }
+}
+
+impl<V> IntoIterator for FieldMap<V> {
+    type Item = (FieldKey, V);
+    type IntoIter = std::vec::IntoIter<(FieldKey, V)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 /// The batch for a GPU with these active NVLink links: instant power, memory
 /// temperature and, with links, NVLink data TX and RX summed and per link.
 pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
@@ -120,7 +195,7 @@ pub struct Remap {
 }
 
 /// [`Remap`] from the readings of the [`REMAP_FIELDS`] batch (see [`field_readings`]).
-pub fn remap_from(values: &BTreeMap<FieldKey, u64>) -> Remap {
+pub fn remap_from(values: &FieldMap<u64>) -> Remap {
     let get = |field| values.get(&FieldKey { field, scope: 0 }).copied();
     let count = |field| get(field).map(|v| u32::try_from(v).unwrap_or(u32::MAX));
     Remap {
@@ -154,8 +229,8 @@ pub fn link_total<'a>(readings: impl IntoIterator<Item = &'a Reading<u64>>) -> O
 pub fn field_readings(
     keys: &[FieldKey],
     samples: &[Result<FieldValueSample, NvmlError>],
-) -> (BTreeMap<FieldKey, u64>, Vec<FieldKey>) {
-    let mut values = BTreeMap::new();
+) -> (FieldMap<u64>, Vec<FieldKey>) {
+    let mut values = FieldMap::with_capacity(keys.len());
     let mut unsupported = Vec::new();
     for (key, s) in keys.iter().zip(samples) {
         let Ok(s) = s else { continue };
@@ -208,11 +283,11 @@ pub fn counter_rate_bps(prev: Option<(u64, UnixMs)>, kib: u64, now_ms: UnixMs) -
 /// in `prev` for the next tick. A counter not read this tick keeps its older reading, so
 /// its next rate spans both ticks.
 pub fn counter_rates(
-    prev: &mut BTreeMap<FieldKey, (u64, UnixMs)>,
-    values: &BTreeMap<FieldKey, u64>,
+    prev: &mut FieldMap<(u64, UnixMs)>,
+    values: &FieldMap<u64>,
     now_ms: UnixMs,
-) -> BTreeMap<FieldKey, u64> {
-    let mut rates = BTreeMap::new();
+) -> FieldMap<u64> {
+    let mut rates = FieldMap::default();
     for (key, kib) in values.iter().filter(|(k, _)| {
         k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
             || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
@@ -229,7 +304,7 @@ pub fn counter_rates(
 /// neither is left out: absent, not zero).
 pub fn nvlink_samples(
     links: &[u32],
-    rates: &BTreeMap<FieldKey, u64>,
+    rates: &FieldMap<u64>,
 ) -> (Option<u64>, Option<u64>, Vec<NvLinkSample>) {
     let rate = |field, scope| rates.get(&FieldKey { field, scope }).copied();
     let (tx, rx) = (
@@ -421,7 +496,7 @@ mod health_tests {
     #[test]
     fn remap_fields_map_to_counts_and_flags_absent_stays_absent() {
         let key = |field| FieldKey { field, scope: 0 };
-        let values = BTreeMap::from([
+        let values = FieldMap::from([
             (key(NVML_FI_DEV_REMAPPED_COR), 3),
             (key(NVML_FI_DEV_REMAPPED_PENDING), 1),
             (key(NVML_FI_DEV_REMAPPED_FAILURE), 0),
@@ -435,7 +510,7 @@ mod health_tests {
                 failed: Some(false),
             }
         );
-        assert_eq!(remap_from(&BTreeMap::new()), Remap::default());
+        assert_eq!(remap_from(&FieldMap::default()), Remap::default());
     }
 
     #[test]
@@ -618,19 +693,19 @@ mod tests {
             field: NVML_FI_DEV_POWER_INSTANT,
             scope: 0,
         };
-        let mut prev = BTreeMap::new();
-        let first = BTreeMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
+        let mut prev = FieldMap::default();
+        let first = FieldMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
         assert!(counter_rates(&mut prev, &first, 1000).is_empty());
         assert!(!prev.contains_key(&power), "not a counter");
         // rx(1) not read this tick: its next rate spans two ticks.
-        let second = BTreeMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
+        let second = FieldMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
         let rates = counter_rates(&mut prev, &second, 2000);
         assert_eq!(rates.get(&tx(ALL_LINKS)), Some(&(200 * 1024)));
-        let third = BTreeMap::from([(rx(1), 2010)]);
+        let third = FieldMap::from([(rx(1), 2010)]);
         let rates = counter_rates(&mut prev, &third, 3000);
         assert_eq!(rates.get(&rx(1)), Some(&(1000 * 1024)), "2000 KiB over 2 s");
 
-        let rates = BTreeMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
+        let rates = FieldMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
         let (sum_tx, sum_rx, links) = nvlink_samples(&[0, 1, 2], &rates);
         assert_eq!((sum_tx, sum_rx), (Some(9), None));
         assert_eq!(

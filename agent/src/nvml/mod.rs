@@ -20,9 +20,9 @@
 //! `health_interval` and on the tick after an Xid / ECC / GPU-lost event; the inventory
 //! carries the temperature thresholds (slowdown, shutdown, GPU and memory maximum).
 //!
-//! Events: a second thread, `nvml-events`, waits on an NVML event set (Xid critical
-//! errors, ECC double-bit errors) with a timeout; what it receives is reported in the
-//! next tick. A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
+//! Events: an NVML event set (Xid critical errors, ECC double-bit errors) is registered
+//! once and polled without waiting at the end of each tick; what it holds is reported in
+//! that tick (no thread waits on it). A GPU that answers GPU_IS_LOST is reported once (`GpuLost`), its values are
 //! absent, the others keep being sampled, and each tick it is probed once (a fresh
 //! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
 //!
@@ -40,7 +40,7 @@
 //!
 //! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `health`, `fields`
 //! for the batched field values, `lists` for the process and utilization lists in one
-//! call each), `events` is the event thread, and `mapping` holds
+//! call each), `events` registers and polls the event set, and `mapping` holds
 //! the NVML → domain mappings, pure functions tested without NVML.
 //!
 //! [`SamplerCost`]: gpufleet_core::SamplerCost
@@ -57,26 +57,19 @@ mod reader;
 pub use health::DEFAULT_HEALTH_INTERVAL;
 pub use mapping::*;
 
-use events::watch_events;
 use gpufleet_core::{GpuSource, SourceError};
 use gpufleet_core::{Inventory, Tick, UnixMs};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
 use reader::Reader;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
-use std::thread::JoinHandle;
 use std::time::Duration;
-use tracing::{info, warn};
+use tracing::info;
 
 /// The library NVML loads when no `--nvml-lib` is given.
 const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
 /// NVML's maximum number of NVLink links per GPU.
 const MAX_NVLINKS: u32 = 18;
-/// How long the event thread waits per `nvmlEventSetWait` before checking for shutdown
-/// (so dropping the source takes at most this long; each wake-up costs the agent CPU).
-const EVENT_WAIT: Duration = Duration::from_secs(1);
 /// Device-wide field values asked in one `nvmlDeviceGetFieldValues` call per tick (the
 /// NVLink entries join them, see [`field_batch`]).
 const FIELDS: [u32; 2] = [NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_MEMORY_TEMP];
@@ -103,9 +96,10 @@ pub struct NvmlOptions {
 }
 
 self_cell::self_cell!(
-    /// NVML and the reader whose device handles borrow it.
+    /// NVML and the reader whose device handles and event set borrow it (dropped before
+    /// it; dropping NVML shuts it down).
     struct NvmlCell {
-        owner: Arc<Nvml>,
+        owner: Nvml,
         #[covariant]
         dependent: Reader,
     }
@@ -113,12 +107,7 @@ self_cell::self_cell!(
 
 /// A [`GpuSource`] reading real GPUs through NVML.
 pub struct NvmlSource {
-    /// NVML and the per-GPU state; `None` only while dropping.
-    cell: Option<NvmlCell>,
-    /// Tells the event thread to stop.
-    stop: Arc<AtomicBool>,
-    /// The event thread, joined on drop before NVML shuts down.
-    events: Option<JoinHandle<()>>,
+    cell: NvmlCell,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -128,8 +117,9 @@ impl std::fmt::Debug for NvmlSource {
 }
 
 impl NvmlSource {
-    /// Loads NVML, initialises it and caches a handle per GPU. Fails when the library
-    /// cannot be loaded or initialised, or the GPUs cannot be counted.
+    /// Loads NVML, initialises it, caches a handle per GPU and registers for Xid / ECC
+    /// events. Fails when the library cannot be loaded or initialised, or the GPUs cannot
+    /// be counted.
     pub fn open(opts: NvmlOptions) -> Result<Self, SourceError> {
         let lib = opts
             .lib_path
@@ -139,56 +129,17 @@ impl NvmlSource {
         if let Some(path) = &opts.lib_path {
             builder.lib_path(path.as_os_str());
         }
-        let nvml = Arc::new(builder.init().map_err(|e| SourceError::NvmlInit {
+        let nvml = builder.init().map_err(|e| SourceError::NvmlInit {
             lib: lib.clone(),
             reason: e.to_string(),
-        })?);
-        let (event_tx, event_rx) = mpsc::channel();
-        let cell = NvmlCell::try_new(Arc::clone(&nvml), |nvml| Reader::open(nvml, opts, event_rx))?;
-        let gpus = cell
-            .borrow_dependent()
-            .devices
-            .iter()
-            .map(|d| d.index + 1)
-            .max()
-            .unwrap_or(0);
+        })?;
+        let cell = NvmlCell::try_new(nvml, |nvml| Reader::open(nvml, opts))?;
         info!(lib = %lib, gpus = cell.borrow_dependent().devices.len(), "NVML initialised");
-        let stop = Arc::new(AtomicBool::new(false));
-        let events = {
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("nvml-events".into())
-                .spawn(move || watch_events(&nvml, gpus, &event_tx, &stop))
-        };
-        let events = match events {
-            Ok(t) => Some(t),
-            Err(e) => {
-                warn!(error = %e, "cannot start the NVML event thread; Xid and ECC events will not be reported");
-                None
-            }
-        };
-        Ok(Self {
-            cell: Some(cell),
-            stop,
-            events,
-        })
+        Ok(Self { cell })
     }
 
-    fn reader<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> Result<T, SourceError> {
-        let cell = self.cell.as_mut().ok_or(SourceError::WorkerGone)?;
-        Ok(cell.with_dependent_mut(|_, r| f(r)))
-    }
-}
-
-impl Drop for NvmlSource {
-    fn drop(&mut self) {
-        // The event thread ends first (it holds NVML too); then the device handles drop
-        // before NVML, whose last reference shuts it down.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.events.take() {
-            let _ = t.join();
-        }
-        self.cell.take();
+    fn reader<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
+        self.cell.with_dependent_mut(|_, r| f(r))
     }
 }
 
@@ -198,10 +149,10 @@ impl GpuSource for NvmlSource {
     }
 
     fn inventory(&mut self) -> Result<Inventory, SourceError> {
-        self.reader(|r| r.inventory())
+        Ok(self.reader(|r| r.inventory()))
     }
 
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
-        self.reader(|r| r.sample(now_ms))
+        Ok(self.reader(|r| r.sample(now_ms)))
     }
 }

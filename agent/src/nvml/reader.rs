@@ -3,12 +3,14 @@
 
 use super::NvmlOptions;
 use super::device::{DeviceState, Metric, MetricSet};
+use super::events::{Events, same_handle};
 use super::fields::{active_nvlinks, read_fields};
 use super::health::{HealthSchedule, read_health};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
-    GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
-    memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
+    FieldMap, GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string,
+    field_batch, memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number,
+    throttle_bits,
 };
 use super::mig::{discover_migs, mig_processes};
 use crate::cgroup::{self, ProcessIdentity, UserNames};
@@ -25,7 +27,6 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Instant;
 use tracing::{debug, info, warn};
 
@@ -44,18 +45,15 @@ pub(super) struct Reader<'n> {
     /// Identity of each pid seen on a GPU, kept while the pid stays on a GPU (so `/proc`
     /// is read once per process, not once per tick).
     identities: HashMap<u32, ProcessIdentity>,
-    /// Events from the event thread, reported in the next tick.
-    events: mpsc::Receiver<Event>,
+    /// The Xid / ECC event set, polled at the end of each tick; `None` when no GPU
+    /// supports events.
+    events: Option<Events<'n>>,
     /// When health counters are read.
     health: HealthSchedule,
 }
 
 impl<'n> Reader<'n> {
-    pub(super) fn open(
-        nvml: &'n Nvml,
-        opts: NvmlOptions,
-        events: mpsc::Receiver<Event>,
-    ) -> Result<Self, SourceError> {
+    pub(super) fn open(nvml: &'n Nvml, opts: NvmlOptions) -> Result<Self, SourceError> {
         let count = nvml.device_count().map_err(|e| SourceError::Nvml {
             call: "device_count",
             reason: e.to_string(),
@@ -89,7 +87,7 @@ impl<'n> Reader<'n> {
                 lost: false,
                 fields: field_batch(&links),
                 links,
-                nvlink_prev: BTreeMap::new(),
+                nvlink_prev: FieldMap::default(),
                 nvlink_unsupported: BTreeMap::new(),
                 power_limit: None,
                 list_hints: [0; 3],
@@ -102,7 +100,7 @@ impl<'n> Reader<'n> {
             proc_root: opts.proc_root,
             hostname: opts.hostname,
             identities: HashMap::new(),
-            events,
+            events: Events::register(nvml, count),
             health: HealthSchedule::new(opts.health_interval),
         })
     }
@@ -235,10 +233,15 @@ impl<'n> Reader<'n> {
             tick.gpus.push(sample);
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
-        tick.events.extend(self.events.try_iter().map(|mut e| {
-            e.time_ms = e.time_ms.min(now_ms);
-            e
-        }));
+        if let Some(events) = &mut self.events {
+            let devices = &self.devices;
+            tick.events.extend(events.poll(now_ms, |d| {
+                devices
+                    .iter()
+                    .find(|s| same_handle(&s.device, d))
+                    .map(|s| s.uuid.clone())
+            }));
+        }
         if tick.events.iter().any(|e| {
             matches!(
                 e.kind,
