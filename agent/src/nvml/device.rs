@@ -1,10 +1,11 @@
 //! Per-GPU state kept between ticks: its handle, what it does not support, and the
 //! counters rates are taken from.
 
-use super::mapping::{FieldKey, FieldMap};
+use super::mapping::FieldKey;
 use super::mig::MigDevice;
 use gpufleet_core::UnixMs;
 use nvml_wrapper::Device;
+use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
 use std::collections::BTreeMap;
 
 /// A per-tick NVML query; the unit of "unsupported, don't ask again".
@@ -130,8 +131,11 @@ pub(super) struct DeviceState<'n> {
     pub(super) fields: Vec<FieldKey>,
     /// Its active NVLink links, found once.
     pub(super) links: Vec<u32>,
-    /// The previous reading (KiB, tick time) of each NVLink counter, for its rate.
-    pub(super) nvlink_prev: FieldMap<(u64, UnixMs)>,
+    /// Beside each entry of `fields`: the previous reading (KiB, tick time) of an NVLink
+    /// counter, for its rate.
+    pub(super) field_prev: Vec<Option<(u64, UnixMs)>>,
+    /// The field-value call's buffer, kept between ticks.
+    pub(super) field_buf: Vec<nvmlFieldValue_t>,
     /// Per active link, the NVLink error counters it answered NOT_SUPPORTED for: not asked
     /// again on that link (each counter, each link its own: Hopper has no data CRC).
     pub(super) nvlink_unsupported: BTreeMap<u32, MetricSet>,

@@ -10,9 +10,9 @@ use nvml_wrapper::struct_wrappers::device::{
     FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
 };
 use nvml_wrapper::sys_exports::field_id::{
-    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-    NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
-    NVML_FI_DEV_REMAPPED_UNC,
+    NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_REMAPPED_COR,
+    NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING, NVML_FI_DEV_REMAPPED_UNC,
 };
 use std::collections::BTreeMap;
 
@@ -80,81 +80,6 @@ pub struct FieldKey {
     pub scope: u32,
 }
 
-/// Values keyed by [`FieldKey`], for the few dozen entries of one GPU's batch: a vector in
-/// key order, so a tick's readings and rates cost one allocation each (a B-tree map costs
-/// several nodes, allocated and freed every tick).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldMap<V>(Vec<(FieldKey, V)>);
-
-impl<V> Default for FieldMap<V> {
-    fn default() -> Self {
-        Self(Vec::new())
-    }
-}
-
-impl<V> FieldMap<V> {
-    /// An empty map with room for `n` entries.
-    pub fn with_capacity(n: usize) -> Self {
-        Self(Vec::with_capacity(n))
-    }
-
-    fn position(&self, key: &FieldKey) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| k.cmp(key))
-    }
-
-    /// The value of `key`.
-    pub fn get(&self, key: &FieldKey) -> Option<&V> {
-        let i = self.position(key).ok()?;
-        self.0.get(i).map(|(_, v)| v)
-    }
-
-    /// Whether `key` has a value.
-    pub fn contains_key(&self, key: &FieldKey) -> bool {
-        self.position(key).is_ok()
-    }
-
-    /// Sets the value of `key`.
-    pub fn insert(&mut self, key: FieldKey, value: V) {
-        match self.position(&key) {
-            Ok(i) => {
-                if let Some(slot) = self.0.get_mut(i) {
-                    slot.1 = value;
-                }
-            }
-            Err(i) => self.0.insert(i, (key, value)),
-        }
-    }
-
-    /// Whether the map is empty.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The entries in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&FieldKey, &V)> {
-        self.0.iter().map(|(k, v)| (k, v))
-    }
-}
-
-impl<V, const N: usize> From<[(FieldKey, V); N]> for FieldMap<V> {
-    fn from(entries: [(FieldKey, V); N]) -> Self {
-        let mut map = Self::with_capacity(N);
-        for (k, v) in entries {
-            map.insert(k, v);
-        }
-        map
-    }
-}
-
-impl<V> IntoIterator for FieldMap<V> {
-    type Item = (FieldKey, V);
-    type IntoIter = std::vec::IntoIter<(FieldKey, V)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
-
 /// The batch for a GPU with these active NVLink links: instant power, memory
 /// temperature and, with links, NVLink data TX and RX summed and per link.
 pub fn field_batch(links: &[u32]) -> Vec<FieldKey> {
@@ -195,7 +120,7 @@ pub struct Remap {
 }
 
 /// [`Remap`] from the readings of the [`REMAP_FIELDS`] batch (see [`field_readings`]).
-pub fn remap_from(values: &FieldMap<u64>) -> Remap {
+pub fn remap_from(values: &BTreeMap<FieldKey, u64>) -> Remap {
     let get = |field| values.get(&FieldKey { field, scope: 0 }).copied();
     let count = |field| get(field).map(|v| u32::try_from(v).unwrap_or(u32::MAX));
     Remap {
@@ -229,8 +154,8 @@ pub fn link_total<'a>(readings: impl IntoIterator<Item = &'a Reading<u64>>) -> O
 pub fn field_readings(
     keys: &[FieldKey],
     samples: &[Result<FieldValueSample, NvmlError>],
-) -> (FieldMap<u64>, Vec<FieldKey>) {
-    let mut values = FieldMap::with_capacity(keys.len());
+) -> (BTreeMap<FieldKey, u64>, Vec<FieldKey>) {
+    let mut values = BTreeMap::new();
     let mut unsupported = Vec::new();
     for (key, s) in keys.iter().zip(samples) {
         let Ok(s) = s else { continue };
@@ -279,50 +204,86 @@ pub fn counter_rate_bps(prev: Option<(u64, UnixMs)>, kib: u64, now_ms: UnixMs) -
     u64::try_from(u128::from(delta) * 1024 * 1000 / u128::from(dt_ms)).ok()
 }
 
-/// The rates of this tick's NVLink counter readings (bytes/s), remembering each reading
-/// in `prev` for the next tick. A counter not read this tick keeps its older reading, so
-/// its next rate spans both ticks.
-pub fn counter_rates(
-    prev: &mut FieldMap<(u64, UnixMs)>,
-    values: &FieldMap<u64>,
-    now_ms: UnixMs,
-) -> FieldMap<u64> {
-    let mut rates = FieldMap::default();
-    for (key, kib) in values.iter().filter(|(k, _)| {
-        k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
-            || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-    }) {
-        if let Some(bps) = counter_rate_bps(prev.get(key).copied(), *kib, now_ms) {
-            rates.insert(*key, bps);
-        }
-        prev.insert(*key, (*kib, now_ms));
-    }
-    rates
+/// What the batched field values gave this tick.
+#[derive(Debug, Default, PartialEq)]
+pub struct FieldValues {
+    pub power_instant_mw: Option<u32>,
+    pub temp_mem_c: Option<u32>,
+    pub nvlink_tx_bps: Option<u64>,
+    pub nvlink_rx_bps: Option<u64>,
+    pub nvlinks: Vec<NvLinkSample>,
 }
 
-/// The summed NVLink TX / RX rates and one sample per link that has a rate (a link with
-/// neither is left out: absent, not zero).
-pub fn nvlink_samples(
-    links: &[u32],
-    rates: &FieldMap<u64>,
-) -> (Option<u64>, Option<u64>, Vec<NvLinkSample>) {
-    let rate = |field, scope| rates.get(&FieldKey { field, scope }).copied();
-    let (tx, rx) = (
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
-    );
-    let per_link = links
-        .iter()
-        .filter_map(|&link| {
-            let (tx_bps, rx_bps) = (rate(tx, link), rate(rx, link));
-            (tx_bps.is_some() || rx_bps.is_some()).then_some(NvLinkSample {
-                link,
-                tx_bps,
-                rx_bps,
-            })
-        })
-        .collect();
-    (rate(tx, ALL_LINKS), rate(rx, ALL_LINKS), per_link)
+/// One tick's field-value batch in one pass: `answers[i]` is the answer to `keys[i]`,
+/// `prev[i]` the previous reading of that entry (KiB, tick time) when it is an NVLink
+/// counter, updated here. Instant power and memory temperature are taken as read; the
+/// NVLink counters become rates (bytes/s; see [`counter_rate_bps`]): the summed ones and
+/// one sample per link that has a rate (a link with neither is left out: absent, not
+/// zero), in the batch's link order. An entry not read this tick keeps its older
+/// reading, so its next rate spans both ticks. Also returns the positions of the entries
+/// the device does not support (not to be asked again).
+pub fn tick_fields(
+    keys: &[FieldKey],
+    answers: impl IntoIterator<Item = Result<FieldValueSample, NvmlError>>,
+    prev: &mut [Option<(u64, UnixMs)>],
+    now_ms: UnixMs,
+) -> (FieldValues, Vec<usize>) {
+    let mut out = FieldValues::default();
+    let mut unsupported = Vec::new();
+    for (i, (key, answer)) in keys.iter().zip(answers).enumerate() {
+        let value = match answer.map(|s| s.value) {
+            Ok(Ok(v)) => sample_u64(&v),
+            Ok(Err(NvmlError::NotSupported | NvmlError::NoPermission)) => {
+                unsupported.push(i);
+                continue;
+            }
+            Ok(Err(_)) | Err(_) => None,
+        };
+        let Some(value) = value else { continue };
+        let tx = key.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX;
+        if !tx && key.field != NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX {
+            let value = u32::try_from(value).ok();
+            match key.field {
+                NVML_FI_DEV_POWER_INSTANT if key.scope == 0 => out.power_instant_mw = value,
+                NVML_FI_DEV_MEMORY_TEMP if key.scope == 0 => out.temp_mem_c = value,
+                _ => {}
+            }
+            continue;
+        }
+        let Some(slot) = prev.get_mut(i) else {
+            continue;
+        };
+        let rate = counter_rate_bps(*slot, value, now_ms);
+        *slot = Some((value, now_ms));
+        let Some(rate) = rate else { continue };
+        if key.scope == ALL_LINKS {
+            if tx {
+                out.nvlink_tx_bps = Some(rate);
+            } else {
+                out.nvlink_rx_bps = Some(rate);
+            }
+            continue;
+        }
+        let at = match out.nvlinks.iter().position(|s| s.link == key.scope) {
+            Some(at) => at,
+            None => {
+                out.nvlinks.push(NvLinkSample {
+                    link: key.scope,
+                    tx_bps: None,
+                    rx_bps: None,
+                });
+                out.nvlinks.len() - 1
+            }
+        };
+        if let Some(link) = out.nvlinks.get_mut(at) {
+            if tx {
+                link.tx_bps = Some(rate);
+            } else {
+                link.rx_bps = Some(rate);
+            }
+        }
+    }
+    (out, unsupported)
 }
 
 /// A MIG device's profile from its name: `NVIDIA A100-SXM4-80GB MIG 3g.40gb` → `3g.40gb`.
@@ -496,7 +457,7 @@ mod health_tests {
     #[test]
     fn remap_fields_map_to_counts_and_flags_absent_stays_absent() {
         let key = |field| FieldKey { field, scope: 0 };
-        let values = FieldMap::from([
+        let values = BTreeMap::from([
             (key(NVML_FI_DEV_REMAPPED_COR), 3),
             (key(NVML_FI_DEV_REMAPPED_PENDING), 1),
             (key(NVML_FI_DEV_REMAPPED_FAILURE), 0),
@@ -510,7 +471,7 @@ mod health_tests {
                 failed: Some(false),
             }
         );
-        assert_eq!(remap_from(&FieldMap::default()), Remap::default());
+        assert_eq!(remap_from(&BTreeMap::new()), Remap::default());
     }
 
     #[test]
@@ -538,7 +499,6 @@ mod health_tests {
 mod tests {
     use super::*;
     use nvml_wrapper::structs::device::FieldId;
-    use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_INSTANT};
 
     fn proc_info(pid: u32, used: Option<u64>) -> ProcessInfo {
         ProcessInfo {
@@ -680,7 +640,10 @@ mod tests {
             None,
             "out of range"
         );
+    }
 
+    #[test]
+    fn a_tick_of_field_values_gives_readings_rates_per_link_and_the_unsupported() {
         let tx = |scope| FieldKey {
             field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
             scope,
@@ -689,40 +652,138 @@ mod tests {
             field: NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
             scope,
         };
-        let power = FieldKey {
-            field: NVML_FI_DEV_POWER_INSTANT,
-            scope: 0,
+        let scalar = |field| FieldKey { field, scope: 0 };
+        let keys = [
+            scalar(NVML_FI_DEV_POWER_INSTANT),
+            scalar(NVML_FI_DEV_MEMORY_TEMP),
+            tx(ALL_LINKS),
+            rx(ALL_LINKS),
+            tx(0),
+            rx(0),
+            tx(1),
+            rx(1),
+            tx(2),
+            rx(2),
+        ];
+        let answer = |key: &FieldKey, value: Result<SampleValue, NvmlError>| {
+            Ok(FieldValueSample {
+                field: FieldId(key.field),
+                timestamp: 0,
+                latency: 0,
+                value,
+            })
         };
-        let mut prev = FieldMap::default();
-        let first = FieldMap::from([(tx(ALL_LINKS), 100), (tx(1), 60), (rx(1), 10), (power, 5)]);
-        assert!(counter_rates(&mut prev, &first, 1000).is_empty());
-        assert!(!prev.contains_key(&power), "not a counter");
-        // rx(1) not read this tick: its next rate spans two ticks.
-        let second = FieldMap::from([(tx(ALL_LINKS), 300), (tx(1), 160)]);
-        let rates = counter_rates(&mut prev, &second, 2000);
-        assert_eq!(rates.get(&tx(ALL_LINKS)), Some(&(200 * 1024)));
-        let third = FieldMap::from([(rx(1), 2010)]);
-        let rates = counter_rates(&mut prev, &third, 3000);
-        assert_eq!(rates.get(&rx(1)), Some(&(1000 * 1024)), "2000 KiB over 2 s");
+        // Each tick: one value (KiB for the counters) or an error per key.
+        let tick =
+            |values: [Result<u64, NvmlError>; 10]| -> Vec<Result<FieldValueSample, NvmlError>> {
+                keys.iter()
+                    .zip(values)
+                    .map(|(k, v)| answer(k, v.map(SampleValue::U64)))
+                    .collect()
+            };
+        let failed = || Err(NvmlError::Unknown);
+        let mut prev = vec![None; keys.len()];
 
-        let rates = FieldMap::from([(tx(ALL_LINKS), 9), (tx(1), 4), (rx(1), 5), (rx(2), 6)]);
-        let (sum_tx, sum_rx, links) = nvlink_samples(&[0, 1, 2], &rates);
-        assert_eq!((sum_tx, sum_rx), (Some(9), None));
+        let (first, unsupported) = tick_fields(
+            &keys,
+            tick([
+                Ok(231_000),
+                Err(NvmlError::NotSupported),
+                Ok(100),
+                Ok(50),
+                Ok(60),
+                Ok(10),
+                Ok(1),
+                failed(),
+                Ok(7),
+                Ok(7),
+            ]),
+            &mut prev,
+            1000,
+        );
         assert_eq!(
-            links,
-            [
-                NvLinkSample {
-                    link: 1,
-                    tx_bps: Some(4),
-                    rx_bps: Some(5)
-                },
-                NvLinkSample {
-                    link: 2,
-                    tx_bps: None,
-                    rx_bps: Some(6)
-                },
-            ],
+            first,
+            FieldValues {
+                power_instant_mw: Some(231_000),
+                ..FieldValues::default()
+            },
+            "no rate from a first reading"
+        );
+        assert_eq!(unsupported, [1], "the position of the unsupported entry");
+        assert_eq!(prev[0], None, "instant power is not a counter");
+        assert_eq!(prev[7], None, "a failed read leaves no reading");
+
+        // rx(1) failed in the first tick: this first reading gives no rate yet; a counter
+        // that went back (tx(2)) has none; link 0 was not read.
+        let (second, _) = tick_fields(
+            &keys,
+            tick([
+                failed(),
+                failed(),
+                Ok(300),
+                Ok(2050),
+                failed(),
+                failed(),
+                Ok(1025),
+                Ok(10),
+                Ok(3),
+                Ok(2007),
+            ]),
+            &mut prev,
+            2000,
+        );
+        assert_eq!(
+            second,
+            FieldValues {
+                power_instant_mw: None,
+                temp_mem_c: None,
+                nvlink_tx_bps: Some(200 * 1024),
+                nvlink_rx_bps: Some(2000 * 1024),
+                nvlinks: vec![
+                    NvLinkSample {
+                        link: 1,
+                        tx_bps: Some(1024 * 1024),
+                        rx_bps: None,
+                    },
+                    NvLinkSample {
+                        link: 2,
+                        tx_bps: None,
+                        rx_bps: Some(2000 * 1024),
+                    },
+                ],
+            },
             "link 0 has no rate: left out, not zero"
+        );
+        // Link 0 not read in the second tick: its rate spans two ticks.
+        let (third, _) = tick_fields(
+            &keys,
+            tick([
+                Ok(1),
+                Ok(2),
+                failed(),
+                failed(),
+                Ok(2060),
+                Ok(10),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
+            ]),
+            &mut prev,
+            3000,
+        );
+        assert_eq!(
+            third.nvlinks,
+            [NvLinkSample {
+                link: 0,
+                tx_bps: Some(1000 * 1024),
+                rx_bps: Some(0),
+            }],
+            "2000 KiB over 2 s"
+        );
+        assert_eq!(
+            (third.power_instant_mw, third.temp_mem_c),
+            (Some(1), Some(2))
         );
     }
 

@@ -8,9 +8,8 @@ use super::fields::{active_nvlinks, read_fields};
 use super::health::{HealthSchedule, read_health};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
-    FieldMap, GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string,
-    field_batch, memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number,
-    throttle_bits,
+    GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
+    memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
 };
 use super::mig::{discover_migs, mig_processes};
 use crate::cgroup::{self, ProcessIdentity, UserNames};
@@ -76,6 +75,7 @@ impl<'n> Reader<'n> {
             };
             let migs = discover_migs(&device, index);
             let links = active_nvlinks(&device);
+            let fields = field_batch(&links);
             devices.push(DeviceState {
                 migs,
                 device,
@@ -85,9 +85,10 @@ impl<'n> Reader<'n> {
                 warned: MetricSet::default(),
                 last_util_ts: 0,
                 lost: false,
-                fields: field_batch(&links),
+                field_prev: vec![None; fields.len()],
+                field_buf: Vec::with_capacity(fields.len()),
+                fields,
                 links,
-                nvlink_prev: FieldMap::default(),
                 nvlink_unsupported: BTreeMap::new(),
                 power_limit: None,
                 list_hints: [0; 3],
