@@ -90,6 +90,34 @@ fn xid_and_double_bit_ecc_events_are_delivered_once() {
 }
 
 #[test]
+fn an_xid_from_a_gpu_that_falls_off_the_bus_at_once_still_names_it() {
+    // The event is pending from the GPU's 60th call on, and from then on every call to
+    // the GPU answers GPU_IS_LOST: the event's GPU cannot be asked for its UUID.
+    let fake = Fake::new(Scenario {
+        gpus: vec![Gpu {
+            events: vec![EventSpec {
+                kind: EventKind::Xid,
+                code: 79,
+                after_calls: 60,
+            }],
+            lost_after_calls: Some(60),
+            ..gpu("GPU-falls")
+        }],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    let mut ticks = Vec::new();
+    sample_until(&mut src, &mut ticks, "the Xid and the loss", |t| {
+        !events_of(t, Kind::Xid).is_empty() && !events_of(t, Kind::GpuLost).is_empty()
+    });
+    assert_eq!(
+        events_of(&ticks, Kind::Xid),
+        [("GPU-falls".to_owned(), Some(79))],
+        "the event names its GPU from its device handle, not by asking the lost GPU"
+    );
+}
+
+#[test]
 fn a_lost_gpu_is_reported_the_others_keep_sampling_and_it_recovers() {
     let fake = Fake::new(Scenario {
         gpus: vec![

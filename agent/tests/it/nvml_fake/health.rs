@@ -326,8 +326,7 @@ fn every_bundled_health_scenario_drives_its_signal_through_the_agent() {
         let inv = src.inventory().expect("inventory");
         assert!(inv.gpus.iter().any(|g| g.uuid == uuid), "{name}");
         let mut ticks = Vec::new();
-        // 40 ticks: past every scenario's events (after_calls) and a few health reads;
-        // the event thread delivers them in its own time.
+        // 40 ticks: past every scenario's events (after_calls) and a few health reads.
         sample_until(&mut src, &mut ticks, name, |t| {
             let seen = events_of(t, Kind::Xid).len() + events_of(t, Kind::EccDoubleBit).len();
             t.len() >= 40 && seen == events
