@@ -785,6 +785,26 @@ mod tests {
             (third.power_instant_mw, third.temp_mem_c),
             (Some(1), Some(2))
         );
+        // Each reading replaces the previous one: the summed TX rate comes from the second
+        // tick's reading (300 KiB at 2 s), not the first's.
+        let (fourth, _) = tick_fields(
+            &keys,
+            tick([
+                failed(),
+                failed(),
+                Ok(500),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
+                failed(),
+            ]),
+            &mut prev,
+            4000,
+        );
+        assert_eq!(fourth.nvlink_tx_bps, Some(100 * 1024), "200 KiB over 2 s");
     }
 
     #[test]
