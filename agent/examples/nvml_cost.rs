@@ -11,6 +11,7 @@
 use fake_nvml::{Gpu, Process, Scenario, Value};
 use gpufleet_agent::nvml::{NvmlOptions, NvmlSource};
 use gpufleet_core::GpuSource;
+use gpufleet_uplink::cost::{micros, thread_cpu_time};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -88,11 +89,12 @@ fn main() {
     }
     let (mut cpu, mut nvml) = (0u64, 0u64);
     for t in 0..ticks {
+        let start = thread_cpu_time();
         let tick = src
             .sample(1_790_000_100_000 + i64::from(t) * 1000)
             .expect("tick");
+        cpu += u64::from(micros(thread_cpu_time().saturating_sub(start)));
         let cost = tick.cost.expect("the source reports its cost");
-        cpu += u64::from(cost.cpu_us.unwrap_or(0));
         nvml += u64::from(cost.source_us.unwrap_or(0));
     }
     drop(src);

@@ -18,7 +18,7 @@ use gpufleet_core::SourceError;
 use gpufleet_core::{
     Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, SamplerCost, Tick, UnixMs,
 };
-use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
+use gpufleet_uplink::cost::{CallTimer, micros};
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor, TemperatureThreshold,
 };
@@ -166,7 +166,6 @@ impl<'n> Reader<'n> {
     }
 
     pub(super) fn sample(&mut self, now_ms: UnixMs) -> Tick {
-        let cpu_start = thread_cpu_time();
         let mut timer = CallTimer::new();
         let mut tick = Tick {
             time_ms: now_ms,
@@ -252,7 +251,8 @@ impl<'n> Reader<'n> {
             self.health.event_seen();
         }
         tick.cost = Some(SamplerCost {
-            cpu_us: Some(micros(thread_cpu_time().saturating_sub(cpu_start))),
+            // NVML runs on the sampling thread: the sampler measures that thread's CPU.
+            cpu_us: None,
             wall_us: None,
             source_us: Some(micros(timer.total())),
             slowest_calls_us: timer.slowest_us(),

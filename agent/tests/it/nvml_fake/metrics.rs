@@ -171,8 +171,11 @@ fn every_metric_reads_back_the_scenario_values() {
     assert_eq!(t[1].processes[1].workload.job_id.as_deref(), Some("48213"));
 
     let cost = t[1].cost.as_ref().expect("the source reports its cost");
-    assert!(cost.source_us.is_some() && cost.cpu_us.is_some());
-    assert!(!cost.slowest_calls_us.is_empty());
+    assert!(cost.source_us.is_some() && !cost.slowest_calls_us.is_empty());
+    assert_eq!(
+        cost.cpu_us, None,
+        "NVML runs on the sampling thread, whose CPU the sampler measures"
+    );
     drop(src);
     let counts = fake.counts();
     assert_eq!(
@@ -423,4 +426,23 @@ fn the_power_limit_is_read_every_30_s_and_reported_every_tick() {
         "{c:?}"
     );
     assert_eq!(count(&c, "gpu0.nvmlDeviceGetPowerUsage"), 35);
+}
+
+#[test]
+fn the_sampler_counts_the_sampling_threads_cpu_once() {
+    // NVML runs on the sampling thread: the tick's CPU time is that thread's, measured
+    // once, so it can never exceed the tick's wall time (counted by the source and again
+    // by the sampler, a busy tick's CPU came out near twice its wall time).
+    let fake = Fake::new(Scenario {
+        gpus: (0..8).map(|i| gpu(&format!("GPU-cpu-{i}"))).collect(),
+        ..Scenario::default()
+    });
+    let mut sampler = gpufleet_uplink::sampler::Sampler::new(Box::new(fake.open()), None);
+    sampler.inventory().expect("inventory");
+    for t in 0..50 {
+        let tick = sampler.sample(T0 + t * 1000).expect("tick");
+        let cost = tick.cost.expect("cost");
+        let (cpu, wall) = (cost.cpu_us.expect("cpu"), cost.wall_us.expect("wall"));
+        assert!(cpu <= wall, "tick {t}: {cpu} µs of CPU in {wall} µs");
+    }
 }
