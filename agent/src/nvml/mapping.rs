@@ -228,7 +228,11 @@ pub fn tick_fields(
     prev: &mut [Option<(u64, UnixMs)>],
     now_ms: UnixMs,
 ) -> (FieldValues, Vec<usize>) {
-    let mut out = FieldValues::default();
+    let mut out = FieldValues {
+        // At most one sample per link: two entries (TX, RX) per link in the batch.
+        nvlinks: Vec::with_capacity(keys.len() / 2),
+        ..FieldValues::default()
+    };
     let mut unsupported = Vec::new();
     for (i, (key, answer)) in keys.iter().zip(answers).enumerate() {
         let value = match answer.map(|s| s.value) {
