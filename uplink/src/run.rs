@@ -204,11 +204,12 @@ pub async fn run_agent_with(
     let wake = Arc::new(Notify::new());
     // On the sampling thread, per tick: encode once, append to the outbox (the spool's
     // write and fsync), deferred spool housekeeping; the uplink is woken once a partial
-    // batch's worth of ticks is spooled (the first tick at once). Between wake-ups it
-    // still sends what is due on its own timers (a backlog, a held-back partial batch).
+    // batch's worth of ticks is spooled, or a full batch if that is fewer (the first tick
+    // at once). It sends on its own only what its timers hold back: a partial batch whose
+    // gap has passed, resends after a reconnect.
     let sink = {
         let (outbox, wake) = (Arc::clone(&outbox), Arc::clone(&wake));
-        let every = session::ticks_per_wake(opts.interval);
+        let every = session::ticks_per_wake(opts.interval).min(opts.batch_max_ticks);
         let mut spooled = every - 1;
         move |tick| {
             let tick = EncodedTick::new(tick);

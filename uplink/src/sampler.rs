@@ -78,7 +78,8 @@ impl Sampler {
     }
 
     /// One tick at `now_ms`, with host metrics and its cost: `wall_us` for the whole tick,
-    /// `cpu_us` of this thread plus what the source reports for its own thread,
+    /// `cpu_us` of this thread (the source runs on it) plus what the source reports for a
+    /// thread of its own, if it has one,
     /// `source_us` as the source measured it (else the wall time of the source call).
     /// Host metrics are added at most every host interval.
     pub fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {

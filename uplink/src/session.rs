@@ -58,13 +58,6 @@ pub fn ticks_per_wake(interval: Duration) -> usize {
     usize::try_from(per_gap).unwrap_or(usize::MAX).max(1)
 }
 
-/// How early a partial batch may go: the wake-up that brings its last tick may come a
-/// little before [`PARTIAL_BATCH_GAP`] has passed (tick jitter); half an interval (at most
-/// half the gap) is accepted rather than waking again a few milliseconds later.
-fn partial_slack(interval: Duration) -> Duration {
-    interval.min(PARTIAL_BATCH_GAP) / 2
-}
-
 /// Why a session could not be opened or ended.
 #[derive(Debug, Error)]
 pub enum UplinkError {
@@ -389,7 +382,6 @@ pub async fn run(
     let mut deadline: Option<Instant> = None;
     let mut paused_until: Option<Instant> = None;
     let mut partial_at = Instant::now();
-    let slack = partial_slack(cfg.hello.interval);
     let far = || Instant::now() + Duration::from_secs(86_400 * 365);
     loop {
         if deadline.is_none() && shutdown.is_cancelled() {
@@ -408,7 +400,7 @@ pub async fn run(
             paused_until = None;
         }
         if let (Link::Up(session), None) = (&mut link, paused_until)
-            && let Err(why) = pump(session, lock(&outbox).as_mut(), &mut partial_at, slack)
+            && let Err(why) = pump(session, lock(&outbox).as_mut(), &mut partial_at)
         {
             warn!(collector = %session.url, reason = why, "session lost while sending");
             link = down(&mut attempt);
@@ -425,8 +417,13 @@ pub async fn run(
             w = next_link_event(&mut link) => w,
         };
         match wake {
-            Wake::Tick => {}
-            Wake::SamplerDone => ticks_open = false,
+            // The sampling thread wakes the uplink once per partial batch's worth of ticks
+            // (`ticks_per_wake`): that batch is due now; so is the last tick.
+            Wake::Tick => partial_at = Instant::now(),
+            Wake::SamplerDone => {
+                ticks_open = false;
+                partial_at = Instant::now();
+            }
             Wake::Shutdown | Wake::Resume => {}
             Wake::Deadline => {
                 let s = lock(&outbox).summary();
@@ -513,17 +510,16 @@ fn down(attempt: &mut u32) -> Link {
 }
 
 /// Sends what the window allows: resends and full batches, and a partial batch when
-/// `partial_at` is at most `slack` away (then the next one waits [`PARTIAL_BATCH_GAP`]).
-/// Fails when the session's request stream is gone.
+/// `partial_at` has passed (then the next one waits [`PARTIAL_BATCH_GAP`]). Fails when the
+/// session's request stream is gone.
 fn pump(
     session: &mut Session,
     outbox: &mut dyn Outbox,
     partial_at: &mut Instant,
-    slack: Duration,
 ) -> Result<(), &'static str> {
     while outbox.in_flight() < WINDOW {
         let now = Instant::now();
-        let partial = now + slack >= *partial_at;
+        let partial = now >= *partial_at;
         let Some(batch) = outbox.next_batch(session.limits, partial) else {
             return Ok(());
         };
@@ -576,15 +572,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_uplink_is_woken_once_per_partial_batch_and_takes_a_slightly_early_one() {
+    fn the_uplink_is_woken_once_per_partial_batch() {
         let ms = Duration::from_millis;
         assert_eq!(ticks_per_wake(ms(1000)), 1);
         assert_eq!(ticks_per_wake(ms(500)), 1);
         assert_eq!(ticks_per_wake(ms(300)), 1);
         assert_eq!(ticks_per_wake(ms(100)), 5);
         assert_eq!(ticks_per_wake(ms(20)), 25);
-        assert_eq!(partial_slack(ms(100)), ms(50));
-        assert_eq!(partial_slack(ms(1000)), ms(250));
     }
 
     #[test]

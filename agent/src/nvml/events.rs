@@ -29,8 +29,11 @@ impl<'n> Events<'n> {
         register_events(nvml, gpus).map(|set| Self { set, warned: false })
     }
 
-    /// The events pending now, timed `now_ms`. `uuid_of` names the GPU of an event's
-    /// device handle without asking it (the GPU may be lost by now).
+    /// The events pending now, in the order NVML gives them, timed at consecutive
+    /// milliseconds ending at `now_ms` (NVML gives an event no time; the collector keeps
+    /// one event per node, time, GPU, kind and code, so two Xid 13s of one GPU in one tick
+    /// must not share a time). `uuid_of` names the GPU of an event's device handle without
+    /// asking it (the GPU may be lost by now).
     pub(super) fn poll(
         &mut self,
         now_ms: UnixMs,
@@ -55,6 +58,10 @@ impl<'n> Events<'n> {
                     break;
                 }
             }
+        }
+        let last = events.len() as i64 - 1;
+        for (i, e) in events.iter_mut().enumerate() {
+            e.time_ms = now_ms - (last - i as i64);
         }
         events
     }

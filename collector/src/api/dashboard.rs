@@ -415,7 +415,7 @@ fn host_point(time_ms: UnixMs, v: [Option<f64>; HOST_FIELDS]) -> HostPoint {
 /// bucket `[k*step, (k+1)*step)` stamped with the bucket start, empty buckets omitted —
 /// the same rule as the GPU series.
 pub fn downsample_host(rows: &[HostRow], step_ms: Option<i64>) -> Vec<HostPoint> {
-    // A row with only the sampler's cost (agents read host metrics at most once a second)
+    // A row with only the sampler's cost (agents read host metrics every few seconds)
     // is no point of these series, not a gap.
     let rows = rows.iter().filter(|r| r.sample.is_some());
     let Some(step) = step_ms.map(|s| s.max(1)) else {

@@ -548,7 +548,7 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[T
         if (t.host.is_some() || t.cost.is_some())
             && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
         {
-            // Agents read host metrics at most once a second, so this newest tick may
+            // Agents read host metrics every few seconds, so this newest tick may
             // carry only its cost: the host reading is the batch's newest, else the last
             // one kept.
             let last = node.host.take().and_then(|h| h.sample);

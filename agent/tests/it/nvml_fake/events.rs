@@ -90,6 +90,35 @@ fn xid_and_double_bit_ecc_events_are_delivered_once() {
 }
 
 #[test]
+fn events_of_one_gpu_in_one_tick_get_distinct_times() {
+    let xid13 = EventSpec {
+        kind: EventKind::Xid,
+        code: 13,
+        after_calls: 60,
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![Gpu {
+            events: vec![xid13.clone(), xid13],
+            ..gpu("GPU-twice")
+        }],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    let mut ticks = Vec::new();
+    sample_until(&mut src, &mut ticks, "both Xids", |t| {
+        events_of(t, Kind::Xid).len() == 2
+    });
+    let tick = ticks.last().expect("a tick");
+    let times: Vec<i64> = tick.events.iter().map(|e| e.time_ms).collect();
+    assert_eq!(
+        times,
+        [tick.time_ms - 1, tick.time_ms],
+        "two Xid 13s of one GPU in one tick: one millisecond apart, none after the tick \
+         (the collector keeps one event per node, time, GPU, kind and code)"
+    );
+}
+
+#[test]
 fn an_xid_from_a_gpu_that_falls_off_the_bus_at_once_still_names_it() {
     // The event is pending from the GPU's 60th call on, and from then on every call to
     // the GPU answers GPU_IS_LOST: the event's GPU cannot be asked for its UUID.
