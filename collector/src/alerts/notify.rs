@@ -30,7 +30,7 @@
 
 use super::eval::{Alert, AlertState};
 use super::rules::{Webhook, WebhookKind};
-use crate::remote_write::client::{Delivery, classify};
+use crate::remote_write::client::{Delivery, deliver};
 use crate::remote_write::queue::{BackoffOptions, backoff};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
@@ -40,7 +40,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -253,9 +253,6 @@ impl HttpPost {
     }
 }
 
-/// The first bytes of an error answer, for the log.
-const ERROR_BODY_MAX: usize = 512;
-
 #[async_trait]
 impl Post for HttpPost {
     async fn post(&self, body: Vec<u8>) -> Delivery {
@@ -270,23 +267,7 @@ impl Post for HttpPost {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        match request.send().await {
-            Ok(response) => {
-                let status = response.status();
-                let headers = response.headers().clone();
-                let text = if status.is_success() {
-                    String::new()
-                } else {
-                    let bytes = response.bytes().await.unwrap_or_default();
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_BODY_MAX)]).into_owned()
-                };
-                classify(status, &headers, &text, SystemTime::now())
-            }
-            Err(e) => Delivery::Retry {
-                after: None,
-                why: format!("no answer: {}", e.without_url()),
-            },
-        }
+        deliver(request).await
     }
 }
 

@@ -203,6 +203,30 @@ fn with_causes(e: &dyn std::error::Error) -> String {
 /// The first bytes of an error answer, for the log.
 const ERROR_BODY_MAX: usize = 512;
 
+/// Sends `request` and says what became of it: the answer [`classify`]d (with the first
+/// bytes of an error answer), or a retry when nothing answered (the error without the URL:
+/// reqwest's message may name it, with its user info). Remote-write and the alert
+/// webhooks deliver through it.
+pub async fn deliver(request: reqwest::RequestBuilder) -> Delivery {
+    match request.send().await {
+        Ok(response) => {
+            let status = response.status();
+            let headers = response.headers().clone();
+            let text = if status.is_success() {
+                String::new()
+            } else {
+                let bytes = response.bytes().await.unwrap_or_default();
+                String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_BODY_MAX)]).into_owned()
+            };
+            classify(status, &headers, &text, SystemTime::now())
+        }
+        Err(e) => Delivery::Retry {
+            after: None,
+            why: format!("no answer: {}", with_causes(&e.without_url())),
+        },
+    }
+}
+
 #[async_trait]
 impl Sink for HttpSink {
     async fn send(&self, body: Vec<u8>) -> Delivery {
@@ -212,24 +236,7 @@ impl Sink for HttpSink {
             Auth::Bearer(token) => request.bearer_auth(token),
             Auth::Basic { user, password } => request.basic_auth(user, Some(password)),
         };
-        match request.send().await {
-            Ok(response) => {
-                let status = response.status();
-                let headers = response.headers().clone();
-                let text = if status.is_success() {
-                    String::new()
-                } else {
-                    let bytes = response.bytes().await.unwrap_or_default();
-                    String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_BODY_MAX)]).into_owned()
-                };
-                classify(status, &headers, &text, SystemTime::now())
-            }
-            // Without the URL: reqwest's message may name it, with its user info.
-            Err(e) => Delivery::Retry {
-                after: None,
-                why: format!("no answer: {}", with_causes(&e.without_url())),
-            },
-        }
+        deliver(request).await
     }
 }
 

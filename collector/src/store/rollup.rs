@@ -323,6 +323,33 @@ impl<DB: Backend> SqlStore<DB> {
     /// a statement deletes at least `batch` rows while more remain, and at most `batch`
     /// plus the rows sharing that time). Each statement is its own transaction, taken in
     /// turn with the other writers of this process where the backend queues them.
+    /// Deletes GPU `gpu_id`'s rows of `table` before `horizon` except the newest of them.
+    async fn delete_keeping_newest(
+        &self,
+        table: &'static str,
+        gpu_id: i64,
+        horizon: UnixMs,
+        batch: usize,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let keep: Option<i64> = sql::<DB>(
+            "find the row before a raw horizon",
+            format!("SELECT max(ts_ms) AS keep FROM {table} WHERE gpu_id = $1 AND ts_ms < $2"),
+        )
+        .bind(gpu_id)
+        .bind(horizon)
+        .one(&mut *self.conn().await?)
+        .await?
+        .get("keep")?;
+        match keep {
+            Some(keep) => {
+                self.delete_before(table, "ts_ms", Some(("gpu_id", gpu_id)), keep, batch, out)
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
     async fn delete_before(
         &self,
         table: &'static str,
@@ -450,39 +477,15 @@ impl<DB: Backend> SqlStore<DB> {
                 RollupKind::Gpu => {
                     // Keep the newest sample before the horizon: the first interval of the
                     // horizon's minute starts there.
-                    let keep: Option<i64> = sql::<DB>(
-                        "find the sample before a raw horizon",
-                        "SELECT max(ts_ms) AS keep FROM gpu_samples \
-                         WHERE gpu_id = $1 AND ts_ms < $2",
-                    )
-                    .bind(id_value)
-                    .bind(horizon)
-                    .one(&mut *self.conn().await?)
-                    .await?
-                    .get("keep")?;
+                    self.delete_keeping_newest("gpu_samples", id_value, horizon, batch, out)
+                        .await?;
                     let id = Some(("gpu_id", id_value));
-                    if let Some(keep) = keep {
-                        self.delete_before("gpu_samples", "ts_ms", id, keep, batch, out)
-                            .await?;
-                    }
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
                     // Health rows go with the raw samples; the newest before the horizon
                     // stays, so the live state is seeded with the GPU's last health.
-                    let keep: Option<i64> = sql::<DB>(
-                        "find the health sample before a raw horizon",
-                        "SELECT max(ts_ms) AS keep FROM gpu_health \
-                         WHERE gpu_id = $1 AND ts_ms < $2",
-                    )
-                    .bind(id_value)
-                    .bind(horizon)
-                    .one(&mut *self.conn().await?)
-                    .await?
-                    .get("keep")?;
-                    if let Some(keep) = keep {
-                        self.delete_before("gpu_health", "ts_ms", id, keep, batch, out)
-                            .await?;
-                    }
+                    self.delete_keeping_newest("gpu_health", id_value, horizon, batch, out)
+                        .await?;
                 }
                 RollupKind::Host => {
                     let id = Some(("node_id", id_value));
