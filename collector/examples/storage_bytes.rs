@@ -16,10 +16,21 @@
 //! `postgres://postgres@127.0.0.1:5432/test`): a schema of its own (dropped afterwards),
 //! `pg_total_relation_size` of every table in it (heap, indexes, TOAST), partitions counted
 //! under their parent. Knobs (environment): `DAYS` (7, `week`), `NODES` (125) and `GPUS`
-//! (8, `fleet-hour`), `PROCS` per GPU (2).
+//! (8, `fleet-hour`), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
+//! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
+//! `--host-interval 5s`; the sampler cost is on every tick either way).
+//!
+//! `PACKED=1` then reads every minute of every GPU and node back from the row
+//! tables, packs it (`store::packed`: one value per GPU or node per minute), checks that
+//! each packed minute unpacks to exactly the rows read, stores the packed minutes in
+//! tables of their own (`packed_gpu_minutes`, `packed_process_minutes`,
+//! `packed_host_minutes`: key and value, as a packed tier would hold them), empties the
+//! row tables and measures again: the database as it would be with every closed minute
+//! packed.
 
 use anyhow::{Context, Result, bail};
-use gpufleet_collector::store::{self, NodeBatch, Store};
+use gpufleet_collector::store::packed::{self, process::ProcessTick};
+use gpufleet_collector::store::{self, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, GpuSource, ProcessSample, ProcessType, SamplerCost, Tick, Workload,
@@ -44,6 +55,7 @@ async fn main() -> Result<()> {
         _ => bail!("usage: storage_bytes week|fleet-hour sqlite|postgres"),
     };
     let procs = knob("PROCS", 2);
+    let host_every = knob("HOST_EVERY", 1).max(1);
     let (nodes, gpus, ticks, per_batch) = match shape {
         "week" => (1, 1, knob("DAYS", 7) * 86_400, 60),
         "fleet-hour" => (knob("NODES", 125), knob("GPUS", 8), 3_600, 10),
@@ -60,9 +72,14 @@ async fn main() -> Result<()> {
             let path = dir.path().join("bytes.db");
             let url = format!("sqlite://{}", path.display());
             let store = store::open(&url).await?;
-            write(&store, nodes, gpus, ticks, per_batch, procs).await?;
-            store.close().await;
+            let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
+            if knob("PACKED", 0) == 1 {
+                pack_minutes_sqlite(&store, &url, &keys, ticks).await?;
+                println!("with every minute packed:");
+                report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
+            }
+            store.close().await;
         }
         "postgres" => {
             let base = std::env::var("GPUFLEET_TEST_PG_URL")
@@ -76,15 +93,21 @@ async fn main() -> Result<()> {
             let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
             let result = async {
                 let store = store::open(&url).await?;
-                write(&store, nodes, gpus, ticks, per_batch, procs).await?;
+                let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
+                report(&pg_sizes(&url).await?, gpu_samples, shape);
+                if knob("PACKED", 0) == 1 {
+                    pack_minutes_postgres(&store, &url, &keys, ticks).await?;
+                    println!("with every minute packed:");
+                    report(&pg_sizes(&url).await?, gpu_samples, shape);
+                }
                 store.close().await;
-                pg_sizes(&url).await
+                anyhow::Ok(())
             }
             .await;
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
                 .execute(&mut admin)
                 .await?;
-            report(&result?, gpu_samples, shape);
+            result?;
         }
         _ => bail!("unknown backend {backend:?}: sqlite or postgres"),
     }
@@ -99,7 +122,7 @@ fn knob(name: &str, default: u32) -> u32 {
 }
 
 /// Registers the nodes and writes `ticks` ticks of each, `per_batch` ticks per batch, one
-/// batch of every node per write.
+/// batch of every node per write; returns the nodes' keys.
 async fn write(
     store: &Arc<dyn Store>,
     nodes: u32,
@@ -107,7 +130,8 @@ async fn write(
     ticks: u32,
     per_batch: u32,
     procs: u32,
-) -> Result<()> {
+    host_every: u32,
+) -> Result<Vec<Arc<NodeKeys>>> {
     let mut sims = Vec::new();
     for n in 0..nodes {
         let name = format!("node-{n:04}");
@@ -132,7 +156,14 @@ async fn write(
         let mut batches = Vec::with_capacity(sims.len());
         for (sim, keys) in &mut sims {
             let ticks = (written..written + n)
-                .map(|k| tick(sim, START_MS + i64::from(k) * 1000, procs))
+                .map(|k| {
+                    tick(
+                        sim,
+                        START_MS + i64::from(k) * 1000,
+                        procs,
+                        k % host_every == 0,
+                    )
+                })
                 .collect::<Result<Vec<Tick>>>()?;
             batches.push(NodeBatch {
                 keys: Arc::clone(keys),
@@ -154,14 +185,162 @@ async fn write(
         "wrote {} GPU samples in {secs:.1} s",
         u64::from(nodes * gpus * ticks)
     );
-    Ok(())
+    Ok(sims.into_iter().map(|(_, keys)| keys).collect())
+}
+
+/// Defines `$name`: packs every minute of every GPU and node of the first `ticks` seconds
+/// into the `packed_*` tables (`$ddl`; each minute checked to unpack to the rows it was
+/// made of), then empties the row tables (`$empty`). One definition per backend: the
+/// connection type differs, the statements do not.
+macro_rules! pack_minutes {
+    ($name:ident, $conn:ty, $ddl:expr, $empty:expr) => {
+        async fn $name(
+            store: &Arc<dyn Store>,
+            url: &str,
+            keys: &[Arc<NodeKeys>],
+            ticks: u32,
+        ) -> Result<()> {
+            let began = Instant::now();
+            let mut conn = <$conn>::connect(url).await?;
+            sqlx::raw_sql($ddl).execute(&mut conn).await?;
+            let minutes = i64::from(ticks.div_ceil(60));
+            let mut tx = conn.begin().await?;
+            for m in 0..minutes {
+                let minute_ms = START_MS + m * 60_000;
+                let range = TimeRange {
+                    from_ms: minute_ms,
+                    to_ms: minute_ms + 59_999,
+                };
+                for k in keys {
+                    let rows = store.host_samples(k.id, range, usize::MAX).await?;
+                    let packed = packed::host::pack(&rows);
+                    if packed::host::unpack(&packed)? != rows {
+                        bail!("node {} minute {m}: the packed host rows differ", k.name);
+                    }
+                    sqlx::query("INSERT INTO packed_host_minutes VALUES ($1, $2, $3)")
+                        .bind(k.id.0)
+                        .bind(minute_ms)
+                        .bind(packed)
+                        .execute(&mut *tx)
+                        .await?;
+                    for gpu in k.gpus.values() {
+                        let mut samples = store.gpu_samples(*gpu, range, usize::MAX).await?;
+                        // The GPU is the packed row's key: its UUID is not packed.
+                        samples.iter_mut().for_each(|(_, s)| s.gpu_uuid.clear());
+                        let packed = packed::gpu::pack(&samples);
+                        if packed::gpu::unpack(&packed)? != samples {
+                            bail!("GPU {} minute {m}: the packed samples differ", gpu.0);
+                        }
+                        sqlx::query("INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)")
+                            .bind(gpu.0)
+                            .bind(minute_ms)
+                            .bind(packed)
+                            .execute(&mut *tx)
+                            .await?;
+                        let rows: Vec<ProcessRow> = sqlx::query_as(
+                            "SELECT ts_ms, CAST(pid AS BIGINT), life_id, gpu_mem_bytes, \
+                               CAST(sm_util_pct AS BIGINT), CAST(mem_util_pct AS BIGINT), \
+                               CAST(enc_util_pct AS BIGINT), CAST(dec_util_pct AS BIGINT) \
+                             FROM process_samples WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 \
+                             ORDER BY ts_ms, pid",
+                        )
+                        .bind(gpu.0)
+                        .bind(range.from_ms)
+                        .bind(range.to_ms)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                        let ticks: Vec<ProcessTick> = rows.into_iter().map(process_tick).collect();
+                        let packed = packed::process::pack(&ticks);
+                        if packed::process::unpack(&packed)? != ticks {
+                            bail!("GPU {} minute {m}: the packed process ticks differ", gpu.0);
+                        }
+                        sqlx::query("INSERT INTO packed_process_minutes VALUES ($1, $2, $3)")
+                            .bind(gpu.0)
+                            .bind(minute_ms)
+                            .bind(packed)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+            }
+            sqlx::raw_sql($empty).execute(&mut *tx).await?;
+            tx.commit().await?;
+            conn.close().await?;
+            println!(
+                "packed {minutes} minutes of {} node(s), each checked, in {:.1} s",
+                keys.len(),
+                began.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+    };
+}
+
+pack_minutes!(
+    pack_minutes_sqlite,
+    sqlx::SqliteConnection,
+    // Rowid tables: a WITHOUT ROWID row keeps at most ~1 KB in its page and spills the
+    // rest into an overflow page of its own, mostly empty; a rowid row keeps ~4 KB.
+    "CREATE TABLE packed_gpu_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
+       samples BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT; \
+     CREATE TABLE packed_process_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
+       ticks BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT; \
+     CREATE TABLE packed_host_minutes (node_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
+       rows BLOB NOT NULL, UNIQUE (node_id, minute_ms)) STRICT;",
+    "DELETE FROM gpu_samples; DELETE FROM process_samples; DELETE FROM host_samples;"
+);
+
+pack_minutes!(
+    pack_minutes_postgres,
+    sqlx::PgConnection,
+    // Already compressed: stored as is (no second compression attempt), inline while small.
+    "CREATE TABLE packed_gpu_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
+       samples bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
+     CREATE TABLE packed_process_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
+       ticks bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
+     CREATE TABLE packed_host_minutes (node_id int8 NOT NULL, minute_ms int8 NOT NULL, \
+       rows bytea NOT NULL, UNIQUE (node_id, minute_ms)); \
+     ALTER TABLE packed_gpu_minutes ALTER COLUMN samples SET STORAGE EXTERNAL; \
+     ALTER TABLE packed_process_minutes ALTER COLUMN ticks SET STORAGE EXTERNAL; \
+     ALTER TABLE packed_host_minutes ALTER COLUMN rows SET STORAGE EXTERNAL;",
+    "TRUNCATE gpu_samples, process_samples, host_samples"
+);
+
+/// A `process_samples` row: time, pid, lifetime, memory, four utilizations.
+type ProcessRow = (
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+fn process_tick(r: ProcessRow) -> ProcessTick {
+    let pct = |v: Option<i64>| v.map(|v| v as u32);
+    ProcessTick {
+        ts_ms: r.0,
+        pid: r.1 as u32,
+        life_id: r.2,
+        gpu_mem_bytes: r.3.map(|v| v as u64),
+        sm_util_pct: pct(r.4),
+        mem_util_pct: pct(r.5),
+        enc_util_pct: pct(r.6),
+        dec_util_pct: pct(r.7),
+    }
 }
 
 /// One tick: the simulator's GPU samples and host metrics, `procs` processes per GPU
 /// (a job of that many processes, replaced every [`JOB_MS`], sharing the GPU's
-/// utilization and memory), and a sampler cost like the agent's.
-fn tick(sim: &mut Simulator, time_ms: i64, procs: u32) -> Result<Tick> {
+/// utilization and memory), and a sampler cost like the agent's; host metrics only if
+/// `host`.
+fn tick(sim: &mut Simulator, time_ms: i64, procs: u32, host: bool) -> Result<Tick> {
     let mut t = sim.sample(time_ms).context("simulate")?;
+    if !host {
+        t.host = None;
+    }
     let job = (time_ms - START_MS) / JOB_MS;
     t.processes = t
         .gpus

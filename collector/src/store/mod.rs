@@ -31,6 +31,7 @@ pub mod energy;
 mod fleet;
 mod follow;
 pub mod lease;
+pub mod packed;
 pub mod postgres;
 pub mod remote_write;
 pub mod rollup;

@@ -1,0 +1,308 @@
+//! Integer columns: LEB128 varints of zigzag-mapped differences, each column in whichever
+//! of three transforms makes it shortest, with a presence map for absent values.
+//!
+//! A column of `n` values is written as
+//! - for optional columns, its presence: `0` none present, `1` all present, or `2`
+//!   followed by a bitmap of `n` bits (LSB first) of which values are present;
+//! - a transform byte and the present values under it: [`Transform::Delta`] (each value
+//!   minus the previous one, the first minus 0: counters and slowly moving levels),
+//!   [`Transform::DeltaOfDelta`] (the change of that difference: timestamps, energy
+//!   counters at constant power) or [`Transform::Xor`] (bits that changed: floats, bit
+//!   masks), or, when the values step evenly (timestamps at a steady interval, a
+//!   constant), [`Transform::Linear`] (the first value and the step).
+//!   Differences wrap in 64 bits, so every `u64` survives exactly.
+
+use super::PackError;
+
+/// How a column's values are turned into small numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transform {
+    Delta = 0,
+    DeltaOfDelta = 1,
+    Xor = 2,
+    Linear = 3,
+}
+
+/// Most rows (samples, ticks) one packed value may hold: a minute of ticks 1 ms apart is
+/// below it. A corrupt count must not allocate gigabytes.
+pub const MAX_ROWS: usize = 1 << 16;
+/// Most values one column may hold: [`MAX_ROWS`] rows of 32 NVLink links or calls each.
+pub const MAX_VALUES: usize = MAX_ROWS * 32;
+
+const TRANSFORMS: [Transform; 3] = [Transform::Delta, Transform::DeltaOfDelta, Transform::Xor];
+
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: u64) -> u64 {
+    let v = v as i64;
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> u64 {
+    ((v >> 1) as i64 ^ -((v & 1) as i64)) as u64
+}
+
+/// The words of `values` under `t` (before zigzag for the differences).
+fn transformed(values: &[u64], t: Transform, out: &mut Vec<u8>) {
+    let (mut prev, mut prev_delta) = (0u64, 0u64);
+    for (i, &v) in values.iter().enumerate() {
+        let word = match t {
+            Transform::Delta => zigzag(v.wrapping_sub(prev)),
+            Transform::DeltaOfDelta => {
+                let delta = v.wrapping_sub(prev);
+                let w = zigzag(delta.wrapping_sub(prev_delta));
+                // The first value is written whole; differences start with the second.
+                prev_delta = if i == 0 { 0 } else { delta };
+                w
+            }
+            Transform::Xor | Transform::Linear => v ^ prev,
+        };
+        put_varint(out, word);
+        prev = v;
+    }
+}
+
+/// Writes `values` (all present) in the shortest of the transforms.
+pub fn put_values(out: &mut Vec<u8>, values: &[u64]) {
+    if let [first, second, ..] = values {
+        let step = second.wrapping_sub(*first);
+        if values.windows(2).all(|w| w[1].wrapping_sub(w[0]) == step) {
+            out.push(Transform::Linear as u8);
+            put_varint(out, *first);
+            put_varint(out, zigzag(step));
+            return;
+        }
+    }
+    let mut best: Option<Vec<u8>> = None;
+    for t in TRANSFORMS {
+        let mut buf = vec![t as u8];
+        transformed(values, t, &mut buf);
+        if best.as_ref().is_none_or(|b| buf.len() < b.len()) {
+            best = Some(buf);
+        }
+    }
+    out.extend_from_slice(&best.unwrap_or_default());
+}
+
+/// Writes an optional column: its presence, then its present values.
+pub fn put_column(out: &mut Vec<u8>, values: impl Iterator<Item = Option<u64>>) {
+    let values: Vec<Option<u64>> = values.collect();
+    let present: Vec<u64> = values.iter().flatten().copied().collect();
+    if present.is_empty() {
+        out.push(0);
+        return;
+    }
+    if present.len() == values.len() {
+        out.push(1);
+    } else {
+        out.push(2);
+        let mut bits = vec![0u8; values.len().div_ceil(8)];
+        for (i, v) in values.iter().enumerate() {
+            if v.is_some() {
+                bits[i / 8] |= 1 << (i % 8);
+            }
+        }
+        out.extend_from_slice(&bits);
+    }
+    put_values(out, &present);
+}
+
+/// Reads what the `put_*` functions wrote, from the front of a byte slice.
+pub struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn byte(&mut self) -> Result<u8, PackError> {
+        let (&b, rest) = self.bytes.split_first().ok_or(PackError::Truncated)?;
+        self.bytes = rest;
+        Ok(b)
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], PackError> {
+        if n > self.bytes.len() {
+            return Err(PackError::Truncated);
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    pub fn varint(&mut self) -> Result<u64, PackError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(PackError::Corrupt("a varint longer than 64 bits"))
+    }
+
+    /// A count of at most `max`.
+    pub fn count(&mut self, max: usize) -> Result<usize, PackError> {
+        usize::try_from(self.varint()?)
+            .ok()
+            .filter(|n| *n <= max)
+            .ok_or(PackError::Corrupt("a count beyond the limit"))
+    }
+
+    /// `n` values written by [`put_values`].
+    pub fn values(&mut self, n: usize) -> Result<Vec<u64>, PackError> {
+        if n > MAX_VALUES {
+            return Err(PackError::Corrupt("a column beyond the limit"));
+        }
+        let t = match self.byte()? {
+            0 => Transform::Delta,
+            1 => Transform::DeltaOfDelta,
+            2 => Transform::Xor,
+            3 => {
+                let (first, step) = (self.varint()?, unzigzag(self.varint()?));
+                return Ok((0..n as u64)
+                    .map(|i| first.wrapping_add(step.wrapping_mul(i)))
+                    .collect());
+            }
+            _ => return Err(PackError::Corrupt("unknown column transform")),
+        };
+        if n > self.bytes.len() {
+            return Err(PackError::Truncated);
+        }
+        let mut out = Vec::with_capacity(n);
+        let (mut prev, mut prev_delta) = (0u64, 0u64);
+        for i in 0..n {
+            let word = self.varint()?;
+            let v = match t {
+                Transform::Delta => prev.wrapping_add(unzigzag(word)),
+                Transform::DeltaOfDelta => {
+                    let delta = prev_delta.wrapping_add(unzigzag(word));
+                    prev_delta = if i == 0 { 0 } else { delta };
+                    prev.wrapping_add(delta)
+                }
+                Transform::Xor | Transform::Linear => prev ^ word,
+            };
+            out.push(v);
+            prev = v;
+        }
+        Ok(out)
+    }
+
+    /// An optional column of `n` values written by [`put_column`].
+    pub fn column(&mut self, n: usize) -> Result<Vec<Option<u64>>, PackError> {
+        let present: Vec<bool> = match self.byte()? {
+            0 => return Ok(vec![None; n]),
+            1 => vec![true; n],
+            2 => {
+                let bits = self.take(n.div_ceil(8))?;
+                (0..n).map(|i| bits[i / 8] & (1 << (i % 8)) != 0).collect()
+            }
+            _ => return Err(PackError::Corrupt("unknown presence marker")),
+        };
+        let mut values = self
+            .values(present.iter().filter(|p| **p).count())?
+            .into_iter();
+        Ok(present
+            .into_iter()
+            .map(|p| if p { values.next() } else { None })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Columns as samples make them: anything, runs of a few values, or all one value.
+    fn column() -> impl Strategy<Value = Vec<Option<u64>>> {
+        let value = prop_oneof![any::<u64>(), 0u64..3, Just(u64::MAX)];
+        prop_oneof![
+            proptest::collection::vec(proptest::option::of(value), 0..200),
+            (proptest::option::of(any::<u64>()), 0usize..100).prop_map(|(v, n)| vec![v; n]),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_column_survives(values in column()) {
+            let mut out = Vec::new();
+            put_column(&mut out, values.iter().copied());
+            let mut r = Reader::new(&out);
+            prop_assert_eq!(r.column(values.len()).expect("decodes"), values);
+            prop_assert!(r.is_empty());
+        }
+
+        #[test]
+        fn evenly_stepping_columns_survive(
+            first in any::<u64>(),
+            step in any::<u64>(),
+            n in 0u64..100,
+        ) {
+            let values: Vec<u64> =
+                (0..n).map(|i| first.wrapping_add(step.wrapping_mul(i))).collect();
+            let mut out = Vec::new();
+            put_values(&mut out, &values);
+            prop_assert!(n < 2 || out[0] == Transform::Linear as u8);
+            let back = Reader::new(&out).values(values.len()).expect("decodes");
+            prop_assert_eq!(back, values);
+        }
+
+        #[test]
+        fn varints_and_zigzag_are_exact(v in any::<u64>()) {
+            let mut out = Vec::new();
+            put_varint(&mut out, v);
+            prop_assert_eq!(Reader::new(&out).varint().expect("decodes"), v);
+            prop_assert_eq!(unzigzag(zigzag(v)), v);
+        }
+    }
+
+    #[test]
+    fn the_shortest_transform_is_chosen() {
+        // Timestamps at a steady interval: the first and the step.
+        let ts: Vec<u64> = (0..60).map(|i| 1_793_491_200_000 + i * 1000).collect();
+        let mut out = Vec::new();
+        put_values(&mut out, &ts);
+        assert_eq!(out[0], Transform::Linear as u8);
+        assert_eq!(out.len(), 1 + 6 + 2);
+        assert_eq!(Reader::new(&out).values(60).expect("decodes"), ts);
+        // One late tick: every difference of differences but two is 0.
+        let mut late = ts.clone();
+        late[30] += 7;
+        let mut out = Vec::new();
+        put_values(&mut out, &late);
+        assert_eq!(out[0], Transform::DeltaOfDelta as u8);
+        assert!(out.len() <= 1 + 6 + 2 + 3 * 2 + 55, "{} bytes", out.len());
+        // A constant column is its value once.
+        let mut out = Vec::new();
+        put_values(&mut out, &[300_000; 60]);
+        assert_eq!(out, [Transform::Linear as u8, 0xe0, 0xa7, 0x12, 0]);
+        assert_eq!(
+            Reader::new(&out).values(60).expect("decodes"),
+            [300_000; 60]
+        );
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error_not_a_panic() {
+        assert!(Reader::new(&[]).column(3).is_err());
+        assert!(Reader::new(&[9]).column(3).is_err());
+        assert!(Reader::new(&[1, 7]).column(3).is_err());
+        assert!(Reader::new(&[0xff; 11]).varint().is_err());
+        assert!(Reader::new(&[0x81, 0x80, 0x04]).count(MAX_ROWS).is_err());
+        assert!(Reader::new(&[3, 1]).values(MAX_VALUES + 1).is_err());
+    }
+}

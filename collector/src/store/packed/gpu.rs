@@ -1,0 +1,270 @@
+//! A minute of one GPU's samples. Payload: the sample count, the timestamps, one optional
+//! column per scalar field (in [`FIELDS`] order), then the NVLink links: a column of how
+//! many each sample has, their link numbers (sample by sample), and their TX and RX rates
+//! link by link (all samples of the lowest link first), so that each rate is a
+//! difference from the same link's previous one.
+
+use super::columns::{MAX_ROWS, Reader, put_column, put_values};
+use super::{PackError, narrow, open, seal};
+use gpufleet_core::{GpuSample, NvLinkSample, UnixMs};
+
+type Get = fn(&GpuSample) -> Option<u64>;
+type Set = fn(&mut GpuSample, Option<u64>) -> Result<(), PackError>;
+
+macro_rules! fields {
+    ($($name:ident: $ty:ident),* $(,)?) => {
+        /// The scalar fields in storage order: each with its reader and writer.
+        const FIELDS: &[(Get, Set)] = &[$((
+            |s| s.$name.map(u64::from),
+            |s, v| {
+                s.$name = fields!(@narrow $ty, v);
+                Ok(())
+            },
+        )),*];
+    };
+    (@narrow u64, $v:ident) => { $v };
+    (@narrow u32, $v:ident) => { narrow($v)? };
+}
+
+fields!(
+    util_gpu_pct: u32,
+    util_mem_pct: u32,
+    mem_used_bytes: u64,
+    mem_total_bytes: u64,
+    mem_reserved_bytes: u64,
+    power_mw: u32,
+    power_instant_mw: u32,
+    power_limit_mw: u32,
+    energy_mj: u64,
+    temp_gpu_c: u32,
+    temp_mem_c: u32,
+    fan_pct: u32,
+    clock_sm_mhz: u32,
+    clock_mem_mhz: u32,
+    clock_graphics_mhz: u32,
+    pstate: u32,
+    pcie_tx_bps: u64,
+    pcie_rx_bps: u64,
+    nvlink_tx_bps: u64,
+    nvlink_rx_bps: u64,
+    ecc_corrected_volatile: u64,
+    ecc_uncorrected_volatile: u64,
+    throttle_reasons: u64,
+    enc_util_pct: u32,
+    dec_util_pct: u32,
+);
+
+/// The positions of every link of every sample, link by link (then sample by sample).
+fn link_order(samples: &[(UnixMs, GpuSample)]) -> Vec<(usize, usize)> {
+    let mut order: Vec<(u32, usize, usize)> = samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, s))| {
+            s.nvlinks
+                .iter()
+                .enumerate()
+                .map(move |(j, l)| (l.link, i, j))
+        })
+        .collect();
+    order.sort_unstable();
+    order.into_iter().map(|(_, i, j)| (i, j)).collect()
+}
+
+/// Packs `samples` (one GPU's, any order of time; their UUIDs are not kept).
+pub fn pack(samples: &[(UnixMs, GpuSample)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    super::columns::put_varint(&mut out, samples.len() as u64);
+    let ts: Vec<u64> = samples.iter().map(|(t, _)| *t as u64).collect();
+    put_values(&mut out, &ts);
+    for (get, _) in FIELDS {
+        put_column(&mut out, samples.iter().map(|(_, s)| get(s)));
+    }
+    let counts: Vec<u64> = samples
+        .iter()
+        .map(|(_, s)| s.nvlinks.len() as u64)
+        .collect();
+    put_values(&mut out, &counts);
+    let links: Vec<u64> = samples
+        .iter()
+        .flat_map(|(_, s)| s.nvlinks.iter().map(|l| u64::from(l.link)))
+        .collect();
+    put_values(&mut out, &links);
+    let order = link_order(samples);
+    let link = |(i, j): (usize, usize)| &samples[i].1.nvlinks[j];
+    put_column(&mut out, order.iter().map(|&at| link(at).tx_bps));
+    put_column(&mut out, order.iter().map(|&at| link(at).rx_bps));
+    seal(&out)
+}
+
+/// The samples of a value written by [`pack`], in the order they were packed.
+pub fn unpack(packed: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, PackError> {
+    let payload = open(packed)?;
+    let mut r = Reader::new(&payload);
+    let n = r.count(MAX_ROWS)?;
+    let mut samples: Vec<(UnixMs, GpuSample)> = r
+        .values(n)?
+        .into_iter()
+        .map(|t| (t as UnixMs, GpuSample::default()))
+        .collect();
+    for (_, set) in FIELDS {
+        for ((_, s), v) in samples.iter_mut().zip(r.column(n)?) {
+            set(s, v)?;
+        }
+    }
+    let counts = r.values(n)?;
+    let total = counts
+        .iter()
+        .try_fold(0usize, |a, c| a.checked_add(usize::try_from(*c).ok()?))
+        .ok_or(PackError::Corrupt("link count"))?;
+    let mut links = r.values(total)?.into_iter();
+    for ((_, s), count) in samples.iter_mut().zip(&counts) {
+        for _ in 0..*count {
+            let link = narrow(links.next())?.ok_or(PackError::Truncated)?;
+            s.nvlinks.push(NvLinkSample {
+                link,
+                tx_bps: None,
+                rx_bps: None,
+            });
+        }
+    }
+    let order = link_order(&samples);
+    for (&(i, j), v) in order.iter().zip(r.column(order.len())?) {
+        samples[i].1.nvlinks[j].tx_bps = v;
+    }
+    for (&(i, j), v) in order.iter().zip(r.column(order.len())?) {
+        samples[i].1.nvlinks[j].rx_bps = v;
+    }
+    if !r.is_empty() {
+        return Err(PackError::Corrupt("bytes after the last column"));
+    }
+    Ok(samples)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub fn gpu_sample() -> impl Strategy<Value = GpuSample> {
+        use proptest::option::of;
+        let a = (
+            of(any::<u32>()),
+            of(0u32..=100),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u32>()),
+            of(any::<u32>()),
+            of(any::<u32>()),
+            of(any::<u64>()),
+            of(any::<u32>()),
+            of(any::<u32>()),
+            of(any::<u32>()),
+        );
+        let b = (
+            of(any::<u32>()),
+            of(any::<u32>()),
+            of(any::<u32>()),
+            of(0u32..16),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u64>()),
+            of(any::<u32>()),
+        );
+        let links = proptest::collection::vec((0u32..18, of(any::<u64>()), of(any::<u64>())), 0..4);
+        (a, b, of(any::<u32>()), links).prop_map(|(a, b, dec, links)| GpuSample {
+            gpu_uuid: String::new(),
+            util_gpu_pct: a.0,
+            util_mem_pct: a.1,
+            mem_used_bytes: a.2,
+            mem_total_bytes: a.3,
+            mem_reserved_bytes: a.4,
+            power_mw: a.5,
+            power_instant_mw: a.6,
+            power_limit_mw: a.7,
+            energy_mj: a.8,
+            temp_gpu_c: a.9,
+            temp_mem_c: a.10,
+            fan_pct: a.11,
+            clock_sm_mhz: b.0,
+            clock_mem_mhz: b.1,
+            clock_graphics_mhz: b.2,
+            pstate: b.3,
+            pcie_tx_bps: b.4,
+            pcie_rx_bps: b.5,
+            nvlink_tx_bps: b.6,
+            nvlink_rx_bps: b.7,
+            ecc_corrected_volatile: b.8,
+            ecc_uncorrected_volatile: b.9,
+            throttle_reasons: b.10,
+            enc_util_pct: b.11,
+            dec_util_pct: dec,
+            nvlinks: links
+                .into_iter()
+                .map(|(link, tx_bps, rx_bps)| NvLinkSample {
+                    link,
+                    tx_bps,
+                    rx_bps,
+                })
+                .collect(),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_field_of_every_sample_survives(
+            samples in proptest::collection::vec((any::<i64>(), gpu_sample()), 0..70),
+        ) {
+            let packed = pack(&samples);
+            prop_assert_eq!(unpack(&packed).expect("unpacks"), samples);
+        }
+
+        #[test]
+        fn no_input_panics_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = unpack(&bytes);
+            let mut framed = vec![1, 0];
+            framed.extend_from_slice(&bytes);
+            let _ = unpack(&framed);
+        }
+    }
+
+    #[test]
+    fn every_field_of_the_sample_type_is_packed() {
+        // Spelled out without `..`: a field added to GpuSample fails to compile here
+        // until it is added to FIELDS (or the links) and counted below.
+        let GpuSample {
+            gpu_uuid: _,
+            util_gpu_pct: _,
+            util_mem_pct: _,
+            mem_used_bytes: _,
+            mem_total_bytes: _,
+            mem_reserved_bytes: _,
+            power_mw: _,
+            power_instant_mw: _,
+            power_limit_mw: _,
+            energy_mj: _,
+            temp_gpu_c: _,
+            temp_mem_c: _,
+            fan_pct: _,
+            clock_sm_mhz: _,
+            clock_mem_mhz: _,
+            clock_graphics_mhz: _,
+            pstate: _,
+            pcie_tx_bps: _,
+            pcie_rx_bps: _,
+            nvlink_tx_bps: _,
+            nvlink_rx_bps: _,
+            nvlinks: _,
+            ecc_corrected_volatile: _,
+            ecc_uncorrected_volatile: _,
+            throttle_reasons: _,
+            enc_util_pct: _,
+            dec_util_pct: _,
+        } = GpuSample::default();
+        assert_eq!(FIELDS.len(), 25);
+    }
+}
