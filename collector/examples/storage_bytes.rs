@@ -213,7 +213,7 @@ macro_rules! pack_minutes {
                 };
                 for k in keys {
                     let rows = store.host_samples(k.id, range, usize::MAX).await?;
-                    let packed = packed::host::pack(&rows);
+                    let packed = packed::host::pack(&rows)?;
                     if packed::host::unpack(&packed)? != rows {
                         bail!("node {} minute {m}: the packed host rows differ", k.name);
                     }
@@ -227,7 +227,7 @@ macro_rules! pack_minutes {
                         let mut samples = store.gpu_samples(*gpu, range, usize::MAX).await?;
                         // The GPU is the packed row's key: its UUID is not packed.
                         samples.iter_mut().for_each(|(_, s)| s.gpu_uuid.clear());
-                        let packed = packed::gpu::pack(&samples);
+                        let packed = packed::gpu::pack(&samples)?;
                         if packed::gpu::unpack(&packed)? != samples {
                             bail!("GPU {} minute {m}: the packed samples differ", gpu.0);
                         }
@@ -250,7 +250,7 @@ macro_rules! pack_minutes {
                         .fetch_all(&mut *tx)
                         .await?;
                         let ticks: Vec<ProcessTick> = rows.into_iter().map(process_tick).collect();
-                        let packed = packed::process::pack(&ticks);
+                        let packed = packed::process::pack(&ticks)?;
                         if packed::process::unpack(&packed)? != ticks {
                             bail!("GPU {} minute {m}: the packed process ticks differ", gpu.0);
                         }

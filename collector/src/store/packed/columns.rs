@@ -23,11 +23,10 @@ enum Transform {
     Linear = 3,
 }
 
-/// Most rows (samples, ticks) one packed value may hold: a minute of ticks 1 ms apart is
-/// below it. A corrupt count must not allocate gigabytes.
-pub const MAX_ROWS: usize = 1 << 16;
-/// Most values one column may hold: [`MAX_ROWS`] rows of 32 NVLink links or calls each.
-pub const MAX_VALUES: usize = MAX_ROWS * 32;
+/// Most values a reader decodes from one packed value, all columns together: a minute of
+/// a GPU's samples 1 ms apart, every field and 18 links each, is below it. A corrupt
+/// count must not make the reader allocate gigabytes.
+pub const MAX_VALUES: usize = 1 << 23;
 
 const TRANSFORMS: [Transform; 3] = [Transform::Delta, Transform::DeltaOfDelta, Transform::Xor];
 
@@ -113,14 +112,29 @@ pub fn put_column(out: &mut Vec<u8>, values: impl Iterator<Item = Option<u64>>) 
     put_values(out, &present);
 }
 
-/// Reads what the `put_*` functions wrote, from the front of a byte slice.
+/// Reads what the `put_*` functions wrote, from the front of a byte slice, at most
+/// [`MAX_VALUES`] values in all.
 pub struct Reader<'a> {
     bytes: &'a [u8],
+    budget: usize,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(bytes: &'a [u8]) -> Self {
-        Self { bytes }
+        Self {
+            bytes,
+            budget: MAX_VALUES,
+        }
+    }
+
+    /// Takes `n` values from the budget (readers also take it for what they build from a
+    /// count, before they build it).
+    pub fn spend(&mut self, n: usize) -> Result<(), PackError> {
+        self.budget = self
+            .budget
+            .checked_sub(n)
+            .ok_or(PackError::Corrupt("more values than a packed value holds"))?;
+        Ok(())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -146,6 +160,9 @@ impl<'a> Reader<'a> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
+            if shift == 63 && b > 1 {
+                return Err(PackError::Corrupt("a varint longer than 64 bits"));
+            }
             v |= u64::from(b & 0x7f) << shift;
             if b & 0x80 == 0 {
                 return Ok(v);
@@ -164,9 +181,7 @@ impl<'a> Reader<'a> {
 
     /// `n` values written by [`put_values`].
     pub fn values(&mut self, n: usize) -> Result<Vec<u64>, PackError> {
-        if n > MAX_VALUES {
-            return Err(PackError::Corrupt("a column beyond the limit"));
-        }
+        self.spend(n)?;
         let t = match self.byte()? {
             0 => Transform::Delta,
             1 => Transform::DeltaOfDelta,
@@ -203,6 +218,7 @@ impl<'a> Reader<'a> {
 
     /// An optional column of `n` values written by [`put_column`].
     pub fn column(&mut self, n: usize) -> Result<Vec<Option<u64>>, PackError> {
+        self.spend(n)?;
         let present: Vec<bool> = match self.byte()? {
             0 => return Ok(vec![None; n]),
             1 => vec![true; n],
@@ -302,7 +318,20 @@ mod tests {
         assert!(Reader::new(&[9]).column(3).is_err());
         assert!(Reader::new(&[1, 7]).column(3).is_err());
         assert!(Reader::new(&[0xff; 11]).varint().is_err());
-        assert!(Reader::new(&[0x81, 0x80, 0x04]).count(MAX_ROWS).is_err());
-        assert!(Reader::new(&[3, 1]).values(MAX_VALUES + 1).is_err());
+        assert!(Reader::new(&[0x81, 0x80, 0x04]).count(1 << 16).is_err());
+        assert!(Reader::new(&[3, 1, 0]).values(MAX_VALUES + 1).is_err());
+        // The budget is for all columns together.
+        let mut r = Reader::new(&[3, 1, 0, 3, 1, 0]);
+        assert_eq!(
+            r.values(MAX_VALUES - 1).map(|v| v.len()),
+            Ok(MAX_VALUES - 1)
+        );
+        assert!(r.values(2).is_err());
+        // Bits beyond 64 in a varint's tenth byte.
+        let mut ten = vec![0xff; 9];
+        ten.push(0x02);
+        assert!(Reader::new(&ten).varint().is_err());
+        ten[9] = 0x01;
+        assert_eq!(Reader::new(&ten).varint(), Ok(u64::MAX));
     }
 }

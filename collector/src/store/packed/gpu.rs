@@ -4,8 +4,8 @@
 //! link by link (all samples of the lowest link first), so that each rate is a
 //! difference from the same link's previous one.
 
-use super::columns::{MAX_ROWS, Reader, put_column, put_values};
-use super::{PackError, narrow, open, seal};
+use super::columns::{Reader, put_column, put_values, put_varint};
+use super::{MAX_LINKS, MAX_ROWS, PackError, narrow, open, seal};
 use gpufleet_core::{GpuSample, NvLinkSample, UnixMs};
 
 type Get = fn(&GpuSample) -> Option<u64>;
@@ -70,10 +70,17 @@ fn link_order(samples: &[(UnixMs, GpuSample)]) -> Vec<(usize, usize)> {
     order.into_iter().map(|(_, i, j)| (i, j)).collect()
 }
 
-/// Packs `samples` (one GPU's, any order of time; their UUIDs are not kept).
-pub fn pack(samples: &[(UnixMs, GpuSample)]) -> Vec<u8> {
+/// Packs `samples` (one GPU's, any order of time; their UUIDs are not kept): at most
+/// [`MAX_ROWS`], each with at most [`MAX_LINKS`] links.
+pub fn pack(samples: &[(UnixMs, GpuSample)]) -> Result<Vec<u8>, PackError> {
+    if samples.len() > MAX_ROWS {
+        return Err(PackError::TooLarge("GPU samples"));
+    }
+    if samples.iter().any(|(_, s)| s.nvlinks.len() > MAX_LINKS) {
+        return Err(PackError::TooLarge("NVLink links of a sample"));
+    }
     let mut out = Vec::new();
-    super::columns::put_varint(&mut out, samples.len() as u64);
+    put_varint(&mut out, samples.len() as u64);
     let ts: Vec<u64> = samples.iter().map(|(t, _)| *t as u64).collect();
     put_values(&mut out, &ts);
     for (get, _) in FIELDS {
@@ -112,10 +119,13 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, PackError> {
         }
     }
     let counts = r.values(n)?;
-    let total = counts
-        .iter()
-        .try_fold(0usize, |a, c| a.checked_add(usize::try_from(*c).ok()?))
-        .ok_or(PackError::Corrupt("link count"))?;
+    if counts.iter().any(|c| *c > MAX_LINKS as u64) {
+        return Err(PackError::Corrupt("a sample with too many links"));
+    }
+    // At most MAX_ROWS × MAX_LINKS: no overflow. The links and their order cost two
+    // values each.
+    let total = counts.iter().sum::<u64>() as usize;
+    r.spend(2 * total)?;
     let mut links = r.values(total)?.into_iter();
     for ((_, s), count) in samples.iter_mut().zip(&counts) {
         for _ in 0..*count {
@@ -142,6 +152,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, PackError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use super::super::tests::frame_raw;
     use super::*;
     use proptest::prelude::*;
 
@@ -219,17 +230,49 @@ pub(crate) mod tests {
         fn every_field_of_every_sample_survives(
             samples in proptest::collection::vec((any::<i64>(), gpu_sample()), 0..70),
         ) {
-            let packed = pack(&samples);
+            let packed = pack(&samples).expect("packs");
             prop_assert_eq!(unpack(&packed).expect("unpacks"), samples);
         }
 
         #[test]
-        fn no_input_panics_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let _ = unpack(&bytes);
-            let mut framed = vec![1, 0];
-            framed.extend_from_slice(&bytes);
-            let _ = unpack(&framed);
+        fn no_corrupt_payload_panics_the_reader(
+            samples in proptest::collection::vec((any::<i64>(), gpu_sample()), 1..20),
+            flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let mut payload = open(&pack(&samples).expect("packs")).expect("opens");
+            for (at, x) in flips {
+                let i = at % payload.len();
+                payload[i] ^= x;
+            }
+            let _ = unpack(&frame_raw(&payload));
+            payload.truncate(cut % payload.len());
+            let _ = unpack(&frame_raw(&payload));
         }
+    }
+
+    #[test]
+    fn what_cannot_be_unpacked_is_not_packed_nor_built() {
+        let sample = |links: usize| GpuSample {
+            nvlinks: vec![NvLinkSample::default(); links],
+            ..GpuSample::default()
+        };
+        assert!(pack(&vec![(0, sample(0)); MAX_ROWS + 1]).is_err());
+        assert!(pack(&[(0, sample(MAX_LINKS + 1))]).is_err());
+        // The most samples with the most links each: a few bytes that would make
+        // millions of links are refused before any is built.
+        let mut payload = Vec::new();
+        put_varint(&mut payload, MAX_ROWS as u64);
+        put_values(&mut payload, &vec![0; MAX_ROWS]);
+        for _ in FIELDS {
+            payload.push(0);
+        }
+        put_values(&mut payload, &vec![MAX_LINKS as u64; MAX_ROWS]);
+        assert!(payload.len() < 100);
+        assert_eq!(
+            unpack(&frame_raw(&payload)),
+            Err(PackError::Corrupt("more values than a packed value holds"))
+        );
     }
 
     #[test]

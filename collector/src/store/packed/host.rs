@@ -4,8 +4,8 @@
 //! uses (once each), a column of how many calls each row names, and the calls as a
 //! column of name indexes and a column of microseconds.
 
-use super::columns::{MAX_ROWS, MAX_VALUES, Reader, put_column, put_values, put_varint};
-use super::{PackError, narrow, open, seal};
+use super::columns::{Reader, put_column, put_values, put_varint};
+use super::{MAX_CALL_NAME, MAX_CALLS, MAX_ROWS, PackError, narrow, open, seal};
 use crate::store::HostRow;
 use gpufleet_core::{HostSample, SamplerCost};
 use std::collections::BTreeMap;
@@ -82,8 +82,22 @@ fn calls(r: &HostRow) -> impl Iterator<Item = (&String, &u32)> {
     r.cost.iter().flat_map(|c| c.slowest_calls_us.iter())
 }
 
-/// Packs `rows` (one node's).
-pub fn pack(rows: &[HostRow]) -> Vec<u8> {
+/// Packs `rows` (one node's: at most [`MAX_ROWS`], each naming at most [`MAX_CALLS`]
+/// calls of at most [`MAX_CALL_NAME`] bytes).
+pub fn pack(rows: &[HostRow]) -> Result<Vec<u8>, PackError> {
+    if rows.len() > MAX_ROWS {
+        return Err(PackError::TooLarge("host rows"));
+    }
+    if rows.iter().any(|r| calls(r).count() > MAX_CALLS) {
+        return Err(PackError::TooLarge("slowest calls of a row"));
+    }
+    if rows
+        .iter()
+        .flat_map(calls)
+        .any(|(name, _)| name.len() > MAX_CALL_NAME)
+    {
+        return Err(PackError::TooLarge("a call name"));
+    }
     let mut out = Vec::new();
     put_varint(&mut out, rows.len() as u64);
     put_values(
@@ -149,18 +163,25 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<HostRow>, PackError> {
         c.wall_us = narrow(cost_columns[1][i])?;
         c.source_us = narrow(cost_columns[2][i])?;
     }
-    let mut names = Vec::new();
-    for _ in 0..r.count(MAX_VALUES)? {
-        let len = r.count(MAX_VALUES)?;
+    let mut names: Vec<String> = Vec::new();
+    // Each name costs at least its length byte: the input bounds their number.
+    for _ in 0..r.count(usize::MAX)? {
+        let len = r.count(MAX_CALL_NAME)?;
         let name = std::str::from_utf8(r.take(len)?)
             .map_err(|_| PackError::Corrupt("a call name is not UTF-8"))?;
+        if names.last().is_some_and(|last| last.as_str() >= name) {
+            return Err(PackError::Corrupt("call names out of order"));
+        }
         names.push(name.to_owned());
     }
     let counts = r.values(n)?;
-    let total = counts
-        .iter()
-        .try_fold(0usize, |a, c| a.checked_add(usize::try_from(*c).ok()?))
-        .ok_or(PackError::Corrupt("call count"))?;
+    if counts.iter().any(|c| *c > MAX_CALLS as u64) {
+        return Err(PackError::Corrupt("a row with too many calls"));
+    }
+    // At most MAX_ROWS × MAX_CALLS: no overflow. Each call's copy of its name costs as
+    // much as a few values.
+    let total = counts.iter().sum::<u64>() as usize;
+    r.spend(total * (MAX_CALL_NAME / 8))?;
     let mut indexes = r.values(total)?.into_iter();
     let mut micros = r.values(total)?.into_iter();
     for (c, count) in costs.iter_mut().zip(&counts) {
@@ -173,7 +194,9 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<HostRow>, PackError> {
                 .and_then(|i| names.get(i))
                 .ok_or(PackError::Corrupt("a call name index out of range"))?;
             let us = narrow(Some(us))?.unwrap_or_default();
-            c.slowest_calls_us.insert(name.clone(), us);
+            if c.slowest_calls_us.insert(name.clone(), us).is_some() {
+                return Err(PackError::Corrupt("a call named twice in a row"));
+            }
         }
     }
     if !r.is_empty() {
@@ -193,6 +216,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<HostRow>, PackError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::frame_raw;
     use super::*;
     use proptest::option::of;
     use proptest::prelude::*;
@@ -252,15 +276,80 @@ mod tests {
     proptest! {
         #[test]
         fn every_field_of_every_row_survives(rows in proptest::collection::vec(row(), 0..70)) {
-            let got = unpack(&pack(&rows)).expect("unpacks");
+            let got = unpack(&pack(&rows).expect("packs")).expect("unpacks");
             prop_assert_eq!(bits(&got), bits(&rows));
         }
 
         #[test]
-        fn no_input_panics_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let mut framed = vec![1, 0];
-            framed.extend_from_slice(&bytes);
-            let _ = unpack(&framed);
+        fn no_corrupt_payload_panics_the_reader(
+            rows in proptest::collection::vec(row(), 1..20),
+            flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let mut payload = open(&pack(&rows).expect("packs")).expect("opens");
+            for (at, x) in flips {
+                let i = at % payload.len();
+                payload[i] ^= x;
+            }
+            let _ = unpack(&frame_raw(&payload));
+            payload.truncate(cut % payload.len());
+            let _ = unpack(&frame_raw(&payload));
         }
+    }
+
+    #[test]
+    fn what_cannot_be_unpacked_is_not_packed_nor_built() {
+        let calls = |n: usize, len: usize| HostRow {
+            time_ms: 0,
+            sample: None,
+            cost: Some(SamplerCost {
+                slowest_calls_us: (0..n).map(|i| (format!("{i:0len$}"), 1)).collect(),
+                ..SamplerCost::default()
+            }),
+        };
+        assert!(pack(&[calls(MAX_CALLS, MAX_CALL_NAME)]).is_ok());
+        assert!(pack(&[calls(MAX_CALLS + 1, 2)]).is_err());
+        assert!(pack(&[calls(1, MAX_CALL_NAME + 1)]).is_err());
+        assert!(pack(&vec![calls(0, 0); MAX_ROWS + 1]).is_err());
+        // The most rows, each naming the most calls: a few bytes that would copy names
+        // millions of times are refused before any is copied.
+        let mut payload = Vec::new();
+        put_varint(&mut payload, MAX_ROWS as u64);
+        put_values(&mut payload, &vec![0; MAX_ROWS]);
+        for _ in 0..METRICS.len() + COSTS.len() {
+            payload.push(0);
+        }
+        put_varint(&mut payload, 1);
+        put_varint(&mut payload, MAX_CALL_NAME as u64);
+        payload.extend_from_slice(&[b'a'; MAX_CALL_NAME]);
+        put_values(&mut payload, &vec![MAX_CALLS as u64; MAX_ROWS]);
+        assert!(payload.len() < 200);
+        assert_eq!(
+            unpack(&frame_raw(&payload)),
+            Err(PackError::Corrupt("more values than a packed value holds"))
+        );
+    }
+
+    #[test]
+    fn every_field_of_the_row_types_is_packed() {
+        // Spelled out without `..`: a field added to either fails to compile here until
+        // it is packed (METRICS, COSTS or the calls).
+        let HostSample {
+            cpu_util_pct: _,
+            mem_used_bytes: _,
+            mem_total_bytes: _,
+            disk_read_bps: _,
+            disk_write_bps: _,
+            net_rx_bps: _,
+            net_tx_bps: _,
+            load1: _,
+        } = HostSample::default();
+        let SamplerCost {
+            cpu_us: _,
+            wall_us: _,
+            source_us: _,
+            slowest_calls_us: _,
+        } = SamplerCost::default();
+        assert_eq!((METRICS.len(), COSTS.len()), (8, 3));
     }
 }

@@ -8,8 +8,11 @@
 //! `gpu_samples`), process ticks with their lifetime id (identity in `process_lives`),
 //! host rows as [`HostRow`] (a reading whose metrics are all absent is no reading).
 //!
-//! Layout of a packed value: format version (1), compression (0 none, 1 deflate), then the
-//! payload. Payloads: [`gpu`], [`process`], [`host`].
+//! Layout of a packed value: format version (1), compression (0 none, 1 deflate), the
+//! CRC-32C of the payload (4 bytes, little-endian), then the payload, compressed or not.
+//! Payloads: [`gpu`], [`process`], [`host`]. Packing refuses what unpacking would refuse
+//! ([`PackError::TooLarge`]: the caller keeps those rows as they are); unpacking checks
+//! every count against the limits below before it allocates.
 
 mod columns;
 pub mod gpu;
@@ -25,9 +28,23 @@ use thiserror::Error;
 const FORMAT: u8 = 1;
 const RAW: u8 = 0;
 const DEFLATE: u8 = 1;
-/// Most bytes a packed value may expand to: far above a minute of 10 ms ticks of a GPU
-/// with every field and link, far below what would hurt the collector.
-const MAX_PAYLOAD: u64 = 16 << 20;
+const HEADER: usize = 6;
+const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+/// Most bytes a payload may have: far above a minute of 1 ms ticks of a GPU with every
+/// field and 18 links, far below what would hurt the collector.
+const MAX_PAYLOAD: usize = 16 << 20;
+/// Most rows one packed value of GPU samples or host rows may hold: their times are
+/// distinct milliseconds, so a minute holds at most 60,000.
+pub const MAX_ROWS: usize = 1 << 16;
+/// Most process ticks one packed value may hold (a minute of 1 s ticks of 4,096
+/// processes, as many as a tick may carry).
+pub const MAX_PROCESS_ROWS: usize = 1 << 18;
+/// Most NVLink links one GPU sample may have (NVML knows 18).
+pub const MAX_LINKS: usize = 64;
+/// Most slowest calls one host row may name, and the longest name (as the wire decoder
+/// keeps them).
+pub const MAX_CALLS: usize = 16;
+pub const MAX_CALL_NAME: usize = 64;
 
 /// A packed value that cannot be read back.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -38,45 +55,63 @@ pub enum PackError {
     Corrupt(&'static str),
     #[error("packed samples of format {0}, this collector reads format 1")]
     Format(u8),
+    #[error("packed samples fail their checksum")]
+    Checksum,
+    #[error("too much to pack in one value: {0}")]
+    TooLarge(&'static str),
 }
 
 /// `payload` with the header, compressed when that makes it smaller.
-fn seal(payload: &[u8]) -> Vec<u8> {
-    let mut enc = DeflateEncoder::new(vec![FORMAT, DEFLATE], Compression::default());
+fn seal(payload: &[u8]) -> Result<Vec<u8>, PackError> {
+    if payload.len() > MAX_PAYLOAD {
+        return Err(PackError::TooLarge("payload"));
+    }
+    let header = |compression: u8| {
+        let mut out = vec![FORMAT, compression];
+        out.extend_from_slice(&CRC.checksum(payload).to_le_bytes());
+        out
+    };
+    let mut enc = DeflateEncoder::new(header(DEFLATE), Compression::default());
     let deflated = enc.write_all(payload).and_then(|()| enc.finish());
-    match deflated {
-        Ok(out) if out.len() < payload.len() + 2 => out,
+    Ok(match deflated {
+        Ok(out) if out.len() < payload.len() + HEADER => out,
         _ => {
-            let mut out = Vec::with_capacity(payload.len() + 2);
-            out.extend_from_slice(&[FORMAT, RAW]);
+            let mut out = header(RAW);
             out.extend_from_slice(payload);
             out
         }
-    }
+    })
 }
 
-/// The payload of a value written by [`seal`].
+/// The payload of a value written by [`seal`], its checksum checked.
 fn open(packed: &[u8]) -> Result<Vec<u8>, PackError> {
     let (&format, rest) = packed.split_first().ok_or(PackError::Truncated)?;
     if format != FORMAT {
         return Err(PackError::Format(format));
     }
-    let (&compression, body) = rest.split_first().ok_or(PackError::Truncated)?;
-    match compression {
-        RAW => Ok(body.to_vec()),
+    let (head, body) = rest.split_at_checked(5).ok_or(PackError::Truncated)?;
+    let [compression, crc @ ..] = head else {
+        return Err(PackError::Truncated);
+    };
+    let payload = match *compression {
+        RAW => body.to_vec(),
         DEFLATE => {
             let mut out = Vec::new();
             DeflateDecoder::new(body)
-                .take(MAX_PAYLOAD + 1)
+                .take(MAX_PAYLOAD as u64 + 1)
                 .read_to_end(&mut out)
                 .map_err(|_| PackError::Corrupt("deflate stream"))?;
-            if out.len() as u64 > MAX_PAYLOAD {
-                return Err(PackError::Corrupt("payload too large"));
-            }
-            Ok(out)
+            out
         }
-        _ => Err(PackError::Corrupt("unknown compression")),
+        _ => return Err(PackError::Corrupt("unknown compression")),
+    };
+    if payload.len() > MAX_PAYLOAD {
+        return Err(PackError::Corrupt("payload too large"));
     }
+    if CRC.checksum(&payload).to_le_bytes() != crc {
+        return Err(PackError::Checksum);
+    }
+    Ok(payload)
 }
 
 /// A `u64` column value as a `u32` field (a larger one is corruption, not truncation).
@@ -89,25 +124,47 @@ fn narrow(v: Option<u64>) -> Result<Option<u32>, PackError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn small_payloads_stay_raw_and_others_are_compressed() {
-        assert_eq!(seal(&[5]), vec![FORMAT, RAW, 5]);
-        let big = vec![0u8; 1000];
-        let sealed = seal(&big);
-        assert_eq!(sealed[1], DEFLATE);
-        assert!(sealed.len() < 50);
-        assert_eq!(open(&sealed), Ok(big));
+    /// `payload` framed raw with a correct checksum: what a corrupt payload that passed
+    /// the checksum would look like to the payload readers.
+    pub fn frame_raw(payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![FORMAT, RAW];
+        out.extend_from_slice(&CRC.checksum(payload).to_le_bytes());
+        out.extend_from_slice(payload);
+        out
     }
 
     #[test]
-    fn bad_headers_and_streams_are_errors() {
+    fn small_payloads_stay_raw_and_others_are_compressed() {
+        assert_eq!(seal(&[5]), Ok(frame_raw(&[5])));
+        let big = vec![0u8; 1000];
+        let sealed = seal(&big).expect("seals");
+        assert_eq!(sealed[1], DEFLATE);
+        assert!(sealed.len() < 50);
+        assert_eq!(open(&sealed), Ok(big));
+        assert_eq!(
+            seal(&vec![0; MAX_PAYLOAD + 1]),
+            Err(PackError::TooLarge("payload"))
+        );
+    }
+
+    #[test]
+    fn bad_headers_streams_and_checksums_are_errors() {
         assert_eq!(open(&[]), Err(PackError::Truncated));
         assert_eq!(open(&[2, 0]), Err(PackError::Format(2)));
-        assert_eq!(open(&[1]), Err(PackError::Truncated));
-        assert!(open(&[1, 7, 0]).is_err());
-        assert!(open(&[1, DEFLATE, 0xff, 0xff, 0xff]).is_err());
+        assert_eq!(open(&[1, 0, 0]), Err(PackError::Truncated));
+        assert!(open(&[1, 7, 0, 0, 0, 0]).is_err());
+        let mut sealed = seal(&[1, 2, 3]).expect("seals");
+        assert_eq!(open(&sealed), Ok(vec![1, 2, 3]));
+        sealed[7] ^= 4;
+        assert_eq!(open(&sealed), Err(PackError::Checksum));
+        let mut sealed = seal(&[9; 500]).expect("seals");
+        assert_eq!(sealed[1], DEFLATE);
+        let last = sealed.len() - 1;
+        sealed[last] ^= 0x10;
+        assert!(open(&sealed).is_err());
         // A deflate bomb is cut off, not expanded into memory.
-        let mut enc = DeflateEncoder::new(vec![FORMAT, DEFLATE], Compression::default());
+        let mut enc =
+            DeflateEncoder::new(vec![FORMAT, DEFLATE, 0, 0, 0, 0], Compression::default());
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..17 {
             enc.write_all(&zeros).expect("deflate");

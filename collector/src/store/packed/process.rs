@@ -4,8 +4,8 @@
 //! that barely changes: times, pids, lifetime ids, then the optional memory and
 //! utilization columns.
 
-use super::columns::{MAX_ROWS, Reader, put_column, put_values, put_varint};
-use super::{PackError, narrow, open, seal};
+use super::columns::{Reader, put_column, put_values, put_varint};
+use super::{MAX_PROCESS_ROWS, PackError, narrow, open, seal};
 use gpufleet_core::UnixMs;
 
 /// One process on one GPU at one tick, as `process_samples` holds it.
@@ -30,8 +30,11 @@ const UTILS: [Util; 4] = [
     |p| p.dec_util_pct,
 ];
 
-/// Packs `ticks` (one GPU's).
-pub fn pack(ticks: &[ProcessTick]) -> Vec<u8> {
+/// Packs `ticks` (one GPU's, at most [`MAX_PROCESS_ROWS`]).
+pub fn pack(ticks: &[ProcessTick]) -> Result<Vec<u8>, PackError> {
+    if ticks.len() > MAX_PROCESS_ROWS {
+        return Err(PackError::TooLarge("process ticks"));
+    }
     let mut rows: Vec<&ProcessTick> = ticks.iter().collect();
     rows.sort_by_key(|p| (p.pid, p.life_id, p.ts_ms));
     let mut out = Vec::new();
@@ -51,7 +54,7 @@ pub fn pack(ticks: &[ProcessTick]) -> Vec<u8> {
 pub fn unpack(packed: &[u8]) -> Result<Vec<ProcessTick>, PackError> {
     let payload = open(packed)?;
     let mut r = Reader::new(&payload);
-    let n = r.count(MAX_ROWS)?;
+    let n = r.count(MAX_PROCESS_ROWS)?;
     let ts = r.values(n)?;
     let pids = r.values(n)?;
     let lives = r.values(n)?;
@@ -82,6 +85,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<ProcessTick>, PackError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::frame_raw;
     use super::*;
     use proptest::option::of;
     use proptest::prelude::*;
@@ -116,7 +120,7 @@ mod tests {
         fn every_field_of_every_tick_survives(ticks in proptest::collection::vec(tick(), 0..130)) {
             let mut want = ticks.clone();
             want.sort_by_key(|p| (p.ts_ms, p.pid, p.life_id));
-            let got = unpack(&pack(&ticks)).expect("unpacks");
+            let got = unpack(&pack(&ticks).expect("packs")).expect("unpacks");
             // Rows equal in (time, pid, lifetime) may come back in either order.
             let key = |v: &[ProcessTick]| {
                 let mut v = v.to_vec();
@@ -128,10 +132,25 @@ mod tests {
         }
 
         #[test]
-        fn no_input_panics_the_reader(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-            let mut framed = vec![1, 0];
-            framed.extend_from_slice(&bytes);
-            let _ = unpack(&framed);
+        fn no_corrupt_payload_panics_the_reader(
+            ticks in proptest::collection::vec(tick(), 1..20),
+            flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let mut payload = open(&pack(&ticks).expect("packs")).expect("opens");
+            for (at, x) in flips {
+                let i = at % payload.len();
+                payload[i] ^= x;
+            }
+            let _ = unpack(&frame_raw(&payload));
+            payload.truncate(cut % payload.len());
+            let _ = unpack(&frame_raw(&payload));
         }
+    }
+
+    #[test]
+    fn more_ticks_than_a_value_holds_are_not_packed() {
+        let ticks = vec![ProcessTick::default(); MAX_PROCESS_ROWS + 1];
+        assert_eq!(pack(&ticks), Err(PackError::TooLarge("process ticks")));
     }
 }
