@@ -264,9 +264,8 @@ pub(crate) mod tests {
         let mut payload = Vec::new();
         put_varint(&mut payload, MAX_ROWS as u64);
         put_values(&mut payload, &vec![0; MAX_ROWS]);
-        for _ in FIELDS {
-            payload.push(0);
-        }
+        // Every field absent.
+        payload.extend(std::iter::repeat_n(0, FIELDS.len()));
         put_values(&mut payload, &vec![MAX_LINKS as u64; MAX_ROWS]);
         assert!(payload.len() < 100);
         assert_eq!(

@@ -260,8 +260,11 @@ mod tests {
         })
     }
 
+    /// A host row with its metrics as their column values (floats by their bits).
+    type Bits = (i64, Option<Vec<Option<u64>>>, Option<SamplerCost>);
+
     /// Rows compared with floats by their bits (NaN included).
-    fn bits(rows: &[HostRow]) -> Vec<(i64, Option<Vec<Option<u64>>>, Option<SamplerCost>)> {
+    fn bits(rows: &[HostRow]) -> Vec<Bits> {
         rows.iter()
             .map(|r| {
                 let metrics = r
@@ -316,9 +319,8 @@ mod tests {
         let mut payload = Vec::new();
         put_varint(&mut payload, MAX_ROWS as u64);
         put_values(&mut payload, &vec![0; MAX_ROWS]);
-        for _ in 0..METRICS.len() + COSTS.len() {
-            payload.push(0);
-        }
+        // Every metric and cost absent.
+        payload.extend(std::iter::repeat_n(0, METRICS.len() + COSTS.len()));
         put_varint(&mut payload, 1);
         put_varint(&mut payload, MAX_CALL_NAME as u64);
         payload.extend_from_slice(&[b'a'; MAX_CALL_NAME]);
