@@ -188,6 +188,10 @@ async fn write(
     Ok(sims.into_iter().map(|(_, keys)| keys).collect())
 }
 
+const HOST: &str = "INSERT INTO packed_host_minutes VALUES ($1, $2, $3)";
+const GPU: &str = "INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)";
+const PROCESS: &str = "INSERT INTO packed_process_minutes VALUES ($1, $2, $3)";
+
 /// Defines `$name`: packs every minute of every GPU and node of the first `ticks` seconds
 /// into the `packed_*` tables (`$ddl`; each minute checked to unpack to the rows it was
 /// made of), then empties the row tables (`$empty`). One definition per backend: the
@@ -211,18 +215,15 @@ macro_rules! pack_minutes {
                     from_ms: minute_ms,
                     to_ms: minute_ms + 59_999,
                 };
+                // (insert, key, packed value) of every GPU and node this minute.
+                let mut out = Vec::new();
                 for k in keys {
                     let rows = store.host_samples(k.id, range, usize::MAX).await?;
                     let packed = packed::host::pack(&rows)?;
                     if packed::host::unpack(&packed)? != rows {
                         bail!("node {} minute {m}: the packed host rows differ", k.name);
                     }
-                    sqlx::query("INSERT INTO packed_host_minutes VALUES ($1, $2, $3)")
-                        .bind(k.id.0)
-                        .bind(minute_ms)
-                        .bind(packed)
-                        .execute(&mut *tx)
-                        .await?;
+                    out.push((HOST, k.id.0, packed));
                     for gpu in k.gpus.values() {
                         let mut samples = store.gpu_samples(*gpu, range, usize::MAX).await?;
                         // The GPU is the packed row's key: its UUID is not packed.
@@ -231,12 +232,7 @@ macro_rules! pack_minutes {
                         if packed::gpu::unpack(&packed)? != samples {
                             bail!("GPU {} minute {m}: the packed samples differ", gpu.0);
                         }
-                        sqlx::query("INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)")
-                            .bind(gpu.0)
-                            .bind(minute_ms)
-                            .bind(packed)
-                            .execute(&mut *tx)
-                            .await?;
+                        out.push((GPU, gpu.0, packed));
                         let rows: Vec<ProcessRow> = sqlx::query_as(
                             "SELECT ts_ms, CAST(pid AS BIGINT), life_id, gpu_mem_bytes, \
                                CAST(sm_util_pct AS BIGINT), CAST(mem_util_pct AS BIGINT), \
@@ -254,13 +250,16 @@ macro_rules! pack_minutes {
                         if packed::process::unpack(&packed)? != ticks {
                             bail!("GPU {} minute {m}: the packed process ticks differ", gpu.0);
                         }
-                        sqlx::query("INSERT INTO packed_process_minutes VALUES ($1, $2, $3)")
-                            .bind(gpu.0)
-                            .bind(minute_ms)
-                            .bind(packed)
-                            .execute(&mut *tx)
-                            .await?;
+                        out.push((PROCESS, gpu.0, packed));
                     }
+                }
+                for (insert, key, packed) in out {
+                    sqlx::query(insert)
+                        .bind(key)
+                        .bind(minute_ms)
+                        .bind(packed)
+                        .execute(&mut *tx)
+                        .await?;
                 }
             }
             sqlx::raw_sql($empty).execute(&mut *tx).await?;

@@ -5,28 +5,11 @@
 //! difference from the same link's previous one.
 
 use super::columns::{Reader, put_column, put_values, put_varint};
-use super::{MAX_LINKS, MAX_ROWS, PackError, narrow, open, seal};
+use super::{Field, MAX_LINKS, MAX_ROWS, PackError, narrow, open, seal};
 use gpufleet_core::{GpuSample, NvLinkSample, UnixMs};
 
-type Get = fn(&GpuSample) -> Option<u64>;
-type Set = fn(&mut GpuSample, Option<u64>) -> Result<(), PackError>;
-
-macro_rules! fields {
-    ($($name:ident: $ty:ident),* $(,)?) => {
-        /// The scalar fields in storage order: each with its reader and writer.
-        const FIELDS: &[(Get, Set)] = &[$((
-            |s| s.$name.map(u64::from),
-            |s, v| {
-                s.$name = fields!(@narrow $ty, v);
-                Ok(())
-            },
-        )),*];
-    };
-    (@narrow u64, $v:ident) => { $v };
-    (@narrow u32, $v:ident) => { narrow($v)? };
-}
-
-fields!(
+/// The scalar fields in storage order.
+const FIELDS: &[Field<GpuSample>] = fields!(GpuSample;
     util_gpu_pct: u32,
     util_mem_pct: u32,
     mem_used_bytes: u64,
@@ -152,7 +135,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, PackError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::super::tests::frame_raw;
+    use super::super::tests::{corruptions, frame_raw};
     use super::*;
     use proptest::prelude::*;
 
@@ -240,14 +223,9 @@ pub(crate) mod tests {
             flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
             cut in any::<usize>(),
         ) {
-            let mut payload = open(&pack(&samples).expect("packs")).expect("opens");
-            for (at, x) in flips {
-                let i = at % payload.len();
-                payload[i] ^= x;
+            for bad in corruptions(&pack(&samples).expect("packs"), &flips, cut) {
+                let _ = unpack(&bad);
             }
-            let _ = unpack(&frame_raw(&payload));
-            payload.truncate(cut % payload.len());
-            let _ = unpack(&frame_raw(&payload));
         }
     }
 

@@ -5,77 +5,26 @@
 //! column of name indexes and a column of microseconds.
 
 use super::columns::{Reader, put_column, put_values, put_varint};
-use super::{MAX_CALL_NAME, MAX_CALLS, MAX_ROWS, PackError, narrow, open, seal};
+use super::{Field, MAX_CALL_NAME, MAX_CALLS, MAX_ROWS, PackError, narrow, open, seal};
 use crate::store::HostRow;
 use gpufleet_core::{HostSample, SamplerCost};
 use std::collections::BTreeMap;
 
-type Metric = (
-    fn(&HostSample) -> Option<u64>,
-    fn(&mut HostSample, Option<u64>) -> Result<(), PackError>,
+/// The host metrics in storage order.
+const METRICS: &[Field<HostSample>] = fields!(HostSample;
+    cpu_util_pct: f32,
+    mem_used_bytes: u64,
+    mem_total_bytes: u64,
+    disk_read_bps: u64,
+    disk_write_bps: u64,
+    net_rx_bps: u64,
+    net_tx_bps: u64,
+    load1: f32,
 );
 
-const METRICS: [Metric; 8] = [
-    (
-        |h| h.cpu_util_pct.map(|f| u64::from(f.to_bits())),
-        |h, v| {
-            h.cpu_util_pct = narrow(v)?.map(f32::from_bits);
-            Ok(())
-        },
-    ),
-    (
-        |h| h.mem_used_bytes,
-        |h, v| {
-            h.mem_used_bytes = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.mem_total_bytes,
-        |h, v| {
-            h.mem_total_bytes = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.disk_read_bps,
-        |h, v| {
-            h.disk_read_bps = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.disk_write_bps,
-        |h, v| {
-            h.disk_write_bps = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.net_rx_bps,
-        |h, v| {
-            h.net_rx_bps = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.net_tx_bps,
-        |h, v| {
-            h.net_tx_bps = v;
-            Ok(())
-        },
-    ),
-    (
-        |h| h.load1.map(|f| u64::from(f.to_bits())),
-        |h, v| {
-            h.load1 = narrow(v)?.map(f32::from_bits);
-            Ok(())
-        },
-    ),
-];
-
-type Cost = fn(&SamplerCost) -> Option<u32>;
-const COSTS: [Cost; 3] = [|c| c.cpu_us, |c| c.wall_us, |c| c.source_us];
+/// The cost figures in storage order (the slowest calls follow them).
+const COSTS: &[Field<SamplerCost>] =
+    fields!(SamplerCost; cpu_us: u32, wall_us: u32, source_us: u32);
 
 /// The slowest calls of a row's cost.
 fn calls(r: &HostRow) -> impl Iterator<Item = (&String, &u32)> {
@@ -110,9 +59,8 @@ pub fn pack(rows: &[HostRow]) -> Result<Vec<u8>, PackError> {
             rows.iter().map(|r| r.sample.as_ref().and_then(get)),
         );
     }
-    for get in COSTS {
-        let column = rows.iter().map(|r| r.cost.as_ref().and_then(get));
-        put_column(&mut out, column.map(|v| v.map(u64::from)));
+    for (get, _) in COSTS {
+        put_column(&mut out, rows.iter().map(|r| r.cost.as_ref().and_then(get)));
     }
     let mut names: BTreeMap<&str, u64> = rows
         .iter()
@@ -154,14 +102,10 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<HostRow>, PackError> {
         }
     }
     let mut costs = vec![SamplerCost::default(); n];
-    let mut cost_columns = Vec::with_capacity(COSTS.len());
-    for _ in COSTS {
-        cost_columns.push(r.column(n)?);
-    }
-    for (i, c) in costs.iter_mut().enumerate() {
-        c.cpu_us = narrow(cost_columns[0][i])?;
-        c.wall_us = narrow(cost_columns[1][i])?;
-        c.source_us = narrow(cost_columns[2][i])?;
+    for (_, set) in COSTS {
+        for (c, v) in costs.iter_mut().zip(r.column(n)?) {
+            set(c, v)?;
+        }
     }
     let mut names: Vec<String> = Vec::new();
     // Each name costs at least its length byte: the input bounds their number.
@@ -216,7 +160,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<HostRow>, PackError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::frame_raw;
+    use super::super::tests::{corruptions, frame_raw};
     use super::*;
     use proptest::option::of;
     use proptest::prelude::*;
@@ -289,14 +233,9 @@ mod tests {
             flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
             cut in any::<usize>(),
         ) {
-            let mut payload = open(&pack(&rows).expect("packs")).expect("opens");
-            for (at, x) in flips {
-                let i = at % payload.len();
-                payload[i] ^= x;
+            for bad in corruptions(&pack(&rows).expect("packs"), &flips, cut) {
+                let _ = unpack(&bad);
             }
-            let _ = unpack(&frame_raw(&payload));
-            payload.truncate(cut % payload.len());
-            let _ = unpack(&frame_raw(&payload));
         }
     }
 

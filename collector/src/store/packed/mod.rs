@@ -14,6 +14,33 @@
 //! ([`PackError::TooLarge`]: the caller keeps those rows as they are); unpacking checks
 //! every count against the limits below before it allocates.
 
+/// A field of `T` as a column: its reader, and its writer (a value out of the field's
+/// range is corruption).
+type Field<T> = (
+    fn(&T) -> Option<u64>,
+    fn(&mut T, Option<u64>) -> Result<(), PackError>,
+);
+
+/// The [`Field`]s of a struct, each named with its kind: `u64`, `u32`, or `f32` (packed as
+/// its bits).
+macro_rules! fields {
+    ($ty:ty; $($name:ident: $kind:ident),* $(,)?) => {
+        &[$((
+            |s: &$ty| fields!(@get $kind, s.$name),
+            |s: &mut $ty, v: Option<u64>| {
+                s.$name = fields!(@set $kind, v);
+                Ok(())
+            },
+        )),*]
+    };
+    (@get u64, $e:expr) => { $e };
+    (@get u32, $e:expr) => { $e.map(u64::from) };
+    (@get f32, $e:expr) => { $e.map(|f| u64::from(f.to_bits())) };
+    (@set u64, $v:ident) => { $v };
+    (@set u32, $v:ident) => { $crate::store::packed::narrow($v)? };
+    (@set f32, $v:ident) => { $crate::store::packed::narrow($v)?.map(f32::from_bits) };
+}
+
 mod columns;
 pub mod gpu;
 pub mod host;
@@ -131,6 +158,19 @@ mod tests {
         out.extend_from_slice(&CRC.checksum(payload).to_le_bytes());
         out.extend_from_slice(payload);
         out
+    }
+
+    /// The payload of `sealed` with bytes flipped (`flips`: position, mask), then also cut
+    /// short, each framed raw with a correct checksum.
+    pub fn corruptions(sealed: &[u8], flips: &[(usize, u8)], cut: usize) -> [Vec<u8>; 2] {
+        let mut payload = open(sealed).expect("opens");
+        for (at, mask) in flips {
+            let i = at % payload.len();
+            payload[i] ^= mask;
+        }
+        let flipped = frame_raw(&payload);
+        payload.truncate(cut % payload.len());
+        [flipped, frame_raw(&payload)]
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! utilization columns.
 
 use super::columns::{Reader, put_column, put_values, put_varint};
-use super::{MAX_PROCESS_ROWS, PackError, narrow, open, seal};
+use super::{Field, MAX_PROCESS_ROWS, PackError, narrow, open, seal};
 use gpufleet_core::UnixMs;
 
 /// One process on one GPU at one tick, as `process_samples` holds it.
@@ -22,13 +22,14 @@ pub struct ProcessTick {
     pub dec_util_pct: Option<u32>,
 }
 
-type Util = fn(&ProcessTick) -> Option<u32>;
-const UTILS: [Util; 4] = [
-    |p| p.sm_util_pct,
-    |p| p.mem_util_pct,
-    |p| p.enc_util_pct,
-    |p| p.dec_util_pct,
-];
+/// The optional columns in storage order, after time, pid and lifetime.
+const VALUES: &[Field<ProcessTick>] = fields!(ProcessTick;
+    gpu_mem_bytes: u64,
+    sm_util_pct: u32,
+    mem_util_pct: u32,
+    enc_util_pct: u32,
+    dec_util_pct: u32,
+);
 
 /// Packs `ticks` (one GPU's, at most [`MAX_PROCESS_ROWS`]).
 pub fn pack(ticks: &[ProcessTick]) -> Result<Vec<u8>, PackError> {
@@ -43,9 +44,8 @@ pub fn pack(ticks: &[ProcessTick]) -> Result<Vec<u8>, PackError> {
     put_values(&mut out, &column(|p| p.ts_ms as u64));
     put_values(&mut out, &column(|p| u64::from(p.pid)));
     put_values(&mut out, &column(|p| p.life_id as u64));
-    put_column(&mut out, rows.iter().map(|p| p.gpu_mem_bytes));
-    for util in UTILS {
-        put_column(&mut out, rows.iter().map(|p| util(p).map(u64::from)));
+    for (get, _) in VALUES {
+        put_column(&mut out, rows.iter().map(|&p| get(p)));
     }
     seal(&out)
 }
@@ -58,26 +58,22 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<ProcessTick>, PackError> {
     let ts = r.values(n)?;
     let pids = r.values(n)?;
     let lives = r.values(n)?;
-    let mem = r.column(n)?;
-    let mut utils = Vec::with_capacity(UTILS.len());
-    for _ in UTILS {
-        utils.push(r.column(n)?);
+    let mut out = Vec::with_capacity(n);
+    for ((t, pid), life) in ts.into_iter().zip(pids).zip(lives) {
+        out.push(ProcessTick {
+            ts_ms: t as UnixMs,
+            pid: narrow(Some(pid))?.unwrap_or_default(),
+            life_id: life as i64,
+            ..ProcessTick::default()
+        });
+    }
+    for (_, set) in VALUES {
+        for (p, v) in out.iter_mut().zip(r.column(n)?) {
+            set(p, v)?;
+        }
     }
     if !r.is_empty() {
         return Err(PackError::Corrupt("bytes after the last column"));
-    }
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        out.push(ProcessTick {
-            ts_ms: ts[i] as UnixMs,
-            pid: narrow(Some(pids[i]))?.unwrap_or_default(),
-            life_id: lives[i] as i64,
-            gpu_mem_bytes: mem[i],
-            sm_util_pct: narrow(utils[0][i])?,
-            mem_util_pct: narrow(utils[1][i])?,
-            enc_util_pct: narrow(utils[2][i])?,
-            dec_util_pct: narrow(utils[3][i])?,
-        });
     }
     out.sort_by_key(|p| (p.ts_ms, p.pid, p.life_id));
     Ok(out)
@@ -85,7 +81,7 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<ProcessTick>, PackError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::frame_raw;
+    use super::super::tests::corruptions;
     use super::*;
     use proptest::option::of;
     use proptest::prelude::*;
@@ -137,14 +133,9 @@ mod tests {
             flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
             cut in any::<usize>(),
         ) {
-            let mut payload = open(&pack(&ticks).expect("packs")).expect("opens");
-            for (at, x) in flips {
-                let i = at % payload.len();
-                payload[i] ^= x;
+            for bad in corruptions(&pack(&ticks).expect("packs"), &flips, cut) {
+                let _ = unpack(&bad);
             }
-            let _ = unpack(&frame_raw(&payload));
-            payload.truncate(cut % payload.len());
-            let _ = unpack(&frame_raw(&payload));
         }
     }
 
