@@ -1,14 +1,18 @@
 """Driver of scripts/bench-agent (run that, not this): whole-process CPU and RSS of the real
 `gpufleet-agent run` (streaming to a real collector) against a pynvml loop, both on the
-same fake libnvidia-ml with the same GPUs, at each interval.
+same fake libnvidia-ml with the same GPUs, at each interval; with --real-nvml, both on
+the machine's own libnvidia-ml and GPUs instead (a GPU node).
 
 CPU is read from outside the measured process: utime+stime of /proc/PID/stat (10 ms
 ticks) and the process CPU clock (clock_gettime on the pid's CPU clock, in ns: the same
 quantity without the tick rounding, threads that already exited included). Figures per
-GPU-sample divide by the ticks due in the window (window / interval × GPUs).
+GPU-sample divide by the ticks due in the window (window / interval × GPUs). The ticks the
+collector stored for the agent's node in the window, and their wall time and time in NVML
+as the agent reported them, are printed too: a tick slower than the interval skips ticks.
 """
 
 import argparse
+import sqlite3
 import json
 import os
 import shutil
@@ -109,10 +113,24 @@ def main():
     ap.add_argument("--intervals", default="1s,100ms")
     ap.add_argument("--work-dir", required=True, help="on a real disk: the spool fsyncs")
     ap.add_argument("--agent-arg", action="append", default=[])
+    ap.add_argument(
+        "--real-nvml",
+        action="store_true",
+        help="the machine's libnvidia-ml and all its GPUs, not the fake (--gpus is ignored)",
+    )
     args = ap.parse_args()
     bins = args.bin_dir
     lib_built = os.path.join(bins, "libfake_nvml.so")
-    for f in ("gpufleet-agent", "gpufleet-collector", "libfake_nvml.so"):
+    needed = ["gpufleet-agent", "gpufleet-collector"]
+    if args.real_nvml:
+        import pynvml
+
+        pynvml.nvmlInit()
+        args.gpus = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    else:
+        needed.append("libfake_nvml.so")
+    for f in needed:
         if not os.path.exists(os.path.join(bins, f)):
             sys.exit(f"error: {f} not built in {bins}")
     os.makedirs(args.work_dir, exist_ok=True)
@@ -128,40 +146,56 @@ def main():
         # Real processes for the GPU process lists: their /proc entries are read by the
         # agent (user, command, cgroup) as on a node.
         sleepers = [spawn(["sleep", "100000"]) for _ in range(args.procs)]
-        grpc, http = free_port(), free_port()
-        collector_log = open(os.path.join(tmp, "collector.log"), "w")
-        collector = spawn(
-            [
-                os.path.join(bins, "gpufleet-collector"),
-                "serve",
-                "--db",
-                f"sqlite://{tmp}/collector.db",
-                "--grpc-listen",
-                f"127.0.0.1:{grpc}",
-                "--http-listen",
-                f"127.0.0.1:{http}",
-            ],
-            stdout=collector_log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_port(grpc, collector, "the collector")
+        kind = "real GPUs (the machine's libnvidia-ml)" if args.real_nvml else "fake GPUs"
+        procs = "" if args.real_nvml else f", {args.procs} processes"
         print(
-            f"{args.gpus} fake GPUs, {args.procs} processes, {args.seconds:g} s per interval; "
-            f"work dir {tmp}",
+            f"{args.gpus} {kind}{procs}, {args.seconds:g} s per interval; work dir {tmp}",
             flush=True,
         )
         rows = []
         for text in args.intervals.split(","):
             text = text.strip()
             ivl = parse_interval(text)
-            # One copy of the fake per interval (its own node), shared by both monitors.
-            lib_dir = os.path.join(tmp, f"lib-{text}")
-            os.makedirs(lib_dir)
-            lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
-            shutil.copy(lib_built, lib)
-            with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
-                json.dump(scenario(args.gpus, [s.pid for s in sleepers], f"bench-{text}"), f)
-            rows.append(run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn))
+            # A collector per interval: a real GPU's UUID belongs to the first node that
+            # claims it, and each interval's agent is a node of its own.
+            grpc, http = free_port(), free_port()
+            db = os.path.join(tmp, f"collector-{text}.db")
+            collector = spawn(
+                [
+                    os.path.join(bins, "gpufleet-collector"),
+                    "serve",
+                    "--db",
+                    f"sqlite://{db}",
+                    "--grpc-listen",
+                    f"127.0.0.1:{grpc}",
+                    "--http-listen",
+                    f"127.0.0.1:{http}",
+                ],
+                stdout=open(os.path.join(tmp, f"collector-{text}.log"), "w"),
+                stderr=subprocess.STDOUT,
+            )
+            wait_port(grpc, collector, "the collector")
+            if args.real_nvml:
+                lib, lib_dir = None, None
+            else:
+                # One copy of the fake per interval, shared by both monitors.
+                lib_dir = os.path.join(tmp, f"lib-{text}")
+                os.makedirs(lib_dir)
+                lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
+                shutil.copy(lib_built, lib)
+                with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
+                    json.dump(scenario(args.gpus, [s.pid for s in sleepers], f"bench-{text}"), f)
+            row = run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn)
+            collector.send_signal(signal.SIGTERM)
+            collector.wait(timeout=60)
+            row.update(stored_ticks(db, *row.pop("window")))
+            print(
+                f"{text}: {row['ticks']} ticks stored in the window ({row['due']} due), tick wall "
+                f"mean {row['wall_ms']:.2f} ms / max {row['wall_max_ms']:.2f} ms, "
+                f"in NVML {row['nvml_ms']:.2f} ms",
+                flush=True,
+            )
+            rows.append(row)
         print()
         print(
             "| interval | agent µs CPU / GPU-sample | agent % of a core | agent RSS MiB (peak) "
@@ -175,6 +209,14 @@ def main():
                 f"{r['py_pct']:.3f} | {r['py_rss']:.1f} ({r['py_hwm']:.1f}) | "
                 f"{r['py_us'] / r['agent_us']:.1f}× |"
             )
+        print()
+        print("| interval | ticks stored / due | tick wall ms (mean / max) | in NVML ms (mean) |")
+        print("|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['interval']} | {r['ticks']} / {r['due']} | {r['wall_ms']:.2f} / "
+                f"{r['wall_max_ms']:.2f} | {r['nvml_ms']:.2f} |"
+            )
     finally:
         for p in children:
             if p.poll() is None:
@@ -184,9 +226,23 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def stored_ticks(db, start_ms, end_ms):
+    """The agent's ticks the collector stored between start_ms and end_ms (its one node),
+    with the tick wall time and time in NVML the agent reported for them."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+        n, wall, wall_max, nvml = c.execute(
+            "SELECT count(*), avg(cost_wall_us), max(cost_wall_us), avg(cost_source_us) "
+            "FROM host_samples WHERE ts_ms >= ? AND ts_ms < ?",
+            (start_ms, end_ms),
+        ).fetchone()
+    ms = lambda us: (us or 0) / 1000  # noqa: E731
+    return {"ticks": n, "wall_ms": ms(wall), "wall_max_ms": ms(wall_max), "nvml_ms": ms(nvml)}
+
+
 def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
     node = f"bench-{text}"
     agent_log = open(os.path.join(tmp, f"agent-{text}.log"), "w")
+    nvml = [] if lib is None else ["--nvml-lib", lib]
     agent = spawn(
         [
             os.path.join(bins, "gpufleet-agent"),
@@ -197,8 +253,7 @@ def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
             node,
             "--interval",
             text,
-            "--nvml-lib",
-            lib,
+            *nvml,
             "--spool-dir",
             os.path.join(tmp, f"spool-{text}"),
             *args.agent_arg,
@@ -207,7 +262,7 @@ def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
         stderr=agent_log,
         text=True,
     )
-    env = dict(os.environ, LD_LIBRARY_PATH=lib_dir)
+    env = dict(os.environ) if lib_dir is None else dict(os.environ, LD_LIBRARY_PATH=lib_dir)
     loop = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench-agent-pynvml.py")
     py = spawn([sys.executable, loop, str(ivl)], stdout=subprocess.PIPE, env=env, text=True)
     # Warm up: NVML opened, inventory sent, first acks back, Python imports done.
@@ -216,8 +271,10 @@ def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
         if p.poll() is not None:
             sys.exit(f"error: {what} exited with {p.returncode}; see {tmp}")
     a0, p0 = cpu(agent.pid), cpu(py.pid)
+    start_ms = time.time_ns() // 1_000_000
     time.sleep(args.seconds)
     a1, p1 = cpu(agent.pid), cpu(py.pid)
+    end_ms = time.time_ns() // 1_000_000
     a_rss, a_hwm = rss_mib(agent.pid)
     p_rss, p_hwm = rss_mib(py.pid)
     agent.send_signal(signal.SIGTERM)
@@ -240,6 +297,8 @@ def run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn):
         "py_stat_us": (p1[1] - p0[1]) * 1e6 / samples,
         "py_rss": p_rss,
         "py_hwm": p_hwm,
+        "due": round(args.seconds / ivl),
+        "window": (start_ms, end_ms),
     }
     print(
         f"{text}: agent {r['agent_us']:.1f} µs/GPU-sample (stat ticks: {r['agent_stat_us']:.1f}), "

@@ -56,6 +56,7 @@ functions! {
     nvmlDeviceGetPersistenceMode,
     nvmlDeviceGetMaxPcieLinkGeneration,
     nvmlDeviceGetMaxPcieLinkWidth,
+    nvmlDeviceGetNumFans,
     nvmlDeviceGetPciInfo_v3,
     nvmlDeviceGetPowerManagementLimitConstraints,
     nvmlDeviceGetMaxClockInfo,

@@ -195,12 +195,19 @@ pub struct Gpu {
     pub temp_gpu_c: Value,
     /// Field `NVML_FI_DEV_MEMORY_TEMP`.
     pub temp_mem_c: Value,
+    /// `nvmlDeviceGetNumFans`: 0 for a fanless board, whose fan 0 answers
+    /// INVALID_ARGUMENT (as an H200 SXM does).
+    pub fans: u32,
     pub fan_pct: Value,
     pub clock_sm_mhz: Value,
     pub clock_mem_mhz: Value,
     pub clock_graphics_mhz: Value,
     /// `nvmlPstates_t` (0–15, 32 unknown).
     pub pstate: Value,
+    /// `nvmlDeviceGetPcieThroughput` waits this long (ms) before it answers, outside the
+    /// fake's lock, as a real driver samples the link for ~20 ms: calls made on several
+    /// threads overlap. 0: at once.
+    pub pcie_sample_ms: u64,
     /// KiB/s, as NVML reports it.
     pub pcie_tx_kib: Value,
     pub pcie_rx_kib: Value,
@@ -306,11 +313,13 @@ impl Default for Gpu {
             },
             temp_gpu_c: 30.into(),
             temp_mem_c: 35.into(),
+            fans: 1,
             fan_pct: 0.into(),
             clock_sm_mhz: 210.into(),
             clock_mem_mhz: 1593.into(),
             clock_graphics_mhz: 210.into(),
             pstate: 0.into(),
+            pcie_sample_ms: 0,
             pcie_tx_kib: 0.into(),
             pcie_rx_kib: 0.into(),
             ecc_corrected: 0.into(),

@@ -191,6 +191,10 @@ pub struct State {
     pub sets: Vec<Option<EventSet>>,
     /// The newest timestamp handed out (µs), to keep them strictly increasing.
     last_ts: u64,
+    /// PCIe throughput calls waiting now (see `Gpu::pcie_sample_ms`), and the most that
+    /// ever waited at once (in the counts file as `pcie_in_flight_max`).
+    pub pcie_in_flight: u64,
+    pub pcie_in_flight_max: u64,
 }
 
 impl State {
@@ -202,6 +206,8 @@ impl State {
             system_counts: [0; Function::COUNT],
             sets: Vec::new(),
             last_ts: 0,
+            pcie_in_flight: 0,
+            pcie_in_flight_max: 0,
         }
     }
 
@@ -403,7 +409,9 @@ impl State {
                 .iter()
                 .map(move |(field, scope, n)| (format!("gpu{i}.field:{field}:{scope}"), *n))
         });
-        let map: BTreeMap<String, u64> = system.chain(gpus).chain(fields).collect();
+        let overlap = (self.pcie_in_flight_max > 0)
+            .then(|| ("pcie_in_flight_max".to_owned(), self.pcie_in_flight_max));
+        let map: BTreeMap<String, u64> = system.chain(gpus).chain(fields).chain(overlap).collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
 }

@@ -148,6 +148,9 @@ pub(super) struct DeviceState<'n> {
     /// How many entries the compute, graphics and utilization lists held last tick (the
     /// next call's buffer is sized from it: see `lists`).
     pub(super) list_hints: [u32; 3],
+    /// Its PCIe throughput calls waited last tick (the driver samples the link): they are
+    /// made side by side with the other GPUs' at the start of the next (see `pcie`).
+    pub(super) pcie_waits: bool,
 }
 
 /// How often the enforced power limit is read again (ms of tick time).

@@ -52,6 +52,7 @@ mod health;
 mod lists;
 mod mapping;
 mod mig;
+mod pcie;
 mod reader;
 
 pub use health::DEFAULT_HEALTH_INTERVAL;

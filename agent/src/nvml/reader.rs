@@ -12,6 +12,7 @@ use super::mapping::{
     memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
 };
 use super::mig::{discover_migs, mig_processes};
+use super::pcie::{self, PCIE, PcieAnswers};
 use crate::cgroup::{self, ProcessIdentity, UserNames};
 use crate::host;
 use gpufleet_core::SourceError;
@@ -20,13 +21,14 @@ use gpufleet_core::{
 };
 use gpufleet_uplink::cost::{CallTimer, micros};
 use nvml_wrapper::enum_wrappers::device::{
-    Clock, EccCounter, MemoryError, PcieUtilCounter, TemperatureSensor, TemperatureThreshold,
+    Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::ProcessInfo;
 use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 /// Everything the NVML source keeps between ticks.
@@ -73,6 +75,13 @@ impl<'n> Reader<'n> {
                     continue;
                 }
             };
+            let mut unsupported = MetricSet::default();
+            // A fanless board (an H200 SXM) answers INVALID_ARGUMENT for fan 0, not
+            // NOT_SUPPORTED: its fan count says so once.
+            if let Ok(0) = device.num_fans() {
+                debug!(gpu = index, "no fans; fan speed stays absent");
+                unsupported.insert(Metric::Fan);
+            }
             let migs = discover_migs(&device, index);
             let links = active_nvlinks(&device);
             let fields = field_batch(&links);
@@ -81,7 +90,7 @@ impl<'n> Reader<'n> {
                 device,
                 index,
                 uuid,
-                unsupported: MetricSet::default(),
+                unsupported,
                 warned: MetricSet::default(),
                 last_util_ts: 0,
                 lost: false,
@@ -92,6 +101,7 @@ impl<'n> Reader<'n> {
                 nvlink_unsupported: BTreeMap::new(),
                 power_limit: None,
                 list_hints: [0; 3],
+                pcie_waits: false,
             });
         }
         Ok(Self {
@@ -174,6 +184,8 @@ impl<'n> Reader<'n> {
         };
         let mut seen_pids = Vec::new();
         let health_due = self.health.due(now_ms);
+        // The PCIe calls that wait are made first, side by side (see `pcie`).
+        let mut pcie = pcie::read_side_by_side(&self.devices).into_iter();
         for dev in &mut self.devices {
             if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
                 info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
@@ -186,7 +198,7 @@ impl<'n> Reader<'n> {
                 });
             }
             let was_lost = dev.lost;
-            let (sample, procs) = sample_device(dev, &mut timer, now_ms);
+            let (sample, procs) = sample_device(dev, &mut timer, now_ms, pcie.next().flatten());
             let mig_of = mig_processes(dev, &mut timer);
             // A lost GPU's counters cannot be read: its last health stays the one known.
             // Read before the lost check: a GPU lost during this read is reported too.
@@ -272,7 +284,13 @@ pub(super) fn read<'n, T>(
     if dev.lost || dev.unsupported.contains(metric) {
         return None;
     }
-    match attempt(dev, timer, metric, call) {
+    let reading = attempt(dev, timer, metric, call);
+    value_of(dev, metric, reading)
+}
+
+/// The value of a reading of `metric`, remembering NOT_SUPPORTED.
+fn value_of<T>(dev: &mut DeviceState<'_>, metric: Metric, reading: Reading<T>) -> Option<T> {
+    match reading {
         Reading::Value(v) => Some(v),
         Reading::Unsupported(_) => {
             dev.unsupported.insert(metric);
@@ -292,7 +310,19 @@ pub(super) fn attempt<'n, T>(
 ) -> Reading<T> {
     let start = Instant::now();
     let result = call(&dev.device);
-    timer.record(dev.index, metric.call(), start.elapsed());
+    settle(dev, timer, metric, result, start.elapsed())
+}
+
+/// The answer of a call already made (and how long it took): timed into `timer`, logged,
+/// classified; a lost GPU is marked lost. See [`attempt`].
+fn settle<T>(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    result: Result<T, NvmlError>,
+    took: Duration,
+) -> Reading<T> {
+    timer.record(dev.index, metric.call(), took);
     let reading = classify(result);
     match &reading {
         Reading::Value(_) => {}
@@ -320,6 +350,7 @@ pub(super) fn sample_device(
     dev: &mut DeviceState<'_>,
     timer: &mut CallTimer,
     now_ms: UnixMs,
+    mut pcie: Option<PcieAnswers>,
 ) -> (GpuSample, Vec<GpuProcess>) {
     let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
     let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
@@ -345,14 +376,25 @@ pub(super) fn sample_device(
     });
     let pstate =
         read(dev, timer, Metric::Pstate, |d| d.performance_state()).and_then(pstate_number);
-    let pcie_tx_bps = read(dev, timer, Metric::PcieTx, |d| {
-        d.pcie_throughput(PcieUtilCounter::Send)
-    })
-    .map(pcie_kib_to_bps);
-    let pcie_rx_bps = read(dev, timer, Metric::PcieRx, |d| {
-        d.pcie_throughput(PcieUtilCounter::Receive)
-    })
-    .map(pcie_kib_to_bps);
+    let mut pcie_took = Duration::ZERO;
+    let [pcie_tx_bps, pcie_rx_bps] = PCIE.map(|(metric, counter)| {
+        let answer = match pcie.as_mut().and_then(|p| p.take(metric)) {
+            Some((result, took)) if !dev.lost => {
+                pcie_took = pcie_took.max(took);
+                let reading = settle(dev, timer, metric, result, took);
+                value_of(dev, metric, reading)
+            }
+            Some(_) => None,
+            None => {
+                let start = Instant::now();
+                let answer = read(dev, timer, metric, |d| d.pcie_throughput(counter));
+                pcie_took = pcie_took.max(start.elapsed());
+                answer
+            }
+        };
+        answer.map(pcie_kib_to_bps)
+    });
+    dev.pcie_waits = pcie_took >= pcie::WAITS;
     let ecc_corrected = read(dev, timer, Metric::EccCorrected, |d| {
         d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
     });
@@ -375,15 +417,24 @@ pub(super) fn sample_device(
     let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
         running_processes(d, ProcessList::Graphics, &mut hints[1])
     });
-    let since = if dev.last_util_ts == 0 {
-        // First call: the last second, not the driver's whole buffer.
-        (now_ms.max(1000) as u64 - 1000) * 1000
+    // The utilization samples only ever annotate the listed processes, and on a real
+    // driver the call costs milliseconds of CPU even when it finds none (2.3 ms on an
+    // H200): with no process listed it is not made, and the next one starts afresh.
+    let listed = |l: &Option<Vec<ProcessInfo>>| l.as_ref().is_some_and(|l| !l.is_empty());
+    let util_samples = if listed(&compute) || listed(&graphics) {
+        let since = if dev.last_util_ts == 0 {
+            // First call: the last second, not the driver's whole buffer.
+            (now_ms.max(1000) as u64 - 1000) * 1000
+        } else {
+            dev.last_util_ts
+        };
+        read(dev, timer, Metric::ProcessUtil, |d| {
+            process_utilization(d, since, &mut hints[2])
+        })
     } else {
-        dev.last_util_ts
+        dev.last_util_ts = 0;
+        None
     };
-    let util_samples = read(dev, timer, Metric::ProcessUtil, |d| {
-        process_utilization(d, since, &mut hints[2])
-    });
     dev.list_hints = hints;
     if let Some(newest) = util_samples
         .as_ref()

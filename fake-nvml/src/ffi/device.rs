@@ -140,6 +140,7 @@ static_u32_fn!(nvmlDeviceGetMaxPcieLinkGeneration, c_uint, |g| g
     .pcie_link_gen_max);
 static_u32_fn!(nvmlDeviceGetMaxPcieLinkWidth, c_uint, |g| g
     .pcie_link_width_max);
+static_u32_fn!(nvmlDeviceGetNumFans, c_uint, |g| g.fans);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(

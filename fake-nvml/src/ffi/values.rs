@@ -111,7 +111,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
     out: *mut c_uint,
 ) -> nvmlReturn_t {
     dev(device, Function::nvmlDeviceGetFanSpeed_v2, |s, i| {
-        if fan != 0 {
+        if fan != 0 || s.gpu(i).fans == 0 {
             return Err(INVALID_ARGUMENT);
         }
         put(out, u32v(s.read(i, Reading::Fan, |g| &g.fan_pct)))
@@ -143,7 +143,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     counter: nvmlPcieUtilCounter_t,
     out: *mut c_uint,
 ) -> nvmlReturn_t {
-    dev(device, Function::nvmlDeviceGetPcieThroughput, |s, i| {
+    let mut wait_ms = 0;
+    let code = dev(device, Function::nvmlDeviceGetPcieThroughput, |s, i| {
         let v = match counter {
             nvmlPcieUtilCounter_enum_NVML_PCIE_UTIL_TX_BYTES => {
                 s.read(i, Reading::PcieTx, |g| &g.pcie_tx_kib)
@@ -153,8 +154,22 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
             }
             _ => return Err(INVALID_ARGUMENT),
         };
+        wait_ms = s.gpu(i).pcie_sample_ms;
+        if wait_ms > 0 {
+            s.pcie_in_flight += 1;
+            s.pcie_in_flight_max = s.pcie_in_flight_max.max(s.pcie_in_flight);
+        }
         put(out, u32v(v))
-    })
+    });
+    if wait_ms > 0 {
+        // The driver's sampling window, with the lock released.
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        let _ = state::with(|s| {
+            s.pcie_in_flight = s.pcie_in_flight.saturating_sub(1);
+            Ok(())
+        });
+    }
+    code
 }
 
 #[unsafe(no_mangle)]

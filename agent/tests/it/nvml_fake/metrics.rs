@@ -396,6 +396,104 @@ fn unsupported_metrics_are_absent_and_asked_once() {
     assert_eq!(count(&c, "gpu1.nvmlDeviceGetFanSpeed_v2"), N as u64);
 }
 
+/// Calls a real driver makes expensive are not made when their answer is known: a
+/// fanless board's fan (its fan 0 answers INVALID_ARGUMENT, which would otherwise be a
+/// failure every tick) and the per-process utilization of a GPU with no process (it only
+/// annotates listed processes, and costs milliseconds of CPU on an H200).
+#[test]
+fn a_fanless_or_idle_gpu_is_not_asked_what_it_cannot_have() {
+    let fanless = Gpu {
+        fans: 0,
+        fan_pct: 40.into(),
+        ..gpu("GPU-fanless")
+    };
+    let busy = Gpu {
+        compute_processes: vec![proc_(1101, 1, Some(50))],
+        ..gpu("GPU-busy")
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![fanless, busy],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    const N: usize = 4;
+    for tick in ticks(&mut src, N) {
+        let idle = sample(&tick, "GPU-fanless");
+        assert_eq!(idle.fan_pct, None, "no fan: absent, not 0");
+        assert_eq!(idle.power_mw, Some(60_000), "the rest is read");
+        assert_eq!(sample(&tick, "GPU-busy").fan_pct, Some(0));
+        let procs: Vec<_> = tick
+            .processes
+            .iter()
+            .map(|p| (p.gpu_uuid.as_str(), p.pid, p.sm_util_pct))
+            .collect();
+        assert_eq!(procs, [("GPU-busy", 1101, Some(50))]);
+    }
+    drop(src);
+    let c = fake.counts();
+    assert_eq!(count(&c, "gpu0.nvmlDeviceGetFanSpeed_v2"), 0, "{c:?}");
+    assert_eq!(
+        count(&c, "gpu0.nvmlDeviceGetProcessUtilization"),
+        0,
+        "{c:?}"
+    );
+    assert_eq!(
+        count(&c, "gpu0.nvmlDeviceGetComputeRunningProcesses_v3"),
+        N as u64,
+        "the lists are still read every tick"
+    );
+    assert_eq!(count(&c, "gpu1.nvmlDeviceGetFanSpeed_v2"), N as u64);
+    assert_eq!(count(&c, "gpu1.nvmlDeviceGetProcessUtilization"), N as u64);
+}
+
+/// PCIe throughput calls that wait (a real driver samples the link for ~20 ms each) are
+/// made side by side from the tick after they were first seen to wait, every GPU's at
+/// once; calls that answer at once stay inline. The values are the same either way.
+#[test]
+fn pcie_calls_that_wait_are_made_side_by_side() {
+    let waiting = |uuid: &str| Gpu {
+        pcie_sample_ms: 25,
+        pcie_tx_kib: seq(&[1, 2, 3, 4]),
+        pcie_rx_kib: seq(&[10, 20, 30, 40]),
+        ..gpu(uuid)
+    };
+    let prompt = Gpu {
+        pcie_tx_kib: seq(&[5, 6, 7, 8]),
+        ..gpu("GPU-prompt")
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![waiting("GPU-a"), waiting("GPU-b"), prompt],
+        ..Scenario::default()
+    });
+    let mut src = fake.open();
+    for (k, tick) in (0u64..).zip(ticks(&mut src, 4)) {
+        for uuid in ["GPU-a", "GPU-b"] {
+            let s = sample(&tick, uuid);
+            assert_eq!(
+                (s.pcie_tx_bps, s.pcie_rx_bps),
+                (Some((k + 1) * 1024), Some((k + 1) * 10 * 1024)),
+                "tick {k}, {uuid}"
+            );
+        }
+        let s = sample(&tick, "GPU-prompt");
+        assert_eq!(
+            (s.pcie_tx_bps, s.pcie_rx_bps),
+            (Some((k + 5) * 1024), Some(0))
+        );
+    }
+    drop(src);
+    let c = fake.counts();
+    for g in 0..3 {
+        let key = format!("gpu{g}.nvmlDeviceGetPcieThroughput");
+        assert_eq!(count(&c, &key), 8, "TX and RX once per tick: {c:?}");
+    }
+    // One tick inline finds they wait; then four calls (two GPUs, TX and RX) wait together.
+    assert!(
+        count(&c, "pcie_in_flight_max") >= 2,
+        "the waiting calls overlapped: {c:?}"
+    );
+}
+
 #[test]
 fn the_power_limit_is_read_every_30_s_and_reported_every_tick() {
     let fake = Fake::new(Scenario {
