@@ -376,23 +376,22 @@ pub(super) fn sample_device(
     });
     let pstate =
         read(dev, timer, Metric::Pstate, |d| d.performance_state()).and_then(pstate_number);
+    // Answered at the start of the tick (see `pcie`), or asked now; settled alike.
     let mut pcie_took = Duration::ZERO;
     let [pcie_tx_bps, pcie_rx_bps] = PCIE.map(|(metric, counter)| {
-        let answer = match pcie.as_mut().and_then(|p| p.take(metric)) {
-            Some((result, took)) if !dev.lost => {
-                pcie_took = pcie_took.max(took);
-                let reading = settle(dev, timer, metric, result, took);
-                value_of(dev, metric, reading)
-            }
-            Some(_) => None,
-            None => {
+        if dev.lost || dev.unsupported.contains(metric) {
+            return None;
+        }
+        let (result, took) = pcie
+            .as_mut()
+            .and_then(|p| p.take(metric))
+            .unwrap_or_else(|| {
                 let start = Instant::now();
-                let answer = read(dev, timer, metric, |d| d.pcie_throughput(counter));
-                pcie_took = pcie_took.max(start.elapsed());
-                answer
-            }
-        };
-        answer.map(pcie_kib_to_bps)
+                (dev.device.pcie_throughput(counter), start.elapsed())
+            });
+        pcie_took = pcie_took.max(took);
+        let reading = settle(dev, timer, metric, result, took);
+        value_of(dev, metric, reading).map(pcie_kib_to_bps)
     });
     dev.pcie_waits = pcie_took >= pcie::WAITS;
     let ecc_corrected = read(dev, timer, Metric::EccCorrected, |d| {
