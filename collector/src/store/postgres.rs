@@ -3,9 +3,10 @@
 //! contract tests run against both backends); what is here is the connection, day
 //! partitions, advisory-lock leases, and the hand-tuned bulk writes.
 //!
-//! Sample rows of a group commit: GPU samples by binary `COPY`; process and host rows as
-//! arrays, one per column (`INSERT ... SELECT * FROM UNNEST($1::int8[], ...) ON CONFLICT
-//! DO NOTHING`), so a group commit of any size is a handful of round trips and the
+//! Sample rows of a group commit: GPU, process and host samples by binary `COPY` (one
+//! round trip each); when a copy meets a stored row, the write is redone with arrays, one
+//! per column (`INSERT ... SELECT * FROM UNNEST($1::int8[], ...) ON CONFLICT DO
+//! NOTHING`), so a group commit of any size is a handful of round trips and the
 //! statements' prepared forms never change.
 //!
 //! The raw sample tables are partitioned by UTC day (`<table>_pYYYYMMDD`). Partitions are
@@ -32,7 +33,7 @@ use gpufleet_core::{GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -283,7 +284,7 @@ fn parse_bound(bound: &str) -> Result<(Option<i64>, Option<i64>), StoreError> {
 }
 
 /// The `op` of a failed [`copy`].
-const COPY_OP: &str = "copy GPU samples";
+const COPY_OP: &str = "copy samples";
 
 /// Whether a write failed with SQLSTATE `code` and a message containing `says`.
 fn db_error(e: &StoreError, code: &str, says: &str) -> bool {
@@ -291,7 +292,7 @@ fn db_error(e: &StoreError, code: &str, says: &str) -> bool {
         if db.code().as_deref() == Some(code) && db.message().contains(says))
 }
 
-/// Whether a write failed because [`copy`] met a GPU sample already stored.
+/// Whether a write failed because [`copy`] met a sample already stored.
 fn is_copy_duplicate(e: &StoreError) -> bool {
     matches!(e, StoreError::Query { op: COPY_OP, .. }) && db_error(e, "23505", "")
 }
@@ -310,11 +311,12 @@ impl Backend for Postgres {
 
     run!(Postgres, PgArguments, add_pg);
 
-    /// GPU samples go first straight into `gpu_samples` (binary `COPY`, no conflict
-    /// handling: the common case, where nothing was stored before); if any of them was
-    /// already stored (a replay after a lost ack, or a duplicate within the group), the
-    /// transaction failed whole and the write is redone (`fallback`) with
-    /// `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts the duplicates.
+    /// A write's samples go straight into `gpu_samples`, `process_samples` and
+    /// `host_samples` (binary `COPY`, no conflict handling: the common case, where nothing
+    /// was stored before); if any of them was already stored (a replay after a lost ack,
+    /// or a duplicate within the group), the transaction failed whole and the write is
+    /// redone (`fallback`) with `INSERT ... ON CONFLICT DO NOTHING`, which skips and counts
+    /// the duplicates.
     async fn write_samples(
         conn: &mut PgConnection,
         rows: &Samples<'_>,
@@ -324,48 +326,53 @@ impl Backend for Postgres {
         let (processes, hosts) = (process_table(&rows.process)?, host_table(&rows.host)?);
         let gpus = (rows.gpu.iter()).map(|r| gpu_i32(r.gpu));
         let gpus = gpus.collect::<Result<Vec<i32>, _>>()?;
-        let group: HashMap<i32, usize> = gpus
-            .iter()
-            .zip(&rows.gpu)
-            .map(|(&g, r)| (g, r.group))
-            .collect();
-        // Rows per GPU, to find the ones the merge skipped (a copy inserts all or fails).
-        let mut given: HashMap<i32, i64> = HashMap::new();
-        if fallback {
-            for &gpu in &gpus {
-                *given.entry(gpu).or_default() += 1;
-            }
+        let gpu_rows = gpu_table(&rows.gpu, &gpus)?;
+        let host_rows = hosts.rows() as u64;
+        // Rows per GPU given, and (below) how many of them were new.
+        let mut given: BTreeMap<i32, (usize, i64)> = BTreeMap::new();
+        for (&gpu, r) in gpus.iter().zip(&rows.gpu) {
+            given.entry(gpu).or_insert((r.group, 0)).1 += 1;
         }
-        let per_gpu = match fallback {
-            true => merge(conn, gpu_table(&rows.gpu, &gpus)?).await?,
-            false => match copy(conn, gpu_table(&rows.gpu, &gpus)?, &gpus).await {
-                Err(e) if is_copy_duplicate(&e) => {
-                    debug!(error = %e, "GPU samples already stored; redoing the write with ON CONFLICT DO NOTHING");
-                    return Ok(Written::Fallback);
-                }
-                other => other?,
-            },
-        };
-        for &(gpu, n) in &per_gpu {
-            if let Some(g) = given.get_mut(&gpu) {
-                *g -= n;
+        let (per_gpu, hosts) = match fallback {
+            true => {
+                let per_gpu = merge(conn, gpu_rows).await?;
+                let (op, new) = ("insert process samples", "ON CONFLICT DO NOTHING");
+                insert_rows::<Postgres>(conn, op, "process_samples", processes, new).await?;
+                let op = "insert host samples";
+                let hosts = insert_rows::<Postgres>(conn, op, "host_samples", hosts, new).await?;
+                (per_gpu, hosts)
             }
-            let group = group.get(&gpu).copied().ok_or_else(|| {
+            false => {
+                let tables = [
+                    ("gpu_samples", gpu_rows),
+                    ("process_samples", processes),
+                    ("host_samples", hosts),
+                ];
+                for (table, rows) in tables {
+                    match copy(conn, table, rows).await {
+                        Err(e) if is_copy_duplicate(&e) => {
+                            debug!(error = %e, "samples already stored; redoing the write with ON CONFLICT DO NOTHING");
+                            return Ok(Written::Fallback);
+                        }
+                        other => other?,
+                    }
+                }
+                let all = given.iter().map(|(&gpu, &(_, n))| (gpu, n)).collect();
+                (all, host_rows)
+            }
+        };
+        for (gpu, n) in per_gpu {
+            let (group, given) = given.get_mut(&gpu).ok_or_else(|| {
                 StoreError::Corrupt(format!("inserted rows of GPU {gpu}, which was not written"))
             })?;
-            nodes[group].inserted += u64::try_from(n).unwrap_or(0);
+            *given -= n;
+            nodes[*group].inserted += u64::try_from(n).unwrap_or(0);
         }
         // GPUs some of whose samples were skipped: replays, or conflicts.
-        let short: HashSet<i64> = given
-            .into_iter()
-            .filter(|&(_, short)| short > 0)
-            .map(|(gpu, _)| i64::from(gpu))
+        let short: HashSet<i64> = (given.iter())
+            .filter(|(_, (_, short))| *short > 0)
+            .map(|(&gpu, _)| i64::from(gpu))
             .collect();
-        let (host_rows, op) = (hosts.rows() as u64, "insert process samples");
-        let new = "ON CONFLICT DO NOTHING";
-        insert_rows::<Postgres>(conn, op, "process_samples", processes, new).await?;
-        let op = "insert host samples";
-        let hosts = insert_rows::<Postgres>(conn, op, "host_samples", hosts, new).await?;
         Ok(Written::Rows {
             skipped: !short.is_empty() || hosts < host_rows,
             gpus: Some(short),
@@ -556,28 +563,17 @@ fn small(v: Option<u32>, what: &str) -> Result<Option<i16>, StoreError> {
     .transpose()
 }
 
-/// Copies GPU samples into `gpu_samples`; every row is new, or the copy fails with a
-/// unique violation (see [`is_copy_duplicate`]). Returns the rows per GPU.
-async fn copy(
-    conn: &mut PgConnection,
-    rows: Table,
-    gpus: &[i32],
-) -> Result<Vec<(i32, i64)>, StoreError> {
+/// Copies rows into `table`; every row is new, or the copy fails with a unique violation
+/// (see [`is_copy_duplicate`]).
+async fn copy(conn: &mut PgConnection, table: &str, rows: Table) -> Result<(), StoreError> {
     if rows.is_empty() {
-        return Ok(Vec::new());
+        return Ok(());
     }
-    let text = format!(
-        "COPY gpu_samples ({}) FROM STDIN (FORMAT binary)",
-        rows.names()
-    );
+    let text = format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", rows.names());
     let mut copy = conn.copy_in_raw(&text).await.map_err(q(COPY_OP))?;
     copy.send(rows.copy_binary()).await.map_err(q(COPY_OP))?;
     copy.finish().await.map_err(q(COPY_OP))?;
-    let mut per_gpu: BTreeMap<i32, i64> = BTreeMap::new();
-    for &gpu in gpus {
-        *per_gpu.entry(gpu).or_default() += 1;
-    }
-    Ok(per_gpu.into_iter().collect())
+    Ok(())
 }
 
 /// Inserts GPU samples, skipping those already stored; returns how many were new per GPU.

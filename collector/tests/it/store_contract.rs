@@ -503,6 +503,29 @@ mod contract {
         let node = &store.nodes().await.expect("nodes")[0];
         assert_eq!(node.stored_samples, 18);
         assert_eq!(node.last_acked_seq, 3);
+
+        // Ticks without GPU samples (every GPU's reading failed) still carry process and
+        // host rows; replayed, those alone are what was stored before.
+        let mut bare = batch(4, T0 + 9_000, 2, &["GPU-a", "GPU-b"]);
+        for t in &mut bare.ticks {
+            t.gpus.clear();
+        }
+        let bare = node_batch(&rec, bare);
+        for write in ["first write", "replay"] {
+            let out = store
+                .write_batches(std::slice::from_ref(&bare))
+                .await
+                .expect(write);
+            assert_eq!(out.inserted_gpu_samples.get(&rec.id), Some(&0), "{write}");
+        }
+        let procs = store
+            .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+            .await
+            .expect("p");
+        assert_eq!(procs.len(), 11, "9 with GPU samples, 2 without");
+        let hosts = store.host_samples(rec.id, ALL_TIME, 100).await.expect("h");
+        assert_eq!(hosts.len(), 11);
+        assert_eq!(store.nodes().await.expect("nodes")[0].last_acked_seq, 4);
     }
 
     pub async fn last_acked_seq_and_last_seen_only_grow(store: Arc<dyn Store>) {
