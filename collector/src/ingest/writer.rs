@@ -13,6 +13,12 @@
 //! being busy. Memory is bounded by `queue_batches` times the largest batch the message
 //! size limit admits (plus each stream's in-flight batches, see `ingest`).
 //!
+//! **Lanes.** Where the store runs write transactions side by side (PostgreSQL), the
+//! writer is several lanes, each a writer as above with its own queue; a node's batches
+//! always go to the same lane (by node id), so they are committed in the order they were
+//! sent, while one lane's commit overlaps another's preparing and copying. SQLite takes
+//! one writer at a time: one lane.
+//!
 //! A failed transaction is retried batch by batch when it held several and the error was
 //! not transient (so one poison batch cannot take others down with it); after a node's
 //! batch fails, that node's later batches in the group are refused too, so the store never
@@ -43,6 +49,9 @@ pub struct WriterOptions {
     /// Rows (GPU + process + host samples + events) the writer gathers into one
     /// transaction before committing; a single larger batch is still written whole.
     pub max_rows_per_commit: usize,
+    /// Lanes committing side by side where the store allows concurrent writes (each
+    /// with `queue_batches / lanes` of the queue); one otherwise.
+    pub lanes: usize,
 }
 
 impl Default for WriterOptions {
@@ -50,6 +59,7 @@ impl Default for WriterOptions {
         WriterOptions {
             queue_batches: 64,
             max_rows_per_commit: 20_000,
+            lanes: 2,
         }
     }
 }
@@ -71,7 +81,8 @@ struct WriteRequest {
 /// Submits batches to the writer. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct WriterHandle {
-    tx: mpsc::Sender<WriteRequest>,
+    /// One queue per lane; a node's batches go to lane `node id mod lanes`.
+    lanes: Arc<[mpsc::Sender<WriteRequest>]>,
 }
 
 impl WriterHandle {
@@ -82,7 +93,8 @@ impl WriterHandle {
         batch: NodeBatch,
     ) -> Result<oneshot::Receiver<WriteResult>, WriterClosed> {
         let (done, rx) = oneshot::channel();
-        self.tx
+        let lane = batch.keys.id.0.rem_euclid(self.lanes.len() as i64) as usize;
+        self.lanes[lane]
             .send(WriteRequest { batch, done })
             .await
             .map_err(|_| WriterClosed)?;
@@ -91,7 +103,9 @@ impl WriterHandle {
 
     /// Batches queued and not yet taken by the writer.
     pub fn queued(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        (self.lanes.iter())
+            .map(|tx| tx.max_capacity() - tx.capacity())
+            .sum()
     }
 }
 
@@ -104,15 +118,37 @@ pub fn spawn(
     options: WriterOptions,
     stop: CancellationToken,
 ) -> (WriterHandle, JoinHandle<()>) {
-    let (tx, rx) = mpsc::channel(options.queue_batches.max(1));
-    let writer = Writer {
-        store,
-        live,
-        metrics,
-        options,
-        outage: None,
+    let lanes = match store.concurrent_writes() {
+        true => options.lanes.max(1),
+        false => 1,
     };
-    (WriterHandle { tx }, tokio::spawn(writer.run(rx, stop)))
+    let mut senders = Vec::with_capacity(lanes);
+    let mut tasks = Vec::with_capacity(lanes);
+    for _ in 0..lanes {
+        let (tx, rx) = mpsc::channel((options.queue_batches / lanes).max(1));
+        let writer = Writer {
+            store: Arc::clone(&store),
+            live: Arc::clone(&live),
+            metrics: Arc::clone(&metrics),
+            options,
+            outage: None,
+        };
+        senders.push(tx);
+        tasks.push(tokio::spawn(writer.run(rx, stop.clone())));
+    }
+    let all = tokio::spawn(async move {
+        for t in tasks {
+            if let Err(e) = t.await {
+                error!(error = %e, "a writer lane failed");
+            }
+        }
+    });
+    (
+        WriterHandle {
+            lanes: senders.into(),
+        },
+        all,
+    )
 }
 
 struct Writer {

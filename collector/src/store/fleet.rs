@@ -41,6 +41,12 @@ pub trait IngestWrites: Send + Sync + std::fmt::Debug {
     /// the highest seq.
     async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError>;
 
+    /// Whether write transactions of this store run side by side (PostgreSQL: yes, as
+    /// those of several collectors do; SQLite takes one writer at a time).
+    fn concurrent_writes(&self) -> bool {
+        false
+    }
+
     /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
     /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
     /// list of their Hello: the new owner's agent writes it from its next Hello.
@@ -320,6 +326,10 @@ impl<DB: Backend> IngestWrites for SqlStore<DB> {
             return Ok(WriteOutcome::default());
         }
         DB::write_batches(self, batches).await
+    }
+
+    fn concurrent_writes(&self) -> bool {
+        DB::SHARED
     }
 
     async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {

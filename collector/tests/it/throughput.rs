@@ -1,6 +1,6 @@
 //! Ingest throughput, end to end over loopback gRPC into a temporary SQLite file or a fresh
 //! PostgreSQL schema (`GPUFLEET_TEST_PG_URL`): several agents stream pre-built batches as
-//! fast as acks allow. Reports GPU-samples/s acked, the p99 time from handing a batch to
+//! fast as acks allow, their ticks pre-encoded as an agent's are (`RawAgentMessage`). Reports GPU-samples/s acked, the p99 time from handing a batch to
 //! the stream to its ack, and the bytes per GPU sample on disk. A benchmark, not a timed
 //! test:
 //!
@@ -19,13 +19,15 @@ use gpufleet_core::config::now_ms;
 use gpufleet_core::*;
 use gpufleet_proto::v1 as pb;
 use gpufleet_proto::v1::collector_message::Msg;
-use gpufleet_proto::v1::ingest_client::IngestClient;
+use gpufleet_uplink::encoded::{EncodedTick, OutBatch, RawAgentMessage};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic_prost::ProstCodec;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
@@ -102,10 +104,11 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
         let uuids: Vec<String> = (0..gpus)
             .map(|g| format!("GPU-{a:04}-{g:04}-0000-0000-000000000000"))
             .collect();
-        // Pre-build the wire batches so the clients cost little CPU.
-        let wire: Vec<pb::AgentMessage> = (0..batches)
+        // Pre-encode the ticks, as an agent's sampling thread does, so the clients cost
+        // what an agent's uplink costs (a copy of each tick's bytes into the message).
+        let wire: Vec<RawAgentMessage> = (0..batches)
             .map(|b| {
-                let ticks = (0..ticks)
+                let ticks: Vec<Tick> = (0..ticks)
                     .map(|t| {
                         let k = b * ticks + t;
                         let time_ms = start_ms + i64::from(k) * 1000;
@@ -135,14 +138,15 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
                         }
                     })
                     .collect();
-                let batch = Batch {
+                OutBatch {
                     seq: u64::from(b) + 1,
-                    ticks,
+                    ticks: ticks
+                        .into_iter()
+                        .map(|t| EncodedTick::new(t).bytes)
+                        .collect(),
                     delivery: DeliveryStats::default(),
-                };
-                pb::AgentMessage {
-                    msg: Some(pb::agent_message::Msg::Batch(batch.into())),
                 }
+                .into_message()
             })
             .collect();
         let infos: Vec<GpuInfo> = uuids
@@ -151,13 +155,14 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
             .map(|(i, u)| gpu_info_full(u, i as u32))
             .collect();
         let h = hello(&format!("bench-{a}"));
-        let hello = pb::AgentMessage {
-            msg: Some(pb::agent_message::Msg::Hello(pb::Hello {
+        let hello = RawAgentMessage {
+            hello: Some(pb::Hello {
                 node: h.node,
                 inventory: Some(inventory(infos).into()),
                 interval_ms: 1000,
                 ..Default::default()
-            })),
+            }),
+            batch: None,
         };
         prepared.push((hello, wire));
     }
@@ -170,15 +175,23 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
             let sent: Arc<Mutex<Vec<Option<Instant>>>> =
                 Arc::new(Mutex::new(vec![None; wire.len()]));
             let mut latencies = Vec::with_capacity(wire.len());
-            let mut client = IngestClient::connect(format!("http://{addr}"))
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint")
+                .connect()
                 .await
-                .expect("connect")
+                .expect("connect");
+            // `Ingest/Stream` by hand, as the agent's uplink calls it: requests are
+            // `RawAgentMessage`, answers the generated `CollectorMessage`.
+            let mut client = tonic::client::Grpc::new(channel)
                 .max_decoding_message_size(64 << 20)
                 .max_encoding_message_size(64 << 20);
+            client.ready().await.expect("ready");
             let (tx, rx) = mpsc::channel(8);
             tx.send(hello).await.expect("hello");
+            let path = PathAndQuery::from_static("/gpufleet.v1.Ingest/Stream");
+            let codec = ProstCodec::<RawAgentMessage, pb::CollectorMessage>::default();
             let mut inbound = client
-                .stream(ReceiverStream::new(rx))
+                .streaming(tonic::Request::new(ReceiverStream::new(rx)), path, codec)
                 .await
                 .expect("stream")
                 .into_inner();

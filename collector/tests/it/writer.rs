@@ -14,7 +14,7 @@ use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{Inventory, UnixMs};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -130,11 +130,15 @@ async fn a_refused_batch_does_not_take_its_group_down() {
 }
 
 /// A store slower than the fleet: each commit takes `per_row` for each row it holds. It
-/// remembers every batch it committed, as (node, seq), in commit order.
+/// remembers every batch it committed, as (node, seq), in commit order, and the most
+/// writes it saw in flight at once; `concurrent` is what it says of itself.
 #[derive(Debug)]
 struct SlowWrites {
     per_row: Duration,
+    concurrent: bool,
     committed: Mutex<Vec<(String, u64)>>,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 #[async_trait]
@@ -152,7 +156,10 @@ impl IngestWrites for SlowWrites {
 
     async fn write_batches(&self, batches: &[NodeBatch]) -> Result<WriteOutcome, StoreError> {
         let rows: usize = batches.iter().map(NodeBatch::rows).sum();
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
         let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         committed.extend(
             batches
@@ -160,6 +167,10 @@ impl IngestWrites for SlowWrites {
                 .map(|nb| (nb.keys.name.clone(), nb.batch.seq)),
         );
         Ok(WriteOutcome::default())
+    }
+
+    fn concurrent_writes(&self) -> bool {
+        self.concurrent
     }
 
     async fn rehome_gpu(&self, _: &str, _: &str) -> Result<Rehomed, StoreError> {
@@ -174,12 +185,27 @@ impl IngestWrites for SlowWrites {
 /// exactly once, in each node's order, and answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_store_keeps_the_queue_bounded_and_loses_nothing() {
+    slow_store(false).await;
+}
+
+/// The same where the store takes concurrent writes (PostgreSQL): the writer's lanes
+/// commit side by side, and still each node's batches in its order, each once, within
+/// the same queue bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_write_side_by_side_and_keep_each_nodes_order() {
+    slow_store(true).await;
+}
+
+async fn slow_store(concurrent: bool) {
     const QUEUE: usize = 8;
     const NODES: usize = 3;
     const BATCHES: u64 = 40;
     let store = Arc::new(SlowWrites {
         per_row: Duration::from_micros(200),
+        concurrent,
         committed: Mutex::new(Vec::new()),
+        in_flight: AtomicUsize::new(0),
+        most_in_flight: AtomicUsize::new(0),
     });
     let options = WriterOptions {
         queue_batches: QUEUE,
@@ -278,5 +304,10 @@ async fn a_slow_store_keeps_the_queue_bounded_and_loses_nothing() {
             .map(|(_, seq)| *seq)
             .collect();
         assert_eq!(seqs, (1..=BATCHES).collect::<Vec<_>>(), "node-{n} in order");
+    }
+    let most = store.most_in_flight.load(Ordering::SeqCst);
+    match concurrent {
+        true => assert_eq!(most, WriterOptions::default().lanes, "lanes side by side"),
+        false => assert_eq!(most, 1, "one write at a time"),
     }
 }
