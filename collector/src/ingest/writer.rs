@@ -47,7 +47,10 @@ pub struct WriterOptions {
     /// Batches waiting for the writer before submitters wait.
     pub queue_batches: usize,
     /// Rows (GPU + process + host samples + events) the writer gathers into one
-    /// transaction before committing; a single larger batch is still written whole.
+    /// transaction before committing; a single larger batch is still written whole. At
+    /// saturation, fewer and larger transactions write each table's newest pages fewer
+    /// times (SQLite's WAL frames, PostgreSQL's WAL and commit); below it, groups are what
+    /// is queued, so small.
     pub max_rows_per_commit: usize,
     /// Lanes committing side by side where the store allows concurrent writes (each
     /// with `queue_batches / lanes` of the queue); one otherwise.
@@ -58,7 +61,7 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             queue_batches: 64,
-            max_rows_per_commit: 20_000,
+            max_rows_per_commit: 60_000,
             lanes: 2,
         }
     }

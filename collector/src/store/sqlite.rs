@@ -189,24 +189,23 @@ async fn insert_gpu_rows(
             }
         }
         false => {
-            let mut rest = rows;
-            for n in chunk_sizes(rows.len(), GPU_SAMPLES.max_rows()) {
-                let (chunk, tail) = rest.split_at(n);
-                rest = tail;
-                let new = execute_chunk(conn, &GPU_SAMPLES, chunk, bind_gpu)
-                    .await
-                    .map_err(q("insert GPU samples"))?;
-                let (first, last) = (chunk[0].group, chunk[n - 1].group);
-                if new == n as u64 {
+            let mut counted = true;
+            execute_chunks(conn, &GPU_SAMPLES, rows, bind_gpu, |chunk, new| {
+                let (first, last) = (chunk[0].group, chunk[chunk.len() - 1].group);
+                if new == chunk.len() as u64 {
                     for r in chunk {
                         inserted[r.group] += 1;
                     }
                 } else if first == last {
                     inserted[first] += new;
                 } else {
-                    return Ok(false);
+                    counted = false;
                 }
-            }
+                counted
+            })
+            .await
+            .map_err(q("insert GPU samples"))?;
+            return Ok(counted);
         }
     }
     Ok(true)
@@ -283,23 +282,53 @@ fn chunk_sizes(n: usize, max: usize) -> impl Iterator<Item = usize> {
     )
 }
 
-/// Executes one statement of `rows.len()` rows (a power of two up to `max_rows`);
-/// returns how many rows it inserted.
-async fn execute_chunk<R>(
-    conn: &mut SqliteConnection,
+/// One statement of `rows.len()` rows (a power of two up to `max_rows`), bound.
+fn bound<'q, R>(
     sql: &InsertSql,
     rows: &[R],
-    bind: for<'q> fn(SqliteQuery<'q>, &R) -> SqliteQuery<'q>,
-) -> Result<u64, sqlx::Error> {
+    bind: for<'a> fn(SqliteQuery<'a>, &R) -> SqliteQuery<'a>,
+) -> SqliteQuery<'q> {
     let mut query = sql.query(rows.len());
     for r in rows {
         query = bind(query, r);
     }
-    Ok(query.execute(&mut *conn).await?.rows_affected())
+    query
 }
 
-/// Writes `rows` with as few statements as [`chunk_sizes`] allows; returns how many rows
-/// were new (conflicting rows, i.e. replays, are skipped by the statement's tail).
+/// Writes `rows` with as few statements as [`chunk_sizes`] allows, binding each statement
+/// while SQLite's worker thread runs the one before it (otherwise the writer task and the
+/// worker would take turns, each idle while the other works). After each
+/// statement `each(its rows, rows it inserted)` is told; it returns whether to go on.
+async fn execute_chunks<R>(
+    conn: &mut SqliteConnection,
+    sql: &InsertSql,
+    rows: &[R],
+    bind: for<'a> fn(SqliteQuery<'a>, &R) -> SqliteQuery<'a>,
+    mut each: impl FnMut(&[R], u64) -> bool,
+) -> Result<(), sqlx::Error> {
+    let mut sizes = chunk_sizes(rows.len(), sql.max_rows());
+    let mut rest = rows;
+    let mut take = || {
+        sizes.next().map(|n| {
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            (chunk, bound(sql, chunk, bind))
+        })
+    };
+    let mut next = take();
+    while let Some((chunk, query)) = next {
+        // The statement is sent to the worker on its first poll, before the next binds.
+        let (done, following) = futures::join!(query.execute(&mut *conn), async { take() });
+        next = following;
+        if !each(chunk, done?.rows_affected()) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `rows` (see [`execute_chunks`]); returns how many rows were new (conflicting
+/// rows, i.e. replays, are skipped by the statement's tail).
 async fn insert_rows<R>(
     conn: &mut SqliteConnection,
     sql: &InsertSql,
@@ -307,12 +336,11 @@ async fn insert_rows<R>(
     bind: for<'q> fn(SqliteQuery<'q>, &R) -> SqliteQuery<'q>,
 ) -> Result<u64, sqlx::Error> {
     let mut inserted = 0;
-    let mut rest = rows;
-    for n in chunk_sizes(rows.len(), sql.max_rows()) {
-        let (chunk, tail) = rest.split_at(n);
-        rest = tail;
-        inserted += execute_chunk(conn, sql, chunk, bind).await?;
-    }
+    execute_chunks(conn, sql, rows, bind, |_, new| {
+        inserted += new;
+        true
+    })
+    .await?;
     Ok(inserted)
 }
 

@@ -11,7 +11,8 @@
 //! Knobs (environment): `AGENTS` (4), `GPUS` (8), `TICKS` per batch (50), `BATCHES` per
 //! agent (200), `PROCS` processes per GPU per tick (0), `RATE` GPU samples/s offered by all
 //! agents together (0: as fast as acks allow, i.e. saturation; with a rate, the latency is
-//! the one a fleet of that size sees).
+//! the one a fleet of that size sees), `COMMIT_ROWS` the writer's rows per transaction (0:
+//! the default).
 
 use crate::common::*;
 use gpufleet_collector::{ServeOptions, serve_with_store};
@@ -92,7 +93,14 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(serve_with_store(
         Arc::clone(&store),
-        ServeOptions::default(),
+        {
+            let mut options = ServeOptions::default();
+            let rows = knob("COMMIT_ROWS", 0);
+            if rows > 0 {
+                options.writer.max_rows_per_commit = rows as usize;
+            }
+            options
+        },
         grpc,
         http,
         shutdown.clone(),
