@@ -23,6 +23,34 @@ export function clear(e: Element): void {
   while (e.firstChild) e.removeChild(e.firstChild);
 }
 
+/**
+ * Gives `target` the children `fresh` (built by `el`, so attributes and text only, no
+ * listeners), keeping every node already there that has the same place and tag: a live
+ * re-render then changes texts and attributes, not elements, so a click whose press and
+ * release straddle an update still lands on the link it started on (replacing the
+ * elements would lose it), and a text selection survives.
+ */
+export function patch(target: Element, ...fresh: Child[]): void {
+  const next = el('div', {}, ...fresh);
+  patchChildren(target, next);
+}
+
+function patchChildren(old: Node, fresh: Node): void {
+  const had = Array.from(old.childNodes);
+  const want = Array.from(fresh.childNodes);
+  want.forEach((f, i) => {
+    const o = had[i];
+    if (o === undefined) old.appendChild(f);
+    else if (o.nodeType !== f.nodeType || o.nodeName !== f.nodeName) old.replaceChild(f, o);
+    else if (o instanceof Element && f instanceof Element) {
+      for (const a of Array.from(o.attributes)) if (!f.hasAttribute(a.name)) o.removeAttribute(a.name);
+      for (const a of Array.from(f.attributes)) if (o.getAttribute(a.name) !== a.value) o.setAttribute(a.name, a.value);
+      patchChildren(o, f);
+    } else if (o.nodeValue !== f.nodeValue) o.nodeValue = f.nodeValue;
+  });
+  for (const o of had.slice(want.length)) old.removeChild(o);
+}
+
 /** "n/a" for absent values: gpufleet never shows a missing metric as 0. */
 export const NA = 'n/a';
 

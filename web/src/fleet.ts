@@ -2,7 +2,7 @@
 // (PAGE_SIZE nodes per page, so 1,000 nodes x 8 GPUs stay fast). One /api/v1/nodes load,
 // then one live stream for everything.
 import { getJson, type GpuView, type LiveStatus, type LiveTick, type NodeView } from './api';
-import { ago, bytes, clear, el, loadClass, num, watts } from './dom';
+import { ago, bytes, clear, el, loadClass, num, patch, watts } from './dom';
 import { healthBadge, reasonsText } from './health';
 import { openLive } from './live';
 
@@ -153,11 +153,9 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     next.addEventListener('click', () => { page++; keepUrl(); render(); });
     pager.append(prev, el('span', {}, `page ${page + 1} / ${pages} (${shown.length} nodes)`), next);
 
-    const frag = document.createDocumentFragment();
-    for (const n of shown.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE)) frag.append(card(n, now));
-    clear(grid);
-    if (all.length === 0) grid.append(el('p', {}, 'No nodes yet. Start an agent: gpufleet-agent run --collector URL'));
-    grid.append(frag);
+    const cards = shown.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE).map((n) => card(n, now));
+    if (all.length === 0) patch(grid, el('p', {}, 'No nodes yet. Start an agent: gpufleet-agent run --collector URL'));
+    else patch(grid, ...cards);
   };
   // At most one render per RENDER_EVERY_MS however many ticks arrive (1,000 nodes at 1 Hz
   // are 1,000 ticks a second); only the current page's cards are rebuilt.

@@ -4,7 +4,7 @@
 import { enc, getJson, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView, type Process } from './api';
 import { align, Chart } from './chart';
 import { carbonG, co2, kwh } from './carbon';
-import { ago, bytes, clear, el, NA, num, rate, watts } from './dom';
+import { ago, bytes, clear, el, NA, num, patch, rate, watts } from './dom';
 import type { EnergyTotals, EnergyView } from './energy';
 import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
@@ -229,10 +229,8 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
     panels.cpu.root, panels.hostMem.root, panels.disk.root, panels.net.root);
   let energy: EnergyByGpu | null = null;
   const showTables = () => {
-    clear(info);
-    info.append(hostInfo(n, Date.now()));
-    clear(tables);
-    tables.append(el('h3', {}, 'Health'), healthSection(n), el('h3', {}, 'GPUs'), gpuTable(n, energy),
+    patch(info, hostInfo(n, Date.now()));
+    patch(tables, el('h3', {}, 'Health'), healthSection(n), el('h3', {}, 'GPUs'), gpuTable(n, energy),
       el('h3', {}, 'Processes'), processTable(n));
   };
   void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(name)}`)

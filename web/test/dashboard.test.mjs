@@ -214,8 +214,19 @@ test('a node page shows its panels, GPU and process tables, and its charts advan
 test('a GPU page shows every metric over the range', async () => {
   const page = await newPage();
   await page.goto(`${http}/node/${NODES[1]}`);
-  await page.click('#gpu-table tbody tr:first-child a');
-  await page.waitForURL(/\/gpu\/GPU-/);
+  // The tables follow the live stream; a click whose press and release straddle an
+  // update still follows the link it was pressed on.
+  const util = '.panel[data-title="GPU Utilization"]';
+  await page.waitForFunction((sel) => document.querySelector(sel)?.getAttribute('data-last-ms'), util);
+  const box = await page.locator('#gpu-table tbody tr:first-child a').boundingBox();
+  await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+  await page.mouse.down();
+  const pressedAt = Number(await page.locator(util).getAttribute('data-last-ms'));
+  await page.waitForFunction(
+    ([sel, t]) => Number(document.querySelector(sel)?.getAttribute('data-last-ms')) > t, [util, pressedAt]);
+  await page.evaluate(() => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done))));
+  await page.mouse.up();
+  await page.waitForURL(/\/gpu\/GPU-/, { timeout: 5000 });
   await page.locator('.panel[data-title="GPU utilization"][data-points]').waitFor({ timeout: 10_000 });
   assert.ok((await page.locator('.panel').count()) >= 20);
   // The simulated H100 has no fan: its chart says n/a instead of drawing zeros.
