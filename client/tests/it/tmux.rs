@@ -131,21 +131,25 @@ async fn top_in_tmux_filters_sorts_opens_a_node_and_quits() {
     tmux.wait_for("the filter cleared", |s| !s.contains("Filter:"))
         .await;
 
-    // `p` sorts by power, busiest first: the rows' watts go down.
+    // `p` sorts by power, busiest first: the rows' watts go down. The pane is read until
+    // a whole frame shows it (a capture can catch a redraw halfway: rows of two frames).
+    let watts = |s: &str| -> Vec<u32> {
+        s.lines()
+            .filter(|l| l.contains("gpu-node-"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_suffix('W').and_then(|n| n.parse().ok()))
+            })
+            .collect()
+    };
+    let sorted = |w: &[u32]| w.len() == 12 && w.windows(2).all(|w| w[0] >= w[1]);
     tmux.keys(&["p"]);
     let s = tmux
-        .wait_for("the power sort", |s| s.contains("POWERv"))
-        .await;
-    let watts: Vec<u32> = s
-        .lines()
-        .filter(|l| l.contains("gpu-node-"))
-        .filter_map(|l| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_suffix('W').and_then(|n| n.parse().ok()))
+        .wait_for("the power sort", |s| {
+            s.contains("POWERv") && sorted(&watts(s))
         })
-        .collect();
-    assert_eq!(watts.len(), 12, "{s}");
-    assert!(watts.windows(2).all(|w| w[0] >= w[1]), "{watts:?}\n{s}");
+        .await;
+    assert!(sorted(&watts(&s)), "{s}");
 
     // Enter opens the selected (first) node: its GPU table and processes.
     let first = s
