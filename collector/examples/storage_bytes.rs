@@ -20,15 +20,20 @@
 //! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
 //! `--host-interval 5s`; the sampler cost is on every tick either way).
 //!
-//! `PACKED=1` then reads every minute of every GPU and node back from the row
-//! tables, packs it (`store::packed`: one value per GPU or node per minute), checks that
-//! each packed minute unpacks to exactly the rows read, stores the packed minutes in
-//! tables of their own (`packed_gpu_minutes`, `packed_process_minutes`,
-//! `packed_host_minutes`: key and value, as a packed tier would hold them), empties the
-//! row tables and measures again: the database as it would be with every closed minute
-//! packed.
+//! Then it runs the collector's rollup task over what it wrote (`Rollups::pass`, then
+//! `Rollups::pack` two hours after the last tick: the store packs every closed minute of
+//! host rows into `packed_host_minutes`), checks that every host row reads back as it did
+//! from the rows, and measures again: the database as the collector keeps it.
+//!
+//! `PACKED=1` then also reads every minute of every GPU back from the row tables, packs
+//! its samples and process ticks (`store::packed`: one value per GPU per minute), checks
+//! that each packed minute unpacks to exactly the rows read, stores the packed minutes in
+//! tables of their own (`packed_gpu_minutes`, `packed_process_minutes`: key and value, as
+//! the store holds host minutes), empties the row tables and measures again: the database
+//! as it would be with GPU samples and process ticks packed too.
 
 use anyhow::{Context, Result, bail};
+use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::packed::{self, process::ProcessTick};
 use gpufleet_collector::store::{self, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
@@ -74,6 +79,9 @@ async fn main() -> Result<()> {
             let store = store::open(&url).await?;
             let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
+            pack_host_rows(&store, &keys, ticks).await?;
+            println!("as the collector keeps it (host rows packed):");
+            report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
             if knob("PACKED", 0) == 1 {
                 pack_minutes_sqlite(&store, &url, &keys, ticks).await?;
                 println!("with every minute packed:");
@@ -94,6 +102,9 @@ async fn main() -> Result<()> {
             let result = async {
                 let store = store::open(&url).await?;
                 let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
+                report(&pg_sizes(&url).await?, gpu_samples, shape);
+                pack_host_rows(&store, &keys, ticks).await?;
+                println!("as the collector keeps it (host rows packed):");
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
                 if knob("PACKED", 0) == 1 {
                     pack_minutes_postgres(&store, &url, &keys, ticks).await?;
@@ -188,11 +199,49 @@ async fn write(
     Ok(sims.into_iter().map(|(_, keys)| keys).collect())
 }
 
-const HOST: &str = "INSERT INTO packed_host_minutes VALUES ($1, $2, $3)";
 const GPU: &str = "INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)";
 const PROCESS: &str = "INSERT INTO packed_process_minutes VALUES ($1, $2, $3)";
 
-/// Defines `$name`: packs every minute of every GPU and node of the first `ticks` seconds
+/// The collector's rollup task over the written ticks, two hours after the last one:
+/// every closed minute rolled up, every closed minute of host rows packed by the store;
+/// every node's host rows must read back as they did from the rows.
+async fn pack_host_rows(store: &Arc<dyn Store>, keys: &[Arc<NodeKeys>], ticks: u32) -> Result<()> {
+    let all = TimeRange {
+        from_ms: START_MS,
+        to_ms: START_MS + i64::from(ticks) * 1000,
+    };
+    let mut before = Vec::new();
+    for k in keys {
+        before.push(store.host_samples(k.id, all, usize::MAX).await?);
+    }
+    let began = Instant::now();
+    let now = all.to_ms + 2 * 3_600_000;
+    let options = RetentionOptions {
+        pack_budget: usize::MAX,
+        ..Default::default()
+    };
+    let mut rollups = Rollups::new(store.clone(), options, Arc::new(move || now));
+    rollups.pass().await?;
+    let rolled = began.elapsed().as_secs_f64();
+    let out = rollups.pack(now).await?;
+    println!(
+        "rolled up in {rolled:.1} s; packed {} host minutes ({} rows) in {:.1} s",
+        out.minutes,
+        out.rows,
+        began.elapsed().as_secs_f64() - rolled
+    );
+    for (k, before) in keys.iter().zip(before) {
+        if store.host_samples(k.id, all, usize::MAX).await? != before {
+            bail!(
+                "node {}: the host rows read back differ once packed",
+                k.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Defines `$name`: packs every minute of every GPU of the first `ticks` seconds
 /// into the `packed_*` tables (`$ddl`; each minute checked to unpack to the rows it was
 /// made of), then empties the row tables (`$empty`). One definition per backend: the
 /// connection type differs, the statements do not.
@@ -215,15 +264,9 @@ macro_rules! pack_minutes {
                     from_ms: minute_ms,
                     to_ms: minute_ms + 59_999,
                 };
-                // (insert, key, packed value) of every GPU and node this minute.
+                // (insert, key, packed value) of every GPU this minute.
                 let mut out = Vec::new();
                 for k in keys {
-                    let rows = store.host_samples(k.id, range, usize::MAX).await?;
-                    let packed = packed::host::pack(&rows)?;
-                    if packed::host::unpack(&packed)? != rows {
-                        bail!("node {} minute {m}: the packed host rows differ", k.name);
-                    }
-                    out.push((HOST, k.id.0, packed));
                     for gpu in k.gpus.values() {
                         let mut samples = store.gpu_samples(*gpu, range, usize::MAX).await?;
                         // The GPU is the packed row's key: its UUID is not packed.
@@ -283,10 +326,8 @@ pack_minutes!(
     "CREATE TABLE packed_gpu_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
        samples BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT; \
      CREATE TABLE packed_process_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
-       ticks BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT; \
-     CREATE TABLE packed_host_minutes (node_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
-       rows BLOB NOT NULL, UNIQUE (node_id, minute_ms)) STRICT;",
-    "DELETE FROM gpu_samples; DELETE FROM process_samples; DELETE FROM host_samples;"
+       ticks BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT;",
+    "DELETE FROM gpu_samples; DELETE FROM process_samples;"
 );
 
 pack_minutes!(
@@ -297,12 +338,9 @@ pack_minutes!(
        samples bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
      CREATE TABLE packed_process_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
        ticks bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
-     CREATE TABLE packed_host_minutes (node_id int8 NOT NULL, minute_ms int8 NOT NULL, \
-       rows bytea NOT NULL, UNIQUE (node_id, minute_ms)); \
      ALTER TABLE packed_gpu_minutes ALTER COLUMN samples SET STORAGE EXTERNAL; \
-     ALTER TABLE packed_process_minutes ALTER COLUMN ticks SET STORAGE EXTERNAL; \
-     ALTER TABLE packed_host_minutes ALTER COLUMN rows SET STORAGE EXTERNAL;",
-    "TRUNCATE gpu_samples, process_samples, host_samples"
+     ALTER TABLE packed_process_minutes ALTER COLUMN ticks SET STORAGE EXTERNAL;",
+    "TRUNCATE gpu_samples, process_samples"
 );
 
 /// A `process_samples` row: time, pid, lifetime, memory, four utilizations.

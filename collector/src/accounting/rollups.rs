@@ -14,12 +14,16 @@
 //! ([`crate::store::RollupStore::expire_raw_before`]); rollups, energy minutes and events older
 //! than `--retain-rollups` go too. Minutes before a series' raw horizon are never
 //! recomputed from raw (the store refuses), so reports and energy totals stay exact.
+//!
+//! Packing runs in the same task every `pack_period`, after a pass: closed minutes of host
+//! rows older than `pack_after` and behind the rollup watermark become one packed value
+//! per node per minute ([`crate::store::RollupStore::pack_closed_minutes`]).
 
 use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::live::state::{Committed, Live};
 use crate::store::rollup::{RetentionOutcome, RollupKey};
-use crate::store::{RollupStore, StoreError};
+use crate::store::{PackOutcome, RollupStore, StoreError};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::parse_duration;
 use std::collections::{BTreeSet, HashMap};
@@ -48,6 +52,11 @@ pub struct RetentionOptions {
     pub batch_rows: usize,
     /// How far back the start-up check for late data looks.
     pub recheck_window: Duration,
+    /// Closed minutes of host rows older than this are packed (one value per node per
+    /// minute); checked every `pack_period`, at most `pack_budget` minutes at a time.
+    pub pack_after: Duration,
+    pub pack_period: Duration,
+    pub pack_budget: usize,
 }
 
 impl Default for RetentionOptions {
@@ -59,6 +68,9 @@ impl Default for RetentionOptions {
             retention_period: Duration::from_secs(600),
             batch_rows: 5_000,
             recheck_window: Duration::from_secs(600),
+            pack_after: Duration::from_secs(3600),
+            pack_period: Duration::from_secs(60),
+            pack_budget: 20_000,
         }
     }
 }
@@ -122,6 +134,8 @@ pub struct Rollups {
     pub recheck: bool,
     /// When retention last ran (collector clock).
     last_expiry: Option<UnixMs>,
+    /// When packing last ran (collector clock).
+    last_pack: Option<UnixMs>,
 }
 
 impl Rollups {
@@ -137,6 +151,7 @@ impl Rollups {
             dirty: BTreeSet::new(),
             recheck: true,
             last_expiry: None,
+            last_pack: None,
         }
     }
 
@@ -233,6 +248,36 @@ impl Rollups {
         Ok(out)
     }
 
+    /// Packs the closed minutes older than `pack_after` as of `now_ms` (behind the rollup
+    /// watermarks: run after a pass).
+    pub async fn pack(&mut self, now_ms: UnixMs) -> Result<PackOutcome, StoreError> {
+        let before = now_ms.saturating_sub(ms(self.options.pack_after));
+        let out = (self.store)
+            .pack_closed_minutes(before, self.options.pack_budget)
+            .await?;
+        self.last_pack = Some(now_ms);
+        if out.minutes > 0 {
+            debug!(
+                minutes = out.minutes,
+                rows = out.rows,
+                "packed closed minutes"
+            );
+        }
+        Ok(out)
+    }
+
+    /// Runs [`Rollups::pack`] when `pack_period` has passed since the last run.
+    async fn pack_if_due(&mut self) -> Result<(), StoreError> {
+        let now = (self.clock)();
+        let due = self
+            .last_pack
+            .is_none_or(|t| now - t >= ms(self.options.pack_period));
+        if due {
+            self.pack(now).await?;
+        }
+        Ok(())
+    }
+
     /// Runs [`Rollups::expire`] when `retention_period` has passed since the last run.
     async fn expire_if_due(&mut self) -> Result<(), StoreError> {
         let now = (self.clock)();
@@ -278,6 +323,8 @@ pub fn spawn(
                         warn!(error = %e, "rollup pass failed; retrying next period");
                     } else if let Err(e) = rollups.expire_if_due().await {
                         warn!(error = %e, "retention failed; retrying next period");
+                    } else if let Err(e) = rollups.pack_if_due().await {
+                        warn!(error = %e, "packing closed minutes failed; retrying next period");
                     }
                 }
                 msg = rx.recv() => match msg {

@@ -576,16 +576,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<HostRow>, StoreError> {
-        let query = sql::<DB>(
-            "read host samples",
-            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms BETWEEN $2 AND $3 \
-             ORDER BY ts_ms LIMIT $4",
-        )
-        .bind(node.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit));
-        self.fetch(query, rows::host).await
+        super::packing::host_rows::<DB>(&mut *self.conn().await?, node, range, limit).await
     }
 
     async fn events(

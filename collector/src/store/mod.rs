@@ -32,6 +32,7 @@ mod fleet;
 mod follow;
 pub mod lease;
 pub mod packed;
+mod packing;
 pub mod postgres;
 pub mod remote_write;
 pub mod rollup;
@@ -45,6 +46,7 @@ pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use lease::JobLeases;
+pub use packing::PackOutcome;
 pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
 
@@ -578,7 +580,8 @@ macro_rules! migrations {
             9 "agent tokens" "0009_agent_tokens", 10 "carbon" "0010_carbon",
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
-            23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives")
+            23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives",
+            26 "packed host minutes" "0026_packed_host_minutes")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

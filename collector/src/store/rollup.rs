@@ -249,6 +249,15 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
         batch_rows: usize,
     ) -> Result<RetentionOutcome, StoreError>;
 
+    /// Packs the closed minutes of host rows that end at or before `before_ms`, behind
+    /// the rollup watermarks, at most about `budget` minutes per call (see
+    /// `store::packing`): what was stored stays answerable, row for row.
+    async fn pack_closed_minutes(
+        &self,
+        before_ms: UnixMs,
+        budget: usize,
+    ) -> Result<super::PackOutcome, StoreError>;
+
     /// Retention of rollups: deletes rollup minutes, energy minutes and events older than
     /// `cutoff_ms`, at most about `batch_rows` rows per transaction.
     async fn expire_rollups_before(
@@ -491,6 +500,10 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("node_id", id_value));
                     self.delete_before("host_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
+                    // The horizon is a minute boundary: a packed minute is wholly behind it
+                    // or not at all.
+                    self.delete_before("packed_host_minutes", "minute_ms", id, horizon, batch, out)
+                        .await?;
                 }
             }
         }
@@ -709,6 +722,14 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
             limit,
         )
         .await
+    }
+
+    async fn pack_closed_minutes(
+        &self,
+        before_ms: UnixMs,
+        budget: usize,
+    ) -> Result<super::PackOutcome, StoreError> {
+        self.pack_host_minutes(before_ms, budget).await
     }
 
     async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError> {

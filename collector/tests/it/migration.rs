@@ -5,8 +5,13 @@
 //! in their old layout), opens B (which migrates it) and compares every answer of both;
 //! then writes more ticks to both, and B must find the lifetimes it converted rather than
 //! store them again.
+//!
+//! Migration 0026 (packed host minutes) adds a table and converts nothing itself: a
+//! database at the schema before it opens with every host row in place, and the rollup
+//! task then packs its closed minutes without changing one answer.
 
 use crate::common::*;
+use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::{self, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use sqlx::Connection;
@@ -219,6 +224,23 @@ async fn sqlite_database_before_process_lives_is_converted_without_losing_a_samp
     assert_eq!(lives(b_url).await, 5);
 }
 
+/// The raw partitions of T0's day (2027-01-15) in `schema`, where the copied rows go,
+/// named as the store names them.
+fn raw_partitions(schema: &str) -> String {
+    let day = T0.div_euclid(86_400_000);
+    assert_eq!(day, 20_833);
+    let mut out = String::new();
+    for t in store::postgres::RAW_TABLES {
+        out += &format!(
+            "CREATE TABLE {schema}.{t}_p20270115 PARTITION OF {schema}.{t} \
+             FOR VALUES FROM ({}) TO ({});",
+            day * 86_400_000,
+            (day + 1) * 86_400_000
+        );
+    }
+    out
+}
+
 #[tokio::test]
 async fn postgres_database_before_process_lives_is_converted_without_losing_a_sample() {
     let (a_schema, b_schema) = (PgSchema::create().await, PgSchema::create().await);
@@ -230,18 +252,7 @@ async fn postgres_database_before_process_lives_is_converted_without_losing_a_sa
         .await
         .expect("old schema");
     let (an, bn) = (&a_schema.name, &b_schema.name);
-    // T0's day (2027-01-15): the partitions the copied rows go to, named as the store
-    // names them.
-    let day = T0.div_euclid(86_400_000);
-    assert_eq!(day, 20_833);
-    let mut copy = String::new();
-    for t in store::postgres::RAW_TABLES {
-        copy += &format!(
-            "CREATE TABLE {bn}.{t}_p20270115 PARTITION OF {bn}.{t} FOR VALUES FROM ({}) TO ({});",
-            day * 86_400_000,
-            (day + 1) * 86_400_000
-        );
-    }
+    let mut copy = raw_partitions(bn);
     for t in COPIED {
         copy += &format!("INSERT INTO {bn}.{t} SELECT * FROM {an}.{t};");
     }
@@ -285,6 +296,121 @@ async fn postgres_database_before_process_lives_is_converted_without_losing_a_sa
         .expect("count lives");
         assert_eq!(n, 5, "{schema}");
     }
+    a.close().await;
+    b.close().await;
+}
+
+/// The last migration before packed host minutes.
+const BEFORE_PACKED: i64 = 25;
+
+/// The tables of a database at [`BEFORE_PACKED`] that hold the written ticks.
+const COPIED_BEFORE_PACKED: [&str; 8] = [
+    "nodes",
+    "gpus",
+    "workloads",
+    "process_lives",
+    "gpu_samples",
+    "process_samples",
+    "host_samples",
+    "events",
+];
+
+/// Five minutes of ticks at 1 Hz and one at minute 7 (minutes 0 to 4 are closed).
+fn five_minutes() -> Vec<Tick> {
+    let mut out: Vec<Tick> = (0..300u32)
+        .map(|k| tick(T0 + i64::from(k) * 1000, &GPUS, k))
+        .collect();
+    out[7].host = None; // a cost-only host row
+    out[8].cost = None;
+    out.push(tick(T0 + 7 * 60_000, &GPUS, 300));
+    out
+}
+
+/// B (converted from A's rows) answers A's host rows, before and after its rollup task
+/// packed its closed minutes.
+async fn host_rows_survive_packing(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node: &NodeRecord) {
+    let before = a.host_samples(node.id, ALL, 10_000).await.expect("A");
+    assert_eq!(before.len(), 301);
+    assert_eq!(
+        b.host_samples(node.id, ALL, 10_000).await.expect("B"),
+        before
+    );
+    let now = T0 + 3 * 3_600_000;
+    let mut r = Rollups::new(
+        b.clone(),
+        RetentionOptions::default(),
+        Arc::new(move || now),
+    );
+    r.pass().await.expect("roll up");
+    let out = r.pack(now).await.expect("pack");
+    assert_eq!((out.minutes, out.rows), (5, 300), "{out:?}");
+    assert_eq!(
+        b.host_samples(node.id, ALL, 10_000).await.expect("B"),
+        before
+    );
+    let latest = b.latest_host_samples().await.expect("latest");
+    assert_eq!(latest[0].time_ms, T0 + 7 * 60_000);
+}
+
+#[tokio::test]
+async fn sqlite_database_before_packed_host_minutes_opens_and_is_packed_without_loss() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a_path, b_path) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let b_url = format!("sqlite://{}", b_path.display());
+    let a = store::open(&format!("sqlite://{}", a_path.display()))
+        .await
+        .expect("open A");
+    let node = register_gpus(&a, "n1", &GPUS, T0).await;
+    write_ticks(&a, &node, 1, five_minutes()).await;
+
+    store::migrate_to(&b_url, BEFORE_PACKED)
+        .await
+        .expect("old schema");
+    let mut conn = sqlx::SqliteConnection::connect(&b_url)
+        .await
+        .expect("connect B");
+    let mut copy = format!("ATTACH DATABASE '{}' AS a;", a_path.display());
+    for t in COPIED_BEFORE_PACKED {
+        copy += &format!("INSERT INTO main.{t} SELECT * FROM a.{t};");
+    }
+    copy += "DETACH DATABASE a;";
+    sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
+        .execute(&mut conn)
+        .await
+        .expect("copy A into the old schema");
+    conn.close().await.expect("close");
+
+    let b = store::open(&b_url).await.expect("open and migrate B");
+    host_rows_survive_packing(&a, &b, &node).await;
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test]
+async fn postgres_database_before_packed_host_minutes_opens_and_is_packed_without_loss() {
+    let (a_schema, b_schema) = (PgSchema::create().await, PgSchema::create().await);
+    let a = store::open(&a_schema.url()).await.expect("open A");
+    let node = register_gpus(&a, "n1", &GPUS, T0).await;
+    write_ticks(&a, &node, 1, five_minutes()).await;
+
+    store::migrate_to(&b_schema.url(), BEFORE_PACKED)
+        .await
+        .expect("old schema");
+    let (an, bn) = (&a_schema.name, &b_schema.name);
+    let mut copy = raw_partitions(bn);
+    for t in COPIED_BEFORE_PACKED {
+        copy += &format!("INSERT INTO {bn}.{t} SELECT * FROM {an}.{t};");
+    }
+    let mut conn = pg_connect(&a_schema.base_url).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
+        .execute(&mut conn)
+        .await
+        .expect("copy A into the old schema");
+
+    let b = store::open(&b_schema.url())
+        .await
+        .expect("open and migrate B");
+    host_rows_survive_packing(&a, &b, &node).await;
     a.close().await;
     b.close().await;
 }

@@ -14,7 +14,7 @@ use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement, WasteScope};
 use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
 use gpufleet_collector::store::{
-    GpuId, GpuMetric, NodeRecord, Rehomed, Store, StoreError, TimeRange,
+    GpuId, GpuMetric, HostRow, NodeRecord, Rehomed, Store, StoreError, TimeRange,
 };
 use gpufleet_core::*;
 use std::sync::Arc;
@@ -1130,6 +1130,191 @@ mod contract {
             .rollup_minutes(RollupKey::host(rec.id), ALL_TIME)
             .await;
         out + &format!("{:?}", h.expect("host rollups"))
+    }
+
+    /// A tick of GPU-r whose host metrics and sampler cost are each present or absent at
+    /// random, with random values (`next`: a seeded generator).
+    fn random_host_tick(t: UnixMs, next: &mut impl FnMut() -> u64) -> Tick {
+        let mut bits = next();
+        let mut some = |v: u64| {
+            bits >>= 1;
+            (bits & 1 == 1).then_some(v)
+        };
+        let host = HostSample {
+            cpu_util_pct: some(0).map(|_| (next() % 10_000) as f32 / 100.0),
+            mem_used_bytes: some(next() >> 4),
+            mem_total_bytes: some(512 << 30),
+            disk_read_bps: some(next() % 1_000_000_000),
+            disk_write_bps: some(next() >> 1),
+            net_rx_bps: some(next() % 10_000),
+            net_tx_bps: some(0),
+            load1: some(0).map(|_| (next() % 50_000) as f32 / 64.0),
+        };
+        let calls = (0..next() % 4)
+            .map(|i| (format!("nvmlCall{i}"), (next() % 100_000) as u32))
+            .collect();
+        let cost = SamplerCost {
+            cpu_us: some(next() % 5_000).map(|v| v as u32),
+            wall_us: some(next() % 50_000).map(|v| v as u32),
+            source_us: some(u64::from(u32::MAX)).map(|v| v as u32),
+            slowest_calls_us: calls,
+        };
+        Tick {
+            host: some(0).map(|_| host),
+            cost: some(0).map(|_| cost),
+            ..util_tick(t, Some(50), Some(100_000), None)
+        }
+    }
+
+    /// Closed host minutes are packed and read back field for field (absent stays absent);
+    /// a write into a packed minute (replay, conflict, late row) is judged against the
+    /// stored rows, the minute is packed again once its rollup counts the late row, and
+    /// retention deletes packed minutes behind the raw horizon.
+    pub async fn host_rows_are_packed_read_back_and_reopened_by_writes(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(&store, "node-p", vec![gpu_info_sparse("GPU-r", 0)]).await;
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Five minutes at 1 Hz, then one tick an hour later (its minute stays open).
+        let mut ticks: Vec<Tick> = (0..300)
+            .map(|k| random_host_tick(T0 + k * 1000, &mut next))
+            .collect();
+        ticks.push(common::tick(T0 + HOUR, &["GPU-r"], 1));
+        write(&store, &rec, 1, ticks.clone()).await;
+        let mut r = rollups(&store, T0 + 2 * HOUR);
+        r.pass().await.expect("roll up");
+        let before = store
+            .host_samples(rec.id, ALL_TIME, 10_000)
+            .await
+            .expect("hosts");
+        let with_row = ticks
+            .iter()
+            .filter(|t| t.host.is_some() || t.cost.is_some());
+        assert_eq!(before.len(), with_row.count());
+        assert!(
+            before
+                .iter()
+                .any(|h| h.sample.is_none() && h.cost.is_some())
+        );
+        assert!(
+            before
+                .iter()
+                .any(|h| h.sample.is_some() && h.cost.is_none())
+        );
+        let in_minutes = |rows: &[HostRow], m: std::ops::Range<i64>| {
+            (rows.iter())
+                .filter(|h| (T0 + m.start * MIN..T0 + m.end * MIN).contains(&h.time_ms))
+                .count() as u64
+        };
+
+        // Nothing an hour old yet: nothing is packed.
+        assert_eq!(r.pack(T0 + HOUR).await.expect("pack").minutes, 0);
+        let out = r.pack(T0 + 2 * HOUR).await.expect("pack");
+        assert_eq!(out.minutes, 5, "{out:?}");
+        assert_eq!(out.rows, in_minutes(&before, 0..5));
+        assert_eq!(r.pack(T0 + 2 * HOUR).await.expect("pack").minutes, 0);
+        let read = |range| {
+            let store = store.clone();
+            async move { store.host_samples(rec.id, range, 10_000).await.expect("h") }
+        };
+        assert_eq!(
+            read(ALL_TIME).await,
+            before,
+            "every row read back as stored"
+        );
+        let inside = TimeRange {
+            from_ms: T0 + 30_500,
+            to_ms: T0 + 250_000,
+        };
+        let want: Vec<HostRow> = (before.iter())
+            .filter(|h| (inside.from_ms..=inside.to_ms).contains(&h.time_ms))
+            .cloned()
+            .collect();
+        assert_eq!(read(inside).await, want);
+        let first_70 = store.host_samples(rec.id, ALL_TIME, 70).await.expect("h");
+        assert_eq!(first_70, before[..70]);
+        let latest = store.latest_host_samples().await.expect("latest");
+        assert_eq!(latest.len(), 1);
+        assert_eq!(latest[0].time_ms, T0 + HOUR, "the newest row stays a row");
+
+        // Replaying packed ticks changes nothing; another host sample at a packed tick is
+        // a conflict; a late tick lands in its packed minute.
+        let replay = Batch {
+            seq: 2,
+            ticks: ticks[..100].to_vec(),
+            delivery: DeliveryStats::default(),
+        };
+        let out = store
+            .write_batches(&[node_batch(&rec, replay)])
+            .await
+            .expect("replay");
+        assert!(out.conflicts.is_empty(), "{:?}", out.conflicts);
+        // (In minute 3, which the replay did not reopen.)
+        let stored = (ticks[180..].iter()).position(|t| t.host.is_some());
+        let mut forged = ticks[180 + stored.expect("a tick with host metrics")].clone();
+        forged.host = Some(HostSample {
+            cpu_util_pct: Some(99.5),
+            ..Default::default()
+        });
+        let forged = Batch {
+            seq: 3,
+            ticks: vec![forged],
+            delivery: DeliveryStats::default(),
+        };
+        let out = store
+            .write_batches(&[node_batch(&rec, forged)])
+            .await
+            .expect("forged");
+        assert_eq!(out.conflicts.len(), 1);
+        assert!(out.conflicts[0].reason.contains("host sample"));
+        assert_eq!(read(ALL_TIME).await, before);
+        let late = common::tick(T0 + MIN + 500, &["GPU-r"], 2);
+        write(&store, &rec, 4, vec![late.clone()]).await;
+        let mut after = before.clone();
+        after.push(HostRow {
+            time_ms: late.time_ms,
+            sample: late.host.clone(),
+            cost: late.cost.clone(),
+        });
+        after.sort_by_key(|h| h.time_ms);
+        assert_eq!(read(ALL_TIME).await, after);
+        let host = RollupKey::host(rec.id);
+        assert!(
+            (store.stale_rollup_minutes(0).await.expect("stale")).contains(&(host, T0 + MIN)),
+            "the reopened minute holds all its rows again"
+        );
+        // Minutes 0 and 3 are packed again at once; minute 1 only once its rollup counts the
+        // late row.
+        let out = r.pack(T0 + 2 * HOUR).await.expect("pack");
+        assert_eq!(out.minutes, 2, "{out:?}");
+        r.mark(host, late.time_ms);
+        r.mark(RollupKey::gpu(rec.gpus[0].id), late.time_ms);
+        r.pass().await.expect("roll up");
+        assert_eq!(r.pack(T0 + 2 * HOUR).await.expect("pack").minutes, 1);
+        let minutes = store.rollup_minutes(host, ALL_TIME).await.expect("m");
+        assert_eq!(
+            minutes[1].samples as usize,
+            in_minutes(&after, 1..2) as usize
+        );
+        assert_eq!(read(ALL_TIME).await, after);
+        assert_eq!(store.stale_rollup_minutes(0).await.expect("stale"), vec![]);
+
+        // Retention three minutes past a week: the packed minutes 0..3 go.
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + 3 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(out.deleted.get("packed_host_minutes"), Some(&3), "{out:?}");
+        let kept: Vec<HostRow> = (after.iter())
+            .filter(|h| h.time_ms >= T0 + 3 * MIN)
+            .cloned()
+            .collect();
+        assert_eq!(read(ALL_TIME).await, kept);
     }
 
     pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
@@ -2264,6 +2449,7 @@ macro_rules! contract_tests {
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
+                host_rows_are_packed_read_back_and_reopened_by_writes,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
                 waste_minutes_read_idle_candidates_with_their_price,
