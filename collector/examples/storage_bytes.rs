@@ -20,21 +20,25 @@
 //! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
 //! `--host-interval 5s`; the sampler cost is on every tick either way).
 //!
-//! Then it runs the collector's rollup task over what it wrote (`Rollups::pass`, then
-//! `Rollups::pack` two hours after the last tick: the store packs every closed minute of
-//! host rows into `packed_host_minutes`), checks that every host row reads back as it did
-//! from the rows, and measures again: the database as the collector keeps it.
+//! Then it runs the collector's background jobs over what it wrote, two hours after the
+//! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
+//! every closed minute of host rows and process ticks into `packed_host_minutes` and
+//! `packed_process_minutes`), checks that every host row and process sample reads back as
+//! it did from the rows, and measures again: the database as the collector keeps it,
+//! energy and rollup minutes included.
 //!
-//! `PACKED=1` then also reads every minute of every GPU back from the row tables, packs
-//! its samples and process ticks (`store::packed`: one value per GPU per minute), checks
-//! that each packed minute unpacks to exactly the rows read, stores the packed minutes in
-//! tables of their own (`packed_gpu_minutes`, `packed_process_minutes`: key and value, as
-//! the store holds host minutes), empties the row tables and measures again: the database
-//! as it would be with GPU samples and process ticks packed too.
+//! `PACKED=1` then also reads every minute of every GPU's samples back from the row
+//! table, packs it (`store::packed::gpu`: one value per GPU per minute), checks that each
+//! packed minute unpacks to exactly the rows read, stores the packed minutes in a table
+//! of its own (`packed_gpu_minutes`: key and value, as the store holds the others),
+//! empties `gpu_samples` and measures again: the database as it would be with GPU
+//! samples packed too.
 
 use anyhow::{Context, Result, bail};
+use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
-use gpufleet_collector::store::packed::{self, process::ProcessTick};
+use gpufleet_collector::live::status::Clock;
+use gpufleet_collector::store::packed;
 use gpufleet_collector::store::{self, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
@@ -79,8 +83,8 @@ async fn main() -> Result<()> {
             let store = store::open(&url).await?;
             let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
-            pack_host_rows(&store, &keys, ticks).await?;
-            println!("as the collector keeps it (host rows packed):");
+            pack_as_the_collector(&store, &keys, ticks).await?;
+            println!("as the collector keeps it (host rows and process ticks packed):");
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
             if knob("PACKED", 0) == 1 {
                 pack_minutes_sqlite(&store, &url, &keys, ticks).await?;
@@ -103,8 +107,8 @@ async fn main() -> Result<()> {
                 let store = store::open(&url).await?;
                 let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
-                pack_host_rows(&store, &keys, ticks).await?;
-                println!("as the collector keeps it (host rows packed):");
+                pack_as_the_collector(&store, &keys, ticks).await?;
+                println!("as the collector keeps it (host rows and process ticks packed):");
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
                 if knob("PACKED", 0) == 1 {
                     pack_minutes_postgres(&store, &url, &keys, ticks).await?;
@@ -200,50 +204,71 @@ async fn write(
 }
 
 const GPU: &str = "INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)";
-const PROCESS: &str = "INSERT INTO packed_process_minutes VALUES ($1, $2, $3)";
 
-/// The collector's rollup task over the written ticks, two hours after the last one:
-/// every closed minute rolled up, every closed minute of host rows packed by the store;
-/// every node's host rows must read back as they did from the rows.
-async fn pack_host_rows(store: &Arc<dyn Store>, keys: &[Arc<NodeKeys>], ticks: u32) -> Result<()> {
+/// The collector's background jobs over the written ticks, two hours after the last one:
+/// every closed minute energy-accounted and rolled up, then every closed minute of host
+/// rows and process ticks packed by the store; every node's host rows and every GPU's
+/// process samples must read back as they did from the rows.
+async fn pack_as_the_collector(
+    store: &Arc<dyn Store>,
+    keys: &[Arc<NodeKeys>],
+    ticks: u32,
+) -> Result<()> {
     let all = TimeRange {
         from_ms: START_MS,
         to_ms: START_MS + i64::from(ticks) * 1000,
     };
     let mut before = Vec::new();
     for k in keys {
-        before.push(store.host_samples(k.id, all, usize::MAX).await?);
+        before.push(format!(
+            "{:?}",
+            store.host_samples(k.id, all, usize::MAX).await?
+        ));
+        for gpu in k.gpus.values() {
+            let p = store.process_samples(*gpu, all, usize::MAX).await?;
+            before.push(format!("{p:?}"));
+        }
     }
     let began = Instant::now();
     let now = all.to_ms + 2 * 3_600_000;
+    let clock: Clock = Arc::new(move || now);
+    Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
+        .pass()
+        .await?;
     let options = RetentionOptions {
         pack_budget: usize::MAX,
         ..Default::default()
     };
-    let mut rollups = Rollups::new(store.clone(), options, Arc::new(move || now));
+    let mut rollups = Rollups::new(store.clone(), options, clock);
     rollups.pass().await?;
-    let rolled = began.elapsed().as_secs_f64();
+    let accounted = began.elapsed().as_secs_f64();
     let out = rollups.pack(now).await?;
     println!(
-        "rolled up in {rolled:.1} s; packed {} host minutes ({} rows) in {:.1} s",
+        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows) in {:.1} s",
         out.minutes,
         out.rows,
-        began.elapsed().as_secs_f64() - rolled
+        began.elapsed().as_secs_f64() - accounted
     );
-    for (k, before) in keys.iter().zip(before) {
-        if store.host_samples(k.id, all, usize::MAX).await? != before {
-            bail!(
-                "node {}: the host rows read back differ once packed",
-                k.name
-            );
+    let mut after = Vec::new();
+    for k in keys {
+        after.push(format!(
+            "{:?}",
+            store.host_samples(k.id, all, usize::MAX).await?
+        ));
+        for gpu in k.gpus.values() {
+            let p = store.process_samples(*gpu, all, usize::MAX).await?;
+            after.push(format!("{p:?}"));
         }
+    }
+    if after != before {
+        bail!("the host rows or process samples read back differ once packed");
     }
     Ok(())
 }
 
-/// Defines `$name`: packs every minute of every GPU of the first `ticks` seconds
-/// into the `packed_*` tables (`$ddl`; each minute checked to unpack to the rows it was
-/// made of), then empties the row tables (`$empty`). One definition per backend: the
+/// Defines `$name`: packs every minute of every GPU's samples of the first `ticks` seconds
+/// into `packed_gpu_minutes` (`$ddl`; each minute checked to unpack to the rows it was
+/// made of), then empties `gpu_samples` (`$empty`). One definition per backend: the
 /// connection type differs, the statements do not.
 macro_rules! pack_minutes {
     ($name:ident, $conn:ty, $ddl:expr, $empty:expr) => {
@@ -276,24 +301,6 @@ macro_rules! pack_minutes {
                             bail!("GPU {} minute {m}: the packed samples differ", gpu.0);
                         }
                         out.push((GPU, gpu.0, packed));
-                        let rows: Vec<ProcessRow> = sqlx::query_as(
-                            "SELECT ts_ms, CAST(pid AS BIGINT), life_id, gpu_mem_bytes, \
-                               CAST(sm_util_pct AS BIGINT), CAST(mem_util_pct AS BIGINT), \
-                               CAST(enc_util_pct AS BIGINT), CAST(dec_util_pct AS BIGINT) \
-                             FROM process_samples WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 \
-                             ORDER BY ts_ms, pid",
-                        )
-                        .bind(gpu.0)
-                        .bind(range.from_ms)
-                        .bind(range.to_ms)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                        let ticks: Vec<ProcessTick> = rows.into_iter().map(process_tick).collect();
-                        let packed = packed::process::pack(&ticks)?;
-                        if packed::process::unpack(&packed)? != ticks {
-                            bail!("GPU {} minute {m}: the packed process ticks differ", gpu.0);
-                        }
-                        out.push((PROCESS, gpu.0, packed));
                     }
                 }
                 for (insert, key, packed) in out {
@@ -324,10 +331,8 @@ pack_minutes!(
     // Rowid tables: a WITHOUT ROWID row keeps at most ~1 KB in its page and spills the
     // rest into an overflow page of its own, mostly empty; a rowid row keeps ~4 KB.
     "CREATE TABLE packed_gpu_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
-       samples BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT; \
-     CREATE TABLE packed_process_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
-       ticks BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT;",
-    "DELETE FROM gpu_samples; DELETE FROM process_samples;"
+       samples BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT;",
+    "DELETE FROM gpu_samples;"
 );
 
 pack_minutes!(
@@ -336,38 +341,9 @@ pack_minutes!(
     // Already compressed: stored as is (no second compression attempt), inline while small.
     "CREATE TABLE packed_gpu_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
        samples bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
-     CREATE TABLE packed_process_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
-       ticks bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
-     ALTER TABLE packed_gpu_minutes ALTER COLUMN samples SET STORAGE EXTERNAL; \
-     ALTER TABLE packed_process_minutes ALTER COLUMN ticks SET STORAGE EXTERNAL;",
-    "TRUNCATE gpu_samples, process_samples"
+     ALTER TABLE packed_gpu_minutes ALTER COLUMN samples SET STORAGE EXTERNAL;",
+    "TRUNCATE gpu_samples"
 );
-
-/// A `process_samples` row: time, pid, lifetime, memory, four utilizations.
-type ProcessRow = (
-    i64,
-    i64,
-    i64,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-    Option<i64>,
-);
-
-fn process_tick(r: ProcessRow) -> ProcessTick {
-    let pct = |v: Option<i64>| v.map(|v| v as u32);
-    ProcessTick {
-        ts_ms: r.0,
-        pid: r.1 as u32,
-        life_id: r.2,
-        gpu_mem_bytes: r.3.map(|v| v as u64),
-        sm_util_pct: pct(r.4),
-        mem_util_pct: pct(r.5),
-        enc_util_pct: pct(r.6),
-        dec_util_pct: pct(r.7),
-    }
-}
 
 /// One tick: the simulator's GPU samples and host metrics, `procs` processes per GPU
 /// (a job of that many processes, replaced every [`JOB_MS`], sharing the GPU's

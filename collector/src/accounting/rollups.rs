@@ -16,8 +16,9 @@
 //! recomputed from raw (the store refuses), so reports and energy totals stay exact.
 //!
 //! Packing runs in the same task every `pack_period`, after a pass: closed minutes of host
-//! rows older than `pack_after` and behind the rollup watermark become one packed value
-//! per node per minute ([`crate::store::RollupStore::pack_closed_minutes`]).
+//! rows and process ticks older than `pack_after`, rolled up (host) or energy-accounted
+//! (process), become one packed value per node or GPU per minute
+//! ([`crate::store::RollupStore::pack_closed_minutes`]).
 
 use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
@@ -52,8 +53,9 @@ pub struct RetentionOptions {
     pub batch_rows: usize,
     /// How far back the start-up check for late data looks.
     pub recheck_window: Duration,
-    /// Closed minutes of host rows older than this are packed (one value per node per
-    /// minute); checked every `pack_period`, at most `pack_budget` minutes at a time.
+    /// Closed minutes of host rows and process ticks older than this are packed (one
+    /// value per node or GPU per minute); checked every `pack_period`, at most
+    /// `pack_budget` minutes at a time.
     pub pack_after: Duration,
     pub pack_period: Duration,
     pub pack_budget: usize,

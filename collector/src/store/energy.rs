@@ -707,7 +707,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         let procs = read(
             "read process samples for energy",
             format!(
-                "SELECT r.req, p.ts_ms, l.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
+                "SELECT r.req, p.ts_ms, p.pid, l.workload_id, p.sm_util_pct, p.gpu_mem_bytes, \
                  l.process_type FROM r {} process_samples p ON p.gpu_id = r.id \
                    AND p.ts_ms >= r.from_ms AND p.ts_ms < r.to_ms \
                  JOIN process_lives l ON l.id = p.life_id ORDER BY r.req, p.ts_ms, p.pid",
@@ -716,16 +716,20 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         )
         .all(&mut conn)
         .await?;
-        // Rows come grouped by range: hang each group on its range's samples.
-        let mut start = 0;
-        while start < procs.len() {
-            let i = rows::request(&procs[start], n, "energy read")?;
-            let mut end = start + 1;
-            while end < procs.len() && rows::request(&procs[end], n, "energy read")? == i {
-                end += 1;
-            }
-            attach_processes(&mut out[i].samples, &procs[start..end])?;
-            start = end;
+        // And those of packed minutes: per range, both lists by time and pid, merged.
+        let spans: Vec<_> = (ranges.iter())
+            .map(|r| (r.gpu, r.from_ms, r.to_ms))
+            .collect();
+        let packed = super::packing::energy_processes::<DB>(&mut conn, &spans).await?;
+        let mut per_range: Vec<Vec<(i64, u32, &DB::Row)>> = vec![Vec::new(); n];
+        for row in procs.iter().chain(&packed) {
+            let i = rows::request(row, n, "energy read")?;
+            per_range[i].push((row.get("ts_ms")?, row.get("pid")?, row));
+        }
+        for (i, mut list) in per_range.into_iter().enumerate() {
+            list.sort_by_key(|(t, pid, _)| (*t, *pid));
+            list.dedup_by_key(|(t, pid, _)| (*t, *pid));
+            attach_processes(&mut out[i].samples, list.into_iter().map(|(_, _, r)| r))?;
         }
         Ok(out)
     }

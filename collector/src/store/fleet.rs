@@ -552,22 +552,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
-        let query = sql::<DB>(
-            "read process samples",
-            format!(
-                "SELECT {} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id \
-                 {PROCESS_JOINS} \
-                 WHERE p.gpu_id = $1 AND p.ts_ms BETWEEN $2 AND $3 \
-                 ORDER BY p.ts_ms, p.pid LIMIT $4",
-                process_cols()
-            ),
-        )
-        .bind(gpu.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit));
-        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::process(row)?)))
-            .await
+        super::packing::process_rows::<DB>(&mut *self.conn().await?, gpu, range, limit).await
     }
 
     async fn host_samples(

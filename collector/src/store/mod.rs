@@ -581,7 +581,7 @@ macro_rules! migrations {
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
             23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives",
-            26 "packed host minutes" "0026_packed_host_minutes")
+            26 "packed minutes" "0026_packed_minutes")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

@@ -1,28 +1,35 @@
-//! The packed tier of host rows: closed minutes of a node's `host_samples` rows kept as one
-//! value per node per minute (`packed_host_minutes`, in the format of [`packed::host`]).
+//! The packed tier: closed minutes of a node's `host_samples` rows, and of a GPU's
+//! `process_samples` rows, each kept as one value per minute (`packed_host_minutes`,
+//! `packed_process_minutes`; the formats of [`packed::host`] and [`packed::process`]).
 //!
-//! - **Packing** ([`SqlStore::pack_host_minutes`], run by the rollup task): a minute is
-//!   packed once it is older than the caller's horizon, behind the node's rollup watermark,
-//!   not the node's newest minute (whose last row seeds the live state), and its rollup row
-//!   counts exactly the rows it holds (a minute with late rows waits for its recomputation).
-//!   Its rows leave `host_samples` in the same transaction.
-//! - **Reopening** ([`reopen_host_minutes`], first thing in every write transaction): a
-//!   write whose host rows fall in packed minutes unpacks those minutes back into rows
-//!   before it inserts, so replays, conflicts and late data are judged against the stored
-//!   rows, and rollups recompute from complete minutes. The minute is packed again later.
-//! - **Reading** ([`host_rows`]): the rows and the packed minutes of a range, merged.
+//! - **Packing** ([`SqlStore::pack_host_minutes`], [`SqlStore::pack_process_minutes`], run
+//!   by the rollup task): a minute is packed once it is older than the caller's horizon,
+//!   not the series' newest minute (whose last rows seed the live state), and nothing will
+//!   recompute from its rows: a host minute is behind the node's rollup watermark and its
+//!   rollup row counts exactly its rows; a process minute is behind the GPU's energy
+//!   watermark and its energy minute counts exactly the GPU's samples in it (a minute with
+//!   late rows waits for its recomputation). Its rows leave their table in the same
+//!   transaction.
+//! - **Reopening** ([`reopen_minutes`], first thing in every write transaction): a write
+//!   unpacks back into rows every packed minute it falls in (a node's host minute for its
+//!   host rows; a GPU's process minute for its GPU samples and process rows) before it
+//!   inserts, so replays, conflicts and late data are judged against the stored rows, and
+//!   rollups and energy recompute from complete minutes. The minute is packed again later.
+//! - **Reading** ([`host_rows`], [`process_rows`], [`energy_processes`]): the rows and the
+//!   packed minutes of a range, merged.
 //!
 //! So a minute is in one form at a time. On PostgreSQL several collectors write: a write
-//! and the packer take the node's transaction-scoped advisory lock, so a write cannot add
+//! and the packer take the series' transaction-scoped advisory lock, so a write cannot add
 //! rows to a minute that is being packed (the packer would then delete rows it did not
 //! pack, or leave a minute in both forms). SQLite has one writer.
 
-use super::backend::{Backend, Dialect, Get, Table, sql};
-use super::packed::{self, PackError};
-use super::write::{HostTick, Samples};
-use super::{HostRow, NodeBatch, NodeId, SqlStore, StoreError, TimeRange, rows};
+use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
+use super::packed::{self, PackError, process::ProcessTick};
+use super::rows::{self, PROCESS_JOINS, process_cols, to_i64};
+use super::write::{HostTick, ProcessRow, Samples};
+use super::{GpuId, HostRow, NodeBatch, NodeId, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
-use gpufleet_core::{Tick, UnixMs};
+use gpufleet_core::{ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Most minutes one packing transaction spans: bounded work while the writers wait.
@@ -35,27 +42,78 @@ const READ_PAGE: i64 = 64;
 pub struct PackOutcome {
     /// Minutes packed (or merged into their packed value).
     pub minutes: usize,
-    /// Host rows moved out of `host_samples`.
+    /// Rows moved out of the row tables.
     pub rows: u64,
     /// Transactions committed.
     pub transactions: usize,
 }
 
-/// Takes the packing lock of `nodes` (PostgreSQL; in id order, so that writers never
+impl PackOutcome {
+    fn add(&mut self, other: &PackOutcome) {
+        self.minutes += other.minutes;
+        self.rows += other.rows;
+        self.transactions += other.transactions;
+    }
+}
+
+/// The two packed tiers: which tables, and how a lock on one series is named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Tier {
+    /// A node's host rows.
+    Host,
+    /// A GPU's process ticks.
+    Process,
+}
+
+impl Tier {
+    fn packed(self) -> &'static str {
+        match self {
+            Tier::Host => "packed_host_minutes",
+            Tier::Process => "packed_process_minutes",
+        }
+    }
+
+    fn rows(self) -> &'static str {
+        match self {
+            Tier::Host => "host_samples",
+            Tier::Process => "process_samples",
+        }
+    }
+
+    fn id(self) -> &'static str {
+        match self {
+            Tier::Host => "node_id",
+            Tier::Process => "gpu_id",
+        }
+    }
+
+    fn lock_name(self, id: i64) -> String {
+        match self {
+            Tier::Host => format!("host:{id}"),
+            Tier::Process => format!("process:{id}"),
+        }
+    }
+}
+
+/// Takes the packing lock of `series` (PostgreSQL; in name order, so that writers never
 /// wait for each other in a cycle) for the rest of the transaction.
-async fn lock_nodes<DB: Backend>(
+async fn lock<DB: Backend>(
     conn: &mut DB::Connection,
-    nodes: &BTreeSet<i64>,
+    series: impl Iterator<Item = (Tier, i64)>,
 ) -> Result<(), StoreError> {
-    if DB::DIALECT != Dialect::Postgres || nodes.is_empty() {
+    if DB::DIALECT != Dialect::Postgres {
         return Ok(());
     }
-    let table = Table::default().int("k", nodes.iter().copied());
+    let names: BTreeSet<String> = series.map(|(t, id)| t.lock_name(id)).collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let table = Table::default().text("k", names);
     sql::<DB>(
-        "take the packing lock of nodes",
+        "take the packing locks",
         format!(
             "SELECT pg_advisory_xact_lock(hashtextextended( \
-               'gpufleet:' || current_schema() || ':packed host:' || s.k, 0)) \
+               'gpufleet:' || current_schema() || ':packed ' || s.k, 0)) \
              FROM (SELECT v.k FROM {} ORDER BY v.k) s",
             DB::DIALECT.over(&table, "v")
         ),
@@ -66,119 +124,240 @@ async fn lock_nodes<DB: Backend>(
     Ok(())
 }
 
-fn corrupt(node: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    move |e| {
-        StoreError::Corrupt(format!(
-            "packed host rows of node {node}, minute {minute}: {e}"
-        ))
-    }
+fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
+    move |e| StoreError::Corrupt(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
+}
+
+fn outside(tier: Tier, id: i64, minute: UnixMs) -> StoreError {
+    StoreError::Corrupt(format!(
+        "{} of {id}, minute {minute}: a row of another minute",
+        tier.packed()
+    ))
 }
 
 /// The host rows of a packed value.
-fn unpack(node: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<HostRow>, StoreError> {
-    let rows = packed::host::unpack(value).map_err(corrupt(node, minute))?;
+fn unpack_host(node: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<HostRow>, StoreError> {
+    let rows = packed::host::unpack(value).map_err(corrupt(Tier::Host, node, minute))?;
     if rows.iter().any(|r| minute_of(r.time_ms) != minute) {
-        return Err(StoreError::Corrupt(format!(
-            "packed host rows of node {node}, minute {minute}: a row of another minute"
-        )));
+        return Err(outside(Tier::Host, node, minute));
     }
     Ok(rows)
 }
 
-/// Inserts host rows of one node into `host_samples` (rows already there are kept), as the
-/// backend writes a tick's host row.
-async fn insert_host_rows<DB: Backend>(
+/// The process ticks of a packed value.
+fn unpack_process(gpu: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<ProcessTick>, StoreError> {
+    let ticks = packed::process::unpack(value).map_err(corrupt(Tier::Process, gpu, minute))?;
+    if ticks.iter().any(|t| minute_of(t.ts_ms) != minute) {
+        return Err(outside(Tier::Process, gpu, minute));
+    }
+    Ok(ticks)
+}
+
+/// A `process_samples` row as a packed tick.
+fn process_tick<R: Get>(row: &R) -> Result<ProcessTick, StoreError> {
+    Ok(ProcessTick {
+        ts_ms: row.get("ts_ms")?,
+        pid: row.get("pid")?,
+        life_id: row.get("life_id")?,
+        gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
+        sm_util_pct: row.get("sm_util_pct")?,
+        mem_util_pct: row.get("mem_util_pct")?,
+        enc_util_pct: row.get("enc_util_pct")?,
+        dec_util_pct: row.get("dec_util_pct")?,
+    })
+}
+
+/// Inserts unpacked rows back into their tables (rows already there are kept), as the
+/// backend writes a tick's rows.
+async fn insert_unpacked<DB: Backend>(
     conn: &mut DB::Connection,
-    node: i64,
-    host: &[HostRow],
+    host: &[(i64, HostRow)],
+    process: &[(i64, ProcessTick)],
 ) -> Result<(), StoreError> {
     let ticks: Vec<Tick> = host
         .iter()
-        .map(|r| Tick {
+        .map(|(_, r)| Tick {
             time_ms: r.time_ms,
             host: r.sample.clone(),
             cost: r.cost.clone(),
             ..Tick::default()
         })
         .collect();
-    let samples = Samples {
-        host: ticks
-            .iter()
-            .map(|tick| HostTick {
-                node,
+    // Only what process_samples keeps: the identity is the lifetime's.
+    let samples: Vec<ProcessSample> = process
+        .iter()
+        .map(|(_, t)| ProcessSample {
+            pid: t.pid,
+            gpu_mem_bytes: t.gpu_mem_bytes,
+            sm_util_pct: t.sm_util_pct,
+            mem_util_pct: t.mem_util_pct,
+            enc_util_pct: t.enc_util_pct,
+            dec_util_pct: t.dec_util_pct,
+            ..ProcessSample::default()
+        })
+        .collect();
+    let rows = Samples {
+        host: (host.iter().zip(&ticks))
+            .map(|((node, _), tick)| HostTick {
+                node: *node,
                 ts: tick.time_ms,
                 tick,
+            })
+            .collect(),
+        process: (process.iter().zip(&samples))
+            .map(|((gpu, t), p)| ProcessRow {
+                gpu: *gpu,
+                ts: t.ts_ms,
+                slot: 0,
+                life: t.life_id,
+                p,
             })
             .collect(),
         ..Samples::default()
     };
     // The careful way (rows already stored are skipped, not an error).
-    DB::write_samples(conn, &samples, &mut [], true).await?;
+    DB::write_samples(conn, &rows, &mut [], true).await?;
     Ok(())
 }
 
-/// Unpacks back into `host_samples` every packed minute that the host rows of `batches`
-/// (except the `skip`ped ones) fall in, and takes the packing lock of their nodes: the
-/// first step of a write transaction. Returns the minutes reopened.
-pub(crate) async fn reopen_host_minutes<DB: Backend>(
+/// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
+/// fall in, and takes the packing lock of every series they write: the first step of a
+/// write transaction. Returns the minutes reopened.
+pub(crate) async fn reopen_minutes<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
 ) -> Result<usize, StoreError> {
-    let mut wanted: BTreeMap<i64, BTreeSet<UnixMs>> = BTreeMap::new();
+    let mut wanted: BTreeMap<(Tier, i64), BTreeSet<UnixMs>> = BTreeMap::new();
     for (_, b) in (batches.iter().enumerate()).filter(|(i, _)| !skip.contains(i)) {
-        for t in (b.batch.ticks.iter()).filter(|t| t.host.is_some() || t.cost.is_some()) {
-            (wanted.entry(b.keys.id.0).or_default()).insert(minute_of(t.time_ms));
+        for t in &b.batch.ticks {
+            let minute = minute_of(t.time_ms);
+            if t.host.is_some() || t.cost.is_some() {
+                let key = (Tier::Host, b.keys.id.0);
+                wanted.entry(key).or_default().insert(minute);
+            }
+            let uuids =
+                (t.gpus.iter().map(|g| &g.gpu_uuid)).chain(t.processes.iter().map(|p| &p.gpu_uuid));
+            for gpu in uuids.filter_map(|u| b.keys.gpus.get(u)) {
+                let key = (Tier::Process, gpu.0);
+                wanted.entry(key).or_default().insert(minute);
+            }
         }
     }
     if wanted.is_empty() {
         return Ok(0);
     }
-    lock_nodes::<DB>(conn, &wanted.keys().copied().collect()).await?;
-    let spans = wanted
-        .iter()
-        .filter_map(|(node, minutes)| Some((*node, *minutes.first()?, *minutes.last()?)));
-    let (mut ids, mut froms, mut tos) = (Vec::new(), Vec::new(), Vec::new());
-    for (node, from, to) in spans {
-        ids.push(node);
-        froms.push(from);
-        tos.push(to);
-    }
-    let table = Table::default()
-        .int("id", ids)
-        .int("from_ms", froms)
-        .int("to_ms", tos);
-    let found = sql::<DB>(
-        "find packed host minutes a write falls in",
-        format!(
-            "SELECT p.node_id, p.minute_ms, p.packed FROM {} \
-             JOIN packed_host_minutes p ON p.node_id = v.id \
-               AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
-            DB::DIALECT.over(&table, "v")
-        ),
-    )
-    .bind_table(table)
-    .all(&mut *conn)
-    .await?;
-    let mut reopened = 0;
-    for row in &found {
-        let (node, minute): (i64, UnixMs) = (row.get("node_id")?, row.get("minute_ms")?);
-        if !wanted.get(&node).is_some_and(|m| m.contains(&minute)) {
+    lock::<DB>(conn, wanted.keys().copied()).await?;
+    let mut host = Vec::new();
+    let mut process = Vec::new();
+    let mut reopened = Vec::new();
+    for tier in [Tier::Host, Tier::Process] {
+        let spans: Vec<(i64, UnixMs, UnixMs)> = (wanted.iter())
+            .filter(|((t, _), _)| *t == tier)
+            .filter_map(|((_, id), m)| Some((*id, *m.first()?, *m.last()?)))
+            .collect();
+        if spans.is_empty() {
             continue;
         }
-        let value: Vec<u8> = row.get("packed")?;
-        insert_host_rows::<DB>(conn, node, &unpack(node, minute, &value)?).await?;
-        sql::<DB>(
-            "delete a reopened packed host minute",
-            "DELETE FROM packed_host_minutes WHERE node_id = $1 AND minute_ms = $2",
+        let table = Table::default()
+            .int("id", spans.iter().map(|s| s.0))
+            .int("from_ms", spans.iter().map(|s| s.1))
+            .int("to_ms", spans.iter().map(|s| s.2));
+        let found = sql::<DB>(
+            "find packed minutes a write falls in",
+            format!(
+                "SELECT p.{id} AS id, p.minute_ms, p.packed FROM {} \
+                 JOIN {packed} p ON p.{id} = v.id AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
+                DB::DIALECT.over(&table, "v"),
+                id = tier.id(),
+                packed = tier.packed(),
+            ),
         )
-        .bind(node)
-        .bind(minute)
+        .bind_table(table)
+        .all(&mut *conn)
+        .await?;
+        for row in &found {
+            let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
+            if !wanted.get(&(tier, id)).is_some_and(|m| m.contains(&minute)) {
+                continue;
+            }
+            let value: Vec<u8> = row.get("packed")?;
+            match tier {
+                Tier::Host => {
+                    let rows = unpack_host(id, minute, &value)?;
+                    host.extend(rows.into_iter().map(|r| (id, r)));
+                }
+                Tier::Process => {
+                    let ticks = unpack_process(id, minute, &value)?;
+                    process.extend(ticks.into_iter().map(|t| (id, t)));
+                }
+            }
+            reopened.push((tier, id, minute));
+        }
+    }
+    if reopened.is_empty() {
+        return Ok(0);
+    }
+    insert_unpacked::<DB>(conn, &host, &process).await?;
+    for (tier, id, minute) in &reopened {
+        sql::<DB>(
+            "delete a reopened packed minute",
+            format!(
+                "DELETE FROM {} WHERE {} = $1 AND minute_ms = $2",
+                tier.packed(),
+                tier.id()
+            ),
+        )
+        .bind(*id)
+        .bind(*minute)
         .execute(&mut *conn)
         .await?;
-        reopened += 1;
     }
-    Ok(reopened)
+    Ok(reopened.len())
+}
+
+/// The packed values of series `id` of `tier` whose minutes overlap `range`, oldest first,
+/// a page at a time: `each` gets every page's (minute, value) and says how many of its
+/// rows were in the range; it stops once `limit` were (later minutes hold later rows).
+async fn packed_pages<DB: Backend>(
+    conn: &mut DB::Connection,
+    tier: Tier,
+    id: i64,
+    range: TimeRange,
+    limit: usize,
+    mut each: impl FnMut(UnixMs, &[u8]) -> Result<usize, StoreError>,
+) -> Result<(), StoreError> {
+    let (mut next, mut seen) = (minute_of(range.from_ms), 0);
+    while seen < limit && next <= range.to_ms {
+        let page = sql::<DB>(
+            "read packed minutes",
+            format!(
+                "SELECT minute_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
+                 AND minute_ms <= $3 ORDER BY minute_ms LIMIT $4",
+                tier.packed(),
+                tier.id()
+            ),
+        )
+        .bind(id)
+        .bind(next)
+        .bind(range.to_ms)
+        .bind(READ_PAGE)
+        .all(&mut *conn)
+        .await?;
+        for row in &page {
+            let minute: UnixMs = row.get("minute_ms")?;
+            seen += each(minute, &row.get::<Vec<u8>>("packed")?)?;
+            next = minute.saturating_add(MINUTE_MS);
+        }
+        if page.len() < READ_PAGE as usize {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn in_range(range: TimeRange, t: UnixMs) -> bool {
+    (range.from_ms..=range.to_ms).contains(&t)
 }
 
 /// A node's host rows with times in `range`, oldest first, at most `limit`: the rows of
@@ -205,98 +384,244 @@ pub(crate) async fn host_rows<DB: Backend>(
         let r = rows::host(row)?;
         merged.insert(r.time_ms, r);
     }
-    // Packed minutes in time order, a page at a time, until `limit` of their rows are in
-    // the range: later ones could only hold later rows.
-    let (mut next, mut from_packed) = (minute_of(range.from_ms), 0);
-    while from_packed < limit && next <= range.to_ms {
-        let page = sql::<DB>(
-            "read packed host minutes",
-            "SELECT minute_ms, packed FROM packed_host_minutes \
-             WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 \
-             ORDER BY minute_ms LIMIT $4",
-        )
-        .bind(node.0)
-        .bind(next)
-        .bind(range.to_ms)
-        .bind(READ_PAGE)
-        .all(&mut *conn)
-        .await?;
-        for row in &page {
-            let minute: UnixMs = row.get("minute_ms")?;
-            let value: Vec<u8> = row.get("packed")?;
-            for r in unpack(node.0, minute, &value)? {
-                if (range.from_ms..=range.to_ms).contains(&r.time_ms) {
-                    from_packed += 1;
-                    merged.entry(r.time_ms).or_insert(r);
-                }
+    packed_pages::<DB>(conn, Tier::Host, node.0, range, limit, |minute, value| {
+        let mut n = 0;
+        for r in unpack_host(node.0, minute, value)? {
+            if in_range(range, r.time_ms) {
+                n += 1;
+                merged.entry(r.time_ms).or_insert(r);
             }
-            next = minute.saturating_add(MINUTE_MS);
         }
-        if page.len() < READ_PAGE as usize {
-            break;
-        }
-    }
+        Ok(n)
+    })
+    .await?;
     Ok(merged.into_values().take(limit).collect())
 }
 
+/// Packed ticks as a FROM item `p` with `process_samples`' columns (and `req`: each
+/// tick's request index), for the queries that join lifetimes and workloads.
+fn ticks_table(ticks: &[(usize, i64, ProcessTick)]) -> Table {
+    let col =
+        |f: fn(&ProcessTick) -> Option<u32>| ticks.iter().map(move |t| f(&t.2).map(i64::from));
+    Table::default()
+        .int("req", ticks.iter().map(|t| t.0 as i64))
+        .int("gpu_id", ticks.iter().map(|t| t.1))
+        .int("ts_ms", ticks.iter().map(|t| t.2.ts_ms))
+        .int("pid", ticks.iter().map(|t| i64::from(t.2.pid)))
+        .int("life_id", ticks.iter().map(|t| t.2.life_id))
+        .int(
+            "gpu_mem_bytes",
+            ticks.iter().map(|t| t.2.gpu_mem_bytes.map(to_i64)),
+        )
+        .int("sm_util_pct", col(|t| t.sm_util_pct))
+        .int("mem_util_pct", col(|t| t.mem_util_pct))
+        .int("enc_util_pct", col(|t| t.enc_util_pct))
+        .int("dec_util_pct", col(|t| t.dec_util_pct))
+}
+
+/// A GPU's process samples with times in `range`, by time then pid, at most `limit`: the
+/// rows of `process_samples` and of the packed minutes (identities joined back alike).
+pub(crate) async fn process_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    range: TimeRange,
+    limit: usize,
+) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
+    let stored = sql::<DB>(
+        "read process samples",
+        format!(
+            "SELECT {} FROM process_samples p JOIN gpus g ON g.id = p.gpu_id {PROCESS_JOINS} \
+             WHERE p.gpu_id = $1 AND p.ts_ms BETWEEN $2 AND $3 \
+             ORDER BY p.ts_ms, p.pid LIMIT $4",
+            process_cols()
+        ),
+    )
+    .bind(gpu.0)
+    .bind(range.from_ms)
+    .bind(range.to_ms)
+    .bind(rows::limit_i64(limit))
+    .all(&mut *conn)
+    .await?;
+    let mut merged: BTreeMap<(UnixMs, u32), ProcessSample> = BTreeMap::new();
+    for row in &stored {
+        let p = rows::process(row)?;
+        merged.insert((row.get("ts_ms")?, p.pid), p);
+    }
+    let mut ticks = Vec::new();
+    packed_pages::<DB>(conn, Tier::Process, gpu.0, range, limit, |minute, value| {
+        let before = ticks.len();
+        ticks.extend(
+            (unpack_process(gpu.0, minute, value)?.into_iter())
+                .filter(|t| in_range(range, t.ts_ms))
+                .map(|t| (0, gpu.0, t)),
+        );
+        Ok(ticks.len() - before)
+    })
+    .await?;
+    if !ticks.is_empty() {
+        let table = ticks_table(&ticks);
+        let unpacked = sql::<DB>(
+            "join packed process ticks with their identities",
+            format!(
+                "SELECT {} FROM {} JOIN gpus g ON g.id = p.gpu_id {PROCESS_JOINS}",
+                process_cols(),
+                DB::DIALECT.over(&table, "p")
+            ),
+        )
+        .bind_table(table)
+        .all(&mut *conn)
+        .await?;
+        if unpacked.len() != ticks.len() {
+            return Err(StoreError::Corrupt(format!(
+                "packed process ticks of GPU {}: a lifetime is missing",
+                gpu.0
+            )));
+        }
+        for row in &unpacked {
+            let p = rows::process(row)?;
+            merged.entry((row.get("ts_ms")?, p.pid)).or_insert(p);
+        }
+    }
+    Ok(merged
+        .into_iter()
+        .take(limit)
+        .map(|((t, _), p)| (t, p))
+        .collect())
+}
+
+/// The packed process ticks of energy ranges (`(req, GPU id, from_ms, to_ms)`, times in
+/// `[from_ms, to_ms)`), as rows with the columns energy accounting reads of process
+/// samples (`req`, `ts_ms`, `pid`, `workload_id`, `process_type`, `sm_util_pct`,
+/// `gpu_mem_bytes`), ordered by request, time and pid.
+pub(crate) async fn energy_processes<DB: Backend>(
+    conn: &mut DB::Connection,
+    ranges: &[(GpuId, UnixMs, UnixMs)],
+) -> Result<Vec<DB::Row>, StoreError> {
+    let table = Table::default()
+        .int("req", 0..ranges.len() as i64)
+        .int("id", ranges.iter().map(|r| r.0.0))
+        .int("from_ms", ranges.iter().map(|r| r.1))
+        .int("to_ms", ranges.iter().map(|r| r.2));
+    let found = sql::<DB>(
+        "find packed process minutes for energy",
+        format!(
+            "SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {} \
+             JOIN packed_process_minutes p ON p.gpu_id = v.id \
+               AND p.minute_ms > v.from_ms - {MINUTE_MS} AND p.minute_ms < v.to_ms",
+            DB::DIALECT.over(&table, "v")
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    let mut ticks = Vec::new();
+    for row in &found {
+        let req = rows::request(row, ranges.len(), "packed energy read")?;
+        let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
+        let (_, from, to) = ranges[req];
+        let value: Vec<u8> = row.get("packed")?;
+        ticks.extend(
+            (unpack_process(gpu, minute, &value)?.into_iter())
+                .filter(|t| (from..to).contains(&t.ts_ms))
+                .map(|t| (req, gpu, t)),
+        );
+    }
+    if ticks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let table = ticks_table(&ticks);
+    let rows = sql::<DB>(
+        "join packed process ticks with their lifetimes",
+        format!(
+            "SELECT p.req, p.ts_ms, p.pid, l.workload_id, l.process_type, p.sm_util_pct, \
+               p.gpu_mem_bytes FROM {} JOIN process_lives l ON l.id = p.life_id \
+             ORDER BY p.req, p.ts_ms, p.pid",
+            DB::DIALECT.over(&table, "p")
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    if rows.len() != ticks.len() {
+        return Err(StoreError::Corrupt(
+            "packed process ticks: a lifetime is missing".into(),
+        ));
+    }
+    Ok(rows)
+}
+
+/// The minutes of a span that may be packed, each with the number of rows it must hold
+/// (`None`: any).
+type Ready = HashMap<UnixMs, Option<i64>>;
+
 impl<DB: Backend> SqlStore<DB> {
-    /// Packs the closed minutes of every node's host rows that end at or before
-    /// `before_ms` (see the module docs for which minutes qualify), oldest first, at most
-    /// `budget` minutes per call.
-    pub(crate) async fn pack_host_minutes(
+    /// Packs the closed minutes of every node's host rows and every GPU's process ticks
+    /// that end at or before `before_ms` (see the module docs for which minutes qualify),
+    /// oldest first, at most about `budget` minutes per call.
+    pub(crate) async fn pack_minutes(
         &self,
         before_ms: UnixMs,
         budget: usize,
     ) -> Result<PackOutcome, StoreError> {
-        let nodes = sql::<DB>(
-            "list the nodes whose host rows may be packed",
-            "SELECT n.id, p.done_to_ms, \
-               (SELECT max(s.ts_ms) FROM host_samples s WHERE s.node_id = n.id) AS newest \
-             FROM nodes n JOIN rollup_progress p ON p.kind = 'host' AND p.id = n.id \
-             ORDER BY n.id",
-        )
-        .all(&mut *self.conn().await?)
-        .await?;
         let mut out = PackOutcome::default();
-        for row in &nodes {
-            let (node, done): (i64, UnixMs) = (row.get("id")?, row.get("done_to_ms")?);
-            let Some(newest) = row.get::<Option<i64>>("newest")? else {
-                continue;
+        for tier in [Tier::Host, Tier::Process] {
+            let (op, text) = match tier {
+                Tier::Host => (
+                    "list the nodes whose host rows may be packed",
+                    "SELECT n.id, p.done_to_ms, \
+                       (SELECT max(s.ts_ms) FROM host_samples s WHERE s.node_id = n.id) AS newest \
+                     FROM nodes n JOIN rollup_progress p ON p.kind = 'host' AND p.id = n.id \
+                     ORDER BY n.id",
+                ),
+                Tier::Process => (
+                    "list the GPUs whose process ticks may be packed",
+                    "SELECT g.id, e.done_to_ms, \
+                       (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS newest \
+                     FROM gpus g JOIN energy_progress e ON e.gpu_id = g.id ORDER BY g.id",
+                ),
             };
-            let limit = minute_of(before_ms).min(done).min(minute_of(newest));
-            let mut from = UnixMs::MIN;
-            while out.minutes < budget {
-                match self.pack_span(node, from, limit).await? {
-                    Some((end, minutes, rows)) => {
-                        out.minutes += minutes;
-                        out.rows += rows;
-                        out.transactions += 1;
-                        from = end;
-                    }
-                    None => break,
+            let series = sql::<DB>(op, text).all(&mut *self.conn().await?).await?;
+            for row in &series {
+                let (id, done): (i64, UnixMs) = (row.get("id")?, row.get("done_to_ms")?);
+                let Some(newest) = row.get::<Option<i64>>("newest")? else {
+                    continue;
+                };
+                let limit = minute_of(before_ms).min(done).min(minute_of(newest));
+                let mut from = UnixMs::MIN;
+                while out.minutes < budget {
+                    let Some((end, packed)) = self.pack_span(tier, id, from, limit).await? else {
+                        break;
+                    };
+                    out.add(&packed);
+                    from = end;
                 }
             }
         }
         Ok(out)
     }
 
-    /// One transaction of [`SqlStore::pack_host_minutes`]: packs what qualifies of the
-    /// node's oldest unpacked minutes at or after `from` (at most [`SPAN_MINUTES`], all
-    /// before `limit`). Returns where the span ended, the minutes and rows packed; `None`
-    /// when no rows are left before `limit`.
+    /// One transaction of [`SqlStore::pack_minutes`]: packs what qualifies of the series'
+    /// oldest unpacked minutes at or after `from` (at most [`SPAN_MINUTES`], all before
+    /// `limit`). Returns where the span ended and what was packed; `None` when no rows are
+    /// left before `limit`.
     async fn pack_span(
         &self,
-        node: i64,
+        tier: Tier,
+        id: i64,
         from: UnixMs,
         limit: UnixMs,
-    ) -> Result<Option<(UnixMs, usize, u64)>, StoreError> {
-        let mut tx = self.begin_write("begin packing host minutes").await?;
-        lock_nodes::<DB>(tx.conn(), &BTreeSet::from([node])).await?;
+    ) -> Result<Option<(UnixMs, PackOutcome)>, StoreError> {
+        let mut tx = self.begin_write("begin packing minutes").await?;
+        lock::<DB>(tx.conn(), std::iter::once((tier, id))).await?;
         let first: Option<i64> = sql::<DB>(
-            "find the oldest unpacked host row",
-            "SELECT min(ts_ms) AS first FROM host_samples WHERE node_id = $1 AND ts_ms >= $2",
+            "find the oldest unpacked row",
+            format!(
+                "SELECT min(ts_ms) AS first FROM {} WHERE {} = $1 AND ts_ms >= $2",
+                tier.rows(),
+                tier.id()
+            ),
         )
-        .bind(node)
+        .bind(id)
         .bind(from)
         .one(tx.conn())
         .await?
@@ -306,94 +631,164 @@ impl<DB: Backend> SqlStore<DB> {
             return Ok(None);
         };
         let end = start.saturating_add(SPAN_MINUTES * MINUTE_MS).min(limit);
-        let read = |op, text: &str| {
-            sql::<DB>(op, text.to_owned())
-                .bind(node)
-                .bind(start)
-                .bind(end)
+        let read = |op, text: String| sql::<DB>(op, text).bind(id).bind(start).bind(end);
+        // The minutes that may be packed, with the number of rows each must hold (host:
+        // the rollup's count; process: any, once the energy minute counts the GPU
+        // samples the minute holds now).
+        let ready_sql = match tier {
+            Tier::Host => "SELECT minute_ms, samples AS want FROM host_minutes \
+                 WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms < $3"
+                .to_owned(),
+            Tier::Process => format!(
+                "SELECT e.minute_ms, CAST(NULL AS BIGINT) AS want FROM energy_gpu_minutes e \
+                 WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
+                   AND e.samples = (SELECT count(*) FROM gpu_samples s WHERE s.gpu_id = e.gpu_id \
+                     AND s.ts_ms >= e.minute_ms AND s.ts_ms < e.minute_ms + {MINUTE_MS})"
+            ),
+        };
+        let mut ready = Ready::new();
+        for row in &read("read which minutes may be packed", ready_sql)
+            .all(tx.conn())
+            .await?
+        {
+            ready.insert(row.get("minute_ms")?, row.get("want")?);
+        }
+        let qualifies = |minute: UnixMs, rows: usize| match ready.get(&minute) {
+            Some(Some(want)) => i64::try_from(rows).ok() == Some(*want),
+            Some(None) => true,
+            None => false,
+        };
+        let order = match tier {
+            Tier::Host => "ts_ms",
+            Tier::Process => "ts_ms, pid",
         };
         let stored = read(
-            "read host rows to pack",
-            "SELECT * FROM host_samples WHERE node_id = $1 AND ts_ms >= $2 AND ts_ms < $3 \
-             ORDER BY ts_ms",
-        )
-        .all(tx.conn())
-        .await?;
-        let counted = read(
-            "read the rollup counts of host minutes to pack",
-            "SELECT minute_ms, samples FROM host_minutes \
-             WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms < $3",
+            "read rows to pack",
+            format!(
+                "SELECT * FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 ORDER BY {order}",
+                tier.rows(),
+                tier.id()
+            ),
         )
         .all(tx.conn())
         .await?;
         let earlier = read(
-            "read packed host minutes to merge",
-            "SELECT minute_ms, packed FROM packed_host_minutes \
-             WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms < $3",
+            "read packed minutes to merge",
+            format!(
+                "SELECT minute_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
+                 AND minute_ms < $3",
+                tier.packed(),
+                tier.id()
+            ),
         )
         .all(tx.conn())
         .await?;
-        let mut minutes: BTreeMap<UnixMs, Vec<HostRow>> = BTreeMap::new();
-        for row in &stored {
-            let r = rows::host(row)?;
-            minutes.entry(minute_of(r.time_ms)).or_default().push(r);
-        }
-        let mut counts = HashMap::new();
-        for row in &counted {
-            counts.insert(row.get::<i64>("minute_ms")?, row.get::<i64>("samples")?);
-        }
-        let mut packed_before = HashMap::new();
-        for row in &earlier {
-            let minute: UnixMs = row.get("minute_ms")?;
-            packed_before.insert(
-                minute,
-                unpack(node, minute, &row.get::<Vec<u8>>("packed")?)?,
-            );
-        }
-        let (mut packed_minutes, mut moved) = (0, 0);
-        for (minute, rows) in minutes {
-            // Only a minute whose rollup agrees with its rows: one with late rows is
-            // recomputed first.
-            if counts.get(&minute).copied() != i64::try_from(rows.len()).ok() {
-                continue;
+        let mut values = Vec::new();
+        match tier {
+            Tier::Host => {
+                let mut minutes: BTreeMap<UnixMs, Vec<HostRow>> = BTreeMap::new();
+                for row in &stored {
+                    let r = rows::host(row)?;
+                    minutes.entry(minute_of(r.time_ms)).or_default().push(r);
+                }
+                let mut before = HashMap::new();
+                for row in &earlier {
+                    let m: UnixMs = row.get("minute_ms")?;
+                    before.insert(m, unpack_host(id, m, &row.get::<Vec<u8>>("packed")?)?);
+                }
+                for (minute, rows) in minutes {
+                    // Only a minute whose rollup agrees with its rows: one with late rows
+                    // is recomputed first.
+                    if !qualifies(minute, rows.len()) {
+                        continue;
+                    }
+                    let n = rows.len() as u64;
+                    let mut all: BTreeMap<UnixMs, HostRow> = BTreeMap::new();
+                    for r in before.remove(&minute).into_iter().flatten().chain(rows) {
+                        all.entry(r.time_ms).or_insert(r);
+                    }
+                    let all: Vec<HostRow> = all.into_values().collect();
+                    match packed::host::pack(&all) {
+                        Ok(v) => values.push((minute, v, n)),
+                        Err(PackError::TooLarge(_)) => {} // stays in rows
+                        Err(e) => return Err(corrupt(tier, id, minute)(e)),
+                    }
+                }
             }
-            let mut all: BTreeMap<UnixMs, HostRow> = BTreeMap::new();
-            for r in packed_before
-                .remove(&minute)
-                .into_iter()
-                .flatten()
-                .chain(rows)
-            {
-                all.entry(r.time_ms).or_insert(r);
+            Tier::Process => {
+                let mut minutes: BTreeMap<UnixMs, Vec<ProcessTick>> = BTreeMap::new();
+                for row in &stored {
+                    let t = process_tick(row)?;
+                    minutes.entry(minute_of(t.ts_ms)).or_default().push(t);
+                }
+                let mut before = HashMap::new();
+                for row in &earlier {
+                    let m: UnixMs = row.get("minute_ms")?;
+                    before.insert(m, unpack_process(id, m, &row.get::<Vec<u8>>("packed")?)?);
+                }
+                for (minute, ticks) in minutes {
+                    // Only a minute whose energy was computed from the GPU samples it
+                    // holds now: one with late samples is recomputed first.
+                    if !qualifies(minute, ticks.len()) {
+                        continue;
+                    }
+                    let n = ticks.len() as u64;
+                    let mut all: BTreeMap<(UnixMs, u32), ProcessTick> = BTreeMap::new();
+                    for t in before.remove(&minute).into_iter().flatten().chain(ticks) {
+                        all.entry((t.ts_ms, t.pid)).or_insert(t);
+                    }
+                    let all: Vec<ProcessTick> = all.into_values().collect();
+                    match packed::process::pack(&all) {
+                        Ok(v) => values.push((minute, v, n)),
+                        Err(PackError::TooLarge(_)) => {}
+                        Err(e) => return Err(corrupt(tier, id, minute)(e)),
+                    }
+                }
             }
-            let all: Vec<HostRow> = all.into_values().collect();
-            let value = match packed::host::pack(&all) {
-                Ok(v) => v,
-                Err(PackError::TooLarge(_)) => continue, // stays in rows
-                Err(e) => return Err(corrupt(node, minute)(e)),
-            };
+        }
+        let mut out = PackOutcome {
+            transactions: 1,
+            ..PackOutcome::default()
+        };
+        for (minute, value, n) in values {
             sql::<DB>(
-                "store a packed host minute",
-                "INSERT INTO packed_host_minutes (node_id, minute_ms, packed) VALUES ($1, $2, $3) \
-                 ON CONFLICT (node_id, minute_ms) DO UPDATE SET packed = excluded.packed",
+                "store a packed minute",
+                format!(
+                    "INSERT INTO {} ({}, minute_ms, packed) VALUES ($1, $2, $3) \
+                     ON CONFLICT ({}, minute_ms) DO UPDATE SET packed = excluded.packed",
+                    tier.packed(),
+                    tier.id(),
+                    tier.id()
+                ),
             )
-            .bind(node)
+            .bind(id)
             .bind(minute)
             .bind(&value)
             .execute(tx.conn())
             .await?;
-            moved += sql::<DB>(
-                "delete packed host rows",
-                "DELETE FROM host_samples WHERE node_id = $1 AND ts_ms >= $2 AND ts_ms < $3",
+            let moved = sql::<DB>(
+                "delete packed rows",
+                format!(
+                    "DELETE FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3",
+                    tier.rows(),
+                    tier.id()
+                ),
             )
-            .bind(node)
+            .bind(id)
             .bind(minute)
             .bind(minute + MINUTE_MS)
             .execute(tx.conn())
             .await?;
-            packed_minutes += 1;
+            if moved != n {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: {moved} rows of {id} at minute {minute} deleted, {n} packed",
+                    tier.rows()
+                )));
+            }
+            out.minutes += 1;
+            out.rows += moved;
         }
-        tx.commit("commit packed host minutes").await?;
-        Ok(Some((end, packed_minutes, moved)))
+        tx.commit("commit packed minutes").await?;
+        Ok(Some((end, out)))
     }
 }

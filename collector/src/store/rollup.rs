@@ -249,9 +249,10 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
         batch_rows: usize,
     ) -> Result<RetentionOutcome, StoreError>;
 
-    /// Packs the closed minutes of host rows that end at or before `before_ms`, behind
-    /// the rollup watermarks, at most about `budget` minutes per call (see
-    /// `store::packing`): what was stored stays answerable, row for row.
+    /// Packs the closed minutes of host rows and process ticks that end at or before
+    /// `before_ms`, behind the rollup (host) and energy (process) watermarks, at most
+    /// about `budget` minutes per call (see `store::packing`): what was stored stays
+    /// answerable, row for row.
     async fn pack_closed_minutes(
         &self,
         before_ms: UnixMs,
@@ -491,6 +492,17 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("gpu_id", id_value));
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
+                    // The horizon is a minute boundary: a packed minute is wholly behind it
+                    // or not at all.
+                    self.delete_before(
+                        "packed_process_minutes",
+                        "minute_ms",
+                        id,
+                        horizon,
+                        batch,
+                        out,
+                    )
+                    .await?;
                     // Health rows go with the raw samples; the newest before the horizon
                     // stays, so the live state is seeded with the GPU's last health.
                     self.delete_keeping_newest("gpu_health", id_value, horizon, batch, out)
@@ -729,7 +741,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         before_ms: UnixMs,
         budget: usize,
     ) -> Result<super::PackOutcome, StoreError> {
-        self.pack_host_minutes(before_ms, budget).await
+        self.pack_minutes(before_ms, budget).await
     }
 
     async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError> {

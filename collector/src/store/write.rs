@@ -348,7 +348,7 @@ impl<DB: Backend> SqlStore<DB> {
             let mut tx = self.begin_write("begin a write transaction").await?;
             // Packed minutes this write falls in become rows again before anything is
             // compared or inserted.
-            super::packing::reopen_host_minutes::<DB>(tx.conn(), batches, &skip).await?;
+            super::packing::reopen_minutes::<DB>(tx.conn(), batches, &skip).await?;
             if checked {
                 let found = conflicts_of::<DB>(tx.conn(), batches, &skip, None).await?;
                 skip.extend(found.iter().map(|c| c.index));

@@ -1317,6 +1317,109 @@ mod contract {
         assert_eq!(read(ALL_TIME).await, kept);
     }
 
+    /// Closed minutes of process ticks are packed once energy-accounted, and read back
+    /// exactly (process samples with their identities, energy inputs); a late tick
+    /// reopens its minute, which waits for its energy to be recomputed; recomputing energy
+    /// over packed minutes changes nothing and `check-energy` passes; retention deletes
+    /// packed minutes behind the raw horizon.
+    pub async fn process_ticks_are_packed_and_energy_stays_exact(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(
+            &store,
+            "node-q",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let gpus = ["GPU-a", "GPU-b"];
+        let mut ticks = batch(1, T0, 300, &gpus).ticks;
+        // Processes come and go: none at some ticks, a third one for a while.
+        for (k, t) in ticks.iter_mut().enumerate() {
+            if k % 17 == 3 {
+                t.processes.clear();
+            } else if (100..160).contains(&k) {
+                let mut extra = t.processes[0].clone();
+                extra.pid = 5000;
+                extra.sm_util_pct = None;
+                extra.gpu_mem_bytes = Some(k as u64 * 1_000_003);
+                t.processes.push(extra);
+            }
+        }
+        ticks.push(common::tick(T0 + HOUR, &gpus, 1));
+        write(&store, &rec, 1, ticks).await;
+        let now = T0 + 2 * HOUR;
+        let energy = EnergyOptions::default();
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let ids: Vec<GpuId> = rec.gpus.iter().map(|g| g.id).collect();
+        let reads = |store: Arc<dyn Store>, ids: Vec<GpuId>| async move {
+            let mut out = Vec::new();
+            for g in ids {
+                let p = store
+                    .process_samples(g, ALL_TIME, 100_000)
+                    .await
+                    .expect("p");
+                let e = (store.energy_inputs(g, T0, T0 + 2 * HOUR).await).expect("e");
+                let mid = TimeRange {
+                    from_ms: T0 + 70_500,
+                    to_ms: T0 + 200_000,
+                };
+                let some = store.process_samples(g, mid, 77).await.expect("p");
+                out.push(format!("{p:?}\n{e:?}\n{some:?}"));
+            }
+            out
+        };
+        let before = reads(store.clone(), ids.clone()).await;
+        let totals = accounted(&store, &rec).await;
+        assert!(before[0].contains("pid: 5000"));
+
+        let out = r.pack(now).await.expect("pack");
+        assert_eq!(out.minutes, 5 + 2 * 5, "host and process minutes: {out:?}");
+        assert_eq!(reads(store.clone(), ids.clone()).await, before);
+
+        // A late tick of GPU-a in minute 1: its process minute (and the node's host minute)
+        // become rows again, and wait for the energy (and rollup) recomputation.
+        let late = common::tick(T0 + MIN + 250, &["GPU-a"], 9);
+        write(&store, &rec, 2, vec![late.clone()]).await;
+        let p = (store.process_samples(ids[0], ALL_TIME, 100_000).await).expect("p");
+        assert!(p.iter().any(|(t, _)| *t == late.time_ms));
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
+        acc.mark(ids[0], late.time_ms);
+        acc.pass().await.expect("account");
+        r.mark(RollupKey::gpu(ids[0]), late.time_ms);
+        r.mark(RollupKey::host(rec.id), late.time_ms);
+        r.pass().await.expect("roll up");
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 2);
+        let with_late = reads(store.clone(), ids.clone()).await;
+        assert_ne!(with_late[0], before[0]);
+        assert_eq!(with_late[1], before[1]);
+        let totals_late = accounted(&store, &rec).await;
+        assert_ne!(totals_late, totals);
+
+        // Energy recomputed from the packed minutes is what it was.
+        accountant::recompute(store.as_ref(), ALL_TIME, &energy)
+            .await
+            .expect("recompute");
+        assert_eq!(accounted(&store, &rec).await, totals_late);
+        let report = energy_check::check(store.as_ref(), ALL_TIME)
+            .await
+            .expect("check");
+        assert_eq!(report.violations, vec![]);
+
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + 3 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(
+            out.deleted.get("packed_process_minutes"),
+            Some(&6),
+            "{out:?}"
+        );
+        let left = (store.process_samples(ids[1], ALL_TIME, 100_000).await).expect("p");
+        assert_eq!(left.first().map(|p| p.0), Some(T0 + 3 * MIN));
+    }
+
     pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
         store: Arc<dyn Store>,
     ) {
@@ -2450,6 +2553,7 @@ macro_rules! contract_tests {
                 rollups_are_incremental_and_late_data_is_recomputed,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
+                process_ticks_are_packed_and_energy_stays_exact,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
                 waste_minutes_read_idle_candidates_with_their_price,
