@@ -6,11 +6,12 @@
 //! then writes more ticks to both, and B must find the lifetimes it converted rather than
 //! store them again.
 //!
-//! Migration 0026 (packed host minutes) adds a table and converts nothing itself: a
-//! database at the schema before it opens with every host row in place, and the rollup
-//! task then packs its closed minutes without changing one answer.
+//! Migration 0026 (packed minutes) adds tables and converts nothing itself: a database at
+//! the schema before it opens with every row in place, and the rollup task then packs its
+//! closed minutes (host rows, process ticks) without changing one answer.
 
 use crate::common::*;
+use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::{self, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
@@ -300,7 +301,7 @@ async fn postgres_database_before_process_lives_is_converted_without_losing_a_sa
     b.close().await;
 }
 
-/// The last migration before packed host minutes.
+/// The last migration before packed minutes.
 const BEFORE_PACKED: i64 = 25;
 
 /// The tables of a database at [`BEFORE_PACKED`] that hold the written ticks.
@@ -326,34 +327,44 @@ fn five_minutes() -> Vec<Tick> {
     out
 }
 
-/// B (converted from A's rows) answers A's host rows, before and after its rollup task
-/// packed its closed minutes.
+/// Host rows and process samples of a store, as read.
+async fn raw_answers(s: &Arc<dyn Store>, node: &NodeRecord) -> String {
+    let mut out = format!(
+        "{:?}",
+        s.host_samples(node.id, ALL, 10_000).await.expect("h")
+    );
+    for g in &node.gpus {
+        let p = s.process_samples(g.id, ALL, 10_000).await.expect("p");
+        out += &format!("\n{p:?}");
+    }
+    out
+}
+
+/// B (converted from A's rows) answers A's host rows and process samples, before and
+/// after its accountant and rollup task ran and its closed minutes were packed.
 async fn host_rows_survive_packing(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node: &NodeRecord) {
     let before = a.host_samples(node.id, ALL, 10_000).await.expect("A");
     assert_eq!(before.len(), 301);
-    assert_eq!(
-        b.host_samples(node.id, ALL, 10_000).await.expect("B"),
-        before
-    );
+    let answers = raw_answers(a, node).await;
+    assert_eq!(raw_answers(b, node).await, answers);
     let now = T0 + 3 * 3_600_000;
-    let mut r = Rollups::new(
-        b.clone(),
-        RetentionOptions::default(),
-        Arc::new(move || now),
-    );
+    let clock: gpufleet_collector::live::status::Clock = Arc::new(move || now);
+    Accountant::new(b.clone(), EnergyOptions::default(), clock.clone())
+        .pass()
+        .await
+        .expect("account");
+    let mut r = Rollups::new(b.clone(), RetentionOptions::default(), clock);
     r.pass().await.expect("roll up");
     let out = r.pack(now).await.expect("pack");
-    assert_eq!((out.minutes, out.rows), (5, 300), "{out:?}");
-    assert_eq!(
-        b.host_samples(node.id, ALL, 10_000).await.expect("B"),
-        before
-    );
+    // Five host minutes; five process minutes of each GPU.
+    assert_eq!(out.minutes, 5 + 2 * 5, "{out:?}");
+    assert_eq!(raw_answers(b, node).await, answers);
     let latest = b.latest_host_samples().await.expect("latest");
     assert_eq!(latest[0].time_ms, T0 + 7 * 60_000);
 }
 
 #[tokio::test]
-async fn sqlite_database_before_packed_host_minutes_opens_and_is_packed_without_loss() {
+async fn sqlite_database_before_packed_minutes_opens_and_is_packed_without_loss() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (a_path, b_path) = (dir.path().join("a.db"), dir.path().join("b.db"));
     let b_url = format!("sqlite://{}", b_path.display());
@@ -387,7 +398,7 @@ async fn sqlite_database_before_packed_host_minutes_opens_and_is_packed_without_
 }
 
 #[tokio::test]
-async fn postgres_database_before_packed_host_minutes_opens_and_is_packed_without_loss() {
+async fn postgres_database_before_packed_minutes_opens_and_is_packed_without_loss() {
     let (a_schema, b_schema) = (PgSchema::create().await, PgSchema::create().await);
     let a = store::open(&a_schema.url()).await.expect("open A");
     let node = register_gpus(&a, "n1", &GPUS, T0).await;
