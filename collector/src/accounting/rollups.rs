@@ -71,7 +71,7 @@ impl Default for RetentionOptions {
             batch_rows: 5_000,
             recheck_window: Duration::from_secs(600),
             pack_after: Duration::from_secs(3600),
-            pack_period: Duration::from_secs(60),
+            pack_period: Duration::from_secs(600),
             pack_budget: 20_000,
         }
     }

@@ -223,6 +223,14 @@ pub trait Backend: Database<Row: Get> + Sized {
     /// The part of raw retention a backend does wholesale once the horizons are raised
     /// (PostgreSQL drops day partitions); returns what it dropped.
     async fn drop_expired_raw(store: &SqlStore<Self>) -> Result<Vec<String>, StoreError>;
+
+    /// After packing closed minutes older than `before_ms`: what the backend frees
+    /// wholesale (PostgreSQL drops the process and host day partitions packing emptied;
+    /// SQLite reuses freed pages by itself). Returns what it dropped.
+    async fn drop_emptied_raw(
+        store: &SqlStore<Self>,
+        before_ms: gpufleet_core::UnixMs,
+    ) -> Result<Vec<String>, StoreError>;
 }
 
 /// A value a shared query can bind on either backend.

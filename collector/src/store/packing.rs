@@ -46,6 +46,8 @@ pub struct PackOutcome {
     pub rows: u64,
     /// Transactions committed.
     pub transactions: usize,
+    /// Raw partitions packing emptied, dropped (PostgreSQL).
+    pub partitions_dropped: Vec<String>,
 }
 
 impl PackOutcome {
@@ -597,6 +599,7 @@ impl<DB: Backend> SqlStore<DB> {
                 }
             }
         }
+        out.partitions_dropped = DB::drop_emptied_raw(self, minute_of(before_ms)).await?;
         Ok(out)
     }
 

@@ -16,7 +16,9 @@
 //! of failing. The days known to exist are cached; a write that finds a partition missing
 //! anyway (another collector dropped it) clears the cache and is redone once.
 //! [`PgStore::drop_raw_before`] is retention: whole partitions are dropped, never rows
-//! deleted.
+//! deleted. [`PgStore::drop_emptied_raw`] drops the process and host partitions of past
+//! days that packing emptied (a past day's partition never reuses the space of its
+//! deleted rows).
 
 use super::backend::{Backend, Dialect, Get as _, Table, Value, run, sql};
 use super::lease::{self, Lease};
@@ -172,6 +174,69 @@ impl SqlStore<Postgres> {
                 })
             })
             .collect()
+    }
+
+    /// Drops the process and host partitions of days that ended at or before `before_ms`
+    /// and that packing emptied (every minute of them packed): the space of rows deleted
+    /// from a past day's partition is never reused, so this is how packing frees disk.
+    /// Each emptied partition is locked before it is checked again and dropped, so rows
+    /// written into it meanwhile (late data) keep it; a partition busy for more than a
+    /// moment is left for the next call. Returns the names dropped.
+    pub async fn drop_emptied_raw(&self, before_ms: UnixMs) -> Result<Vec<String>, StoreError> {
+        let mut dropped = Vec::new();
+        let old = self
+            .raw_partitions()
+            .await?
+            .into_iter()
+            .filter(|p| p.table != "gpu_samples" && p.to_ms.is_some_and(|to| to <= before_ms));
+        for p in old {
+            let name = format!("\"{}\"", p.name.replace('"', "\"\""));
+            let empty = format!("SELECT NOT EXISTS (SELECT 1 FROM {name}) AS empty");
+            let is_empty = |row: sqlx::postgres::PgRow| row.get::<bool>("empty");
+            let first = sqlx::query(AssertSqlSafe(empty.clone()))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(q("look into a raw partition"))?;
+            if !is_empty(first)? {
+                continue;
+            }
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(q("begin dropping an emptied partition"))?;
+            lock_partitions(&mut tx).await?;
+            let locked = sqlx::raw_sql(AssertSqlSafe(format!(
+                "SET LOCAL lock_timeout = '2s'; LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"
+            )))
+            .execute(&mut *tx)
+            .await;
+            if locked.is_err() {
+                continue; // busy: the transaction rolls back; next time
+            }
+            let again = sqlx::query(AssertSqlSafe(empty))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(q("look into a raw partition"))?;
+            if !is_empty(again)? {
+                continue;
+            }
+            sqlx::query(AssertSqlSafe(format!("DROP TABLE {name}")))
+                .execute(&mut *tx)
+                .await
+                .map_err(q("drop an emptied partition"))?;
+            tx.commit().await.map_err(q("commit a dropped partition"))?;
+            if let Some(from) = p.from_ms {
+                (self
+                    .local
+                    .days
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner))
+                .remove(&from.div_euclid(DAY_MS));
+            }
+            dropped.push(p.name);
+        }
+        Ok(dropped)
     }
 
     /// Retention of raw samples: drops every raw partition that ends at or before
@@ -409,6 +474,13 @@ impl Backend for Postgres {
             }
             other => other,
         }
+    }
+
+    async fn drop_emptied_raw(
+        store: &PgStore,
+        before_ms: UnixMs,
+    ) -> Result<Vec<String>, StoreError> {
+        store.drop_emptied_raw(before_ms).await
     }
 
     async fn try_lead(store: &PgStore, job: &str) -> Result<Option<Lease>, StoreError> {

@@ -154,6 +154,13 @@ impl Backend for Sqlite {
         store.write_rounds(batches).await
     }
 
+    async fn drop_emptied_raw(
+        _: &SqliteStore,
+        _: gpufleet_core::UnixMs,
+    ) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
+
     async fn try_lead(store: &SqliteStore, job: &str) -> Result<Option<Lease>, StoreError> {
         match &store.local.leases {
             Leases::File(db) => lease::file(db, job),

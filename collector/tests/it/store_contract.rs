@@ -2672,6 +2672,111 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
 
 /// Batches for days without a partition get one on demand (a day long past and one in the
 /// future); retention drops whole days before the cutoff and nothing newer.
+/// Packing empties a past day's process and host partitions: they are dropped (the space
+/// of deleted rows in a past partition is never reused), the day's GPU partition stays,
+/// every answer stays, and late data for the day brings its partitions back.
+#[tokio::test]
+async fn postgres_partitions_emptied_by_packing_are_dropped() {
+    use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
+    use gpufleet_collector::store::postgres::{DAY_MS, PgStore};
+    const HOUR: i64 = 3_600_000;
+    let schema = PgSchema::create().await;
+    let store: Arc<dyn Store> = Arc::new(PgStore::open(&schema.url()).await.expect("open"));
+    let rec = store
+        .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
+        .await
+        .expect("register");
+    let gpu = rec.gpus[0].id;
+    // The last three minutes of T0's day (2027-01-15), and a tick in the next day's
+    // second minute: the newest, which stays a row.
+    let end = T0 - T0.rem_euclid(DAY_MS) + DAY_MS;
+    let mut ticks = batch(1, end - 3 * 60_000, 180, &["GPU-a"]).ticks;
+    ticks.push(common::tick(end + 60_000, &["GPU-a"], 1));
+    let b = Batch {
+        seq: 1,
+        ticks,
+        delivery: DeliveryStats::default(),
+    };
+    store
+        .write_batches(&[node_batch(&rec, b)])
+        .await
+        .expect("write");
+    let reads = || async {
+        format!(
+            "{:?}\n{:?}",
+            store.host_samples(rec.id, ALL_TIME, 1000).await.expect("h"),
+            store.process_samples(gpu, ALL_TIME, 1000).await.expect("p")
+        )
+    };
+    let before = reads().await;
+    let now = end + 3 * HOUR;
+    Accountant::new(
+        store.clone(),
+        EnergyOptions::default(),
+        contract::clock_at(now),
+    )
+    .pass()
+    .await
+    .expect("account");
+    let mut r = contract::rollups(&store, now);
+    r.pass().await.expect("roll up");
+    let out = r.pack(now).await.expect("pack");
+    assert_eq!(out.minutes, 3 + 3, "{out:?}");
+    for name in ["host_samples_p20270115", "process_samples_p20270115"] {
+        assert!(out.partitions_dropped.iter().any(|n| n == name), "{out:?}");
+    }
+    assert!(
+        !(out.partitions_dropped.iter()).any(|n| n.starts_with("gpu_samples")),
+        "{out:?}"
+    );
+    assert_eq!(reads().await, before);
+    let partitions = || async {
+        let pg = PgStore::open(&schema.url()).await.expect("reopen");
+        let names: Vec<String> = (pg.raw_partitions().await.expect("partitions"))
+            .into_iter()
+            .map(|p| p.name)
+            .collect();
+        pg.close().await;
+        names
+    };
+    let names = partitions().await;
+    assert!(
+        names.iter().any(|n| n == "gpu_samples_p20270115"),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n == "host_samples_p20270115"),
+        "{names:?}"
+    );
+
+    // A late tick in a packed minute of that day: the partitions come back, its minute is
+    // unpacked into them, and every answer has the late tick too.
+    let late = common::tick(end - 90_500, &["GPU-a"], 5);
+    write_ticks(&store, &rec, 2, vec![late.clone()]).await;
+    let names = partitions().await;
+    assert!(
+        names.iter().any(|n| n == "host_samples_p20270115"),
+        "{names:?}"
+    );
+    let hosts = store.host_samples(rec.id, ALL_TIME, 1000).await.expect("h");
+    assert_eq!(hosts.len(), 182);
+    assert!(hosts.iter().any(|h| h.time_ms == late.time_ms));
+    let procs = store.process_samples(gpu, ALL_TIME, 1000).await.expect("p");
+    assert!(procs.iter().any(|p| p.0 == late.time_ms));
+    // Its minute waits for its recomputation: the partitions hold rows and stay.
+    let out = r.pack(now).await.expect("pack");
+    assert_eq!(out.minutes, 0, "{out:?}");
+    assert!(
+        !(out.partitions_dropped.iter()).any(|n| n.ends_with("_p20270115")),
+        "{out:?}"
+    );
+    assert_eq!(
+        store.host_samples(rec.id, ALL_TIME, 1000).await.expect("h"),
+        hosts
+    );
+    store.close().await;
+}
+
 #[tokio::test]
 async fn postgres_partitions_are_created_on_demand_and_dropped_by_day() {
     use gpufleet_collector::store::postgres::{DAY_MS, PgStore};
