@@ -253,49 +253,52 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     let mut host = Vec::new();
     let mut process = Vec::new();
     let mut reopened = Vec::new();
-    for tier in [Tier::Host, Tier::Process] {
-        let spans: Vec<(i64, UnixMs, UnixMs)> = (wanted.iter())
-            .filter(|((t, _), _)| *t == tier)
-            .filter_map(|((_, id), m)| Some((*id, *m.first()?, *m.last()?)))
-            .collect();
-        if spans.is_empty() {
-            continue;
-        }
-        let table = Table::default()
-            .int("id", spans.iter().map(|s| s.0))
-            .int("from_ms", spans.iter().map(|s| s.1))
-            .int("to_ms", spans.iter().map(|s| s.2));
-        let found = sql::<DB>(
-            "find packed minutes a write falls in",
-            format!(
-                "SELECT p.{id} AS id, p.minute_ms, p.packed FROM {} \
-                 JOIN {packed} p ON p.{id} = v.id AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
-                DB::DIALECT.over(&table, "v"),
-                id = tier.id(),
-                packed = tier.packed(),
-            ),
+    // Both tiers in one statement: per series the span of minutes written.
+    let spans: Vec<(Tier, i64, UnixMs, UnixMs)> = (wanted.iter())
+        .filter_map(|((tier, id), m)| Some((*tier, *id, *m.first()?, *m.last()?)))
+        .collect();
+    let table = Table::default()
+        .int("tier", spans.iter().map(|s| s.0 as i64))
+        .int("id", spans.iter().map(|s| s.1))
+        .int("from_ms", spans.iter().map(|s| s.2))
+        .int("to_ms", spans.iter().map(|s| s.3));
+    let select = |tier: Tier| {
+        format!(
+            "SELECT {t} AS tier, p.{id} AS id, p.minute_ms, p.packed FROM {v} \
+             JOIN {packed} p ON v.tier = {t} AND p.{id} = v.id \
+               AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
+            t = tier as i64,
+            v = DB::DIALECT.over(&table, "v"),
+            id = tier.id(),
+            packed = tier.packed(),
         )
+    };
+    let text = format!("{} UNION ALL {}", select(Tier::Host), select(Tier::Process));
+    let found = sql::<DB>("find packed minutes a write falls in", text)
         .bind_table(table)
         .all(&mut *conn)
         .await?;
-        for row in &found {
-            let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
-            if !wanted.get(&(tier, id)).is_some_and(|m| m.contains(&minute)) {
-                continue;
-            }
-            let value: Vec<u8> = row.get("packed")?;
-            match tier {
-                Tier::Host => {
-                    let rows = unpack_host(id, minute, &value)?;
-                    host.extend(rows.into_iter().map(|r| (id, r)));
-                }
-                Tier::Process => {
-                    let ticks = unpack_process(id, minute, &value)?;
-                    process.extend(ticks.into_iter().map(|t| (id, t)));
-                }
-            }
-            reopened.push((tier, id, minute));
+    for row in &found {
+        let tier = match row.get::<i64>("tier")? {
+            t if t == Tier::Host as i64 => Tier::Host,
+            _ => Tier::Process,
+        };
+        let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
+        if !wanted.get(&(tier, id)).is_some_and(|m| m.contains(&minute)) {
+            continue;
         }
+        let value: Vec<u8> = row.get("packed")?;
+        match tier {
+            Tier::Host => {
+                let rows = unpack_host(id, minute, &value)?;
+                host.extend(rows.into_iter().map(|r| (id, r)));
+            }
+            Tier::Process => {
+                let ticks = unpack_process(id, minute, &value)?;
+                process.extend(ticks.into_iter().map(|t| (id, t)));
+            }
+        }
+        reopened.push((tier, id, minute));
     }
     if reopened.is_empty() {
         return Ok(0);
