@@ -639,8 +639,11 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<Tick>, StoreError> {
-        if DB::SHARED {
-            // The follower's five queries (a collector sharing the database asks often).
+        // The follower's five queries (a collector sharing the database asks often); they
+        // read rows only, so not over packed minutes.
+        let rows_only = DB::SHARED
+            && !super::packing::any_packed::<DB>(&mut *self.conn().await?, node, range).await?;
+        if rows_only {
             let mut ticks = follow::nodes_ticks(self, &[(node, range)], limit).await?;
             return Ok(ticks.pop().unwrap_or_default());
         }

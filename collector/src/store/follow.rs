@@ -4,6 +4,8 @@
 //! The requests travel as request rows ([`Dialect::request_rows`](super::backend::Dialect::request_rows));
 //! each GPU's or node's rows are found through its primary key, and a window keeps each
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
+//! It reads the row tables only: the live follower asks for the newest ticks, and minutes
+//! are packed an hour after they close (`node_ticks` reads packed ranges another way).
 
 use super::backend::{Backend, Get, Table, sql};
 use super::rows::{

@@ -27,7 +27,7 @@ use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
 use super::rows::{self, PROCESS_JOINS, process_cols, to_i64};
 use super::write::{HostTick, ProcessRow, Samples};
-use super::{GpuId, HostRow, NodeBatch, NodeId, SqlStore, StoreError, TimeRange};
+use super::{GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use gpufleet_core::{ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -401,6 +401,28 @@ pub(crate) async fn host_rows<DB: Backend>(
     })
     .await?;
     Ok(merged.into_values().take(limit).collect())
+}
+
+/// Whether any minute of `node`'s host rows or of its GPUs' process ticks in `range` is
+/// packed.
+pub(crate) async fn any_packed<DB: Backend>(
+    conn: &mut DB::Connection,
+    node: &NodeRecord,
+    range: TimeRange,
+) -> Result<bool, StoreError> {
+    let found = sql::<DB>(
+        "look for packed minutes of a node",
+        "SELECT 1 AS found FROM packed_host_minutes \
+           WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 \
+         UNION ALL SELECT 1 AS found FROM packed_process_minutes p JOIN gpus g ON g.id = p.gpu_id \
+           WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 LIMIT 1",
+    )
+    .bind(node.id.0)
+    .bind(minute_of(range.from_ms))
+    .bind(range.to_ms)
+    .all(conn)
+    .await?;
+    Ok(!found.is_empty())
 }
 
 /// Packed ticks as a FROM item `p` with `process_samples`' columns (and `req`: each

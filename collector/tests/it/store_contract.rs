@@ -1373,10 +1373,16 @@ mod contract {
         let before = reads(store.clone(), ids.clone()).await;
         let totals = accounted(&store, &rec).await;
         assert!(before[0].contains("pid: 5000"));
+        let ticks_before = store.node_ticks(&rec, ALL_TIME, 1000).await.expect("ticks");
 
         let out = r.pack(now).await.expect("pack");
         assert_eq!(out.minutes, 5 + 2 * 5, "host and process minutes: {out:?}");
         assert_eq!(reads(store.clone(), ids.clone()).await, before);
+        let ticks = store.node_ticks(&rec, ALL_TIME, 1000).await.expect("ticks");
+        assert_eq!(
+            ticks, ticks_before,
+            "a node's ticks, processes and host rows included"
+        );
 
         // A late tick of GPU-a in minute 1: its process minute (and the node's host minute)
         // become rows again, and wait for the energy (and rollup) recomputation.
