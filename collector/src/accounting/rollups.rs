@@ -323,10 +323,13 @@ pub fn spawn(
                 _ = ticker.tick() => {
                     if let Err(e) = rollups.pass().await {
                         warn!(error = %e, "rollup pass failed; retrying next period");
-                    } else if let Err(e) = rollups.expire_if_due().await {
-                        warn!(error = %e, "retention failed; retrying next period");
-                    } else if let Err(e) = rollups.pack_if_due().await {
-                        warn!(error = %e, "packing closed minutes failed; retrying next period");
+                    } else {
+                        if let Err(e) = rollups.expire_if_due().await {
+                            warn!(error = %e, "retention failed; retrying next period");
+                        }
+                        if let Err(e) = rollups.pack_if_due().await {
+                            warn!(error = %e, "packing closed minutes failed; retrying next period");
+                        }
                     }
                 }
                 msg = rx.recv() => match msg {

@@ -672,7 +672,9 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         }
         let d = DB::DIALECT;
         let cte = d.request_rows(&range_rows(ranges));
-        let mut conn = self.conn().await?;
+        // One snapshot: a write reopening a packed minute between two of these reads
+        // must not leave its processes out of both.
+        let mut conn = self.read_snapshot("read energy inputs").await?;
         let read = |op, body: String| {
             sql::<DB>(op, format!("{cte} {body}")).bind_table(range_rows(ranges))
         };
@@ -731,6 +733,7 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             list.dedup_by_key(|(t, pid, _)| (*t, *pid));
             attach_processes(&mut out[i].samples, list.into_iter().map(|(_, _, r)| r))?;
         }
+        super::end_read(conn, "read energy inputs").await?;
         Ok(out)
     }
 

@@ -552,7 +552,10 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, ProcessSample)>, StoreError> {
-        super::packing::process_rows::<DB>(&mut *self.conn().await?, gpu, range, limit).await
+        let mut tx = self.read_snapshot("read process samples").await?;
+        let rows = super::packing::process_rows::<DB>(&mut tx, gpu, range, limit).await?;
+        super::end_read(tx, "read process samples").await?;
+        Ok(rows)
     }
 
     async fn host_samples(
@@ -561,7 +564,10 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<HostRow>, StoreError> {
-        super::packing::host_rows::<DB>(&mut *self.conn().await?, node, range, limit).await
+        let mut tx = self.read_snapshot("read host samples").await?;
+        let rows = super::packing::host_rows::<DB>(&mut tx, node, range, limit).await?;
+        super::end_read(tx, "read host samples").await?;
+        Ok(rows)
     }
 
     async fn events(

@@ -504,6 +504,23 @@ impl<DB: Backend> SqlStore<DB> {
         rows.iter().map(decode).collect()
     }
 
+    /// A read-only transaction whose statements all see one snapshot (PostgreSQL:
+    /// `REPEATABLE READ`; SQLite: a read transaction): for reads that merge several
+    /// tables, which a write committing between their statements (a packed minute
+    /// reopened into rows) must not split.
+    pub(crate) async fn read_snapshot(
+        &self,
+        op: &'static str,
+    ) -> Result<sqlx::Transaction<'static, DB>, StoreError> {
+        let mut tx =
+            (self.pool.begin().await).map_err(|source| StoreError::Query { op, source })?;
+        if DB::DIALECT == Dialect::Postgres {
+            let text = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+            backend::sql::<DB>(op, text).execute(&mut tx).await?;
+        }
+        Ok(tx)
+    }
+
     /// This process's turn to write, where the backend queues writers.
     async fn turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         Some(DB::write_gate(&self.local)?.lock().await)
@@ -569,6 +586,16 @@ impl<DB: Backend> SqlStore<DB> {
         }
         cache.extend(ids);
     }
+}
+
+/// Ends a read transaction of [`SqlStore::read_snapshot`].
+pub(crate) async fn end_read<DB: Backend>(
+    tx: sqlx::Transaction<'static, DB>,
+    op: &'static str,
+) -> Result<(), StoreError> {
+    tx.commit()
+        .await
+        .map_err(|source| StoreError::Query { op, source })
 }
 
 /// The migrations of a backend's folder (`migrations/sqlite`, `migrations/postgres`),

@@ -181,9 +181,9 @@ impl SqlStore<Postgres> {
     /// Drops the process and host partitions of days that ended at or before `before_ms`
     /// and that packing emptied (every minute of them packed): the space of rows deleted
     /// from a past day's partition is never reused, so this is how packing frees disk.
-    /// Each emptied partition is locked before it is checked again and dropped, so rows
-    /// written into it meanwhile (late data) keep it; a partition busy for more than a
-    /// moment is left for the next call. Returns the names dropped.
+    /// Each emptied partition is locked (its parent with it) before it is checked again and
+    /// dropped, so rows written into it meanwhile (late data) keep it; a table busy for
+    /// more than a moment is left for the next call. Returns the names dropped.
     pub async fn drop_emptied_raw(&self, before_ms: UnixMs) -> Result<Vec<String>, StoreError> {
         let mut dropped = Vec::new();
         let old = self
@@ -192,14 +192,21 @@ impl SqlStore<Postgres> {
             .into_iter()
             .filter(|p| p.table != "gpu_samples" && p.to_ms.is_some_and(|to| to <= before_ms));
         for p in old {
-            let name = format!("\"{}\"", p.name.replace('"', "\"\""));
-            let empty = format!("SELECT NOT EXISTS (SELECT 1 FROM {name}) AS empty");
-            let is_empty = |row: sqlx::postgres::PgRow| row.get::<bool>("empty");
-            let first = sqlx::query(AssertSqlSafe(empty.clone()))
-                .fetch_one(&self.pool)
+            let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+            let (name, parent) = (quote(&p.name), quote(&p.table));
+            // Through the primary key: a partition packing emptied is mostly dead pages,
+            // which a plain scan would read every time.
+            let key = if p.table == "host_samples" {
+                "node_id"
+            } else {
+                "gpu_id"
+            };
+            let probe = format!("SELECT 1 AS one FROM {name} ORDER BY {key}, ts_ms LIMIT 1");
+            let first = sqlx::query(AssertSqlSafe(probe.clone()))
+                .fetch_optional(&self.pool)
                 .await
                 .map_err(q("look into a raw partition"))?;
-            if !is_empty(first)? {
+            if first.is_some() {
                 continue;
             }
             let mut tx = self
@@ -208,19 +215,22 @@ impl SqlStore<Postgres> {
                 .await
                 .map_err(q("begin dropping an emptied partition"))?;
             lock_partitions(&mut tx).await?;
+            // The parent first, as every query locks them (dropping a partition locks its
+            // parent anyway); briefly, else the readers and writers queued behind the
+            // request would wait: a partition busy now is dropped by a later call.
             let locked = sqlx::raw_sql(AssertSqlSafe(format!(
-                "SET LOCAL lock_timeout = '2s'; LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE"
+                "SET LOCAL lock_timeout = '200ms'; LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE"
             )))
             .execute(&mut *tx)
             .await;
             if locked.is_err() {
-                continue; // busy: the transaction rolls back; next time
+                continue; // the transaction rolls back
             }
-            let again = sqlx::query(AssertSqlSafe(empty))
-                .fetch_one(&mut *tx)
+            let again = sqlx::query(AssertSqlSafe(probe))
+                .fetch_optional(&mut *tx)
                 .await
                 .map_err(q("look into a raw partition"))?;
-            if !is_empty(again)? {
+            if again.is_some() {
                 continue;
             }
             sqlx::query(AssertSqlSafe(format!("DROP TABLE {name}")))
