@@ -218,17 +218,7 @@ async fn pack_as_the_collector(
         from_ms: START_MS,
         to_ms: START_MS + i64::from(ticks) * 1000,
     };
-    let mut before = Vec::new();
-    for k in keys {
-        before.push(format!(
-            "{:?}",
-            store.host_samples(k.id, all, usize::MAX).await?
-        ));
-        for gpu in k.gpus.values() {
-            let p = store.process_samples(*gpu, all, usize::MAX).await?;
-            before.push(format!("{p:?}"));
-        }
-    }
+    let before = raw_answers(store, keys, all).await?;
     let began = Instant::now();
     let now = all.to_ms + 2 * 3_600_000;
     let clock: Clock = Arc::new(move || now);
@@ -249,21 +239,30 @@ async fn pack_as_the_collector(
         out.rows,
         began.elapsed().as_secs_f64() - accounted
     );
-    let mut after = Vec::new();
+    if raw_answers(store, keys, all).await? != before {
+        bail!("the host rows or process samples read back differ once packed");
+    }
+    Ok(())
+}
+
+/// Every node's host rows and every GPU's process samples in `all`, as read.
+async fn raw_answers(
+    store: &Arc<dyn Store>,
+    keys: &[Arc<NodeKeys>],
+    all: TimeRange,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
     for k in keys {
-        after.push(format!(
+        out.push(format!(
             "{:?}",
             store.host_samples(k.id, all, usize::MAX).await?
         ));
         for gpu in k.gpus.values() {
             let p = store.process_samples(*gpu, all, usize::MAX).await?;
-            after.push(format!("{p:?}"));
+            out.push(format!("{p:?}"));
         }
     }
-    if after != before {
-        bail!("the host rows or process samples read back differ once packed");
-    }
-    Ok(())
+    Ok(out)
 }
 
 /// Defines `$name`: packs every minute of every GPU's samples of the first `ticks` seconds

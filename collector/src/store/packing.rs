@@ -577,6 +577,56 @@ pub(crate) async fn energy_processes<DB: Backend>(
     Ok(rows)
 }
 
+/// The packed values of `rows` (`minute_ms`, `packed`), unpacked, by minute.
+fn decode_packed<R: Get, T>(
+    rows: &[R],
+    unpack: impl Fn(UnixMs, &[u8]) -> Result<Vec<T>, StoreError>,
+) -> Result<HashMap<UnixMs, Vec<T>>, StoreError> {
+    let mut out = HashMap::new();
+    for row in rows {
+        let minute: UnixMs = row.get("minute_ms")?;
+        out.insert(minute, unpack(minute, &row.get::<Vec<u8>>("packed")?)?);
+    }
+    Ok(out)
+}
+
+/// Packs the minutes of `rows` (by `time`) that `qualifies` admits (minute, rows), each
+/// merged with its `earlier` packed rows, which win at the same `key`. Returns (minute,
+/// value, rows of `rows` in it); a minute too large to pack stays in rows.
+#[allow(clippy::too_many_arguments)]
+fn pack_rows<T, K: Ord>(
+    tier: Tier,
+    id: i64,
+    rows: Vec<T>,
+    mut earlier: HashMap<UnixMs, Vec<T>>,
+    key: impl Fn(&T) -> K,
+    time: impl Fn(&T) -> UnixMs,
+    pack: fn(&[T]) -> Result<Vec<u8>, PackError>,
+    qualifies: impl Fn(UnixMs, usize) -> bool,
+) -> Result<Vec<(UnixMs, Vec<u8>, u64)>, StoreError> {
+    let mut minutes: BTreeMap<UnixMs, Vec<T>> = BTreeMap::new();
+    for r in rows {
+        minutes.entry(minute_of(time(&r))).or_default().push(r);
+    }
+    let mut out = Vec::new();
+    for (minute, rows) in minutes {
+        if !qualifies(minute, rows.len()) {
+            continue;
+        }
+        let n = rows.len() as u64;
+        let mut all: BTreeMap<K, T> = BTreeMap::new();
+        for r in earlier.remove(&minute).into_iter().flatten().chain(rows) {
+            all.entry(key(&r)).or_insert(r);
+        }
+        match pack(&all.into_values().collect::<Vec<T>>()) {
+            Ok(v) => out.push((minute, v, n)),
+            Err(PackError::TooLarge(_)) => {}
+            Err(e) => return Err(corrupt(tier, id, minute)(e)),
+        }
+    }
+    Ok(out)
+}
+
 /// The minutes of a span that may be packed, each with the number of rows it must hold
 /// (`None`: any).
 type Ready = HashMap<UnixMs, Option<i64>>;
@@ -711,69 +761,30 @@ impl<DB: Backend> SqlStore<DB> {
         )
         .all(tx.conn())
         .await?;
-        let mut values = Vec::new();
-        match tier {
-            Tier::Host => {
-                let mut minutes: BTreeMap<UnixMs, Vec<HostRow>> = BTreeMap::new();
-                for row in &stored {
-                    let r = rows::host(row)?;
-                    minutes.entry(minute_of(r.time_ms)).or_default().push(r);
-                }
-                let mut before = HashMap::new();
-                for row in &earlier {
-                    let m: UnixMs = row.get("minute_ms")?;
-                    before.insert(m, unpack_host(id, m, &row.get::<Vec<u8>>("packed")?)?);
-                }
-                for (minute, rows) in minutes {
-                    // Only a minute whose rollup agrees with its rows: one with late rows
-                    // is recomputed first.
-                    if !qualifies(minute, rows.len()) {
-                        continue;
-                    }
-                    let n = rows.len() as u64;
-                    let mut all: BTreeMap<UnixMs, HostRow> = BTreeMap::new();
-                    for r in before.remove(&minute).into_iter().flatten().chain(rows) {
-                        all.entry(r.time_ms).or_insert(r);
-                    }
-                    let all: Vec<HostRow> = all.into_values().collect();
-                    match packed::host::pack(&all) {
-                        Ok(v) => values.push((minute, v, n)),
-                        Err(PackError::TooLarge(_)) => {} // stays in rows
-                        Err(e) => return Err(corrupt(tier, id, minute)(e)),
-                    }
-                }
-            }
-            Tier::Process => {
-                let mut minutes: BTreeMap<UnixMs, Vec<ProcessTick>> = BTreeMap::new();
-                for row in &stored {
-                    let t = process_tick(row)?;
-                    minutes.entry(minute_of(t.ts_ms)).or_default().push(t);
-                }
-                let mut before = HashMap::new();
-                for row in &earlier {
-                    let m: UnixMs = row.get("minute_ms")?;
-                    before.insert(m, unpack_process(id, m, &row.get::<Vec<u8>>("packed")?)?);
-                }
-                for (minute, ticks) in minutes {
-                    // Only a minute whose energy was computed from the GPU samples it
-                    // holds now: one with late samples is recomputed first.
-                    if !qualifies(minute, ticks.len()) {
-                        continue;
-                    }
-                    let n = ticks.len() as u64;
-                    let mut all: BTreeMap<(UnixMs, u32), ProcessTick> = BTreeMap::new();
-                    for t in before.remove(&minute).into_iter().flatten().chain(ticks) {
-                        all.entry((t.ts_ms, t.pid)).or_insert(t);
-                    }
-                    let all: Vec<ProcessTick> = all.into_values().collect();
-                    match packed::process::pack(&all) {
-                        Ok(v) => values.push((minute, v, n)),
-                        Err(PackError::TooLarge(_)) => {}
-                        Err(e) => return Err(corrupt(tier, id, minute)(e)),
-                    }
-                }
-            }
-        }
+        // Only a minute that agrees with what was computed from it: one with late rows is
+        // recomputed first.
+        let values = match tier {
+            Tier::Host => pack_rows(
+                tier,
+                id,
+                stored.iter().map(rows::host).collect::<Result<_, _>>()?,
+                decode_packed(&earlier, |m, v| unpack_host(id, m, v))?,
+                |r| r.time_ms,
+                |r| r.time_ms,
+                packed::host::pack,
+                qualifies,
+            )?,
+            Tier::Process => pack_rows(
+                tier,
+                id,
+                stored.iter().map(process_tick).collect::<Result<_, _>>()?,
+                decode_packed(&earlier, |m, v| unpack_process(id, m, v))?,
+                |t| (t.ts_ms, t.pid),
+                |t| t.ts_ms,
+                packed::process::pack,
+                qualifies,
+            )?,
+        };
         let mut out = PackOutcome {
             transactions: 1,
             ..PackOutcome::default()

@@ -306,17 +306,18 @@ async fn nodelay(conn: &mut PgConnection, server_port: u16) -> Result<(), sqlx::
     let port: Option<i32> = sqlx::query_scalar("SELECT inet_client_port()")
         .fetch_one(&mut *conn)
         .await?;
-    let set =
-        port.and_then(|p| u16::try_from(p).ok())
-            .map(|port| match tcp_socket(port, server_port) {
-                Ok(Some(fd)) => rustix::net::sockopt::set_tcp_nodelay(&fd, true).map(|()| true),
-                Ok(None) => Ok(false),
-                Err(e) => Err(e),
-            });
-    match set {
-        Some(Ok(true)) | None => {}
-        Some(Ok(false)) => debug!("TCP_NODELAY: this connection's socket was not found"),
-        Some(Err(e)) => debug!(error = %e, "TCP_NODELAY could not be set"),
+    // NULL over a Unix socket: nothing to do.
+    let Some(port) = port.and_then(|p| u16::try_from(p).ok()) else {
+        return Ok(());
+    };
+    match tcp_socket(port, server_port) {
+        Ok(Some(fd)) => {
+            if let Err(e) = rustix::net::sockopt::set_tcp_nodelay(&fd, true) {
+                debug!(error = %e, "TCP_NODELAY could not be set");
+            }
+        }
+        Ok(None) => debug!("TCP_NODELAY: this connection's socket was not found"),
+        Err(e) => debug!(error = %e, "TCP_NODELAY: this process's descriptors cannot be read"),
     }
     Ok(())
 }
