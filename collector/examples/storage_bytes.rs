@@ -22,23 +22,16 @@
 //!
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
-//! every closed minute of host rows and process ticks into `packed_host_minutes` and
-//! `packed_process_minutes`), checks that every host row and process sample reads back as
-//! it did from the rows, and measures again: the database as the collector keeps it,
-//! energy and rollup minutes included.
-//!
-//! `PACKED=1` then also reads every minute of every GPU's samples back from the row
-//! table, packs it (`store::packed::gpu`: one value per GPU per minute), checks that each
-//! packed minute unpacks to exactly the rows read, stores the packed minutes in a table
-//! of its own (`packed_gpu_minutes`: key and value, as the store holds the others),
-//! empties `gpu_samples` and measures again: the database as it would be with GPU
-//! samples packed too.
+//! every closed minute of host rows, process ticks and GPU samples into
+//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`), checks that
+//! every GPU sample, host row and process sample reads back as it did from the rows, and
+//! measures again: the database as the collector keeps it, energy and rollup minutes
+//! included.
 
 use anyhow::{Context, Result, bail};
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::live::status::Clock;
-use gpufleet_collector::store::packed;
 use gpufleet_collector::store::{self, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
@@ -84,13 +77,8 @@ async fn main() -> Result<()> {
             let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
             pack_as_the_collector(&store, &keys, ticks).await?;
-            println!("as the collector keeps it (host rows and process ticks packed):");
+            println!("as the collector keeps it (closed minutes packed):");
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
-            if knob("PACKED", 0) == 1 {
-                pack_minutes_sqlite(&store, &url, &keys, ticks).await?;
-                println!("with every minute packed:");
-                report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
-            }
             store.close().await;
         }
         "postgres" => {
@@ -108,13 +96,8 @@ async fn main() -> Result<()> {
                 let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
                 pack_as_the_collector(&store, &keys, ticks).await?;
-                println!("as the collector keeps it (host rows and process ticks packed):");
+                println!("as the collector keeps it (closed minutes packed):");
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
-                if knob("PACKED", 0) == 1 {
-                    pack_minutes_postgres(&store, &url, &keys, ticks).await?;
-                    println!("with every minute packed:");
-                    report(&pg_sizes(&url).await?, gpu_samples, shape);
-                }
                 store.close().await;
                 anyhow::Ok(())
             }
@@ -203,12 +186,10 @@ async fn write(
     Ok(sims.into_iter().map(|(_, keys)| keys).collect())
 }
 
-const GPU: &str = "INSERT INTO packed_gpu_minutes VALUES ($1, $2, $3)";
-
 /// The collector's background jobs over the written ticks, two hours after the last one:
-/// every closed minute energy-accounted and rolled up, then every closed minute of host
-/// rows and process ticks packed by the store; every node's host rows and every GPU's
-/// process samples must read back as they did from the rows.
+/// every closed minute energy-accounted and rolled up, then every closed minute packed by
+/// the store; every node's host rows and every GPU's samples and process samples must
+/// read back as they did from the rows.
 async fn pack_as_the_collector(
     store: &Arc<dyn Store>,
     keys: &[Arc<NodeKeys>],
@@ -240,12 +221,12 @@ async fn pack_as_the_collector(
         began.elapsed().as_secs_f64() - accounted
     );
     if raw_answers(store, keys, all).await? != before {
-        bail!("the host rows or process samples read back differ once packed");
+        bail!("the samples read back differ once packed");
     }
     Ok(())
 }
 
-/// Every node's host rows and every GPU's process samples in `all`, as read.
+/// Every node's host rows and every GPU's samples and process samples in `all`, as read.
 async fn raw_answers(
     store: &Arc<dyn Store>,
     keys: &[Arc<NodeKeys>],
@@ -258,91 +239,13 @@ async fn raw_answers(
             store.host_samples(k.id, all, usize::MAX).await?
         ));
         for gpu in k.gpus.values() {
+            let s = store.gpu_samples(*gpu, all, usize::MAX).await?;
             let p = store.process_samples(*gpu, all, usize::MAX).await?;
-            out.push(format!("{p:?}"));
+            out.push(format!("{s:?}\n{p:?}"));
         }
     }
     Ok(out)
 }
-
-/// Defines `$name`: packs every minute of every GPU's samples of the first `ticks` seconds
-/// into `packed_gpu_minutes` (`$ddl`; each minute checked to unpack to the rows it was
-/// made of), then empties `gpu_samples` (`$empty`). One definition per backend: the
-/// connection type differs, the statements do not.
-macro_rules! pack_minutes {
-    ($name:ident, $conn:ty, $ddl:expr, $empty:expr) => {
-        async fn $name(
-            store: &Arc<dyn Store>,
-            url: &str,
-            keys: &[Arc<NodeKeys>],
-            ticks: u32,
-        ) -> Result<()> {
-            let began = Instant::now();
-            let mut conn = <$conn>::connect(url).await?;
-            sqlx::raw_sql($ddl).execute(&mut conn).await?;
-            let minutes = i64::from(ticks.div_ceil(60));
-            let mut tx = conn.begin().await?;
-            for m in 0..minutes {
-                let minute_ms = START_MS + m * 60_000;
-                let range = TimeRange {
-                    from_ms: minute_ms,
-                    to_ms: minute_ms + 59_999,
-                };
-                // (insert, key, packed value) of every GPU this minute.
-                let mut out = Vec::new();
-                for k in keys {
-                    for gpu in k.gpus.values() {
-                        let mut samples = store.gpu_samples(*gpu, range, usize::MAX).await?;
-                        // The GPU is the packed row's key: its UUID is not packed.
-                        samples.iter_mut().for_each(|(_, s)| s.gpu_uuid.clear());
-                        let packed = packed::gpu::pack(&samples)?;
-                        if packed::gpu::unpack(&packed)? != samples {
-                            bail!("GPU {} minute {m}: the packed samples differ", gpu.0);
-                        }
-                        out.push((GPU, gpu.0, packed));
-                    }
-                }
-                for (insert, key, packed) in out {
-                    sqlx::query(insert)
-                        .bind(key)
-                        .bind(minute_ms)
-                        .bind(packed)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-            sqlx::raw_sql($empty).execute(&mut *tx).await?;
-            tx.commit().await?;
-            conn.close().await?;
-            println!(
-                "packed {minutes} minutes of {} node(s), each checked, in {:.1} s",
-                keys.len(),
-                began.elapsed().as_secs_f64()
-            );
-            Ok(())
-        }
-    };
-}
-
-pack_minutes!(
-    pack_minutes_sqlite,
-    sqlx::SqliteConnection,
-    // Rowid tables: a WITHOUT ROWID row keeps at most ~1 KB in its page and spills the
-    // rest into an overflow page of its own, mostly empty; a rowid row keeps ~4 KB.
-    "CREATE TABLE packed_gpu_minutes (gpu_id INTEGER NOT NULL, minute_ms INTEGER NOT NULL, \
-       samples BLOB NOT NULL, UNIQUE (gpu_id, minute_ms)) STRICT;",
-    "DELETE FROM gpu_samples;"
-);
-
-pack_minutes!(
-    pack_minutes_postgres,
-    sqlx::PgConnection,
-    // Already compressed: stored as is (no second compression attempt), inline while small.
-    "CREATE TABLE packed_gpu_minutes (gpu_id int8 NOT NULL, minute_ms int8 NOT NULL, \
-       samples bytea NOT NULL, UNIQUE (gpu_id, minute_ms)); \
-     ALTER TABLE packed_gpu_minutes ALTER COLUMN samples SET STORAGE EXTERNAL;",
-    "TRUNCATE gpu_samples"
-);
 
 /// One tick: the simulator's GPU samples and host metrics, `procs` processes per GPU
 /// (a job of that many processes, replaced every [`JOB_MS`], sharing the GPU's

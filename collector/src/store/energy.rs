@@ -10,7 +10,7 @@ use crate::accounting::energy::{
     EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
 };
 use async_trait::async_trait;
-use gpufleet_core::{UnixMs, Workload};
+use gpufleet_core::{GpuSample, UnixMs, Workload};
 use std::collections::BTreeMap;
 
 /// A GPU as the accountant sees it: where it is, what it is, how far it is accounted.
@@ -418,6 +418,17 @@ fn sample_from_row<R: Get>(row: &R) -> Result<EnergySample, StoreError> {
     })
 }
 
+/// A packed GPU sample as energy accounting reads it.
+fn energy_sample(time_ms: UnixMs, s: &GpuSample) -> EnergySample {
+    EnergySample {
+        time_ms,
+        power_mw: s.power_mw,
+        energy_mj: s.energy_mj,
+        util_gpu_pct: s.util_gpu_pct,
+        processes: Vec::new(),
+    }
+}
+
 /// Hangs process rows (ordered by time) on the GPU samples (ordered by time) they were
 /// listed with.
 fn attach_processes<'r, R: Get + 'r>(
@@ -706,6 +717,26 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 .samples
                 .push(sample_from_row(row)?);
         }
+        // The GPU samples of packed minutes: the newer sample before each range, and the
+        // samples in it merged by time.
+        let spans: Vec<_> = (ranges.iter())
+            .map(|r| (r.gpu, r.from_ms, r.to_ms))
+            .collect();
+        let packed = super::packing::energy_gpu_samples::<DB>(&mut conn, &spans).await?;
+        for (o, p) in out.iter_mut().zip(packed) {
+            if let Some((t, s)) = p.prev
+                && o.prev.as_ref().is_none_or(|prev| prev.time_ms < t)
+            {
+                o.prev = Some(energy_sample(t, &s));
+            }
+            if !p.samples.is_empty() {
+                let mut all: BTreeMap<UnixMs, EnergySample> = (p.samples.iter())
+                    .map(|(t, s)| (*t, energy_sample(*t, s)))
+                    .collect();
+                all.extend(o.samples.drain(..).map(|s| (s.time_ms, s)));
+                o.samples = all.into_values().collect();
+            }
+        }
         let procs = read(
             "read process samples for energy",
             format!(
@@ -719,9 +750,6 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         .all(&mut conn)
         .await?;
         // And those of packed minutes: per range, both lists by time and pid, merged.
-        let spans: Vec<_> = (ranges.iter())
-            .map(|r| (r.gpu, r.from_ms, r.to_ms))
-            .collect();
         let packed = super::packing::energy_processes::<DB>(&mut conn, &spans).await?;
         let mut per_range: Vec<Vec<(i64, u32, &DB::Row)>> = vec![Vec::new(); n];
         for row in procs.iter().chain(&packed) {
@@ -776,17 +804,21 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         gpu: GpuId,
         at_ms: UnixMs,
     ) -> Result<Option<UnixMs>, StoreError> {
-        sql::<DB>(
+        let mut tx = self.read_snapshot("find the next GPU sample").await?;
+        let row: Option<UnixMs> = sql::<DB>(
             "find the next GPU sample",
             "SELECT ts_ms FROM gpu_samples WHERE gpu_id = $1 AND ts_ms >= $2 \
              ORDER BY ts_ms LIMIT 1",
         )
         .bind(gpu.0)
         .bind(at_ms)
-        .optional(&mut *self.conn().await?)
+        .optional(&mut *tx)
         .await?
         .map(|row| row.get("ts_ms"))
-        .transpose()
+        .transpose()?;
+        let packed = super::packing::next_packed_sample::<DB>(&mut tx, gpu, at_ms).await?;
+        super::end_read(tx, "find the next GPU sample").await?;
+        Ok(row.into_iter().chain(packed).min())
     }
 
     async fn energy_learned_before(

@@ -16,7 +16,7 @@ use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Event, GpuHealthSample, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 /// What ingest writes: node registrations and validated batches.
@@ -395,6 +395,107 @@ fn metric_expr(dialect: Dialect, metric: GpuMetric) -> String {
     }
 }
 
+/// [`FleetReads::gpu_series`] over a range of rows only: in SQL.
+async fn row_series<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    metric: GpuMetric,
+    range: TimeRange,
+    step_ms: Option<i64>,
+    limit: usize,
+) -> Result<Vec<SeriesPoint>, StoreError> {
+    // The expression is built from the metric's fixed name, never user input.
+    let value = metric_expr(DB::DIALECT, metric);
+    let query = match step_ms {
+        None => sql::<DB>(
+            "read a series",
+            format!(
+                "SELECT ts_ms AS t, {value} AS v FROM gpu_samples \
+                 WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 ORDER BY ts_ms LIMIT $4"
+            ),
+        ),
+        Some(_) => sql::<DB>(
+            "read a downsampled series",
+            format!(
+                "SELECT (ts_ms / $5) * $5 AS t, CAST(avg({value}) AS DOUBLE PRECISION) AS v \
+                 FROM gpu_samples WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 \
+                 GROUP BY 1 ORDER BY 1 LIMIT $4"
+            ),
+        ),
+    };
+    let mut query = query
+        .bind(gpu.0)
+        .bind(range.from_ms)
+        .bind(range.to_ms)
+        .bind(limit_i64(limit));
+    if let Some(step) = step_ms {
+        query = query.bind(step.max(1));
+    }
+    let rows = query.all(conn).await?;
+    rows.iter()
+        .map(|row| {
+            let t: i64 = row.get("t")?;
+            let v = if step_ms.is_some() {
+                row.get::<Option<f64>>("v")?
+            } else {
+                // Stored integers are u64 bit patterns (see the schema).
+                row.get::<Option<i64>>("v")?.map(|v| v as u64 as f64)
+            };
+            Ok((t, v))
+        })
+        .collect()
+}
+
+/// [`FleetReads::gpu_series`] over a range with packed minutes: the raw samples merged
+/// ([`super::packing::gpu_rows`]), or per bucket the sum and count of the rows' values (in
+/// SQL) and of the packed samples' (unpacked minute by minute), averaged.
+async fn packed_series<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    metric: GpuMetric,
+    range: TimeRange,
+    step_ms: Option<i64>,
+    limit: usize,
+) -> Result<Vec<SeriesPoint>, StoreError> {
+    let Some(step) = step_ms.map(|s| s.max(1)) else {
+        let samples = super::packing::gpu_rows::<DB>(conn, gpu, range, limit).await?;
+        return Ok((samples.iter())
+            .map(|(t, s)| (*t, metric.value(s).map(|v| v as f64)))
+            .collect());
+    };
+    let value = metric_expr(DB::DIALECT, metric);
+    let rows = sql::<DB>(
+        "read a downsampled series's sums",
+        format!(
+            "SELECT (ts_ms / $4) * $4 AS t, CAST(sum({value}) AS DOUBLE PRECISION) AS s, \
+             count({value}) AS n FROM gpu_samples \
+             WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 GROUP BY 1"
+        ),
+    )
+    .bind(gpu.0)
+    .bind(range.from_ms)
+    .bind(range.to_ms)
+    .bind(step)
+    .all(&mut *conn)
+    .await?;
+    let mut buckets: BTreeMap<UnixMs, (f64, i64)> = BTreeMap::new();
+    for row in &rows {
+        let sum: Option<f64> = row.get("s")?;
+        buckets.insert(row.get("t")?, (sum.unwrap_or(0.0), row.get("n")?));
+    }
+    super::packing::each_packed_gpu_sample::<DB>(conn, gpu, range, |t, s| {
+        let b = buckets.entry((t / step) * step).or_default();
+        if let Some(v) = metric.value(s) {
+            b.0 += v as f64;
+            b.1 += 1;
+        }
+    })
+    .await?;
+    Ok((buckets.into_iter().take(limit))
+        .map(|(t, (sum, n))| (t, (n > 0).then(|| sum / n as f64)))
+        .collect())
+}
+
 #[async_trait]
 impl<DB: Backend> FleetReads for SqlStore<DB> {
     async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
@@ -531,19 +632,10 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
-        let query = sql::<DB>(
-            "read GPU samples",
-            format!(
-                "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
-                 WHERE s.gpu_id = $1 AND s.ts_ms BETWEEN $2 AND $3 ORDER BY s.ts_ms LIMIT $4"
-            ),
-        )
-        .bind(gpu.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit));
-        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
-            .await
+        let mut tx = self.read_snapshot("read GPU samples").await?;
+        let rows = super::packing::gpu_rows::<DB>(&mut tx, gpu, range, limit).await?;
+        super::end_read(tx, "read GPU samples").await?;
+        Ok(rows)
     }
 
     async fn process_samples(
@@ -599,44 +691,15 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         step_ms: Option<i64>,
         limit: usize,
     ) -> Result<Vec<SeriesPoint>, StoreError> {
-        // The expression is built from the metric's fixed name, never user input.
-        let value = metric_expr(DB::DIALECT, metric);
-        let query = match step_ms {
-            None => sql::<DB>(
-                "read a series",
-                format!(
-                    "SELECT ts_ms AS t, {value} AS v FROM gpu_samples \
-                     WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 ORDER BY ts_ms LIMIT $4"
-                ),
-            ),
-            Some(_) => sql::<DB>(
-                "read a downsampled series",
-                format!(
-                    "SELECT (ts_ms / $5) * $5 AS t, CAST(avg({value}) AS DOUBLE PRECISION) AS v \
-                     FROM gpu_samples WHERE gpu_id = $1 AND ts_ms BETWEEN $2 AND $3 \
-                     GROUP BY 1 ORDER BY 1 LIMIT $4"
-                ),
-            ),
+        // One snapshot: a minute packed between the two reads must not be missed.
+        let mut tx = self.read_snapshot("read a series").await?;
+        let points = if super::packing::gpu_packed_in::<DB>(&mut tx, gpu, range).await? {
+            packed_series::<DB>(&mut tx, gpu, metric, range, step_ms, limit).await?
+        } else {
+            row_series::<DB>(&mut tx, gpu, metric, range, step_ms, limit).await?
         };
-        let mut query = query
-            .bind(gpu.0)
-            .bind(range.from_ms)
-            .bind(range.to_ms)
-            .bind(limit_i64(limit));
-        if let Some(step) = step_ms {
-            query = query.bind(step.max(1));
-        }
-        self.fetch(query, |row| {
-            let t: i64 = row.get("t")?;
-            let v = if step_ms.is_some() {
-                row.get::<Option<f64>>("v")?
-            } else {
-                // Stored integers are u64 bit patterns (see the schema).
-                row.get::<Option<i64>>("v")?.map(|v| v as u64 as f64)
-            };
-            Ok((t, v))
-        })
-        .await
+        super::end_read(tx, "read a series").await?;
+        Ok(points)
     }
 
     async fn node_ticks(

@@ -302,7 +302,7 @@ pub struct TimeRange {
 
 /// Defines [`GpuMetric`]: each metric's variant, name and unit, in storage order.
 macro_rules! gpu_metrics {
-    ($count:literal; $($variant:ident $name:literal $unit:literal,)*) => {
+    ($count:literal; $($variant:ident $field:ident $unit:literal,)*) => {
         /// The numeric per-GPU metrics a time series can be asked for. The names are the
         /// `GpuSample` field names (and the API's `metric=` values); the mapping to storage
         /// is the store's business, so user input never reaches SQL. `throttle_reasons` is a
@@ -318,7 +318,7 @@ macro_rules! gpu_metrics {
             /// The metric's name: the `GpuSample` field and the API's `metric=` value.
             pub fn name(self) -> &'static str {
                 match self {
-                    $(GpuMetric::$variant => $name,)*
+                    $(GpuMetric::$variant => stringify!($field),)*
                 }
             }
 
@@ -328,35 +328,42 @@ macro_rules! gpu_metrics {
                     $(GpuMetric::$variant => $unit,)*
                 }
             }
+
+            /// The metric's value in `sample` (`None`: absent).
+            pub fn value(self, sample: &GpuSample) -> Option<u64> {
+                match self {
+                    $(GpuMetric::$variant => sample.$field.map(u64::from),)*
+                }
+            }
         }
     };
 }
 
 gpu_metrics!(24;
-    UtilGpuPct "util_gpu_pct" "percent",
-    UtilMemPct "util_mem_pct" "percent",
-    MemUsedBytes "mem_used_bytes" "bytes",
-    MemTotalBytes "mem_total_bytes" "bytes",
-    MemReservedBytes "mem_reserved_bytes" "bytes",
-    PowerMw "power_mw" "milliwatts",
-    PowerInstantMw "power_instant_mw" "milliwatts",
-    PowerLimitMw "power_limit_mw" "milliwatts",
-    EnergyMj "energy_mj" "millijoules",
-    TempGpuC "temp_gpu_c" "celsius",
-    TempMemC "temp_mem_c" "celsius",
-    FanPct "fan_pct" "percent",
-    ClockSmMhz "clock_sm_mhz" "megahertz",
-    ClockMemMhz "clock_mem_mhz" "megahertz",
-    ClockGraphicsMhz "clock_graphics_mhz" "megahertz",
-    Pstate "pstate" "pstate",
-    PcieTxBps "pcie_tx_bps" "bytes_per_second",
-    PcieRxBps "pcie_rx_bps" "bytes_per_second",
-    NvlinkTxBps "nvlink_tx_bps" "bytes_per_second",
-    NvlinkRxBps "nvlink_rx_bps" "bytes_per_second",
-    EccCorrectedVolatile "ecc_corrected_volatile" "errors",
-    EccUncorrectedVolatile "ecc_uncorrected_volatile" "errors",
-    EncUtilPct "enc_util_pct" "percent",
-    DecUtilPct "dec_util_pct" "percent",
+    UtilGpuPct util_gpu_pct "percent",
+    UtilMemPct util_mem_pct "percent",
+    MemUsedBytes mem_used_bytes "bytes",
+    MemTotalBytes mem_total_bytes "bytes",
+    MemReservedBytes mem_reserved_bytes "bytes",
+    PowerMw power_mw "milliwatts",
+    PowerInstantMw power_instant_mw "milliwatts",
+    PowerLimitMw power_limit_mw "milliwatts",
+    EnergyMj energy_mj "millijoules",
+    TempGpuC temp_gpu_c "celsius",
+    TempMemC temp_mem_c "celsius",
+    FanPct fan_pct "percent",
+    ClockSmMhz clock_sm_mhz "megahertz",
+    ClockMemMhz clock_mem_mhz "megahertz",
+    ClockGraphicsMhz clock_graphics_mhz "megahertz",
+    Pstate pstate "pstate",
+    PcieTxBps pcie_tx_bps "bytes_per_second",
+    PcieRxBps pcie_rx_bps "bytes_per_second",
+    NvlinkTxBps nvlink_tx_bps "bytes_per_second",
+    NvlinkRxBps nvlink_rx_bps "bytes_per_second",
+    EccCorrectedVolatile ecc_corrected_volatile "errors",
+    EccUncorrectedVolatile ecc_uncorrected_volatile "errors",
+    EncUtilPct enc_util_pct "percent",
+    DecUtilPct dec_util_pct "percent",
 );
 
 impl GpuMetric {
@@ -608,7 +615,8 @@ macro_rules! migrations {
             11 "rollups" "0011_rollups", 20 "energy split" "0020_energy_split",
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
             23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives",
-            26 "packed minutes" "0026_packed_minutes")
+            26 "packed minutes" "0026_packed_minutes",
+            27 "packed gpu minutes" "0027_packed_gpu_minutes")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

@@ -25,11 +25,11 @@
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
-use super::rows::{self, PROCESS_JOINS, process_cols, to_i64};
-use super::write::{HostTick, ProcessRow, Samples};
+use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
+use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
-use gpufleet_core::{ProcessSample, Tick, UnixMs};
+use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Most minutes one packing transaction spans: bounded work while the writers wait.
@@ -58,13 +58,15 @@ impl PackOutcome {
     }
 }
 
-/// The two packed tiers: which tables, and how a lock on one series is named.
+/// The packed tiers: which tables, and how a lock on one series is named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Tier {
     /// A node's host rows.
     Host,
     /// A GPU's process ticks.
     Process,
+    /// A GPU's samples.
+    Gpu,
 }
 
 impl Tier {
@@ -72,6 +74,7 @@ impl Tier {
         match self {
             Tier::Host => "packed_host_minutes",
             Tier::Process => "packed_process_minutes",
+            Tier::Gpu => "packed_gpu_minutes",
         }
     }
 
@@ -79,20 +82,22 @@ impl Tier {
         match self {
             Tier::Host => "host_samples",
             Tier::Process => "process_samples",
+            Tier::Gpu => "gpu_samples",
         }
     }
 
     fn id(self) -> &'static str {
         match self {
             Tier::Host => "node_id",
-            Tier::Process => "gpu_id",
+            Tier::Process | Tier::Gpu => "gpu_id",
         }
     }
 
     fn lock_name(self, id: i64) -> String {
         match self {
             Tier::Host => format!("host:{id}"),
-            Tier::Process => format!("process:{id}"),
+            // One lock for a GPU's two tiers: a write reopens both.
+            Tier::Process | Tier::Gpu => format!("gpu:{id}"),
         }
     }
 }
@@ -155,6 +160,19 @@ fn unpack_process(gpu: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<ProcessT
     Ok(ticks)
 }
 
+/// The samples of a packed value (without their UUID).
+fn unpack_gpu(
+    gpu: i64,
+    minute: UnixMs,
+    value: &[u8],
+) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+    let samples = packed::gpu::unpack(value).map_err(corrupt(Tier::Gpu, gpu, minute))?;
+    if samples.iter().any(|(t, _)| minute_of(*t) != minute) {
+        return Err(outside(Tier::Gpu, gpu, minute));
+    }
+    Ok(samples)
+}
+
 /// A `process_samples` row as a packed tick.
 fn process_tick<R: Get>(row: &R) -> Result<ProcessTick, StoreError> {
     Ok(ProcessTick {
@@ -175,6 +193,7 @@ async fn insert_unpacked<DB: Backend>(
     conn: &mut DB::Connection,
     host: &[(i64, HostRow)],
     process: &[(i64, ProcessTick)],
+    gpu: &[(i64, UnixMs, GpuSample)],
 ) -> Result<(), StoreError> {
     let ticks: Vec<Tick> = host
         .iter()
@@ -199,6 +218,14 @@ async fn insert_unpacked<DB: Backend>(
         })
         .collect();
     let rows = Samples {
+        gpu: (gpu.iter())
+            .map(|(id, ts, s)| GpuRow {
+                group: 0,
+                gpu: *id,
+                ts: *ts,
+                s,
+            })
+            .collect(),
         host: (host.iter().zip(&ticks))
             .map(|((node, _), tick)| HostTick {
                 node: *node,
@@ -215,11 +242,27 @@ async fn insert_unpacked<DB: Backend>(
                 p,
             })
             .collect(),
-        ..Samples::default()
     };
-    // The careful way (rows already stored are skipped, not an error).
-    DB::write_samples(conn, &rows, &mut [], true).await?;
+    // The careful way (rows already stored are skipped, not an error); what it counts as
+    // inserted was stored before, so it goes to no node's count.
+    let mut uncounted = [NodeUpdate {
+        id: 0,
+        newest_ms: 0,
+        seq: 0,
+        delivery: DeliveryStats::default(),
+        inserted: 0,
+    }];
+    DB::write_samples(conn, &rows, &mut uncounted, true).await?;
     Ok(())
+}
+
+/// The tier whose key stands for `tier`'s in a write's wanted minutes: a GPU's samples
+/// and process ticks are reopened together.
+fn wanted_as(tier: Tier) -> Tier {
+    match tier {
+        Tier::Gpu => Tier::Process,
+        t => t,
+    }
 }
 
 /// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
@@ -240,6 +283,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
             }
             let uuids =
                 (t.gpus.iter().map(|g| &g.gpu_uuid)).chain(t.processes.iter().map(|p| &p.gpu_uuid));
+            // A GPU's samples and process ticks: both its tiers (keyed as Process).
             for gpu in uuids.filter_map(|u| b.keys.gpus.get(u)) {
                 let key = (Tier::Process, gpu.0);
                 wanted.entry(key).or_default().insert(minute);
@@ -252,8 +296,9 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     lock::<DB>(conn, wanted.keys().copied()).await?;
     let mut host = Vec::new();
     let mut process = Vec::new();
+    let mut gpu = Vec::new();
     let mut reopened = Vec::new();
-    // Both tiers in one statement: per series the span of minutes written.
+    // Every tier in one statement: per series the span of minutes written.
     let spans: Vec<(Tier, i64, UnixMs, UnixMs)> = (wanted.iter())
         .filter_map(|((tier, id), m)| Some((*tier, *id, *m.first()?, *m.last()?)))
         .collect();
@@ -265,15 +310,21 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     let select = |tier: Tier| {
         format!(
             "SELECT {t} AS tier, p.{id} AS id, p.minute_ms, p.packed FROM {v} \
-             JOIN {packed} p ON v.tier = {t} AND p.{id} = v.id \
+             JOIN {packed} p ON v.tier = {k} AND p.{id} = v.id \
                AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
             t = tier as i64,
+            k = wanted_as(tier) as i64,
             v = DB::DIALECT.over(&table, "v"),
             id = tier.id(),
             packed = tier.packed(),
         )
     };
-    let text = format!("{} UNION ALL {}", select(Tier::Host), select(Tier::Process));
+    let text = format!(
+        "{} UNION ALL {} UNION ALL {}",
+        select(Tier::Host),
+        select(Tier::Process),
+        select(Tier::Gpu)
+    );
     let found = sql::<DB>("find packed minutes a write falls in", text)
         .bind_table(table)
         .all(&mut *conn)
@@ -281,10 +332,11 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     for row in &found {
         let tier = match row.get::<i64>("tier")? {
             t if t == Tier::Host as i64 => Tier::Host,
-            _ => Tier::Process,
+            t if t == Tier::Process as i64 => Tier::Process,
+            _ => Tier::Gpu,
         };
         let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
-        if !wanted.get(&(tier, id)).is_some_and(|m| m.contains(&minute)) {
+        if !(wanted.get(&(wanted_as(tier), id))).is_some_and(|m| m.contains(&minute)) {
             continue;
         }
         let value: Vec<u8> = row.get("packed")?;
@@ -297,13 +349,17 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
                 let ticks = unpack_process(id, minute, &value)?;
                 process.extend(ticks.into_iter().map(|t| (id, t)));
             }
+            Tier::Gpu => {
+                let samples = unpack_gpu(id, minute, &value)?;
+                gpu.extend(samples.into_iter().map(|(t, s)| (id, t, s)));
+            }
         }
         reopened.push((tier, id, minute));
     }
     if reopened.is_empty() {
         return Ok(0);
     }
-    insert_unpacked::<DB>(conn, &host, &process).await?;
+    insert_unpacked::<DB>(conn, &host, &process, &gpu).await?;
     for (tier, id, minute) in &reopened {
         sql::<DB>(
             "delete a reopened packed minute",
@@ -403,8 +459,310 @@ pub(crate) async fn host_rows<DB: Backend>(
     Ok(merged.into_values().take(limit).collect())
 }
 
-/// Whether any minute of `node`'s host rows or of its GPUs' process ticks in `range` is
-/// packed.
+/// Sets the UUID of `gpu`'s samples that came from packed minutes (which keep none).
+async fn name_samples<'s, DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    samples: impl Iterator<Item = &'s mut GpuSample>,
+) -> Result<(), StoreError> {
+    let mut uuid: Option<String> = None;
+    for s in samples.filter(|s| s.gpu_uuid.is_empty()) {
+        if uuid.is_none() {
+            let row = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
+                .bind(gpu.0)
+                .one(&mut *conn)
+                .await?;
+            uuid = Some(row.get("uuid")?);
+        }
+        s.gpu_uuid
+            .clone_from(uuid.as_ref().unwrap_or(&String::new()));
+    }
+    Ok(())
+}
+
+/// A GPU's samples with times in `range`, oldest first, at most `limit`: the rows of
+/// `gpu_samples` and of the packed minutes, merged.
+pub(crate) async fn gpu_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    range: TimeRange,
+    limit: usize,
+) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+    let stored = sql::<DB>(
+        "read GPU samples",
+        format!(
+            "SELECT {GPU_COLS} FROM gpu_samples s JOIN gpus g ON g.id = s.gpu_id \
+             WHERE s.gpu_id = $1 AND s.ts_ms BETWEEN $2 AND $3 ORDER BY s.ts_ms LIMIT $4"
+        ),
+    )
+    .bind(gpu.0)
+    .bind(range.from_ms)
+    .bind(range.to_ms)
+    .bind(rows::limit_i64(limit))
+    .all(&mut *conn)
+    .await?;
+    let mut merged: BTreeMap<UnixMs, GpuSample> = BTreeMap::new();
+    for row in &stored {
+        merged.insert(row.get("ts_ms")?, rows::gpu_sample(row)?);
+    }
+    packed_pages::<DB>(conn, Tier::Gpu, gpu.0, range, limit, |minute, value| {
+        let mut n = 0;
+        for (t, s) in unpack_gpu(gpu.0, minute, value)? {
+            if in_range(range, t) {
+                n += 1;
+                merged.entry(t).or_insert(s);
+            }
+        }
+        Ok(n)
+    })
+    .await?;
+    let mut out: Vec<(UnixMs, GpuSample)> = merged.into_iter().take(limit).collect();
+    name_samples::<DB>(conn, gpu, out.iter_mut().map(|(_, s)| s)).await?;
+    Ok(out)
+}
+
+/// Whether any minute of `gpu`'s samples in `range` is packed.
+pub(crate) async fn gpu_packed_in<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    range: TimeRange,
+) -> Result<bool, StoreError> {
+    let found = sql::<DB>(
+        "look for packed minutes of a GPU",
+        "SELECT 1 AS found FROM packed_gpu_minutes \
+         WHERE gpu_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 LIMIT 1",
+    )
+    .bind(gpu.0)
+    .bind(minute_of(range.from_ms))
+    .bind(range.to_ms)
+    .all(conn)
+    .await?;
+    Ok(!found.is_empty())
+}
+
+/// Feeds `each` every sample of `gpu`'s packed minutes with a time in `range`, minute by
+/// minute, oldest first (without their UUID).
+pub(crate) async fn each_packed_gpu_sample<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    range: TimeRange,
+    mut each: impl FnMut(UnixMs, &GpuSample),
+) -> Result<(), StoreError> {
+    packed_pages::<DB>(
+        conn,
+        Tier::Gpu,
+        gpu.0,
+        range,
+        usize::MAX,
+        |minute, value| {
+            for (t, s) in unpack_gpu(gpu.0, minute, value)? {
+                if in_range(range, t) {
+                    each(t, &s);
+                }
+            }
+            Ok(0)
+        },
+    )
+    .await
+}
+
+/// The GPU samples of packed minutes for energy ranges (`(GPU id, from_ms, to_ms)`): per
+/// range, the newest packed sample before `from_ms` and the packed samples in
+/// `[from_ms, to_ms)`, by time.
+pub(crate) async fn energy_gpu_samples<DB: Backend>(
+    conn: &mut DB::Connection,
+    ranges: &[(GpuId, UnixMs, UnixMs)],
+) -> Result<Vec<EnergyPacked>, StoreError> {
+    let mut out = vec![EnergyPacked::default(); ranges.len()];
+    let table = Table::default()
+        .int("req", 0..ranges.len() as i64)
+        .int("id", ranges.iter().map(|r| r.0.0))
+        .int("from_ms", ranges.iter().map(|r| r.1))
+        .int("to_ms", ranges.iter().map(|r| r.2))
+        .int("first_minute", ranges.iter().map(|r| minute_of(r.1)));
+    // The minutes the ranges overlap, and each range's newest minute wholly before it.
+    let found = sql::<DB>(
+        "find packed GPU minutes for energy",
+        format!(
+            "SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {v} \
+             JOIN packed_gpu_minutes p ON p.gpu_id = v.id \
+               AND p.minute_ms > v.from_ms - {MINUTE_MS} AND p.minute_ms < v.to_ms \
+             UNION ALL SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {v} \
+             JOIN packed_gpu_minutes p ON p.gpu_id = v.id AND p.minute_ms = ( \
+               SELECT max(x.minute_ms) FROM packed_gpu_minutes x \
+               WHERE x.gpu_id = v.id AND x.minute_ms < v.first_minute)",
+            v = DB::DIALECT.over(&table, "v")
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    for row in &found {
+        let req = rows::request(row, ranges.len(), "packed energy read")?;
+        let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
+        let (_, from, to) = ranges[req];
+        let o = &mut out[req];
+        for (t, s) in unpack_gpu(gpu, minute, &row.get::<Vec<u8>>("packed")?)? {
+            if (from..to).contains(&t) {
+                o.samples.push((t, s));
+            } else if t < from && o.prev.as_ref().is_none_or(|p| p.0 < t) {
+                o.prev = Some((t, s));
+            }
+        }
+    }
+    for o in &mut out {
+        o.samples.sort_by_key(|(t, _)| *t);
+        o.samples.dedup_by_key(|(t, _)| *t);
+    }
+    Ok(out)
+}
+
+/// What the packed minutes hold for one energy range.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EnergyPacked {
+    pub prev: Option<(UnixMs, GpuSample)>,
+    pub samples: Vec<(UnixMs, GpuSample)>,
+}
+
+/// The time of `gpu`'s first packed sample at or after `at_ms`.
+pub(crate) async fn next_packed_sample<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    at_ms: UnixMs,
+) -> Result<Option<UnixMs>, StoreError> {
+    // The minute holding `at_ms` may end before it; the next one does not.
+    let found = sql::<DB>(
+        "find the next packed GPU minutes",
+        "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+         AND minute_ms >= $2 ORDER BY minute_ms LIMIT 2",
+    )
+    .bind(gpu.0)
+    .bind(minute_of(at_ms))
+    .all(conn)
+    .await?;
+    for row in &found {
+        let minute: UnixMs = row.get("minute_ms")?;
+        let samples = unpack_gpu(gpu.0, minute, &row.get::<Vec<u8>>("packed")?)?;
+        if let Some(t) = samples
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t >= at_ms)
+            .min()
+        {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
+}
+
+/// Of `wanted` (GPU, position), the indexes of the GPUs with a packed minute after their
+/// position.
+pub(crate) async fn packed_after<DB: Backend>(
+    conn: &mut DB::Connection,
+    wanted: &[(GpuId, UnixMs)],
+) -> Result<BTreeSet<usize>, StoreError> {
+    let table = Table::default()
+        .int("req", 0..wanted.len() as i64)
+        .int("id", wanted.iter().map(|w| w.0.0))
+        .int("from_minute", wanted.iter().map(|w| minute_of(w.1)));
+    let found = sql::<DB>(
+        "look for packed minutes after remote-write positions",
+        format!(
+            "SELECT v.req FROM {} WHERE EXISTS (SELECT 1 FROM packed_gpu_minutes p \
+               WHERE p.gpu_id = v.id AND p.minute_ms >= v.from_minute)",
+            DB::DIALECT.over(&table, "v")
+        ),
+    )
+    .bind_table(table)
+    .all(conn)
+    .await?;
+    found
+        .iter()
+        .map(|row| rows::request(row, wanted.len(), "remote-write read"))
+        .collect()
+}
+
+/// Retention of a GPU's packed minutes behind its raw `horizon` (a minute boundary), after
+/// its rows there were deleted but the newest: the GPU keeps its newest sample before
+/// the horizon (the horizon minute's first interval starts there). When that is a packed
+/// one, its minute is packed again holding only it, and the row left goes; else every
+/// packed minute before the horizon goes. Returns the packed minutes and rows deleted.
+pub(crate) async fn expire_packed_gpu<DB: Backend>(
+    store: &SqlStore<DB>,
+    gpu: i64,
+    horizon: UnixMs,
+) -> Result<(u64, u64), StoreError> {
+    let mut tx = store
+        .begin_write("begin expiring packed GPU minutes")
+        .await?;
+    lock::<DB>(tx.conn(), std::iter::once((Tier::Gpu, gpu))).await?;
+    let newest = sql::<DB>(
+        "read the newest packed GPU minute before the horizon",
+        "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+         AND minute_ms < $2 ORDER BY minute_ms DESC LIMIT 1",
+    )
+    .bind(gpu)
+    .bind(horizon)
+    .optional(tx.conn())
+    .await?;
+    let Some(newest) = newest else {
+        tx.rollback().await?;
+        return Ok((0, 0));
+    };
+    let minute: UnixMs = newest.get("minute_ms")?;
+    let mut samples = unpack_gpu(gpu, minute, &newest.get::<Vec<u8>>("packed")?)?;
+    samples.sort_by_key(|(t, _)| *t);
+    let row: Option<UnixMs> = sql::<DB>(
+        "read the newest GPU row before the horizon",
+        "SELECT max(ts_ms) AS t FROM gpu_samples WHERE gpu_id = $1 AND ts_ms < $2",
+    )
+    .bind(gpu)
+    .bind(horizon)
+    .one(tx.conn())
+    .await?
+    .get("t")?;
+    let (mut keep_from, mut rows) = (horizon, 0);
+    if let Some(last) = samples.pop().filter(|(t, _)| row.is_none_or(|r| r < *t)) {
+        if !samples.is_empty() {
+            let value = packed::gpu::pack(std::slice::from_ref(&last)).map_err(corrupt(
+                Tier::Gpu,
+                gpu,
+                minute,
+            ))?;
+            sql::<DB>(
+                "pack a GPU's newest minute before the horizon again",
+                "UPDATE packed_gpu_minutes SET packed = $3 WHERE gpu_id = $1 AND minute_ms = $2",
+            )
+            .bind(gpu)
+            .bind(minute)
+            .bind(&value)
+            .execute(tx.conn())
+            .await?;
+        }
+        keep_from = minute;
+        rows = sql::<DB>(
+            "delete the GPU row before the horizon",
+            "DELETE FROM gpu_samples WHERE gpu_id = $1 AND ts_ms < $2",
+        )
+        .bind(gpu)
+        .bind(horizon)
+        .execute(tx.conn())
+        .await?;
+    }
+    let deleted = sql::<DB>(
+        "delete packed GPU minutes behind the horizon",
+        "DELETE FROM packed_gpu_minutes WHERE gpu_id = $1 AND minute_ms < $2",
+    )
+    .bind(gpu)
+    .bind(keep_from)
+    .execute(tx.conn())
+    .await?;
+    tx.commit("commit expired packed GPU minutes").await?;
+    Ok((deleted, rows))
+}
+
+/// Whether any minute of `node`'s host rows or of its GPUs' process ticks or samples in
+/// `range` is packed.
 pub(crate) async fn any_packed<DB: Backend>(
     conn: &mut DB::Connection,
     node: &NodeRecord,
@@ -415,6 +773,8 @@ pub(crate) async fn any_packed<DB: Backend>(
         "SELECT 1 AS found FROM packed_host_minutes \
            WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 \
          UNION ALL SELECT 1 AS found FROM packed_process_minutes p JOIN gpus g ON g.id = p.gpu_id \
+           WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 \
+         UNION ALL SELECT 1 AS found FROM packed_gpu_minutes p JOIN gpus g ON g.id = p.gpu_id \
            WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 LIMIT 1",
     )
     .bind(node.id.0)
@@ -641,7 +1001,9 @@ impl<DB: Backend> SqlStore<DB> {
         budget: usize,
     ) -> Result<PackOutcome, StoreError> {
         let mut out = PackOutcome::default();
-        for tier in [Tier::Host, Tier::Process] {
+        // A GPU's process minute before its samples' (a GPU minute waits for its process
+        // ticks: their readiness is judged against the GPU rows).
+        for tier in [Tier::Host, Tier::Process, Tier::Gpu] {
             let (op, text) = match tier {
                 Tier::Host => (
                     "list the nodes whose host rows may be packed",
@@ -655,6 +1017,14 @@ impl<DB: Backend> SqlStore<DB> {
                     "SELECT g.id, e.done_to_ms, \
                        (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS newest \
                      FROM gpus g JOIN energy_progress e ON e.gpu_id = g.id ORDER BY g.id",
+                ),
+                Tier::Gpu => (
+                    "list the GPUs whose samples may be packed",
+                    "SELECT g.id, CASE WHEN e.done_to_ms < r.done_to_ms THEN e.done_to_ms \
+                       ELSE r.done_to_ms END AS done_to_ms, \
+                       (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS newest \
+                     FROM gpus g JOIN energy_progress e ON e.gpu_id = g.id \
+                     JOIN rollup_progress r ON r.kind = 'gpu' AND r.id = g.id ORDER BY g.id",
                 ),
             };
             let series = sql::<DB>(op, text).all(&mut *self.conn().await?).await?;
@@ -712,7 +1082,8 @@ impl<DB: Backend> SqlStore<DB> {
         let read = |op, text: String| sql::<DB>(op, text).bind(id).bind(start).bind(end);
         // The minutes that may be packed, with the number of rows each must hold (host:
         // the rollup's count; process: any, once the energy minute counts the GPU
-        // samples the minute holds now).
+        // samples the minute holds now; GPU: the count its rollup and energy minutes
+        // agree on, once no process row is left in it).
         let ready_sql = match tier {
             Tier::Host => "SELECT minute_ms, samples AS want FROM host_minutes \
                  WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms < $3"
@@ -722,6 +1093,14 @@ impl<DB: Backend> SqlStore<DB> {
                  WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
                    AND e.samples = (SELECT count(*) FROM gpu_samples s WHERE s.gpu_id = e.gpu_id \
                      AND s.ts_ms >= e.minute_ms AND s.ts_ms < e.minute_ms + {MINUTE_MS})"
+            ),
+            Tier::Gpu => format!(
+                "SELECT r.minute_ms, CAST(r.samples AS BIGINT) AS want FROM gpu_minutes r \
+                 JOIN energy_gpu_minutes e ON e.gpu_id = r.gpu_id AND e.minute_ms = r.minute_ms \
+                   AND e.samples = r.samples \
+                 WHERE r.gpu_id = $1 AND r.minute_ms >= $2 AND r.minute_ms < $3 \
+                   AND NOT EXISTS (SELECT 1 FROM process_samples p WHERE p.gpu_id = r.gpu_id \
+                     AND p.ts_ms >= r.minute_ms AND p.ts_ms < r.minute_ms + {MINUTE_MS})"
             ),
         };
         let mut ready = Ready::new();
@@ -736,14 +1115,17 @@ impl<DB: Backend> SqlStore<DB> {
             Some(None) => true,
             None => false,
         };
-        let order = match tier {
-            Tier::Host => "ts_ms",
-            Tier::Process => "ts_ms, pid",
+        let (order, uuid) = match tier {
+            Tier::Host => ("ts_ms", ""),
+            Tier::Process => ("ts_ms, pid", ""),
+            // Read as GPU samples are; the UUID is not packed.
+            Tier::Gpu => ("ts_ms", "'' AS gpu_uuid, "),
         };
         let stored = read(
             "read rows to pack",
             format!(
-                "SELECT * FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 ORDER BY {order}",
+                "SELECT {uuid}* FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 \
+                 ORDER BY {order}",
                 tier.rows(),
                 tier.id()
             ),
@@ -782,6 +1164,18 @@ impl<DB: Backend> SqlStore<DB> {
                 |t| (t.ts_ms, t.pid),
                 |t| t.ts_ms,
                 packed::process::pack,
+                qualifies,
+            )?,
+            Tier::Gpu => pack_rows(
+                tier,
+                id,
+                (stored.iter())
+                    .map(|row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
+                    .collect::<Result<_, StoreError>>()?,
+                decode_packed(&earlier, |m, v| unpack_gpu(id, m, v))?,
+                |(t, _)| *t,
+                |(t, _)| *t,
+                packed::gpu::pack,
                 qualifies,
             )?,
         };

@@ -178,7 +178,7 @@ impl SqlStore<Postgres> {
             .collect()
     }
 
-    /// Drops the process and host partitions of days that ended at or before `before_ms`
+    /// Drops the raw partitions of days that ended at or before `before_ms`
     /// and that packing emptied (every minute of them packed): the space of rows deleted
     /// from a past day's partition is never reused, so this is how packing frees disk.
     /// Each emptied partition is locked (its parent with it) before it is checked again and
@@ -190,7 +190,7 @@ impl SqlStore<Postgres> {
             .raw_partitions()
             .await?
             .into_iter()
-            .filter(|p| p.table != "gpu_samples" && p.to_ms.is_some_and(|to| to <= before_ms));
+            .filter(|p| p.to_ms.is_some_and(|to| to <= before_ms));
         for p in old {
             let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
             let (name, parent) = (quote(&p.name), quote(&p.table));

@@ -5,7 +5,7 @@
 
 use super::backend::{Backend, Get, GetExt, Table, sql};
 use super::rows::{self, GPU_COLS, WORKLOAD_COLS, limit_i64};
-use super::{GpuId, SqlStore, StoreError};
+use super::{GpuId, SqlStore, StoreError, TimeRange};
 use async_trait::async_trait;
 use gpufleet_core::{GpuSample, UnixMs, Workload};
 use std::collections::BTreeMap;
@@ -205,6 +205,40 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         if n == 0 || per_gpu == 0 || total == 0 {
             return Ok(out);
         }
+        // A position more than an hour behind (a backfill, an outage) may be in packed
+        // minutes: then every GPU's samples are read merged, and ranked alike.
+        let mut tx = self
+            .read_snapshot("read GPU samples after their positions")
+            .await?;
+        if !super::packing::packed_after::<DB>(&mut tx, wanted)
+            .await?
+            .is_empty()
+        {
+            for (o, (gpu, after)) in out.iter_mut().zip(wanted) {
+                let range = TimeRange {
+                    from_ms: after.saturating_add(1),
+                    to_ms: UnixMs::MAX,
+                };
+                *o = super::packing::gpu_rows::<DB>(&mut tx, *gpu, range, per_gpu).await?;
+            }
+            super::end_read(tx, "read GPU samples after their positions").await?;
+            // Every GPU's oldest before any GPU's next, `total` in all.
+            let mut left = total;
+            let mut keep = vec![0; n];
+            for rank in 0..per_gpu {
+                for (k, o) in keep.iter_mut().zip(&out) {
+                    if left > 0 && rank < o.len() {
+                        *k += 1;
+                        left -= 1;
+                    }
+                }
+            }
+            for (o, k) in out.iter_mut().zip(keep) {
+                o.truncate(k);
+            }
+            return Ok(out);
+        }
+        super::end_read(tx, "read GPU samples after their positions").await?;
         let requests: Vec<Vec<i64>> = (wanted.iter().enumerate())
             .map(|(i, (gpu, after))| {
                 let req = i64::try_from(i).unwrap_or(i64::MAX);

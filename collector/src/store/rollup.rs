@@ -489,6 +489,14 @@ impl<DB: Backend> SqlStore<DB> {
                     // horizon's minute starts there.
                     self.delete_keeping_newest("gpu_samples", id_value, horizon, batch, out)
                         .await?;
+                    let (packed, rows) =
+                        super::packing::expire_packed_gpu(self, id_value, horizon).await?;
+                    out.transactions += 1;
+                    for (table, n) in [("packed_gpu_minutes", packed), ("gpu_samples", rows)] {
+                        if n > 0 {
+                            *out.deleted.entry(table).or_default() += n;
+                        }
+                    }
                     let id = Some(("gpu_id", id_value));
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;

@@ -6,9 +6,10 @@
 //! then writes more ticks to both, and B must find the lifetimes it converted rather than
 //! store them again.
 //!
-//! Migration 0026 (packed minutes) adds tables and converts nothing itself: a database at
-//! the schema before it opens with every row in place, and the rollup task then packs its
-//! closed minutes (host rows, process ticks) without changing one answer.
+//! Migrations 0026 and 0027 (packed minutes) add tables and convert nothing themselves: a
+//! database at the schema before them opens with every row in place, and the rollup task
+//! then packs its closed minutes (host rows, process ticks, GPU samples) without changing
+//! one answer.
 
 use crate::common::*;
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
@@ -327,15 +328,16 @@ fn five_minutes() -> Vec<Tick> {
     out
 }
 
-/// Host rows and process samples of a store, as read.
+/// Host rows, GPU samples and process samples of a store, as read.
 async fn raw_answers(s: &Arc<dyn Store>, node: &NodeRecord) -> String {
     let mut out = format!(
         "{:?}",
         s.host_samples(node.id, ALL, 10_000).await.expect("h")
     );
     for g in &node.gpus {
+        let samples = s.gpu_samples(g.id, ALL, 10_000).await.expect("s");
         let p = s.process_samples(g.id, ALL, 10_000).await.expect("p");
-        out += &format!("\n{p:?}");
+        out += &format!("\n{samples:?}\n{p:?}");
     }
     out
 }
@@ -356,8 +358,8 @@ async fn host_rows_survive_packing(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node:
     let mut r = Rollups::new(b.clone(), RetentionOptions::default(), clock);
     r.pass().await.expect("roll up");
     let out = r.pack(now).await.expect("pack");
-    // Five host minutes; five process minutes of each GPU.
-    assert_eq!(out.minutes, 5 + 2 * 5, "{out:?}");
+    // Five host minutes; five process minutes and five sample minutes of each GPU.
+    assert_eq!(out.minutes, 5 + 2 * 5 + 2 * 5, "{out:?}");
     assert_eq!(raw_answers(b, node).await, answers);
     let latest = b.latest_host_samples().await.expect("latest");
     assert_eq!(latest[0].time_ms, T0 + 7 * 60_000);

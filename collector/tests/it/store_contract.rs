@@ -1376,7 +1376,11 @@ mod contract {
         let ticks_before = store.node_ticks(&rec, ALL_TIME, 1000).await.expect("ticks");
 
         let out = r.pack(now).await.expect("pack");
-        assert_eq!(out.minutes, 5 + 2 * 5, "host and process minutes: {out:?}");
+        assert_eq!(
+            out.minutes,
+            5 + 2 * 5 + 2 * 5,
+            "host, process and GPU minutes: {out:?}"
+        );
         assert_eq!(reads(store.clone(), ids.clone()).await, before);
         let ticks = store.node_ticks(&rec, ALL_TIME, 1000).await.expect("ticks");
         assert_eq!(
@@ -1396,7 +1400,7 @@ mod contract {
         r.mark(RollupKey::gpu(ids[0]), late.time_ms);
         r.mark(RollupKey::host(rec.id), late.time_ms);
         r.pass().await.expect("roll up");
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 2);
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
         let with_late = reads(store.clone(), ids.clone()).await;
         assert_ne!(with_late[0], before[0]);
         assert_eq!(with_late[1], before[1]);
@@ -1424,6 +1428,217 @@ mod contract {
         );
         let left = (store.process_samples(ids[1], ALL_TIME, 100_000).await).expect("p");
         assert_eq!(left.first().map(|p| p.0), Some(T0 + 3 * MIN));
+    }
+
+    /// `s` with every field but the energy counter and the power of a counter-metered
+    /// GPU (what check-energy judges) present or absent at random, with random values,
+    /// and 0–3 NVLink links, each rate present or absent (`next`: a seeded generator).
+    fn randomize_gpu_sample(s: &mut GpuSample, metered: bool, next: &mut impl FnMut() -> u64) {
+        let mut bits = next();
+        let mut some = |v: u64| {
+            bits >>= 1;
+            (bits & 1 == 1).then_some(v)
+        };
+        let pct = |v: u64| (v % 101) as u32;
+        s.util_gpu_pct = some(next()).map(pct);
+        s.util_mem_pct = some(next()).map(pct);
+        s.mem_used_bytes = some(next() >> 20);
+        s.mem_total_bytes = some(80 << 30);
+        s.mem_reserved_bytes = some(next() % 1_000_000_000);
+        if !metered {
+            s.power_mw = some(next() % 700_000).map(|v| v as u32);
+        }
+        s.power_instant_mw = some(next() % 700_000).map(|v| v as u32);
+        s.power_limit_mw = some(700_000).map(|v| v as u32);
+        s.temp_gpu_c = some(next() % 100).map(|v| v as u32);
+        s.temp_mem_c = some(u64::from(u32::MAX)).map(|v| v as u32);
+        s.fan_pct = some(next()).map(pct);
+        s.clock_sm_mhz = some(next() % 2_000).map(|v| v as u32);
+        s.clock_mem_mhz = some(2_619).map(|v| v as u32);
+        s.clock_graphics_mhz = some(next() % 2_000).map(|v| v as u32);
+        s.pstate = some(next() % 16).map(|v| v as u32);
+        s.pcie_tx_bps = some(next() >> 30);
+        s.pcie_rx_bps = some(next());
+        s.nvlink_tx_bps = some(next() >> 8);
+        s.nvlink_rx_bps = some(0);
+        s.ecc_corrected_volatile = some(next() % 5);
+        s.ecc_uncorrected_volatile = some(u64::MAX);
+        s.throttle_reasons = some(next() & 0x1ff);
+        s.enc_util_pct = some(next()).map(pct);
+        s.dec_util_pct = some(next()).map(pct);
+        s.nvlinks = (0..next() % 4)
+            .map(|l| NvLinkSample {
+                link: l as u32 * 2,
+                tx_bps: some(next() >> 12),
+                rx_bps: some(next() >> 40),
+            })
+            .collect();
+    }
+
+    /// What is read of a node's GPU samples, every way they are read: the samples (all,
+    /// a middle range, the first few), raw and downsampled series, energy inputs (one
+    /// starting inside a minute), the next sample, remote-write reads after positions,
+    /// the node's ticks.
+    async fn gpu_reads(store: &Arc<dyn Store>, rec: &NodeRecord) -> Vec<String> {
+        let mid = TimeRange {
+            from_ms: T0 + 70_500,
+            to_ms: T0 + 250_000,
+        };
+        let mut out = Vec::new();
+        for g in &rec.gpus {
+            let id = g.id;
+            let mut line = format!(
+                "{:?}\n{:?}\n{:?}\n",
+                store.gpu_samples(id, ALL_TIME, 100_000).await.expect("s"),
+                store.gpu_samples(id, mid, 77).await.expect("s"),
+                store.gpu_samples(id, ALL_TIME, 10).await.expect("s"),
+            );
+            for metric in [
+                GpuMetric::MemUsedBytes,
+                GpuMetric::PowerMw,
+                GpuMetric::FanPct,
+            ] {
+                for step in [None, Some(7_000), Some(1)] {
+                    let s = store.gpu_series(id, metric, mid, step, 10_000).await;
+                    line += &format!("{metric:?} {step:?} {:?}\n", s.expect("series"));
+                }
+            }
+            for (from, to) in [(T0, T0 + 7_200_000), (T0 + 90_500, T0 + 200_000)] {
+                let e = store.energy_inputs(id, from, to).await.expect("energy");
+                line += &format!("{e:?}\n");
+            }
+            for at in [T0 - 5, T0 + 61_000, T0 + 119_999, T0 + 300_000] {
+                let next = store.next_sample_ms(id, at).await.expect("next");
+                line += &format!("{at} {next:?}\n");
+            }
+            out.push(line);
+        }
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        let wanted = [(a, T0 + 100_000), (b, T0 - 1)];
+        for (per_gpu, total) in [(50, 80), (1_000, 100_000)] {
+            let after = store.gpu_samples_after(&wanted, per_gpu, total).await;
+            out.push(format!("{:?}", after.expect("after")));
+        }
+        let ticks = store.node_ticks(rec, ALL_TIME, 1000).await.expect("ticks");
+        out.push(format!("{ticks:?}"));
+        out
+    }
+
+    /// Closed minutes of GPU samples are packed once rolled up, energy-accounted and their
+    /// process ticks packed, and every reader answers as from the rows: every field of
+    /// random samples (absent stays absent), series, energy inputs, remote-write reads. A
+    /// late sample reopens its minute, which waits for its recomputation; recomputed
+    /// energy is unchanged and `check-energy` passes; retention keeps exactly the newest
+    /// sample before the horizon.
+    pub async fn gpu_samples_are_packed_and_every_reader_agrees(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(
+            &store,
+            "node-g",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let gpus = ["GPU-a", "GPU-b"];
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut ticks = batch(1, T0, 300, &gpus).ticks;
+        for t in &mut ticks {
+            randomize_gpu_sample(&mut t.gpus[0], true, &mut next);
+            randomize_gpu_sample(&mut t.gpus[1], false, &mut next);
+        }
+        ticks.push(common::tick(T0 + HOUR, &gpus, 1));
+        write(&store, &rec, 1, ticks).await;
+        let now = T0 + 2 * HOUR;
+        let energy = EnergyOptions::default();
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let before = gpu_reads(&store, &rec).await;
+        assert!(
+            before[0].contains("nvlinks: [NvLinkSample"),
+            "{}",
+            &before[0][..300]
+        );
+        let totals = accounted(&store, &rec).await;
+
+        let out = r.pack(now).await.expect("pack");
+        assert_eq!(
+            out.minutes,
+            5 + 2 * 5 + 2 * 5,
+            "host, process, GPU: {out:?}"
+        );
+        let after = gpu_reads(&store, &rec).await;
+        for (b, a) in before.iter().zip(&after) {
+            assert!(
+                a == b,
+                "read back differs:\n{}\n---\n{}",
+                &b[..b.len().min(2000)],
+                &a[..a.len().min(2000)]
+            );
+        }
+        let latest = store.latest_gpu_samples().await.expect("latest");
+        assert!(
+            latest.iter().all(|l| l.time_ms == T0 + HOUR),
+            "the newest stays a row"
+        );
+
+        // A late sample of GPU-a in minute 1 reopens its minutes (GPU and process; the
+        // node's host minute): packed again only once recomputed.
+        let late = common::tick(T0 + MIN + 250, &["GPU-a"], 9);
+        write(&store, &rec, 2, vec![late.clone()]).await;
+        let a = rec.gpus[0].id;
+        let s = store.gpu_samples(a, ALL_TIME, 100_000).await.expect("s");
+        assert_eq!(s.len(), 302);
+        assert!(s.iter().any(|(t, _)| *t == late.time_ms));
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
+        acc.mark(a, late.time_ms);
+        acc.pass().await.expect("account");
+        r.mark(RollupKey::gpu(a), late.time_ms);
+        r.mark(RollupKey::host(rec.id), late.time_ms);
+        r.pass().await.expect("roll up");
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
+        assert_eq!(store.gpu_samples(a, ALL_TIME, 100_000).await.expect("s"), s);
+        let totals_late = accounted(&store, &rec).await;
+        assert_ne!(totals_late, totals);
+        accountant::recompute(store.as_ref(), ALL_TIME, &energy)
+            .await
+            .expect("recompute");
+        assert_eq!(accounted(&store, &rec).await, totals_late);
+        let report = energy_check::check(store.as_ref(), ALL_TIME)
+            .await
+            .expect("check");
+        assert_eq!(report.violations, vec![]);
+
+        // Retention three minutes past a week: of the packed minutes 0..3 the newest
+        // sample before the horizon stays, alone.
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + 3 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(out.deleted.get("packed_gpu_minutes"), Some(&4), "{out:?}");
+        let horizon = T0 + 3 * MIN;
+        for g in &rec.gpus {
+            let early = TimeRange {
+                from_ms: 0,
+                to_ms: horizon - 1,
+            };
+            let kept = store.gpu_samples(g.id, early, 10).await.expect("s");
+            let times: Vec<UnixMs> = kept.iter().map(|(t, _)| *t).collect();
+            assert_eq!(times, vec![horizon - 1000]);
+            assert_eq!(kept[0].1.gpu_uuid, g.info.uuid);
+        }
+        assert_eq!(accounted(&store, &rec).await, totals_late, "energy kept");
+        let again = r
+            .expire(T0 + 7 * 86_400_000 + 3 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(again.total(), 0, "{again:?}");
     }
 
     pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
@@ -2560,6 +2775,7 @@ macro_rules! contract_tests {
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
+                gpu_samples_are_packed_and_every_reader_agrees,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
                 waste_minutes_read_idle_candidates_with_their_price,
@@ -2709,9 +2925,10 @@ async fn postgres_partitions_emptied_by_packing_are_dropped() {
         .expect("write");
     let reads = || async {
         format!(
-            "{:?}\n{:?}",
+            "{:?}\n{:?}\n{:?}",
             store.host_samples(rec.id, ALL_TIME, 1000).await.expect("h"),
-            store.process_samples(gpu, ALL_TIME, 1000).await.expect("p")
+            store.process_samples(gpu, ALL_TIME, 1000).await.expect("p"),
+            store.gpu_samples(gpu, ALL_TIME, 1000).await.expect("s")
         )
     };
     let before = reads().await;
@@ -2727,12 +2944,14 @@ async fn postgres_partitions_emptied_by_packing_are_dropped() {
     let mut r = contract::rollups(&store, now);
     r.pass().await.expect("roll up");
     let out = r.pack(now).await.expect("pack");
-    assert_eq!(out.minutes, 3 + 3, "{out:?}");
-    for name in ["host_samples_p20270115", "process_samples_p20270115"] {
-        assert!(out.partitions_dropped.iter().any(|n| n == name), "{out:?}");
+    assert_eq!(out.minutes, 3 + 3 + 3, "{out:?}");
+    for table in ["host_samples", "process_samples", "gpu_samples"] {
+        let name = format!("{table}_p20270115");
+        assert!(out.partitions_dropped.contains(&name), "{out:?}");
     }
+    // The next day's partitions hold the newest tick's rows.
     assert!(
-        !(out.partitions_dropped.iter()).any(|n| n.starts_with("gpu_samples")),
+        !(out.partitions_dropped.iter()).any(|n| n.ends_with("_p20270116")),
         "{out:?}"
     );
     assert_eq!(reads().await, before);
@@ -2747,11 +2966,7 @@ async fn postgres_partitions_emptied_by_packing_are_dropped() {
     };
     let names = partitions().await;
     assert!(
-        names.iter().any(|n| n == "gpu_samples_p20270115"),
-        "{names:?}"
-    );
-    assert!(
-        !names.iter().any(|n| n == "host_samples_p20270115"),
+        !names.iter().any(|n| n.ends_with("_p20270115")),
         "{names:?}"
     );
 
@@ -2769,6 +2984,9 @@ async fn postgres_partitions_emptied_by_packing_are_dropped() {
     assert!(hosts.iter().any(|h| h.time_ms == late.time_ms));
     let procs = store.process_samples(gpu, ALL_TIME, 1000).await.expect("p");
     assert!(procs.iter().any(|p| p.0 == late.time_ms));
+    let samples = store.gpu_samples(gpu, ALL_TIME, 1000).await.expect("s");
+    assert_eq!(samples.len(), 182);
+    assert!(samples.iter().any(|s| s.0 == late.time_ms));
     // Its minute waits for its recomputation: the partitions hold rows and stay.
     let out = r.pack(now).await.expect("pack");
     assert_eq!(out.minutes, 0, "{out:?}");
