@@ -5,8 +5,8 @@
 -- both count exactly its rows, and its process ticks are packed already (a minute
 -- without process rows); the newest minute of a GPU stays in rows. A write that lands in
 -- a packed minute unpacks it (and the GPU's process minute) back into rows first.
--- Retention deletes packed minutes behind the raw horizon, keeping the newest sample
--- before it as a row. A database before this keeps working: its rows are packed, oldest
+-- Retention deletes packed minutes behind the raw horizon but the newest sample before
+-- it (a row, or its minute packed again holding it alone). A database before this keeps working: its rows are packed, oldest
 -- first, by the rollup task's next passes.
 CREATE TABLE packed_gpu_minutes (
     gpu_id    INTEGER NOT NULL, -- gpus.id

@@ -384,9 +384,10 @@ pub fn account(
     out
 }
 
-/// The start of the minute holding `t`.
+/// The start of the minute holding `t` (`i64::MIN` for the minute before the first whole
+/// one).
 pub fn minute_of(t: UnixMs) -> UnixMs {
-    t.div_euclid(MINUTE_MS) * MINUTE_MS
+    t.div_euclid(MINUTE_MS).saturating_mul(MINUTE_MS)
 }
 
 /// One workload's energy on one GPU in one minute (intervals ending in that minute).

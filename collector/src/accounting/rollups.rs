@@ -16,8 +16,9 @@
 //! recomputed from raw (the store refuses), so reports and energy totals stay exact.
 //!
 //! Packing runs in the same task every `pack_period`, after a pass: closed minutes of host
-//! rows and process ticks older than `pack_after`, rolled up (host) or energy-accounted
-//! (process), become one packed value per node or GPU per minute
+//! rows, process ticks and GPU samples older than `pack_after`, rolled up (host),
+//! energy-accounted (process) or both (GPU), become one packed value per node or GPU per
+//! minute
 //! ([`crate::store::RollupStore::pack_closed_minutes`]).
 
 use crate::accounting::accountant;
@@ -53,9 +54,9 @@ pub struct RetentionOptions {
     pub batch_rows: usize,
     /// How far back the start-up check for late data looks.
     pub recheck_window: Duration,
-    /// Closed minutes of host rows and process ticks older than this are packed (one
-    /// value per node or GPU per minute); checked every `pack_period`, at most
-    /// `pack_budget` minutes at a time.
+    /// Closed minutes of host rows, process ticks and GPU samples older than this are
+    /// packed (one value per node or GPU per minute); checked every `pack_period`, at most
+    /// `pack_budget` minutes of each at a time.
     pub pack_after: Duration,
     pub pack_period: Duration,
     pub pack_budget: usize,

@@ -719,8 +719,11 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         }
         // The GPU samples of packed minutes: the newer sample before each range, and the
         // samples in it merged by time.
-        let spans: Vec<_> = (ranges.iter())
-            .map(|r| (r.gpu, r.from_ms, r.to_ms))
+        let spans: Vec<_> = (ranges.iter().zip(&out))
+            .map(|(r, o)| {
+                let after = o.prev.as_ref().map_or(UnixMs::MIN, |p| p.time_ms);
+                (r.gpu, r.from_ms, r.to_ms, after)
+            })
             .collect();
         let packed = super::packing::energy_gpu_samples::<DB>(&mut conn, &spans).await?;
         for (o, p) in out.iter_mut().zip(packed) {
@@ -750,6 +753,9 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         .all(&mut conn)
         .await?;
         // And those of packed minutes: per range, both lists by time and pid, merged.
+        let spans: Vec<_> = (ranges.iter())
+            .map(|r| (r.gpu, r.from_ms, r.to_ms))
+            .collect();
         let packed = super::packing::energy_processes::<DB>(&mut conn, &spans).await?;
         let mut per_range: Vec<Vec<(i64, u32, &DB::Row)>> = vec![Vec::new(); n];
         for row in procs.iter().chain(&packed) {

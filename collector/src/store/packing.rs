@@ -1,22 +1,28 @@
 //! The packed tier: closed minutes of a node's `host_samples` rows, and of a GPU's
-//! `process_samples` rows, each kept as one value per minute (`packed_host_minutes`,
-//! `packed_process_minutes`; the formats of [`packed::host`] and [`packed::process`]).
+//! `process_samples` and `gpu_samples` rows, each kept as one value per minute
+//! (`packed_host_minutes`, `packed_process_minutes`, `packed_gpu_minutes`; the formats of
+//! [`packed::host`], [`packed::process`] and [`packed::gpu`]).
 //!
-//! - **Packing** ([`SqlStore::pack_host_minutes`], [`SqlStore::pack_process_minutes`], run
-//!   by the rollup task): a minute is packed once it is older than the caller's horizon,
-//!   not the series' newest minute (whose last rows seed the live state), and nothing will
-//!   recompute from its rows: a host minute is behind the node's rollup watermark and its
-//!   rollup row counts exactly its rows; a process minute is behind the GPU's energy
-//!   watermark and its energy minute counts exactly the GPU's samples in it (a minute with
-//!   late rows waits for its recomputation). Its rows leave their table in the same
-//!   transaction.
+//! - **Packing** ([`SqlStore::pack_minutes`], run by the rollup task): a minute is packed
+//!   once it is older than the caller's horizon, not the series' newest minute (whose last
+//!   rows seed the live state), and nothing will recompute from its rows: a host minute is
+//!   behind the node's rollup watermark and its rollup row counts exactly its rows; a
+//!   process minute is behind the GPU's energy watermark and its energy minute counts
+//!   exactly the GPU's samples in it; a GPU minute is behind both the GPU's watermarks,
+//!   its rollup and energy minutes both count exactly its rows, and its process ticks are
+//!   packed already (a minute with late rows waits for its recomputation). Its rows leave
+//!   their table in the same transaction.
 //! - **Reopening** ([`reopen_minutes`], first thing in every write transaction): a write
 //!   unpacks back into rows every packed minute it falls in (a node's host minute for its
-//!   host rows; a GPU's process minute for its GPU samples and process rows) before it
-//!   inserts, so replays, conflicts and late data are judged against the stored rows, and
-//!   rollups and energy recompute from complete minutes. The minute is packed again later.
-//! - **Reading** ([`host_rows`], [`process_rows`], [`energy_processes`]): the rows and the
-//!   packed minutes of a range, merged.
+//!   host rows; a GPU's process and sample minutes for its GPU samples and process rows)
+//!   before it inserts, so replays, conflicts and late data are judged against the stored
+//!   rows, and rollups and energy recompute from complete minutes. The minute is packed
+//!   again later.
+//! - **Reading** ([`host_rows`], [`process_rows`], [`gpu_rows`], [`energy_processes`],
+//!   [`energy_gpu_samples`], [`next_packed_sample`], [`each_packed_gpu_sample`]): the rows
+//!   and the packed minutes of a range, merged, in one read snapshot.
+//! - **Retention** deletes packed minutes behind the raw horizon; a GPU keeps its newest
+//!   sample before it ([`expire_packed_gpu`]).
 //!
 //! So a minute is in one form at a time. On PostgreSQL several collectors write: a write
 //! and the packer take the series' transaction-scoped advisory lock, so a write cannot add
@@ -566,12 +572,13 @@ pub(crate) async fn each_packed_gpu_sample<DB: Backend>(
     .await
 }
 
-/// The GPU samples of packed minutes for energy ranges (`(GPU id, from_ms, to_ms)`): per
-/// range, the newest packed sample before `from_ms` and the packed samples in
-/// `[from_ms, to_ms)`, by time.
+/// The GPU samples of packed minutes for energy ranges (`(GPU id, from_ms, to_ms,
+/// after_ms)`): per range, the newest packed sample before `from_ms` in a minute at or
+/// after `after_ms` (the minute of the newest row before `from_ms`: no older packed
+/// sample can be newer), and the packed samples in `[from_ms, to_ms)`, by time.
 pub(crate) async fn energy_gpu_samples<DB: Backend>(
     conn: &mut DB::Connection,
-    ranges: &[(GpuId, UnixMs, UnixMs)],
+    ranges: &[(GpuId, UnixMs, UnixMs, UnixMs)],
 ) -> Result<Vec<EnergyPacked>, StoreError> {
     let mut out = vec![EnergyPacked::default(); ranges.len()];
     let table = Table::default()
@@ -579,7 +586,8 @@ pub(crate) async fn energy_gpu_samples<DB: Backend>(
         .int("id", ranges.iter().map(|r| r.0.0))
         .int("from_ms", ranges.iter().map(|r| r.1))
         .int("to_ms", ranges.iter().map(|r| r.2))
-        .int("first_minute", ranges.iter().map(|r| minute_of(r.1)));
+        .int("first_minute", ranges.iter().map(|r| minute_of(r.1)))
+        .int("after_minute", ranges.iter().map(|r| minute_of(r.3)));
     // The minutes the ranges overlap, and each range's newest minute wholly before it.
     let found = sql::<DB>(
         "find packed GPU minutes for energy",
@@ -590,7 +598,8 @@ pub(crate) async fn energy_gpu_samples<DB: Backend>(
              UNION ALL SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {v} \
              JOIN packed_gpu_minutes p ON p.gpu_id = v.id AND p.minute_ms = ( \
                SELECT max(x.minute_ms) FROM packed_gpu_minutes x \
-               WHERE x.gpu_id = v.id AND x.minute_ms < v.first_minute)",
+               WHERE x.gpu_id = v.id AND x.minute_ms < v.first_minute \
+                 AND x.minute_ms >= v.after_minute)",
             v = DB::DIALECT.over(&table, "v")
         ),
     )
@@ -600,7 +609,7 @@ pub(crate) async fn energy_gpu_samples<DB: Backend>(
     for row in &found {
         let req = rows::request(row, ranges.len(), "packed energy read")?;
         let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
-        let (_, from, to) = ranges[req];
+        let (_, from, to, _) = ranges[req];
         let o = &mut out[req];
         for (t, s) in unpack_gpu(gpu, minute, &row.get::<Vec<u8>>("packed")?)? {
             if (from..to).contains(&t) {
@@ -692,6 +701,38 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
     gpu: i64,
     horizon: UnixMs,
 ) -> Result<(u64, u64), StoreError> {
+    // Most runs find it done: only the newest sample left, packed alone (or nothing).
+    {
+        let mut conn = store.conn().await?;
+        let packed = sql::<DB>(
+            "look for packed GPU minutes before the horizon",
+            "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+             AND minute_ms < $2 ORDER BY minute_ms DESC LIMIT 2",
+        )
+        .bind(gpu)
+        .bind(horizon)
+        .all(&mut *conn)
+        .await?;
+        let alone = match packed.as_slice() {
+            [] => return Ok((0, 0)),
+            [one] => {
+                let minute: UnixMs = one.get("minute_ms")?;
+                unpack_gpu(gpu, minute, &one.get::<Vec<u8>>("packed")?)?.len() == 1
+            }
+            _ => false,
+        };
+        let row = sql::<DB>(
+            "look for GPU rows before the horizon",
+            "SELECT 1 AS found FROM gpu_samples WHERE gpu_id = $1 AND ts_ms < $2 LIMIT 1",
+        )
+        .bind(gpu)
+        .bind(horizon)
+        .all(&mut *conn)
+        .await?;
+        if alone && row.is_empty() {
+            return Ok((0, 0));
+        }
+    }
     let mut tx = store
         .begin_write("begin expiring packed GPU minutes")
         .await?;
@@ -993,8 +1034,8 @@ type Ready = HashMap<UnixMs, Option<i64>>;
 
 impl<DB: Backend> SqlStore<DB> {
     /// Packs the closed minutes of every node's host rows and every GPU's process ticks
-    /// that end at or before `before_ms` (see the module docs for which minutes qualify),
-    /// oldest first, at most about `budget` minutes per call.
+    /// and samples that end at or before `before_ms` (see the module docs for which
+    /// minutes qualify), oldest first, at most about `budget` minutes per tier per call.
     pub(crate) async fn pack_minutes(
         &self,
         before_ms: UnixMs,
@@ -1028,6 +1069,9 @@ impl<DB: Backend> SqlStore<DB> {
                 ),
             };
             let series = sql::<DB>(op, text).all(&mut *self.conn().await?).await?;
+            // A budget per tier: a fleet's host and process minutes must not starve its
+            // GPU samples'.
+            let mut tier_out = PackOutcome::default();
             for row in &series {
                 let (id, done): (i64, UnixMs) = (row.get("id")?, row.get("done_to_ms")?);
                 let Some(newest) = row.get::<Option<i64>>("newest")? else {
@@ -1035,14 +1079,15 @@ impl<DB: Backend> SqlStore<DB> {
                 };
                 let limit = minute_of(before_ms).min(done).min(minute_of(newest));
                 let mut from = UnixMs::MIN;
-                while out.minutes < budget {
+                while tier_out.minutes < budget {
                     let Some((end, packed)) = self.pack_span(tier, id, from, limit).await? else {
                         break;
                     };
-                    out.add(&packed);
+                    tier_out.add(&packed);
                     from = end;
                 }
             }
+            out.add(&tier_out);
         }
         out.partitions_dropped = DB::drop_emptied_raw(self, minute_of(before_ms)).await?;
         Ok(out)

@@ -205,40 +205,17 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         if n == 0 || per_gpu == 0 || total == 0 {
             return Ok(out);
         }
-        // A position more than an hour behind (a backfill, an outage) may be in packed
-        // minutes: then every GPU's samples are read merged, and ranked alike.
+        // One snapshot: a minute packed or reopened meanwhile must not be missed. A
+        // position more than an hour behind (a backfill, an outage) may be in packed
+        // minutes: those GPUs' samples are read merged, and every GPU's ranked in Rust.
         let mut tx = self
             .read_snapshot("read GPU samples after their positions")
             .await?;
-        if !super::packing::packed_after::<DB>(&mut tx, wanted)
-            .await?
-            .is_empty()
-        {
-            for (o, (gpu, after)) in out.iter_mut().zip(wanted) {
-                let range = TimeRange {
-                    from_ms: after.saturating_add(1),
-                    to_ms: UnixMs::MAX,
-                };
-                *o = super::packing::gpu_rows::<DB>(&mut tx, *gpu, range, per_gpu).await?;
-            }
-            super::end_read(tx, "read GPU samples after their positions").await?;
-            // Every GPU's oldest before any GPU's next, `total` in all.
-            let mut left = total;
-            let mut keep = vec![0; n];
-            for rank in 0..per_gpu {
-                for (k, o) in keep.iter_mut().zip(&out) {
-                    if left > 0 && rank < o.len() {
-                        *k += 1;
-                        left -= 1;
-                    }
-                }
-            }
-            for (o, k) in out.iter_mut().zip(keep) {
-                o.truncate(k);
-            }
-            return Ok(out);
-        }
-        super::end_read(tx, "read GPU samples after their positions").await?;
+        let behind = super::packing::packed_after::<DB>(&mut tx, wanted).await?;
+        let cap = match behind.is_empty() {
+            true => total,
+            false => per_gpu.saturating_mul(n),
+        };
         let requests: Vec<Vec<i64>> = (wanted.iter().enumerate())
             .map(|(i, (gpu, after))| {
                 let req = i64::try_from(i).unwrap_or(i64::MAX);
@@ -275,17 +252,33 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
             ),
         )
         .bind_table(table)
-        .bind(limit_i64(total));
-        for row in self
-            .fetch(query, |row| {
-                let req = rows::request(row, n, "remote-write read")?;
-                Ok((req, row.get("ts_ms")?, rows::gpu_sample(row)?))
-            })
-            .await?
-        {
-            let (req, ts_ms, sample) = row;
-            if let Some(samples) = out.get_mut(req) {
-                samples.push((ts_ms, sample));
+        .bind(limit_i64(cap));
+        for row in &query.all(&mut *tx).await? {
+            let req = rows::request(row, n, "remote-write read")?;
+            out[req].push((row.get("ts_ms")?, rows::gpu_sample(row)?));
+        }
+        for &i in &behind {
+            let range = TimeRange {
+                from_ms: wanted[i].1.saturating_add(1),
+                to_ms: UnixMs::MAX,
+            };
+            out[i] = super::packing::gpu_rows::<DB>(&mut tx, wanted[i].0, range, per_gpu).await?;
+        }
+        super::end_read(tx, "read GPU samples after their positions").await?;
+        if !behind.is_empty() {
+            // Every GPU's oldest before any GPU's next, `total` in all.
+            let mut left = total;
+            let mut keep = vec![0; n];
+            for rank in 0..per_gpu {
+                for (k, o) in keep.iter_mut().zip(&out) {
+                    if left > 0 && rank < o.len() {
+                        *k += 1;
+                        left -= 1;
+                    }
+                }
+            }
+            for (o, k) in out.iter_mut().zip(keep) {
+                o.truncate(k);
             }
         }
         Ok(out)

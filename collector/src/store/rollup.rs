@@ -185,7 +185,8 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
     async fn rollup_cursors(&self) -> Result<Vec<RollupCursor>, StoreError>;
 
     /// In one transaction: recomputes the rollup minutes of `key` in `[from_ms, to_ms)`
-    /// (minute-aligned) from raw samples (a minute left without samples loses its row), and
+    /// (minute-aligned) from the raw rows (a minute without rows keeps its rollup row: its
+    /// samples may be packed, or behind the raw horizon), and
     /// raises the watermark to `done_to_ms` (never lowers it). Minutes before the series'
     /// raw horizon are left as they are. Returns the minutes written.
     async fn replace_rollups(
@@ -249,10 +250,10 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
         batch_rows: usize,
     ) -> Result<RetentionOutcome, StoreError>;
 
-    /// Packs the closed minutes of host rows and process ticks that end at or before
-    /// `before_ms`, behind the rollup (host) and energy (process) watermarks, at most
-    /// about `budget` minutes per call (see `store::packing`): what was stored stays
-    /// answerable, row for row.
+    /// Packs the closed minutes of host rows, process ticks and GPU samples that end at or
+    /// before `before_ms`, behind the rollup (host), energy (process) or both (GPU)
+    /// watermarks, at most about `budget` minutes per tier per call (see
+    /// `store::packing`): what was stored stays answerable, row for row.
     async fn pack_closed_minutes(
         &self,
         before_ms: UnixMs,

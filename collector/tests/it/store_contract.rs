@@ -1514,10 +1514,15 @@ mod contract {
             out.push(line);
         }
         let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
-        let wanted = [(a, T0 + 100_000), (b, T0 - 1)];
-        for (per_gpu, total) in [(50, 80), (1_000, 100_000)] {
-            let after = store.gpu_samples_after(&wanted, per_gpu, total).await;
-            out.push(format!("{:?}", after.expect("after")));
+        // Both GPUs behind; one behind, one past every packed minute.
+        for wanted in [
+            [(a, T0 + 100_000), (b, T0 - 1)],
+            [(a, T0 + 100_000), (b, T0 + 3_599_999)],
+        ] {
+            for (per_gpu, total) in [(50, 80), (1_000, 100_000)] {
+                let after = store.gpu_samples_after(&wanted, per_gpu, total).await;
+                out.push(format!("{:?}", after.expect("after")));
+            }
         }
         let ticks = store.node_ticks(rec, ALL_TIME, 1000).await.expect("ticks");
         out.push(format!("{ticks:?}"));
