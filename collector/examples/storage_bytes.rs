@@ -26,13 +26,14 @@
 //! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`), checks that
 //! every GPU sample, host row and process sample reads back as it did from the rows, and
 //! measures again: the database as the collector keeps it, energy and rollup minutes
-//! included.
+//! included. Last, it times one GPU's charts as the series API reads them (15 minutes of
+//! raw samples, packed and newest; the whole range from the rollups).
 
 use anyhow::{Context, Result, bail};
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::live::status::Clock;
-use gpufleet_collector::store::{self, NodeBatch, NodeKeys, Store, TimeRange};
+use gpufleet_collector::store::{self, GpuMetric, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Batch, DeliveryStats, GpuSource, ProcessSample, ProcessType, SamplerCost, Tick, Workload,
@@ -223,7 +224,66 @@ async fn pack_as_the_collector(
     if raw_answers(store, keys, all).await? != before {
         bail!("the samples read back differ once packed");
     }
+    charts(store, keys, all).await
+}
+
+/// Times what a GPU's charts read, as the series API reads it (the store's answer, without
+/// HTTP): a 15-minute raw chart of packed minutes (a day in) and of the newest 15 minutes,
+/// and a chart of the whole range from the rollups (10-minute steps); 20 runs each of
+/// every GPU metric, median and max per chart.
+async fn charts(store: &Arc<dyn Store>, keys: &[Arc<NodeKeys>], all: TimeRange) -> Result<()> {
+    let Some(gpu) = keys.first().and_then(|k| k.gpus.values().next()).copied() else {
+        return Ok(());
+    };
+    let quarter = 15 * 60_000;
+    let day_in = all.from_ms + 86_400_000.min((all.to_ms - all.from_ms) / 2);
+    let raw = [
+        (
+            "15-minute raw chart, packed minutes",
+            day_in,
+            day_in + quarter,
+        ),
+        (
+            "15-minute raw chart, the newest",
+            all.to_ms - quarter,
+            all.to_ms,
+        ),
+    ];
+    for (what, from_ms, to_ms) in raw {
+        let range = TimeRange { from_ms, to_ms };
+        let mut ms = Vec::new();
+        for _ in 0..20 {
+            let began = Instant::now();
+            for metric in GpuMetric::ALL {
+                store.gpu_series(gpu, metric, range, None, 11_000).await?;
+            }
+            ms.push(began.elapsed().as_secs_f64() * 1e3);
+        }
+        report_ms(what, ms);
+    }
+    let mut ms = Vec::new();
+    for _ in 0..20 {
+        let began = Instant::now();
+        for metric in GpuMetric::ALL {
+            store
+                .gpu_rollup_series(gpu, metric, all, 600_000, 11_000)
+                .await?;
+        }
+        ms.push(began.elapsed().as_secs_f64() * 1e3);
+    }
+    report_ms("the whole range from the rollups", ms);
     Ok(())
+}
+
+fn report_ms(what: &str, mut ms: Vec<f64>) {
+    ms.sort_by(f64::total_cmp);
+    let n = GpuMetric::ALL.len();
+    println!(
+        "{what}, all {n} metrics: median {:.1} ms, max {:.1} ms ({:.2} ms per metric)",
+        ms[ms.len() / 2],
+        ms[ms.len() - 1],
+        ms[ms.len() / 2] / n as f64
+    );
 }
 
 /// Every node's host rows and every GPU's samples and process samples in `all`, as read.
