@@ -18,7 +18,8 @@
 //! under their parent. Knobs (environment): `DAYS` (7, `week`), `NODES` (125) and `GPUS`
 //! (8, `fleet-hour`), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
 //! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
-//! `--host-interval 5s`; the sampler cost is on every tick either way).
+//! `--host-interval 5s`; the sampler cost is on every tick either way), `DB` (SQLite: a new
+//! file to write and keep, instead of a temporary one).
 //!
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
@@ -72,7 +73,14 @@ async fn main() -> Result<()> {
     match backend {
         "sqlite" => {
             let dir = tempfile::tempdir()?;
-            let path = dir.path().join("bytes.db");
+            // `DB=PATH` keeps the database there, to look into afterwards.
+            let path = match std::env::var_os("DB") {
+                Some(p) => std::path::PathBuf::from(p),
+                None => dir.path().join("bytes.db"),
+            };
+            if path.exists() {
+                bail!("{} exists: DB names a new file", path.display());
+            }
             let url = format!("sqlite://{}", path.display());
             let store = store::open(&url).await?;
             let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
