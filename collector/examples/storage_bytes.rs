@@ -74,7 +74,7 @@ async fn main() -> Result<()> {
         "sqlite" => {
             let dir = tempfile::tempdir()?;
             // `DB=PATH` keeps the database there, to look into afterwards.
-            let path = match std::env::var_os("DB") {
+            let path = match std::env::var_os("DB").filter(|p| !p.is_empty()) {
                 Some(p) => std::path::PathBuf::from(p),
                 None => dir.path().join("bytes.db"),
             };

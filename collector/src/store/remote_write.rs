@@ -207,15 +207,13 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
         }
         // One snapshot: a minute packed or reopened meanwhile must not be missed. A
         // position more than an hour behind (a backfill, an outage) may be in packed
-        // minutes: those GPUs' samples are read merged, and every GPU's ranked in Rust.
+        // minutes: those GPUs' samples are read merged (none of their rows in SQL), and
+        // every GPU's ranked in Rust. The SQL's first `total` of the others still hold all
+        // of theirs that the whole ranking keeps: leaving GPUs out moves no row later.
         let mut tx = self
             .read_snapshot("read GPU samples after their positions")
             .await?;
         let behind = super::packing::packed_after::<DB>(&mut tx, wanted).await?;
-        let cap = match behind.is_empty() {
-            true => total,
-            false => per_gpu.saturating_mul(n),
-        };
         let requests: Vec<Vec<i64>> = (wanted.iter().enumerate())
             .map(|(i, (gpu, after))| {
                 let req = i64::try_from(i).unwrap_or(i64::MAX);
@@ -224,7 +222,7 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
                     gpu.0,
                     after.saturating_add(1),
                     UnixMs::MAX,
-                    limit_i64(per_gpu),
+                    limit_i64(if behind.contains(&i) { 0 } else { per_gpu }),
                 ]
             })
             .collect();
@@ -252,7 +250,7 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
             ),
         )
         .bind_table(table)
-        .bind(limit_i64(cap));
+        .bind(limit_i64(total));
         for row in &query.all(&mut *tx).await? {
             let req = rows::request(row, n, "remote-write read")?;
             out[req].push((row.get("ts_ms")?, rows::gpu_sample(row)?));
