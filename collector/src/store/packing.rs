@@ -471,17 +471,17 @@ async fn name_samples<'s, DB: Backend>(
     gpu: GpuId,
     samples: impl Iterator<Item = &'s mut GpuSample>,
 ) -> Result<(), StoreError> {
-    let mut uuid: Option<String> = None;
-    for s in samples.filter(|s| s.gpu_uuid.is_empty()) {
-        if uuid.is_none() {
-            let row = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
-                .bind(gpu.0)
-                .one(&mut *conn)
-                .await?;
-            uuid = Some(row.get("uuid")?);
-        }
-        s.gpu_uuid
-            .clone_from(uuid.as_ref().unwrap_or(&String::new()));
+    let unnamed: Vec<&mut GpuSample> = samples.filter(|s| s.gpu_uuid.is_empty()).collect();
+    if unnamed.is_empty() {
+        return Ok(());
+    }
+    let uuid: String = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
+        .bind(gpu.0)
+        .one(conn)
+        .await?
+        .get("uuid")?;
+    for s in unnamed {
+        s.gpu_uuid.clone_from(&uuid);
     }
     Ok(())
 }
@@ -566,7 +566,7 @@ pub(crate) async fn each_packed_gpu_sample<DB: Backend>(
                     each(t, &s);
                 }
             }
-            Ok(0)
+            Ok(0) // counted as none: every page of the range is read
         },
     )
     .await

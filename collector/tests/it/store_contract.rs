@@ -1317,6 +1317,42 @@ mod contract {
         assert_eq!(read(ALL_TIME).await, kept);
     }
 
+    /// After a late tick of `gpu` at `late_ms` reopened its minutes: none is packed again
+    /// until the energy and rollups are recomputed, then its three (host, process, GPU).
+    async fn repack_after_late(
+        rec: &NodeRecord,
+        gpu: GpuId,
+        late_ms: UnixMs,
+        (acc, r): (&mut Accountant, &mut Rollups),
+        now: UnixMs,
+    ) {
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
+        acc.mark(gpu, late_ms);
+        acc.pass().await.expect("account");
+        r.mark(RollupKey::gpu(gpu), late_ms);
+        r.mark(RollupKey::host(rec.id), late_ms);
+        r.pass().await.expect("roll up");
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
+    }
+
+    /// Energy recomputed over packed minutes is `totals` (what [`accounted`] read), and
+    /// `check-energy` finds no violation.
+    async fn energy_recomputes_unchanged(
+        store: &Arc<dyn Store>,
+        rec: &NodeRecord,
+        energy: &EnergyOptions,
+        totals: &str,
+    ) {
+        accountant::recompute(store.as_ref(), ALL_TIME, energy)
+            .await
+            .expect("recompute");
+        assert_eq!(accounted(store, rec).await, totals);
+        let report = energy_check::check(store.as_ref(), ALL_TIME)
+            .await
+            .expect("check");
+        assert_eq!(report.violations, vec![]);
+    }
+
     /// Closed minutes of process ticks are packed once energy-accounted, and read back
     /// exactly (process samples with their identities, energy inputs); a late tick
     /// reopens its minute, which waits for its energy to be recomputed; recomputing energy
@@ -1394,28 +1430,13 @@ mod contract {
         write(&store, &rec, 2, vec![late.clone()]).await;
         let p = (store.process_samples(ids[0], ALL_TIME, 100_000).await).expect("p");
         assert!(p.iter().any(|(t, _)| *t == late.time_ms));
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
-        acc.mark(ids[0], late.time_ms);
-        acc.pass().await.expect("account");
-        r.mark(RollupKey::gpu(ids[0]), late.time_ms);
-        r.mark(RollupKey::host(rec.id), late.time_ms);
-        r.pass().await.expect("roll up");
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
+        repack_after_late(&rec, ids[0], late.time_ms, (&mut acc, &mut r), now).await;
         let with_late = reads(store.clone(), ids.clone()).await;
         assert_ne!(with_late[0], before[0]);
         assert_eq!(with_late[1], before[1]);
         let totals_late = accounted(&store, &rec).await;
         assert_ne!(totals_late, totals);
-
-        // Energy recomputed from the packed minutes is what it was.
-        accountant::recompute(store.as_ref(), ALL_TIME, &energy)
-            .await
-            .expect("recompute");
-        assert_eq!(accounted(&store, &rec).await, totals_late);
-        let report = energy_check::check(store.as_ref(), ALL_TIME)
-            .await
-            .expect("check");
-        assert_eq!(report.violations, vec![]);
+        energy_recomputes_unchanged(&store, &rec, &energy, &totals_late).await;
 
         let out = r
             .expire(T0 + 7 * 86_400_000 + 3 * MIN)
@@ -1601,24 +1622,11 @@ mod contract {
         let s = store.gpu_samples(a, ALL_TIME, 100_000).await.expect("s");
         assert_eq!(s.len(), 302);
         assert!(s.iter().any(|(t, _)| *t == late.time_ms));
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
-        acc.mark(a, late.time_ms);
-        acc.pass().await.expect("account");
-        r.mark(RollupKey::gpu(a), late.time_ms);
-        r.mark(RollupKey::host(rec.id), late.time_ms);
-        r.pass().await.expect("roll up");
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
+        repack_after_late(&rec, a, late.time_ms, (&mut acc, &mut r), now).await;
         assert_eq!(store.gpu_samples(a, ALL_TIME, 100_000).await.expect("s"), s);
         let totals_late = accounted(&store, &rec).await;
         assert_ne!(totals_late, totals);
-        accountant::recompute(store.as_ref(), ALL_TIME, &energy)
-            .await
-            .expect("recompute");
-        assert_eq!(accounted(&store, &rec).await, totals_late);
-        let report = energy_check::check(store.as_ref(), ALL_TIME)
-            .await
-            .expect("check");
-        assert_eq!(report.violations, vec![]);
+        energy_recomputes_unchanged(&store, &rec, &energy, &totals_late).await;
 
         // Retention three minutes past a week: of the packed minutes 0..3 the newest
         // sample before the horizon stays, alone.
