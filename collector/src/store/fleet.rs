@@ -709,12 +709,21 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         limit: usize,
     ) -> Result<Vec<Tick>, StoreError> {
         // The follower's five queries (a collector sharing the database asks often); they
-        // read rows only, so not over packed minutes.
-        let rows_only = DB::SHARED
-            && !super::packing::any_packed::<DB>(&mut *self.conn().await?, node, range).await?;
-        if rows_only {
-            let mut ticks = follow::nodes_ticks(self, &[(node, range)], limit).await?;
-            return Ok(ticks.pop().unwrap_or_default());
+        // read rows only, so not over packed minutes. One snapshot: a minute packed between
+        // the look and the read would lose its rows from the answer.
+        if DB::SHARED {
+            let op = "read a node's ticks";
+            let mut tx = self.read_snapshot(op).await?;
+            let packed = super::packing::any_packed::<DB>(&mut tx, node, range).await?;
+            let ticks = if packed {
+                None
+            } else {
+                Some(follow::nodes_ticks::<DB>(&mut tx, &[(node, range)], limit).await?)
+            };
+            super::end_read(tx, op).await?;
+            if let Some(mut ticks) = ticks {
+                return Ok(ticks.pop().unwrap_or_default());
+            }
         }
         let mut gpus = Vec::new();
         for g in &node.gpus {
@@ -753,7 +762,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         wanted: &[(&NodeRecord, TimeRange)],
         limit: usize,
     ) -> Result<Vec<Vec<Tick>>, StoreError> {
-        follow::nodes_ticks(self, wanted, limit).await
+        follow::nodes_ticks::<DB>(&mut *self.conn().await?, wanted, limit).await
     }
 }
 

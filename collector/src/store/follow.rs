@@ -11,7 +11,7 @@ use super::backend::{Backend, Get, Table, sql};
 use super::rows::{
     self, EVENT_COLS, GPU_COLS, HEALTH_COLS, PROCESS_JOINS, limit_i64, process_cols,
 };
-use super::{HostRow, NodeRecord, SqlStore, StoreError, TimeRange, assemble_ticks};
+use super::{HostRow, NodeRecord, StoreError, TimeRange, assemble_ticks};
 use gpufleet_core::{Event, GpuHealthSample, GpuSample, ProcessSample, Tick, UnixMs};
 
 /// Per request, rows of one kind, oldest first.
@@ -20,22 +20,23 @@ type PerNode<T> = Vec<Vec<T>>;
 const REQUEST_COLS: [&str; 5] = ["req", "id", "from_ms", "to_ms", "lim"];
 
 /// What [`FleetReads::nodes_ticks`](super::FleetReads::nodes_ticks) answers.
+/// On `conn`: a pooled connection, or a read snapshot where what else is read with it
+/// must agree.
 pub(super) async fn nodes_ticks<DB: Backend>(
-    store: &SqlStore<DB>,
+    conn: &mut DB::Connection,
     wanted: &[(&NodeRecord, TimeRange)],
     limit: usize,
 ) -> Result<Vec<Vec<Tick>>, StoreError> {
     if wanted.is_empty() {
         return Ok(Vec::new());
     }
-    let mut conn = store.conn().await?;
     let n = wanted.len();
     // The GPU rows first: each node's newest `limit` ticks' worth.
     let gpu_limit = |node: &NodeRecord| limit.saturating_mul(node.gpus.len().max(1));
     let ranges: Vec<TimeRange> = wanted.iter().map(|(_, r)| *r).collect();
     let requests = gpu_requests(wanted, &ranges, &gpu_limit);
     let rows = read::<DB>(
-        &mut conn,
+        &mut *conn,
         "read the followed nodes' new GPU samples",
         &requests,
         &format!(
@@ -69,7 +70,7 @@ pub(super) async fn nodes_ticks<DB: Backend>(
     // Processes per GPU per tick are few; the range is what bounds the read.
     let process_limit = |node: &NodeRecord| gpu_limit(node).saturating_mul(256);
     let rows = read::<DB>(
-        &mut conn,
+        &mut *conn,
         "read the followed nodes' new process samples",
         &gpu_requests(wanted, &ranges, &process_limit),
         &format!(
@@ -98,7 +99,7 @@ pub(super) async fn nodes_ticks<DB: Backend>(
     }
     // At most one health row per GPU per tick.
     let rows = read::<DB>(
-        &mut conn,
+        &mut *conn,
         "read the followed nodes' new GPU health samples",
         &gpu_requests(wanted, &ranges, &gpu_limit),
         &format!(
@@ -133,7 +134,7 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         })
         .collect();
     let rows = read::<DB>(
-        &mut conn,
+        &mut *conn,
         "read the followed nodes' new host samples",
         &nodes,
         &format!(
@@ -152,7 +153,7 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         hosts[rows::request(row, n, "follower read")?].push(rows::host(row)?);
     }
     let rows = read::<DB>(
-        &mut conn,
+        &mut *conn,
         "read the followed nodes' new events",
         &nodes,
         &format!(
