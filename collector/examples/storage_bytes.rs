@@ -19,7 +19,11 @@
 //! (8, `fleet-hour`), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
 //! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
 //! `--host-interval 5s`; the sampler cost is on every tick either way), `DB` (SQLite: a new
-//! file to write and keep, instead of a temporary one).
+//! file to write and keep, instead of a temporary one), `STEADY` (1: run the collector's
+//! background jobs while writing, as a running collector does: accounting, rollups and
+//! packing every simulated 10 minutes, and on PostgreSQL a `VACUUM` of the schema's tables
+//! every simulated hour, as autovacuum would; the first measurement is then the database a
+//! running collector holds at the end of the week, not the rows alone).
 //!
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
@@ -60,6 +64,7 @@ async fn main() -> Result<()> {
     };
     let procs = knob("PROCS", 2);
     let host_every = knob("HOST_EVERY", 1).max(1);
+    let steady = knob("STEADY", 0) == 1;
     let (nodes, gpus, ticks, per_batch) = match shape {
         "week" => (1, 1, knob("DAYS", 7) * 86_400, 60),
         "fleet-hour" => (knob("NODES", 125), knob("GPUS", 8), 3_600, 10),
@@ -83,7 +88,11 @@ async fn main() -> Result<()> {
             }
             let url = format!("sqlite://{}", path.display());
             let store = store::open(&url).await?;
-            let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
+            let jobs = steady.then_some(Jobs { vacuum: None });
+            let keys = write(
+                &store, nodes, gpus, ticks, per_batch, procs, host_every, jobs,
+            )
+            .await?;
             report(&sqlite_sizes(&url, &path).await?, gpu_samples, shape);
             pack_as_the_collector(&store, &keys, ticks).await?;
             println!("as the collector keeps it (closed minutes packed):");
@@ -102,7 +111,13 @@ async fn main() -> Result<()> {
             let url = format!("{base}{sep}options=-c%20search_path%3D{schema}");
             let result = async {
                 let store = store::open(&url).await?;
-                let keys = write(&store, nodes, gpus, ticks, per_batch, procs, host_every).await?;
+                let jobs = steady.then(|| Jobs {
+                    vacuum: Some(url.clone()),
+                });
+                let keys = write(
+                    &store, nodes, gpus, ticks, per_batch, procs, host_every, jobs,
+                )
+                .await?;
                 report(&pg_sizes(&url).await?, gpu_samples, shape);
                 pack_as_the_collector(&store, &keys, ticks).await?;
                 println!("as the collector keeps it (closed minutes packed):");
@@ -128,8 +143,49 @@ fn knob(name: &str, default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// A running collector's background jobs, run while the ticks are written (`STEADY=1`).
+struct Jobs {
+    /// PostgreSQL: where to `VACUUM` the schema's tables every simulated hour, as
+    /// autovacuum would (so the space of packed rows is reused, not only left dead).
+    vacuum: Option<String>,
+}
+
+impl Jobs {
+    /// Accounting, rollups and packing as of `now_ms`; the `VACUUM` on the hour.
+    async fn run(&self, store: &Arc<dyn Store>, now_ms: i64) -> Result<()> {
+        let clock: Clock = Arc::new(move || now_ms);
+        Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
+            .pass()
+            .await?;
+        let options = RetentionOptions {
+            pack_budget: usize::MAX,
+            ..Default::default()
+        };
+        let mut rollups = Rollups::new(store.clone(), options, clock);
+        rollups.pass().await?;
+        rollups.pack(now_ms).await?;
+        if let Some(url) = &self.vacuum
+            && (now_ms - START_MS) % 3_600_000 == 0
+        {
+            let mut conn = sqlx::PgConnection::connect(url).await?;
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT format('%I', tablename) FROM pg_tables WHERE schemaname = current_schema()",
+            )
+            .fetch_all(&mut conn)
+            .await?;
+            let vacuum = format!("VACUUM {}", tables.join(", "));
+            sqlx::raw_sql(sqlx::AssertSqlSafe(vacuum))
+                .execute(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
 /// Registers the nodes and writes `ticks` ticks of each, `per_batch` ticks per batch, one
-/// batch of every node per write; returns the nodes' keys.
+/// batch of every node per write, running `jobs` every simulated 10 minutes; returns the
+/// nodes' keys.
+#[allow(clippy::too_many_arguments)]
 async fn write(
     store: &Arc<dyn Store>,
     nodes: u32,
@@ -138,6 +194,7 @@ async fn write(
     per_batch: u32,
     procs: u32,
     host_every: u32,
+    jobs: Option<Jobs>,
 ) -> Result<Vec<Arc<NodeKeys>>> {
     let mut sims = Vec::new();
     for n in 0..nodes {
@@ -186,6 +243,12 @@ async fn write(
             bail!("conflicts: {:?}", outcome.conflicts);
         }
         written += n;
+        if let Some(jobs) = &jobs
+            && written % 600 == 0
+        {
+            jobs.run(store, START_MS + i64::from(written) * 1000)
+                .await?;
+        }
     }
     let secs = began.elapsed().as_secs_f64();
     println!(
