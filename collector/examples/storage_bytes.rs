@@ -153,17 +153,10 @@ struct Jobs {
 impl Jobs {
     /// Accounting, rollups and packing as of `now_ms`; the `VACUUM` too if `hourly`.
     async fn run(&self, store: &Arc<dyn Store>, now_ms: i64, hourly: bool) -> Result<()> {
-        let clock: Clock = Arc::new(move || now_ms);
-        Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
-            .pass()
+        account_and_roll_up(store, now_ms)
+            .await?
+            .pack(now_ms)
             .await?;
-        let options = RetentionOptions {
-            pack_budget: usize::MAX,
-            ..Default::default()
-        };
-        let mut rollups = Rollups::new(store.clone(), options, clock);
-        rollups.pass().await?;
-        rollups.pack(now_ms).await?;
         if let Some(url) = &self.vacuum
             && hourly
         {
@@ -187,6 +180,22 @@ impl Jobs {
         }
         Ok(())
     }
+}
+
+/// The collector's energy and rollup passes as of `now_ms`; returns the rollup task, to
+/// pack with (no packing budget: everything closed is packed at once).
+async fn account_and_roll_up(store: &Arc<dyn Store>, now_ms: i64) -> Result<Rollups> {
+    let clock: Clock = Arc::new(move || now_ms);
+    Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
+        .pass()
+        .await?;
+    let options = RetentionOptions {
+        pack_budget: usize::MAX,
+        ..Default::default()
+    };
+    let mut rollups = Rollups::new(store.clone(), options, clock);
+    rollups.pass().await?;
+    Ok(rollups)
 }
 
 /// Registers the nodes and writes `ticks` ticks of each, `per_batch` ticks per batch, one
@@ -290,16 +299,7 @@ async fn pack_as_the_collector(
     let before = raw_answers(store, keys, all).await?;
     let began = Instant::now();
     let now = all.to_ms + 2 * 3_600_000;
-    let clock: Clock = Arc::new(move || now);
-    Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
-        .pass()
-        .await?;
-    let options = RetentionOptions {
-        pack_budget: usize::MAX,
-        ..Default::default()
-    };
-    let mut rollups = Rollups::new(store.clone(), options, clock);
-    rollups.pass().await?;
+    let mut rollups = account_and_roll_up(store, now).await?;
     let accounted = began.elapsed().as_secs_f64();
     let out = rollups.pack(now).await?;
     println!(

@@ -714,16 +714,12 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         if DB::SHARED {
             let op = "read a node's ticks";
             let mut tx = self.read_snapshot(op).await?;
-            let packed = super::packing::any_packed::<DB>(&mut tx, node, range).await?;
-            let ticks = if packed {
-                None
-            } else {
-                Some(follow::nodes_ticks::<DB>(&mut tx, &[(node, range)], limit).await?)
-            };
-            super::end_read(tx, op).await?;
-            if let Some(mut ticks) = ticks {
+            if !super::packing::any_packed::<DB>(&mut tx, node, range).await? {
+                let mut ticks = follow::nodes_ticks::<DB>(&mut tx, &[(node, range)], limit).await?;
+                super::end_read(tx, op).await?;
                 return Ok(ticks.pop().unwrap_or_default());
             }
+            super::end_read(tx, op).await?;
         }
         let mut gpus = Vec::new();
         for g in &node.gpus {

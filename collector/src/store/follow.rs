@@ -19,17 +19,14 @@ type PerNode<T> = Vec<Vec<T>>;
 
 const REQUEST_COLS: [&str; 5] = ["req", "id", "from_ms", "to_ms", "lim"];
 
-/// What [`FleetReads::nodes_ticks`](super::FleetReads::nodes_ticks) answers.
-/// On `conn`: a pooled connection, or a read snapshot where what else is read with it
-/// must agree.
+/// What [`FleetReads::nodes_ticks`](super::FleetReads::nodes_ticks) answers, for at least
+/// one node. On `conn`: a pooled connection, or a read snapshot where what else is read
+/// with it must agree.
 pub(super) async fn nodes_ticks<DB: Backend>(
     conn: &mut DB::Connection,
     wanted: &[(&NodeRecord, TimeRange)],
     limit: usize,
 ) -> Result<Vec<Vec<Tick>>, StoreError> {
-    if wanted.is_empty() {
-        return Ok(Vec::new());
-    }
     let n = wanted.len();
     // The GPU rows first: each node's newest `limit` ticks' worth.
     let gpu_limit = |node: &NodeRecord| limit.saturating_mul(node.gpus.len().max(1));
