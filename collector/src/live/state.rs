@@ -17,7 +17,7 @@
 //! that as missed announcements (resync, recheck).
 
 use crate::health::recent::{self, GpuMemory};
-use crate::store::{GpuId, LatestGpu, LatestHealth, LatestHost, NodeBatch, NodeRecord};
+use crate::store::{GpuId, LatestGpu, LatestHealth, LatestHost, NodeBatch, NodeRecord, UuidMap};
 use gpufleet_core::{
     Batch, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
 };
@@ -394,7 +394,7 @@ impl Live {
         r.delivery = record.delivery;
         r.stored_samples = record.stored_samples;
         r.last_seen_ms = r.last_seen_ms.max(record.last_seen_ms);
-        let keys: HashMap<String, GpuId> = record
+        let keys: UuidMap<GpuId> = record
             .gpus
             .iter()
             .map(|g| (g.info.uuid.clone(), g.id))
@@ -476,7 +476,7 @@ impl Live {
 
 /// Takes each GPU's and the host's newest sample from `ticks` where it is newer than the
 /// node's, and the newest tick time as the node's `last_seen_ms`.
-fn apply_ticks(node: &mut LiveNode, gpu_ids: &HashMap<String, GpuId>, ticks: &[Tick]) {
+fn apply_ticks(node: &mut LiveNode, gpu_ids: &UuidMap<GpuId>, ticks: &[Tick]) {
     if ticks.iter().any(|t| !t.events.is_empty()) {
         let events = ticks.iter().flat_map(|t| &t.events);
         remember(

@@ -195,13 +195,17 @@ pub struct GpuRecord {
     pub info: GpuInfo,
 }
 
+/// A map keyed by GPU UUID, looked up several times per sample on the ingest path:
+/// foldhash, seeded per map, not SipHash (the keys are a node's own inventory, bounded).
+pub type UuidMap<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 /// What a session needs to write a node's batches without asking the store: its id and
 /// the ids of the GPUs it registered, by UUID (so no per-row lookups on the hot path).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeKeys {
     pub id: NodeId,
     pub name: String,
-    pub gpus: HashMap<String, GpuId>,
+    pub gpus: UuidMap<GpuId>,
 }
 
 /// A validated batch and the node it came from: the unit [`IngestWrites::write_batches`] takes.

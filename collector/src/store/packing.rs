@@ -65,7 +65,7 @@ impl PackOutcome {
 }
 
 /// The packed tiers: which tables, and how a lock on one series is named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Tier {
     /// A node's host rows.
     Host,
@@ -281,18 +281,29 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
 ) -> Result<usize, StoreError> {
     let mut wanted: BTreeMap<(Tier, i64), BTreeSet<UnixMs>> = BTreeMap::new();
     for (_, b) in (batches.iter().enumerate()).filter(|(i, _)| !skip.contains(i)) {
+        // The series already noted for the minute of the batch's previous tick: a batch's
+        // ticks mostly share their minute, and each names the same GPUs.
+        let mut noted: HashSet<(Tier, i64), foldhash::fast::RandomState> = HashSet::default();
+        let mut noted_minute = None;
         for t in &b.batch.ticks {
             let minute = minute_of(t.time_ms);
+            if noted_minute != Some(minute) {
+                noted_minute = Some(minute);
+                noted.clear();
+            }
+            let mut note = |key: (Tier, i64)| {
+                if noted.insert(key) {
+                    wanted.entry(key).or_default().insert(minute);
+                }
+            };
             if t.host.is_some() || t.cost.is_some() {
-                let key = (Tier::Host, b.keys.id.0);
-                wanted.entry(key).or_default().insert(minute);
+                note((Tier::Host, b.keys.id.0));
             }
             let uuids =
                 (t.gpus.iter().map(|g| &g.gpu_uuid)).chain(t.processes.iter().map(|p| &p.gpu_uuid));
             // A GPU's samples and process ticks: both its tiers (keyed as Process).
             for gpu in uuids.filter_map(|u| b.keys.gpus.get(u)) {
-                let key = (Tier::Process, gpu.0);
-                wanted.entry(key).or_default().insert(minute);
+                note((Tier::Process, gpu.0));
             }
         }
     }

@@ -224,51 +224,60 @@ pub(super) fn decode_tick(
         &t.events,
         l.max_events_per_tick,
     )?;
-    let mut gpus = Vec::with_capacity(t.gpus.len());
-    let mut seen = std::collections::HashSet::with_capacity(t.gpus.len());
-    for g in t.gpus {
-        if !known_gpus(&g.gpu_uuid) {
-            return Err(invalid(format!(
-                "tick {i}: gpu {:?} is not in this node's inventory",
-                truncate(&g.gpu_uuid)
-            )));
-        }
-        if !seen.insert(g.gpu_uuid.clone()) {
-            return Err(invalid(format!(
-                "tick {i}: gpu {} sampled twice",
-                g.gpu_uuid
-            )));
-        }
-        gpus.push(decode_gpu(c, i, g)?);
-    }
     count(
         format_args!("health samples in tick {i}"),
         &t.health,
         l.max_gpus_per_node,
     )?;
+    // Which GPUs the tick names, checked on borrowed UUIDs before the samples are taken
+    // apart (no copy of a UUID per sample).
+    {
+        let mut seen = std::collections::HashSet::with_capacity(t.gpus.len());
+        for g in &t.gpus {
+            if !known_gpus(&g.gpu_uuid) {
+                return Err(invalid(format!(
+                    "tick {i}: gpu {:?} is not in this node's inventory",
+                    truncate(&g.gpu_uuid)
+                )));
+            }
+            if !seen.insert(g.gpu_uuid.as_str()) {
+                return Err(invalid(format!(
+                    "tick {i}: gpu {} sampled twice",
+                    g.gpu_uuid
+                )));
+            }
+        }
+        let mut seen_health = std::collections::HashSet::with_capacity(t.health.len());
+        for h in &t.health {
+            if !known_gpus(&h.gpu_uuid) {
+                return Err(invalid(format!(
+                    "tick {i}: health of gpu {:?}, which is not in this node's inventory",
+                    truncate(&h.gpu_uuid)
+                )));
+            }
+            if !seen_health.insert(h.gpu_uuid.as_str()) {
+                return Err(invalid(format!(
+                    "tick {i}: gpu {} has two health samples",
+                    h.gpu_uuid
+                )));
+            }
+            // The agent reads health on a tick that samples the GPU (a lost one: its
+            // sample with values absent); the store relies on it (a health row comes
+            // with its sample).
+            if !seen.contains(h.gpu_uuid.as_str()) {
+                return Err(invalid(format!(
+                    "tick {i}: health of gpu {} without its GPU sample in the tick",
+                    h.gpu_uuid
+                )));
+            }
+        }
+    }
+    let mut gpus = Vec::with_capacity(t.gpus.len());
+    for g in t.gpus {
+        gpus.push(decode_gpu(c, i, g)?);
+    }
     let mut health = Vec::with_capacity(t.health.len());
-    let mut seen_health = std::collections::HashSet::with_capacity(t.health.len());
     for h in t.health {
-        if !known_gpus(&h.gpu_uuid) {
-            return Err(invalid(format!(
-                "tick {i}: health of gpu {:?}, which is not in this node's inventory",
-                truncate(&h.gpu_uuid)
-            )));
-        }
-        if !seen_health.insert(h.gpu_uuid.clone()) {
-            return Err(invalid(format!(
-                "tick {i}: gpu {} has two health samples",
-                h.gpu_uuid
-            )));
-        }
-        // The agent reads health on a tick that samples the GPU (a lost one: its sample
-        // with values absent); the store relies on it (a health row comes with its sample).
-        if !seen.contains(&h.gpu_uuid) {
-            return Err(invalid(format!(
-                "tick {i}: health of gpu {} without its GPU sample in the tick",
-                h.gpu_uuid
-            )));
-        }
         health.push(decode_health(i, h)?);
     }
     let mut processes = Vec::with_capacity(t.processes.len());
@@ -499,15 +508,15 @@ pub(super) fn decode_process(
     };
     Ok(ProcessSample {
         process_type,
-        user: c.opt_string(w("user"), p.user.clone())?,
-        command: c.opt_string(w("command"), p.command.clone())?,
+        user: c.opt_string(w("user"), p.user)?,
+        command: c.opt_string(w("command"), p.command)?,
         gpu_mem_bytes: at_most(w("gpu_mem_bytes"), p.gpu_mem_bytes, l.max_mem_bytes)?,
         sm_util_pct: pct(w("sm_util_pct"), p.sm_util_pct)?,
         mem_util_pct: pct(w("mem_util_pct"), p.mem_util_pct)?,
         enc_util_pct: pct(w("enc_util_pct"), p.enc_util_pct)?,
         dec_util_pct: pct(w("dec_util_pct"), p.dec_util_pct)?,
         workload,
-        mig_uuid: c.opt_string(w("mig_uuid"), p.mig_uuid.clone())?,
+        mig_uuid: c.opt_string(w("mig_uuid"), p.mig_uuid)?,
         gpu_uuid: p.gpu_uuid,
         pid: p.pid,
     })

@@ -124,6 +124,18 @@ fn health_and_thresholds_round_trip_with_absence_and_false_kept() {
 }
 
 #[test]
+fn a_gpu_sampled_twice_in_a_tick_is_refused() {
+    let mut b = sample_batch();
+    let again = b.ticks[0].gpus[0].clone();
+    b.ticks[0].gpus.push(again);
+    let err = decode(b.into()).expect_err("a GPU sampled twice");
+    assert!(
+        err.to_string().contains("tick 0: gpu GPU-a sampled twice"),
+        "{err}"
+    );
+}
+
+#[test]
 fn health_is_validated() {
     let refused = |f: &dyn Fn(&mut Tick), what: &str| {
         let mut b = sample_batch();
