@@ -934,7 +934,7 @@ mod tests {
             gpus: HashMap::new(),
             memory: HashMap::new(),
         };
-        let ids = HashMap::new();
+        let ids = UuidMap::default();
         apply_ticks(
             &mut node,
             &ids,
