@@ -189,9 +189,15 @@ async fn account_and_roll_up(store: &Arc<dyn Store>, now_ms: i64) -> Result<Roll
     Accountant::new(store.clone(), EnergyOptions::default(), clock.clone())
         .pass()
         .await?;
+    let defaults = RetentionOptions::default();
+    let pack_after = u64::from(knob("PACK_AFTER_S", 0));
     let options = RetentionOptions {
         pack_budget: usize::MAX,
-        ..Default::default()
+        pack_after: match pack_after {
+            0 => defaults.pack_after,
+            s => std::time::Duration::from_secs(s),
+        },
+        ..defaults
     };
     let mut rollups = Rollups::new(store.clone(), options, clock);
     rollups.pass().await?;

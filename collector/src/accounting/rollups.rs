@@ -56,7 +56,9 @@ pub struct RetentionOptions {
     pub recheck_window: Duration,
     /// Closed minutes of host rows, process ticks and GPU samples older than this are
     /// packed (one value per node or GPU per minute); checked every `pack_period`, at most
-    /// `pack_budget` minutes of each at a time.
+    /// `pack_budget` minutes of each at a time. It must stay above `recheck_window` (the
+    /// start-up recheck counts rows) and the followers' 30 s; rows take several times the
+    /// space of their packed minute, so the shorter it is, the less a database holds as rows.
     pub pack_after: Duration,
     pub pack_period: Duration,
     pub pack_budget: usize,
@@ -71,7 +73,7 @@ impl Default for RetentionOptions {
             retention_period: Duration::from_secs(600),
             batch_rows: 5_000,
             recheck_window: Duration::from_secs(600),
-            pack_after: Duration::from_secs(3600),
+            pack_after: Duration::from_secs(900),
             pack_period: Duration::from_secs(600),
             pack_budget: 20_000,
         }
@@ -364,6 +366,14 @@ mod tests {
         assert!(use_rollups(Some(60_000), 1_000, None));
         assert!(use_rollups(None, 1_000, Some(60_000)));
         assert!(!use_rollups(Some(10_000), 60_000, Some(60_000)));
+    }
+
+    #[test]
+    fn packing_leaves_rows_where_the_recheck_counts_them() {
+        // The start-up recheck compares rollup counts with row counts over its window: a
+        // minute packed inside it would look stale.
+        let o = RetentionOptions::default();
+        assert!(o.pack_after > o.recheck_window, "{o:?}");
     }
 
     #[test]

@@ -1212,8 +1212,9 @@ mod contract {
                 .count() as u64
         };
 
-        // Nothing an hour old yet: nothing is packed.
-        assert_eq!(r.pack(T0 + HOUR).await.expect("pack").minutes, 0);
+        // Nothing `pack_after` old yet: nothing is packed.
+        let pack_after = RetentionOptions::default().pack_after.as_millis() as i64;
+        assert_eq!(r.pack(T0 + pack_after).await.expect("pack").minutes, 0);
         let out = r.pack(T0 + 2 * HOUR).await.expect("pack");
         assert_eq!(out.minutes, 5, "{out:?}");
         assert_eq!(out.rows, in_minutes(&before, 0..5));
