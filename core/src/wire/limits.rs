@@ -80,6 +80,19 @@ impl<F: Fn(&mut std::fmt::Formatter<'_>) -> std::fmt::Result> std::fmt::Display 
     }
 }
 
+/// Whether `s` holds a control character other than tab: `char::is_control` (U+0000 to
+/// U+001F, U+007F to U+009F) read off the UTF-8 bytes, without decoding each character
+/// (every string of every process sample passes here). U+0080 to U+009F are encoded as
+/// 0xC2 followed by 0x80 to 0x9F, and 0xC2 is never a continuation byte.
+pub(super) fn has_control(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| {
+        (c < 0x20 && c != b'\t')
+            || c == 0x7f
+            || (c == 0xc2 && b.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n)))
+    })
+}
+
 impl Check<'_> {
     pub(super) fn string(
         &self,
@@ -93,7 +106,7 @@ impl Check<'_> {
                 self.limits.max_string_len
             )));
         }
-        if s.chars().any(|c| c.is_control() && c != '\t') {
+        if has_control(&s) {
             return Err(invalid(format!("{what} contains control characters")));
         }
         Ok(s)
@@ -169,4 +182,36 @@ pub(super) fn count<T>(
         return Err(too_large(format!("{} {what}, limit {max}", items.len())));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_control;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn control_characters_are_found_as_char_is_control_finds_them(s in "\\PC{0,8}[\\x00-\\x{a0}\\t]?\\PC{0,8}", t in any::<String>()) {
+            for s in [&s, &t] {
+                prop_assert_eq!(has_control(s), s.chars().any(|c| c.is_control() && c != '\t'), "{:?}", s);
+            }
+        }
+    }
+
+    #[test]
+    fn edges_of_the_control_ranges() {
+        for (s, control) in [
+            ("\u{1f}", true),
+            ("\t", false),
+            (" ", false),
+            ("\u{7f}", true),
+            ("\u{80}", true),
+            ("\u{9f}", true),
+            ("\u{a0}", false),
+            ("é", false),
+            ("Ā", false),
+        ] {
+            assert_eq!(has_control(s), control, "{s:?}");
+        }
+    }
 }
