@@ -23,7 +23,9 @@
 //! background jobs while writing, as a running collector does: accounting, rollups and
 //! packing every simulated 10 minutes, and on PostgreSQL a `VACUUM` of the schema's tables
 //! every simulated hour, as autovacuum would; the first measurement is then the database a
-//! running collector holds at the end of the week, not the rows alone).
+//! running collector holds at the end of the week, not the rows alone), `PACK_AFTER_S`
+//! (seconds: how old a closed minute must be to be packed; 0, the default, takes the
+//! collector's `pack_after`).
 //!
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
