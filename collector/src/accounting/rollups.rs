@@ -18,8 +18,8 @@
 //! Packing runs in the same task every `pack_period`, after a pass: closed minutes of host
 //! rows, process ticks and GPU samples older than `pack_after`, rolled up (host),
 //! energy-accounted (process) or both (GPU), become one packed value per node or GPU per
-//! minute
-//! ([`crate::store::RollupStore::pack_closed_minutes`]).
+//! minute, and closed hours of rollup minutes whose raw minutes are packed one value per
+//! series per hour ([`crate::store::RollupStore::pack_closed_minutes`]).
 
 use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
@@ -261,9 +261,10 @@ impl Rollups {
             .pack_closed_minutes(before, self.options.pack_budget)
             .await?;
         self.last_pack = Some(now_ms);
-        if out.minutes > 0 {
+        if out.minutes > 0 || out.rollup_minutes > 0 {
             debug!(
                 minutes = out.minutes,
+                rollup_minutes = out.rollup_minutes,
                 rows = out.rows,
                 "packed closed minutes"
             );

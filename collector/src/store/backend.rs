@@ -258,6 +258,7 @@ values!(
     bool,
     Option<bool>,
     f64,
+    Option<f64>,
     String,
     Option<String>,
     &str,

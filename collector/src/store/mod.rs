@@ -36,6 +36,7 @@ mod packing;
 pub mod postgres;
 pub mod remote_write;
 pub mod rollup;
+mod rollup_hours;
 mod rows;
 pub mod sqlite;
 mod write;
@@ -620,7 +621,8 @@ macro_rules! migrations {
             21 "remote write" "0021_remote_write", 22 "gpu health" "0022_gpu_health",
             23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives",
             26 "packed minutes" "0026_packed_minutes",
-            27 "packed gpu minutes" "0027_packed_gpu_minutes")
+            27 "packed gpu minutes" "0027_packed_gpu_minutes",
+            28 "packed rollup hours" "0028_packed_rollup_hours")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

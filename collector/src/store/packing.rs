@@ -31,6 +31,8 @@
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
+use super::rollup::RollupKey;
+use super::rollup_hours;
 use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange};
@@ -46,9 +48,11 @@ const READ_PAGE: i64 = 64;
 /// What a packing call did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PackOutcome {
-    /// Minutes packed (or merged into their packed value).
+    /// Minutes of raw rows packed (or merged into their packed value).
     pub minutes: usize,
-    /// Rows moved out of the row tables.
+    /// Rollup minutes packed into their series' hour (or merged into it).
+    pub rollup_minutes: usize,
+    /// Rows moved out of the raw row tables.
     pub rows: u64,
     /// Transactions committed.
     pub transactions: usize,
@@ -114,11 +118,17 @@ async fn lock<DB: Backend>(
     conn: &mut DB::Connection,
     series: impl Iterator<Item = (Tier, i64)>,
 ) -> Result<(), StoreError> {
-    if DB::DIALECT != Dialect::Postgres {
-        return Ok(());
-    }
-    let names: BTreeSet<String> = series.map(|(t, id)| t.lock_name(id)).collect();
-    if names.is_empty() {
+    lock_names::<DB>(conn, series.map(|(t, id)| t.lock_name(id)).collect()).await
+}
+
+/// Takes the locks named `names` (PostgreSQL transaction-scoped advisory locks of this
+/// schema, in name order) for the rest of the transaction; nothing on SQLite, which has
+/// one writer.
+pub(crate) async fn lock_names<DB: Backend>(
+    conn: &mut DB::Connection,
+    names: BTreeSet<String>,
+) -> Result<(), StoreError> {
+    if DB::DIALECT != Dialect::Postgres || names.is_empty() {
         return Ok(());
     }
     let table = Table::default().text("k", names);
@@ -1165,6 +1175,42 @@ impl<DB: Backend> SqlStore<DB> {
             .await?
         {
             ready.insert(row.get("minute_ms")?, row.get("want")?);
+        }
+        // A minute whose rollup minute is in a packed hour (reopened by a write that
+        // changed nothing: a replay, a conflict) is judged by that minute's count.
+        let rollup = match tier {
+            Tier::Host => Some(RollupKey::host(NodeId(id))),
+            Tier::Gpu => Some(RollupKey::gpu(GpuId(id))),
+            Tier::Process => None,
+        };
+        if let Some(key) = rollup {
+            let counts = rollup_hours::packed_counts::<DB>(tx.conn(), key, start, end).await?;
+            let agreed = if counts.is_empty() || tier == Tier::Host {
+                counts
+            } else {
+                let energy = read(
+                    "read which packed-rollup minutes may be packed",
+                    format!(
+                        "SELECT e.minute_ms, CAST(e.samples AS BIGINT) AS n FROM energy_gpu_minutes e \
+                         WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
+                           AND NOT EXISTS (SELECT 1 FROM process_samples p WHERE p.gpu_id = e.gpu_id \
+                             AND p.ts_ms >= e.minute_ms AND p.ts_ms < e.minute_ms + {MINUTE_MS})"
+                    ),
+                )
+                .all(tx.conn())
+                .await?;
+                let mut agreed = BTreeMap::new();
+                for row in &energy {
+                    let (minute, n): (UnixMs, i64) = (row.get("minute_ms")?, row.get("n")?);
+                    if counts.get(&minute) == Some(&n) {
+                        agreed.insert(minute, n);
+                    }
+                }
+                agreed
+            };
+            for (minute, n) in agreed {
+                ready.entry(minute).or_insert(Some(n));
+            }
         }
         let qualifies = |minute: UnixMs, rows: usize| match ready.get(&minute) {
             Some(Some(want)) => i64::try_from(rows).ok() == Some(*want),

@@ -8,6 +8,7 @@
 //! group-commit writer never waits long behind it.
 
 use super::backend::{Backend, Get, sql};
+use super::rollup_hours;
 use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
@@ -253,7 +254,9 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
     /// Packs the closed minutes of host rows, process ticks and GPU samples that end at or
     /// before `before_ms`, behind the rollup (host), energy (process) or both (GPU)
     /// watermarks, at most about `budget` minutes per tier per call (see
-    /// `store::packing`): what was stored stays answerable, row for row.
+    /// `store::packing`); then the closed hours of rollup minutes that hold no raw row any
+    /// more, at most `budget` hours per kind (see `store::rollup_hours`): what was stored
+    /// stays answerable, row for row.
     async fn pack_closed_minutes(
         &self,
         before_ms: UnixMs,
@@ -269,64 +272,75 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
     ) -> Result<RetentionOutcome, StoreError>;
 }
 
-fn stats_from_row<R: Get>(row: &R, col: &str, real: bool) -> Result<MetricStats, StoreError> {
-    let n: i64 = row.get(&format!("{col}_n"))?;
-    let ext = |suffix: &str| -> Result<Option<f64>, StoreError> {
-        let name = format!("{col}_{suffix}");
-        Ok(if real {
-            row.get::<Option<f64>>(&name)?
-        } else {
-            row.get::<Option<i64>>(&name)?.map(|v| v as u64 as f64)
-        })
-    };
-    Ok(MetricStats {
-        n: u32::try_from(n).map_err(|_| StoreError::Corrupt(format!("{col}_n {n}")))?,
-        avg: row.get(&format!("{col}_avg"))?,
-        min: ext("min")?,
-        max: ext("max")?,
-    })
-}
-
 impl<DB: Backend> SqlStore<DB> {
-    /// `(bucket start, weighted averages)` of some columns of one series.
+    /// `(bucket start, weighted averages)` of some columns of one series: rows and packed
+    /// hours, in one read snapshot.
     async fn bucket_series(
         &self,
-        kind: RollupKind,
-        id_value: i64,
+        key: RollupKey,
         cols: &[&str],
         range: TimeRange,
         step_ms: i64,
         limit: usize,
     ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
-        let s = spec(kind);
+        let s = spec(key.kind);
         let (id, minutes) = (s.id, s.minutes);
+        let indexes = (cols.iter())
+            .map(|c| s.cols.iter().position(|(name, _)| name == c))
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| StoreError::Corrupt(format!("no rolled-up metric among {cols:?}")))?;
+        let step = step_ms.max(MINUTE_MS);
+        let (from, to) = (minute_of(range.from_ms), range.to_ms);
         // The average over the raw samples that had the metric: each minute weighs by its
-        // count; a bucket where no sample had it divides by NULL, giving NULL.
+        // count. Per bucket the sums of `avg × n` and of `n` (a metric no sample had sums
+        // to NULL and 0); the first `limit` buckets of the rows hold every row of the
+        // first `limit` buckets of rows and packed hours together.
         let exprs: Vec<String> = cols
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("sum({c}_avg * {c}_n) / nullif(sum({c}_n), 0) AS v{i}"))
+            .map(|(i, c)| format!("sum({c}_avg * {c}_n) AS s{i}, sum({c}_n) AS n{i}"))
             .collect();
         let exprs = exprs.join(", ");
-        let query = sql::<DB>(
-            "read a rollup series",
+        let op = "read a rollup series";
+        let mut tx = self.read_snapshot(op).await?;
+        let rows = sql::<DB>(
+            op,
             format!(
                 "SELECT (minute_ms / $1) * $1 AS t, {exprs} FROM {minutes} \
                  WHERE {id} = $2 AND minute_ms BETWEEN $3 AND $4 GROUP BY 1 ORDER BY 1 LIMIT $5"
             ),
         )
-        .bind(step_ms.max(MINUTE_MS))
-        .bind(id_value)
-        .bind(minute_of(range.from_ms))
-        .bind(range.to_ms)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX));
-        self.fetch(query, |row| {
-            let values = (0..cols.len())
-                .map(|i| row.get::<Option<f64>>(&format!("v{i}")))
-                .collect::<Result<_, _>>()?;
-            Ok((row.get("t")?, values))
-        })
-        .await
+        .bind(step)
+        .bind(key.id)
+        .bind(from)
+        .bind(to)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .all(&mut tx)
+        .await?;
+        let mut sums = rollup_hours::BucketSums::new();
+        for row in &rows {
+            let cells = (0..cols.len())
+                .map(|i| {
+                    let n: Option<i64> = row.get(&format!("n{i}"))?;
+                    Ok((row.get(&format!("s{i}"))?, n.unwrap_or(0)))
+                })
+                .collect::<Result<_, StoreError>>()?;
+            sums.insert(row.get("t")?, cells);
+        }
+        rollup_hours::bucket_sums::<DB>(&mut tx, key, &indexes, (from, to), step, limit, &mut sums)
+            .await?;
+        super::end_read(tx, op).await?;
+        Ok(sums
+            .into_iter()
+            .take(limit)
+            .map(|(t, cells)| {
+                let values = cells
+                    .into_iter()
+                    .map(|(sum, n)| sum.filter(|_| n != 0).map(|sum| sum / n as f64))
+                    .collect();
+                (t, values)
+            })
+            .collect())
     }
 
     /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
@@ -531,6 +545,23 @@ impl<DB: Backend> SqlStore<DB> {
         Ok(())
     }
 
+    /// Retention of one series' packed rollup hours (see [`rollup_hours::expire`]).
+    async fn expire_packed_rollups(
+        &self,
+        key: RollupKey,
+        cutoff: UnixMs,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let n = rollup_hours::expire(self, key, cutoff).await?;
+        out.transactions += 1;
+        if n > 0 {
+            *out.deleted
+                .entry(rollup_hours::table(key.kind))
+                .or_default() += n;
+        }
+        Ok(())
+    }
+
     /// All ids of `table` (`gpus`, `nodes`), in order.
     async fn ids(&self, op: &'static str, table: &str) -> Result<Vec<i64>, StoreError> {
         let query = sql::<DB>(op, format!("SELECT id FROM {table} ORDER BY id"));
@@ -598,6 +629,10 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         }
         let (names, aggs, updates) = (names.join(", "), aggs.join(", "), updates.join(", "));
         let mut tx = self.begin_write("begin a rollup transaction").await?;
+        // A minute is in one form at a time: a packed hour the range touches is rows again
+        // before its minutes are recomputed.
+        rollup_hours::lock::<DB>(tx.conn(), key).await?;
+        rollup_hours::reopen::<DB>(tx.conn(), key, from_ms, to_ms).await?;
         // One statement that reads the raw horizon itself (minutes before it keep their
         // rows: their raw samples are gone), so the horizon and the raw rows come from one
         // snapshot (under PostgreSQL's READ COMMITTED a separate read could miss a horizon
@@ -681,32 +716,11 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         key: RollupKey,
         range: TimeRange,
     ) -> Result<Vec<RollupMinute>, StoreError> {
-        let s = spec(key.kind);
-        let (id, minutes) = (s.id, s.minutes);
-        let query = sql::<DB>(
-            "read rollup minutes",
-            format!(
-                "SELECT * FROM {minutes} WHERE {id} = $1 AND minute_ms BETWEEN $2 AND $3 \
-                 ORDER BY minute_ms"
-            ),
-        )
-        .bind(key.id)
-        .bind(range.from_ms)
-        .bind(range.to_ms);
-        self.fetch(query, |row| {
-            let samples: i64 = row.get("samples")?;
-            Ok(RollupMinute {
-                minute_ms: row.get("minute_ms")?,
-                samples: u32::try_from(samples)
-                    .map_err(|_| StoreError::Corrupt(format!("samples {samples}")))?,
-                metrics: s
-                    .cols
-                    .iter()
-                    .map(|&(c, real)| stats_from_row(row, c, real))
-                    .collect::<Result<_, _>>()?,
-            })
-        })
-        .await
+        let op = "read rollup minutes";
+        let mut tx = self.read_snapshot(op).await?;
+        let minutes = rollup_hours::minutes::<DB>(&mut tx, key, range).await?;
+        super::end_read(tx, op).await?;
+        Ok(minutes)
     }
 
     async fn gpu_rollup_series(
@@ -719,7 +733,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
     ) -> Result<Vec<SeriesPoint>, StoreError> {
         let cols = [metric.name()];
         let rows = self
-            .bucket_series(RollupKind::Gpu, gpu.0, &cols, range, step_ms, limit)
+            .bucket_series(RollupKey::gpu(gpu), &cols, range, step_ms, limit)
             .await?;
         Ok(rows
             .into_iter()
@@ -734,15 +748,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         step_ms: i64,
         limit: usize,
     ) -> Result<Vec<(UnixMs, Vec<Option<f64>>)>, StoreError> {
-        self.bucket_series(
-            RollupKind::Host,
-            node.0,
-            &HOST_METRICS,
-            range,
-            step_ms,
-            limit,
-        )
-        .await
+        (self.bucket_series(RollupKey::host(node), &HOST_METRICS, range, step_ms, limit)).await
     }
 
     async fn pack_closed_minutes(
@@ -750,7 +756,12 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         before_ms: UnixMs,
         budget: usize,
     ) -> Result<super::PackOutcome, StoreError> {
-        self.pack_minutes(before_ms, budget).await
+        let mut out = self.pack_minutes(before_ms, budget).await?;
+        // After the raw tiers: an hour's rollups are packed once its raw minutes are.
+        let hours = self.pack_rollup_hours(before_ms, budget).await?;
+        out.rollup_minutes += hours.rollup_minutes;
+        out.transactions += hours.transactions;
+        Ok(out)
     }
 
     async fn raw_horizons(&self) -> Result<HashMap<RollupKey, UnixMs>, StoreError> {
@@ -806,10 +817,14 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
                 self.delete_before(table, "minute_ms", key, cutoff, batch, &mut out)
                     .await?;
             }
+            self.expire_packed_rollups(RollupKey::gpu(GpuId(id)), cutoff, &mut out)
+                .await?;
         }
         for id in self.ids("list nodes for retention", "nodes").await? {
             let key = Some(("node_id", id));
             self.delete_before("host_minutes", "minute_ms", key, cutoff, batch, &mut out)
+                .await?;
+            self.expire_packed_rollups(RollupKey::host(NodeId(id)), cutoff, &mut out)
                 .await?;
         }
         self.delete_before("events", "ts_ms", None, cutoff, batch, &mut out)

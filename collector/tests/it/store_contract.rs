@@ -12,7 +12,7 @@ use gpufleet_collector::accounting::energy::GpuMinute;
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::store::carbon::{CarbonMinute, PriceBasis};
 use gpufleet_collector::store::energy::{EnergyInputs, EnergyRange, MinuteReplacement, WasteScope};
-use gpufleet_collector::store::rollup::{MetricStats, RollupKey};
+use gpufleet_collector::store::rollup::{MetricStats, RollupKey, RollupMinute};
 use gpufleet_collector::store::{
     GpuId, GpuMetric, HostRow, NodeRecord, Rehomed, Store, StoreError, TimeRange,
 };
@@ -1109,6 +1109,231 @@ mod contract {
             (m1.samples, m1.gpu(GpuMetric::UtilGpuPct).min),
             (7, Some(0.0))
         );
+    }
+
+    /// Every rollup read of one GPU and its node: minutes (all, and a range inside two
+    /// hours) and bucketed series at several steps and limits, from the start and from
+    /// inside an hour.
+    async fn rollup_reads(
+        store: &Arc<dyn Store>,
+        rec: &NodeRecord,
+    ) -> (Vec<Vec<RollupMinute>>, Vec<Vec<(UnixMs, Vec<Option<f64>>)>>) {
+        let (gpu, node) = (RollupKey::gpu(rec.gpus[0].id), RollupKey::host(rec.id));
+        let inside = TimeRange {
+            from_ms: T0 + 25 * MIN + 1,
+            to_ms: T0 + 95 * MIN,
+        };
+        let mut minutes = Vec::new();
+        for (key, range) in [
+            (gpu, ALL_TIME),
+            (node, ALL_TIME),
+            (gpu, inside),
+            (node, inside),
+        ] {
+            minutes.push(store.rollup_minutes(key, range).await.expect("minutes"));
+        }
+        let mut series = Vec::new();
+        let from_inside = TimeRange {
+            from_ms: T0 + 30 * MIN + 7,
+            to_ms: T0 + 10 * HOUR_MS,
+        };
+        let steps = [
+            (MIN, 1000),
+            (7 * MIN, 1000),
+            (2 * HOUR_MS, 10),
+            (MIN, 5),
+            (25 * MIN, 3),
+        ];
+        for range in [ALL_TIME, from_inside] {
+            for (step, limit) in steps {
+                for metric in [
+                    GpuMetric::UtilGpuPct,
+                    GpuMetric::PowerMw,
+                    GpuMetric::TempGpuC,
+                ] {
+                    let s = store
+                        .gpu_rollup_series(rec.gpus[0].id, metric, range, step, limit)
+                        .await
+                        .expect("series");
+                    series.push(s.into_iter().map(|(t, v)| (t, vec![v])).collect());
+                }
+                let host = store.host_rollup_series(rec.id, range, step, limit).await;
+                series.push(host.expect("host series"));
+            }
+        }
+        (minutes, series)
+    }
+
+    /// `a` and `b` hold the same buckets with the same values, to the last few bits (the
+    /// databases sum floats in their own ways).
+    fn same_series(a: &[Vec<(UnixMs, Vec<Option<f64>>)>], b: &[Vec<(UnixMs, Vec<Option<f64>>)>]) {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(b) {
+            let times =
+                |s: &[(UnixMs, Vec<Option<f64>>)]| s.iter().map(|p| p.0).collect::<Vec<_>>();
+            assert_eq!(times(x), times(y));
+            for ((_, u), (_, v)) in x.iter().zip(y) {
+                assert_eq!(u.len(), v.len());
+                for (p, q) in u.iter().zip(v) {
+                    match (p, q) {
+                        (Some(p), Some(q)) => {
+                            assert!((p - q).abs() <= 1e-12 * p.abs().max(1.0), "{x:?}\n{y:?}")
+                        }
+                        _ => assert_eq!(p, q, "{x:?}\n{y:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    const HOUR_MS: i64 = 3_600_000;
+
+    pub async fn rollup_minutes_are_packed_by_the_hour_and_read_back(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-h", vec![gpu_info_sparse("GPU-r", 0)]).await;
+        let (gpu, node) = (RollupKey::gpu(rec.gpus[0].id), RollupKey::host(rec.id));
+        // Three hours at a tick every 10 s: utilization and power vary and are sometimes
+        // absent; a host row on most ticks, its CPU sometimes absent.
+        let ticks = (0..3 * 360i64).map(|k| {
+            let util = (k % 7 != 3).then_some(((k * 37) % 101) as u32);
+            let power = (k % 11 != 5).then_some(100_000 + ((k * 7919) % 250_000) as u32);
+            let cpu = match k % 5 {
+                0 => None,
+                1 => Some(None),
+                _ => Some(Some((k % 400) as f32 / 4.0 + 0.1)),
+            };
+            util_tick(T0 + k * 10_000, util, power, cpu)
+        });
+        write(&store, &rec, 1, ticks.collect()).await;
+        let now = T0 + 4 * HOUR_MS;
+        let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let (minutes, series) = rollup_reads(&store, &rec).await;
+        assert_eq!(minutes[0].len(), 179, "minute 179 is open");
+        assert_eq!(minutes[1].len(), 179, "host minutes");
+
+        let out = r.pack(now).await.expect("pack");
+        // Hours 0 and 1 of the GPU and of the node; hour 2 holds the newest raw rows.
+        assert_eq!(out.rollup_minutes, 4 * 60, "{out:?}");
+        let (packed_minutes, packed_series) = rollup_reads(&store, &rec).await;
+        assert_eq!(packed_minutes, minutes);
+        same_series(&packed_series, &series);
+        assert_eq!(
+            r.pack(now).await.expect("pack").rollup_minutes,
+            0,
+            "packed once"
+        );
+        assert_eq!(store.stale_rollup_minutes(0).await.expect("stale"), vec![]);
+
+        // A late sample in minute 30 reopens its raw minute; recomputing its rollup minute
+        // reopens the GPU's hour 0, which is packed again once the raw minute is.
+        let late = T0 + 30 * MIN + 5_000;
+        write(
+            &store,
+            &rec,
+            2,
+            vec![util_tick(late, Some(100), None, None)],
+        )
+        .await;
+        acc.mark(rec.gpus[0].id, late);
+        acc.pass().await.expect("account");
+        r.mark(gpu, late);
+        r.pass().await.expect("roll up");
+        let mut expected = minutes.clone();
+        let m30 = &mut expected[0][30];
+        let util = m30.gpu(GpuMetric::UtilGpuPct);
+        m30.samples += 1;
+        m30.metrics[0] = MetricStats {
+            n: util.n + 1,
+            avg: util
+                .avg
+                .map(|a| (a * f64::from(util.n) + 100.0) / f64::from(util.n + 1)),
+            max: Some(100.0),
+            ..util
+        };
+        let (late_minutes, late_series) = rollup_reads(&store, &rec).await;
+        assert_eq!(late_minutes[0].len(), 179);
+        for (i, (a, b)) in late_minutes[0].iter().zip(&expected[0]).enumerate() {
+            if i == 30 {
+                assert_eq!(
+                    (a.samples, a.metrics[0].n, a.metrics[0].max),
+                    (7, b.metrics[0].n, b.metrics[0].max)
+                );
+                let (x, y) = (
+                    a.metrics[0].avg.expect("avg"),
+                    b.metrics[0].avg.expect("avg"),
+                );
+                assert!((x - y).abs() < 1e-9, "{x} {y}");
+            } else {
+                assert_eq!(a, b, "minute {i}");
+            }
+        }
+        assert_eq!(
+            late_minutes[1], minutes[1],
+            "the node's minutes are as they were"
+        );
+        assert_ne!(late_series, series);
+        let out = r.pack(now).await.expect("pack");
+        assert_eq!((out.minutes, out.rollup_minutes), (1, 60), "{out:?}");
+        let (repacked_minutes, repacked_series) = rollup_reads(&store, &rec).await;
+        assert_eq!(repacked_minutes, late_minutes);
+        same_series(&repacked_series, &late_series);
+
+        // Retention to the middle of hour 0 keeps its minutes from there on; to the end of
+        // hour 0, none of them.
+        let from = |cutoff: UnixMs| {
+            let keep = |ms: &Vec<RollupMinute>| {
+                ms.iter()
+                    .filter(|m| m.minute_ms >= cutoff)
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
+            vec![keep(&late_minutes[0]), keep(&late_minutes[1])]
+        };
+        let out = store
+            .expire_rollups_before(T0 + 30 * MIN, 50)
+            .await
+            .expect("expire");
+        assert_eq!(
+            out.deleted.get("packed_gpu_rollup_hours"),
+            Some(&1),
+            "{out:?}"
+        );
+        assert_eq!(
+            out.deleted.get("packed_host_rollup_hours"),
+            Some(&1),
+            "{out:?}"
+        );
+        let read = |key| store.rollup_minutes(key, ALL_TIME);
+        let kept = vec![
+            read(gpu).await.expect("gpu"),
+            read(node).await.expect("node"),
+        ];
+        assert_eq!(kept, from(T0 + 30 * MIN));
+        assert_eq!(kept[0][0].minute_ms, T0 + 30 * MIN);
+        store
+            .expire_rollups_before(T0 + HOUR_MS, 50)
+            .await
+            .expect("expire");
+        let kept = vec![
+            read(gpu).await.expect("gpu"),
+            read(node).await.expect("node"),
+        ];
+        assert_eq!(kept, from(T0 + HOUR_MS));
+        let series = store
+            .gpu_rollup_series(
+                rec.gpus[0].id,
+                GpuMetric::UtilGpuPct,
+                ALL_TIME,
+                2 * HOUR_MS,
+                10,
+            )
+            .await
+            .expect("series");
+        // T0 is on an even hour: the first bucket now holds hour 1 alone.
+        let times: Vec<UnixMs> = series.iter().map(|p| p.0).collect();
+        assert_eq!(times, vec![T0, T0 + 2 * HOUR_MS]);
     }
 
     /// Everything the reports read, to compare before and after retention.
@@ -2786,6 +3011,7 @@ macro_rules! contract_tests {
                 workload_renames_take_the_latest_names,
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
+                rollup_minutes_are_packed_by_the_hour_and_read_back,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,

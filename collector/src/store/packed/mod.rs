@@ -45,6 +45,7 @@ mod columns;
 pub mod gpu;
 pub mod host;
 pub mod process;
+pub mod rollup;
 
 use flate2::Compression;
 use flate2::read::DeflateDecoder;

@@ -1,0 +1,598 @@
+//! The packed tier of rollups: closed hours of a GPU's `gpu_minutes` rows or a node's
+//! `host_minutes` rows, kept as one value per series per hour (`packed_gpu_rollup_hours`,
+//! `packed_host_rollup_hours`; the format of [`packed::rollup`]). Rollups are kept far
+//! longer than raw samples (`--retain-rollups`, 400 days by default), and an hour of a
+//! GPU's minutes packed takes a few percent of its rows.
+//!
+//! - **Packing** ([`SqlStore::pack_rollup_hours`], run with the raw tiers' packing): an
+//!   hour is packed once it ends at or before the caller's horizon and the series' rollup
+//!   watermark, and no raw row of the series is left in it (its raw minutes are packed or
+//!   expired, so only late data recomputes its minutes). Its rows leave their table in the
+//!   same transaction.
+//! - **Reopening** ([`reopen`], first thing in [`super::RollupStore::replace_rollups`]):
+//!   recomputing a minute unpacks its hour back into rows first, so a minute is in one
+//!   form at a time. The hour is packed again later.
+//! - **Reading** ([`minutes`], [`bucket_sums`]): rows and packed hours of a range, merged,
+//!   in one read snapshot.
+//! - **Retention** ([`expire`]): hours wholly before the cutoff go; the hour holding the
+//!   cutoff keeps its minutes from the cutoff on.
+//!
+//! On PostgreSQL the packer, a recomputation and retention take the series' advisory
+//! lock: the rollup job runs once across collectors, but its lease is not a fence.
+
+use super::backend::{Backend, Get, sql};
+use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
+use super::packing::{PackOutcome, lock_names};
+use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
+use super::{SqlStore, StoreError, TimeRange};
+use crate::accounting::energy::minute_of;
+use gpufleet_core::UnixMs;
+use std::collections::BTreeMap;
+
+/// One packed value's span.
+pub(crate) const HOUR_MS: i64 = 3_600_000;
+
+/// The start of the hour holding `t`.
+pub(crate) fn hour_of(t: UnixMs) -> UnixMs {
+    t.div_euclid(HOUR_MS) * HOUR_MS
+}
+
+/// The packed table of a kind of series.
+pub(crate) fn table(kind: RollupKind) -> &'static str {
+    match kind {
+        RollupKind::Gpu => "packed_gpu_rollup_hours",
+        RollupKind::Host => "packed_host_rollup_hours",
+    }
+}
+
+fn lock_name(key: RollupKey) -> String {
+    format!("rollup-{}:{}", key.kind.as_str(), key.id)
+}
+
+/// Takes `key`'s lock for the rest of the transaction (PostgreSQL).
+pub(crate) async fn lock<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+) -> Result<(), StoreError> {
+    lock_names::<DB>(conn, [lock_name(key)].into_iter().collect()).await
+}
+
+fn corrupt(key: RollupKey, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
+    move |e| {
+        StoreError::Corrupt(format!(
+            "{} of {}, hour {hour}: {e}",
+            table(key.kind),
+            key.id
+        ))
+    }
+}
+
+/// A rollup row as stored (see [`packed::rollup`] for how min and max are kept).
+fn stored_row<R: Get>(row: &R, s: &Spec) -> Result<RollupRow, StoreError> {
+    let count = |name: &str| -> Result<u32, StoreError> {
+        let v: i64 = row.get(name)?;
+        u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{name} {v}")))
+    };
+    let mut metrics = Vec::with_capacity(s.cols.len());
+    for &(c, real) in &s.cols {
+        let bits = |suffix: &str| -> Result<Option<u64>, StoreError> {
+            let name = format!("{c}_{suffix}");
+            Ok(if real {
+                row.get::<Option<f64>>(&name)?.map(f64::to_bits)
+            } else {
+                row.get::<Option<i64>>(&name)?.map(|v| v as u64)
+            })
+        };
+        metrics.push(Stats {
+            n: count(&format!("{c}_n"))?,
+            avg: row.get(&format!("{c}_avg"))?,
+            min: bits("min")?,
+            max: bits("max")?,
+        });
+    }
+    Ok(RollupRow {
+        minute_ms: row.get("minute_ms")?,
+        samples: count("samples")?,
+        metrics,
+    })
+}
+
+/// What the API reads of a stored rollup row.
+pub(crate) fn minute(r: &RollupRow, s: &Spec) -> RollupMinute {
+    let metrics = (r.metrics.iter().zip(&s.cols))
+        .map(|(m, &(_, real))| {
+            let value = |b: u64| if real { f64::from_bits(b) } else { b as f64 };
+            MetricStats {
+                n: m.n,
+                avg: m.avg,
+                min: m.min.map(value),
+                max: m.max.map(value),
+            }
+        })
+        .collect();
+    RollupMinute {
+        minute_ms: r.minute_ms,
+        samples: r.samples,
+        metrics,
+    }
+}
+
+fn unpack(
+    key: RollupKey,
+    hour: UnixMs,
+    value: &[u8],
+    s: &Spec,
+) -> Result<Vec<RollupRow>, StoreError> {
+    let rows = packed::rollup::unpack(value).map_err(corrupt(key, hour))?;
+    if rows
+        .iter()
+        .any(|r| hour_of(r.minute_ms) != hour || r.metrics.len() != s.cols.len())
+    {
+        return Err(StoreError::Corrupt(format!(
+            "{} of {}, hour {hour}: a minute of another hour or shape",
+            table(key.kind),
+            key.id
+        )));
+    }
+    Ok(rows)
+}
+
+/// The rollup rows of `key` with minutes in `[from, to)`, oldest first.
+async fn stored_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    from: UnixMs,
+    to: UnixMs,
+) -> Result<Vec<RollupRow>, StoreError> {
+    let s = spec(key.kind);
+    let rows = sql::<DB>(
+        "read rollup minutes",
+        format!(
+            "SELECT * FROM {} WHERE {} = $1 AND minute_ms >= $2 AND minute_ms < $3 \
+             ORDER BY minute_ms",
+            s.minutes, s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(from)
+    .bind(to)
+    .all(conn)
+    .await?;
+    rows.iter().map(|r| stored_row(r, &s)).collect()
+}
+
+/// The packed hours of `key` that start in `[from, to)`, oldest first, unpacked.
+async fn packed_hours<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    from: UnixMs,
+    to: UnixMs,
+) -> Result<Vec<(UnixMs, Vec<RollupRow>)>, StoreError> {
+    let s = spec(key.kind);
+    let rows = sql::<DB>(
+        "read packed rollup hours",
+        format!(
+            "SELECT hour_ms, packed FROM {} WHERE {} = $1 AND hour_ms >= $2 AND hour_ms < $3 \
+             ORDER BY hour_ms",
+            table(key.kind),
+            s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(from)
+    .bind(to)
+    .all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let hour: UnixMs = r.get("hour_ms")?;
+            Ok((hour, unpack(key, hour, &r.get::<Vec<u8>>("packed")?, &s)?))
+        })
+        .collect()
+}
+
+/// The sample counts of `key`'s packed rollup minutes in `[from, to)`.
+pub(crate) async fn packed_counts<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    from: UnixMs,
+    to: UnixMs,
+) -> Result<BTreeMap<UnixMs, i64>, StoreError> {
+    let hours = packed_hours::<DB>(conn, key, hour_of(from), to).await?;
+    Ok((hours.into_iter().flat_map(|(_, rows)| rows))
+        .filter(|r| (from..to).contains(&r.minute_ms))
+        .map(|r| (r.minute_ms, i64::from(r.samples)))
+        .collect())
+}
+
+/// Inserts `rows` into `key`'s rollup table (a row already there stays).
+async fn insert_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    rows: &[RollupRow],
+) -> Result<(), StoreError> {
+    let s = spec(key.kind);
+    let mut names = vec![format!("{}, minute_ms, samples", s.id)];
+    let mut params = vec!["$1, $2, CAST($3 AS INTEGER)".to_owned()];
+    for (i, &(c, _)) in s.cols.iter().enumerate() {
+        let p = 4 + 4 * i;
+        names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
+        params.push(format!(
+            "CAST(${p} AS INTEGER), ${}, ${}, ${}",
+            p + 1,
+            p + 2,
+            p + 3
+        ));
+    }
+    let text = format!(
+        "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}, minute_ms) DO NOTHING",
+        s.minutes,
+        names.join(", "),
+        params.join(", "),
+        s.id
+    );
+    for r in rows {
+        let mut q = sql::<DB>("reopen rollup minutes", text.clone())
+            .bind(key.id)
+            .bind(r.minute_ms)
+            .bind(i64::from(r.samples));
+        for (m, &(_, real)) in r.metrics.iter().zip(&s.cols) {
+            q = q.bind(i64::from(m.n)).bind(m.avg);
+            for v in [m.min, m.max] {
+                q = if real {
+                    q.bind(v.map(f64::from_bits))
+                } else {
+                    q.bind(v.map(|b| b as i64))
+                };
+            }
+        }
+        q.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Unpacks back into rows every packed hour of `key` that `[from, to)` touches (inside a
+/// write transaction holding `key`'s lock). Returns the hours reopened.
+pub(crate) async fn reopen<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    from: UnixMs,
+    to: UnixMs,
+) -> Result<usize, StoreError> {
+    let hours = packed_hours::<DB>(conn, key, hour_of(from), to).await?;
+    for (hour, rows) in &hours {
+        insert_rows::<DB>(conn, key, rows).await?;
+        delete_hour::<DB>(conn, key, *hour).await?;
+    }
+    Ok(hours.len())
+}
+
+async fn delete_hour<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    hour: UnixMs,
+) -> Result<(), StoreError> {
+    sql::<DB>(
+        "delete a packed rollup hour",
+        format!(
+            "DELETE FROM {} WHERE {} = $1 AND hour_ms = $2",
+            table(key.kind),
+            spec(key.kind).id
+        ),
+    )
+    .bind(key.id)
+    .bind(hour)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn store_hour<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    hour: UnixMs,
+    value: &[u8],
+) -> Result<(), StoreError> {
+    let id = spec(key.kind).id;
+    sql::<DB>(
+        "store a packed rollup hour",
+        format!(
+            "INSERT INTO {} ({id}, hour_ms, packed) VALUES ($1, $2, $3) \
+             ON CONFLICT ({id}, hour_ms) DO UPDATE SET packed = excluded.packed",
+            table(key.kind)
+        ),
+    )
+    .bind(key.id)
+    .bind(hour)
+    .bind(value)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The stored rollup minutes of `key` with starts in `range`, oldest first: rows and
+/// packed hours merged.
+pub(crate) async fn minutes<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    range: TimeRange,
+) -> Result<Vec<RollupMinute>, StoreError> {
+    let s = spec(key.kind);
+    let to = range.to_ms.saturating_add(1);
+    let mut merged: BTreeMap<UnixMs, RollupRow> = BTreeMap::new();
+    for r in stored_rows::<DB>(conn, key, range.from_ms, to).await? {
+        merged.insert(r.minute_ms, r);
+    }
+    for (_, rows) in packed_hours::<DB>(conn, key, hour_of(range.from_ms), to).await? {
+        for r in rows {
+            if (range.from_ms..to).contains(&r.minute_ms) {
+                merged.entry(r.minute_ms).or_insert(r);
+            }
+        }
+    }
+    Ok(merged.values().map(|r| minute(r, &s)).collect())
+}
+
+/// Per bucket start, per column: the sum of `avg × n` over the minutes that had the
+/// metric (`None`: none had it) and the sum of `n`.
+pub(crate) type BucketSums = BTreeMap<UnixMs, Vec<(Option<f64>, i64)>>;
+
+/// Adds the packed minutes of `key` in `[from, to]` to `sums` (bucket `(minute / step) ×
+/// step`), columns `cols` (indexes into the series' metrics), reading hours in order and
+/// stopping once more than `limit` buckets are known (the first `limit` are complete: a
+/// later hour adds only to the last bucket or later ones).
+pub(crate) async fn bucket_sums<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    cols: &[usize],
+    (from, to): (UnixMs, UnixMs),
+    step_ms: i64,
+    limit: usize,
+    sums: &mut BucketSums,
+) -> Result<(), StoreError> {
+    const PAGE: i64 = 48;
+    let s = spec(key.kind);
+    let mut next = hour_of(from);
+    let mut packed_buckets = 0usize;
+    while next <= to && packed_buckets <= limit {
+        let page = sql::<DB>(
+            "read packed rollup hours",
+            format!(
+                "SELECT hour_ms, packed FROM {} WHERE {} = $1 AND hour_ms >= $2 \
+                 AND hour_ms <= $3 ORDER BY hour_ms LIMIT $4",
+                table(key.kind),
+                s.id
+            ),
+        )
+        .bind(key.id)
+        .bind(next)
+        .bind(to)
+        .bind(PAGE)
+        .all(&mut *conn)
+        .await?;
+        let mut last_bucket = None;
+        for row in &page {
+            let hour: UnixMs = row.get("hour_ms")?;
+            for r in unpack(key, hour, &row.get::<Vec<u8>>("packed")?, &s)? {
+                if r.minute_ms < from || r.minute_ms > to {
+                    continue;
+                }
+                let t = (r.minute_ms / step_ms) * step_ms;
+                if last_bucket != Some(t) {
+                    packed_buckets += 1;
+                    last_bucket = Some(t);
+                }
+                let cells = sums.entry(t).or_insert_with(|| vec![(None, 0); cols.len()]);
+                for (cell, &c) in cells.iter_mut().zip(cols) {
+                    let m = r.metrics[c];
+                    if let Some(avg) = m.avg {
+                        cell.0 = Some(cell.0.unwrap_or(0.0) + avg * f64::from(m.n));
+                    }
+                    cell.1 += i64::from(m.n);
+                }
+            }
+            next = hour + HOUR_MS;
+        }
+        if page.len() < PAGE as usize {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `key`'s packed rollup minutes before `cutoff` (a minute start): whole hours
+/// before its hour, and the minutes before it of the hour holding it. Returns the hours
+/// deleted or rewritten.
+pub(crate) async fn expire<DB: Backend>(
+    store: &SqlStore<DB>,
+    key: RollupKey,
+    cutoff: UnixMs,
+) -> Result<u64, StoreError> {
+    let s = spec(key.kind);
+    let mut tx = store
+        .begin_write("begin expiring packed rollup hours")
+        .await?;
+    lock::<DB>(tx.conn(), key).await?;
+    let mut changed = sql::<DB>(
+        "delete expired packed rollup hours",
+        format!(
+            "DELETE FROM {} WHERE {} = $1 AND hour_ms < $2",
+            table(key.kind),
+            s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(hour_of(cutoff))
+    .execute(tx.conn())
+    .await?;
+    if cutoff != hour_of(cutoff) {
+        let hour = hour_of(cutoff);
+        for (_, rows) in packed_hours::<DB>(tx.conn(), key, hour, hour + 1).await? {
+            let kept: Vec<RollupRow> = rows
+                .iter()
+                .filter(|r| r.minute_ms >= cutoff)
+                .cloned()
+                .collect();
+            if kept.len() == rows.len() {
+                continue;
+            }
+            changed += 1;
+            if kept.is_empty() {
+                delete_hour::<DB>(tx.conn(), key, hour).await?;
+            } else {
+                let value = packed::rollup::pack(&kept).map_err(corrupt(key, hour))?;
+                store_hour::<DB>(tx.conn(), key, hour, &value).await?;
+            }
+        }
+    }
+    tx.commit("commit expired packed rollup hours").await?;
+    Ok(changed)
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// Packs the closed rollup hours of every GPU and node that end at or before
+    /// `before_ms` and the series' rollup watermark and hold no raw row of the series,
+    /// oldest first, at most `budget` hours per kind per call (one transaction each).
+    pub(crate) async fn pack_rollup_hours(
+        &self,
+        before_ms: UnixMs,
+        budget: usize,
+    ) -> Result<PackOutcome, StoreError> {
+        let mut out = PackOutcome::default();
+        for kind in [RollupKind::Gpu, RollupKind::Host] {
+            let series = sql::<DB>(
+                "list the series whose rollup minutes may be packed",
+                "SELECT id, done_to_ms FROM rollup_progress WHERE kind = $1 ORDER BY id",
+            )
+            .bind(kind.as_str())
+            .all(&mut *self.conn().await?)
+            .await?;
+            let mut hours = 0;
+            for row in &series {
+                let key = RollupKey {
+                    kind,
+                    id: row.get("id")?,
+                };
+                let done: UnixMs = row.get("done_to_ms")?;
+                let limit = minute_of(before_ms).min(done);
+                let mut from = UnixMs::MIN;
+                while hours < budget {
+                    let Some((end, packed)) = self.pack_hour(key, from, limit).await? else {
+                        break;
+                    };
+                    hours += 1;
+                    out.rollup_minutes += packed.rollup_minutes;
+                    out.transactions += packed.transactions;
+                    from = end;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One transaction of [`SqlStore::pack_rollup_hours`]: packs the hour holding `key`'s
+    /// oldest rollup row at or after `from`, if it ends by `limit` and no raw row of the
+    /// series is left in it. Returns where the hour ends and what was packed; `None` when
+    /// no such hour is left.
+    async fn pack_hour(
+        &self,
+        key: RollupKey,
+        from: UnixMs,
+        limit: UnixMs,
+    ) -> Result<Option<(UnixMs, PackOutcome)>, StoreError> {
+        let s = spec(key.kind);
+        let mut tx = self.begin_write("begin packing rollup minutes").await?;
+        lock::<DB>(tx.conn(), key).await?;
+        let first: Option<i64> = sql::<DB>(
+            "find the oldest rollup row",
+            format!(
+                "SELECT min(minute_ms) AS first FROM {} WHERE {} = $1 AND minute_ms >= $2",
+                s.minutes, s.id
+            ),
+        )
+        .bind(key.id)
+        .bind(from)
+        .one(tx.conn())
+        .await?
+        .get("first")?;
+        let Some(hour) = first.map(hour_of).filter(|h| h + HOUR_MS <= limit) else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let end = hour + HOUR_MS;
+        let mut out = PackOutcome::default();
+        let raw_left = sql::<DB>(
+            "look for raw rows in a rollup hour",
+            format!(
+                "SELECT ts_ms FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 LIMIT 1",
+                s.raw, s.id
+            ),
+        )
+        .bind(key.id)
+        .bind(hour)
+        .bind(end)
+        .optional(tx.conn())
+        .await?;
+        if raw_left.is_some() {
+            tx.rollback().await?;
+            return Ok(Some((end, out)));
+        }
+        let rows = stored_rows::<DB>(tx.conn(), key, hour, end).await?;
+        let mut all: BTreeMap<UnixMs, RollupRow> =
+            rows.iter().map(|r| (r.minute_ms, r.clone())).collect();
+        for (_, earlier) in packed_hours::<DB>(tx.conn(), key, hour, end).await? {
+            for r in earlier {
+                all.entry(r.minute_ms).or_insert(r);
+            }
+        }
+        let value = match packed::rollup::pack(&all.into_values().collect::<Vec<_>>()) {
+            Ok(v) => v,
+            Err(PackError::TooLarge(_)) => {
+                tx.rollback().await?;
+                return Ok(Some((end, out)));
+            }
+            Err(e) => return Err(corrupt(key, hour)(e)),
+        };
+        store_hour::<DB>(tx.conn(), key, hour, &value).await?;
+        let moved = sql::<DB>(
+            "delete packed rollup rows",
+            format!(
+                "DELETE FROM {} WHERE {} = $1 AND minute_ms >= $2 AND minute_ms < $3",
+                s.minutes, s.id
+            ),
+        )
+        .bind(key.id)
+        .bind(hour)
+        .bind(end)
+        .execute(tx.conn())
+        .await?;
+        if moved != rows.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "{}: {moved} rows of {} in hour {hour} deleted, {} packed",
+                s.minutes,
+                key.id,
+                rows.len()
+            )));
+        }
+        tx.commit("commit a packed rollup hour").await?;
+        out.rollup_minutes = rows.len();
+        out.transactions = 1;
+        Ok(Some((end, out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::energy::MINUTE_MS;
+
+    #[test]
+    fn hours_start_on_the_hour() {
+        assert_eq!(hour_of(0), 0);
+        assert_eq!(hour_of(HOUR_MS - 1), 0);
+        assert_eq!(hour_of(HOUR_MS), HOUR_MS);
+        assert_eq!(hour_of(-1), -HOUR_MS);
+        assert_eq!(hour_of(1_700_000_123_456) % HOUR_MS, 0);
+        assert_eq!(MINUTE_MS * 60, HOUR_MS);
+    }
+}
