@@ -30,9 +30,10 @@
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
 //! every closed minute of host rows, process ticks and GPU samples into
-//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`), checks that
-//! every GPU sample, host row and process sample reads back as it did from the rows, and
-//! measures again: the database as the collector keeps it, energy and rollup minutes
+//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`, and every
+//! closed hour of rollup minutes into `packed_gpu_rollup_hours` and
+//! `packed_host_rollup_hours`), checks that every GPU sample, host row, process sample and
+//! rollup minute reads back as it did before, and measures again: the database as the collector keeps it, energy and rollup minutes
 //! included. Last, it times one GPU's charts as the series API reads them (15 minutes of
 //! raw samples, packed and newest; the whole range from the rollups).
 
@@ -40,6 +41,7 @@ use anyhow::{Context, Result, bail};
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
 use gpufleet_collector::live::status::Clock;
+use gpufleet_collector::store::rollup::RollupKey;
 use gpufleet_collector::store::{self, GpuMetric, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
@@ -309,15 +311,22 @@ async fn pack_as_the_collector(
     let now = all.to_ms + 2 * 3_600_000;
     let mut rollups = account_and_roll_up(store, now).await?;
     let accounted = began.elapsed().as_secs_f64();
+    let rollups_before = rollup_answers(store, keys, all).await?;
+    let began = Instant::now();
     let out = rollups.pack(now).await?;
     println!(
-        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows) in {:.1} s",
+        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows) and {} \
+         rollup minutes in {:.1} s",
         out.minutes,
         out.rows,
-        began.elapsed().as_secs_f64() - accounted
+        out.rollup_minutes,
+        began.elapsed().as_secs_f64()
     );
     if raw_answers(store, keys, all).await? != before {
         bail!("the samples read back differ once packed");
+    }
+    if rollup_answers(store, keys, all).await? != rollups_before {
+        bail!("the rollup minutes read back differ once packed");
     }
     charts(store, keys, all).await
 }
@@ -400,6 +409,24 @@ async fn raw_answers(
             let s = store.gpu_samples(*gpu, all, usize::MAX).await?;
             let p = store.process_samples(*gpu, all, usize::MAX).await?;
             out.push(format!("{s:?}\n{p:?}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Every GPU's and node's rollup minutes in `all`, as read.
+async fn rollup_answers(
+    store: &Arc<dyn Store>,
+    keys: &[Arc<NodeKeys>],
+    all: TimeRange,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for k in keys {
+        let node = store.rollup_minutes(RollupKey::host(k.id), all).await?;
+        out.push(format!("{node:?}"));
+        for gpu in k.gpus.values() {
+            let gpu = store.rollup_minutes(RollupKey::gpu(*gpu), all).await?;
+            out.push(format!("{gpu:?}"));
         }
     }
     Ok(out)
