@@ -6,14 +6,15 @@
 //! then writes more ticks to both, and B must find the lifetimes it converted rather than
 //! store them again.
 //!
-//! Migrations 0026 and 0027 (packed minutes) add tables and convert nothing themselves: a
-//! database at the schema before them opens with every row in place, and the rollup task
-//! then packs its closed minutes (host rows, process ticks, GPU samples) without changing
-//! one answer.
+//! Migrations 0026, 0027 (packed minutes) and 0028 (packed rollup hours) add tables and
+//! convert nothing themselves: a database at the schema before them opens with every row
+//! in place, and the rollup task then packs its closed minutes (host rows, process ticks,
+//! GPU samples) and the closed hours of its rollup minutes without changing one answer.
 
 use crate::common::*;
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
 use gpufleet_collector::accounting::rollups::{RetentionOptions, Rollups};
+use gpufleet_collector::store::rollup::RollupKey;
 use gpufleet_collector::store::{self, NodeRecord, Store, TimeRange};
 use gpufleet_core::*;
 use sqlx::Connection;
@@ -317,14 +318,18 @@ const COPIED_BEFORE_PACKED: [&str; 8] = [
     "events",
 ];
 
-/// Five minutes of ticks at 1 Hz and one at minute 7 (minutes 0 to 4 are closed).
+/// The newest tick of [`five_minutes`], after T0.
+const NEWEST_MS: i64 = 67 * 60_000;
+
+/// Five minutes of ticks at 1 Hz and one at minute 67 (minutes 0 to 4 are closed, and the
+/// hour holding them is closed once they are packed).
 fn five_minutes() -> Vec<Tick> {
     let mut out: Vec<Tick> = (0..300u32)
         .map(|k| tick(T0 + i64::from(k) * 1000, &GPUS, k))
         .collect();
     out[7].host = None; // a cost-only host row
     out[8].cost = None;
-    out.push(tick(T0 + 7 * 60_000, &GPUS, 300));
+    out.push(tick(T0 + NEWEST_MS, &GPUS, 300));
     out
 }
 
@@ -338,6 +343,21 @@ async fn raw_answers(s: &Arc<dyn Store>, node: &NodeRecord) -> String {
         let samples = s.gpu_samples(g.id, ALL, 10_000).await.expect("s");
         let p = s.process_samples(g.id, ALL, 10_000).await.expect("p");
         out += &format!("\n{samples:?}\n{p:?}");
+    }
+    out
+}
+
+/// The rollup minutes of a node and its GPUs, as read.
+async fn rollup_answers(s: &Arc<dyn Store>, node: &NodeRecord) -> String {
+    let mut out = format!(
+        "{:?}",
+        s.rollup_minutes(RollupKey::host(node.id), ALL)
+            .await
+            .expect("h")
+    );
+    for g in &node.gpus {
+        let minutes = s.rollup_minutes(RollupKey::gpu(g.id), ALL).await;
+        out += &format!("\n{:?}", minutes.expect("g"));
     }
     out
 }
@@ -357,12 +377,17 @@ async fn host_rows_survive_packing(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node:
         .expect("account");
     let mut r = Rollups::new(b.clone(), RetentionOptions::default(), clock);
     r.pass().await.expect("roll up");
+    let rollups = rollup_answers(b, node).await;
+    assert!(rollups.contains(&format!("minute_ms: {}", T0 + 4 * 60_000)));
     let out = r.pack(now).await.expect("pack");
-    // Five host minutes; five process minutes and five sample minutes of each GPU.
+    // Five host minutes; five process minutes and five sample minutes of each GPU; then
+    // hour 0's five rollup minutes of the node and of each GPU.
     assert_eq!(out.minutes, 5 + 2 * 5 + 2 * 5, "{out:?}");
+    assert_eq!(out.rollup_minutes, 5 + 2 * 5, "{out:?}");
     assert_eq!(raw_answers(b, node).await, answers);
+    assert_eq!(rollup_answers(b, node).await, rollups);
     let latest = b.latest_host_samples().await.expect("latest");
-    assert_eq!(latest[0].time_ms, T0 + 7 * 60_000);
+    assert_eq!(latest[0].time_ms, T0 + NEWEST_MS);
 }
 
 #[tokio::test]

@@ -1117,7 +1117,7 @@ mod contract {
     async fn rollup_reads(
         store: &Arc<dyn Store>,
         rec: &NodeRecord,
-    ) -> (Vec<Vec<RollupMinute>>, Vec<Vec<(UnixMs, Vec<Option<f64>>)>>) {
+    ) -> (Vec<Vec<RollupMinute>>, Vec<Series>) {
         let (gpu, node) = (RollupKey::gpu(rec.gpus[0].id), RollupKey::host(rec.id));
         let inside = TimeRange {
             from_ms: T0 + 25 * MIN + 1,
@@ -1132,7 +1132,40 @@ mod contract {
         ] {
             minutes.push(store.rollup_minutes(key, range).await.expect("minutes"));
         }
+        // What a bucketed series must be: per bucket of whole minutes, the average over
+        // the samples that had the metric, from the minutes as read.
+        let expect = |ms: &[RollupMinute],
+                      stats: &dyn Fn(&RollupMinute) -> Vec<MetricStats>,
+                      range: TimeRange,
+                      step: i64,
+                      limit: usize| {
+            let from = range.from_ms - range.from_ms.rem_euclid(MIN);
+            let mut buckets: std::collections::BTreeMap<UnixMs, Vec<(f64, u32)>> =
+                Default::default();
+            for m in ms
+                .iter()
+                .filter(|m| (from..=range.to_ms).contains(&m.minute_ms))
+            {
+                let stats = stats(m);
+                let cells = buckets
+                    .entry(m.minute_ms / step * step)
+                    .or_insert_with(|| vec![(0.0, 0); stats.len()]);
+                for (cell, st) in cells.iter_mut().zip(stats) {
+                    cell.0 += st.avg.unwrap_or(0.0) * f64::from(st.n);
+                    cell.1 += st.n;
+                }
+            }
+            (buckets.into_iter().take(limit))
+                .map(|(t, cells)| {
+                    let values = cells
+                        .into_iter()
+                        .map(|(sum, n)| (n > 0).then(|| sum / f64::from(n)));
+                    (t, values.collect())
+                })
+                .collect::<Vec<(UnixMs, Vec<Option<f64>>)>>()
+        };
         let mut series = Vec::new();
+        let mut expected = Vec::new();
         let from_inside = TimeRange {
             from_ms: T0 + 30 * MIN + 7,
             to_ms: T0 + 10 * HOUR_MS,
@@ -1156,17 +1189,25 @@ mod contract {
                         .await
                         .expect("series");
                     series.push(s.into_iter().map(|(t, v)| (t, vec![v])).collect());
+                    let one = move |m: &RollupMinute| vec![m.gpu(metric)];
+                    expected.push(expect(&minutes[0], &one, range, step, limit));
                 }
                 let host = store.host_rollup_series(rec.id, range, step, limit).await;
                 series.push(host.expect("host series"));
+                let all = |m: &RollupMinute| m.metrics.clone();
+                expected.push(expect(&minutes[1], &all, range, step, limit));
             }
         }
+        same_series(&series, &expected);
         (minutes, series)
     }
 
+    /// A bucketed rollup series: bucket starts and values.
+    type Series = Vec<(UnixMs, Vec<Option<f64>>)>;
+
     /// `a` and `b` hold the same buckets with the same values, to the last few bits (the
     /// databases sum floats in their own ways).
-    fn same_series(a: &[Vec<(UnixMs, Vec<Option<f64>>)>], b: &[Vec<(UnixMs, Vec<Option<f64>>)>]) {
+    fn same_series(a: &[Series], b: &[Series]) {
         assert_eq!(a.len(), b.len());
         for (x, y) in a.iter().zip(b) {
             let times =

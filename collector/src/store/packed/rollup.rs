@@ -158,10 +158,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A metric with its average as bits.
+    type StatBits = (u32, Option<u64>, Option<u64>, Option<u64>);
+
     /// Bits compare floats exactly (NaN, -0.0) where `==` would not.
-    fn bits(
-        rows: &[RollupRow],
-    ) -> Vec<(i64, u32, Vec<(u32, Option<u64>, Option<u64>, Option<u64>)>)> {
+    fn bits(rows: &[RollupRow]) -> Vec<(i64, u32, Vec<StatBits>)> {
         rows.iter()
             .map(|r| {
                 let m = r.metrics.iter();
