@@ -373,7 +373,16 @@ pub(crate) async fn bucket_sums<DB: Backend>(
         let mut last_bucket = None;
         for row in &page {
             let hour: UnixMs = row.get("hour_ms")?;
-            for r in unpack(key, hour, &row.get::<Vec<u8>>("packed")?, &s)? {
+            let value = row.get::<Vec<u8>>("packed")?;
+            let rows = packed::rollup::unpack_metrics(&value, cols).map_err(corrupt(key, hour))?;
+            for r in rows {
+                if hour_of(r.minute_ms) != hour {
+                    return Err(StoreError::Corrupt(format!(
+                        "{} of {}, hour {hour}: a minute of another hour",
+                        table(key.kind),
+                        key.id
+                    )));
+                }
                 if r.minute_ms < from || r.minute_ms > to {
                     continue;
                 }
@@ -383,8 +392,7 @@ pub(crate) async fn bucket_sums<DB: Backend>(
                     last_bucket = Some(t);
                 }
                 let cells = sums.entry(t).or_insert_with(|| vec![(None, 0); cols.len()]);
-                for (cell, &c) in cells.iter_mut().zip(cols) {
-                    let m = r.metrics[c];
+                for (cell, m) in cells.iter_mut().zip(&r.metrics) {
                     if let Some(avg) = m.avg {
                         cell.0 = Some(cell.0.unwrap_or(0.0) + avg * f64::from(m.n));
                     }

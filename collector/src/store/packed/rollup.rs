@@ -1,8 +1,9 @@
 //! An hour of one series' rollup minutes (a GPU's `gpu_minutes` rows or a node's
 //! `host_minutes` rows) as one value. Payload: the number of minutes and of metrics, the
-//! minute starts, the sample counts, then per metric its count column, its averages, and
-//! its minimum and maximum columns (the 64 bits the row holds: an integer's two's
-//! complement, or a float's bits).
+//! minute starts, the sample counts, then per metric a block, preceded by its length (so a
+//! chart of one metric skips the others): its count column, its averages, and its minimum
+//! and maximum columns (the 64 bits the row holds: an integer's two's complement, or a
+//! float's bits).
 //!
 //! An average is what the database computed, `sum / n` rounded to a double. Where every
 //! average of a metric's column is exactly the rounded quotient of an integer sum (an
@@ -82,8 +83,9 @@ pub fn pack(rows: &[RollupRow]) -> Result<Vec<u8>, PackError> {
     put_values(&mut out, &column(&|r| u64::from(r.samples)));
     for m in 0..width {
         let stats = || rows.iter().map(move |r| r.metrics[m]);
+        let mut block = Vec::new();
         put_values(
-            &mut out,
+            &mut block,
             &stats().map(|s| u64::from(s.n)).collect::<Vec<_>>(),
         );
         let sums: Option<Vec<Option<u64>>> = stats()
@@ -94,26 +96,42 @@ pub fn pack(rows: &[RollupRow]) -> Result<Vec<u8>, PackError> {
             .collect();
         match sums {
             Some(sums) => {
-                out.push(AVG_SUMS);
-                put_column(&mut out, sums.into_iter());
+                block.push(AVG_SUMS);
+                put_column(&mut block, sums.into_iter());
             }
             None => {
-                out.push(AVG_BITS);
-                put_column(&mut out, stats().map(|s| s.avg.map(f64::to_bits)));
+                block.push(AVG_BITS);
+                put_column(&mut block, stats().map(|s| s.avg.map(f64::to_bits)));
             }
         }
-        put_column(&mut out, stats().map(|s| s.min));
-        put_column(&mut out, stats().map(|s| s.max));
+        put_column(&mut block, stats().map(|s| s.min));
+        put_column(&mut block, stats().map(|s| s.max));
+        put_varint(&mut out, block.len() as u64);
+        out.extend_from_slice(&block);
     }
     seal(&out)
 }
 
 /// The minutes of a value written by [`pack`], in the order they were packed.
 pub fn unpack(packed: &[u8]) -> Result<Vec<RollupRow>, PackError> {
+    decode(packed, None)
+}
+
+/// The minutes of a value written by [`pack`] with only the metrics at `wanted` (indexes
+/// into the packed minutes' metrics), in that order: what a chart reads.
+pub fn unpack_metrics(packed: &[u8], wanted: &[usize]) -> Result<Vec<RollupRow>, PackError> {
+    decode(packed, Some(wanted))
+}
+
+fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, PackError> {
     let payload = open(packed)?;
     let mut r = Reader::new(&payload);
     let n = r.count(MAX_MINUTES)?;
     let width = r.count(MAX_METRICS)?;
+    if wanted.is_some_and(|w| w.len() > MAX_METRICS) {
+        return Err(PackError::TooLarge("rollup metrics"));
+    }
+    let kept = wanted.map_or(width, <[usize]>::len);
     let minutes = r.values(n)?;
     let samples = r.values(n)?;
     let mut rows = Vec::with_capacity(n);
@@ -121,35 +139,67 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<RollupRow>, PackError> {
         rows.push(RollupRow {
             minute_ms: minute as i64,
             samples: narrow(Some(samples))?.unwrap_or_default(),
-            metrics: vec![Stats::default(); width],
+            metrics: vec![Stats::default(); kept],
         });
     }
+    let mut found = 0;
     for m in 0..width {
-        for (row, v) in rows.iter_mut().zip(r.values(n)?) {
-            row.metrics[m].n = narrow(Some(v))?.unwrap_or_default();
+        let len = r.count(payload.len())?;
+        let block = r.take(len)?;
+        let slots: Vec<usize> = match wanted {
+            None => vec![m],
+            Some(w) => (0..w.len()).filter(|&i| w[i] == m).collect(),
+        };
+        if slots.is_empty() {
+            continue;
         }
-        let mode = r.byte()?;
-        for (row, v) in rows.iter_mut().zip(r.column(n)?) {
-            let s = &mut row.metrics[m];
-            s.avg = match (mode, v) {
-                (_, None) => None,
-                (AVG_BITS, Some(bits)) => Some(f64::from_bits(bits)),
-                (AVG_SUMS, Some(sum)) if s.n > 0 => Some(sum as i64 as f64 / f64::from(s.n)),
-                (AVG_SUMS, Some(_)) => return Err(PackError::Corrupt("an average of no samples")),
-                _ => return Err(PackError::Corrupt("unknown average mode")),
-            };
+        found += slots.len();
+        let mut b = Reader::new(block);
+        let stats = metric(&mut b, n)?;
+        if !b.is_empty() {
+            return Err(PackError::Corrupt("bytes after a rollup metric"));
         }
-        for (row, v) in rows.iter_mut().zip(r.column(n)?) {
-            row.metrics[m].min = v;
+        for (row, st) in rows.iter_mut().zip(stats) {
+            for &slot in &slots {
+                row.metrics[slot] = st;
+            }
         }
-        for (row, v) in rows.iter_mut().zip(r.column(n)?) {
-            row.metrics[m].max = v;
-        }
+    }
+    // An empty value has no metrics to give, and no minutes to give them for.
+    if n > 0 && found != kept {
+        return Err(PackError::Corrupt(
+            "a rollup metric asked for is not packed",
+        ));
     }
     if !r.is_empty() {
         return Err(PackError::Corrupt("bytes after the rollup minutes"));
     }
     Ok(rows)
+}
+
+/// One metric's block: its `n` minutes' stats.
+fn metric(r: &mut Reader<'_>, n: usize) -> Result<Vec<Stats>, PackError> {
+    let mut stats = vec![Stats::default(); n];
+    for (s, v) in stats.iter_mut().zip(r.values(n)?) {
+        s.n = narrow(Some(v))?.unwrap_or_default();
+    }
+    let mode = r.byte()?;
+    for (s, v) in stats.iter_mut().zip(r.column(n)?) {
+        s.avg = match (mode, v) {
+            (_, None) => None,
+            (AVG_BITS, Some(bits)) => Some(f64::from_bits(bits)),
+            (AVG_SUMS, Some(sum)) if s.n > 0 => Some(sum as i64 as f64 / f64::from(s.n)),
+            (AVG_SUMS, Some(_)) => return Err(PackError::Corrupt("an average of no samples")),
+            _ => return Err(PackError::Corrupt("unknown average mode")),
+        };
+    }
+    for (s, v) in stats.iter_mut().zip(r.column(n)?) {
+        s.min = v;
+    }
+    for (s, v) in stats.iter_mut().zip(r.column(n)?) {
+        s.max = v;
+    }
+    Ok(stats)
 }
 
 #[cfg(test)]
@@ -228,6 +278,25 @@ mod tests {
         }
 
         #[test]
+        fn a_chart_reads_the_metrics_it_asks_for(
+            rows in rows(5),
+            wanted in proptest::collection::vec(0usize..5, 0..4),
+        ) {
+            let packed = pack(&rows).expect("packs");
+            let some = unpack_metrics(&packed, &wanted).expect("unpacks");
+            let want: Vec<RollupRow> = (rows.iter())
+                .map(|r| RollupRow {
+                    metrics: wanted.iter().map(|&i| r.metrics[i]).collect(),
+                    ..r.clone()
+                })
+                .collect();
+            prop_assert_eq!(bits(&some), bits(&want));
+            if !rows.is_empty() {
+                prop_assert!(unpack_metrics(&packed, &[5]).is_err());
+            }
+        }
+
+        #[test]
         fn no_corrupt_payload_panics_the_reader(
             rows in rows(3),
             flips in proptest::collection::vec((any::<usize>(), 1u8..), 1..6),
@@ -236,6 +305,7 @@ mod tests {
             prop_assume!(!rows.is_empty());
             for bad in corruptions(&pack(&rows).expect("packs"), &flips, cut) {
                 let _ = unpack(&bad);
+                let _ = unpack_metrics(&bad, &[2, 0]);
             }
         }
     }
@@ -257,7 +327,8 @@ mod tests {
         let packed = pack(&rows).expect("packs");
         assert_eq!(bits(&unpack(&packed).expect("unpacks")), bits(&rows));
         let payload = open(&packed).expect("opens");
-        // count, width, linear minutes, linear samples, linear n, then the mode.
+        // count, width, linear minutes, linear samples, block length, linear n, then the
+        // mode.
         let mode_at = payload.iter().position(|&b| b == AVG_SUMS);
         assert!(mode_at.is_some(), "sums mode in {payload:?}");
         assert!(packed.len() < 60 * 2, "{} bytes for an hour", packed.len());
