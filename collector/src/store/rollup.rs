@@ -552,7 +552,9 @@ impl<DB: Backend> SqlStore<DB> {
         cutoff: UnixMs,
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
-        let n = rollup_hours::expire(self, key, cutoff).await?;
+        let Some(n) = rollup_hours::expire(self, key, cutoff).await? else {
+            return Ok(());
+        };
         out.transactions += 1;
         if n > 0 {
             *out.deleted

@@ -410,13 +410,29 @@ pub(crate) async fn bucket_sums<DB: Backend>(
 
 /// Deletes `key`'s packed rollup minutes before `cutoff` (a minute start): whole hours
 /// before its hour, and the minutes before it of the hour holding it. Returns the hours
-/// deleted or rewritten.
+/// deleted or rewritten, `None` if there was nothing to look at (no transaction ran).
 pub(crate) async fn expire<DB: Backend>(
     store: &SqlStore<DB>,
     key: RollupKey,
     cutoff: UnixMs,
-) -> Result<u64, StoreError> {
+) -> Result<Option<u64>, StoreError> {
     let s = spec(key.kind);
+    // Most runs find nothing to expire: looked for before taking a turn to write.
+    let any = sql::<DB>(
+        "look for expired packed rollup hours",
+        format!(
+            "SELECT hour_ms FROM {} WHERE {} = $1 AND hour_ms < $2 LIMIT 1",
+            table(key.kind),
+            s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(cutoff)
+    .optional(&mut *store.conn().await?)
+    .await?;
+    if any.is_none() {
+        return Ok(None);
+    }
     let mut tx = store
         .begin_write("begin expiring packed rollup hours")
         .await?;
@@ -454,7 +470,29 @@ pub(crate) async fn expire<DB: Backend>(
         }
     }
     tx.commit("commit expired packed rollup hours").await?;
-    Ok(changed)
+    Ok(Some(changed))
+}
+
+/// Whether a raw row of `key`'s series is in the hour starting at `hour`.
+async fn raw_left<DB: Backend>(
+    conn: &mut DB::Connection,
+    key: RollupKey,
+    hour: UnixMs,
+) -> Result<bool, StoreError> {
+    let s = spec(key.kind);
+    let row = sql::<DB>(
+        "look for raw rows in a rollup hour",
+        format!(
+            "SELECT ts_ms FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 LIMIT 1",
+            s.raw, s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(hour)
+    .bind(hour + HOUR_MS)
+    .optional(conn)
+    .await?;
+    Ok(row.is_some())
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -509,8 +547,8 @@ impl<DB: Backend> SqlStore<DB> {
         limit: UnixMs,
     ) -> Result<Option<(UnixMs, PackOutcome)>, StoreError> {
         let s = spec(key.kind);
-        let mut tx = self.begin_write("begin packing rollup minutes").await?;
-        lock::<DB>(tx.conn(), key).await?;
+        // Which hour, and whether its raw minutes are all packed, read before taking a turn
+        // to write: most calls find nothing to pack.
         let first: Option<i64> = sql::<DB>(
             "find the oldest rollup row",
             format!(
@@ -520,28 +558,21 @@ impl<DB: Backend> SqlStore<DB> {
         )
         .bind(key.id)
         .bind(from)
-        .one(tx.conn())
+        .one(&mut *self.conn().await?)
         .await?
         .get("first")?;
         let Some(hour) = first.map(hour_of).filter(|h| h + HOUR_MS <= limit) else {
-            tx.rollback().await?;
             return Ok(None);
         };
         let end = hour + HOUR_MS;
         let mut out = PackOutcome::default();
-        let raw_left = sql::<DB>(
-            "look for raw rows in a rollup hour",
-            format!(
-                "SELECT ts_ms FROM {} WHERE {} = $1 AND ts_ms >= $2 AND ts_ms < $3 LIMIT 1",
-                s.raw, s.id
-            ),
-        )
-        .bind(key.id)
-        .bind(hour)
-        .bind(end)
-        .optional(tx.conn())
-        .await?;
-        if raw_left.is_some() {
+        if raw_left::<DB>(&mut *self.conn().await?, key, hour).await? {
+            return Ok(Some((end, out)));
+        }
+        let mut tx = self.begin_write("begin packing rollup minutes").await?;
+        lock::<DB>(tx.conn(), key).await?;
+        // A write may have reopened one of the hour's raw minutes since.
+        if raw_left::<DB>(tx.conn(), key, hour).await? {
             tx.rollback().await?;
             return Ok(Some((end, out)));
         }
