@@ -34,7 +34,7 @@ pub(crate) const HOUR_MS: i64 = 3_600_000;
 
 /// The start of the hour holding `t`.
 pub(crate) fn hour_of(t: UnixMs) -> UnixMs {
-    t.div_euclid(HOUR_MS) * HOUR_MS
+    t.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
 }
 
 /// The packed table of a kind of series.
@@ -399,7 +399,7 @@ pub(crate) async fn bucket_sums<DB: Backend>(
                     cell.1 += i64::from(m.n);
                 }
             }
-            next = hour + HOUR_MS;
+            next = hour.saturating_add(HOUR_MS);
         }
         if page.len() < PAGE as usize {
             break;
@@ -451,7 +451,7 @@ pub(crate) async fn expire<DB: Backend>(
     .await?;
     if cutoff != hour_of(cutoff) {
         let hour = hour_of(cutoff);
-        for (_, rows) in packed_hours::<DB>(tx.conn(), key, hour, hour + 1).await? {
+        for (_, rows) in packed_hours::<DB>(tx.conn(), key, hour, hour.saturating_add(1)).await? {
             let kept: Vec<RollupRow> = rows
                 .iter()
                 .filter(|r| r.minute_ms >= cutoff)
@@ -489,7 +489,7 @@ async fn raw_left<DB: Backend>(
     )
     .bind(key.id)
     .bind(hour)
-    .bind(hour + HOUR_MS)
+    .bind(hour.saturating_add(HOUR_MS))
     .optional(conn)
     .await?;
     Ok(row.is_some())
@@ -561,10 +561,13 @@ impl<DB: Backend> SqlStore<DB> {
         .one(&mut *self.conn().await?)
         .await?
         .get("first")?;
-        let Some(hour) = first.map(hour_of).filter(|h| h + HOUR_MS <= limit) else {
+        let Some(hour) = first
+            .map(hour_of)
+            .filter(|h| h.saturating_add(HOUR_MS) <= limit)
+        else {
             return Ok(None);
         };
-        let end = hour + HOUR_MS;
+        let end = hour.saturating_add(HOUR_MS);
         let mut out = PackOutcome::default();
         if raw_left::<DB>(&mut *self.conn().await?, key, hour).await? {
             return Ok(Some((end, out)));
@@ -631,6 +634,8 @@ mod tests {
         assert_eq!(hour_of(HOUR_MS - 1), 0);
         assert_eq!(hour_of(HOUR_MS), HOUR_MS);
         assert_eq!(hour_of(-1), -HOUR_MS);
+        assert_eq!(hour_of(i64::MIN), i64::MIN);
+        assert_eq!(hour_of(i64::MAX) % HOUR_MS, 0);
         assert_eq!(hour_of(1_700_000_123_456) % HOUR_MS, 0);
         assert_eq!(MINUTE_MS * 60, HOUR_MS);
     }
