@@ -353,7 +353,8 @@ pub(crate) async fn bucket_sums<DB: Backend>(
     const PAGE: i64 = 48;
     let s = spec(key.kind);
     let mut next = hour_of(from);
-    let mut packed_buckets = 0usize;
+    // Distinct buckets seen so far, across pages: a bucket may span many of them.
+    let (mut packed_buckets, mut last_bucket) = (0usize, None);
     while next <= to && packed_buckets <= limit {
         let page = sql::<DB>(
             "read packed rollup hours",
@@ -370,7 +371,6 @@ pub(crate) async fn bucket_sums<DB: Backend>(
         .bind(PAGE)
         .all(&mut *conn)
         .await?;
-        let mut last_bucket = None;
         for row in &page {
             let hour: UnixMs = row.get("hour_ms")?;
             let value = row.get::<Vec<u8>>("packed")?;

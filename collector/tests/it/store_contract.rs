@@ -1111,6 +1111,39 @@ mod contract {
         );
     }
 
+    /// What a bucketed series must be: per bucket of whole minutes (at most `limit`), the
+    /// average over the samples that had the metric, from the minutes as read.
+    fn expected_series(
+        ms: &[RollupMinute],
+        stats: &dyn Fn(&RollupMinute) -> Vec<MetricStats>,
+        range: TimeRange,
+        step: i64,
+        limit: usize,
+    ) -> Series {
+        let from = range.from_ms - range.from_ms.rem_euclid(MIN);
+        let mut buckets: std::collections::BTreeMap<UnixMs, Vec<(f64, u32)>> = Default::default();
+        for m in ms
+            .iter()
+            .filter(|m| (from..=range.to_ms).contains(&m.minute_ms))
+        {
+            let stats = stats(m);
+            let cells = (buckets.entry(m.minute_ms / step * step))
+                .or_insert_with(|| vec![(0.0, 0); stats.len()]);
+            for (cell, st) in cells.iter_mut().zip(stats) {
+                cell.0 += st.avg.unwrap_or(0.0) * f64::from(st.n);
+                cell.1 += st.n;
+            }
+        }
+        (buckets.into_iter().take(limit))
+            .map(|(t, cells)| {
+                let values = cells
+                    .into_iter()
+                    .map(|(sum, n)| (n > 0).then(|| sum / f64::from(n)));
+                (t, values.collect())
+            })
+            .collect()
+    }
+
     /// Every rollup read of one GPU and its node: minutes (all, and a range inside two
     /// hours) and bucketed series at several steps and limits, from the start and from
     /// inside an hour.
@@ -1132,38 +1165,6 @@ mod contract {
         ] {
             minutes.push(store.rollup_minutes(key, range).await.expect("minutes"));
         }
-        // What a bucketed series must be: per bucket of whole minutes, the average over
-        // the samples that had the metric, from the minutes as read.
-        let expect = |ms: &[RollupMinute],
-                      stats: &dyn Fn(&RollupMinute) -> Vec<MetricStats>,
-                      range: TimeRange,
-                      step: i64,
-                      limit: usize| {
-            let from = range.from_ms - range.from_ms.rem_euclid(MIN);
-            let mut buckets: std::collections::BTreeMap<UnixMs, Vec<(f64, u32)>> =
-                Default::default();
-            for m in ms
-                .iter()
-                .filter(|m| (from..=range.to_ms).contains(&m.minute_ms))
-            {
-                let stats = stats(m);
-                let cells = buckets
-                    .entry(m.minute_ms / step * step)
-                    .or_insert_with(|| vec![(0.0, 0); stats.len()]);
-                for (cell, st) in cells.iter_mut().zip(stats) {
-                    cell.0 += st.avg.unwrap_or(0.0) * f64::from(st.n);
-                    cell.1 += st.n;
-                }
-            }
-            (buckets.into_iter().take(limit))
-                .map(|(t, cells)| {
-                    let values = cells
-                        .into_iter()
-                        .map(|(sum, n)| (n > 0).then(|| sum / f64::from(n)));
-                    (t, values.collect())
-                })
-                .collect::<Vec<(UnixMs, Vec<Option<f64>>)>>()
-        };
         let mut series = Vec::new();
         let mut expected = Vec::new();
         let from_inside = TimeRange {
@@ -1190,12 +1191,12 @@ mod contract {
                         .expect("series");
                     series.push(s.into_iter().map(|(t, v)| (t, vec![v])).collect());
                     let one = move |m: &RollupMinute| vec![m.gpu(metric)];
-                    expected.push(expect(&minutes[0], &one, range, step, limit));
+                    expected.push(expected_series(&minutes[0], &one, range, step, limit));
                 }
                 let host = store.host_rollup_series(rec.id, range, step, limit).await;
                 series.push(host.expect("host series"));
                 let all = |m: &RollupMinute| m.metrics.clone();
-                expected.push(expect(&minutes[1], &all, range, step, limit));
+                expected.push(expected_series(&minutes[1], &all, range, step, limit));
             }
         }
         same_series(&series, &expected);
@@ -1375,6 +1376,62 @@ mod contract {
         // T0 is on an even hour: the first bucket now holds hour 1 alone.
         let times: Vec<UnixMs> = series.iter().map(|p| p.0).collect();
         assert_eq!(times, vec![T0, T0 + 2 * HOUR_MS]);
+    }
+
+    /// Buckets longer than a page of packed hours are summed whole, however few buckets
+    /// are asked for.
+    pub async fn long_buckets_over_packed_hours_are_summed_whole(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-l", vec![gpu_info_sparse("GPU-r", 0)]).await;
+        let (gpu, node) = (RollupKey::gpu(rec.gpus[0].id), RollupKey::host(rec.id));
+        // 110 hours at a tick a minute.
+        let ticks: Vec<Tick> = (0..110 * 60i64)
+            .map(|k| {
+                let power = 100_000 + (k % 13) as u32 * 1000;
+                util_tick(
+                    T0 + k * MIN,
+                    Some((k % 89) as u32),
+                    Some(power),
+                    Some(Some((k % 50) as f32)),
+                )
+            })
+            .collect();
+        for (i, chunk) in ticks.chunks(300).enumerate() {
+            write(&store, &rec, i as u64 + 1, chunk.to_vec()).await;
+        }
+        let now = T0 + 112 * HOUR_MS;
+        let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let out = r.pack(now).await.expect("pack");
+        // Hours 0 to 108 of the GPU and of the node; hour 109 holds the newest raw rows.
+        assert_eq!(out.rollup_minutes, 2 * 109 * 60, "{out:?}");
+        let minutes = store.rollup_minutes(gpu, ALL_TIME).await.expect("gpu");
+        let host = store.rollup_minutes(node, ALL_TIME).await.expect("node");
+        assert_eq!((minutes.len(), host.len()), (110 * 60 - 1, 110 * 60 - 1));
+        for (step, limit) in [
+            (7 * 24 * HOUR_MS, 1),
+            (50 * HOUR_MS, 1),
+            (24 * HOUR_MS, 2),
+            (MIN, 3),
+        ] {
+            let got = store
+                .gpu_rollup_series(rec.gpus[0].id, GpuMetric::PowerMw, ALL_TIME, step, limit)
+                .await
+                .expect("series");
+            let got: Series = got.into_iter().map(|(t, v)| (t, vec![v])).collect();
+            let one = |m: &RollupMinute| vec![m.gpu(GpuMetric::PowerMw)];
+            same_series(
+                &[got],
+                &[expected_series(&minutes, &one, ALL_TIME, step, limit)],
+            );
+            let got = store
+                .host_rollup_series(rec.id, ALL_TIME, step, limit)
+                .await;
+            let all = |m: &RollupMinute| m.metrics.clone();
+            let want = expected_series(&host, &all, ALL_TIME, step, limit);
+            same_series(&[got.expect("host series")], &[want]);
+        }
     }
 
     /// Everything the reports read, to compare before and after retention.
@@ -3053,6 +3110,7 @@ macro_rules! contract_tests {
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
                 rollup_minutes_are_packed_by_the_hour_and_read_back,
+                long_buckets_over_packed_hours_are_summed_whole,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
