@@ -33,8 +33,8 @@
 //! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`, and every
 //! closed hour of rollup minutes into `packed_gpu_rollup_hours` and
 //! `packed_host_rollup_hours`), checks that every GPU sample, host row, process sample and
-//! rollup minute reads back as it did before, and measures again: the database as the collector keeps it, energy and rollup minutes
-//! included. Last, it times one GPU's charts as the series API reads them (15 minutes of
+//! rollup minute reads back as it did before, and measures again: the database as the
+//! collector keeps it, energy and rollup minutes included. Last, it times one GPU's charts as the series API reads them (15 minutes of
 //! raw samples, packed and newest; the whole range from the rollups).
 
 use anyhow::{Context, Result, bail};

@@ -1149,69 +1149,52 @@ impl<DB: Backend> SqlStore<DB> {
         // The minutes that may be packed, with the number of rows each must hold (host:
         // the rollup's count; process: any, once the energy minute counts the GPU
         // samples the minute holds now; GPU: the count its rollup and energy minutes
-        // agree on, once no process row is left in it).
-        let ready_sql = match tier {
-            Tier::Host => "SELECT minute_ms, samples AS want FROM host_minutes \
-                 WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms < $3"
-                .to_owned(),
-            Tier::Process => format!(
-                "SELECT e.minute_ms, CAST(NULL AS BIGINT) AS want FROM energy_gpu_minutes e \
-                 WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
-                   AND e.samples = (SELECT count(*) FROM gpu_samples s WHERE s.gpu_id = e.gpu_id \
-                     AND s.ts_ms >= e.minute_ms AND s.ts_ms < e.minute_ms + {MINUTE_MS})"
-            ),
-            Tier::Gpu => format!(
-                "SELECT r.minute_ms, CAST(r.samples AS BIGINT) AS want FROM gpu_minutes r \
-                 JOIN energy_gpu_minutes e ON e.gpu_id = r.gpu_id AND e.minute_ms = r.minute_ms \
-                   AND e.samples = r.samples \
-                 WHERE r.gpu_id = $1 AND r.minute_ms >= $2 AND r.minute_ms < $3 \
-                   AND NOT EXISTS (SELECT 1 FROM process_samples p WHERE p.gpu_id = r.gpu_id \
-                     AND p.ts_ms >= r.minute_ms AND p.ts_ms < r.minute_ms + {MINUTE_MS})"
-            ),
-        };
-        let mut ready = Ready::new();
-        for row in &read("read which minutes may be packed", ready_sql)
-            .all(tx.conn())
-            .await?
-        {
-            ready.insert(row.get("minute_ms")?, row.get("want")?);
-        }
-        // A minute whose rollup minute is in a packed hour (reopened by a write that
-        // changed nothing: a replay, a conflict) is judged by that minute's count.
-        let rollup = match tier {
-            Tier::Host => Some(RollupKey::host(NodeId(id))),
-            Tier::Gpu => Some(RollupKey::gpu(GpuId(id))),
-            Tier::Process => None,
-        };
-        if let Some(key) = rollup {
-            let counts = rollup_hours::packed_counts::<DB>(tx.conn(), key, start, end).await?;
-            let agreed = if counts.is_empty() || tier == Tier::Host {
-                counts
-            } else {
-                let energy = read(
-                    "read which packed-rollup minutes may be packed",
-                    format!(
-                        "SELECT e.minute_ms, CAST(e.samples AS BIGINT) AS n FROM energy_gpu_minutes e \
-                         WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
-                           AND NOT EXISTS (SELECT 1 FROM process_samples p WHERE p.gpu_id = e.gpu_id \
-                             AND p.ts_ms >= e.minute_ms AND p.ts_ms < e.minute_ms + {MINUTE_MS})"
-                    ),
-                )
-                .all(tx.conn())
-                .await?;
-                let mut agreed = BTreeMap::new();
-                for row in &energy {
+        // agree on, once no process row is left in it). A rollup minute counts in either
+        // form: a write that changed nothing (a replay, a conflict) reopens a raw minute
+        // under a packed rollup hour.
+        let ready: Ready = match tier {
+            Tier::Host => {
+                let key = RollupKey::host(NodeId(id));
+                let counts = rollup_hours::counts::<DB>(tx.conn(), key, start, end).await?;
+                counts.into_iter().map(|(m, n)| (m, Some(n))).collect()
+            }
+            Tier::Process => {
+                let text = format!(
+                    "SELECT e.minute_ms FROM energy_gpu_minutes e \
+                     WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
+                       AND e.samples = (SELECT count(*) FROM gpu_samples s \
+                         WHERE s.gpu_id = e.gpu_id \
+                           AND s.ts_ms >= e.minute_ms AND s.ts_ms < e.minute_ms + {MINUTE_MS})"
+                );
+                let rows = read("read which minutes may be packed", text)
+                    .all(tx.conn())
+                    .await?;
+                (rows.iter())
+                    .map(|row| Ok((row.get("minute_ms")?, None)))
+                    .collect::<Result<_, StoreError>>()?
+            }
+            Tier::Gpu => {
+                let key = RollupKey::gpu(GpuId(id));
+                let rollup = rollup_hours::counts::<DB>(tx.conn(), key, start, end).await?;
+                let text = format!(
+                    "SELECT e.minute_ms, CAST(e.samples AS BIGINT) AS n FROM energy_gpu_minutes e \
+                     WHERE e.gpu_id = $1 AND e.minute_ms >= $2 AND e.minute_ms < $3 \
+                       AND NOT EXISTS (SELECT 1 FROM process_samples p WHERE p.gpu_id = e.gpu_id \
+                         AND p.ts_ms >= e.minute_ms AND p.ts_ms < e.minute_ms + {MINUTE_MS})"
+                );
+                let mut ready = Ready::new();
+                for row in &read("read which minutes may be packed", text)
+                    .all(tx.conn())
+                    .await?
+                {
                     let (minute, n): (UnixMs, i64) = (row.get("minute_ms")?, row.get("n")?);
-                    if counts.get(&minute) == Some(&n) {
-                        agreed.insert(minute, n);
+                    if rollup.get(&minute) == Some(&n) {
+                        ready.insert(minute, Some(n));
                     }
                 }
-                agreed
-            };
-            for (minute, n) in agreed {
-                ready.entry(minute).or_insert(Some(n));
+                ready
             }
-        }
+        };
         let qualifies = |minute: UnixMs, rows: usize| match ready.get(&minute) {
             Some(Some(want)) => i64::try_from(rows).ok() == Some(*want),
             Some(None) => true,

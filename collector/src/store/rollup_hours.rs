@@ -117,16 +117,23 @@ pub(crate) fn minute(r: &RollupRow, s: &Spec) -> RollupMinute {
     }
 }
 
+/// A packed hour's minutes, checked to lie in it: all metrics of the series' shape, or
+/// only those at `wanted`.
 fn unpack(
     key: RollupKey,
     hour: UnixMs,
     value: &[u8],
-    s: &Spec,
+    wanted: Option<&[usize]>,
 ) -> Result<Vec<RollupRow>, StoreError> {
-    let rows = packed::rollup::unpack(value).map_err(corrupt(key, hour))?;
+    let rows = match wanted {
+        None => packed::rollup::unpack(value),
+        Some(w) => packed::rollup::unpack_metrics(value, w),
+    }
+    .map_err(corrupt(key, hour))?;
+    let width = wanted.map_or(spec(key.kind).cols.len(), <[usize]>::len);
     if rows
         .iter()
-        .any(|r| hour_of(r.minute_ms) != hour || r.metrics.len() != s.cols.len())
+        .any(|r| hour_of(r.minute_ms) != hour || r.metrics.len() != width)
     {
         return Err(StoreError::Corrupt(format!(
             "{} of {}, hour {hour}: a minute of another hour or shape",
@@ -186,23 +193,45 @@ async fn packed_hours<DB: Backend>(
     rows.iter()
         .map(|r| {
             let hour: UnixMs = r.get("hour_ms")?;
-            Ok((hour, unpack(key, hour, &r.get::<Vec<u8>>("packed")?, &s)?))
+            Ok((hour, unpack(key, hour, &r.get::<Vec<u8>>("packed")?, None)?))
         })
         .collect()
 }
 
-/// The sample counts of `key`'s packed rollup minutes in `[from, to)`.
-pub(crate) async fn packed_counts<DB: Backend>(
+/// The sample counts of `key`'s rollup minutes in `[from, to)`, rows and packed hours.
+pub(crate) async fn counts<DB: Backend>(
     conn: &mut DB::Connection,
     key: RollupKey,
     from: UnixMs,
     to: UnixMs,
 ) -> Result<BTreeMap<UnixMs, i64>, StoreError> {
-    let hours = packed_hours::<DB>(conn, key, hour_of(from), to).await?;
-    Ok((hours.into_iter().flat_map(|(_, rows)| rows))
-        .filter(|r| (from..to).contains(&r.minute_ms))
-        .map(|r| (r.minute_ms, i64::from(r.samples)))
-        .collect())
+    let s = spec(key.kind);
+    let rows = sql::<DB>(
+        "read rollup counts",
+        format!(
+            "SELECT minute_ms, CAST(samples AS BIGINT) AS n FROM {} \
+             WHERE {} = $1 AND minute_ms >= $2 AND minute_ms < $3",
+            s.minutes, s.id
+        ),
+    )
+    .bind(key.id)
+    .bind(from)
+    .bind(to)
+    .all(&mut *conn)
+    .await?;
+    let mut out = BTreeMap::new();
+    for row in &rows {
+        out.insert(row.get("minute_ms")?, row.get("n")?);
+    }
+    for (_, hour) in packed_hours::<DB>(conn, key, hour_of(from), to).await? {
+        for r in hour
+            .into_iter()
+            .filter(|r| (from..to).contains(&r.minute_ms))
+        {
+            out.entry(r.minute_ms).or_insert(i64::from(r.samples));
+        }
+    }
+    Ok(out)
 }
 
 /// Inserts `rows` into `key`'s rollup table (a row already there stays).
@@ -374,15 +403,7 @@ pub(crate) async fn bucket_sums<DB: Backend>(
         for row in &page {
             let hour: UnixMs = row.get("hour_ms")?;
             let value = row.get::<Vec<u8>>("packed")?;
-            let rows = packed::rollup::unpack_metrics(&value, cols).map_err(corrupt(key, hour))?;
-            for r in rows {
-                if hour_of(r.minute_ms) != hour {
-                    return Err(StoreError::Corrupt(format!(
-                        "{} of {}, hour {hour}: a minute of another hour",
-                        table(key.kind),
-                        key.id
-                    )));
-                }
+            for r in unpack(key, hour, &value, Some(cols))? {
                 if r.minute_ms < from || r.minute_ms > to {
                     continue;
                 }
@@ -580,8 +601,9 @@ impl<DB: Backend> SqlStore<DB> {
             return Ok(Some((end, out)));
         }
         let rows = stored_rows::<DB>(tx.conn(), key, hour, end).await?;
+        let n = rows.len();
         let mut all: BTreeMap<UnixMs, RollupRow> =
-            rows.iter().map(|r| (r.minute_ms, r.clone())).collect();
+            rows.into_iter().map(|r| (r.minute_ms, r)).collect();
         for (_, earlier) in packed_hours::<DB>(tx.conn(), key, hour, end).await? {
             for r in earlier {
                 all.entry(r.minute_ms).or_insert(r);
@@ -608,16 +630,14 @@ impl<DB: Backend> SqlStore<DB> {
         .bind(end)
         .execute(tx.conn())
         .await?;
-        if moved != rows.len() as u64 {
+        if moved != n as u64 {
             return Err(StoreError::Corrupt(format!(
                 "{}: {moved} rows of {} in hour {hour} deleted, {} packed",
-                s.minutes,
-                key.id,
-                rows.len()
+                s.minutes, key.id, n
             )));
         }
         tx.commit("commit a packed rollup hour").await?;
-        out.rollup_minutes = rows.len();
+        out.rollup_minutes = n;
         out.transactions = 1;
         Ok(Some((end, out)))
     }

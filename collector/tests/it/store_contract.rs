@@ -1642,7 +1642,8 @@ mod contract {
     }
 
     /// After a late tick of `gpu` at `late_ms` reopened its minutes: none is packed again
-    /// until the energy and rollups are recomputed, then its three (host, process, GPU).
+    /// until the energy is recomputed, then the process minute; the host and GPU minutes
+    /// once the rollups are recomputed too.
     async fn repack_after_late(
         rec: &NodeRecord,
         gpu: GpuId,
@@ -1653,10 +1654,15 @@ mod contract {
         assert_eq!(r.pack(now).await.expect("pack").minutes, 0);
         acc.mark(gpu, late_ms);
         acc.pass().await.expect("account");
+        assert_eq!(
+            r.pack(now).await.expect("pack").minutes,
+            1,
+            "the process minute"
+        );
         r.mark(RollupKey::gpu(gpu), late_ms);
         r.mark(RollupKey::host(rec.id), late_ms);
         r.pass().await.expect("roll up");
-        assert_eq!(r.pack(now).await.expect("pack").minutes, 3);
+        assert_eq!(r.pack(now).await.expect("pack").minutes, 2, "host and GPU");
     }
 
     /// Energy recomputed over packed minutes is `totals` (what [`accounted`] read), and
