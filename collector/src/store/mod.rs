@@ -132,6 +132,23 @@ impl StoreError {
     }
 }
 
+/// What a stored value that cannot be read ([`StoreError::Corrupt`]) does to one series'
+/// packing or retention: a warning, and `Ok(None)` (the series is left alone this run), so
+/// that the job goes on with the other series. Other errors pass.
+pub(crate) fn skip_corrupt<T>(
+    result: Result<Option<T>, StoreError>,
+    table: &'static str,
+    id: i64,
+) -> Result<Option<T>, StoreError> {
+    match result {
+        Err(StoreError::Corrupt(e)) => {
+            tracing::warn!(table, id, error = %e, "a stored value cannot be read: this series is skipped");
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
 /// A node as stored: identity, session facts from its latest Hello, delivery state, and
 /// inventory with the ids of its GPUs.
 #[derive(Debug, Clone, PartialEq)]

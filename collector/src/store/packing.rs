@@ -35,7 +35,9 @@ use super::rollup::RollupKey;
 use super::rollup_hours;
 use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
-use super::{GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange};
+use super::{
+    GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_corrupt,
+};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -1101,7 +1103,8 @@ impl<DB: Backend> SqlStore<DB> {
                 let limit = minute_of(before_ms).min(done).min(minute_of(newest));
                 let mut from = UnixMs::MIN;
                 while tier_out.minutes < budget {
-                    let Some((end, packed)) = self.pack_span(tier, id, from, limit).await? else {
+                    let span = self.pack_span(tier, id, from, limit).await;
+                    let Some((end, packed)) = skip_corrupt(span, tier.packed(), id)? else {
                         break;
                     };
                     tier_out.add(&packed);

@@ -9,7 +9,7 @@
 
 use super::backend::{Backend, Get, sql};
 use super::rollup_hours;
-use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange};
+use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_corrupt};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
@@ -384,6 +384,24 @@ impl<DB: Backend> SqlStore<DB> {
         batch: usize,
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
+        self.delete_before_locked(table, time_col, id, before, batch, None, out)
+            .await
+    }
+
+    /// [`Self::delete_before`], each statement in a transaction holding `lock`'s rollup
+    /// lock when there is one: the packer moves a series' rollup rows under it, and must
+    /// find them all where it read them (PostgreSQL).
+    #[allow(clippy::too_many_arguments)]
+    async fn delete_before_locked(
+        &self,
+        table: &'static str,
+        time_col: &str,
+        id: Option<(&str, i64)>,
+        before: UnixMs,
+        batch: usize,
+        lock: Option<RollupKey>,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
         let (filter, id_value) = match id {
             Some((col, v)) => (format!("{col} = $3 AND"), v),
             None => ("CAST($3 AS BIGINT) IS NOT NULL AND".to_owned(), 0),
@@ -395,14 +413,20 @@ impl<DB: Backend> SqlStore<DB> {
         );
         let offset = i64::try_from(batch.max(1) - 1).unwrap_or(i64::MAX);
         loop {
-            let n = self
-                .write_one(
-                    sql::<DB>("delete expired rows", text.clone())
-                        .bind(before)
-                        .bind(offset)
-                        .bind(id_value),
-                )
-                .await?;
+            let query = sql::<DB>("delete expired rows", text.clone())
+                .bind(before)
+                .bind(offset)
+                .bind(id_value);
+            let n = match lock {
+                None => self.write_one(query).await?,
+                Some(key) => {
+                    let mut tx = self.begin_write("begin deleting expired rows").await?;
+                    rollup_hours::lock::<DB>(tx.conn(), key).await?;
+                    let n = query.execute(tx.conn()).await?;
+                    tx.commit("commit deleting expired rows").await?;
+                    n
+                }
+            };
             out.transactions += 1;
             if n == 0 {
                 return Ok(());
@@ -552,7 +576,8 @@ impl<DB: Backend> SqlStore<DB> {
         cutoff: UnixMs,
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
-        let Some(n) = rollup_hours::expire(self, key, cutoff).await? else {
+        let expired = rollup_hours::expire(self, key, cutoff).await;
+        let Some(n) = skip_corrupt(expired, rollup_hours::table(key.kind), key.id)? else {
             return Ok(());
         };
         out.transactions += 1;
@@ -809,6 +834,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         let mut out = RetentionOutcome::default();
         let cutoff = minute_of(cutoff_ms);
         for id in self.ids("list GPUs for retention", "gpus").await? {
+            let series = RollupKey::gpu(GpuId(id));
             for table in [
                 "gpu_minutes",
                 "energy_gpu_minutes",
@@ -816,18 +842,26 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
                 "carbon_gpu_minutes",
             ] {
                 let key = Some(("gpu_id", id));
-                self.delete_before(table, "minute_ms", key, cutoff, batch, &mut out)
+                let lock = (table == "gpu_minutes").then_some(series);
+                self.delete_before_locked(table, "minute_ms", key, cutoff, batch, lock, &mut out)
                     .await?;
             }
-            self.expire_packed_rollups(RollupKey::gpu(GpuId(id)), cutoff, &mut out)
-                .await?;
+            self.expire_packed_rollups(series, cutoff, &mut out).await?;
         }
         for id in self.ids("list nodes for retention", "nodes").await? {
+            let series = RollupKey::host(NodeId(id));
             let key = Some(("node_id", id));
-            self.delete_before("host_minutes", "minute_ms", key, cutoff, batch, &mut out)
-                .await?;
-            self.expire_packed_rollups(RollupKey::host(NodeId(id)), cutoff, &mut out)
-                .await?;
+            self.delete_before_locked(
+                "host_minutes",
+                "minute_ms",
+                key,
+                cutoff,
+                batch,
+                Some(series),
+                &mut out,
+            )
+            .await?;
+            self.expire_packed_rollups(series, cutoff, &mut out).await?;
         }
         self.delete_before("events", "ts_ms", None, cutoff, batch, &mut out)
             .await?;

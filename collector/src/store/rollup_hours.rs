@@ -24,7 +24,7 @@ use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
 use super::packing::{PackOutcome, lock_names};
 use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
-use super::{SqlStore, StoreError, TimeRange};
+use super::{SqlStore, StoreError, TimeRange, skip_corrupt};
 use crate::accounting::energy::minute_of;
 use gpufleet_core::UnixMs;
 use std::collections::BTreeMap;
@@ -544,13 +544,22 @@ impl<DB: Backend> SqlStore<DB> {
                 let limit = minute_of(before_ms).min(done);
                 let mut from = UnixMs::MIN;
                 while hours < budget {
-                    let Some((end, packed)) = self.pack_hour(key, from, limit).await? else {
-                        break;
-                    };
-                    hours += 1;
-                    out.rollup_minutes += packed.rollup_minutes;
-                    out.transactions += packed.transactions;
-                    from = end;
+                    match skip_corrupt(self.pack_hour(key, from, limit).await, table(kind), key.id)?
+                    {
+                        Some(HourStep::Packed(end, packed)) => {
+                            hours += 1;
+                            out.rollup_minutes += packed.rollup_minutes;
+                            out.transactions += packed.transactions;
+                            from = end;
+                        }
+                        Some(HourStep::Unpackable(end)) => {
+                            hours += 1;
+                            from = end;
+                        }
+                        // Raw rows are packed oldest first too: the series' later hours
+                        // wait with this one, and the budget goes to the other series.
+                        Some(HourStep::RawLeft) | None => break,
+                    }
                 }
             }
         }
@@ -559,14 +568,13 @@ impl<DB: Backend> SqlStore<DB> {
 
     /// One transaction of [`SqlStore::pack_rollup_hours`]: packs the hour holding `key`'s
     /// oldest rollup row at or after `from`, if it ends by `limit` and no raw row of the
-    /// series is left in it. Returns where the hour ends and what was packed; `None` when
-    /// no such hour is left.
+    /// series is left in it. `None` when no such hour is left.
     async fn pack_hour(
         &self,
         key: RollupKey,
         from: UnixMs,
         limit: UnixMs,
-    ) -> Result<Option<(UnixMs, PackOutcome)>, StoreError> {
+    ) -> Result<Option<HourStep>, StoreError> {
         let s = spec(key.kind);
         // Which hour, and whether its raw minutes are all packed, read before taking a turn
         // to write: most calls find nothing to pack.
@@ -589,19 +597,23 @@ impl<DB: Backend> SqlStore<DB> {
             return Ok(None);
         };
         let end = hour.saturating_add(HOUR_MS);
-        let mut out = PackOutcome::default();
         if raw_left::<DB>(&mut *self.conn().await?, key, hour).await? {
-            return Ok(Some((end, out)));
+            return Ok(Some(HourStep::RawLeft));
         }
         let mut tx = self.begin_write("begin packing rollup minutes").await?;
         lock::<DB>(tx.conn(), key).await?;
         // A write may have reopened one of the hour's raw minutes since.
         if raw_left::<DB>(tx.conn(), key, hour).await? {
             tx.rollback().await?;
-            return Ok(Some((end, out)));
+            return Ok(Some(HourStep::RawLeft));
         }
         let rows = stored_rows::<DB>(tx.conn(), key, hour, end).await?;
         let n = rows.len();
+        // Retention may have deleted them since they were found.
+        if n == 0 {
+            tx.rollback().await?;
+            return Ok(Some(HourStep::Unpackable(end)));
+        }
         let mut all: BTreeMap<UnixMs, RollupRow> =
             rows.into_iter().map(|r| (r.minute_ms, r)).collect();
         for (_, earlier) in packed_hours::<DB>(tx.conn(), key, hour, end).await? {
@@ -613,7 +625,7 @@ impl<DB: Backend> SqlStore<DB> {
             Ok(v) => v,
             Err(PackError::TooLarge(_)) => {
                 tx.rollback().await?;
-                return Ok(Some((end, out)));
+                return Ok(Some(HourStep::Unpackable(end)));
             }
             Err(e) => return Err(corrupt(key, hour)(e)),
         };
@@ -637,10 +649,24 @@ impl<DB: Backend> SqlStore<DB> {
             )));
         }
         tx.commit("commit a packed rollup hour").await?;
-        out.rollup_minutes = n;
-        out.transactions = 1;
-        Ok(Some((end, out)))
+        let out = PackOutcome {
+            rollup_minutes: n,
+            transactions: 1,
+            ..PackOutcome::default()
+        };
+        Ok(Some(HourStep::Packed(end, out)))
     }
+}
+
+/// What [`SqlStore::pack_hour`] did with the hour it found.
+enum HourStep {
+    /// Packed; the hour ends at the time given.
+    Packed(UnixMs, PackOutcome),
+    /// Left as rows for good (the hour ends at the time given): its minutes do not fit a
+    /// packed value, or they are gone.
+    Unpackable(UnixMs),
+    /// Left as rows until the series' raw rows in it are packed or expire.
+    RawLeft,
 }
 
 #[cfg(test)]

@@ -1378,6 +1378,89 @@ mod contract {
         assert_eq!(times, vec![T0, T0 + 2 * HOUR_MS]);
     }
 
+    /// Two GPUs' ticks (utilization and power only), three hours at one every 30 s, with
+    /// their rollups and energy computed as of `now`: GPU-a's hours come first in every
+    /// pass (the lower id).
+    pub async fn two_gpu_hours(
+        store: &Arc<dyn Store>,
+        node: &str,
+    ) -> (NodeRecord, Rollups, Accountant) {
+        let rec = register(
+            store,
+            node,
+            vec![gpu_info_sparse("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let ticks = (0..3 * 120i64)
+            .map(|k| two_gpu_tick(T0 + k * 30_000, &["GPU-a", "GPU-b"], (k % 100) as u32))
+            .collect();
+        write(store, &rec, 1, ticks).await;
+        let now = T0 + 4 * HOUR_MS;
+        let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(store, now);
+        r.pass().await.expect("roll up");
+        (rec, r, acc)
+    }
+
+    fn two_gpu_tick(t: UnixMs, uuids: &[&str], util: u32) -> Tick {
+        Tick {
+            time_ms: t,
+            gpus: (uuids.iter())
+                .map(|u| GpuSample {
+                    gpu_uuid: (*u).into(),
+                    util_gpu_pct: Some(util),
+                    power_mw: Some(100_000 + util * 1000),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Packs with a budget of one until a call packs nothing; the rollup minutes packed.
+    pub async fn pack_in_small_steps(store: &Arc<dyn Store>, before: UnixMs) -> usize {
+        let mut rollup_minutes = 0;
+        for _ in 0..1000 {
+            let out = store.pack_closed_minutes(before, 1).await.expect("pack");
+            rollup_minutes += out.rollup_minutes;
+            if out.minutes == 0 && out.rollup_minutes == 0 {
+                return rollup_minutes;
+            }
+        }
+        panic!("packing never ended");
+    }
+
+    /// An hour that must wait for its raw rows costs no budget: the other series' hours
+    /// are packed meanwhile, and its own once its raw minutes are.
+    pub async fn an_hour_waiting_for_raw_rows_does_not_starve_the_others(store: Arc<dyn Store>) {
+        let (rec, mut r, mut acc) = two_gpu_hours(&store, "node-w").await;
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        // GPU-a's late sample in minute 30, not yet accounted: its raw minute cannot be
+        // packed, so neither can its hour 0.
+        let late = T0 + 30 * MIN + 5_000;
+        write(&store, &rec, 2, vec![two_gpu_tick(late, &["GPU-a"], 100)]).await;
+        let before = T0 + 4 * HOUR_MS;
+        let minutes = |g| store.rollup_minutes(RollupKey::gpu(g), ALL_TIME);
+        let b_minutes = minutes(b).await.expect("b");
+        // GPU-b's hours 0 and 1; hour 2 holds the newest raw rows.
+        assert_eq!(pack_in_small_steps(&store, before).await, 2 * 60);
+        assert_eq!(minutes(b).await.expect("b"), b_minutes);
+
+        acc.mark(a, late);
+        acc.pass().await.expect("account");
+        r.mark(RollupKey::gpu(a), late);
+        r.pass().await.expect("roll up");
+        let a_minutes = minutes(a).await.expect("a");
+        assert_eq!(a_minutes[30].samples, 3, "the late sample is counted");
+        assert_eq!(
+            pack_in_small_steps(&store, before).await,
+            2 * 60,
+            "GPU-a's hours"
+        );
+        assert_eq!(minutes(a).await.expect("a"), a_minutes);
+    }
+
     /// Buckets longer than a page of packed hours are summed whole, however few buckets
     /// are asked for.
     pub async fn long_buckets_over_packed_hours_are_summed_whole(store: Arc<dyn Store>) {
@@ -3117,6 +3200,7 @@ macro_rules! contract_tests {
                 rollups_are_incremental_and_late_data_is_recomputed,
                 rollup_minutes_are_packed_by_the_hour_and_read_back,
                 long_buckets_over_packed_hours_are_summed_whole,
+                an_hour_waiting_for_raw_rows_does_not_starve_the_others,
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
@@ -3233,6 +3317,60 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
         "{per_row:.1} bytes per GPU sample exceeds the 120-byte budget"
     );
     pool.close().await;
+}
+
+/// A packed rollup hour that cannot be read stops retention and packing for its series
+/// only: the other series' minutes are still trimmed and packed.
+#[tokio::test]
+async fn a_corrupt_packed_hour_stops_only_its_own_series() {
+    let (dir, store) = sqlite_store().await;
+    let (rec, _r, _acc) = contract::two_gpu_hours(&store, "node-c").await;
+    let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+    let before = T0 + 4 * 3_600_000;
+    assert_eq!(contract::pack_in_small_steps(&store, before).await, 4 * 60);
+    let b_minutes = store
+        .rollup_minutes(RollupKey::gpu(b), ALL_TIME)
+        .await
+        .expect("b");
+
+    let db = dir.path().join("test.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("connect");
+    let hit = sqlx::query("UPDATE packed_gpu_rollup_hours SET packed = x'0102' WHERE gpu_id = ?")
+        .bind(a.0)
+        .execute(&pool)
+        .await
+        .expect("corrupt")
+        .rows_affected();
+    assert_eq!(hit, 2, "GPU-a's two packed hours");
+    pool.close().await;
+    assert!(matches!(
+        store.rollup_minutes(RollupKey::gpu(a), ALL_TIME).await,
+        Err(StoreError::Corrupt(_))
+    ));
+
+    // Retention into hour 0: GPU-a's hour 0 cannot be trimmed, GPU-b's is.
+    let cutoff = T0 + 30 * 60_000;
+    let out = store
+        .expire_rollups_before(cutoff, 50)
+        .await
+        .expect("retention goes on past GPU-a");
+    assert_eq!(
+        out.deleted.get("packed_gpu_rollup_hours"),
+        Some(&1),
+        "{out:?}"
+    );
+    let kept = store
+        .rollup_minutes(RollupKey::gpu(b), ALL_TIME)
+        .await
+        .expect("b");
+    let want: Vec<RollupMinute> = b_minutes
+        .into_iter()
+        .filter(|m| m.minute_ms >= cutoff)
+        .collect();
+    assert_eq!(kept, want);
+    store.close().await;
 }
 
 // ------------------------------------------------------------------ PostgreSQL specifics

@@ -75,6 +75,9 @@ pub fn pack(rows: &[RollupRow]) -> Result<Vec<u8>, PackError> {
     if rows.iter().any(|r| r.metrics.len() != width) {
         return Err(PackError::TooLarge("rollup minutes of different widths"));
     }
+    if !minutes_in_order(rows.iter().map(|r| r.minute_ms)) {
+        return Err(PackError::Corrupt("rollup minutes out of order"));
+    }
     let mut out = Vec::new();
     put_varint(&mut out, rows.len() as u64);
     put_varint(&mut out, width as u64);
@@ -133,6 +136,10 @@ fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, Pac
     }
     let kept = wanted.map_or(width, <[usize]>::len);
     let minutes = r.values(n)?;
+    // Readers count a minute once per value: two alike would be counted twice.
+    if !minutes_in_order(minutes.iter().map(|&m| m as i64)) {
+        return Err(PackError::Corrupt("rollup minutes out of order"));
+    }
     let samples = r.values(n)?;
     let mut rows = Vec::with_capacity(n);
     for (minute, samples) in minutes.into_iter().zip(samples) {
@@ -177,6 +184,16 @@ fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, Pac
     Ok(rows)
 }
 
+/// Whether each minute start is after the one before.
+fn minutes_in_order(mut minutes: impl Iterator<Item = UnixMs>) -> bool {
+    let mut before: Option<UnixMs> = None;
+    minutes.all(|m| {
+        let ok = before.is_none_or(|b| b < m);
+        before = Some(m);
+        ok
+    })
+}
+
 /// One metric's block: its `n` minutes' stats.
 fn metric(r: &mut Reader<'_>, n: usize) -> Result<Vec<Stats>, PackError> {
     let mut stats = vec![Stats::default(); n];
@@ -184,6 +201,9 @@ fn metric(r: &mut Reader<'_>, n: usize) -> Result<Vec<Stats>, PackError> {
         s.n = narrow(Some(v))?.unwrap_or_default();
     }
     let mode = r.byte()?;
+    if mode != AVG_BITS && mode != AVG_SUMS {
+        return Err(PackError::Corrupt("unknown average mode"));
+    }
     for (s, v) in stats.iter_mut().zip(r.column(n)?) {
         s.avg = match (mode, v) {
             (_, None) => None,
@@ -204,7 +224,7 @@ fn metric(r: &mut Reader<'_>, n: usize) -> Result<Vec<Stats>, PackError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::corruptions;
+    use super::super::tests::{corruptions, frame_raw};
     use super::*;
     use proptest::prelude::*;
 
@@ -353,5 +373,63 @@ mod tests {
         );
         assert!(pack(&[row(2), row(3)]).is_err());
         assert_eq!(unpack(&pack(&[]).expect("packs")), Ok(vec![]));
+    }
+
+    #[test]
+    fn minutes_must_be_in_order() {
+        let at = |minute_ms: i64| RollupRow {
+            minute_ms,
+            samples: 1,
+            metrics: vec![Stats::default()],
+        };
+        let bad = || PackError::Corrupt("rollup minutes out of order");
+        for minutes in [[0, 0], [60_000, 0], [120_000, 60_000]] {
+            assert_eq!(pack(&[at(minutes[0]), at(minutes[1])]), Err(bad()));
+            // The same minutes in a payload that passed its checksum.
+            let mut payload = Vec::new();
+            put_varint(&mut payload, 2);
+            put_varint(&mut payload, 0);
+            put_values(&mut payload, &minutes.map(|m| m as u64));
+            put_values(&mut payload, &[1, 1]);
+            assert_eq!(unpack(&frame_raw(&payload)), Err(bad()), "{minutes:?}");
+        }
+        assert!(pack(&[at(-60_000), at(0), at(120_000)]).is_ok());
+    }
+
+    #[test]
+    fn an_unknown_average_mode_is_refused_even_with_no_average() {
+        // One minute of one metric, every value absent, with the mode byte given.
+        let value = |mode: u8| {
+            let mut block = Vec::new();
+            put_values(&mut block, &[0]);
+            block.push(mode);
+            for _ in 0..3 {
+                put_column(&mut block, std::iter::once(None));
+            }
+            let mut payload = Vec::new();
+            put_varint(&mut payload, 1);
+            put_varint(&mut payload, 1);
+            put_values(&mut payload, &[0]);
+            put_values(&mut payload, &[0]);
+            put_varint(&mut payload, block.len() as u64);
+            payload.extend_from_slice(&block);
+            frame_raw(&payload)
+        };
+        let absent = RollupRow {
+            minute_ms: 0,
+            samples: 0,
+            metrics: vec![Stats::default()],
+        };
+        assert_eq!(
+            pack(std::slice::from_ref(&absent)).map(|p| unpack(&p)),
+            Ok(Ok(vec![absent.clone()]))
+        );
+        for mode in [AVG_BITS, AVG_SUMS] {
+            assert_eq!(unpack(&value(mode)), Ok(vec![absent.clone()]));
+        }
+        assert_eq!(
+            unpack(&value(7)),
+            Err(PackError::Corrupt("unknown average mode"))
+        );
     }
 }
