@@ -91,6 +91,9 @@ pub enum StoreError {
     },
     #[error("stored data is inconsistent: {0}")]
     Corrupt(String),
+    /// A packed value (samples or rollup minutes of one series) that cannot be decoded.
+    #[error("a packed value cannot be read: {0}")]
+    Unreadable(String),
     #[error("cannot take the lease of job {job:?}: {why}")]
     Lease { job: String, why: String },
     #[error("batch {seq} of node {node:?} names GPU {uuid:?}, which the node did not register")]
@@ -132,17 +135,17 @@ impl StoreError {
     }
 }
 
-/// What a stored value that cannot be read ([`StoreError::Corrupt`]) does to one series'
-/// packing or retention: a warning, and `Ok(None)` (the series is left alone this run), so
-/// that the job goes on with the other series. Other errors pass.
-pub(crate) fn skip_corrupt<T>(
+/// What a packed value that cannot be read ([`StoreError::Unreadable`]) does to one
+/// series' packing or retention: a warning, and `Ok(None)` (the series is left alone this
+/// run), so that the job goes on with the other series. Other errors pass.
+pub(crate) fn skip_unreadable<T>(
     result: Result<Option<T>, StoreError>,
-    table: &'static str,
+    job: &'static str,
     id: i64,
 ) -> Result<Option<T>, StoreError> {
     match result {
-        Err(StoreError::Corrupt(e)) => {
-            tracing::warn!(table, id, error = %e, "a stored value cannot be read: this series is skipped");
+        Err(StoreError::Unreadable(e)) => {
+            tracing::warn!(job, id, error = %e, "a packed value cannot be read: this series is skipped");
             Ok(None)
         }
         other => other,

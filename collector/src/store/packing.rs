@@ -36,7 +36,7 @@ use super::rollup_hours;
 use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
-    GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_corrupt,
+    GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
@@ -150,11 +150,11 @@ pub(crate) async fn lock_names<DB: Backend>(
 }
 
 fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    move |e| StoreError::Corrupt(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
+    move |e| StoreError::Unreadable(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
 }
 
 fn outside(tier: Tier, id: i64, minute: UnixMs) -> StoreError {
-    StoreError::Corrupt(format!(
+    StoreError::Unreadable(format!(
         "{} of {id}, minute {minute}: a row of another minute",
         tier.packed()
     ))
@@ -1104,7 +1104,7 @@ impl<DB: Backend> SqlStore<DB> {
                 let mut from = UnixMs::MIN;
                 while tier_out.minutes < budget {
                     let span = self.pack_span(tier, id, from, limit).await;
-                    let Some((end, packed)) = skip_corrupt(span, tier.packed(), id)? else {
+                    let Some((end, packed)) = skip_unreadable(span, tier.packed(), id)? else {
                         break;
                     };
                     tier_out.add(&packed);

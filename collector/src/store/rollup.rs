@@ -9,7 +9,9 @@
 
 use super::backend::{Backend, Get, sql};
 use super::rollup_hours;
-use super::{GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_corrupt};
+use super::{
+    GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_unreadable,
+};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
@@ -528,12 +530,17 @@ impl<DB: Backend> SqlStore<DB> {
                     // horizon's minute starts there.
                     self.delete_keeping_newest("gpu_samples", id_value, horizon, batch, out)
                         .await?;
-                    let (packed, rows) =
-                        super::packing::expire_packed_gpu(self, id_value, horizon).await?;
-                    out.transactions += 1;
-                    for (table, n) in [("packed_gpu_minutes", packed), ("gpu_samples", rows)] {
-                        if n > 0 {
-                            *out.deleted.entry(table).or_default() += n;
+                    let expired = super::packing::expire_packed_gpu(self, id_value, horizon)
+                        .await
+                        .map(Some);
+                    if let Some((packed, rows)) =
+                        skip_unreadable(expired, "packed_gpu_minutes", id_value)?
+                    {
+                        out.transactions += 1;
+                        for (table, n) in [("packed_gpu_minutes", packed), ("gpu_samples", rows)] {
+                            if n > 0 {
+                                *out.deleted.entry(table).or_default() += n;
+                            }
                         }
                     }
                     let id = Some(("gpu_id", id_value));
@@ -577,7 +584,7 @@ impl<DB: Backend> SqlStore<DB> {
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
         let expired = rollup_hours::expire(self, key, cutoff).await;
-        let Some(n) = skip_corrupt(expired, rollup_hours::table(key.kind), key.id)? else {
+        let Some(n) = skip_unreadable(expired, rollup_hours::table(key.kind), key.id)? else {
             return Ok(());
         };
         out.transactions += 1;

@@ -24,7 +24,7 @@ use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
 use super::packing::{PackOutcome, lock_names};
 use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
-use super::{SqlStore, StoreError, TimeRange, skip_corrupt};
+use super::{SqlStore, StoreError, TimeRange};
 use crate::accounting::energy::minute_of;
 use gpufleet_core::UnixMs;
 use std::collections::BTreeMap;
@@ -59,7 +59,7 @@ pub(crate) async fn lock<DB: Backend>(
 
 fn corrupt(key: RollupKey, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
     move |e| {
-        StoreError::Corrupt(format!(
+        StoreError::Unreadable(format!(
             "{} of {}, hour {hour}: {e}",
             table(key.kind),
             key.id
@@ -135,7 +135,7 @@ fn unpack(
         .iter()
         .any(|r| hour_of(r.minute_ms) != hour || r.metrics.len() != width)
     {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::Unreadable(format!(
             "{} of {}, hour {hour}: a minute of another hour or shape",
             table(key.kind),
             key.id
@@ -543,9 +543,12 @@ impl<DB: Backend> SqlStore<DB> {
                 let done: UnixMs = row.get("done_to_ms")?;
                 let limit = minute_of(before_ms).min(done);
                 let mut from = UnixMs::MIN;
-                while hours < budget {
-                    match skip_corrupt(self.pack_hour(key, from, limit).await, table(kind), key.id)?
-                    {
+                // Hours still holding raw rows cost the budget nothing (raw minutes are
+                // packed oldest first, so a series' backlog would otherwise spend it on
+                // every pass), but at most a day of them is looked past per series.
+                let mut waiting = 0;
+                while hours < budget && waiting < WAITING_HOURS_LOOKED_PAST {
+                    match self.pack_hour(key, from, limit).await? {
                         Some(HourStep::Packed(end, packed)) => {
                             hours += 1;
                             out.rollup_minutes += packed.rollup_minutes;
@@ -556,9 +559,11 @@ impl<DB: Backend> SqlStore<DB> {
                             hours += 1;
                             from = end;
                         }
-                        // Raw rows are packed oldest first too: the series' later hours
-                        // wait with this one, and the budget goes to the other series.
-                        Some(HourStep::RawLeft) | None => break,
+                        Some(HourStep::RawLeft(end)) => {
+                            waiting += 1;
+                            from = end;
+                        }
+                        None => break,
                     }
                 }
             }
@@ -598,21 +603,39 @@ impl<DB: Backend> SqlStore<DB> {
         };
         let end = hour.saturating_add(HOUR_MS);
         if raw_left::<DB>(&mut *self.conn().await?, key, hour).await? {
-            return Ok(Some(HourStep::RawLeft));
+            return Ok(Some(HourStep::RawLeft(end)));
         }
+        match self.pack_found_hour(key, hour, end).await {
+            Err(StoreError::Unreadable(e)) => {
+                tracing::warn!(table = table(key.kind), id = key.id, hour_ms = hour, error = %e,
+                    "a packed rollup hour cannot be read: it is left as it is");
+                Ok(Some(HourStep::Unpackable(end)))
+            }
+            other => other.map(Some),
+        }
+    }
+
+    /// The transaction of [`SqlStore::pack_hour`], for the hour `[hour, end)`.
+    async fn pack_found_hour(
+        &self,
+        key: RollupKey,
+        hour: UnixMs,
+        end: UnixMs,
+    ) -> Result<HourStep, StoreError> {
+        let s = spec(key.kind);
         let mut tx = self.begin_write("begin packing rollup minutes").await?;
         lock::<DB>(tx.conn(), key).await?;
         // A write may have reopened one of the hour's raw minutes since.
         if raw_left::<DB>(tx.conn(), key, hour).await? {
             tx.rollback().await?;
-            return Ok(Some(HourStep::RawLeft));
+            return Ok(HourStep::RawLeft(end));
         }
         let rows = stored_rows::<DB>(tx.conn(), key, hour, end).await?;
         let n = rows.len();
         // Retention may have deleted them since they were found.
         if n == 0 {
             tx.rollback().await?;
-            return Ok(Some(HourStep::Unpackable(end)));
+            return Ok(HourStep::Unpackable(end));
         }
         let mut all: BTreeMap<UnixMs, RollupRow> =
             rows.into_iter().map(|r| (r.minute_ms, r)).collect();
@@ -625,7 +648,7 @@ impl<DB: Backend> SqlStore<DB> {
             Ok(v) => v,
             Err(PackError::TooLarge(_)) => {
                 tx.rollback().await?;
-                return Ok(Some(HourStep::Unpackable(end)));
+                return Ok(HourStep::Unpackable(end));
             }
             Err(e) => return Err(corrupt(key, hour)(e)),
         };
@@ -654,7 +677,7 @@ impl<DB: Backend> SqlStore<DB> {
             transactions: 1,
             ..PackOutcome::default()
         };
-        Ok(Some(HourStep::Packed(end, out)))
+        Ok(HourStep::Packed(end, out))
     }
 }
 
@@ -662,12 +685,17 @@ impl<DB: Backend> SqlStore<DB> {
 enum HourStep {
     /// Packed; the hour ends at the time given.
     Packed(UnixMs, PackOutcome),
-    /// Left as rows for good (the hour ends at the time given): its minutes do not fit a
-    /// packed value, or they are gone.
+    /// Left as it is (the hour ends at the time given): its minutes do not fit a packed
+    /// value, they are gone, or its packed value cannot be read.
     Unpackable(UnixMs),
-    /// Left as rows until the series' raw rows in it are packed or expire.
-    RawLeft,
+    /// Left as rows until the series' raw rows in it are packed or expire (the hour ends
+    /// at the time given).
+    RawLeft(UnixMs),
 }
+
+/// How many hours still holding raw rows [`SqlStore::pack_rollup_hours`] looks past per
+/// series per call.
+const WAITING_HOURS_LOOKED_PAST: usize = 24;
 
 #[cfg(test)]
 mod tests {

@@ -916,7 +916,7 @@ mod contract {
         }
     }
 
-    async fn write(store: &Arc<dyn Store>, rec: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
+    pub async fn write(store: &Arc<dyn Store>, rec: &NodeRecord, seq: u64, ticks: Vec<Tick>) {
         let b = Batch {
             seq,
             ticks,
@@ -1403,7 +1403,7 @@ mod contract {
         (rec, r, acc)
     }
 
-    fn two_gpu_tick(t: UnixMs, uuids: &[&str], util: u32) -> Tick {
+    pub fn two_gpu_tick(t: UnixMs, uuids: &[&str], util: u32) -> Tick {
         Tick {
             time_ms: t,
             gpus: (uuids.iter())
@@ -1443,8 +1443,8 @@ mod contract {
         let before = T0 + 4 * HOUR_MS;
         let minutes = |g| store.rollup_minutes(RollupKey::gpu(g), ALL_TIME);
         let b_minutes = minutes(b).await.expect("b");
-        // GPU-b's hours 0 and 1; hour 2 holds the newest raw rows.
-        assert_eq!(pack_in_small_steps(&store, before).await, 2 * 60);
+        // GPU-b's hours 0 and 1 and GPU-a's hour 1; hour 2 holds the newest raw rows.
+        assert_eq!(pack_in_small_steps(&store, before).await, 3 * 60);
         assert_eq!(minutes(b).await.expect("b"), b_minutes);
 
         acc.mark(a, late);
@@ -1455,8 +1455,8 @@ mod contract {
         assert_eq!(a_minutes[30].samples, 3, "the late sample is counted");
         assert_eq!(
             pack_in_small_steps(&store, before).await,
-            2 * 60,
-            "GPU-a's hours"
+            60,
+            "GPU-a's hour 0"
         );
         assert_eq!(minutes(a).await.expect("a"), a_minutes);
     }
@@ -3319,19 +3319,17 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
     pool.close().await;
 }
 
-/// A packed rollup hour that cannot be read stops retention and packing for its series
-/// only: the other series' minutes are still trimmed and packed.
+/// A packed rollup hour that cannot be read stops packing and retention for its series
+/// only: the other series' minutes are still packed and trimmed.
 #[tokio::test]
 async fn a_corrupt_packed_hour_stops_only_its_own_series() {
     let (dir, store) = sqlite_store().await;
     let (rec, _r, _acc) = contract::two_gpu_hours(&store, "node-c").await;
     let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
-    let before = T0 + 4 * 3_600_000;
-    assert_eq!(contract::pack_in_small_steps(&store, before).await, 4 * 60);
-    let b_minutes = store
-        .rollup_minutes(RollupKey::gpu(b), ALL_TIME)
-        .await
-        .expect("b");
+    const HOUR: i64 = 3_600_000;
+    // Hour 0 of both GPUs: hour 1's raw minutes are not behind `before` yet.
+    let before = T0 + HOUR + 60_000;
+    assert_eq!(contract::pack_in_small_steps(&store, before).await, 2 * 60);
 
     let db = dir.path().join("test.db");
     let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
@@ -3343,12 +3341,25 @@ async fn a_corrupt_packed_hour_stops_only_its_own_series() {
         .await
         .expect("corrupt")
         .rows_affected();
-    assert_eq!(hit, 2, "GPU-a's two packed hours");
+    assert_eq!(hit, 1, "GPU-a's packed hour 0");
     pool.close().await;
     assert!(matches!(
         store.rollup_minutes(RollupKey::gpu(a), ALL_TIME).await,
-        Err(StoreError::Corrupt(_))
+        Err(StoreError::Unreadable(_))
     ));
+    // A late sample reopens GPU-a's raw minute 30: judging it reads the corrupt hour.
+    let late = T0 + 30 * 60_000 + 5_000;
+    let tick = contract::two_gpu_tick(late, &["GPU-a"], 100);
+    contract::write(&store, &rec, 2, vec![tick]).await;
+
+    // GPU-b's hour 1 is packed; GPU-a's raw minutes are left as they are.
+    let before = T0 + 4 * HOUR;
+    assert_eq!(contract::pack_in_small_steps(&store, before).await, 60);
+    let b_minutes = store
+        .rollup_minutes(RollupKey::gpu(b), ALL_TIME)
+        .await
+        .expect("b");
+    assert_eq!(b_minutes.len(), 179);
 
     // Retention into hour 0: GPU-a's hour 0 cannot be trimmed, GPU-b's is.
     let cutoff = T0 + 30 * 60_000;
