@@ -16,7 +16,7 @@ use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::postgres::{PgArguments, PgRow, PgValueRef};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{Arguments, Database, Row, TypeInfo, ValueRef};
 
@@ -638,11 +638,47 @@ fn not_null<T>(v: Option<T>, column: &str) -> Result<T, sqlx::Error> {
     })
 }
 
-/// The storage type of a PostgreSQL column (`INT2`, `INT4`, `FLOAT4`, ...); `None` for
-/// NULL.
-fn pg_type(row: &PgRow, column: &str) -> Result<Option<String>, sqlx::Error> {
+/// How a PostgreSQL cell is stored, as far as the readers below tell widths apart.
+#[derive(Clone, Copy)]
+enum PgCell {
+    Null,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    Other,
+}
+
+/// `column`'s cell of `row` and how it is stored: looked up once, its type told apart
+/// without copying the type's name (every integer and float a store read decodes comes
+/// through here).
+fn pg_cell<'r>(row: &'r PgRow, column: &str) -> Result<(PgCell, PgValueRef<'r>), sqlx::Error> {
     let raw = row.try_get_raw(column)?;
-    Ok((!raw.is_null()).then(|| raw.type_info().name().to_owned()))
+    let cell = if raw.is_null() {
+        PgCell::Null
+    } else {
+        match raw.type_info().name() {
+            "INT2" => PgCell::Int2,
+            "INT4" => PgCell::Int4,
+            "INT8" => PgCell::Int8,
+            "FLOAT4" => PgCell::Float4,
+            "FLOAT8" => PgCell::Float8,
+            _ => PgCell::Other,
+        }
+    };
+    Ok((cell, raw))
+}
+
+/// A cell whose type [`pg_cell`] told, decoded as that type.
+fn pg_decode<'r, T: sqlx::Decode<'r, sqlx::Postgres>>(
+    raw: PgValueRef<'r>,
+    column: &str,
+) -> Result<T, sqlx::Error> {
+    T::decode(raw).map_err(|source| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source,
+    })
 }
 
 fn decode_err(column: &str, why: String) -> sqlx::Error {
@@ -654,26 +690,33 @@ fn decode_err(column: &str, why: String) -> sqlx::Error {
 
 /// An integer of any width (PostgreSQL `int2`/`int4`/`int8`).
 fn pg_int(row: &PgRow, column: &str) -> Result<Option<i64>, sqlx::Error> {
-    Ok(match pg_type(row, column)?.as_deref() {
-        None => None,
-        Some("INT2") => row.try_get::<i16, _>(column).map(i64::from).map(Some)?,
-        Some("INT4") => row.try_get::<i32, _>(column).map(i64::from).map(Some)?,
-        Some(_) => row.try_get::<Option<i64>, _>(column)?,
+    let (cell, raw) = pg_cell(row, column)?;
+    Ok(match cell {
+        PgCell::Null => None,
+        PgCell::Int2 => Some(i64::from(pg_decode::<i16>(raw, column)?)),
+        PgCell::Int4 => Some(i64::from(pg_decode::<i32>(raw, column)?)),
+        PgCell::Int8 => Some(pg_decode::<i64>(raw, column)?),
+        // Not an integer: sqlx's type check says so.
+        _ => row.try_get::<Option<i64>, _>(column)?,
     })
 }
 
 /// A u32 as PostgreSQL keeps it: as a non-negative `int2` (percentages, P-states), as the
 /// same bits in an `int4` (sample tables), or as its value in an `int8` (inventory tables).
 fn pg_u32(row: &PgRow, column: &str) -> Result<Option<u32>, sqlx::Error> {
-    Ok(match pg_type(row, column)?.as_deref() {
-        None => None,
-        Some("INT2") => {
-            let v: i16 = row.try_get(column)?;
+    let (cell, raw) = pg_cell(row, column)?;
+    Ok(match cell {
+        PgCell::Null => None,
+        PgCell::Int2 => {
+            let v: i16 = pg_decode(raw, column)?;
             Some(u32::try_from(v).map_err(|_| decode_err(column, format!("negative ({v})")))?)
         }
-        Some("INT4") => Some(row.try_get::<i32, _>(column)? as u32),
-        Some(_) => {
-            let v: i64 = row.try_get(column)?;
+        PgCell::Int4 => Some(pg_decode::<i32>(raw, column)? as u32),
+        _ => {
+            let v: i64 = match cell {
+                PgCell::Int8 => pg_decode(raw, column)?,
+                _ => row.try_get(column)?,
+            };
             Some(u32::try_from(v).map_err(|_| decode_err(column, format!("{v} out of range")))?)
         }
     })
@@ -681,10 +724,12 @@ fn pg_u32(row: &PgRow, column: &str) -> Result<Option<u32>, sqlx::Error> {
 
 /// A float as PostgreSQL keeps it (`real` or `double precision`).
 fn pg_float(row: &PgRow, column: &str) -> Result<Option<f64>, sqlx::Error> {
-    Ok(match pg_type(row, column)?.as_deref() {
-        None => None,
-        Some("FLOAT4") => Some(f64::from(row.try_get::<f32, _>(column)?)),
-        Some(_) => Some(row.try_get::<f64, _>(column)?),
+    let (cell, raw) = pg_cell(row, column)?;
+    Ok(match cell {
+        PgCell::Null => None,
+        PgCell::Float4 => Some(f64::from(pg_decode::<f32>(raw, column)?)),
+        PgCell::Float8 => Some(pg_decode::<f64>(raw, column)?),
+        _ => Some(row.try_get::<f64, _>(column)?),
     })
 }
 
@@ -694,10 +739,12 @@ impl Column for Option<f32> {
         Ok(row.try_get::<Option<f64>, _>(column)?.map(|v| v as f32))
     }
     fn pg(row: &PgRow, column: &str) -> Result<Self, sqlx::Error> {
-        Ok(match pg_type(row, column)?.as_deref() {
-            None => None,
-            Some("FLOAT4") => Some(row.try_get::<f32, _>(column)?),
-            Some(_) => Some(row.try_get::<f64, _>(column)? as f32),
+        let (cell, raw) = pg_cell(row, column)?;
+        Ok(match cell {
+            PgCell::Null => None,
+            PgCell::Float4 => Some(pg_decode::<f32>(raw, column)?),
+            PgCell::Float8 => Some(pg_decode::<f64>(raw, column)? as f32),
+            _ => Some(row.try_get::<f64, _>(column)? as f32),
         })
     }
 }
