@@ -140,12 +140,12 @@ impl StoreError {
 /// run), so that the job goes on with the other series. Other errors pass.
 pub(crate) fn skip_unreadable<T>(
     result: Result<Option<T>, StoreError>,
-    job: &'static str,
+    table: &'static str,
     id: i64,
 ) -> Result<Option<T>, StoreError> {
     match result {
         Err(StoreError::Unreadable(e)) => {
-            tracing::warn!(job, id, error = %e, "a packed value cannot be read: this series is skipped");
+            tracing::warn!(table, id, error = %e, "a packed value cannot be read: this series is skipped");
             Ok(None)
         }
         other => other,

@@ -519,7 +519,8 @@ async fn raw_left<DB: Backend>(
 impl<DB: Backend> SqlStore<DB> {
     /// Packs the closed rollup hours of every GPU and node that end at or before
     /// `before_ms` and the series' rollup watermark and hold no raw row of the series,
-    /// oldest first, at most `budget` hours per kind per call (one transaction each).
+    /// each series' oldest first (passing over hours that must wait), at most `budget`
+    /// hours per kind per call (one transaction each).
     pub(crate) async fn pack_rollup_hours(
         &self,
         before_ms: UnixMs,
@@ -534,7 +535,7 @@ impl<DB: Backend> SqlStore<DB> {
             .bind(kind.as_str())
             .all(&mut *self.conn().await?)
             .await?;
-            let mut hours = 0;
+            let (mut hours, mut passed_over) = (0, 0);
             for row in &series {
                 let key = RollupKey {
                     kind,
@@ -543,11 +544,13 @@ impl<DB: Backend> SqlStore<DB> {
                 let done: UnixMs = row.get("done_to_ms")?;
                 let limit = minute_of(before_ms).min(done);
                 let mut from = UnixMs::MIN;
-                // Hours still holding raw rows cost the budget nothing (raw minutes are
-                // packed oldest first, so a series' backlog would otherwise spend it on
-                // every pass), but at most a day of them is looked past per series.
-                let mut waiting = 0;
-                while hours < budget && waiting < WAITING_HOURS_LOOKED_PAST {
+                // Hours passed over (raw rows still in them, or a value that cannot be
+                // read) cost the budget nothing: a series' backlog would otherwise spend it
+                // on every pass and starve the series after it. Each series may pass over
+                // one; more come out of a second allowance of `budget` per kind, and at
+                // most a day of them per series.
+                let mut passed = 0;
+                while hours < budget {
                     match self.pack_hour(key, from, limit).await? {
                         Some(HourStep::Packed(end, packed)) => {
                             hours += 1;
@@ -559,8 +562,14 @@ impl<DB: Backend> SqlStore<DB> {
                             hours += 1;
                             from = end;
                         }
-                        Some(HourStep::RawLeft(end)) => {
-                            waiting += 1;
+                        Some(HourStep::Passed(end)) => {
+                            passed += 1;
+                            if passed > 1 {
+                                passed_over += 1;
+                            }
+                            if passed >= HOURS_PASSED_PER_SERIES || passed_over >= budget {
+                                break;
+                            }
                             from = end;
                         }
                         None => break,
@@ -603,13 +612,13 @@ impl<DB: Backend> SqlStore<DB> {
         };
         let end = hour.saturating_add(HOUR_MS);
         if raw_left::<DB>(&mut *self.conn().await?, key, hour).await? {
-            return Ok(Some(HourStep::RawLeft(end)));
+            return Ok(Some(HourStep::Passed(end)));
         }
         match self.pack_found_hour(key, hour, end).await {
             Err(StoreError::Unreadable(e)) => {
                 tracing::warn!(table = table(key.kind), id = key.id, hour_ms = hour, error = %e,
                     "a packed rollup hour cannot be read: it is left as it is");
-                Ok(Some(HourStep::Unpackable(end)))
+                Ok(Some(HourStep::Passed(end)))
             }
             other => other.map(Some),
         }
@@ -628,7 +637,7 @@ impl<DB: Backend> SqlStore<DB> {
         // A write may have reopened one of the hour's raw minutes since.
         if raw_left::<DB>(tx.conn(), key, hour).await? {
             tx.rollback().await?;
-            return Ok(HourStep::RawLeft(end));
+            return Ok(HourStep::Passed(end));
         }
         let rows = stored_rows::<DB>(tx.conn(), key, hour, end).await?;
         let n = rows.len();
@@ -685,17 +694,16 @@ impl<DB: Backend> SqlStore<DB> {
 enum HourStep {
     /// Packed; the hour ends at the time given.
     Packed(UnixMs, PackOutcome),
-    /// Left as it is (the hour ends at the time given): its minutes do not fit a packed
-    /// value, they are gone, or its packed value cannot be read.
+    /// Left as rows for good (the hour ends at the time given): its minutes do not fit a
+    /// packed value, or they are gone.
     Unpackable(UnixMs),
-    /// Left as rows until the series' raw rows in it are packed or expire (the hour ends
-    /// at the time given).
-    RawLeft(UnixMs),
+    /// Passed over for now (the hour ends at the time given): raw rows of the series are
+    /// still in it, or its packed value cannot be read.
+    Passed(UnixMs),
 }
 
-/// How many hours still holding raw rows [`SqlStore::pack_rollup_hours`] looks past per
-/// series per call.
-const WAITING_HOURS_LOOKED_PAST: usize = 24;
+/// Most hours [`SqlStore::pack_rollup_hours`] passes over per series per call.
+const HOURS_PASSED_PER_SERIES: usize = 24;
 
 #[cfg(test)]
 mod tests {
