@@ -118,19 +118,23 @@ pub(crate) fn minute(r: &RollupRow, s: &Spec) -> RollupMinute {
 }
 
 /// A packed hour's minutes, checked to lie in it: all metrics of the series' shape, or
-/// only those at `wanted`.
+/// only those at `wanted`. Metrics the series gained after the hour was packed are absent.
 fn unpack(
     key: RollupKey,
     hour: UnixMs,
     value: &[u8],
     wanted: Option<&[usize]>,
 ) -> Result<Vec<RollupRow>, StoreError> {
-    let rows = match wanted {
-        None => packed::rollup::unpack(value),
-        Some(w) => packed::rollup::unpack_metrics(value, w),
-    }
-    .map_err(corrupt(key, hour))?;
-    let width = wanted.map_or(spec(key.kind).cols.len(), <[usize]>::len);
+    let all: Vec<usize>;
+    let wanted = match wanted {
+        Some(w) => w,
+        None => {
+            all = (0..spec(key.kind).cols.len()).collect();
+            &all
+        }
+    };
+    let rows = packed::rollup::unpack_metrics(value, wanted).map_err(corrupt(key, hour))?;
+    let width = wanted.len();
     if rows
         .iter()
         .any(|r| hour_of(r.minute_ms) != hour || r.metrics.len() != width)
@@ -720,5 +724,39 @@ mod tests {
         assert_eq!(hour_of(i64::MAX) % HOUR_MS, 0);
         assert_eq!(hour_of(1_700_000_123_456) % HOUR_MS, 0);
         assert_eq!(MINUTE_MS * 60, HOUR_MS);
+    }
+
+    #[test]
+    fn an_hour_packed_before_a_metric_was_added_reads_it_as_absent() {
+        let key = RollupKey::gpu(super::super::GpuId(7));
+        let hour = 100 * HOUR_MS;
+        let stats = |n: u32| Stats {
+            n,
+            avg: Some(f64::from(n)),
+            min: Some(1),
+            max: Some(u64::from(n)),
+        };
+        // An hour of a series that had three metrics then.
+        let rows: Vec<RollupRow> = (0..3)
+            .map(|i| RollupRow {
+                minute_ms: hour + i * MINUTE_MS,
+                samples: 60,
+                metrics: vec![stats(1), stats(2), stats(3)],
+            })
+            .collect();
+        let value = packed::rollup::pack(&rows).expect("packs");
+        let width = spec(key.kind).cols.len();
+        assert!(width > 3);
+        let read = unpack(key, hour, &value, None).expect("reads");
+        assert_eq!(read.len(), 3);
+        for (r, packed) in read.iter().zip(&rows) {
+            assert_eq!(&r.metrics[..3], &packed.metrics[..]);
+            assert!(r.metrics[3..].iter().all(|s| *s == Stats::default()));
+            assert_eq!(r.metrics.len(), width);
+        }
+        let chart = unpack(key, hour, &value, Some(&[width - 1, 2])).expect("reads");
+        assert_eq!(chart[0].metrics, vec![Stats::default(), stats(3)]);
+        // A value from another hour is refused.
+        assert!(unpack(key, hour + HOUR_MS, &value, None).is_err());
     }
 }

@@ -121,7 +121,8 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<RollupRow>, PackError> {
 }
 
 /// The minutes of a value written by [`pack`] with only the metrics at `wanted` (indexes
-/// into the packed minutes' metrics), in that order: what a chart reads.
+/// into the packed minutes' metrics), in that order: what a chart reads. A metric past
+/// those the value holds (one added to the series after it was packed) is absent.
 pub fn unpack_metrics(packed: &[u8], wanted: &[usize]) -> Result<Vec<RollupRow>, PackError> {
     decode(packed, Some(wanted))
 }
@@ -149,7 +150,6 @@ fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, Pac
             metrics: vec![Stats::default(); kept],
         });
     }
-    let mut found = 0;
     for m in 0..width {
         let len = r.count(payload.len())?;
         let block = r.take(len)?;
@@ -160,7 +160,6 @@ fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, Pac
         if slots.is_empty() {
             continue;
         }
-        found += slots.len();
         let mut b = Reader::new(block);
         let stats = metric(&mut b, n)?;
         if !b.is_empty() {
@@ -171,12 +170,6 @@ fn decode(packed: &[u8], wanted: Option<&[usize]>) -> Result<Vec<RollupRow>, Pac
                 row.metrics[slot] = st;
             }
         }
-    }
-    // An empty value has no metrics to give, and no minutes to give them for.
-    if n > 0 && found != kept {
-        return Err(PackError::Corrupt(
-            "a rollup metric asked for is not packed",
-        ));
     }
     if !r.is_empty() {
         return Err(PackError::Corrupt("bytes after the rollup minutes"));
@@ -311,9 +304,15 @@ mod tests {
                 })
                 .collect();
             prop_assert_eq!(bits(&some), bits(&want));
-            if !rows.is_empty() {
-                prop_assert!(unpack_metrics(&packed, &[5]).is_err());
-            }
+            // A metric added after the value was packed: absent in every minute.
+            let later = unpack_metrics(&packed, &[5, 0]).expect("unpacks");
+            let want: Vec<RollupRow> = (rows.iter())
+                .map(|r| RollupRow {
+                    metrics: vec![Stats::default(), r.metrics[0]],
+                    ..r.clone()
+                })
+                .collect();
+            prop_assert_eq!(bits(&later), bits(&want));
         }
 
         #[test]
