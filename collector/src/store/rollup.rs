@@ -159,6 +159,14 @@ pub(crate) struct Spec {
     pub(crate) cols: Vec<(&'static str, bool)>,
 }
 
+/// The series whose rollup rows `table` holds under `id`, if it holds rollup rows.
+fn rollup_series(table: &str, id: i64) -> Option<RollupKey> {
+    [RollupKind::Gpu, RollupKind::Host]
+        .into_iter()
+        .find(|&kind| spec(kind).minutes == table)
+        .map(|kind| RollupKey { kind, id })
+}
+
 pub(crate) fn spec(kind: RollupKind) -> Spec {
     match kind {
         RollupKind::Gpu => Spec {
@@ -386,24 +394,9 @@ impl<DB: Backend> SqlStore<DB> {
         batch: usize,
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
-        self.delete_before_locked(table, time_col, id, before, batch, None, out)
-            .await
-    }
-
-    /// [`Self::delete_before`], each statement in a transaction holding `lock`'s rollup
-    /// lock when there is one: the packer moves a series' rollup rows under it, and must
-    /// find them all where it read them (PostgreSQL).
-    #[allow(clippy::too_many_arguments)]
-    async fn delete_before_locked(
-        &self,
-        table: &'static str,
-        time_col: &str,
-        id: Option<(&str, i64)>,
-        before: UnixMs,
-        batch: usize,
-        lock: Option<RollupKey>,
-        out: &mut RetentionOutcome,
-    ) -> Result<(), StoreError> {
+        // A series' rollup rows go under its rollup lock: the packer moves them under it,
+        // and must find them all where it read them (PostgreSQL).
+        let lock = id.and_then(|(_, v)| rollup_series(table, v));
         let (filter, id_value) = match id {
             Some((col, v)) => (format!("{col} = $3 AND"), v),
             None => ("CAST($3 AS BIGINT) IS NOT NULL AND".to_owned(), 0),
@@ -849,8 +842,7 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
                 "carbon_gpu_minutes",
             ] {
                 let key = Some(("gpu_id", id));
-                let lock = (table == "gpu_minutes").then_some(series);
-                self.delete_before_locked(table, "minute_ms", key, cutoff, batch, lock, &mut out)
+                self.delete_before(table, "minute_ms", key, cutoff, batch, &mut out)
                     .await?;
             }
             self.expire_packed_rollups(series, cutoff, &mut out).await?;
@@ -858,16 +850,8 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         for id in self.ids("list nodes for retention", "nodes").await? {
             let series = RollupKey::host(NodeId(id));
             let key = Some(("node_id", id));
-            self.delete_before_locked(
-                "host_minutes",
-                "minute_ms",
-                key,
-                cutoff,
-                batch,
-                Some(series),
-                &mut out,
-            )
-            .await?;
+            self.delete_before("host_minutes", "minute_ms", key, cutoff, batch, &mut out)
+                .await?;
             self.expire_packed_rollups(series, cutoff, &mut out).await?;
         }
         self.delete_before("events", "ts_ms", None, cutoff, batch, &mut out)
