@@ -7,6 +7,10 @@
 //! threads of their own at the start of the tick, every such GPU's together, and the tick
 //! waits for the slowest alone. Calls that answer at once (the fake, drivers that keep
 //! the rate) stay inline: a thread would cost more than the call.
+//!
+//! NVML's PCIe byte counters (fields `PCIE_COUNT_TX_BYTES` / `RX_BYTES`) answer without
+//! the wait, but they are 32-bit and wrap every 4 GiB, several times a second under load
+//! on an H100 (BENCHMARKS.md): rates cannot be derived from them.
 
 use super::device::{DeviceState, Metric};
 use nvml_wrapper::enum_wrappers::device::PcieUtilCounter;
