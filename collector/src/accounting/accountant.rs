@@ -9,14 +9,16 @@
 //! before it) and replaced when it closes: computed on the first pass after the GPU's
 //! samples stop, and at most every [`PROVISIONAL_REFRESH_MS`] while they keep coming.
 //! Data that lands *behind* the watermark (a replayed spool, an out-of-order batch) is
-//! caught two ways: every commit is announced ([`crate::live::state::Live::subscribe`]), and each
-//! (GPU, minute) it touches is recomputed together with the minute holding the next sample
-//! (whose interval starts in the changed minute); at start-up, and whenever announcements
-//! were missed, minutes whose stored sample count differs from the raw count are
-//! recomputed. Recomputing a minute replaces its rows in one transaction, so replays never
-//! double-count. Everything computed is the pure [`crate::accounting::energy`] code.
+//! caught two ways: every commit is announced ([`crate::live::state::Live::subscribe`]) and
+//! noted by a listener of its own ([`crate::accounting::notes`]), and each (GPU, minute) it
+//! touches is recomputed together with the minute holding the next sample (whose interval
+//! starts in the changed minute); at start-up, and whenever announcements were missed,
+//! minutes whose stored sample count differs from the raw count are recomputed. Recomputing
+//! a minute replaces its rows in one transaction, so replays never double-count. Everything
+//! computed is the pure [`crate::accounting::energy`] code.
 
 use crate::accounting::energy::{self, GpuMinute, IdlePolicy, MINUTE_MS, baseline, minute_of};
+use crate::accounting::notes::Notes;
 use crate::live::state::{Committed, Live};
 use crate::store::energy::{EnergyGpu, EnergyInputs, EnergyRange, MinuteReplacement};
 use crate::store::{EnergyStore, GpuId, JobLeases, StoreError, TimeRange};
@@ -24,7 +26,6 @@ use gpufleet_core::UnixMs;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -350,7 +351,12 @@ async fn run(
     clock: crate::live::status::Clock,
     stop: CancellationToken,
 ) {
-    let mut rx = live.subscribe();
+    let notes = Notes::start(
+        Arc::clone(&live),
+        "energy accountant",
+        stop.clone(),
+        touched_minutes,
+    );
     let mut accountant = Accountant::new(store, options, clock);
     let mut ticker = tokio::time::interval(accountant.options.period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -362,24 +368,13 @@ async fn run(
                     // Another collector stored data behind our watermarks.
                     accountant.recheck = true;
                 }
+                let noted = notes.take();
+                accountant.dirty.extend(noted.touched);
+                accountant.recheck |= noted.missed;
                 if let Err(e) = accountant.pass().await {
                     warn!(error = %e, "energy accounting pass failed; retrying next period");
                 }
             }
-            msg = rx.recv() => match msg {
-                Ok(c) => {
-                    // An announcement without its ticks: what it touched is unknown.
-                    accountant.recheck |= c.partial;
-                    accountant.note_commit(&live, &c);
-                }
-                Err(RecvError::Lagged(n)) => {
-                    warn!(missed = n, "energy accountant missed commit announcements; rechecking recent minutes");
-                    accountant.recheck = true;
-                }
-                Err(RecvError::Closed) => {
-                    rx = live.subscribe();
-                }
-            },
         }
     }
     debug!("energy accountant stopped");

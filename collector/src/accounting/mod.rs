@@ -9,6 +9,7 @@
 //! - [`carbon`]: prices energy minutes in gCO2 from carbon-intensity providers.
 //! - [`report`]: what a container, pod, Slurm job or node spent over a range.
 //! - [`leader`]: runs a background job under a lease, on one collector at a time.
+//! - [`notes`]: what announced commits touched, noted for a job by a task of its own.
 //! - [`waste`]: idle-but-allocated episodes (a workload holding an idle GPU) and their energy.
 
 pub mod accountant;
@@ -17,6 +18,7 @@ pub mod check;
 pub mod counters;
 pub mod energy;
 pub mod leader;
+pub mod notes;
 pub mod report;
 pub mod rollups;
 pub mod waste;

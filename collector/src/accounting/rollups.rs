@@ -23,6 +23,7 @@
 
 use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
+use crate::accounting::notes::Notes;
 use crate::live::state::{Committed, Live};
 use crate::store::rollup::{RetentionOutcome, RollupKey};
 use crate::store::{PackOutcome, RollupStore, StoreError};
@@ -31,7 +32,6 @@ use gpufleet_core::config::parse_duration;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -160,17 +160,9 @@ impl Rollups {
         }
     }
 
-    /// Records the minutes a commit touched (its GPUs' and its node's host minutes).
+    /// Records the minutes a commit touched ([`touched_series`]).
     pub fn note_commit(&mut self, live: &Live, c: &Committed) {
-        for (gpu, minute) in accountant::touched_minutes(live, c) {
-            self.dirty.insert((RollupKey::gpu(gpu), minute));
-        }
-        if let Some(node) = live.read(|s| s.nodes.get(&c.node).map(|n| n.record.id)) {
-            for tick in &c.batch.ticks {
-                self.dirty
-                    .insert((RollupKey::host(node), minute_of(tick.time_ms)));
-            }
-        }
+        self.dirty.extend(touched_series(live, c));
     }
 
     /// Marks one minute of one series for recomputation.
@@ -297,6 +289,20 @@ impl Rollups {
     }
 }
 
+/// The (series, minute) pairs a commit wrote into: its GPUs' and its node's host minutes.
+pub fn touched_series(live: &Live, c: &Committed) -> BTreeSet<(RollupKey, UnixMs)> {
+    let mut out: BTreeSet<(RollupKey, UnixMs)> = accountant::touched_minutes(live, c)
+        .into_iter()
+        .map(|(gpu, minute)| (RollupKey::gpu(gpu), minute))
+        .collect();
+    if let Some(node) = live.read(|s| s.nodes.get(&c.node).map(|n| n.record.id)) {
+        for tick in &c.batch.ticks {
+            out.insert((RollupKey::host(node), minute_of(tick.time_ms)));
+        }
+    }
+    out
+}
+
 /// The job name of rollups and retention under [`crate::accounting::leader`].
 pub const JOB: &str = "rollups";
 
@@ -310,7 +316,12 @@ pub fn spawn(
     clock: crate::live::status::Clock,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
-    let mut rx = live.subscribe();
+    let notes = Notes::start(
+        Arc::clone(&live),
+        "rollup task",
+        stop.clone(),
+        touched_series,
+    );
     info!(
         retain_raw = %humantime::format_duration(options.retain_raw),
         retain_rollups = %humantime::format_duration(options.retain_rollups),
@@ -325,6 +336,9 @@ pub fn spawn(
             tokio::select! {
                 () = stop.cancelled() => break,
                 _ = ticker.tick() => {
+                    let noted = notes.take();
+                    rollups.dirty.extend(noted.touched);
+                    rollups.recheck |= noted.missed;
                     if let Err(e) = rollups.pass().await {
                         warn!(error = %e, "rollup pass failed; retrying next period");
                     } else {
@@ -336,20 +350,6 @@ pub fn spawn(
                         }
                     }
                 }
-                msg = rx.recv() => match msg {
-                    Ok(c) => {
-                    // An announcement without its ticks: what it touched is unknown.
-                    rollups.recheck |= c.partial;
-                    rollups.note_commit(&live, &c);
-                }
-                    Err(RecvError::Lagged(n)) => {
-                        warn!(missed = n, "rollup task missed commit announcements; rechecking recent minutes");
-                        rollups.recheck = true;
-                    }
-                    Err(RecvError::Closed) => {
-                        rx = live.subscribe();
-                    }
-                },
             }
         }
         debug!("rollup task stopped");
