@@ -95,7 +95,10 @@ async fn main() -> Result<()> {
             }
             let url = format!("sqlite://{}", path.display());
             let store = store::open(&url).await?;
-            let jobs = steady.then_some(Jobs { vacuum: None });
+            let jobs = steady.then_some(Jobs {
+                vacuum: None,
+                vacuum_every_s: 0,
+            });
             let keys = write(
                 &store, nodes, gpus, ticks, per_batch, procs, host_every, jobs,
             )
@@ -120,6 +123,7 @@ async fn main() -> Result<()> {
                 let store = store::open(&url).await?;
                 let jobs = steady.then(|| Jobs {
                     vacuum: Some(url.clone()),
+                    vacuum_every_s: knob("VACUUM_EVERY", 10).max(10) * 60,
                 });
                 let keys = write(
                     &store, nodes, gpus, ticks, per_batch, procs, host_every, jobs,
@@ -156,6 +160,8 @@ struct Jobs {
     /// minutes), as autovacuum would (so the space of packed rows is reused, not only left
     /// dead).
     vacuum: Option<String>,
+    /// Simulated seconds between those `VACUUM`s.
+    vacuum_every_s: u32,
 }
 
 impl Jobs {
@@ -278,7 +284,7 @@ async fn write(
             && (written - n) / 600 != written / 600
         {
             let started = Instant::now();
-            let every = knob("VACUUM_EVERY", 10).max(10) * 60;
+            let every = jobs.vacuum_every_s.max(1);
             let vacuum = (written - n) / every != written / every;
             jobs.run(store, START_MS + i64::from(written) * 1000, vacuum)
                 .await?;

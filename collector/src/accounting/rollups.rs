@@ -5,9 +5,9 @@
 //! metrics) the store keeps a watermark; a pass rolls up the minutes from the watermark to
 //! the minute of the newest sample (a minute is closed once a later sample exists). Late
 //! data behind the watermark is found from the commit announcements
-//! ([`crate::live::state::Live::subscribe`], the accountant's [`accountant::touched_minutes`]) and,
-//! at start-up or after missed announcements, by comparing stored sample counts with raw
-//! counts. The rollups themselves are computed by the store (one `GROUP BY` per range).
+//! ([`crate::live::state::Live::subscribe`], noted by a listener of its own with
+//! [`touched_series`]: [`crate::accounting::notes`]) and, at start-up or after missed
+//! announcements, by comparing stored sample counts with raw counts. The rollups themselves are computed by the store (one `GROUP BY` per range).
 //!
 //! Retention runs in the same task every `retention_period`: raw samples older than
 //! `--retain-raw` go, but only behind both the rollup and the energy watermarks
@@ -158,11 +158,6 @@ impl Rollups {
             last_expiry: None,
             last_pack: None,
         }
-    }
-
-    /// Records the minutes a commit touched ([`touched_series`]).
-    pub fn note_commit(&mut self, live: &Live, c: &Committed) {
-        self.dirty.extend(touched_series(live, c));
     }
 
     /// Marks one minute of one series for recomputation.
