@@ -33,10 +33,11 @@
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
 //! every closed minute of host rows, process ticks and GPU samples into
-//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`, and every
-//! closed hour of rollup minutes into `packed_gpu_rollup_hours` and
-//! `packed_host_rollup_hours`), checks that every GPU sample, host row, process sample and
-//! rollup minute reads back as it did before, and measures again: the database as the
+//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`, every closed
+//! hour of rollup minutes into `packed_gpu_rollup_hours` and `packed_host_rollup_hours`,
+//! and every closed hour of GPU health readings into `packed_gpu_health_hours`), checks
+//! that every GPU sample, host row, process sample, health reading and rollup minute reads
+//! back as it did before, and measures again: the database as the
 //! collector keeps it, energy and rollup minutes included. Last, it times one GPU's charts as the series API reads them (15 minutes of
 //! raw samples, packed and newest; the whole range from the rollups).
 
@@ -326,11 +327,12 @@ async fn pack_as_the_collector(
     let began = Instant::now();
     let out = rollups.pack(now).await?;
     println!(
-        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows) and {} \
-         rollup minutes in {:.1} s",
+        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows), {} \
+         rollup minutes and {} health readings in {:.1} s",
         out.minutes,
         out.rows,
         out.rollup_minutes,
+        out.health_readings,
         began.elapsed().as_secs_f64()
     );
     if raw_answers(store, keys, all).await? != before {
@@ -404,7 +406,8 @@ fn report_ms(what: &str, mut ms: Vec<f64>) {
     );
 }
 
-/// Every node's host rows and every GPU's samples and process samples in `all`, as read.
+/// Every node's host rows and every GPU's samples, process samples and health readings in
+/// `all`, as read.
 async fn raw_answers(
     store: &Arc<dyn Store>,
     keys: &[Arc<NodeKeys>],
@@ -419,7 +422,8 @@ async fn raw_answers(
         for gpu in k.gpus.values() {
             let s = store.gpu_samples(*gpu, all, usize::MAX).await?;
             let p = store.process_samples(*gpu, all, usize::MAX).await?;
-            out.push(format!("{s:?}\n{p:?}"));
+            let h = store.gpu_health(*gpu, all, usize::MAX).await?;
+            out.push(format!("{s:?}\n{p:?}\n{h:?}"));
         }
     }
     Ok(out)

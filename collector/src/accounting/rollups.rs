@@ -248,10 +248,11 @@ impl Rollups {
             .pack_closed_minutes(before, self.options.pack_budget)
             .await?;
         self.last_pack = Some(now_ms);
-        if out.minutes > 0 || out.rollup_minutes > 0 {
+        if out.minutes > 0 || out.rollup_minutes > 0 || out.health_readings > 0 {
             debug!(
                 minutes = out.minutes,
                 rollup_minutes = out.rollup_minutes,
+                health_readings = out.health_readings,
                 rows = out.rows,
                 "packed closed minutes"
             );

@@ -611,19 +611,10 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         range: TimeRange,
         limit: usize,
     ) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
-        let query = sql::<DB>(
-            "read GPU health samples",
-            format!(
-                "SELECT {HEALTH_COLS} FROM gpu_health h JOIN gpus g ON g.id = h.gpu_id \
-                 WHERE h.gpu_id = $1 AND h.ts_ms BETWEEN $2 AND $3 ORDER BY h.ts_ms LIMIT $4"
-            ),
-        )
-        .bind(gpu.0)
-        .bind(range.from_ms)
-        .bind(range.to_ms)
-        .bind(limit_i64(limit));
-        self.fetch(query, |row| Ok((row.get("ts_ms")?, rows::health(row)?)))
-            .await
+        let mut tx = self.read_snapshot("read GPU health samples").await?;
+        let rows = super::health_hours::readings::<DB>(&mut tx, gpu, range, limit).await?;
+        super::end_read(tx, "read GPU health samples").await?;
+        Ok(rows)
     }
 
     async fn gpu_samples(

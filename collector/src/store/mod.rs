@@ -30,6 +30,7 @@ pub mod carbon;
 pub mod energy;
 mod fleet;
 mod follow;
+mod health_hours;
 pub mod lease;
 pub mod packed;
 mod packing;
@@ -642,7 +643,8 @@ macro_rules! migrations {
             23 "alerts" "0023_alerts", 24 "waste" "0024_waste", 25 "process lives" "0025_process_lives",
             26 "packed minutes" "0026_packed_minutes",
             27 "packed gpu minutes" "0027_packed_gpu_minutes",
-            28 "packed rollup hours" "0028_packed_rollup_hours")
+            28 "packed rollup hours" "0028_packed_rollup_hours",
+            29 "packed gpu health hours" "0029_packed_gpu_health_hours")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

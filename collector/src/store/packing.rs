@@ -54,6 +54,8 @@ pub struct PackOutcome {
     pub minutes: usize,
     /// Rollup minutes packed into their series' hour (or merged into it).
     pub rollup_minutes: usize,
+    /// GPU health readings packed into their GPU's hour (or merged into it).
+    pub health_readings: usize,
     /// Rows moved out of the raw row tables.
     pub rows: u64,
     /// Transactions committed.
@@ -826,7 +828,7 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
 }
 
 /// Whether any minute of `node`'s host rows or of its GPUs' process ticks or samples in
-/// `range` is packed.
+/// `range` is packed, or any hour of its GPUs' health.
 pub(crate) async fn any_packed<DB: Backend>(
     conn: &mut DB::Connection,
     node: &NodeRecord,
@@ -839,11 +841,14 @@ pub(crate) async fn any_packed<DB: Backend>(
          UNION ALL SELECT 1 AS found FROM packed_process_minutes p JOIN gpus g ON g.id = p.gpu_id \
            WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 \
          UNION ALL SELECT 1 AS found FROM packed_gpu_minutes p JOIN gpus g ON g.id = p.gpu_id \
-           WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 LIMIT 1",
+           WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 \
+         UNION ALL SELECT 1 AS found FROM packed_gpu_health_hours p JOIN gpus g ON g.id = p.gpu_id \
+           WHERE g.node_id = $1 AND p.hour_ms >= $4 AND p.hour_ms <= $3 LIMIT 1",
     )
     .bind(node.id.0)
     .bind(minute_of(range.from_ms))
     .bind(range.to_ms)
+    .bind(rollup_hours::hour_of(range.from_ms))
     .all(conn)
     .await?;
     Ok(!found.is_empty())

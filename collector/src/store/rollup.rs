@@ -8,10 +8,10 @@
 //! group-commit writer never waits long behind it.
 
 use super::backend::{Backend, Get, sql};
-use super::rollup_hours;
 use super::{
     GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
+use super::{health_hours, rollup_hours};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
@@ -353,11 +353,6 @@ impl<DB: Backend> SqlStore<DB> {
             .collect())
     }
 
-    /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
-    /// number per statement: up to and including the time of the `batch`-th oldest row (so
-    /// a statement deletes at least `batch` rows while more remain, and at most `batch`
-    /// plus the rows sharing that time). Each statement is its own transaction, taken in
-    /// turn with the other writers of this process where the backend queues them.
     /// Deletes GPU `gpu_id`'s rows of `table` before `horizon` except the newest of them.
     async fn delete_keeping_newest(
         &self,
@@ -385,6 +380,38 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
+    /// Deletes GPU `gpu_id`'s health readings before `horizon` except the newest of them,
+    /// rows and packed hours alike.
+    async fn expire_health(
+        &self,
+        gpu_id: i64,
+        horizon: UnixMs,
+        batch: usize,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
+        let keep =
+            health_hours::newest_before::<DB>(&mut *self.conn().await?, gpu_id, horizon).await;
+        let Some(keep) = skip_unreadable(keep, health_hours::TABLE, gpu_id)? else {
+            return Ok(());
+        };
+        let id = Some(("gpu_id", gpu_id));
+        self.delete_before("gpu_health", "ts_ms", id, keep, batch, out)
+            .await?;
+        let expired = health_hours::expire(self, gpu_id, keep).await;
+        if let Some(n) = skip_unreadable(expired, health_hours::TABLE, gpu_id)? {
+            out.transactions += 1;
+            if n > 0 {
+                *out.deleted.entry(health_hours::TABLE).or_default() += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the rows of `table` with `time_col < before` (of one id, or all), a bounded
+    /// number per statement: up to and including the time of the `batch`-th oldest row (so
+    /// a statement deletes at least `batch` rows while more remain, and at most `batch`
+    /// plus the rows sharing that time). Each statement is its own transaction, taken in
+    /// turn with the other writers of this process where the backend queues them.
     async fn delete_before(
         &self,
         table: &'static str,
@@ -552,8 +579,7 @@ impl<DB: Backend> SqlStore<DB> {
                     .await?;
                     // Health rows go with the raw samples; the newest before the horizon
                     // stays, so the live state is seeded with the GPU's last health.
-                    self.delete_keeping_newest("gpu_health", id_value, horizon, batch, out)
-                        .await?;
+                    self.expire_health(id_value, horizon, batch, out).await?;
                 }
                 RollupKind::Host => {
                     let id = Some(("node_id", id_value));
@@ -788,6 +814,9 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         let hours = self.pack_rollup_hours(before_ms, budget).await?;
         out.rollup_minutes += hours.rollup_minutes;
         out.transactions += hours.transactions;
+        let health = self.pack_health_hours(before_ms, budget).await?;
+        out.health_readings += health.health_readings;
+        out.transactions += health.transactions;
         Ok(out)
     }
 

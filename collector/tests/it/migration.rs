@@ -6,10 +6,11 @@
 //! then writes more ticks to both, and B must find the lifetimes it converted rather than
 //! store them again.
 //!
-//! Migrations 0026, 0027 (packed minutes) and 0028 (packed rollup hours) add tables and
-//! convert nothing themselves: a database at the schema before them opens with every row
-//! in place, and the rollup task then packs its closed minutes (host rows, process ticks,
-//! GPU samples) and the closed hours of its rollup minutes without changing one answer.
+//! Migrations 0026, 0027 (packed minutes), 0028 (packed rollup hours) and 0029 (packed
+//! health hours) add tables and convert nothing themselves: a database at the schema
+//! before them opens with every row in place, and the rollup task then packs its closed
+//! minutes (host rows, process ticks, GPU samples), the closed hours of its rollup minutes
+//! and of its GPU health readings without changing one answer.
 
 use crate::common::*;
 use gpufleet_collector::accounting::accountant::{Accountant, EnergyOptions};
@@ -307,7 +308,7 @@ async fn postgres_database_before_process_lives_is_converted_without_losing_a_sa
 const BEFORE_PACKED: i64 = 25;
 
 /// The tables of a database at [`BEFORE_PACKED`] that hold the written ticks.
-const COPIED_BEFORE_PACKED: [&str; 8] = [
+const COPIED_BEFORE_PACKED: [&str; 9] = [
     "nodes",
     "gpus",
     "workloads",
@@ -316,13 +317,14 @@ const COPIED_BEFORE_PACKED: [&str; 8] = [
     "process_samples",
     "host_samples",
     "events",
+    "gpu_health",
 ];
 
 /// The newest tick of [`five_minutes`], after T0.
 const NEWEST_MS: i64 = 67 * 60_000;
 
 /// Five minutes of ticks at 1 Hz and one at minute 67 (minutes 0 to 4 are closed, and the
-/// hour holding them is closed once they are packed).
+/// hour holding them is closed once they are packed), health every 30 s and on the last.
 fn five_minutes() -> Vec<Tick> {
     let mut out: Vec<Tick> = (0..300u32)
         .map(|k| tick(T0 + i64::from(k) * 1000, &GPUS, k))
@@ -330,6 +332,10 @@ fn five_minutes() -> Vec<Tick> {
     out[7].host = None; // a cost-only host row
     out[8].cost = None;
     out.push(tick(T0 + NEWEST_MS, &GPUS, 300));
+    for t in out.iter_mut().step_by(30) {
+        let k = u32::try_from((t.time_ms - T0) / 30_000).unwrap_or(u32::MAX);
+        t.health = vec![health_full(GPUS[0], k), health_sparse(GPUS[1])];
+    }
     out
 }
 
@@ -342,7 +348,8 @@ async fn raw_answers(s: &Arc<dyn Store>, node: &NodeRecord) -> String {
     for g in &node.gpus {
         let samples = s.gpu_samples(g.id, ALL, 10_000).await.expect("s");
         let p = s.process_samples(g.id, ALL, 10_000).await.expect("p");
-        out += &format!("\n{samples:?}\n{p:?}");
+        let health = s.gpu_health(g.id, ALL, 10_000).await.expect("health");
+        out += &format!("\n{samples:?}\n{p:?}\n{health:?}");
     }
     out
 }
@@ -384,6 +391,8 @@ async fn host_rows_survive_packing(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node:
     // hour 0's five rollup minutes of the node and of each GPU.
     assert_eq!(out.minutes, 5 + 2 * 5 + 2 * 5, "{out:?}");
     assert_eq!(out.rollup_minutes, 5 + 2 * 5, "{out:?}");
+    // Hour 0's ten health readings of each GPU (the newest, at minute 67, stays a row).
+    assert_eq!(out.health_readings, 2 * 10, "{out:?}");
     assert_eq!(raw_answers(b, node).await, answers);
     assert_eq!(rollup_answers(b, node).await, rollups);
     let latest = b.latest_host_samples().await.expect("latest");

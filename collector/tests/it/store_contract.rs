@@ -2067,6 +2067,175 @@ mod contract {
         assert_eq!(again.total(), 0, "{again:?}");
     }
 
+    /// Health every 30 s for 2.5 hours: GPU-a with every field (changing every 10th
+    /// reading), GPU-b with none, on every other reading.
+    fn health_ticks() -> Vec<Tick> {
+        (0..300u32)
+            .map(|k| {
+                let mut t = common::tick(T0 + i64::from(k) * 30_000, &["GPU-a", "GPU-b"], k);
+                t.health = vec![health_full("GPU-a", k / 10)];
+                if k % 2 == 0 {
+                    t.health.push(health_sparse("GPU-b"));
+                }
+                t
+            })
+            .collect()
+    }
+
+    /// Every health reading of `rec`'s GPUs: whole, and in windows across hour ends.
+    async fn health_reads(store: &Arc<dyn Store>, rec: &NodeRecord) -> Vec<String> {
+        const HOUR: i64 = 3_600_000;
+        let mut out = Vec::new();
+        for g in &rec.gpus {
+            let all = store
+                .gpu_health(g.id, ALL_TIME, 100_000)
+                .await
+                .expect("all");
+            out.push(format!("{all:?}"));
+            for (from, to, limit) in [
+                (T0 + 50 * MIN, T0 + 70 * MIN, 1000),
+                (T0 + HOUR - 15_000, T0 + 2 * HOUR, 3),
+                (T0 + HOUR, T0 + HOUR, 10),
+                (0, T0 + 3 * HOUR, 150),
+            ] {
+                let range = TimeRange {
+                    from_ms: from,
+                    to_ms: to,
+                };
+                let read = store.gpu_health(g.id, range, limit).await.expect("range");
+                out.push(format!("{read:?}"));
+            }
+        }
+        out
+    }
+
+    pub async fn health_hours_are_packed_read_back_and_expired(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(
+            &store,
+            "node-h",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        let ticks = health_ticks();
+        write(&store, &rec, 1, ticks.clone()).await;
+        let before = health_reads(&store, &rec).await;
+        assert!(before[0].contains("Some(true)") && before[5].contains("None"));
+        let latest_health = || async {
+            let mut latest = store.latest_gpu_health().await.expect("latest");
+            latest.sort_by_key(|l| l.gpu);
+            latest
+        };
+        let latest = latest_health().await;
+
+        // Ten minutes into hour 1, only hour 0 is closed behind the horizon.
+        let out = store
+            .pack_closed_minutes(T0 + HOUR + 10 * MIN, 100)
+            .await
+            .expect("pack");
+        assert_eq!(
+            out.health_readings,
+            120 + 60,
+            "hour 0 of GPU-a and GPU-b: {out:?}"
+        );
+        assert_eq!(health_reads(&store, &rec).await, before);
+        let hour0 = TimeRange {
+            from_ms: T0,
+            to_ms: T0 + HOUR - 1,
+        };
+        let node_ticks = store.node_ticks(&rec, hour0, 1000).await.expect("ticks");
+        assert_eq!(
+            node_ticks.iter().map(|t| t.health.len()).sum::<usize>(),
+            180,
+            "a node's ticks carry the packed readings"
+        );
+        // Hour 1 next; hour 2 holds each GPU's newest reading and stays rows.
+        let out = store
+            .pack_closed_minutes(T0 + 3 * HOUR, 100)
+            .await
+            .expect("pack");
+        assert_eq!(out.health_readings, 120 + 60, "hour 1: {out:?}");
+        let again = store
+            .pack_closed_minutes(T0 + 3 * HOUR, 100)
+            .await
+            .expect("pack");
+        assert_eq!(again.health_readings, 0, "{again:?}");
+        assert_eq!(health_reads(&store, &rec).await, before);
+        assert_eq!(
+            latest_health().await,
+            latest,
+            "the newest readings stay rows"
+        );
+
+        // A late reading into packed hour 0 is read at once, and packed in by the next
+        // pass; a replayed tick whose health differs changes nothing, packed or not.
+        let mut late = common::tick(T0 + 15_000, &["GPU-a"], 7);
+        late.health = vec![health_full("GPU-a", 99)];
+        let mut replay = ticks[1].clone();
+        replay.health = vec![health_full("GPU-a", 98)];
+        write(&store, &rec, 2, vec![late.clone(), replay]).await;
+        let read = store.gpu_health(a, ALL_TIME, 100_000).await.expect("read");
+        assert_eq!(read.len(), 301);
+        assert_eq!(read[1], (T0 + 15_000, late.health[0].clone()));
+        assert_eq!(read[2], (T0 + 30_000, health_full("GPU-a", 0)));
+        let out = store
+            .pack_closed_minutes(T0 + 3 * HOUR, 100)
+            .await
+            .expect("pack");
+        assert_eq!(out.health_readings, 2, "{out:?}");
+        assert_eq!(
+            store.gpu_health(a, ALL_TIME, 100_000).await.expect("read"),
+            read
+        );
+
+        // Retention 70 minutes past a week, once energy and rollups are past it: GPU-a
+        // keeps its newest reading before the horizon (packed in hour 1), GPU-b its
+        // reading at minute 69; hour 0 goes and hour 1 keeps the rest.
+        let now = T0 + 3 * HOUR;
+        Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now))
+            .pass()
+            .await
+            .expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + 70 * MIN)
+            .await
+            .expect("expire");
+        let horizon = T0 + 70 * MIN;
+        assert_eq!(
+            out.deleted.get("packed_gpu_health_hours"),
+            Some(&4),
+            "hour 0 deleted and hour 1 trimmed, of each GPU: {out:?}"
+        );
+        for (gpu, kept) in [(a, T0 + 70 * MIN - 30_000), (b, T0 + 69 * MIN)] {
+            let early = TimeRange {
+                from_ms: 0,
+                to_ms: horizon - 1,
+            };
+            let health = store.gpu_health(gpu, early, 10).await.expect("health");
+            let times: Vec<UnixMs> = health.iter().map(|h| h.0).collect();
+            assert_eq!(
+                times,
+                vec![kept],
+                "the newest health before the horizon stays"
+            );
+            let rest = TimeRange {
+                from_ms: horizon,
+                to_ms: i64::MAX,
+            };
+            let full = store.gpu_health(gpu, ALL_TIME, 100_000).await.expect("all");
+            let from_horizon = store.gpu_health(gpu, rest, 100_000).await.expect("rest");
+            assert_eq!(full.len(), from_horizon.len() + 1);
+        }
+        let again = r
+            .expire(T0 + 7 * 86_400_000 + 70 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(again.total(), 0, "{again:?}");
+    }
+
     pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
         store: Arc<dyn Store>,
     ) {
@@ -3205,6 +3374,7 @@ macro_rules! contract_tests {
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
                 gpu_samples_are_packed_and_every_reader_agrees,
+                health_hours_are_packed_read_back_and_expired,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
                 waste_minutes_read_idle_candidates_with_their_price,

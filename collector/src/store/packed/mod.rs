@@ -10,7 +10,8 @@
 //!
 //! Layout of a packed value: format version (1), compression (0 none, 1 deflate), the
 //! CRC-32C of the payload (4 bytes, little-endian), then the payload, compressed or not.
-//! Payloads: [`gpu`], [`process`], [`host`]. Packing refuses what unpacking would refuse
+//! Payloads: [`gpu`], [`process`], [`host`], [`health`] (an hour of a GPU's health
+//! readings, not a minute: they come every 30 s). Packing refuses what unpacking would refuse
 //! ([`PackError::TooLarge`]: the caller keeps those rows as they are); unpacking checks
 //! every count against the limits below before it allocates.
 
@@ -21,8 +22,8 @@ type Field<T> = (
     fn(&mut T, Option<u64>) -> Result<(), PackError>,
 );
 
-/// The [`Field`]s of a struct, each named with its kind: `u64`, `u32`, or `f32` (packed as
-/// its bits).
+/// The [`Field`]s of a struct, each named with its kind: `u64`, `u32`, `f32` (packed as
+/// its bits), or `bool` (0 or 1).
 macro_rules! fields {
     ($ty:ty; $($name:ident: $kind:ident),* $(,)?) => {
         &[$((
@@ -36,13 +37,16 @@ macro_rules! fields {
     (@get u64, $e:expr) => { $e };
     (@get u32, $e:expr) => { $e.map(u64::from) };
     (@get f32, $e:expr) => { $e.map(|f| u64::from(f.to_bits())) };
+    (@get bool, $e:expr) => { $e.map(u64::from) };
     (@set u64, $v:ident) => { $v };
     (@set u32, $v:ident) => { $crate::store::packed::narrow($v)? };
     (@set f32, $v:ident) => { $crate::store::packed::narrow($v)?.map(f32::from_bits) };
+    (@set bool, $v:ident) => { $crate::store::packed::flag($v)? };
 }
 
 mod columns;
 pub mod gpu;
+pub mod health;
 pub mod host;
 pub mod process;
 pub mod rollup;
@@ -148,6 +152,16 @@ fn open(packed: &[u8]) -> Result<Vec<u8>, PackError> {
 fn narrow(v: Option<u64>) -> Result<Option<u32>, PackError> {
     v.map(|v| u32::try_from(v).map_err(|_| PackError::Corrupt("a 32-bit field out of range")))
         .transpose()
+}
+
+/// A `u64` column value as a flag (anything but 0 or 1 is corruption).
+fn flag(v: Option<u64>) -> Result<Option<bool>, PackError> {
+    v.map(|v| match v {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(PackError::Corrupt("a flag out of range")),
+    })
+    .transpose()
 }
 
 #[cfg(test)]

@@ -1,0 +1,410 @@
+//! The packed tier of GPU health: closed hours of a GPU's `gpu_health` rows kept as one
+//! value per GPU per hour (`packed_gpu_health_hours`; the format of [`packed::health`]).
+//! The agent reads health every 30 s and the counters rarely change: on PostgreSQL a
+//! reading as a row costs about 170 bytes, an hour of them packed a few dozen.
+//!
+//! - **Packing** ([`SqlStore::pack_health_hours`], run with the raw tiers' packing): an
+//!   hour is packed once it ends at or before the caller's horizon and the GPU has a
+//!   reading after it, so the GPU's newest reading is always a row (it seeds the live
+//!   state, [`super::FleetStore::latest_gpu_health`]). Its rows leave their table in the
+//!   same transaction.
+//! - **Late readings** are written as rows, as any other: a reading into a packed hour
+//!   stays a row until the next pass packs it in. A time held both packed and as a row
+//!   reads as the packed reading, the one written first (a second insert of a stored time
+//!   changes nothing), and packing keeps it. Health feeds no rollup or energy minute, so
+//!   nothing has to be recomputed and a write never reopens an hour.
+//! - **Reading** ([`readings`]): rows and packed hours of a range, merged, in one read
+//!   snapshot.
+//! - **Retention** ([`newest_before`], [`expire`]): a GPU keeps its newest reading before
+//!   the raw horizon; packed hours before its hour go, and the hour holding it keeps the
+//!   readings from it on.
+//!
+//! On PostgreSQL the packer and retention take the GPU's advisory lock, as both rewrite
+//! packed values; a writer adds rows only, and the packer deletes exactly the rows it
+//! packed (or packs nothing).
+
+use super::backend::{Backend, Get, sql};
+use super::packed::{self, PackError};
+use super::packing::{PackOutcome, lock_names};
+use super::rollup_hours::{HOUR_MS, hour_of};
+use super::rows::{self, HEALTH_COLS, limit_i64};
+use super::{GpuId, SqlStore, StoreError, TimeRange};
+use gpufleet_core::{GpuHealthSample, UnixMs};
+use std::collections::BTreeMap;
+
+pub(crate) const TABLE: &str = "packed_gpu_health_hours";
+
+/// Takes `gpu`'s health packing lock for the rest of the transaction (PostgreSQL).
+async fn lock<DB: Backend>(conn: &mut DB::Connection, gpu: i64) -> Result<(), StoreError> {
+    lock_names::<DB>(conn, [format!("health:{gpu}")].into_iter().collect()).await
+}
+
+fn corrupt(gpu: i64, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
+    move |e| StoreError::Unreadable(format!("{TABLE} of {gpu}, hour {hour}: {e}"))
+}
+
+/// A packed hour's readings, checked to lie in it.
+fn unpack(
+    gpu: i64,
+    hour: UnixMs,
+    value: &[u8],
+) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
+    let readings = packed::health::unpack(value).map_err(corrupt(gpu, hour))?;
+    if readings.is_empty() || readings.iter().any(|(t, _)| hour_of(*t) != hour) {
+        return Err(StoreError::Unreadable(format!(
+            "{TABLE} of {gpu}, hour {hour}: empty, or a reading of another hour"
+        )));
+    }
+    Ok(readings)
+}
+
+/// `gpu`'s packed hours that start in `[from, to]`, oldest first, at most `limit`,
+/// unpacked.
+async fn packed_hours<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    (from, to): (UnixMs, UnixMs),
+    limit: i64,
+) -> Result<Vec<(UnixMs, Vec<(UnixMs, GpuHealthSample)>)>, StoreError> {
+    let rows = sql::<DB>(
+        "read packed health hours",
+        format!(
+            "SELECT hour_ms, packed FROM {TABLE} WHERE gpu_id = $1 AND hour_ms >= $2 \
+             AND hour_ms <= $3 ORDER BY hour_ms LIMIT $4"
+        ),
+    )
+    .bind(gpu)
+    .bind(from)
+    .bind(to)
+    .bind(limit)
+    .all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let hour: UnixMs = r.get("hour_ms")?;
+            Ok((hour, unpack(gpu, hour, &r.get::<Vec<u8>>("packed")?)?))
+        })
+        .collect()
+}
+
+/// `gpu`'s health rows with times in `[from, to]`, oldest first, at most `limit`.
+async fn stored_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    (from, to): (UnixMs, UnixMs),
+    limit: i64,
+) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
+    let rows = sql::<DB>(
+        "read GPU health samples",
+        format!(
+            "SELECT {HEALTH_COLS} FROM gpu_health h JOIN gpus g ON g.id = h.gpu_id \
+             WHERE h.gpu_id = $1 AND h.ts_ms BETWEEN $2 AND $3 ORDER BY h.ts_ms LIMIT $4"
+        ),
+    )
+    .bind(gpu)
+    .bind(from)
+    .bind(to)
+    .bind(limit)
+    .all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.get("ts_ms")?, rows::health(r)?)))
+        .collect()
+}
+
+/// `gpu`'s health readings with times in `range` (both ends included), oldest first, at
+/// most `limit`: rows and packed hours merged, the packed reading where both hold a time.
+pub(crate) async fn readings<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+    range: TimeRange,
+    limit: usize,
+) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
+    let span = (range.from_ms, range.to_ms);
+    let rows = stored_rows::<DB>(conn, gpu.0, span, limit_i64(limit)).await?;
+    // Every hour but the first and the last lies wholly in the range and holds a reading:
+    // `limit` + 2 hours hold the first `limit` packed readings of the range.
+    let hours_from = hour_of(range.from_ms);
+    let hours = limit_i64(limit).saturating_add(2);
+    let packed = packed_hours::<DB>(conn, gpu.0, (hours_from, range.to_ms), hours).await?;
+    if packed.is_empty() {
+        return Ok(rows);
+    }
+    let uuid: String = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
+        .bind(gpu.0)
+        .one(conn)
+        .await?
+        .get("uuid")?;
+    let mut merged: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
+    for (t, mut h) in packed.into_iter().flat_map(|(_, r)| r) {
+        if (range.from_ms..=range.to_ms).contains(&t) {
+            h.gpu_uuid.clone_from(&uuid);
+            merged.insert(t, h);
+        }
+    }
+    for (t, h) in rows {
+        merged.entry(t).or_insert(h);
+    }
+    Ok(merged.into_iter().take(limit).collect())
+}
+
+/// The time of `gpu`'s newest health reading before `before`, row or packed.
+pub(crate) async fn newest_before<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    before: UnixMs,
+) -> Result<Option<UnixMs>, StoreError> {
+    let row: Option<UnixMs> = sql::<DB>(
+        "find the health row before a raw horizon",
+        "SELECT max(ts_ms) AS t FROM gpu_health WHERE gpu_id = $1 AND ts_ms < $2",
+    )
+    .bind(gpu)
+    .bind(before)
+    .one(&mut *conn)
+    .await?
+    .get("t")?;
+    let hour = sql::<DB>(
+        "find the packed health hour before a raw horizon",
+        format!(
+            "SELECT hour_ms, packed FROM {TABLE} WHERE gpu_id = $1 AND hour_ms < $2 \
+             ORDER BY hour_ms DESC LIMIT 1"
+        ),
+    )
+    .bind(gpu)
+    .bind(before)
+    .optional(conn)
+    .await?;
+    let packed = match hour {
+        Some(r) => {
+            let hour: UnixMs = r.get("hour_ms")?;
+            let readings = unpack(gpu, hour, &r.get::<Vec<u8>>("packed")?)?;
+            readings
+                .iter()
+                .map(|(t, _)| *t)
+                .filter(|t| *t < before)
+                .max()
+        }
+        None => None,
+    };
+    Ok(row.max(packed))
+}
+
+async fn store_hour<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    hour: UnixMs,
+    value: &[u8],
+) -> Result<(), StoreError> {
+    sql::<DB>(
+        "store a packed health hour",
+        format!(
+            "INSERT INTO {TABLE} (gpu_id, hour_ms, packed) VALUES ($1, $2, $3) \
+             ON CONFLICT (gpu_id, hour_ms) DO UPDATE SET packed = excluded.packed"
+        ),
+    )
+    .bind(gpu)
+    .bind(hour)
+    .bind(value)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn delete_hours<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    (from, to): (UnixMs, UnixMs),
+) -> Result<u64, StoreError> {
+    sql::<DB>(
+        "delete packed health hours",
+        format!("DELETE FROM {TABLE} WHERE gpu_id = $1 AND hour_ms >= $2 AND hour_ms < $3"),
+    )
+    .bind(gpu)
+    .bind(from)
+    .bind(to)
+    .execute(conn)
+    .await
+}
+
+/// Deletes `gpu`'s packed readings before `keep` (a reading's time): whole hours before
+/// its hour, and the readings before it of the hour holding it. Returns the hours deleted
+/// or rewritten, `None` if there was nothing to look at (no transaction ran).
+pub(crate) async fn expire<DB: Backend>(
+    store: &SqlStore<DB>,
+    gpu: i64,
+    keep: UnixMs,
+) -> Result<Option<u64>, StoreError> {
+    // Most runs find nothing to expire: looked for before taking a turn to write.
+    let hour = hour_of(keep);
+    let older = sql::<DB>(
+        "look for expired packed health hours",
+        format!("SELECT hour_ms FROM {TABLE} WHERE gpu_id = $1 AND hour_ms < $2 LIMIT 1"),
+    )
+    .bind(gpu)
+    .bind(hour)
+    .optional(&mut *store.conn().await?)
+    .await?;
+    let trimmed = match older {
+        Some(_) => true,
+        None => packed_hours::<DB>(&mut *store.conn().await?, gpu, (hour, hour), 1)
+            .await?
+            .iter()
+            .any(|(_, readings)| readings.first().is_some_and(|(t, _)| *t < keep)),
+    };
+    if !trimmed {
+        return Ok(None);
+    }
+    let mut tx = store
+        .begin_write("begin expiring packed health hours")
+        .await?;
+    lock::<DB>(tx.conn(), gpu).await?;
+    let mut changed = delete_hours::<DB>(tx.conn(), gpu, (UnixMs::MIN, hour)).await?;
+    for (_, readings) in packed_hours::<DB>(tx.conn(), gpu, (hour, hour), 1).await? {
+        let kept: Vec<_> = readings
+            .iter()
+            .filter(|(t, _)| *t >= keep)
+            .cloned()
+            .collect();
+        if kept.len() == readings.len() {
+            continue;
+        }
+        changed += 1;
+        if kept.is_empty() {
+            delete_hours::<DB>(tx.conn(), gpu, (hour, hour.saturating_add(1))).await?;
+        } else {
+            let value = packed::health::pack(&kept).map_err(corrupt(gpu, hour))?;
+            store_hour::<DB>(tx.conn(), gpu, hour, &value).await?;
+        }
+    }
+    tx.commit("commit expired packed health hours").await?;
+    Ok(Some(changed))
+}
+
+/// What [`SqlStore::pack_health_hour`] did with the hour it was given.
+enum HourStep {
+    /// Packed, with the rows moved.
+    Packed(usize),
+    /// Nothing packed: no row left in it, too many to pack, or rows written meanwhile
+    /// (packed by a later pass).
+    Left,
+}
+
+impl<DB: Backend> SqlStore<DB> {
+    /// Packs the closed hours of every GPU's health rows that end at or before `before_ms`
+    /// and before the GPU's newest reading, each GPU's oldest first, at most `budget`
+    /// hours per call (one transaction each).
+    pub(crate) async fn pack_health_hours(
+        &self,
+        before_ms: UnixMs,
+        budget: usize,
+    ) -> Result<PackOutcome, StoreError> {
+        let mut out = PackOutcome::default();
+        // Each GPU's oldest and newest row (two index lookups per GPU), read before taking
+        // a turn to write: most GPUs have nothing to pack.
+        let gpus = sql::<DB>(
+            "list the GPUs whose health may be packed",
+            "SELECT g.id, \
+               (SELECT min(h.ts_ms) FROM gpu_health h WHERE h.gpu_id = g.id) AS oldest, \
+               (SELECT max(h.ts_ms) FROM gpu_health h WHERE h.gpu_id = g.id) AS newest \
+             FROM gpus g ORDER BY g.id",
+        )
+        .all(&mut *self.conn().await?)
+        .await?;
+        let mut hours = 0;
+        for row in &gpus {
+            let (Some(oldest), Some(newest)) = (
+                row.get::<Option<UnixMs>>("oldest")?,
+                row.get::<Option<UnixMs>>("newest")?,
+            ) else {
+                continue;
+            };
+            let gpu: i64 = row.get("id")?;
+            let limit = before_ms.min(newest);
+            let mut from = oldest;
+            while hours < budget {
+                let hour = hour_of(from);
+                let end = hour.saturating_add(HOUR_MS);
+                if end > limit {
+                    break;
+                }
+                hours += 1;
+                match self.pack_health_hour(gpu, hour).await {
+                    Ok(HourStep::Packed(n)) => {
+                        out.health_readings += n;
+                        out.transactions += 1;
+                    }
+                    Ok(HourStep::Left) => {}
+                    Err(StoreError::Unreadable(e)) => {
+                        tracing::warn!(table = TABLE, gpu, hour_ms = hour, error = %e,
+                            "a packed health hour cannot be read: it is left as it is");
+                    }
+                    Err(e) => return Err(e),
+                }
+                // The next hour holding a row.
+                let next: Option<UnixMs> = sql::<DB>(
+                    "find the next health row",
+                    "SELECT min(ts_ms) AS t FROM gpu_health WHERE gpu_id = $1 AND ts_ms >= $2",
+                )
+                .bind(gpu)
+                .bind(end)
+                .one(&mut *self.conn().await?)
+                .await?
+                .get("t")?;
+                match next {
+                    Some(t) => from = t,
+                    None => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One transaction of [`SqlStore::pack_health_hours`]: packs `gpu`'s health rows of
+    /// the hour starting at `hour` into its packed value (merged with what it holds).
+    async fn pack_health_hour(&self, gpu: i64, hour: UnixMs) -> Result<HourStep, StoreError> {
+        let end = hour.saturating_add(HOUR_MS);
+        let mut tx = self.begin_write("begin packing health rows").await?;
+        lock::<DB>(tx.conn(), gpu).await?;
+        let rows = stored_rows::<DB>(tx.conn(), gpu, (hour, end - 1), i64::MAX).await?;
+        let n = rows.len();
+        // Retention may have deleted them since they were found.
+        if n == 0 {
+            tx.rollback().await?;
+            return Ok(HourStep::Left);
+        }
+        let mut all: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
+        for (_, earlier) in packed_hours::<DB>(tx.conn(), gpu, (hour, hour), 1).await? {
+            all.extend(earlier);
+        }
+        for (t, h) in rows {
+            all.entry(t).or_insert(h);
+        }
+        let readings: Vec<_> = all.into_iter().collect();
+        let value = match packed::health::pack(&readings) {
+            Ok(v) => v,
+            Err(PackError::TooLarge(_)) => {
+                tx.rollback().await?;
+                return Ok(HourStep::Left);
+            }
+            Err(e) => return Err(corrupt(gpu, hour)(e)),
+        };
+        store_hour::<DB>(tx.conn(), gpu, hour, &value).await?;
+        let moved = sql::<DB>(
+            "delete packed health rows",
+            "DELETE FROM gpu_health WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3",
+        )
+        .bind(gpu)
+        .bind(hour)
+        .bind(end)
+        .execute(tx.conn())
+        .await?;
+        // A writer committed a reading into the hour since it was read (PostgreSQL): it
+        // would be deleted unpacked. The next pass packs the hour with it.
+        if moved != n as u64 {
+            tx.rollback().await?;
+            return Ok(HourStep::Left);
+        }
+        tx.commit("commit a packed health hour").await?;
+        Ok(HourStep::Packed(n))
+    }
+}
