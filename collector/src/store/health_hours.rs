@@ -20,8 +20,8 @@
 //!   readings from it on.
 //!
 //! On PostgreSQL the packer and retention take the GPU's advisory lock, as both rewrite
-//! packed values; a writer adds rows only, and the packer deletes exactly the rows it
-//! packed (or packs nothing).
+//! packed values; a writer adds rows only, and a packing transaction commits only if the
+//! rows it deletes are the rows it packed.
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError};
@@ -163,29 +163,32 @@ pub(crate) async fn newest_before<DB: Backend>(
     .one(&mut *conn)
     .await?
     .get("t")?;
-    let hour = sql::<DB>(
-        "find the packed health hour before a raw horizon",
+    // The hour holding `before` may have no reading before it; every reading of the hour
+    // before that one is.
+    let hours = sql::<DB>(
+        "find the packed health hours before a raw horizon",
         format!(
             "SELECT hour_ms, packed FROM {TABLE} WHERE gpu_id = $1 AND hour_ms < $2 \
-             ORDER BY hour_ms DESC LIMIT 1"
+             ORDER BY hour_ms DESC LIMIT 2"
         ),
     )
     .bind(gpu)
     .bind(before)
-    .optional(conn)
+    .all(conn)
     .await?;
-    let packed = match hour {
-        Some(r) => {
-            let hour: UnixMs = r.get("hour_ms")?;
-            let readings = unpack(gpu, hour, &r.get::<Vec<u8>>("packed")?)?;
-            readings
-                .iter()
-                .map(|(t, _)| *t)
-                .filter(|t| *t < before)
-                .max()
+    let mut packed = None;
+    for r in &hours {
+        let hour: UnixMs = r.get("hour_ms")?;
+        let readings = unpack(gpu, hour, &r.get::<Vec<u8>>("packed")?)?;
+        packed = readings
+            .iter()
+            .map(|(t, _)| *t)
+            .filter(|t| *t < before)
+            .max();
+        if packed.is_some() {
+            break;
         }
-        None => None,
-    };
+    }
     Ok(row.max(packed))
 }
 
@@ -280,6 +283,9 @@ pub(crate) async fn expire<DB: Backend>(
     Ok(Some(changed))
 }
 
+/// Most hours [`SqlStore::pack_health_hours`] passes over per GPU per call.
+const HOURS_PASSED_PER_GPU: usize = 24;
+
 /// What [`SqlStore::pack_health_hour`] did with the hour it was given.
 enum HourStep {
     /// Packed, with the rows moved.
@@ -292,7 +298,7 @@ enum HourStep {
 impl<DB: Backend> SqlStore<DB> {
     /// Packs the closed hours of every GPU's health rows that end at or before `before_ms`
     /// and before the GPU's newest reading, each GPU's oldest first, at most `budget`
-    /// hours per call (one transaction each).
+    /// hours packed per call (one transaction each).
     pub(crate) async fn pack_health_hours(
         &self,
         before_ms: UnixMs,
@@ -310,7 +316,11 @@ impl<DB: Backend> SqlStore<DB> {
         )
         .all(&mut *self.conn().await?)
         .await?;
-        let mut hours = 0;
+        // Hours left as they are (an unreadable value, too many readings, rows changed
+        // meanwhile) cost the budget nothing, as in the rollup tier: else a GPU stuck on
+        // them would spend it on every pass and starve the GPUs after it. They come out
+        // of a second allowance of `budget`, at most a day of them per GPU.
+        let (mut hours, mut passed_over) = (0, 0);
         for row in &gpus {
             let (Some(oldest), Some(newest)) = (
                 row.get::<Option<UnixMs>>("oldest")?,
@@ -320,21 +330,26 @@ impl<DB: Backend> SqlStore<DB> {
             };
             let gpu: i64 = row.get("id")?;
             let limit = before_ms.min(newest);
-            let mut from = oldest;
-            while hours < budget {
+            let (mut from, mut passed) = (oldest, 0);
+            while hours < budget && passed_over < budget && passed < HOURS_PASSED_PER_GPU {
                 let hour = hour_of(from);
                 let end = hour.saturating_add(HOUR_MS);
                 if end > limit {
                     break;
                 }
-                hours += 1;
                 match self.pack_health_hour(gpu, hour).await {
                     Ok(HourStep::Packed(n)) => {
+                        hours += 1;
                         out.health_readings += n;
                         out.transactions += 1;
                     }
-                    Ok(HourStep::Left) => {}
+                    Ok(HourStep::Left) => {
+                        passed += 1;
+                        passed_over += 1;
+                    }
                     Err(StoreError::Unreadable(e)) => {
+                        passed += 1;
+                        passed_over += 1;
                         tracing::warn!(table = TABLE, gpu, hour_ms = hour, error = %e,
                             "a packed health hour cannot be read: it is left as it is");
                     }
@@ -365,13 +380,16 @@ impl<DB: Backend> SqlStore<DB> {
         let end = hour.saturating_add(HOUR_MS);
         let mut tx = self.begin_write("begin packing health rows").await?;
         lock::<DB>(tx.conn(), gpu).await?;
-        let rows = stored_rows::<DB>(tx.conn(), gpu, (hour, end - 1), i64::MAX).await?;
+        // More than a packed value holds are left as rows, and not read whole.
+        let most = limit_i64(packed::MAX_ROWS).saturating_add(1);
+        let rows = stored_rows::<DB>(tx.conn(), gpu, (hour, end - 1), most).await?;
         let n = rows.len();
         // Retention may have deleted them since they were found.
-        if n == 0 {
+        if n == 0 || n > packed::MAX_ROWS {
             tx.rollback().await?;
             return Ok(HourStep::Left);
         }
+        let read: Vec<UnixMs> = rows.iter().map(|(t, _)| *t).collect();
         let mut all: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
         for (_, earlier) in packed_hours::<DB>(tx.conn(), gpu, (hour, hour), 1).await? {
             all.extend(earlier);
@@ -391,16 +409,24 @@ impl<DB: Backend> SqlStore<DB> {
         store_hour::<DB>(tx.conn(), gpu, hour, &value).await?;
         let moved = sql::<DB>(
             "delete packed health rows",
-            "DELETE FROM gpu_health WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3",
+            "DELETE FROM gpu_health WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3 \
+             RETURNING ts_ms",
         )
         .bind(gpu)
         .bind(hour)
         .bind(end)
-        .execute(tx.conn())
+        .all(tx.conn())
         .await?;
-        // A writer committed a reading into the hour since it was read (PostgreSQL): it
-        // would be deleted unpacked. The next pass packs the hour with it.
-        if moved != n as u64 {
+        let mut moved = moved
+            .iter()
+            .map(|r| r.get::<UnixMs>("ts_ms"))
+            .collect::<Result<Vec<_>, _>>()?;
+        moved.sort_unstable();
+        // The rows deleted must be the rows packed. On PostgreSQL another transaction may
+        // have committed since they were read: a writer's late reading (it would go
+        // unpacked) or another collector's retention. The next pass packs the hour as it
+        // is then.
+        if moved != read {
             tx.rollback().await?;
             return Ok(HourStep::Left);
         }

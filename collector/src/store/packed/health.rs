@@ -33,6 +33,10 @@ pub fn pack(readings: &[(UnixMs, GpuHealthSample)]) -> Result<Vec<u8>, PackError
     }
     let mut rows: Vec<&(UnixMs, GpuHealthSample)> = readings.iter().collect();
     rows.sort_by_key(|(t, _)| *t);
+    // What unpacking would refuse.
+    if rows.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(PackError::Corrupt("health readings at one time"));
+    }
     let mut out = Vec::new();
     put_varint(&mut out, rows.len() as u64);
     put_values(
@@ -181,5 +185,10 @@ mod tests {
         );
         let many = vec![(0, GpuHealthSample::default()); MAX_ROWS + 1];
         assert_eq!(pack(&many), Err(PackError::TooLarge("health readings")));
+        let twice = vec![(5, GpuHealthSample::default()); 2];
+        assert_eq!(
+            pack(&twice),
+            Err(PackError::Corrupt("health readings at one time"))
+        );
     }
 }
