@@ -2236,6 +2236,56 @@ mod contract {
         assert_eq!(again.total(), 0, "{again:?}");
     }
 
+    pub async fn health_retention_finds_the_newest_reading_across_a_gap(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(&store, "node-h", vec![gpu_info_full("GPU-a", 0)]).await;
+        let a = rec.gpus[0].id;
+        // Health every 30 s in hour 0 and from 1:40 to 2:10; the GPU is away in between.
+        let times = (0..120).chain(200..=260).map(|k| T0 + k * 30_000);
+        let ticks: Vec<Tick> = times
+            .enumerate()
+            .map(|(k, t)| {
+                let mut tick = common::tick(t, &["GPU-a"], k as u32);
+                tick.health = vec![health_full("GPU-a", k as u32)];
+                tick
+            })
+            .collect();
+        write(&store, &rec, 1, ticks).await;
+        let now = T0 + 3 * HOUR;
+        let out = store.pack_closed_minutes(now, 100).await.expect("pack");
+        assert_eq!(out.health_readings, 120 + 40, "hours 0 and 1: {out:?}");
+        Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now))
+            .pass()
+            .await
+            .expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+
+        // The horizon at 1:30: hour 1 holds no reading before it, hour 0's last one is
+        // the newest before it.
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + 90 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(
+            out.deleted.get("packed_gpu_health_hours"),
+            Some(&1),
+            "{out:?}"
+        );
+        let early = TimeRange {
+            from_ms: 0,
+            to_ms: T0 + 90 * MIN - 1,
+        };
+        let kept = store.gpu_health(a, early, 1000).await.expect("health");
+        assert_eq!(
+            kept.iter().map(|h| h.0).collect::<Vec<_>>(),
+            vec![T0 + HOUR - 30_000],
+            "the newest health before the horizon stays, alone"
+        );
+        let all = store.gpu_health(a, ALL_TIME, 1000).await.expect("health");
+        assert_eq!(all.len(), 1 + 61);
+    }
+
     pub async fn retention_expires_raw_behind_the_watermarks_and_keeps_totals(
         store: Arc<dyn Store>,
     ) {
@@ -3375,6 +3425,7 @@ macro_rules! contract_tests {
                 process_ticks_are_packed_and_energy_stays_exact,
                 gpu_samples_are_packed_and_every_reader_agrees,
                 health_hours_are_packed_read_back_and_expired,
+                health_retention_finds_the_newest_reading_across_a_gap,
                 carbon_cache_and_minute_prices,
                 batched_energy_reads_and_writes_match_one_gpu_at_a_time,
                 waste_minutes_read_idle_candidates_with_their_price,
