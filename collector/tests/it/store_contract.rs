@@ -2109,6 +2109,11 @@ mod contract {
         out
     }
 
+    /// Closed hours of health readings are packed once the GPU has a newer reading, and
+    /// every read (whole, windows across hour ends, limits, a node's ticks) answers as
+    /// from the rows; a late reading is read at once and packed in later, a replayed time
+    /// keeps the first reading; retention keeps exactly the newest reading before the
+    /// horizon and trims the hour holding it.
     pub async fn health_hours_are_packed_read_back_and_expired(store: Arc<dyn Store>) {
         const HOUR: i64 = 3_600_000;
         let rec = register(
