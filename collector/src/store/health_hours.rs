@@ -25,7 +25,7 @@
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError};
-use super::packing::{PackOutcome, lock_names};
+use super::packing::{PackOutcome, gpu_uuid, lock_names};
 use super::rollup_hours::{HOUR_MS, hour_of};
 use super::rows::{self, HEALTH_COLS, limit_i64};
 use super::{GpuId, SqlStore, StoreError, TimeRange};
@@ -130,11 +130,7 @@ pub(crate) async fn readings<DB: Backend>(
     if packed.is_empty() {
         return Ok(rows);
     }
-    let uuid: String = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
-        .bind(gpu.0)
-        .one(conn)
-        .await?
-        .get("uuid")?;
+    let uuid = gpu_uuid::<DB>(conn, gpu).await?;
     let mut merged: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
     for (t, mut h) in packed.into_iter().flat_map(|(_, r)| r) {
         if (range.from_ms..=range.to_ms).contains(&t) {

@@ -500,15 +500,23 @@ async fn name_samples<'s, DB: Backend>(
     if unnamed.is_empty() {
         return Ok(());
     }
-    let uuid: String = sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
-        .bind(gpu.0)
-        .one(conn)
-        .await?
-        .get("uuid")?;
+    let uuid = gpu_uuid::<DB>(conn, gpu).await?;
     for s in unnamed {
         s.gpu_uuid.clone_from(&uuid);
     }
     Ok(())
+}
+
+/// The UUID of `gpu`, for what packed values give back without it.
+pub(crate) async fn gpu_uuid<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+) -> Result<String, StoreError> {
+    sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
+        .bind(gpu.0)
+        .one(conn)
+        .await?
+        .get("uuid")
 }
 
 /// A GPU's samples with times in `range`, oldest first, at most `limit`: the rows of
