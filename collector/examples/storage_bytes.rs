@@ -33,8 +33,8 @@
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
 //! every closed minute of host rows, process ticks and GPU samples into
-//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes`, every closed
-//! hour of rollup minutes into `packed_gpu_rollup_hours` and `packed_host_rollup_hours`,
+//! `packed_host_minutes`, `packed_process_minutes` and `packed_gpu_minutes` and merges
+//! every closed hour of them into one value, every closed hour of rollup minutes into `packed_gpu_rollup_hours` and `packed_host_rollup_hours`,
 //! and every closed hour of GPU health readings into `packed_gpu_health_hours`), checks
 //! that every GPU sample, host row, process sample, health reading and rollup minute reads
 //! back as it did before, and measures again: the database as the
@@ -327,10 +327,11 @@ async fn pack_as_the_collector(
     let began = Instant::now();
     let out = rollups.pack(now).await?;
     println!(
-        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows), {} \
-         rollup minutes and {} health readings in {:.1} s",
+        "accounted and rolled up in {accounted:.1} s; packed {} minutes ({} rows), merged \
+         {} hours of them, {} rollup minutes and {} health readings in {:.1} s",
         out.minutes,
         out.rows,
+        out.hours,
         out.rollup_minutes,
         out.health_readings,
         began.elapsed().as_secs_f64()

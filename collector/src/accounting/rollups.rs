@@ -248,9 +248,10 @@ impl Rollups {
             .pack_closed_minutes(before, self.options.pack_budget)
             .await?;
         self.last_pack = Some(now_ms);
-        if out.minutes > 0 || out.rollup_minutes > 0 || out.health_readings > 0 {
+        if out.minutes > 0 || out.hours > 0 || out.rollup_minutes > 0 || out.health_readings > 0 {
             debug!(
                 minutes = out.minutes,
+                hours = out.hours,
                 rollup_minutes = out.rollup_minutes,
                 health_readings = out.health_readings,
                 rows = out.rows,

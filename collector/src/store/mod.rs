@@ -644,7 +644,8 @@ macro_rules! migrations {
             26 "packed minutes" "0026_packed_minutes",
             27 "packed gpu minutes" "0027_packed_gpu_minutes",
             28 "packed rollup hours" "0028_packed_rollup_hours",
-            29 "packed gpu health hours" "0029_packed_gpu_health_hours")
+            29 "packed gpu health hours" "0029_packed_gpu_health_hours",
+            30 "packed hours" "0030_packed_hours")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

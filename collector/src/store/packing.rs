@@ -12,27 +12,35 @@
 //!   its rollup and energy minutes both count exactly its rows, and its process ticks are
 //!   packed already (a minute with late rows waits for its recomputation). Its rows leave
 //!   their table in the same transaction.
+//! - **Merging hours** ([`SqlStore::merge_hours`], after packing): a closed hour whose
+//!   minutes are all packed (no row of the tier left in it), at or after the series' raw
+//!   horizon, becomes one value an hour long in the same table (`span_ms`): one deflate
+//!   stream and one row instead of sixty.
 //! - **Reopening** ([`reopen_minutes`], first thing in every write transaction): a write
 //!   unpacks back into rows every packed minute it falls in (a node's host minute for its
 //!   host rows; a GPU's process and sample minutes for its GPU samples and process rows)
 //!   before it inserts, so replays, conflicts and late data are judged against the stored
-//!   rows, and rollups and energy recompute from complete minutes. The minute is packed
-//!   again later.
+//!   rows, and rollups and energy recompute from complete minutes. An hour-long value it
+//!   falls in is split back into minute values first. The minute is packed again later,
+//!   and its hour merged again.
 //! - **Reading** ([`host_rows`], [`process_rows`], [`gpu_rows`], [`energy_processes`],
 //!   [`energy_gpu_samples`], [`next_packed_sample`], [`each_packed_gpu_sample`]): the rows
-//!   and the packed minutes of a range, merged, in one read snapshot.
-//! - **Retention** deletes packed minutes behind the raw horizon; a GPU keeps its newest
+//!   and the packed values that overlap a range (by start and span), merged, in one read
+//!   snapshot.
+//! - **Retention** splits the hour-long value that holds the raw horizon into minutes
+//!   ([`split_at_horizon`]), then deletes packed values behind it; a GPU keeps its newest
 //!   sample before it ([`expire_packed_gpu`]).
 //!
-//! So a minute is in one form at a time. On PostgreSQL several collectors write: a write
-//! and the packer take the series' transaction-scoped advisory lock, so a write cannot add
-//! rows to a minute that is being packed (the packer would then delete rows it did not
-//! pack, or leave a minute in both forms). SQLite has one writer.
+//! So a minute is in one form at a time, and an hour-long value's hour holds nothing else.
+//! On PostgreSQL several collectors write: a write, the packer and the merger take the
+//! series' transaction-scoped advisory lock, so a write cannot add rows to a minute that
+//! is being packed (the packer would then delete rows it did not pack, or leave a minute
+//! in both forms). SQLite has one writer.
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
-use super::rollup::RollupKey;
-use super::rollup_hours;
+use super::rollup::{RollupKey, RollupKind};
+use super::rollup_hours::{self, HOUR_MS, hour_of};
 use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
@@ -52,6 +60,8 @@ const READ_PAGE: i64 = 64;
 pub struct PackOutcome {
     /// Minutes of raw rows packed (or merged into their packed value).
     pub minutes: usize,
+    /// Closed hours of packed minutes merged into one value an hour long.
+    pub hours: usize,
     /// Rollup minutes packed into their series' hour (or merged into it).
     pub rollup_minutes: usize,
     /// GPU health readings packed into their GPU's hour (or merged into it).
@@ -67,6 +77,7 @@ pub struct PackOutcome {
 impl PackOutcome {
     fn add(&mut self, other: &PackOutcome) {
         self.minutes += other.minutes;
+        self.hours += other.hours;
         self.rows += other.rows;
         self.transactions += other.transactions;
     }
@@ -104,6 +115,14 @@ impl Tier {
         match self {
             Tier::Host => "node_id",
             Tier::Process | Tier::Gpu => "gpu_id",
+        }
+    }
+
+    /// The series whose raw horizon bounds this tier's values.
+    fn kind(self) -> RollupKind {
+        match self {
+            Tier::Host => RollupKind::Host,
+            Tier::Process | Tier::Gpu => RollupKind::Gpu,
         }
     }
 
@@ -155,40 +174,86 @@ fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> Sto
     move |e| StoreError::Unreadable(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
 }
 
-fn outside(tier: Tier, id: i64, minute: UnixMs) -> StoreError {
+fn outside(tier: Tier, id: i64, span: Span) -> StoreError {
     StoreError::Unreadable(format!(
-        "{} of {id}, minute {minute}: a row of another minute",
-        tier.packed()
+        "{} of {id}, minute {}: a row outside its {} ms",
+        tier.packed(),
+        span.start,
+        span.len
     ))
 }
 
+/// Where a packed value starts (`minute_ms`) and how long it is (`span_ms`): a minute, or
+/// an hour that holds nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Span {
+    start: UnixMs,
+    len: i64,
+}
+
+impl Span {
+    fn minute(start: UnixMs) -> Span {
+        Span {
+            start,
+            len: MINUTE_MS,
+        }
+    }
+
+    /// The span of a packed value's row, checked: a minute on a minute boundary or an
+    /// hour on an hour boundary.
+    fn of<R: Get>(tier: Tier, id: i64, row: &R) -> Result<Span, StoreError> {
+        let span = Span {
+            start: row.get("minute_ms")?,
+            len: row.get("span_ms")?,
+        };
+        let aligned = match span.len {
+            MINUTE_MS => minute_of(span.start) == span.start,
+            HOUR_MS => hour_of(span.start) == span.start,
+            _ => false,
+        };
+        if !aligned {
+            return Err(StoreError::Unreadable(format!(
+                "{} of {id}: a value at {} spans {} ms",
+                tier.packed(),
+                span.start,
+                span.len
+            )));
+        }
+        Ok(span)
+    }
+
+    fn end(self) -> UnixMs {
+        self.start.saturating_add(self.len)
+    }
+
+    fn contains(self, t: UnixMs) -> bool {
+        (self.start..self.end()).contains(&t)
+    }
+}
+
 /// The host rows of a packed value.
-fn unpack_host(node: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<HostRow>, StoreError> {
-    let rows = packed::host::unpack(value).map_err(corrupt(Tier::Host, node, minute))?;
-    if rows.iter().any(|r| minute_of(r.time_ms) != minute) {
-        return Err(outside(Tier::Host, node, minute));
+fn unpack_host(node: i64, span: Span, value: &[u8]) -> Result<Vec<HostRow>, StoreError> {
+    let rows = packed::host::unpack(value).map_err(corrupt(Tier::Host, node, span.start))?;
+    if rows.iter().any(|r| !span.contains(r.time_ms)) {
+        return Err(outside(Tier::Host, node, span));
     }
     Ok(rows)
 }
 
 /// The process ticks of a packed value.
-fn unpack_process(gpu: i64, minute: UnixMs, value: &[u8]) -> Result<Vec<ProcessTick>, StoreError> {
-    let ticks = packed::process::unpack(value).map_err(corrupt(Tier::Process, gpu, minute))?;
-    if ticks.iter().any(|t| minute_of(t.ts_ms) != minute) {
-        return Err(outside(Tier::Process, gpu, minute));
+fn unpack_process(gpu: i64, span: Span, value: &[u8]) -> Result<Vec<ProcessTick>, StoreError> {
+    let ticks = packed::process::unpack(value).map_err(corrupt(Tier::Process, gpu, span.start))?;
+    if ticks.iter().any(|t| !span.contains(t.ts_ms)) {
+        return Err(outside(Tier::Process, gpu, span));
     }
     Ok(ticks)
 }
 
 /// The samples of a packed value (without their UUID).
-fn unpack_gpu(
-    gpu: i64,
-    minute: UnixMs,
-    value: &[u8],
-) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
-    let samples = packed::gpu::unpack(value).map_err(corrupt(Tier::Gpu, gpu, minute))?;
-    if samples.iter().any(|(t, _)| minute_of(*t) != minute) {
-        return Err(outside(Tier::Gpu, gpu, minute));
+fn unpack_gpu(gpu: i64, span: Span, value: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+    let samples = packed::gpu::unpack(value).map_err(corrupt(Tier::Gpu, gpu, span.start))?;
+    if samples.iter().any(|(t, _)| !span.contains(*t)) {
+        return Err(outside(Tier::Gpu, gpu, span));
     }
     Ok(samples)
 }
@@ -285,9 +350,9 @@ fn wanted_as(tier: Tier) -> Tier {
     }
 }
 
-/// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
-/// fall in, and takes the packing lock of every series they write: the first step of a
-/// write transaction. Returns the minutes reopened.
+/// Unpacks back into rows every packed value (a minute, or a whole hour) that `batches`
+/// (except the `skip`ped ones) fall in, and takes the packing lock of every series they
+/// write: the first step of a write transaction. Returns the values reopened.
 pub(crate) async fn reopen_minutes<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
@@ -329,6 +394,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     let mut process = Vec::new();
     let mut gpu = Vec::new();
     let mut reopened = Vec::new();
+    let mut split_minutes = 0;
     // Every tier in one statement: per series the span of minutes written.
     let spans: Vec<(Tier, i64, UnixMs, UnixMs)> = (wanted.iter())
         .filter_map(|((tier, id), m)| Some((*tier, *id, *m.first()?, *m.last()?)))
@@ -337,12 +403,19 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         .int("tier", spans.iter().map(|s| s.0 as i64))
         .int("id", spans.iter().map(|s| s.1))
         .int("from_ms", spans.iter().map(|s| s.2))
-        .int("to_ms", spans.iter().map(|s| s.3));
+        .int("to_ms", spans.iter().map(|s| s.3))
+        .int("from_hour", spans.iter().map(|s| hour_of(s.2)));
+    // Values that start in the span, and the hour-long value that starts before it and
+    // holds its first minute (a lookup by key, not a scan).
     let select = |tier: Tier| {
         format!(
-            "SELECT {t} AS tier, p.{id} AS id, p.minute_ms, p.packed FROM {v} \
+            "SELECT {t} AS tier, p.{id} AS id, p.minute_ms, p.span_ms, p.packed FROM {v} \
              JOIN {packed} p ON v.tier = {k} AND p.{id} = v.id \
-               AND p.minute_ms BETWEEN v.from_ms AND v.to_ms",
+               AND p.minute_ms BETWEEN v.from_ms AND v.to_ms \
+             UNION ALL SELECT {t} AS tier, p.{id} AS id, p.minute_ms, p.span_ms, p.packed \
+             FROM {v} JOIN {packed} p ON v.tier = {k} AND p.{id} = v.id \
+               AND p.minute_ms = v.from_hour AND p.minute_ms < v.from_ms \
+               AND p.span_ms > {MINUTE_MS}",
             t = tier as i64,
             k = wanted_as(tier) as i64,
             v = DB::DIALECT.over(&table, "v"),
@@ -366,80 +439,117 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
             t if t == Tier::Process as i64 => Tier::Process,
             _ => Tier::Gpu,
         };
-        let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
-        if !(wanted.get(&(wanted_as(tier), id))).is_some_and(|m| m.contains(&minute)) {
+        let id: i64 = row.get("id")?;
+        let span = Span::of(tier, id, row)?;
+        let Some(written) = wanted.get(&(wanted_as(tier), id)) else {
+            continue;
+        };
+        if written.range(span.start..span.end()).next().is_none() {
             continue;
         }
         let value: Vec<u8> = row.get("packed")?;
-        match tier {
-            Tier::Host => {
-                let rows = unpack_host(id, minute, &value)?;
-                host.extend(rows.into_iter().map(|r| (id, r)));
+        let mut unpack = |span: Span, value: &[u8]| -> Result<(), StoreError> {
+            match tier {
+                Tier::Host => {
+                    let rows = unpack_host(id, span, value)?;
+                    host.extend(rows.into_iter().map(|r| (id, r)));
+                }
+                Tier::Process => {
+                    let ticks = unpack_process(id, span, value)?;
+                    process.extend(ticks.into_iter().map(|t| (id, t)));
+                }
+                Tier::Gpu => {
+                    let samples = unpack_gpu(id, span, value)?;
+                    gpu.extend(samples.into_iter().map(|(t, s)| (id, t, s)));
+                }
             }
-            Tier::Process => {
-                let ticks = unpack_process(id, minute, &value)?;
-                process.extend(ticks.into_iter().map(|t| (id, t)));
-            }
-            Tier::Gpu => {
-                let samples = unpack_gpu(id, minute, &value)?;
-                gpu.extend(samples.into_iter().map(|(t, s)| (id, t, s)));
-            }
+            Ok(())
+        };
+        if span.len == MINUTE_MS {
+            unpack(span, &value)?;
+            reopened.push((tier, id, span.start));
+            continue;
         }
-        reopened.push((tier, id, minute));
+        // An hour-long value is split back into minute values and the written minutes
+        // are reopened, as if it had never been merged.
+        let split = regroup(tier, id, &[(span, value)], minute_of)?
+            .ok_or_else(|| corrupt(tier, id, span.start)(PackError::TooLarge("a minute")))?;
+        delete_value::<DB>(conn, tier, id, span.start).await?;
+        let (open, keep): (Vec<_>, Vec<_>) =
+            split.into_iter().partition(|(m, _)| written.contains(m));
+        for (minute, value) in &open {
+            unpack(Span::minute(*minute), value)?;
+        }
+        insert_values::<DB>(conn, tier, id, MINUTE_MS, &keep).await?;
+        split_minutes += open.len();
     }
-    if reopened.is_empty() {
+    if reopened.is_empty() && split_minutes == 0 {
         return Ok(0);
     }
     insert_unpacked::<DB>(conn, &host, &process, &gpu).await?;
     for (tier, id, minute) in &reopened {
-        sql::<DB>(
-            "delete a reopened packed minute",
-            format!(
-                "DELETE FROM {} WHERE {} = $1 AND minute_ms = $2",
-                tier.packed(),
-                tier.id()
-            ),
-        )
-        .bind(*id)
-        .bind(*minute)
-        .execute(&mut *conn)
-        .await?;
+        delete_value::<DB>(conn, *tier, *id, *minute).await?;
     }
-    Ok(reopened.len())
+    Ok(reopened.len() + split_minutes)
 }
 
-/// The packed values of series `id` of `tier` whose minutes overlap `range`, oldest first,
-/// a page at a time: `each` gets every page's (minute, value) and says how many of its
-/// rows were in the range; it stops once `limit` were (later minutes hold later rows).
+/// Deletes the packed value of series `id` of `tier` that starts at `start`.
+async fn delete_value<DB: Backend>(
+    conn: &mut DB::Connection,
+    tier: Tier,
+    id: i64,
+    start: UnixMs,
+) -> Result<u64, StoreError> {
+    sql::<DB>(
+        "delete a packed value",
+        format!(
+            "DELETE FROM {} WHERE {} = $1 AND minute_ms = $2",
+            tier.packed(),
+            tier.id()
+        ),
+    )
+    .bind(id)
+    .bind(start)
+    .execute(conn)
+    .await
+}
+
+/// The packed values of series `id` of `tier` that overlap `range`, oldest first, a page
+/// at a time: `each` gets every page's (span, value) and says how many of its rows were
+/// in the range; it stops once `limit` were (later values hold later rows).
 async fn packed_pages<DB: Backend>(
     conn: &mut DB::Connection,
     tier: Tier,
     id: i64,
     range: TimeRange,
     limit: usize,
-    mut each: impl FnMut(UnixMs, &[u8]) -> Result<usize, StoreError>,
+    mut each: impl FnMut(Span, &[u8]) -> Result<usize, StoreError>,
 ) -> Result<(), StoreError> {
-    let (mut next, mut seen) = (minute_of(range.from_ms), 0);
+    // Values do not overlap: the first page starts at the hour that may hold `from_ms`
+    // in an hour-long value, the next ones where the last value read ended.
+    let (mut lowest, mut next, mut seen) = (hour_of(range.from_ms), range.from_ms, 0);
     while seen < limit && next <= range.to_ms {
         let page = sql::<DB>(
             "read packed minutes",
             format!(
-                "SELECT minute_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
-                 AND minute_ms <= $3 ORDER BY minute_ms LIMIT $4",
+                "SELECT minute_ms, span_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
+                 AND minute_ms <= $3 AND minute_ms + span_ms > $5 ORDER BY minute_ms LIMIT $4",
                 tier.packed(),
                 tier.id()
             ),
         )
         .bind(id)
-        .bind(next)
+        .bind(lowest)
         .bind(range.to_ms)
         .bind(READ_PAGE)
+        .bind(next)
         .all(&mut *conn)
         .await?;
         for row in &page {
-            let minute: UnixMs = row.get("minute_ms")?;
-            seen += each(minute, &row.get::<Vec<u8>>("packed")?)?;
-            next = minute.saturating_add(MINUTE_MS);
+            let span = Span::of(tier, id, row)?;
+            seen += each(span, &row.get::<Vec<u8>>("packed")?)?;
+            next = span.end();
+            lowest = next;
         }
         if page.len() < READ_PAGE as usize {
             break;
@@ -476,9 +586,9 @@ pub(crate) async fn host_rows<DB: Backend>(
         let r = rows::host(row)?;
         merged.insert(r.time_ms, r);
     }
-    packed_pages::<DB>(conn, Tier::Host, node.0, range, limit, |minute, value| {
+    packed_pages::<DB>(conn, Tier::Host, node.0, range, limit, |span, value| {
         let mut n = 0;
-        for r in unpack_host(node.0, minute, value)? {
+        for r in unpack_host(node.0, span, value)? {
             if in_range(range, r.time_ms) {
                 n += 1;
                 merged.entry(r.time_ms).or_insert(r);
@@ -544,9 +654,9 @@ pub(crate) async fn gpu_rows<DB: Backend>(
     for row in &stored {
         merged.insert(row.get("ts_ms")?, rows::gpu_sample(row)?);
     }
-    packed_pages::<DB>(conn, Tier::Gpu, gpu.0, range, limit, |minute, value| {
+    packed_pages::<DB>(conn, Tier::Gpu, gpu.0, range, limit, |span, value| {
         let mut n = 0;
-        for (t, s) in unpack_gpu(gpu.0, minute, value)? {
+        for (t, s) in unpack_gpu(gpu.0, span, value)? {
             if in_range(range, t) {
                 n += 1;
                 merged.entry(t).or_insert(s);
@@ -560,7 +670,7 @@ pub(crate) async fn gpu_rows<DB: Backend>(
     Ok(out)
 }
 
-/// Whether any minute of `gpu`'s samples in `range` is packed.
+/// Whether any of `gpu`'s samples in `range` may be packed (a packed value overlaps it).
 pub(crate) async fn gpu_packed_in<DB: Backend>(
     conn: &mut DB::Connection,
     gpu: GpuId,
@@ -569,11 +679,13 @@ pub(crate) async fn gpu_packed_in<DB: Backend>(
     let found = sql::<DB>(
         "look for packed minutes of a GPU",
         "SELECT 1 AS found FROM packed_gpu_minutes \
-         WHERE gpu_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 LIMIT 1",
+         WHERE gpu_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 \
+           AND minute_ms + span_ms > $4 LIMIT 1",
     )
     .bind(gpu.0)
-    .bind(minute_of(range.from_ms))
+    .bind(hour_of(range.from_ms))
     .bind(range.to_ms)
+    .bind(range.from_ms)
     .all(conn)
     .await?;
     Ok(!found.is_empty())
@@ -587,21 +699,14 @@ pub(crate) async fn each_packed_gpu_sample<DB: Backend>(
     range: TimeRange,
     mut each: impl FnMut(UnixMs, &GpuSample),
 ) -> Result<(), StoreError> {
-    packed_pages::<DB>(
-        conn,
-        Tier::Gpu,
-        gpu.0,
-        range,
-        usize::MAX,
-        |minute, value| {
-            for (t, s) in unpack_gpu(gpu.0, minute, value)? {
-                if in_range(range, t) {
-                    each(t, &s);
-                }
+    packed_pages::<DB>(conn, Tier::Gpu, gpu.0, range, usize::MAX, |span, value| {
+        for (t, s) in unpack_gpu(gpu.0, span, value)? {
+            if in_range(range, t) {
+                each(t, &s);
             }
-            Ok(0) // counted as none: every page of the range is read
-        },
-    )
+        }
+        Ok(0) // counted as none: every page of the range is read
+    })
     .await
 }
 
@@ -620,18 +725,21 @@ pub(crate) async fn energy_gpu_samples<DB: Backend>(
         .int("from_ms", ranges.iter().map(|r| r.1))
         .int("to_ms", ranges.iter().map(|r| r.2))
         .int("first_minute", ranges.iter().map(|r| minute_of(r.1)))
+        .int("first_hour", ranges.iter().map(|r| hour_of(r.1)))
         .int("after_minute", ranges.iter().map(|r| minute_of(r.3)));
-    // The minutes the ranges overlap, and each range's newest minute wholly before it.
+    // The values the ranges overlap, and each range's newest value wholly before its
+    // first minute (no value but an hour-long one overlapping the range starts between).
     let found = sql::<DB>(
         "find packed GPU minutes for energy",
         format!(
-            "SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {v} \
-             JOIN packed_gpu_minutes p ON p.gpu_id = v.id \
-               AND p.minute_ms > v.from_ms - {MINUTE_MS} AND p.minute_ms < v.to_ms \
-             UNION ALL SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {v} \
+            "SELECT v.req, p.gpu_id, p.minute_ms, p.span_ms, p.packed FROM {v} \
+             JOIN packed_gpu_minutes p ON p.gpu_id = v.id AND p.minute_ms >= v.first_hour \
+               AND p.minute_ms + p.span_ms > v.from_ms AND p.minute_ms < v.to_ms \
+             UNION ALL SELECT v.req, p.gpu_id, p.minute_ms, p.span_ms, p.packed FROM {v} \
              JOIN packed_gpu_minutes p ON p.gpu_id = v.id AND p.minute_ms = ( \
                SELECT max(x.minute_ms) FROM packed_gpu_minutes x \
                WHERE x.gpu_id = v.id AND x.minute_ms < v.first_minute \
+                 AND x.minute_ms + x.span_ms <= v.first_minute \
                  AND x.minute_ms >= v.after_minute)",
             v = DB::DIALECT.over(&table, "v")
         ),
@@ -641,10 +749,11 @@ pub(crate) async fn energy_gpu_samples<DB: Backend>(
     .await?;
     for row in &found {
         let req = rows::request(row, ranges.len(), "packed energy read")?;
-        let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
+        let gpu: i64 = row.get("gpu_id")?;
+        let span = Span::of(Tier::Gpu, gpu, row)?;
         let (_, from, to, _) = ranges[req];
         let o = &mut out[req];
-        for (t, s) in unpack_gpu(gpu, minute, &row.get::<Vec<u8>>("packed")?)? {
+        for (t, s) in unpack_gpu(gpu, span, &row.get::<Vec<u8>>("packed")?)? {
             if (from..to).contains(&t) {
                 o.samples.push((t, s));
             } else if t < from && o.prev.as_ref().is_none_or(|p| p.0 < t) {
@@ -672,19 +781,20 @@ pub(crate) async fn next_packed_sample<DB: Backend>(
     gpu: GpuId,
     at_ms: UnixMs,
 ) -> Result<Option<UnixMs>, StoreError> {
-    // The minute holding `at_ms` may end before it; the next one does not.
+    // The value holding `at_ms` may hold no sample after it; the next one does.
     let found = sql::<DB>(
         "find the next packed GPU minutes",
-        "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
-         AND minute_ms >= $2 ORDER BY minute_ms LIMIT 2",
+        "SELECT minute_ms, span_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+         AND minute_ms >= $2 AND minute_ms + span_ms > $3 ORDER BY minute_ms LIMIT 2",
     )
     .bind(gpu.0)
-    .bind(minute_of(at_ms))
+    .bind(hour_of(at_ms))
+    .bind(at_ms)
     .all(conn)
     .await?;
     for row in &found {
-        let minute: UnixMs = row.get("minute_ms")?;
-        let samples = unpack_gpu(gpu.0, minute, &row.get::<Vec<u8>>("packed")?)?;
+        let span = Span::of(Tier::Gpu, gpu.0, row)?;
+        let samples = unpack_gpu(gpu.0, span, &row.get::<Vec<u8>>("packed")?)?;
         if let Some(t) = samples
             .iter()
             .map(|(t, _)| *t)
@@ -697,8 +807,8 @@ pub(crate) async fn next_packed_sample<DB: Backend>(
     Ok(None)
 }
 
-/// Of `wanted` (GPU, position), the indexes of the GPUs with a packed minute after their
-/// position.
+/// Of `wanted` (GPU, position), the indexes of the GPUs with a packed value that ends
+/// after the minute of their position.
 pub(crate) async fn packed_after<DB: Backend>(
     conn: &mut DB::Connection,
     wanted: &[(GpuId, UnixMs)],
@@ -706,12 +816,14 @@ pub(crate) async fn packed_after<DB: Backend>(
     let table = Table::default()
         .int("req", 0..wanted.len() as i64)
         .int("id", wanted.iter().map(|w| w.0.0))
-        .int("from_minute", wanted.iter().map(|w| minute_of(w.1)));
+        .int("from_minute", wanted.iter().map(|w| minute_of(w.1)))
+        .int("from_hour", wanted.iter().map(|w| hour_of(w.1)));
     let found = sql::<DB>(
         "look for packed minutes after remote-write positions",
         format!(
             "SELECT v.req FROM {} WHERE EXISTS (SELECT 1 FROM packed_gpu_minutes p \
-               WHERE p.gpu_id = v.id AND p.minute_ms >= v.from_minute)",
+               WHERE p.gpu_id = v.id AND p.minute_ms >= v.from_hour \
+                 AND p.minute_ms + p.span_ms > v.from_minute)",
             DB::DIALECT.over(&table, "v")
         ),
     )
@@ -739,7 +851,7 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
         let mut conn = store.conn().await?;
         let packed = sql::<DB>(
             "look for packed GPU minutes before the horizon",
-            "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+            "SELECT minute_ms, span_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
              AND minute_ms < $2 ORDER BY minute_ms DESC LIMIT 2",
         )
         .bind(gpu)
@@ -749,8 +861,9 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
         let alone = match packed.as_slice() {
             [] => return Ok((0, 0)),
             [one] => {
-                let minute: UnixMs = one.get("minute_ms")?;
-                unpack_gpu(gpu, minute, &one.get::<Vec<u8>>("packed")?)?.len() == 1
+                let span = Span::of(Tier::Gpu, gpu, one)?;
+                span.end() <= horizon
+                    && unpack_gpu(gpu, span, &one.get::<Vec<u8>>("packed")?)?.len() == 1
             }
             _ => false,
         };
@@ -770,9 +883,12 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
         .begin_write("begin expiring packed GPU minutes")
         .await?;
     lock::<DB>(tx.conn(), std::iter::once((Tier::Gpu, gpu))).await?;
+    // An hour-long value holding the horizon is split first: every value before the
+    // horizon then ends at or before it.
+    split_hour::<DB>(tx.conn(), Tier::Gpu, gpu, horizon).await?;
     let newest = sql::<DB>(
         "read the newest packed GPU minute before the horizon",
-        "SELECT minute_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
+        "SELECT minute_ms, span_ms, packed FROM packed_gpu_minutes WHERE gpu_id = $1 \
          AND minute_ms < $2 ORDER BY minute_ms DESC LIMIT 1",
     )
     .bind(gpu)
@@ -783,8 +899,9 @@ pub(crate) async fn expire_packed_gpu<DB: Backend>(
         tx.rollback().await?;
         return Ok((0, 0));
     };
-    let minute: UnixMs = newest.get("minute_ms")?;
-    let mut samples = unpack_gpu(gpu, minute, &newest.get::<Vec<u8>>("packed")?)?;
+    let span = Span::of(Tier::Gpu, gpu, &newest)?;
+    let minute = span.start;
+    let mut samples = unpack_gpu(gpu, span, &newest.get::<Vec<u8>>("packed")?)?;
     samples.sort_by_key(|(t, _)| *t);
     let row: Option<UnixMs> = sql::<DB>(
         "read the newest GPU row before the horizon",
@@ -846,17 +963,20 @@ pub(crate) async fn any_packed<DB: Backend>(
         "look for packed minutes of a node",
         "SELECT 1 AS found FROM packed_host_minutes \
            WHERE node_id = $1 AND minute_ms >= $2 AND minute_ms <= $3 \
+             AND minute_ms + span_ms > $4 \
          UNION ALL SELECT 1 AS found FROM packed_process_minutes p JOIN gpus g ON g.id = p.gpu_id \
            WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 \
+             AND p.minute_ms + p.span_ms > $4 \
          UNION ALL SELECT 1 AS found FROM packed_gpu_minutes p JOIN gpus g ON g.id = p.gpu_id \
            WHERE g.node_id = $1 AND p.minute_ms >= $2 AND p.minute_ms <= $3 \
+             AND p.minute_ms + p.span_ms > $4 \
          UNION ALL SELECT 1 AS found FROM packed_gpu_health_hours p JOIN gpus g ON g.id = p.gpu_id \
-           WHERE g.node_id = $1 AND p.hour_ms >= $4 AND p.hour_ms <= $3 LIMIT 1",
+           WHERE g.node_id = $1 AND p.hour_ms >= $2 AND p.hour_ms <= $3 LIMIT 1",
     )
     .bind(node.id.0)
-    .bind(minute_of(range.from_ms))
+    .bind(hour_of(range.from_ms))
     .bind(range.to_ms)
-    .bind(rollup_hours::hour_of(range.from_ms))
+    .bind(range.from_ms)
     .all(conn)
     .await?;
     Ok(!found.is_empty())
@@ -912,10 +1032,10 @@ pub(crate) async fn process_rows<DB: Backend>(
         merged.insert((row.get("ts_ms")?, p.pid), p);
     }
     let mut ticks = Vec::new();
-    packed_pages::<DB>(conn, Tier::Process, gpu.0, range, limit, |minute, value| {
+    packed_pages::<DB>(conn, Tier::Process, gpu.0, range, limit, |span, value| {
         let before = ticks.len();
         ticks.extend(
-            (unpack_process(gpu.0, minute, value)?.into_iter())
+            (unpack_process(gpu.0, span, value)?.into_iter())
                 .filter(|t| in_range(range, t.ts_ms))
                 .map(|t| (0, gpu.0, t)),
         );
@@ -965,13 +1085,14 @@ pub(crate) async fn energy_processes<DB: Backend>(
         .int("req", 0..ranges.len() as i64)
         .int("id", ranges.iter().map(|r| r.0.0))
         .int("from_ms", ranges.iter().map(|r| r.1))
+        .int("from_hour", ranges.iter().map(|r| hour_of(r.1)))
         .int("to_ms", ranges.iter().map(|r| r.2));
     let found = sql::<DB>(
         "find packed process minutes for energy",
         format!(
-            "SELECT v.req, p.gpu_id, p.minute_ms, p.packed FROM {} \
-             JOIN packed_process_minutes p ON p.gpu_id = v.id \
-               AND p.minute_ms > v.from_ms - {MINUTE_MS} AND p.minute_ms < v.to_ms",
+            "SELECT v.req, p.gpu_id, p.minute_ms, p.span_ms, p.packed FROM {} \
+             JOIN packed_process_minutes p ON p.gpu_id = v.id AND p.minute_ms >= v.from_hour \
+               AND p.minute_ms + p.span_ms > v.from_ms AND p.minute_ms < v.to_ms",
             DB::DIALECT.over(&table, "v")
         ),
     )
@@ -981,11 +1102,12 @@ pub(crate) async fn energy_processes<DB: Backend>(
     let mut ticks = Vec::new();
     for row in &found {
         let req = rows::request(row, ranges.len(), "packed energy read")?;
-        let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
+        let gpu: i64 = row.get("gpu_id")?;
+        let span = Span::of(Tier::Process, gpu, row)?;
         let (_, from, to) = ranges[req];
         let value: Vec<u8> = row.get("packed")?;
         ticks.extend(
-            (unpack_process(gpu, minute, &value)?.into_iter())
+            (unpack_process(gpu, span, &value)?.into_iter())
                 .filter(|t| (from..to).contains(&t.ts_ms))
                 .map(|t| (req, gpu, t)),
         );
@@ -1014,17 +1136,191 @@ pub(crate) async fn energy_processes<DB: Backend>(
     Ok(rows)
 }
 
-/// The packed values of `rows` (`minute_ms`, `packed`), unpacked, by minute.
+/// The minute values of `rows` (`minute_ms`, `span_ms`, `packed`), unpacked, by minute.
 fn decode_packed<R: Get, T>(
+    tier: Tier,
+    id: i64,
     rows: &[R],
-    unpack: impl Fn(UnixMs, &[u8]) -> Result<Vec<T>, StoreError>,
+    unpack: impl Fn(Span, &[u8]) -> Result<Vec<T>, StoreError>,
 ) -> Result<HashMap<UnixMs, Vec<T>>, StoreError> {
     let mut out = HashMap::new();
     for row in rows {
-        let minute: UnixMs = row.get("minute_ms")?;
-        out.insert(minute, unpack(minute, &row.get::<Vec<u8>>("packed")?)?);
+        let span = Span::of(tier, id, row)?;
+        if span.len == MINUTE_MS {
+            out.insert(span.start, unpack(span, &row.get::<Vec<u8>>("packed")?)?);
+        }
     }
     Ok(out)
+}
+
+/// A packed value to store: where it starts, and its bytes.
+type Value = (UnixMs, Vec<u8>);
+
+/// Rows (oldest first) packed into one value per key of `group` (the minute or the hour
+/// of their time), oldest first; `None` when one would be too large to pack.
+fn regroup_rows<T>(
+    tier: Tier,
+    id: i64,
+    rows: Vec<T>,
+    time: impl Fn(&T) -> UnixMs,
+    group: fn(UnixMs) -> UnixMs,
+    pack: fn(&[T]) -> Result<Vec<u8>, PackError>,
+) -> Result<Option<Vec<Value>>, StoreError> {
+    let mut groups: BTreeMap<UnixMs, Vec<T>> = BTreeMap::new();
+    for r in rows {
+        groups.entry(group(time(&r))).or_default().push(r);
+    }
+    let mut out = Vec::with_capacity(groups.len());
+    for (start, rows) in groups {
+        match pack(&rows) {
+            Ok(v) => out.push((start, v)),
+            Err(PackError::TooLarge(_)) => return Ok(None),
+            Err(e) => return Err(corrupt(tier, id, start)(e)),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// The rows of series `id`'s packed `values` of `tier` (oldest first, not overlapping),
+/// packed again into one value per minute (`group` = `minute_of`) or per hour
+/// (`hour_of`); `None` when one would be too large to pack.
+fn regroup(
+    tier: Tier,
+    id: i64,
+    values: &[(Span, Vec<u8>)],
+    group: fn(UnixMs) -> UnixMs,
+) -> Result<Option<Vec<Value>>, StoreError> {
+    match tier {
+        Tier::Host => {
+            let mut rows = Vec::new();
+            for (span, v) in values {
+                rows.extend(unpack_host(id, *span, v)?);
+            }
+            regroup_rows(tier, id, rows, |r| r.time_ms, group, packed::host::pack)
+        }
+        Tier::Process => {
+            let mut ticks = Vec::new();
+            for (span, v) in values {
+                ticks.extend(unpack_process(id, *span, v)?);
+            }
+            regroup_rows(tier, id, ticks, |t| t.ts_ms, group, packed::process::pack)
+        }
+        Tier::Gpu => {
+            let mut samples = Vec::new();
+            for (span, v) in values {
+                samples.extend(unpack_gpu(id, *span, v)?);
+            }
+            regroup_rows(tier, id, samples, |(t, _)| *t, group, packed::gpu::pack)
+        }
+    }
+}
+
+/// Inserts packed values of series `id` of `tier`, each `span_ms` long.
+async fn insert_values<DB: Backend>(
+    conn: &mut DB::Connection,
+    tier: Tier,
+    id: i64,
+    span_ms: i64,
+    values: &[Value],
+) -> Result<(), StoreError> {
+    for (start, value) in values {
+        sql::<DB>(
+            "store a packed value",
+            format!(
+                "INSERT INTO {} ({}, minute_ms, span_ms, packed) VALUES ($1, $2, $3, $4)",
+                tier.packed(),
+                tier.id()
+            ),
+        )
+        .bind(id)
+        .bind(*start)
+        .bind(span_ms)
+        .bind(value)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Splits series `id`'s hour-long value of `tier` that holds `at` after its start back
+/// into minute values, so that what is behind `at` goes by whole values; in a write
+/// transaction holding the series' lock. Returns whether there was one.
+async fn split_hour<DB: Backend>(
+    conn: &mut DB::Connection,
+    tier: Tier,
+    id: i64,
+    at: UnixMs,
+) -> Result<bool, StoreError> {
+    let row = sql::<DB>(
+        "read an hour-long packed value to split",
+        format!(
+            "SELECT minute_ms, span_ms, packed FROM {} WHERE {} = $1 AND minute_ms = $2 \
+             AND minute_ms < $3 AND span_ms > {MINUTE_MS}",
+            tier.packed(),
+            tier.id()
+        ),
+    )
+    .bind(id)
+    .bind(hour_of(at))
+    .bind(at)
+    .optional(&mut *conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let span = Span::of(tier, id, &row)?;
+    let minutes = regroup(tier, id, &[(span, row.get("packed")?)], minute_of)?
+        .ok_or_else(|| corrupt(tier, id, span.start)(PackError::TooLarge("a minute")))?;
+    delete_value::<DB>(conn, tier, id, span.start).await?;
+    insert_values::<DB>(conn, tier, id, MINUTE_MS, &minutes).await?;
+    Ok(true)
+}
+
+/// Before retention deletes packed values behind a series' raw `horizon` by their start:
+/// splits the hour-long values that hold the horizon after their start (a node's host
+/// rows; a GPU's process ticks and samples) back into minutes. Returns the values split.
+pub(crate) async fn split_at_horizon<DB: Backend>(
+    store: &SqlStore<DB>,
+    kind: RollupKind,
+    id: i64,
+    horizon: UnixMs,
+) -> Result<usize, StoreError> {
+    let tiers: &[Tier] = match kind {
+        RollupKind::Host => &[Tier::Host],
+        RollupKind::Gpu => &[Tier::Process, Tier::Gpu],
+    };
+    if hour_of(horizon) == horizon {
+        return Ok(0);
+    }
+    // Most runs find none: looked for before a write transaction is taken.
+    let mut any = false;
+    for tier in tiers {
+        let found = sql::<DB>(
+            "look for an hour-long packed value at the horizon",
+            format!(
+                "SELECT 1 AS found FROM {} WHERE {} = $1 AND minute_ms = $2 \
+                 AND span_ms > {MINUTE_MS}",
+                tier.packed(),
+                tier.id()
+            ),
+        )
+        .bind(id)
+        .bind(hour_of(horizon))
+        .all(&mut *store.conn().await?)
+        .await?;
+        any |= !found.is_empty();
+    }
+    if !any {
+        return Ok(0);
+    }
+    let mut tx = store.begin_write("begin splitting packed hours").await?;
+    lock::<DB>(tx.conn(), tiers.iter().map(|t| (*t, id))).await?;
+    let mut split = 0;
+    for tier in tiers {
+        split += usize::from(split_hour::<DB>(tx.conn(), *tier, id, horizon).await?);
+    }
+    tx.commit("commit split packed hours").await?;
+    Ok(split)
 }
 
 /// Packs the minutes of `rows` (by `time`) that `qualifies` admits (minute, rows), each
@@ -1126,8 +1422,129 @@ impl<DB: Backend> SqlStore<DB> {
             }
             out.add(&tier_out);
         }
+        out.add(&self.merge_hours(before_ms, budget).await?);
         out.partitions_dropped = DB::drop_emptied_raw(self, minute_of(before_ms)).await?;
         Ok(out)
+    }
+
+    /// Merges the closed hours of every series' packed minutes into one value an hour
+    /// long, oldest first, at most about `budget` minutes per tier: an hour that ends at
+    /// or before `before_ms`, starts at or after the series' raw horizon (retention splits
+    /// the hour holding it) and holds at least two minute values and no row of the tier
+    /// (its minutes are all packed; a write into it unpacks it whole).
+    async fn merge_hours(
+        &self,
+        before_ms: UnixMs,
+        budget: usize,
+    ) -> Result<PackOutcome, StoreError> {
+        let mut out = PackOutcome::default();
+        for tier in [Tier::Host, Tier::Process, Tier::Gpu] {
+            // The minute values only (a partial index holds them), with the series' horizon.
+            let found = sql::<DB>(
+                "list the packed minutes of closed hours",
+                format!(
+                    "SELECT p.{id} AS id, p.minute_ms, h.raw_from_ms FROM {packed} p \
+                     LEFT JOIN raw_horizon h ON h.kind = '{kind}' AND h.id = p.{id} \
+                     WHERE p.span_ms = {MINUTE_MS} AND p.minute_ms < $1 \
+                     ORDER BY p.{id}, p.minute_ms",
+                    id = tier.id(),
+                    packed = tier.packed(),
+                    kind = tier.kind().as_str(),
+                ),
+            )
+            .bind(hour_of(before_ms))
+            .all(&mut *self.conn().await?)
+            .await?;
+            let mut hours: BTreeMap<(i64, UnixMs), usize> = BTreeMap::new();
+            for row in &found {
+                let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
+                let horizon: Option<UnixMs> = row.get("raw_from_ms")?;
+                if horizon.is_none_or(|h| hour_of(minute) >= h) {
+                    *hours.entry((id, hour_of(minute))).or_default() += 1;
+                }
+            }
+            let mut merged = 0;
+            for ((id, hour), n) in hours {
+                if n < 2 || merged >= budget {
+                    continue;
+                }
+                let hour_out = self.merge_hour(tier, id, hour).await.map(Some);
+                if let Some(m) = skip_unreadable(hour_out, tier.packed(), id)? {
+                    merged += m;
+                    out.transactions += 1;
+                    out.hours += usize::from(m > 0);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One transaction of [`SqlStore::merge_hours`]: merges the minute values of series
+    /// `id`'s `hour` of `tier` into one, once checked under the series' lock. Returns the
+    /// minute values merged (0: the hour does not qualify any more).
+    async fn merge_hour(&self, tier: Tier, id: i64, hour: UnixMs) -> Result<usize, StoreError> {
+        let end = hour.saturating_add(HOUR_MS);
+        let mut tx = self.begin_write("begin merging a packed hour").await?;
+        lock::<DB>(tx.conn(), std::iter::once((tier, id))).await?;
+        let horizon: Option<UnixMs> = sql::<DB>(
+            "read a raw horizon",
+            "SELECT raw_from_ms FROM raw_horizon WHERE kind = $1 AND id = $2",
+        )
+        .bind(tier.kind().as_str())
+        .bind(id)
+        .optional(tx.conn())
+        .await?
+        .map(|row| row.get("raw_from_ms"))
+        .transpose()?;
+        let in_hour = |op, text: String| sql::<DB>(op, text).bind(id).bind(hour).bind(end);
+        let (rows, packed, key) = (tier.rows(), tier.packed(), tier.id());
+        let rows = in_hour(
+            "look for rows in a packed hour",
+            format!("SELECT 1 AS found FROM {rows} WHERE {key} = $1 AND ts_ms >= $2 AND ts_ms < $3 LIMIT 1"),
+        )
+        .all(tx.conn())
+        .await?;
+        let values = in_hour(
+            "read the packed minutes of an hour",
+            format!(
+                "SELECT minute_ms, span_ms, packed FROM {packed} WHERE {key} = $1 \
+                 AND minute_ms >= $2 AND minute_ms < $3 ORDER BY minute_ms"
+            ),
+        )
+        .all(tx.conn())
+        .await?;
+        let mut minutes = Vec::with_capacity(values.len());
+        for row in &values {
+            minutes.push((Span::of(tier, id, row)?, row.get::<Vec<u8>>("packed")?));
+        }
+        let qualifies = horizon.is_none_or(|h| hour >= h)
+            && rows.is_empty()
+            && minutes.len() >= 2
+            && minutes.iter().all(|(span, _)| span.len == MINUTE_MS);
+        let value = match qualifies {
+            true => regroup(tier, id, &minutes, hour_of)?,
+            false => None,
+        };
+        let Some(merged @ [_]) = value.as_deref() else {
+            tx.rollback().await?;
+            return Ok(0);
+        };
+        let deleted = in_hour(
+            "delete the merged packed minutes",
+            format!("DELETE FROM {packed} WHERE {key} = $1 AND minute_ms >= $2 AND minute_ms < $3"),
+        )
+        .execute(tx.conn())
+        .await?;
+        if deleted != minutes.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "{}: {deleted} values of {id} in hour {hour} deleted, {} merged",
+                tier.packed(),
+                minutes.len()
+            )));
+        }
+        insert_values::<DB>(tx.conn(), tier, id, HOUR_MS, merged).await?;
+        tx.commit("commit a merged packed hour").await?;
+        Ok(minutes.len())
     }
 
     /// One transaction of [`SqlStore::pack_minutes`]: packs what qualifies of the series'
@@ -1233,17 +1650,33 @@ impl<DB: Backend> SqlStore<DB> {
         )
         .all(tx.conn())
         .await?;
-        let earlier = read(
+        let earlier = sql::<DB>(
             "read packed minutes to merge",
             format!(
-                "SELECT minute_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
-                 AND minute_ms < $3",
+                "SELECT minute_ms, span_ms, packed FROM {} WHERE {} = $1 AND minute_ms >= $2 \
+                 AND minute_ms < $3 AND (minute_ms >= $4 OR span_ms > {MINUTE_MS})",
                 tier.packed(),
                 tier.id()
             ),
         )
+        .bind(id)
+        .bind(hour_of(start))
+        .bind(end)
+        .bind(start)
         .all(tx.conn())
         .await?;
+        // A write into an hour-long value unpacks it whole, so its hour holds no rows;
+        // were it to, they stay rows rather than make a minute's value in its place.
+        let mut hours = Vec::new();
+        for row in &earlier {
+            let span = Span::of(tier, id, row)?;
+            if span.len != MINUTE_MS {
+                hours.push(span);
+            }
+        }
+        let qualifies = |minute: UnixMs, rows: usize| {
+            !hours.iter().any(|h| h.contains(minute)) && qualifies(minute, rows)
+        };
         // Only a minute that agrees with what was computed from it: one with late rows is
         // recomputed first.
         let values = match tier {
@@ -1251,7 +1684,7 @@ impl<DB: Backend> SqlStore<DB> {
                 tier,
                 id,
                 stored.iter().map(rows::host).collect::<Result<_, _>>()?,
-                decode_packed(&earlier, |m, v| unpack_host(id, m, v))?,
+                decode_packed(tier, id, &earlier, |m, v| unpack_host(id, m, v))?,
                 |r| r.time_ms,
                 |r| r.time_ms,
                 packed::host::pack,
@@ -1261,7 +1694,7 @@ impl<DB: Backend> SqlStore<DB> {
                 tier,
                 id,
                 stored.iter().map(process_tick).collect::<Result<_, _>>()?,
-                decode_packed(&earlier, |m, v| unpack_process(id, m, v))?,
+                decode_packed(tier, id, &earlier, |m, v| unpack_process(id, m, v))?,
                 |t| (t.ts_ms, t.pid),
                 |t| t.ts_ms,
                 packed::process::pack,
@@ -1273,7 +1706,7 @@ impl<DB: Backend> SqlStore<DB> {
                 (stored.iter())
                     .map(|row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
                     .collect::<Result<_, StoreError>>()?,
-                decode_packed(&earlier, |m, v| unpack_gpu(id, m, v))?,
+                decode_packed(tier, id, &earlier, |m, v| unpack_gpu(id, m, v))?,
                 |(t, _)| *t,
                 |(t, _)| *t,
                 packed::gpu::pack,

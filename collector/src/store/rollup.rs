@@ -544,6 +544,14 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(k, h)| (k.kind, k.id, h))
             .collect();
         for (kind, id_value, horizon) in horizons {
+            // Packed values go by their start below: an hour-long one holding the horizon
+            // is split into minutes first.
+            let split = super::packing::split_at_horizon(self, kind, id_value, horizon)
+                .await
+                .map(Some);
+            if let Some(n) = skip_unreadable(split, "packed hours", id_value)? {
+                out.transactions += usize::from(n > 0);
+            }
             match kind {
                 RollupKind::Gpu => {
                     // Keep the newest sample before the horizon: the first interval of the
@@ -566,8 +574,8 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("gpu_id", id_value));
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
-                    // The horizon is a minute boundary: a packed minute is wholly behind it
-                    // or not at all.
+                    // The horizon is a minute boundary, and no hour-long value holds it (split
+                    // above): a packed value is wholly behind it or not at all.
                     self.delete_before(
                         "packed_process_minutes",
                         "minute_ms",
@@ -585,8 +593,8 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("node_id", id_value));
                     self.delete_before("host_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
-                    // The horizon is a minute boundary: a packed minute is wholly behind it
-                    // or not at all.
+                    // The horizon is a minute boundary, and no hour-long value holds it (split
+                    // above): a packed value is wholly behind it or not at all.
                     self.delete_before("packed_host_minutes", "minute_ms", id, horizon, batch, out)
                         .await?;
                 }

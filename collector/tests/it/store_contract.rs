@@ -1538,6 +1538,17 @@ mod contract {
         out + &format!("{:?}", h.expect("host rollups"))
     }
 
+    /// A seeded xorshift generator: random test data that is the same on every run.
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut state = seed;
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        }
+    }
+
     /// A tick of GPU-r whose host metrics and sampler cost are each present or absent at
     /// random, with random values (`next`: a seeded generator).
     fn random_host_tick(t: UnixMs, next: &mut impl FnMut() -> u64) -> Tick {
@@ -1579,13 +1590,7 @@ mod contract {
     pub async fn host_rows_are_packed_read_back_and_reopened_by_writes(store: Arc<dyn Store>) {
         const HOUR: i64 = 3_600_000;
         let rec = register(&store, "node-p", vec![gpu_info_sparse("GPU-r", 0)]).await;
-        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
         // Five minutes at 1 Hz, then one tick an hour later (its minute stays open).
         let mut ticks: Vec<Tick> = (0..300)
             .map(|k| random_host_tick(T0 + k * 1000, &mut next))
@@ -1978,13 +1983,7 @@ mod contract {
         )
         .await;
         let gpus = ["GPU-a", "GPU-b"];
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d_u64);
         let mut ticks = batch(1, T0, 300, &gpus).ticks;
         for t in &mut ticks {
             randomize_gpu_sample(&mut t.gpus[0], true, &mut next);
@@ -2062,6 +2061,264 @@ mod contract {
         assert_eq!(accounted(&store, &rec).await, totals_late, "energy kept");
         let again = r
             .expire(T0 + 7 * 86_400_000 + 3 * MIN)
+            .await
+            .expect("expire");
+        assert_eq!(again.total(), 0, "{again:?}");
+    }
+
+    /// Windows across hour ends, for [`closed_hours_are_merged_split_and_read_back`].
+    fn hour_windows() -> [TimeRange; 4] {
+        const HOUR: i64 = 3_600_000;
+        [
+            ALL_TIME,
+            TimeRange {
+                from_ms: T0 + HOUR - 20_500,
+                to_ms: T0 + HOUR + 44_999,
+            },
+            TimeRange {
+                from_ms: T0 + 30 * MIN + 1,
+                to_ms: T0 + 2 * HOUR + 7 * MIN,
+            },
+            TimeRange {
+                from_ms: T0 + 2 * HOUR + 59 * MIN,
+                to_ms: T0 + 5 * HOUR,
+            },
+        ]
+    }
+
+    /// Every raw reader of `rec` over [`hour_windows`]: GPU and process samples (with
+    /// limits), series, energy inputs, next samples, remote-write reads and node ticks.
+    async fn hour_reads(store: &Arc<dyn Store>, rec: &NodeRecord) -> Vec<String> {
+        const HOUR: i64 = 3_600_000;
+        let mut out = Vec::new();
+        for g in &rec.gpus {
+            let id = g.id;
+            let mut line = String::new();
+            for w in hour_windows() {
+                for limit in [100_000, 7, 250] {
+                    line += &format!(
+                        "{:?}\n{:?}\n",
+                        store.gpu_samples(id, w, limit).await.expect("s"),
+                        store.process_samples(id, w, limit).await.expect("p"),
+                    );
+                }
+                for step in [None, Some(7_000), Some(600_000)] {
+                    let s = store
+                        .gpu_series(id, GpuMetric::PowerMw, w, step, 10_000)
+                        .await;
+                    line += &format!("{step:?} {:?}\n", s.expect("series"));
+                }
+            }
+            for (from, to) in [
+                (T0, T0 + 5 * HOUR),
+                (T0 + HOUR - 7_500, T0 + HOUR + 61_000),
+                (T0 + HOUR + 95_000, T0 + HOUR + 200_000),
+                (T0 + 2 * HOUR, T0 + 2 * HOUR + 1),
+            ] {
+                let e = store.energy_inputs(id, from, to).await.expect("energy");
+                line += &format!("{e:?}\n");
+            }
+            for at in [
+                T0 - 5,
+                T0 + HOUR - 1,
+                T0 + HOUR,
+                T0 + HOUR + 1,
+                T0 + 3 * HOUR - 14_000,
+                T0 + 3 * HOUR,
+            ] {
+                let next = store.next_sample_ms(id, at).await.expect("next");
+                line += &format!("{at} {next:?}\n");
+            }
+            out.push(line);
+        }
+        let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+        for wanted in [
+            [(a, T0 + HOUR - 1), (b, T0 + 2 * HOUR + 30_000)],
+            [(a, T0 + 3 * HOUR), (b, T0 - 1)],
+        ] {
+            for (per_gpu, total) in [(50, 80), (10_000, 100_000)] {
+                let after = store.gpu_samples_after(&wanted, per_gpu, total).await;
+                out.push(format!("{:?}", after.expect("after")));
+            }
+        }
+        // Not cut by a limit: on PostgreSQL, with nothing packed, the follower's row-only
+        // read answers, which keeps the newest ticks, where the merged read keeps the oldest.
+        for w in hour_windows() {
+            let ticks = store.node_ticks(rec, w, 100_000).await.expect("ticks");
+            out.push(format!("{ticks:?}"));
+        }
+        out
+    }
+
+    fn assert_reads_equal(before: &[String], after: &[String], what: &str) {
+        assert_eq!(before.len(), after.len());
+        for (b, a) in before.iter().zip(after) {
+            assert!(
+                a == b,
+                "{what}: read back differs:\n{}\n---\n{}",
+                &b[..b.len().min(2000)],
+                &a[..a.len().min(2000)]
+            );
+        }
+    }
+
+    /// Closed hours of packed minutes are merged into one value an hour long, and every
+    /// reader answers as from the minutes, across hour ends. A late sample splits its
+    /// hours back into minutes and reopens only its own minute; the hours are merged
+    /// again once the minute is packed. Retention splits the hour holding the horizon and
+    /// keeps every sample after it (and each GPU's newest before it); energy stays exact.
+    pub async fn closed_hours_are_merged_split_and_read_back(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = register(
+            &store,
+            "node-h",
+            vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
+        )
+        .await;
+        let gpus = ["GPU-a", "GPU-b"];
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
+        // Three hours at 15 s (no processes at some ticks; none for the first 90 s of hour
+        // 1), the newest tick an hour later.
+        let mut ticks: Vec<Tick> = (0..720u32)
+            .filter(|k| !(240..=246).contains(k))
+            .map(|k| {
+                let mut t = common::tick(T0 + i64::from(k) * 15_000, &gpus, k);
+                randomize_gpu_sample(&mut t.gpus[0], true, &mut next);
+                randomize_gpu_sample(&mut t.gpus[1], false, &mut next);
+                if k % 13 == 5 {
+                    t.processes.clear();
+                }
+                t
+            })
+            .collect();
+        ticks.push(common::tick(T0 + 4 * HOUR, &gpus, 1));
+        write(&store, &rec, 1, ticks).await;
+        let now = T0 + 5 * HOUR;
+        let energy = EnergyOptions::default();
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        let before = hour_reads(&store, &rec).await;
+        let totals = accounted(&store, &rec).await;
+
+        // 180 minutes of the node's host rows and of each GPU's process ticks and samples.
+        let out = r.pack(now).await.expect("pack");
+        assert_eq!((out.minutes, out.hours), (5 * 180 - 5, 5 * 3), "{out:?}");
+        assert_reads_equal(&before, &hour_reads(&store, &rec).await, "merged");
+        assert_eq!(accounted(&store, &rec).await, totals);
+        energy_recomputes_unchanged(&store, &rec, &energy, &totals).await;
+        let again = r.pack(now).await.expect("pack");
+        assert_eq!((again.minutes, again.hours), (0, 0), "{again:?}");
+
+        // A late sample of GPU-a in hour 1 splits its hours (the GPU's samples and process
+        // ticks, the node's host rows) and reopens minute 70 only.
+        let late_ms = T0 + HOUR + 10 * MIN + 7_500;
+        let late = common::tick(late_ms, &["GPU-a"], 9);
+        write(&store, &rec, 2, vec![late.clone()]).await;
+        let a = rec.gpus[0].id;
+        let s = store.gpu_samples(a, ALL_TIME, 100_000).await.expect("s");
+        assert_eq!(s.len(), 722 - 7);
+        assert!(s.iter().any(|(t, _)| *t == late_ms));
+        let late_reads = hour_reads(&store, &rec).await;
+        let p = r.pack(now).await.expect("pack");
+        assert_eq!(
+            (p.minutes, p.hours),
+            (0, 0),
+            "waits for recomputation: {p:?}"
+        );
+        acc.mark(a, late_ms);
+        acc.pass().await.expect("account");
+        let p = r.pack(now).await.expect("pack");
+        assert_eq!(
+            (p.minutes, p.hours),
+            (1, 1),
+            "the process minute and its hour: {p:?}"
+        );
+        r.mark(RollupKey::gpu(a), late_ms);
+        r.mark(RollupKey::host(rec.id), late_ms);
+        r.pass().await.expect("roll up");
+        let p = r.pack(now).await.expect("pack");
+        assert_eq!(
+            (p.minutes, p.hours),
+            (2, 2),
+            "host and GPU minutes and hours: {p:?}"
+        );
+        assert_reads_equal(&late_reads, &hour_reads(&store, &rec).await, "merged again");
+        let totals_late = accounted(&store, &rec).await;
+        assert_ne!(totals_late, totals);
+        energy_recomputes_unchanged(&store, &rec, &energy, &totals_late).await;
+
+        // Retention 90 minutes past a week: the horizon is in hour 1.
+        let horizon = T0 + HOUR + 30 * MIN;
+        let behind = TimeRange {
+            from_ms: 0,
+            to_ms: horizon - 1,
+        };
+        let ahead = TimeRange {
+            from_ms: horizon,
+            to_ms: UnixMs::MAX,
+        };
+        let mut kept = Vec::new();
+        for g in &rec.gpus {
+            kept.push(format!(
+                "{:?}\n{:?}",
+                store.gpu_samples(g.id, ahead, 100_000).await.expect("s"),
+                store
+                    .process_samples(g.id, ahead, 100_000)
+                    .await
+                    .expect("p"),
+            ));
+        }
+        kept.push(format!(
+            "{:?}",
+            store.node_ticks(&rec, ahead, 100_000).await
+        ));
+        let out = r
+            .expire(T0 + 7 * 86_400_000 + HOUR + 30 * MIN)
+            .await
+            .expect("expire");
+        // Per GPU hour 0, and of hour 1 (split) minutes 61 to 88; minute 89 holds the newest
+        // sample before the horizon, alone.
+        assert_eq!(out.deleted.get("packed_gpu_minutes"), Some(&58), "{out:?}");
+        let mut kept_now = Vec::new();
+        for g in &rec.gpus {
+            kept_now.push(format!(
+                "{:?}\n{:?}",
+                store.gpu_samples(g.id, ahead, 100_000).await.expect("s"),
+                store
+                    .process_samples(g.id, ahead, 100_000)
+                    .await
+                    .expect("p"),
+            ));
+            let early = store.gpu_samples(g.id, behind, 10).await.expect("s");
+            let times: Vec<UnixMs> = early.iter().map(|(t, _)| *t).collect();
+            assert_eq!(
+                times,
+                vec![horizon - 15_000],
+                "the newest before the horizon"
+            );
+            let p = store.process_samples(g.id, behind, 10).await.expect("p");
+            assert_eq!(p, vec![]);
+        }
+        kept_now.push(format!(
+            "{:?}",
+            store.node_ticks(&rec, ahead, 100_000).await
+        ));
+        assert_reads_equal(&kept, &kept_now, "after the horizon");
+        let early = store.node_ticks(&rec, behind, 100).await.expect("ticks");
+        assert!(
+            early
+                .iter()
+                .all(|t| t.host.is_none() && t.processes.is_empty()),
+            "{early:?}"
+        );
+        assert_eq!(accounted(&store, &rec).await, totals_late, "energy kept");
+        // What is left of the horizon's hour stays minutes; nothing more to expire.
+        let p = r.pack(now).await.expect("pack");
+        assert_eq!((p.minutes, p.hours), (0, 0), "{p:?}");
+        let again = r
+            .expire(T0 + 7 * 86_400_000 + HOUR + 30 * MIN)
             .await
             .expect("expire");
         assert_eq!(again.total(), 0, "{again:?}");
@@ -3429,6 +3686,7 @@ macro_rules! contract_tests {
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
                 gpu_samples_are_packed_and_every_reader_agrees,
+                closed_hours_are_merged_split_and_read_back,
                 health_hours_are_packed_read_back_and_expired,
                 health_retention_finds_the_newest_reading_across_a_gap,
                 carbon_cache_and_minute_prices,
