@@ -6,9 +6,10 @@
 --   60000    a minute's value (minute_ms on a minute boundary);
 --   3600000  an hour's value (minute_ms on an hour boundary; the hour holds nothing else).
 --
--- A write into an hour-long value unpacks the whole hour back into rows; retention splits
--- the hour that holds the raw horizon back into minute values. Readers find the values
--- that overlap a range by start and span. Values written before this are minutes.
+-- A write into an hour-long value splits it back into minute values (and reopens the
+-- minutes it writes); retention splits the one that holds the raw horizon. Readers find
+-- the values that overlap a range by start and span. Values written before this are
+-- minutes.
 ALTER TABLE packed_host_minutes ADD COLUMN span_ms INTEGER NOT NULL DEFAULT 60000;
 ALTER TABLE packed_process_minutes ADD COLUMN span_ms INTEGER NOT NULL DEFAULT 60000;
 ALTER TABLE packed_gpu_minutes ADD COLUMN span_ms INTEGER NOT NULL DEFAULT 60000;

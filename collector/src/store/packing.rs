@@ -52,7 +52,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Most minutes one packing transaction spans: bounded work while the writers wait.
 const SPAN_MINUTES: i64 = 60;
-/// Packed minutes read per query while collecting a range.
+/// Packed values read per query while collecting a range: the first page is small (a
+/// value may be an hour long), later ones larger, up to the largest.
+const FIRST_PAGE: i64 = 2;
 const READ_PAGE: i64 = 64;
 
 /// What a packing call did.
@@ -350,9 +352,10 @@ fn wanted_as(tier: Tier) -> Tier {
     }
 }
 
-/// Unpacks back into rows every packed value (a minute, or a whole hour) that `batches`
-/// (except the `skip`ped ones) fall in, and takes the packing lock of every series they
-/// write: the first step of a write transaction. Returns the values reopened.
+/// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
+/// fall in, an hour-long value split back into minute values first, and takes the packing
+/// lock of every series they write: the first step of a write transaction. Returns the
+/// minutes reopened.
 pub(crate) async fn reopen_minutes<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
@@ -528,6 +531,7 @@ async fn packed_pages<DB: Backend>(
     // Values do not overlap: the first page starts at the hour that may hold `from_ms`
     // in an hour-long value, the next ones where the last value read ended.
     let (mut lowest, mut next, mut seen) = (hour_of(range.from_ms), range.from_ms, 0);
+    let mut page_len = FIRST_PAGE;
     while seen < limit && next <= range.to_ms {
         let page = sql::<DB>(
             "read packed minutes",
@@ -541,19 +545,23 @@ async fn packed_pages<DB: Backend>(
         .bind(id)
         .bind(lowest)
         .bind(range.to_ms)
-        .bind(READ_PAGE)
+        .bind(page_len)
         .bind(next)
         .all(&mut *conn)
         .await?;
         for row in &page {
+            if seen >= limit {
+                return Ok(());
+            }
             let span = Span::of(tier, id, row)?;
             seen += each(span, &row.get::<Vec<u8>>("packed")?)?;
             next = span.end();
             lowest = next;
         }
-        if page.len() < READ_PAGE as usize {
+        if page.len() < page_len as usize {
             break;
         }
+        page_len = (page_len * 4).min(READ_PAGE);
     }
     Ok(())
 }
@@ -1431,7 +1439,7 @@ impl<DB: Backend> SqlStore<DB> {
     /// long, oldest first, at most about `budget` minutes per tier: an hour that ends at
     /// or before `before_ms`, starts at or after the series' raw horizon (retention splits
     /// the hour holding it) and holds at least two minute values and no row of the tier
-    /// (its minutes are all packed; a write into it unpacks it whole).
+    /// (its minutes are all packed; a write into it splits it back into minutes).
     async fn merge_hours(
         &self,
         before_ms: UnixMs,
@@ -1439,38 +1447,40 @@ impl<DB: Backend> SqlStore<DB> {
     ) -> Result<PackOutcome, StoreError> {
         let mut out = PackOutcome::default();
         for tier in [Tier::Host, Tier::Process, Tier::Gpu] {
-            // The minute values only (a partial index holds them), with the series' horizon.
+            // The hours of minute values only (a partial index holds those), at or after
+            // the series' horizon, oldest first.
             let found = sql::<DB>(
-                "list the packed minutes of closed hours",
+                "list the closed hours of packed minutes",
                 format!(
-                    "SELECT p.{id} AS id, p.minute_ms, h.raw_from_ms FROM {packed} p \
+                    "SELECT p.{id} AS id, p.minute_ms - p.minute_ms % {HOUR_MS} AS hour, \
+                       count(*) AS n FROM {packed} p \
                      LEFT JOIN raw_horizon h ON h.kind = '{kind}' AND h.id = p.{id} \
                      WHERE p.span_ms = {MINUTE_MS} AND p.minute_ms < $1 \
-                     ORDER BY p.{id}, p.minute_ms",
+                       AND (h.raw_from_ms IS NULL \
+                         OR p.minute_ms - p.minute_ms % {HOUR_MS} >= h.raw_from_ms) \
+                     GROUP BY p.{id}, p.minute_ms - p.minute_ms % {HOUR_MS} \
+                     HAVING count(*) >= 2 ORDER BY hour, id LIMIT $2",
                     id = tier.id(),
                     packed = tier.packed(),
                     kind = tier.kind().as_str(),
                 ),
             )
             .bind(hour_of(before_ms))
+            .bind(i64::try_from(budget).unwrap_or(i64::MAX))
             .all(&mut *self.conn().await?)
             .await?;
-            let mut hours: BTreeMap<(i64, UnixMs), usize> = BTreeMap::new();
+            // Every hour tried counts against the budget, merged or not (one that cannot
+            // be merged yet is tried again on a later pass).
+            let mut tried = 0;
             for row in &found {
-                let (id, minute): (i64, UnixMs) = (row.get("id")?, row.get("minute_ms")?);
-                let horizon: Option<UnixMs> = row.get("raw_from_ms")?;
-                if horizon.is_none_or(|h| hour_of(minute) >= h) {
-                    *hours.entry((id, hour_of(minute))).or_default() += 1;
+                let (id, hour, n): (i64, UnixMs, i64) =
+                    (row.get("id")?, row.get("hour")?, row.get("n")?);
+                if tried >= budget {
+                    break;
                 }
-            }
-            let mut merged = 0;
-            for ((id, hour), n) in hours {
-                if n < 2 || merged >= budget {
-                    continue;
-                }
+                tried += usize::try_from(n).unwrap_or(usize::MAX);
                 let hour_out = self.merge_hour(tier, id, hour).await.map(Some);
                 if let Some(m) = skip_unreadable(hour_out, tier.packed(), id)? {
-                    merged += m;
                     out.transactions += 1;
                     out.hours += usize::from(m > 0);
                 }
@@ -1665,8 +1675,9 @@ impl<DB: Backend> SqlStore<DB> {
         .bind(start)
         .all(tx.conn())
         .await?;
-        // A write into an hour-long value unpacks it whole, so its hour holds no rows;
-        // were it to, they stay rows rather than make a minute's value in its place.
+        // A write into an hour-long value splits it back into minutes first, so its hour
+        // holds no rows; were it to, they stay rows rather than make a minute's value in
+        // its place.
         let mut hours = Vec::new();
         for row in &earlier {
             let span = Span::of(tier, id, row)?;

@@ -282,6 +282,10 @@ pub trait RollupStore: Send + Sync + std::fmt::Debug {
     ) -> Result<RetentionOutcome, StoreError>;
 }
 
+/// Packed raw values go only when they end at or before the horizon (`$1`): the one that
+/// holds it is split first, or (merged meanwhile by another collector) kept whole.
+const PACKED_WHOLLY_BEHIND: &str = "minute_ms + span_ms <= $1";
+
 impl<DB: Backend> SqlStore<DB> {
     /// `(bucket start, weighted averages)` of some columns of one series: rows and packed
     /// hours, in one read snapshot.
@@ -421,6 +425,23 @@ impl<DB: Backend> SqlStore<DB> {
         batch: usize,
         out: &mut RetentionOutcome,
     ) -> Result<(), StoreError> {
+        self.delete_before_where(table, time_col, "", id, before, batch, out)
+            .await
+    }
+
+    /// [`Self::delete_before`] of the rows that also meet `also` (SQL after `AND`, with
+    /// `$1` the cutoff; empty: none more).
+    #[allow(clippy::too_many_arguments)]
+    async fn delete_before_where(
+        &self,
+        table: &'static str,
+        time_col: &str,
+        also: &str,
+        id: Option<(&str, i64)>,
+        before: UnixMs,
+        batch: usize,
+        out: &mut RetentionOutcome,
+    ) -> Result<(), StoreError> {
         // A series' rollup rows go under its rollup lock: the packer moves them under it,
         // and must find them all where it read them (PostgreSQL).
         let lock = id.and_then(|(_, v)| rollup_series(table, v));
@@ -428,10 +449,15 @@ impl<DB: Backend> SqlStore<DB> {
             Some((col, v)) => (format!("{col} = $3 AND"), v),
             None => ("CAST($3 AS BIGINT) IS NOT NULL AND".to_owned(), 0),
         };
+        let also = if also.is_empty() {
+            String::new()
+        } else {
+            format!(" AND {also}")
+        };
         let text = format!(
             "DELETE FROM {table} WHERE {filter} {time_col} < $1 AND {time_col} <= coalesce(( \
                SELECT {time_col} FROM {table} WHERE {filter} {time_col} < $1 \
-               ORDER BY {time_col} LIMIT 1 OFFSET $2), $1)"
+               ORDER BY {time_col} LIMIT 1 OFFSET $2), $1){also}"
         );
         let offset = i64::try_from(batch.max(1) - 1).unwrap_or(i64::MAX);
         loop {
@@ -544,8 +570,9 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(k, h)| (k.kind, k.id, h))
             .collect();
         for (kind, id_value, horizon) in horizons {
-            // Packed values go by their start below: an hour-long one holding the horizon
-            // is split into minutes first.
+            // Packed values go whole: an hour-long one holding the horizon is split into
+            // minutes first. One merged by another collector meanwhile (it read the horizon
+            // before it was raised) is left whole, and split on the next pass.
             let split = super::packing::split_at_horizon(self, kind, id_value, horizon)
                 .await
                 .map(Some);
@@ -574,11 +601,10 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("gpu_id", id_value));
                     self.delete_before("process_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
-                    // The horizon is a minute boundary, and no hour-long value holds it (split
-                    // above): a packed value is wholly behind it or not at all.
-                    self.delete_before(
+                    self.delete_before_where(
                         "packed_process_minutes",
                         "minute_ms",
+                        PACKED_WHOLLY_BEHIND,
                         id,
                         horizon,
                         batch,
@@ -593,10 +619,16 @@ impl<DB: Backend> SqlStore<DB> {
                     let id = Some(("node_id", id_value));
                     self.delete_before("host_samples", "ts_ms", id, horizon, batch, out)
                         .await?;
-                    // The horizon is a minute boundary, and no hour-long value holds it (split
-                    // above): a packed value is wholly behind it or not at all.
-                    self.delete_before("packed_host_minutes", "minute_ms", id, horizon, batch, out)
-                        .await?;
+                    self.delete_before_where(
+                        "packed_host_minutes",
+                        "minute_ms",
+                        PACKED_WHOLLY_BEHIND,
+                        id,
+                        horizon,
+                        batch,
+                        out,
+                    )
+                    .await?;
                 }
             }
         }

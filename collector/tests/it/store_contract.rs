@@ -2162,23 +2162,19 @@ mod contract {
         }
     }
 
-    /// Closed hours of packed minutes are merged into one value an hour long, and every
-    /// reader answers as from the minutes, across hour ends. A late sample splits its
-    /// hours back into minutes and reopens only its own minute; the hours are merged
-    /// again once the minute is packed. Retention splits the hour holding the horizon and
-    /// keeps every sample after it (and each GPU's newest before it); energy stays exact.
-    pub async fn closed_hours_are_merged_split_and_read_back(store: Arc<dyn Store>) {
+    /// Registers `node` with GPU-a (every field) and GPU-b (sparse) and writes three hours
+    /// at 15 s of random samples, processes (none at some ticks) and host rows, none for
+    /// the first 90 s of hour 1; the newest tick an hour later.
+    pub async fn three_hours(store: &Arc<dyn Store>, node: &str) -> NodeRecord {
         const HOUR: i64 = 3_600_000;
         let rec = register(
-            &store,
-            "node-h",
+            store,
+            node,
             vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
         )
         .await;
         let gpus = ["GPU-a", "GPU-b"];
         let mut next = xorshift(0x9e37_79b9_7f4a_7c15_u64);
-        // Three hours at 15 s (no processes at some ticks; none for the first 90 s of hour
-        // 1), the newest tick an hour later.
         let mut ticks: Vec<Tick> = (0..720u32)
             .filter(|k| !(240..=246).contains(k))
             .map(|k| {
@@ -2192,7 +2188,18 @@ mod contract {
             })
             .collect();
         ticks.push(common::tick(T0 + 4 * HOUR, &gpus, 1));
-        write(&store, &rec, 1, ticks).await;
+        write(store, &rec, 1, ticks).await;
+        rec
+    }
+
+    /// Closed hours of packed minutes are merged into one value an hour long, and every
+    /// reader answers as from the minutes, across hour ends. A late sample splits its
+    /// hours back into minutes and reopens only its own minute; the hours are merged
+    /// again once the minute is packed. Retention splits the hour holding the horizon and
+    /// keeps every sample after it (and each GPU's newest before it); energy stays exact.
+    pub async fn closed_hours_are_merged_split_and_read_back(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let rec = three_hours(&store, "node-h").await;
         let now = T0 + 5 * HOUR;
         let energy = EnergyOptions::default();
         let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
@@ -3865,6 +3872,80 @@ async fn a_corrupt_packed_hour_stops_only_its_own_series() {
         .filter(|m| m.minute_ms >= cutoff)
         .collect();
     assert_eq!(kept, want);
+    store.close().await;
+}
+
+/// Retention whose horizon falls inside an hour-long packed value that cannot be split
+/// (here unreadable; on PostgreSQL also one another collector merged after the split was
+/// looked for) leaves that value whole: nothing at or after the horizon goes early, and
+/// every other series is expired as usual.
+#[tokio::test]
+async fn an_hour_holding_the_horizon_goes_only_once_split() {
+    const HOUR: i64 = 3_600_000;
+    let (dir, store) = sqlite_store().await;
+    let rec = contract::three_hours(&store, "node-x").await;
+    let (a, b) = (rec.gpus[0].id, rec.gpus[1].id);
+    let now = T0 + 5 * HOUR;
+    let mut acc = Accountant::new(
+        store.clone(),
+        EnergyOptions::default(),
+        contract::clock_at(now),
+    );
+    acc.pass().await.expect("account");
+    let mut r = contract::rollups(&store, now);
+    r.pass().await.expect("roll up");
+    assert_eq!(r.pack(now).await.expect("pack").hours, 5 * 3);
+
+    let db = dir.path().join("test.db");
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("connect");
+    let hit = sqlx::query(
+        "UPDATE packed_process_minutes SET packed = x'0102' \
+         WHERE gpu_id = ? AND minute_ms = ? AND span_ms = 3600000",
+    )
+    .bind(a.0)
+    .bind(T0 + HOUR)
+    .execute(&pool)
+    .await
+    .expect("corrupt")
+    .rows_affected();
+    assert_eq!(hit, 1, "GPU-a's process hour 1");
+    let horizon = T0 + HOUR + 30 * 60_000;
+    let ahead = TimeRange {
+        from_ms: horizon,
+        to_ms: UnixMs::MAX,
+    };
+    let b_ahead = store.process_samples(b, ahead, 100_000).await.expect("b");
+
+    r.expire(T0 + 7 * 86_400_000 + HOUR + 30 * 60_000)
+        .await
+        .expect("retention goes on past GPU-a's hour");
+    let left: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT minute_ms, span_ms FROM packed_process_minutes WHERE gpu_id = ? \
+         ORDER BY minute_ms",
+    )
+    .bind(a.0)
+    .fetch_all(&pool)
+    .await
+    .expect("read");
+    assert_eq!(left, vec![(T0 + HOUR, HOUR), (T0 + 2 * HOUR, HOUR)]);
+    let b_left: Vec<(i64,)> =
+        sqlx::query_as("SELECT min(minute_ms) FROM packed_process_minutes WHERE gpu_id = ?")
+            .bind(b.0)
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+    assert_eq!(
+        b_left,
+        vec![(horizon,)],
+        "GPU-b's hour 1 split, expired to the horizon"
+    );
+    assert_eq!(
+        store.process_samples(b, ahead, 100_000).await.expect("b"),
+        b_ahead
+    );
+    pool.close().await;
     store.close().await;
 }
 
