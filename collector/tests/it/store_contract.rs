@@ -2150,6 +2150,19 @@ mod contract {
         out
     }
 
+    /// `rec`'s GPU and process samples and node ticks in `range`, whole.
+    async fn raw_reads(store: &Arc<dyn Store>, rec: &NodeRecord, range: TimeRange) -> Vec<String> {
+        let mut out = Vec::new();
+        for g in &rec.gpus {
+            let s = store.gpu_samples(g.id, range, 100_000).await.expect("s");
+            let p = store.process_samples(g.id, range, 100_000).await;
+            out.push(format!("{s:?}\n{:?}", p.expect("p")));
+        }
+        let ticks = store.node_ticks(rec, range, 100_000).await.expect("ticks");
+        out.push(format!("{ticks:?}"));
+        out
+    }
+
     fn assert_reads_equal(before: &[String], after: &[String], what: &str) {
         assert_eq!(before.len(), after.len());
         for (b, a) in before.iter().zip(after) {
@@ -2266,21 +2279,7 @@ mod contract {
             from_ms: horizon,
             to_ms: UnixMs::MAX,
         };
-        let mut kept = Vec::new();
-        for g in &rec.gpus {
-            kept.push(format!(
-                "{:?}\n{:?}",
-                store.gpu_samples(g.id, ahead, 100_000).await.expect("s"),
-                store
-                    .process_samples(g.id, ahead, 100_000)
-                    .await
-                    .expect("p"),
-            ));
-        }
-        kept.push(format!(
-            "{:?}",
-            store.node_ticks(&rec, ahead, 100_000).await
-        ));
+        let kept = raw_reads(&store, &rec, ahead).await;
         let out = r
             .expire(T0 + 7 * 86_400_000 + HOUR + 30 * MIN)
             .await
@@ -2288,16 +2287,7 @@ mod contract {
         // Per GPU hour 0, and of hour 1 (split) minutes 61 to 88; minute 89 holds the newest
         // sample before the horizon, alone.
         assert_eq!(out.deleted.get("packed_gpu_minutes"), Some(&58), "{out:?}");
-        let mut kept_now = Vec::new();
         for g in &rec.gpus {
-            kept_now.push(format!(
-                "{:?}\n{:?}",
-                store.gpu_samples(g.id, ahead, 100_000).await.expect("s"),
-                store
-                    .process_samples(g.id, ahead, 100_000)
-                    .await
-                    .expect("p"),
-            ));
             let early = store.gpu_samples(g.id, behind, 10).await.expect("s");
             let times: Vec<UnixMs> = early.iter().map(|(t, _)| *t).collect();
             assert_eq!(
@@ -2308,10 +2298,7 @@ mod contract {
             let p = store.process_samples(g.id, behind, 10).await.expect("p");
             assert_eq!(p, vec![]);
         }
-        kept_now.push(format!(
-            "{:?}",
-            store.node_ticks(&rec, ahead, 100_000).await
-        ));
+        let kept_now = raw_reads(&store, &rec, ahead).await;
         assert_reads_equal(&kept, &kept_now, "after the horizon");
         let early = store.node_ticks(&rec, behind, 100).await.expect("ticks");
         assert!(
