@@ -1164,19 +1164,24 @@ fn decode_packed<R: Get, T>(
 /// A packed value to store: where it starts, and its bytes.
 type Value = (UnixMs, Vec<u8>);
 
-/// Rows (oldest first) packed into one value per key of `group` (the minute or the hour
-/// of their time), oldest first; `None` when one would be too large to pack.
+/// The rows of series `id`'s packed `values` (oldest first, not overlapping; read with
+/// `unpack`), packed again into one value per key of `group` (the minute or the hour of
+/// their `time`), oldest first; `None` when one would be too large to pack.
+#[allow(clippy::too_many_arguments)]
 fn regroup_rows<T>(
     tier: Tier,
     id: i64,
-    rows: Vec<T>,
+    values: &[(Span, Vec<u8>)],
+    unpack: impl Fn(Span, &[u8]) -> Result<Vec<T>, StoreError>,
     time: impl Fn(&T) -> UnixMs,
     group: fn(UnixMs) -> UnixMs,
     pack: fn(&[T]) -> Result<Vec<u8>, PackError>,
 ) -> Result<Option<Vec<Value>>, StoreError> {
     let mut groups: BTreeMap<UnixMs, Vec<T>> = BTreeMap::new();
-    for r in rows {
-        groups.entry(group(time(&r))).or_default().push(r);
+    for (span, v) in values {
+        for r in unpack(*span, v)? {
+            groups.entry(group(time(&r))).or_default().push(r);
+        }
     }
     let mut out = Vec::with_capacity(groups.len());
     for (start, rows) in groups {
@@ -1189,36 +1194,27 @@ fn regroup_rows<T>(
     Ok(Some(out))
 }
 
-/// The rows of series `id`'s packed `values` of `tier` (oldest first, not overlapping),
-/// packed again into one value per minute (`group` = `minute_of`) or per hour
-/// (`hour_of`); `None` when one would be too large to pack.
+/// [`regroup_rows`] of `tier`: into one value per minute (`group` = `minute_of`) or per
+/// hour (`hour_of`).
 fn regroup(
     tier: Tier,
     id: i64,
     values: &[(Span, Vec<u8>)],
     group: fn(UnixMs) -> UnixMs,
 ) -> Result<Option<Vec<Value>>, StoreError> {
+    let (v, g) = (values, group);
     match tier {
         Tier::Host => {
-            let mut rows = Vec::new();
-            for (span, v) in values {
-                rows.extend(unpack_host(id, *span, v)?);
-            }
-            regroup_rows(tier, id, rows, |r| r.time_ms, group, packed::host::pack)
+            let unpack = |s, b: &[u8]| unpack_host(id, s, b);
+            regroup_rows(tier, id, v, unpack, |r| r.time_ms, g, packed::host::pack)
         }
         Tier::Process => {
-            let mut ticks = Vec::new();
-            for (span, v) in values {
-                ticks.extend(unpack_process(id, *span, v)?);
-            }
-            regroup_rows(tier, id, ticks, |t| t.ts_ms, group, packed::process::pack)
+            let unpack = |s, b: &[u8]| unpack_process(id, s, b);
+            regroup_rows(tier, id, v, unpack, |t| t.ts_ms, g, packed::process::pack)
         }
         Tier::Gpu => {
-            let mut samples = Vec::new();
-            for (span, v) in values {
-                samples.extend(unpack_gpu(id, *span, v)?);
-            }
-            regroup_rows(tier, id, samples, |(t, _)| *t, group, packed::gpu::pack)
+            let unpack = |s, b: &[u8]| unpack_gpu(id, s, b);
+            regroup_rows(tier, id, v, unpack, |(t, _)| *t, g, packed::gpu::pack)
         }
     }
 }
@@ -1284,49 +1280,43 @@ async fn split_hour<DB: Backend>(
     Ok(true)
 }
 
-/// Before retention deletes packed values behind a series' raw `horizon` by their start:
-/// splits the hour-long values that hold the horizon after their start (a node's host
-/// rows; a GPU's process ticks and samples) back into minutes. Returns the values split.
+/// Before retention deletes packed values behind a series' raw `horizon`: splits the
+/// hour-long value that holds the horizon after its start back into minutes, for a node's
+/// host rows or a GPU's process ticks (a GPU's samples are split by [`expire_packed_gpu`],
+/// which keeps the newest before the horizon). Returns whether there was one.
 pub(crate) async fn split_at_horizon<DB: Backend>(
     store: &SqlStore<DB>,
     kind: RollupKind,
     id: i64,
     horizon: UnixMs,
-) -> Result<usize, StoreError> {
-    let tiers: &[Tier] = match kind {
-        RollupKind::Host => &[Tier::Host],
-        RollupKind::Gpu => &[Tier::Process, Tier::Gpu],
+) -> Result<bool, StoreError> {
+    let tier = match kind {
+        RollupKind::Host => Tier::Host,
+        RollupKind::Gpu => Tier::Process,
     };
     if hour_of(horizon) == horizon {
-        return Ok(0);
+        return Ok(false);
     }
     // Most runs find none: looked for before a write transaction is taken.
-    let mut any = false;
-    for tier in tiers {
-        let found = sql::<DB>(
-            "look for an hour-long packed value at the horizon",
-            format!(
-                "SELECT 1 AS found FROM {} WHERE {} = $1 AND minute_ms = $2 \
-                 AND span_ms > {MINUTE_MS}",
-                tier.packed(),
-                tier.id()
-            ),
-        )
-        .bind(id)
-        .bind(hour_of(horizon))
-        .all(&mut *store.conn().await?)
-        .await?;
-        any |= !found.is_empty();
-    }
-    if !any {
-        return Ok(0);
+    let found = sql::<DB>(
+        "look for an hour-long packed value at the horizon",
+        format!(
+            "SELECT 1 AS found FROM {} WHERE {} = $1 AND minute_ms = $2 \
+             AND span_ms > {MINUTE_MS}",
+            tier.packed(),
+            tier.id()
+        ),
+    )
+    .bind(id)
+    .bind(hour_of(horizon))
+    .all(&mut *store.conn().await?)
+    .await?;
+    if found.is_empty() {
+        return Ok(false);
     }
     let mut tx = store.begin_write("begin splitting packed hours").await?;
-    lock::<DB>(tx.conn(), tiers.iter().map(|t| (*t, id))).await?;
-    let mut split = 0;
-    for tier in tiers {
-        split += usize::from(split_hour::<DB>(tx.conn(), *tier, id, horizon).await?);
-    }
+    lock::<DB>(tx.conn(), std::iter::once((tier, id))).await?;
+    let split = split_hour::<DB>(tx.conn(), tier, id, horizon).await?;
     tx.commit("commit split packed hours").await?;
     Ok(split)
 }

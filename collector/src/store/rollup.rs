@@ -570,14 +570,19 @@ impl<DB: Backend> SqlStore<DB> {
             .map(|(k, h)| (k.kind, k.id, h))
             .collect();
         for (kind, id_value, horizon) in horizons {
-            // Packed values go whole: an hour-long one holding the horizon is split into
-            // minutes first. One merged by another collector meanwhile (it read the horizon
-            // before it was raised) is left whole, and split on the next pass.
+            // Packed values go whole: an hour-long host or process value holding the horizon
+            // is split into minutes first (a GPU's samples: in `expire_packed_gpu`). One
+            // merged by another collector meanwhile (it read the horizon before it was
+            // raised) is left whole, and split on the next pass.
             let split = super::packing::split_at_horizon(self, kind, id_value, horizon)
                 .await
                 .map(Some);
-            if let Some(n) = skip_unreadable(split, "packed hours", id_value)? {
-                out.transactions += usize::from(n > 0);
+            let table = match kind {
+                RollupKind::Gpu => "packed_process_minutes",
+                RollupKind::Host => "packed_host_minutes",
+            };
+            if let Some(split) = skip_unreadable(split, table, id_value)? {
+                out.transactions += usize::from(split);
             }
             match kind {
                 RollupKind::Gpu => {
