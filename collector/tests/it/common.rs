@@ -75,6 +75,15 @@ impl PgSchema {
 impl Drop for PgSchema {
     fn drop(&mut self) {
         let (url, name) = (self.base_url.clone(), self.name.clone());
+        // A test that panicked may leave a pooled connection inside a transaction whose
+        // rollback would run on the runtime this drop is blocking: the DROP would wait for
+        // its locks for ever. Give up after a while then (the schema stays, the test has
+        // failed anyway) instead of hanging the run.
+        let limit = if std::thread::panicking() {
+            "SET lock_timeout = '5s'; "
+        } else {
+            ""
+        };
         // Drop runs inside the test's runtime: do the async work on a thread of its own.
         let dropped = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -84,7 +93,7 @@ impl Drop for PgSchema {
             rt.block_on(async {
                 let mut conn = pg_connect(&url).await;
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "DROP SCHEMA IF EXISTS {name} CASCADE"
+                    "{limit}DROP SCHEMA IF EXISTS {name} CASCADE"
                 )))
                 .execute(&mut conn)
                 .await
