@@ -13,7 +13,8 @@
 //! one batch per write. `fleet-hour`: 125 nodes × 8 GPUs for one hour, 10 ticks per batch,
 //! one batch of every node per write. SQLite: a temporary file, checkpointed and vacuumed,
 //! then its size and `dbstat` per table. PostgreSQL (`GPUFLEET_TEST_PG_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/test`): a schema of its own (dropped afterwards),
+//! `postgres://postgres@127.0.0.1:5432/test`): a schema of its own (dropped afterwards
+//! unless `KEEP=1`, which keeps it to look into and prints its name),
 //! `pg_total_relation_size` of every table in it (heap, indexes, TOAST), partitions counted
 //! under their parent. Knobs (environment): `DAYS` (7, `week`), `NODES` (125) and `GPUS`
 //! (8, `fleet-hour`), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
@@ -138,9 +139,13 @@ async fn main() -> Result<()> {
                 anyhow::Ok(())
             }
             .await;
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
-                .execute(&mut admin)
-                .await?;
+            if knob("KEEP", 0) == 1 {
+                println!("kept: schema {schema}");
+            } else {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                    .execute(&mut admin)
+                    .await?;
+            }
             result?;
         }
         _ => bail!("unknown backend {backend:?}: sqlite or postgres"),

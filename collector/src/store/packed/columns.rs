@@ -11,6 +11,12 @@
 //!   masks), or, when the values step evenly (timestamps at a steady interval, a
 //!   constant), [`Transform::Linear`] (the first value and the step).
 //!   Differences wrap in 64 bits, so every `u64` survives exactly.
+//! - a long column (an hour of a metric) may instead be [`Transform::Pco`]: the values
+//!   compressed by pcodec (which finds deltas, common factors and distributions itself),
+//!   written as their length and pco's standalone bytes. It is taken when it is shorter
+//!   than the best varint transform after deflate, as the payload will be deflated: noisy
+//!   columns (power, PCIe and memory readings, energy counters) come out 10 to 20 %
+//!   smaller, while deflate keeps the repetitive ones.
 
 use super::PackError;
 
@@ -21,7 +27,13 @@ enum Transform {
     DeltaOfDelta = 1,
     Xor = 2,
     Linear = 3,
+    Pco = 4,
 }
+
+/// Columns shorter than this are not tried with pco: its header and tables outweigh what
+/// it saves on a minute of values. An hour of samples 15 s apart (240) is tried; the
+/// merged hours are where the bytes are.
+const PCO_MIN_VALUES: usize = 128;
 
 /// Most values a reader decodes from one packed value, all columns together: a minute of
 /// a GPU's samples 1 ms apart, every field and 18 links each, is below it. A corrupt
@@ -60,7 +72,7 @@ fn transformed(values: &[u64], t: Transform, out: &mut Vec<u8>) {
                 prev_delta = if i == 0 { 0 } else { delta };
                 w
             }
-            Transform::Xor | Transform::Linear => v ^ prev,
+            Transform::Xor | Transform::Linear | Transform::Pco => v ^ prev,
         };
         put_varint(out, word);
         prev = v;
@@ -86,7 +98,35 @@ pub fn put_values(out: &mut Vec<u8>, values: &[u64]) {
             best = Some(buf);
         }
     }
-    out.extend_from_slice(&best.unwrap_or_default());
+    let best = best.unwrap_or_default();
+    if values.len() >= PCO_MIN_VALUES
+        && let Some(pco) = pco_column(values)
+        && pco.len() < deflated_len(&best)
+    {
+        out.extend_from_slice(&pco);
+        return;
+    }
+    out.extend_from_slice(&best);
+}
+
+/// `values` as a [`Transform::Pco`] column: the transform byte, the length, pco's bytes.
+fn pco_column(values: &[u64]) -> Option<Vec<u8>> {
+    let bytes = pco::standalone::simple_compress(values, &pco::ChunkConfig::default()).ok()?;
+    let mut out = vec![Transform::Pco as u8];
+    put_varint(&mut out, bytes.len() as u64);
+    out.extend_from_slice(&bytes);
+    Some(out)
+}
+
+/// About what `bytes` adds to a deflated payload.
+fn deflated_len(bytes: &[u8]) -> usize {
+    use flate2::{Compression, write::DeflateEncoder};
+    use std::io::Write;
+    let mut enc = DeflateEncoder::new(Vec::new(), Compression::default());
+    match enc.write_all(bytes).and_then(|()| enc.finish()) {
+        Ok(out) => out.len(),
+        Err(_) => bytes.len(),
+    }
 }
 
 /// Writes an optional column: its presence, then its present values.
@@ -192,6 +232,18 @@ impl<'a> Reader<'a> {
                     .map(|i| first.wrapping_add(step.wrapping_mul(i)))
                     .collect());
             }
+            4 => {
+                // Allocates at most the budget just spent: pco's own count is not trusted.
+                let len = self.count(self.bytes.len())?;
+                let bytes = self.take(len)?;
+                let mut out = vec![0u64; n];
+                let progress = pco::standalone::simple_decompress_into(bytes, &mut out)
+                    .map_err(|_| PackError::Corrupt("a pco column that does not decode"))?;
+                if progress.n_processed != n || !progress.finished {
+                    return Err(PackError::Corrupt("a pco column of another length"));
+                }
+                return Ok(out);
+            }
             _ => return Err(PackError::Corrupt("unknown column transform")),
         };
         if n > self.bytes.len() {
@@ -208,7 +260,7 @@ impl<'a> Reader<'a> {
                     prev_delta = if i == 0 { 0 } else { delta };
                     prev.wrapping_add(delta)
                 }
-                Transform::Xor | Transform::Linear => prev ^ word,
+                Transform::Xor | Transform::Linear | Transform::Pco => prev ^ word,
             };
             out.push(v);
             prev = v;
@@ -278,6 +330,29 @@ mod tests {
         }
 
         #[test]
+        fn long_columns_survive_whichever_transform_wins(
+            level in any::<u64>(),
+            noise in proptest::collection::vec(any::<u64>(), PCO_MIN_VALUES..2000),
+            bits in 0u32..64,
+            absent in proptest::collection::vec(any::<bool>(), 0..40),
+        ) {
+            // A level with noise of `bits` bits, some values absent.
+            let values: Vec<Option<u64>> = noise
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    let v = level.wrapping_add(n.checked_shr(64 - bits).unwrap_or(0));
+                    (!absent.get(i % 97).copied().unwrap_or(false)).then_some(v)
+                })
+                .collect();
+            let mut out = Vec::new();
+            put_column(&mut out, values.iter().copied());
+            let mut r = Reader::new(&out);
+            prop_assert_eq!(r.column(values.len()).expect("decodes"), values);
+            prop_assert!(r.is_empty());
+        }
+
+        #[test]
         fn varints_and_zigzag_are_exact(v in any::<u64>()) {
             let mut out = Vec::new();
             put_varint(&mut out, v);
@@ -310,6 +385,76 @@ mod tests {
             Reader::new(&out).values(60).expect("decodes"),
             [300_000; 60]
         );
+    }
+
+    /// An hour of a noisy power reading in mW around 300 W, from a fixed seed.
+    fn noisy_hour() -> Vec<u64> {
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        (0..3600)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                300_000 + x % 20_000
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pco_takes_long_noisy_columns_and_deflate_keeps_repetitive_ones() {
+        let noisy = noisy_hour();
+        let mut out = Vec::new();
+        put_values(&mut out, &noisy);
+        assert_eq!(out[0], Transform::Pco as u8);
+        let mut best = Vec::new();
+        for t in TRANSFORMS {
+            let mut buf = vec![t as u8];
+            transformed(&noisy, t, &mut buf);
+            best = if best.is_empty() || buf.len() < best.len() {
+                buf
+            } else {
+                best
+            };
+        }
+        assert!(
+            out.len() * 100 < deflated_len(&best) * 90,
+            "pco {} bytes, varints deflated {}",
+            out.len(),
+            deflated_len(&best)
+        );
+        assert_eq!(Reader::new(&out).values(3600).expect("decodes"), noisy);
+        // A temperature that steps now and then: varints, which deflate shrinks.
+        let steps: Vec<u64> = (0..3600).map(|i| 40 + (i / 600) % 3).collect();
+        let mut out = Vec::new();
+        put_values(&mut out, &steps);
+        assert_ne!(out[0], Transform::Pco as u8);
+        assert_eq!(Reader::new(&out).values(3600).expect("decodes"), steps);
+        // A minute is not tried.
+        let mut out = Vec::new();
+        put_values(&mut out, &noisy[..60]);
+        assert_ne!(out[0], Transform::Pco as u8);
+    }
+
+    #[test]
+    fn corrupt_pco_columns_are_errors_not_panics() {
+        let noisy = noisy_hour();
+        let mut out = Vec::new();
+        put_values(&mut out, &noisy);
+        assert_eq!(out[0], Transform::Pco as u8);
+        // Another count than was written, either way.
+        assert!(Reader::new(&out).values(3599).is_err());
+        assert!(Reader::new(&out).values(3601).is_err());
+        // Cut short, and a length beyond the bytes.
+        assert!(Reader::new(&out[..out.len() - 1]).values(3600).is_err());
+        assert!(Reader::new(&[4, 0x7f, 1, 2]).values(3).is_err());
+        // Every byte flipped in turn: an error or other values, never a panic.
+        for i in 1..out.len() {
+            for mask in [0x01, 0x80, 0xff] {
+                let mut bad = out.clone();
+                bad[i] ^= mask;
+                let _ = Reader::new(&bad).values(3600);
+            }
+        }
     }
 
     #[test]
