@@ -79,10 +79,11 @@ impl Drop for PgSchema {
         // rollback would run on the runtime this drop is blocking: the DROP would wait for
         // its locks for ever. Give up after a while then (the schema stays, the test has
         // failed anyway) instead of hanging the run.
+        // A passing test that left a transaction open fails here, loudly, too.
         let limit = if std::thread::panicking() {
             "SET lock_timeout = '5s'; "
         } else {
-            ""
+            "SET lock_timeout = '60s'; "
         };
         // Drop runs inside the test's runtime: do the async work on a thread of its own.
         let dropped = std::thread::spawn(move || {

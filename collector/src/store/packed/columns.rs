@@ -1,5 +1,6 @@
-//! Integer columns: LEB128 varints of zigzag-mapped differences, each column in whichever
-//! of three transforms makes it shortest, with a presence map for absent values.
+//! Integer columns: LEB128 varints of zigzag-mapped differences under whichever of three
+//! transforms makes them shortest, or a long column compressed by pcodec, with a presence
+//! map for absent values.
 //!
 //! A column of `n` values is written as
 //! - for optional columns, its presence: `0` none present, `1` all present, or `2`
@@ -11,7 +12,9 @@
 //!   masks), or, when the values step evenly (timestamps at a steady interval, a
 //!   constant), [`Transform::Linear`] (the first value and the step).
 //!   Differences wrap in 64 bits, so every `u64` survives exactly.
-//! - a long column (an hour of a metric) may instead be [`Transform::Pco`]: the values
+//! - a long column (an hour of a metric; in a minute, the NVLink columns of a GPU with
+//!   many links or the ticks of three or more processes) may instead be
+//!   [`Transform::Pco`]: the values
 //!   compressed by pcodec (which finds deltas, common factors and distributions itself),
 //!   written as their length and pco's standalone bytes. It is taken when it is shorter
 //!   than the best varint transform after deflate, as the payload will be deflated: noisy
@@ -31,8 +34,8 @@ enum Transform {
 }
 
 /// Columns shorter than this are not tried with pco: its header and tables outweigh what
-/// it saves on a minute of values. An hour of samples 15 s apart (240) is tried; the
-/// merged hours are where the bytes are.
+/// it saves on a minute of one value per second. An hour of samples 15 s apart (240) is
+/// tried; the merged hours are where the bytes are.
 const PCO_MIN_VALUES: usize = 128;
 
 /// Most values a reader decodes from one packed value, all columns together: a minute of
@@ -233,7 +236,9 @@ impl<'a> Reader<'a> {
                     .collect());
             }
             4 => {
-                // Allocates at most the budget just spent: pco's own count is not trusted.
+                // The values are allocated from the budget just spent, not from pco's own
+                // count. (pco itself may reserve up to a few hundred MiB of zeroed memory
+                // for a crafted header; the value's CRC-32C stops random corruption first.)
                 let len = self.count(self.bytes.len())?;
                 let bytes = self.take(len)?;
                 let mut out = vec![0u64; n];
@@ -444,8 +449,16 @@ mod tests {
         // Another count than was written, either way.
         assert!(Reader::new(&out).values(3599).is_err());
         assert!(Reader::new(&out).values(3601).is_err());
-        // Cut short, and a length beyond the bytes.
+        // Cut short: by our length, and with the length saying so (pco sees too few bytes).
         assert!(Reader::new(&out[..out.len() - 1]).values(3600).is_err());
+        let mut r = Reader::new(&out[1..]);
+        let len = r.varint().expect("length") as usize;
+        let body = &out[out.len() - len..];
+        let mut short = vec![Transform::Pco as u8];
+        put_varint(&mut short, (len / 2) as u64);
+        short.extend_from_slice(&body[..len / 2]);
+        assert!(Reader::new(&short).values(3600).is_err());
+        // A length beyond the bytes.
         assert!(Reader::new(&[4, 0x7f, 1, 2]).values(3).is_err());
         // Every byte flipped in turn: an error or other values, never a panic.
         for i in 1..out.len() {

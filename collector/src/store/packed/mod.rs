@@ -8,8 +8,11 @@
 //! `gpu_samples`), process ticks with their lifetime id (identity in `process_lives`),
 //! host rows as [`HostRow`] (a reading whose metrics are all absent is no reading).
 //!
-//! Layout of a packed value: format version (1), compression (0 none, 1 deflate), the
+//! Layout of a packed value: format version, compression (0 none, 1 deflate), the
 //! CRC-32C of the payload (4 bytes, little-endian), then the payload, compressed or not.
+//! Format 2 is format 1 whose columns may also be pcodec's ([`columns`]): values written
+//! before it read as they were, and a collector that knows only format 1 says so instead
+//! of calling the new values corrupt.
 //! Payloads: [`gpu`], [`process`], [`host`], [`health`] (an hour of a GPU's health
 //! readings, not a minute: they come every 30 s). Packing refuses what unpacking would refuse
 //! ([`PackError::TooLarge`]: the caller keeps those rows as they are); unpacking checks
@@ -57,7 +60,9 @@ use flate2::write::DeflateEncoder;
 use std::io::{Read, Write};
 use thiserror::Error;
 
-const FORMAT: u8 = 1;
+/// The format written; both are read.
+const FORMAT: u8 = 2;
+const FORMAT_WITHOUT_PCO: u8 = 1;
 const RAW: u8 = 0;
 const DEFLATE: u8 = 1;
 const HEADER: usize = 6;
@@ -87,7 +92,7 @@ pub enum PackError {
     Truncated,
     #[error("packed samples are corrupt: {0}")]
     Corrupt(&'static str),
-    #[error("packed samples of format {0}, this collector reads format 1")]
+    #[error("packed samples of format {0}, this collector reads formats 1 and 2")]
     Format(u8),
     #[error("packed samples fail their checksum")]
     Checksum,
@@ -120,7 +125,7 @@ fn seal(payload: &[u8]) -> Result<Vec<u8>, PackError> {
 /// The payload of a value written by [`seal`], its checksum checked.
 fn open(packed: &[u8]) -> Result<Vec<u8>, PackError> {
     let (&format, rest) = packed.split_first().ok_or(PackError::Truncated)?;
-    if format != FORMAT {
+    if format != FORMAT && format != FORMAT_WITHOUT_PCO {
         return Err(PackError::Format(format));
     }
     let (head, body) = rest.split_at_checked(5).ok_or(PackError::Truncated)?;
@@ -207,7 +212,13 @@ mod tests {
     #[test]
     fn bad_headers_streams_and_checksums_are_errors() {
         assert_eq!(open(&[]), Err(PackError::Truncated));
-        assert_eq!(open(&[2, 0]), Err(PackError::Format(2)));
+        assert_eq!(open(&[3, 0]), Err(PackError::Format(3)));
+        assert_eq!(open(&[0, 0]), Err(PackError::Format(0)));
+        // A value of format 1 (before pco columns) still reads.
+        let mut old = seal(&[1, 2, 3]).expect("seals");
+        assert_eq!(old[0], 2);
+        old[0] = 1;
+        assert_eq!(open(&old), Ok(vec![1, 2, 3]));
         assert_eq!(open(&[1, 0, 0]), Err(PackError::Truncated));
         assert!(open(&[1, 7, 0, 0, 0, 0]).is_err());
         let mut sealed = seal(&[1, 2, 3]).expect("seals");
