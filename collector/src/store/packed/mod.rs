@@ -110,9 +110,7 @@ fn seal(payload: &[u8]) -> Result<Vec<u8>, PackError> {
         out.extend_from_slice(&CRC.checksum(payload).to_le_bytes());
         out
     };
-    let mut enc = DeflateEncoder::new(header(DEFLATE), Compression::default());
-    let deflated = enc.write_all(payload).and_then(|()| enc.finish());
-    Ok(match deflated {
+    Ok(match deflate(header(DEFLATE), payload) {
         Ok(out) if out.len() < payload.len() + HEADER => out,
         _ => {
             let mut out = header(RAW);
@@ -120,6 +118,13 @@ fn seal(payload: &[u8]) -> Result<Vec<u8>, PackError> {
             out
         }
     })
+}
+
+/// `bytes` deflated after `head`, as [`seal`] compresses a payload.
+fn deflate(head: Vec<u8>, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut enc = DeflateEncoder::new(head, Compression::default());
+    enc.write_all(bytes)?;
+    enc.finish()
 }
 
 /// The payload of a value written by [`seal`], its checksum checked.
