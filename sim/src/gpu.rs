@@ -276,9 +276,11 @@ impl GpuState {
         if chance(rng, 0.3, dt_ms) {
             self.ecc_corrected += 1;
         }
+        // NVML reports PCIe throughput in whole KB/s, which the agent sends as KiB × 1024.
         let pcie = |bps: f64, rng: &mut SimRng| -> u64 {
-            (bps * (1.0 + 0.05 * normal(rng)) + rng.random_range(2.0e4..2.0e5))
-                .clamp(0.0, m.pcie_bps as f64) as u64
+            let bps = (bps * (1.0 + 0.05 * normal(rng)) + rng.random_range(2.0e4..2.0e5))
+                .clamp(0.0, m.pcie_bps as f64) as u64;
+            bps / 1024 * 1024
         };
         let pcie_rx = pcie(load.pcie_rx_bps, rng);
         let pcie_tx = pcie(load.pcie_tx_bps, rng);

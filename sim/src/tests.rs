@@ -251,6 +251,22 @@ fn absent_metrics_are_absent_and_present_ones_present() {
 }
 
 #[test]
+fn pcie_throughput_comes_in_whole_kib_as_nvml_reports_it() {
+    let mut s = sim("pcie", 4, Scenario::default());
+    let intervals = vec![1000; 120];
+    let ticks = run(&mut s, &intervals);
+    let rates: Vec<u64> = (ticks.iter().flat_map(|t| &t.gpus))
+        .flat_map(|g| [g.pcie_rx_bps, g.pcie_tx_bps])
+        .map(|r| r.expect("PCIe throughput is reported"))
+        .collect();
+    assert!(rates.iter().all(|r| r % 1024 == 0), "whole KiB: {rates:?}");
+    assert!(
+        rates.iter().filter(|&&r| r > 0).count() > rates.len() / 2,
+        "traffic flows"
+    );
+}
+
+#[test]
 fn a_scripted_training_job_loads_its_gpus_and_leaves_the_others_idle() {
     let mut s = sim(
         "scripted",
