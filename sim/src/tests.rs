@@ -259,7 +259,8 @@ fn pcie_throughput_comes_in_whole_kib_as_nvml_reports_it() {
         .flat_map(|g| [g.pcie_rx_bps, g.pcie_tx_bps])
         .map(|r| r.expect("PCIe throughput is reported"))
         .collect();
-    assert!(rates.iter().all(|r| r % 1024 == 0), "whole KiB: {rates:?}");
+    let odd = rates.iter().find(|&&r| r % 1024 != 0);
+    assert_eq!(odd, None, "a reading in whole KiB");
     assert!(
         rates.iter().filter(|&&r| r > 0).count() > rates.len() / 2,
         "traffic flows"
