@@ -106,6 +106,27 @@ class Reader(threading.Thread):
         return (sum(p) / len(p) / 1000, len(p)) if p else (None, 0)
 
 
+class Checks:
+    """The table of checks: what, gpufleet's figure, the reference, difference, tolerance,
+    verdict."""
+
+    def __init__(self):
+        self.rows = []
+
+    def record(self, good, what, got, want, diff="", tol=""):
+        self.rows.append((what, got, want, diff, tol, "ok" if good else "FAIL"))
+
+    def judge(self, what, got, want, lo, hi, unit="J"):
+        """`got` against `want`, passing within want × (1 + lo) .. want × (1 + hi)."""
+        diff = (got - want) / want if want else float("inf")
+        tol = f"±{hi * 100:g} %" if lo == -hi else f"{lo * 100:+g} / {hi * 100:+g} %"
+        self.record(lo <= diff <= hi, what, f"{got:,.3f} {unit}", f"{want:,.3f} {unit}",
+                    f"{diff * 100:+.3f} %", tol)
+
+    def ok(self):
+        return bool(self.rows) and all(r[-1] == "ok" for r in self.rows)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin-dir", required=True)
@@ -120,7 +141,10 @@ def main():
             sys.exit(f"error: {f} not in {bins}")
     load_py = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu-load.py")
 
-    pynvml.nvmlInit()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        sys.exit(f"error: cannot open NVML ({e}); run on a GPU node with the NVIDIA driver")
     busy = []
     for i in range(pynvml.nvmlDeviceGetCount()):
         h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -139,7 +163,9 @@ def main():
         children.append(p)
         return p
 
-    ok = True
+    # The work dir goes only after a run that finished with every check passing: an error
+    # message points into it.
+    ok = False
     try:
         grpc, http = free_port(), free_port()
         db = f"sqlite://{tmp}/collector.db"
@@ -190,62 +216,52 @@ def main():
         deadline = time.monotonic() + 60
         while True:
             energy = get_json(http, f"/api/v1/energy?from={lo}&to={hi}")
-            if energy["total"]["provisional_j"] == 0 or time.monotonic() > deadline:
+            if energy["total"]["provisional_j"] == 0:
+                break
+            if time.monotonic() > deadline:
+                print("warning: minutes still provisional after 60 s; judging them as they are")
                 break
             time.sleep(1)
         gpu = next(g for g in energy["gpus"] if g["uuid"] == uuid)
         rows = get_json(http, f"/api/v1/containers?from={lo}&to={hi}")["rows"]
         series = get_json(http, f"/api/v1/gpus/{uuid}/series?metric=energy_mj&from={lo}&to={hi}")
         pts = [p for p in series["points"] if p[1] is not None]
+        if len(pts) < 2:
+            sys.exit(f"error: the collector holds {len(pts)} energy readings of {uuid}")
         check = subprocess.run(
             [f"{bins}/gpufleet-collector", "check-energy", "--db", db,
              "--from", str(lo), "--to", str(hi)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
 
-        results = []
-
-        def judge(what, got, want, tol, unit="J"):
-            nonlocal ok
-            diff = (got - want) / want if want else float("inf")
-            good = abs(diff) <= tol
-            ok &= good
-            results.append((what, f"{got:,.3f} {unit}", f"{want:,.3f} {unit}",
-                            f"{diff * 100:+.3f} %", f"±{tol * 100:g} %", "ok" if good else "FAIL"))
+        checks = Checks()
+        judge, record = checks.judge, checks.record
 
         (t0, e0), (t1, e1) = pts[0], pts[-1]
         judge("collector GPU energy vs the agent's counter readings", gpu["energy_mj"],
-              int(e1) - int(e0), 0, "mJ")
+              int(e1) - int(e0), 0, 0, "mJ")
         outside = (reader.counter_at(uuid, t1) - reader.counter_at(uuid, t0)) / 1000
-        judge("collector GPU energy vs the outside counter", gpu["energy_j"], outside, 0.005)
-        ex_outside = (reader.counter_at(uuid, ex["to_ms"]) - reader.counter_at(uuid, ex["from_ms"])) / 1000
-        judge("exec energy vs the outside counter", ex["energy"]["energy_j"], ex_outside, 0.01)
+        judge("collector GPU energy vs the outside counter", gpu["energy_j"], outside,
+              -0.005, 0.005)
+        ex_j = ex["energy"]["energy_j"]
+        ex_outside = reader.counter_at(uuid, ex["to_ms"]) - reader.counter_at(uuid, ex["from_ms"])
+        judge("exec energy vs the outside counter", ex_j, ex_outside / 1000, -0.01, 0.01)
         mine = [r for r in rows if any(g["uuid"] == uuid for g in r["gpus"])]
         if mine:
             w = max(mine, key=lambda r: r["active_j"])
-            got = w["energy_j"]
-            want = ex["energy"]["energy_j"]
-            good = 0.95 * want <= got <= 1.005 * want
-            ok &= good
-            results.append((f"workload {w['key']} vs exec", f"{got:,.3f} J", f"{want:,.3f} J",
-                            f"{(got - want) / want * 100:+.3f} %", "-5 / +0.5 %",
-                            "ok" if good else "FAIL"))
+            judge(f"workload {w['key']} vs exec", w["energy_j"], ex_j, -0.05, 0.005)
         else:
-            ok = False
-            results.append(("the load's workload", "none", "one", "", "", "FAIL"))
+            record(False, "the load's workload", "none", "one")
         base = gpu["baseline"]
         idle_w, n = reader.idle_power_w(uuid, t_start + 5_000, t_load)
         if base["source"] == "learned" and idle_w is not None:
             judge(f"learned idle baseline vs outside idle power ({n} readings)",
-                  base["idle_w"], idle_w, 0.05, "W")
+                  base["idle_w"], idle_w, -0.05, 0.05, "W")
         else:
-            ok = False
-            results.append(("idle baseline", f"{base['source']} {base['idle_w']} W",
-                            "learned", "", "", "FAIL"))
-        good = check.returncode == 0
-        ok &= good
+            record(False, "idle baseline", f"{base['source']} {base['idle_w']} W", "learned")
         last = check.stdout.strip().splitlines()[-1:] or ["no output"]
-        results.append(("check-energy", last[0], "0 violations", "", "", "ok" if good else "FAIL"))
+        record(check.returncode == 0, "check-energy", last[0], "0 violations")
+        ok = checks.ok()
 
         print()
         print(f"GPU {uuid} ({gpu['name']}); samples {t0}..{t1} ms; load {t_load} ms")
@@ -259,7 +275,7 @@ def main():
         print()
         print("| check | gpufleet | reference | difference | tolerance | |")
         print("|---|---|---|---|---|---|")
-        for r in results:
+        for r in checks.rows:
             print("| " + " | ".join(r) + " |")
     finally:
         for p in children:
