@@ -7,6 +7,11 @@
 //! A batch the store left out as a conflict ([`crate::store::WriteOutcome::conflicts`])
 //! is answered with [`StoreError::Conflict`] and is not part of the live state.
 //!
+//! **After a commit** the live state, the announcements and the answers are a second
+//! task's work (the lane's finisher, fed in commit order), so the next group's
+//! transaction starts while the last one's batches are applied, announced and dropped;
+//! each batch is still answered only after it is durable and in the live state.
+//!
 //! **When the queue is full**, [`WriterHandle::submit`] waits for room. The stream that
 //! submits stops reading its HTTP/2 stream meanwhile, so HTTP/2 flow control pushes back to
 //! the agent, whose spool absorbs the delay. Nothing is dropped and nothing is refused for
@@ -126,18 +131,26 @@ pub fn spawn(
         false => 1,
     };
     let mut senders = Vec::with_capacity(lanes);
-    let mut tasks = Vec::with_capacity(lanes);
+    let mut tasks = Vec::with_capacity(2 * lanes);
     for _ in 0..lanes {
         let (tx, rx) = mpsc::channel((options.queue_batches / lanes).max(1));
-        let writer = Writer {
-            store: Arc::clone(&store),
+        // One committed group waits while the finisher works on the one before it.
+        let (finished, to_finish) = mpsc::channel(1);
+        let finisher = Finisher {
             live: Arc::clone(&live),
             metrics: Arc::clone(&metrics),
+        };
+        let writer = Writer {
+            store: Arc::clone(&store),
+            metrics: Arc::clone(&metrics),
+            finished,
             options,
             outage: None,
         };
         senders.push(tx);
         tasks.push(tokio::spawn(writer.run(rx, stop.clone())));
+        // Ends once its writer has stopped and every committed group is finished.
+        tasks.push(tokio::spawn(finisher.run(to_finish)));
     }
     let all = tokio::spawn(async move {
         for t in tasks {
@@ -156,8 +169,9 @@ pub fn spawn(
 
 struct Writer {
     store: Arc<dyn IngestWrites>,
-    live: Arc<Live>,
     metrics: Arc<Metrics>,
+    /// Committed groups, in commit order, for the lane's [`Finisher`].
+    finished: mpsc::Sender<CommittedGroup>,
     options: WriterOptions,
     /// Since when commits have been failing with transient errors (the database is
     /// unreachable or restarting), and how many failed; `None` while they succeed.
@@ -243,7 +257,7 @@ impl Writer {
                     "committed"
                 );
                 self.succeeded();
-                self.finish(batches, waiters, outcome);
+                self.finish(batches, waiters, outcome).await;
             }
             Err(e) if batches.len() > 1 && !e.is_transient() => {
                 self.failed(&e);
@@ -277,7 +291,7 @@ impl Writer {
                 Ok(outcome) => {
                     self.metrics.observe_commit(started.elapsed());
                     self.succeeded();
-                    self.finish(vec![nb], vec![w], outcome);
+                    self.finish(vec![nb], vec![w], outcome).await;
                 }
                 Err(e) => {
                     self.failed(&e);
@@ -290,7 +304,48 @@ impl Writer {
         }
     }
 
-    /// After a commit: live state, counters, announcements, then the answers.
+    /// Hands a committed group to the finisher.
+    async fn finish(
+        &self,
+        batches: Vec<NodeBatch>,
+        waiters: Vec<oneshot::Sender<WriteResult>>,
+        outcome: WriteOutcome,
+    ) {
+        let group = CommittedGroup {
+            batches,
+            waiters,
+            outcome,
+        };
+        // The finisher stops only after this writer has (it holds the receiver until
+        // the sender is dropped), so a send cannot fail while the writer runs; if it
+        // did, the waiters would be dropped and their streams answer "writer stopped".
+        if self.finished.send(group).await.is_err() {
+            error!("the writer's finisher has stopped; a committed group goes unanswered");
+        }
+    }
+}
+
+/// A committed group on its way to the finisher.
+struct CommittedGroup {
+    batches: Vec<NodeBatch>,
+    waiters: Vec<oneshot::Sender<WriteResult>>,
+    outcome: WriteOutcome,
+}
+
+/// What follows a lane's commits, in their order: the live state, counters,
+/// announcements, then the answers.
+struct Finisher {
+    live: Arc<Live>,
+    metrics: Arc<Metrics>,
+}
+
+impl Finisher {
+    async fn run(self, mut rx: mpsc::Receiver<CommittedGroup>) {
+        while let Some(group) = rx.recv().await {
+            self.finish(group.batches, group.waiters, group.outcome);
+        }
+    }
+
     fn finish(
         &self,
         batches: Vec<NodeBatch>,

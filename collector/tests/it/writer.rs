@@ -139,6 +139,21 @@ struct SlowWrites {
     committed: Mutex<Vec<(String, u64)>>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// Batches committed so far, for a test to wait on.
+    count: tokio::sync::watch::Sender<usize>,
+}
+
+impl SlowWrites {
+    fn new(per_row: Duration, concurrent: bool) -> SlowWrites {
+        SlowWrites {
+            per_row,
+            concurrent,
+            committed: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            count: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 #[async_trait]
@@ -166,6 +181,7 @@ impl IngestWrites for SlowWrites {
                 .iter()
                 .map(|nb| (nb.keys.name.clone(), nb.batch.seq)),
         );
+        self.count.send_replace(committed.len());
         Ok(WriteOutcome::default())
     }
 
@@ -200,13 +216,7 @@ async fn slow_store(concurrent: bool) {
     const QUEUE: usize = 8;
     const NODES: usize = 3;
     const BATCHES: u64 = 40;
-    let store = Arc::new(SlowWrites {
-        per_row: Duration::from_micros(200),
-        concurrent,
-        committed: Mutex::new(Vec::new()),
-        in_flight: AtomicUsize::new(0),
-        most_in_flight: AtomicUsize::new(0),
-    });
+    let store = Arc::new(SlowWrites::new(Duration::from_micros(200), concurrent));
     let options = WriterOptions {
         queue_batches: QUEUE,
         ..WriterOptions::default()
@@ -310,4 +320,69 @@ async fn slow_store(concurrent: bool) {
         true => assert_eq!(most, WriterOptions::default().lanes, "lanes side by side"),
         false => assert_eq!(most, 1, "one write at a time"),
     }
+}
+
+/// What follows a commit (the live state, announcements, answers) does not hold up the
+/// next commit, and a batch is still answered only once it is in the live state. The
+/// live state is held by a reader here, so finishing the first batch waits: the second
+/// batch is committed meanwhile, and the first is not answered until the reader lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
+    let store = Arc::new(SlowWrites::new(Duration::ZERO, false));
+    let live = Arc::new(Live::new());
+    let stop = CancellationToken::new();
+    let (handle, task) = writer::spawn(
+        store.clone(),
+        Arc::clone(&live),
+        Arc::new(Metrics::default()),
+        WriterOptions::default(),
+        stop.clone(),
+    );
+    let keys = Arc::new(NodeKeys {
+        id: NodeId(1),
+        name: "node".into(),
+        gpus: [("GPU-0".to_owned(), GpuId(1))].into_iter().collect(),
+    });
+    let submit = |seq: u64| {
+        handle.submit(NodeBatch {
+            keys: Arc::clone(&keys),
+            batch: batch(seq, T0 + seq as i64 * 10_000, 2, &["GPU-0"]),
+        })
+    };
+    // A reader holds the live state until told to let go (or for 30 s at most, so that
+    // a writer that waits for it fails this test instead of hanging it).
+    let (holding, held) = std::sync::mpsc::channel();
+    let (release, wait) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let live = Arc::clone(&live);
+        std::thread::spawn(move || {
+            live.read(|_| {
+                holding.send(()).expect("test waits");
+                let _ = wait.recv_timeout(Duration::from_secs(30));
+            })
+        })
+    };
+    held.recv().expect("reader holds the live state");
+    let mut first = submit(1).await.expect("queued");
+    let mut count = store.count.subscribe();
+    tokio::time::timeout(Duration::from_secs(10), count.wait_for(|n| *n >= 1))
+        .await
+        .expect("the first batch is committed")
+        .expect("store alive");
+    let second = submit(2).await.expect("queued");
+    tokio::time::timeout(Duration::from_secs(10), count.wait_for(|n| *n >= 2))
+        .await
+        .expect("the second batch is committed while the first waits for the live state")
+        .expect("store alive");
+    assert!(
+        first.try_recv().is_err(),
+        "the first batch is answered only once it is in the live state"
+    );
+    release.send(()).expect("reader waits");
+    reader.join().expect("reader");
+    assert!(first.await.expect("answered").is_ok());
+    assert!(second.await.expect("answered").is_ok());
+    live.read(|s| assert!(s.nodes.is_empty(), "an unknown node gains no live state"));
+    stop.cancel();
+    task.await.expect("writer ends");
 }
