@@ -344,6 +344,9 @@ impl<DB: Backend> SqlStore<DB> {
         let (mut fallback, mut checked) = (false, false);
         let mut skip = HashSet::new();
         let mut conflicts = Vec::new();
+        // The first round's rows are collected before its transaction, outside the write
+        // turn (on SQLite one writer at a time); a later round collects again.
+        let mut first = Some(collect_rows(batches, &skip, &self.cached_workloads())?);
         for _ in 0..=MAX_WRITE_ROUNDS {
             let mut tx = self.begin_write("begin a write transaction").await?;
             // Packed minutes this write falls in become rows again before anything is
@@ -361,7 +364,10 @@ impl<DB: Backend> SqlStore<DB> {
                 mut lives,
                 events,
                 health,
-            } = collect_rows(batches, &skip, &self.cached_workloads())?;
+            } = match first.take() {
+                Some(rows) => rows,
+                None => collect_rows(batches, &skip, &self.cached_workloads())?,
+            };
             upsert_workloads::<DB>(tx.conn(), &mut workloads).await?;
             let keys = life_keys(&lives, &workloads)?;
             {
