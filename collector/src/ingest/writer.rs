@@ -342,15 +342,17 @@ struct Finisher {
 impl Finisher {
     async fn run(self, mut rx: mpsc::Receiver<CommittedGroup>) {
         while let Some(group) = rx.recv().await {
-            self.finish(group.batches, group.waiters, group.outcome);
+            self.finish(group);
         }
     }
 
     fn finish(
         &self,
-        batches: Vec<NodeBatch>,
-        waiters: Vec<oneshot::Sender<WriteResult>>,
-        mut outcome: WriteOutcome,
+        CommittedGroup {
+            batches,
+            waiters,
+            mut outcome,
+        }: CommittedGroup,
     ) {
         let total: u64 = outcome.inserted_gpu_samples.values().sum();
         self.metrics.gpu_samples_ingested.fetch_add(total, Relaxed);

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio::sync::oneshot::error::TryRecvError;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test]
@@ -328,8 +329,20 @@ async fn slow_store(concurrent: bool) {
 /// batch is committed meanwhile, and the first is not answered until the reader lets go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
+    // The node is registered in a real store so that the live state knows it; the writer
+    // writes to the fake, which counts its commits.
+    let (_dir, db) = sqlite_store().await;
+    let record = db
+        .register_node(
+            &hello("node"),
+            &inventory(vec![gpu_info_sparse("GPU-0", 0)]),
+            T0,
+        )
+        .await
+        .expect("registered");
     let store = Arc::new(SlowWrites::new(Duration::ZERO, false));
     let live = Arc::new(Live::new());
+    live.connected(record.clone());
     let stop = CancellationToken::new();
     let (handle, task) = writer::spawn(
         store.clone(),
@@ -338,11 +351,7 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
         WriterOptions::default(),
         stop.clone(),
     );
-    let keys = Arc::new(NodeKeys {
-        id: NodeId(1),
-        name: "node".into(),
-        gpus: [("GPU-0".to_owned(), GpuId(1))].into_iter().collect(),
-    });
+    let keys = Arc::new(record.keys());
     let submit = |seq: u64| {
         handle.submit(NodeBatch {
             keys: Arc::clone(&keys),
@@ -375,14 +384,17 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
         .expect("the second batch is committed while the first waits for the live state")
         .expect("store alive");
     assert!(
-        first.try_recv().is_err(),
+        matches!(first.try_recv(), Err(TryRecvError::Empty)),
         "the first batch is answered only once it is in the live state"
     );
     release.send(()).expect("reader waits");
     reader.join().expect("reader");
     assert!(first.await.expect("answered").is_ok());
     assert!(second.await.expect("answered").is_ok());
-    live.read(|s| assert!(s.nodes.is_empty(), "an unknown node gains no live state"));
+    live.read(|s| {
+        let r = &s.nodes["node"].record;
+        assert_eq!(r.last_acked_seq, 2, "both batches are in the live state");
+    });
     stop.cancel();
     task.await.expect("writer ends");
 }
