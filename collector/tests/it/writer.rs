@@ -332,14 +332,7 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
     // The node is registered in a real store so that the live state knows it; the writer
     // writes to the fake, which counts its commits.
     let (_dir, db) = sqlite_store().await;
-    let record = db
-        .register_node(
-            &hello("node"),
-            &inventory(vec![gpu_info_sparse("GPU-0", 0)]),
-            T0,
-        )
-        .await
-        .expect("registered");
+    let record = register_gpus(&db, "node", &["GPU-0"], T0).await;
     let store = Arc::new(SlowWrites::new(Duration::ZERO, false));
     let live = Arc::new(Live::new());
     live.connected(record.clone());
