@@ -54,10 +54,10 @@ pub mod host;
 pub mod process;
 pub mod rollup;
 
-use flate2::Compression;
 use flate2::read::DeflateDecoder;
-use flate2::write::DeflateEncoder;
-use std::io::{Read, Write};
+use flate2::{Compress, Compression, FlushCompress, Status};
+use std::cell::RefCell;
+use std::io::Read;
 use thiserror::Error;
 
 /// The format written; both are read.
@@ -120,11 +120,29 @@ fn seal(payload: &[u8]) -> Result<Vec<u8>, PackError> {
     })
 }
 
-/// `bytes` deflated after `head`, as [`seal`] compresses a payload.
-fn deflate(head: Vec<u8>, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
-    let mut enc = DeflateEncoder::new(head, Compression::default());
-    enc.write_all(bytes)?;
-    enc.finish()
+thread_local! {
+    /// One raw-deflate compressor per thread, reset between values: a new one allocates
+    /// and zeroes some 300 KiB of tables, several times the work of compressing a
+    /// minute's payload of a few KiB.
+    static DEFLATER: RefCell<Compress> = RefCell::new(Compress::new(Compression::default(), false));
+}
+
+/// `bytes` deflated after `head`, as [`seal`] compresses a payload: a raw deflate stream
+/// at the default level, the same bytes a new `DeflateEncoder` writes.
+fn deflate(mut out: Vec<u8>, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
+    DEFLATER.with_borrow_mut(|c| {
+        c.reset();
+        out.reserve(bytes.len() / 2 + 64);
+        loop {
+            let read = usize::try_from(c.total_in()).unwrap_or(usize::MAX);
+            let rest = bytes.get(read..).unwrap_or_default();
+            match c.compress_vec(rest, &mut out, FlushCompress::Finish) {
+                Ok(Status::StreamEnd) => return Ok(out),
+                Ok(Status::Ok | Status::BufError) => out.reserve(out.capacity().max(64)),
+                Err(e) => return Err(std::io::Error::other(e)),
+            }
+        }
+    })
 }
 
 /// The payload of a value written by [`seal`], its checksum checked.
@@ -177,6 +195,7 @@ fn flag(v: Option<u64>) -> Result<Option<bool>, PackError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     /// `payload` framed raw with a correct checksum: what a corrupt payload that passed
     /// the checksum would look like to the payload readers.
@@ -198,6 +217,43 @@ mod tests {
         let flipped = frame_raw(&payload);
         payload.truncate(cut % payload.len());
         [flipped, frame_raw(&payload)]
+    }
+
+    /// What a new encoder writes for `bytes` after `head`.
+    fn deflated_anew(head: &[u8], bytes: &[u8]) -> Vec<u8> {
+        let mut enc = flate2::write::DeflateEncoder::new(head.to_vec(), Compression::default());
+        enc.write_all(bytes).expect("deflate");
+        enc.finish().expect("deflate")
+    }
+
+    #[test]
+    fn the_reused_compressor_writes_what_a_new_one_writes() {
+        // Repetitive, empty, incompressible (its output outgrows the first reservation)
+        // and long payloads, each after another: nothing of one value may leak into the
+        // next.
+        let mut x = 7u64;
+        let noise: Vec<u8> = (0..300_000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 56) as u8
+            })
+            .collect();
+        let payloads: [&[u8]; 5] = [&[9; 500], &[], &noise, b"minute of a GPU", &noise[..4000]];
+        for round in 0..2 {
+            for p in payloads {
+                let head = [FORMAT, DEFLATE, 1, 2, 3, 4];
+                let got = deflate(head.to_vec(), p).expect("deflates");
+                assert_eq!(
+                    got,
+                    deflated_anew(&head, p),
+                    "round {round}, {} bytes",
+                    p.len()
+                );
+                assert_eq!(open(&seal(p).expect("seals")).as_deref(), Ok(p));
+            }
+        }
     }
 
     #[test]
@@ -236,8 +292,10 @@ mod tests {
         sealed[last] ^= 0x10;
         assert!(open(&sealed).is_err());
         // A deflate bomb is cut off, not expanded into memory.
-        let mut enc =
-            DeflateEncoder::new(vec![FORMAT, DEFLATE, 0, 0, 0, 0], Compression::default());
+        let mut enc = flate2::write::DeflateEncoder::new(
+            vec![FORMAT, DEFLATE, 0, 0, 0, 0],
+            Compression::default(),
+        );
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..17 {
             enc.write_all(&zeros).expect("deflate");
