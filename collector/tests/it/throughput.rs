@@ -13,7 +13,10 @@
 //! agents together (0: as fast as acks allow, i.e. saturation; with a rate, the latency is
 //! the one a fleet of that size sees), `COMMIT_ROWS` the writer's rows per transaction (0:
 //! the default), `NO_ACCOUNT=1` to keep the energy accountant to its first pass (its share
-//! of the two cores: the benchmark's ticks are a day old, so every minute closes at once).
+//! of the two cores: the benchmark's ticks are a day old, so every minute closes at once),
+//! `PACK_EVERY` seconds between the packer's passes (0: the collector's 10 minutes, which a
+//! run this short never reaches; with a few seconds, the run also packs what it wrote, as a
+//! collector that never stops must).
 
 use crate::common::*;
 use gpufleet_collector::{ServeOptions, serve_with_store};
@@ -102,6 +105,10 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
             }
             if knob("NO_ACCOUNT", 0) > 0 {
                 options.energy.period = Duration::from_secs(3600);
+            }
+            let pack_every = knob("PACK_EVERY", 0);
+            if pack_every > 0 {
+                options.retention.pack_period = Duration::from_secs(pack_every.into());
             }
             options
         },
