@@ -134,11 +134,19 @@ fn deflate(mut out: Vec<u8>, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
         c.reset();
         out.reserve(bytes.len() / 2 + 64);
         loop {
-            let read = usize::try_from(c.total_in()).unwrap_or(usize::MAX);
-            let rest = bytes.get(read..).unwrap_or_default();
+            let (read, written) = (c.total_in(), c.total_out());
+            let rest = usize::try_from(read)
+                .ok()
+                .and_then(|r| bytes.get(r..))
+                .unwrap_or_default();
             match c.compress_vec(rest, &mut out, FlushCompress::Finish) {
                 Ok(Status::StreamEnd) => return Ok(out),
-                Ok(Status::Ok | Status::BufError) => out.reserve(out.capacity().max(64)),
+                // With room to write, finishing always moves on; a compressor that does
+                // not is an error, not a loop.
+                Ok(_) if (c.total_in(), c.total_out()) == (read, written) => {
+                    return Err(std::io::Error::other("deflate made no progress"));
+                }
+                Ok(_) => out.reserve(out.capacity().max(64)),
                 Err(e) => return Err(std::io::Error::other(e)),
             }
         }
