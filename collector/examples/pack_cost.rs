@@ -7,13 +7,14 @@
 //! ```
 //!
 //! Knobs (environment): `TICKS` samples per value (60: a minute of 1 s ticks), `ROUNDS`
-//! (5,000). The samples move as a busy GPU's do (power, utilization, memory, clocks and
-//! PCIe readings vary from tick to tick, the energy counter climbs); two processes per
-//! tick, as the ingest benchmark sends.
+//! (5,000). The samples are the simulator's (`gpufleet-sim`, seeded: a GPU running jobs),
+//! 1 s apart; two processes per tick share the GPU's memory and utilization, as in
+//! `storage_bytes`.
 
 use anyhow::{Context, Result};
 use gpufleet_collector::store::packed::{gpu, process};
-use gpufleet_core::{GpuSample, UnixMs};
+use gpufleet_core::{GpuSample, GpuSource, UnixMs};
+use gpufleet_sim::{SimOptions, Simulator};
 use std::time::Instant;
 
 fn knob(name: &str, default: usize) -> usize {
@@ -23,68 +24,29 @@ fn knob(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A seeded stream of readings below `m`.
-struct Noise(u64);
+/// A GPU's samples and its process ticks.
+type Minute = (Vec<(UnixMs, GpuSample)>, Vec<process::ProcessTick>);
 
-impl Noise {
-    fn below(&mut self, m: u64) -> u64 {
-        self.0 = (self.0)
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % m
+/// `n` ticks of one simulated GPU: its samples, and two process ticks per sample.
+fn minute(n: usize) -> Result<Minute> {
+    let mut sim = Simulator::new(SimOptions::new("bench", 1))?;
+    let (mut samples, mut ticks) = (Vec::with_capacity(n), Vec::with_capacity(2 * n));
+    for i in 0..n {
+        let time_ms = 1_700_000_000_000 + i as i64 * 1000;
+        let mut tick = sim.sample(time_ms).context("simulate")?;
+        let s = tick.gpus.pop().context("the simulator has a GPU")?;
+        ticks.extend((0..2u32).map(|p| process::ProcessTick {
+            ts_ms: time_ms,
+            pid: 1000 + p,
+            life_id: 7 + i64::from(p),
+            gpu_mem_bytes: s.mem_used_bytes.map(|m| m / 2),
+            sm_util_pct: s.util_gpu_pct.map(|u| u / 2),
+            mem_util_pct: s.util_mem_pct.map(|u| u / 2),
+            ..Default::default()
+        }));
+        samples.push((time_ms, s));
     }
-}
-
-fn samples(ticks: usize) -> Vec<(UnixMs, GpuSample)> {
-    let mut n = Noise(12345);
-    let mut energy_mj = 1_000_000_000u64;
-    (0..ticks)
-        .map(|t| {
-            let power_mw = 300_000 + n.below(50_000) as u32;
-            energy_mj += u64::from(power_mw);
-            let sample = GpuSample {
-                util_gpu_pct: Some(n.below(100) as u32),
-                util_mem_pct: Some(n.below(100) as u32),
-                mem_used_bytes: Some((40 << 30) | (n.below(1 << 20) << 12)),
-                mem_total_bytes: Some(80 << 30),
-                mem_reserved_bytes: Some(500 << 20),
-                power_mw: Some(power_mw),
-                power_instant_mw: Some(power_mw + n.below(10_000) as u32),
-                power_limit_mw: Some(700_000),
-                energy_mj: Some(energy_mj),
-                temp_gpu_c: Some(60 + n.below(5) as u32),
-                temp_mem_c: Some(70 + n.below(5) as u32),
-                clock_sm_mhz: Some(1980 - n.below(100) as u32),
-                clock_mem_mhz: Some(2619),
-                clock_graphics_mhz: Some(1980 - n.below(100) as u32),
-                pstate: Some(0),
-                pcie_tx_bps: Some(n.below(1 << 30) & !1023),
-                pcie_rx_bps: Some(n.below(1 << 30) & !1023),
-                ecc_corrected_volatile: Some(0),
-                ecc_uncorrected_volatile: Some(0),
-                throttle_reasons: Some(0),
-                enc_util_pct: Some(0),
-                dec_util_pct: Some(0),
-                ..Default::default()
-            };
-            (1_700_000_000_000 + t as i64 * 1000, sample)
-        })
-        .collect()
-}
-
-fn ticks(ticks: usize) -> Vec<process::ProcessTick> {
-    (0..ticks)
-        .flat_map(|t| {
-            (0..2u32).map(move |p| process::ProcessTick {
-                ts_ms: 1_700_000_000_000 + t as i64 * 1000,
-                pid: 1000 + p,
-                life_id: 7 + i64::from(p),
-                gpu_mem_bytes: Some(1 << 30),
-                sm_util_pct: Some(50),
-                ..Default::default()
-            })
-        })
-        .collect()
+    Ok((samples, ticks))
 }
 
 /// Mean µs per call of `f` over `rounds`.
@@ -98,7 +60,7 @@ fn time<T>(rounds: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
 
 fn main() -> Result<()> {
     let (n, rounds) = (knob("TICKS", 60), knob("ROUNDS", 5_000).max(1));
-    let (samples, ticks) = (samples(n), ticks(n));
+    let (samples, ticks) = minute(n)?;
     let packed = gpu::pack(&samples).context("pack GPU samples")?;
     let pack = time(rounds, || Ok(gpu::pack(&samples)?))?;
     let unpack = time(rounds, || Ok(gpu::unpack(&packed)?))?;
