@@ -174,7 +174,11 @@ impl IngestWrites for SlowWrites {
         let rows: usize = batches.iter().map(NodeBatch::rows).sum();
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-        tokio::time::sleep(self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)).await;
+        // No timer when there is nothing to wait: a test that blocks a runtime worker
+        // (holding the live state) can leave the runtime's timers undriven meanwhile.
+        if !self.per_row.is_zero() {
+            tokio::time::sleep(self.per_row * u32::try_from(rows).unwrap_or(u32::MAX)).await;
+        }
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         let mut committed = self.committed.lock().unwrap_or_else(|e| e.into_inner());
         committed.extend(
@@ -351,8 +355,12 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
             batch: batch(seq, T0 + seq as i64 * 10_000, 2, &["GPU-0"]),
         })
     };
-    // A reader holds the live state until told to let go (or for 30 s at most, so that
-    // a writer that waits for it fails this test instead of hanging it).
+    // A reader holds the live state until told to let go. The finisher then blocks a
+    // runtime worker on the live state's lock, and the runtime's timers may go undriven
+    // meanwhile, so nothing below needs a timer to pass (the store does not sleep; the
+    // waits are on a watch). The reader's own limit, on a plain thread, is what turns a
+    // writer that waits for the live state into a failure rather than a hang: it lets go
+    // after 60 s, the first batch is then answered, and the check below fails.
     let (holding, held) = std::sync::mpsc::channel();
     let (release, wait) = std::sync::mpsc::channel::<()>();
     let reader = {
@@ -360,7 +368,7 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
         std::thread::spawn(move || {
             live.read(|_| {
                 holding.send(()).expect("test waits");
-                let _ = wait.recv_timeout(Duration::from_secs(30));
+                let _ = wait.recv_timeout(Duration::from_secs(60));
             })
         })
     };
@@ -376,9 +384,10 @@ async fn the_next_commit_does_not_wait_for_the_last_ones_live_state() {
         .await
         .expect("the second batch is committed while the first waits for the live state")
         .expect("store alive");
+    let early = first.try_recv();
     assert!(
-        matches!(first.try_recv(), Err(TryRecvError::Empty)),
-        "the first batch is answered only once it is in the live state"
+        matches!(early, Err(TryRecvError::Empty)),
+        "the first batch is answered only once it is in the live state: {early:?}"
     );
     release.send(()).expect("reader waits");
     reader.join().expect("reader");
