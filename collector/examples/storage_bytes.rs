@@ -7,7 +7,13 @@
 //! cargo run --release -p gpufleet-collector --example storage_bytes -- week sqlite
 //! cargo run --release -p gpufleet-collector --example storage_bytes -- week postgres
 //! cargo run --release -p gpufleet-collector --example storage_bytes -- fleet-hour sqlite
+//! cargo run --release -p gpufleet-collector --example storage_bytes -- file gpufleet.db [packed.db]
 //! ```
+//!
+//! `file DB [PACKED]`: a SQLite database a running collector wrote (from real agents, say),
+//! left alone: a copy of it (kept at `PACKED` if given) is measured, packed as below and
+//! measured again, and the bytes of its packed values are given per row they took in, to
+//! set real GPUs' values beside the simulator's.
 //!
 //! `week`: 1 node, 1 GPU, one tick a second for 7 days (604,800 ticks), 60 ticks per batch,
 //! one batch per write. `fleet-hour`: 125 nodes × 8 GPUs for one hour, 10 ticks per batch,
@@ -68,8 +74,12 @@ const JOB_MS: i64 = 6 * 3_600_000;
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (shape, backend) = match args.as_slice() {
+        [s, path] if s == "file" => return existing(path.as_ref(), None).await,
+        [s, path, keep] if s == "file" => {
+            return existing(path.as_ref(), Some(keep.as_ref())).await;
+        }
         [s, b] => (s.as_str(), b.as_str()),
-        _ => bail!("usage: storage_bytes week|fleet-hour sqlite|postgres"),
+        _ => bail!("usage: storage_bytes week|fleet-hour sqlite|postgres, or file DB [PACKED]"),
     };
     let procs = knob("PROCS", 2);
     let host_every = knob("HOST_EVERY", 1).max(1);
@@ -222,6 +232,108 @@ async fn account_and_roll_up(store: &Arc<dyn Store>, now_ms: i64) -> Result<Roll
     let mut rollups = Rollups::new(store.clone(), options, clock);
     rollups.pass().await?;
     Ok(rollups)
+}
+
+/// `file DB`: what a running collector wrote (a SQLite file, from real agents say), packed.
+/// A copy is measured, accounted, rolled up and packed two hours after its newest tick, as
+/// the collector would; every value must read back as before. Reports the bytes of the
+/// packed values per row they took in. The packed copy is kept at `keep`
+/// if given (a new file), to look into or check afterwards.
+async fn existing(path: &std::path::Path, keep: Option<&std::path::Path>) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let copy = keep.map_or_else(|| dir.path().join("copy.db"), std::path::Path::to_path_buf);
+    if copy.exists() {
+        bail!("{} exists: PACKED names a new file", copy.display());
+    }
+    let mut conn = sqlx::SqliteConnection::connect(&format!("sqlite://{}?mode=ro", path.display()))
+        .await
+        .with_context(|| format!("open {}", path.display()))?;
+    sqlx::query("VACUUM INTO ?")
+        .bind(copy.display().to_string())
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    let url = format!("sqlite://{}", copy.display());
+    let store = store::open(&url).await?;
+    let nodes = store.nodes().await?;
+    let gpu_samples: u64 = nodes.iter().map(|n| n.stored_samples).sum();
+    let (Some(from_ms), Some(to_ms)) = (
+        nodes.iter().map(|n| n.first_seen_ms).min(),
+        nodes.iter().filter_map(|n| n.last_seen_ms).max(),
+    ) else {
+        bail!("{}: no node has a sample", path.display());
+    };
+    println!(
+        "{}: {} node(s), {} GPU(s), {gpu_samples} GPU samples",
+        path.display(),
+        nodes.len(),
+        nodes.iter().map(|n| n.gpus.len()).sum::<usize>()
+    );
+    report(&sqlite_sizes(&url, &copy).await?, gpu_samples, "file");
+    let keys: Vec<Arc<NodeKeys>> = nodes.iter().map(|n| Arc::new(n.keys())).collect();
+    // From an hour before the first Hello (agent clocks may lag the collector's).
+    let all = TimeRange {
+        from_ms: from_ms - 3_600_000,
+        to_ms: to_ms + 1000,
+    };
+    let before = raw_answers(&store, &keys, all).await?;
+    let rows_before = raw_row_counts(&url).await?;
+    let now = all.to_ms + 2 * 3_600_000;
+    let mut rollups = account_and_roll_up(&store, now).await?;
+    let rollups_before = rollup_answers(&store, &keys, all).await?;
+    let out = rollups.pack(now).await?;
+    println!(
+        "packed {} minutes ({} rows), merged {} hours of them, {} rollup minutes and {} \
+         health readings",
+        out.minutes, out.rows, out.hours, out.rollup_minutes, out.health_readings
+    );
+    if raw_answers(&store, &keys, all).await? != before {
+        bail!("the samples read back differ once packed");
+    }
+    if rollup_answers(&store, &keys, all).await? != rollups_before {
+        bail!("the rollup minutes read back differ once packed");
+    }
+    println!(
+        "every sample, process sample, host row, health reading and rollup minute reads back as before"
+    );
+    println!("as the collector keeps it (closed minutes packed):");
+    report(&sqlite_sizes(&url, &copy).await?, gpu_samples, "file");
+    // What the packed values hold: the rows that left the raw tables (a packed value can
+    // also hold rows packed before the copy was made).
+    let rows_after = raw_row_counts(&url).await?;
+    let mut conn = sqlx::SqliteConnection::connect(&url).await?;
+    for ((raw, before), (_, after)) in rows_before.iter().zip(&rows_after) {
+        let table = format!("packed_{}_minutes", raw.trim_end_matches("_samples"));
+        let (values, bytes): (i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*), sum(length(packed)) FROM {table}"
+        )))
+        .fetch_one(&mut conn)
+        .await?;
+        let (bytes, moved) = (bytes.unwrap_or(0), before - after);
+        println!(
+            "  {table:<24} {values:>6} values, {bytes:>10} bytes, holding {moved} of {before} \
+             rows packed here: {:.1} B per row",
+            bytes as f64 / moved.max(1) as f64
+        );
+    }
+    conn.close().await?;
+    store.close().await;
+    Ok(())
+}
+
+/// Rows in the raw GPU, process and host tables, in that order.
+async fn raw_row_counts(url: &str) -> Result<Vec<(&'static str, i64)>> {
+    let mut conn = sqlx::SqliteConnection::connect(url).await?;
+    let mut out = Vec::new();
+    for table in ["gpu_samples", "process_samples", "host_samples"] {
+        let n: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(&mut conn)
+                .await?;
+        out.push((table, n));
+    }
+    conn.close().await?;
+    Ok(out)
 }
 
 /// Registers the nodes and writes `ticks` ticks of each, `per_batch` ticks per batch, one
