@@ -12,7 +12,7 @@
 //!
 //! `file DB [PACKED]`: a SQLite database a running collector wrote (from real agents, say),
 //! left alone: a copy of it (kept at `PACKED` if given) is measured, packed as below and
-//! measured again, and the bytes of its packed values are given per row they took in, to
+//! measured again, and the bytes of its packed values are given per row they hold, to
 //! set real GPUs' values beside the simulator's.
 //!
 //! `week`: 1 node, 1 GPU, one tick a second for 7 days (604,800 ticks), 60 ticks per batch,
@@ -237,7 +237,7 @@ async fn account_and_roll_up(store: &Arc<dyn Store>, now_ms: i64) -> Result<Roll
 /// `file DB`: what a running collector wrote (a SQLite file, from real agents say), packed.
 /// A copy is measured, accounted, rolled up and packed two hours after its newest tick, as
 /// the collector would; every value must read back as before. Reports the bytes of the
-/// packed values per row they took in. The packed copy is kept at `keep`
+/// packed values per row they hold. The packed copy is kept at `keep`
 /// if given (a new file), to look into or check afterwards.
 async fn existing(path: &std::path::Path, keep: Option<&std::path::Path>) -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -277,7 +277,6 @@ async fn existing(path: &std::path::Path, keep: Option<&std::path::Path>) -> Res
         to_ms: to_ms + 1000,
     };
     let before = raw_answers(&store, &keys, all).await?;
-    let rows_before = raw_row_counts(&url).await?;
     let now = all.to_ms + 2 * 3_600_000;
     let mut rollups = account_and_roll_up(&store, now).await?;
     let rollups_before = rollup_answers(&store, &keys, all).await?;
@@ -298,27 +297,46 @@ async fn existing(path: &std::path::Path, keep: Option<&std::path::Path>) -> Res
     );
     println!("as the collector keeps it (closed minutes packed):");
     report(&sqlite_sizes(&url, &copy).await?, gpu_samples, "file");
-    // What the packed values hold: the rows that left the raw tables (a packed value can
-    // also hold rows packed before the copy was made).
-    let rows_after = raw_row_counts(&url).await?;
+    // What the packed values hold: every row read back that is not a raw row (the
+    // collector may have packed some before the copy was made).
+    let read = read_counts(&store, &keys, all).await?;
+    let raw = raw_row_counts(&url).await?;
     let mut conn = sqlx::SqliteConnection::connect(&url).await?;
-    for ((raw, before), (_, after)) in rows_before.iter().zip(&rows_after) {
-        let table = format!("packed_{}_minutes", raw.trim_end_matches("_samples"));
+    for ((table, raw), read) in raw.iter().zip(read) {
+        let packed = format!("packed_{}_minutes", table.trim_end_matches("_samples"));
         let (values, bytes): (i64, Option<i64>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*), sum(length(packed)) FROM {table}"
+            "SELECT count(*), sum(length(packed)) FROM {packed}"
         )))
         .fetch_one(&mut conn)
         .await?;
-        let (bytes, moved) = (bytes.unwrap_or(0), before - after);
+        let (bytes, held) = (bytes.unwrap_or(0), read - raw);
         println!(
-            "  {table:<24} {values:>6} values, {bytes:>10} bytes, holding {moved} of {before} \
-             rows packed here: {:.1} B per row",
-            bytes as f64 / moved.max(1) as f64
+            "  {packed:<24} {values:>6} values, {bytes:>10} bytes, holding {held} of {read} \
+             rows: {:.1} B per row",
+            bytes as f64 / held.max(1) as f64
         );
     }
     conn.close().await?;
     store.close().await;
     Ok(())
+}
+
+/// GPU samples, process samples and host rows read back in `all` (raw and packed), in
+/// that order.
+async fn read_counts(
+    store: &Arc<dyn Store>,
+    keys: &[Arc<NodeKeys>],
+    all: TimeRange,
+) -> Result<[i64; 3]> {
+    let mut n = [0usize; 3];
+    for k in keys {
+        n[2] += store.host_samples(k.id, all, usize::MAX).await?.len();
+        for gpu in k.gpus.values() {
+            n[0] += store.gpu_samples(*gpu, all, usize::MAX).await?.len();
+            n[1] += store.process_samples(*gpu, all, usize::MAX).await?.len();
+        }
+    }
+    Ok(n.map(|n| i64::try_from(n).unwrap_or(i64::MAX)))
 }
 
 /// Rows in the raw GPU, process and host tables, in that order.
