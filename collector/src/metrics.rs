@@ -1,11 +1,11 @@
-//! The collector's own counters (what it ingested, refused, and how long commits took),
-//! exposed on `/metrics` next to the fleet's GPU metrics. Lock-free: the ingest path only
-//! touches atomics.
+//! The collector's own counters (what it ingested, refused, and how long commits took;
+//! its background jobs' passes and what packing moved), exposed on `/metrics` next to the
+//! fleet's GPU metrics. Lock-free where the ingest path counts: it only touches atomics.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Upper bounds (seconds) of the commit-duration histogram buckets.
 pub const COMMIT_BUCKETS: [f64; 12] = [
@@ -44,13 +44,50 @@ pub struct Metrics {
     /// Per background job run under a lease ([`crate::accounting::leader`]): whether this collector
     /// leads it now. Written when leadership changes, read by `/metrics`.
     leading: Mutex<BTreeMap<&'static str, bool>>,
+    /// Per background job pass (`energy`, `rollups`, `retention`, `packing`): how many
+    /// ran here and how long they took, so an operator sees whether the jobs keep up.
+    passes: Mutex<BTreeMap<&'static str, PassStats>>,
+    /// Raw rows (GPU samples, process ticks, host rows) moved into packed values.
+    pub packed_rows: AtomicU64,
     /// The remote-write pusher's counters ([`crate::remote_write`]).
     pub remote_write: std::sync::Arc<crate::remote_write::Stats>,
     /// The alert notifier's counters ([`crate::alerts::notify`]).
     pub alerts: std::sync::Arc<crate::alerts::notify::NotifyStats>,
 }
 
+/// One background job's passes on this collector since start-up.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct PassStats {
+    pub ok: u64,
+    pub failed: u64,
+    /// Time spent in passes, ok or failed.
+    pub seconds: f64,
+}
+
 impl Metrics {
+    /// Records a pass of `job` that began at `began` and ended now, `ok` or failed.
+    pub fn observe_pass(&self, job: &'static str, began: Instant, ok: bool) {
+        let took = began.elapsed().as_secs_f64();
+        let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
+        let p = passes.entry(job).or_default();
+        if ok {
+            p.ok += 1;
+        } else {
+            p.failed += 1;
+        }
+        p.seconds += took;
+    }
+
+    /// Every job that ran a pass here, by name.
+    pub fn passes(&self) -> Vec<(&'static str, PassStats)> {
+        self.passes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(&j, &p)| (j, p))
+            .collect()
+    }
+
     /// Records whether this collector now leads `job`.
     pub fn set_leading(&self, job: &'static str, leading: bool) {
         self.leading

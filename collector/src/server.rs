@@ -210,14 +210,19 @@ pub async fn serve_with_store(
         options.lead,
         rollups_stop.clone(),
         {
-            let (store, live, retention) =
-                (store.clone(), Arc::clone(&live), options.retention.clone());
+            let (store, live, retention, metrics) = (
+                store.clone(),
+                Arc::clone(&live),
+                options.retention.clone(),
+                Arc::clone(&metrics),
+            );
             move |term| {
                 let task = crate::accounting::rollups::spawn(
                     store.clone(),
                     Arc::clone(&live),
                     retention.clone(),
                     system_clock(),
+                    Arc::clone(&metrics),
                     term,
                 );
                 joined(crate::accounting::rollups::JOB, task)

@@ -331,12 +331,14 @@ pub fn spawn(
         max_gap = ?options.max_gap,
         "energy accounting"
     );
+    let job_metrics = Arc::clone(&metrics);
     crate::accounting::leader::spawn(leases, JOB, metrics, lead, stop, move |term| {
         run(
             Arc::clone(&store),
             Arc::clone(&live),
             options.clone(),
             Arc::clone(&clock),
+            Arc::clone(&job_metrics),
             term,
         )
     })
@@ -349,6 +351,7 @@ async fn run(
     live: Arc<Live>,
     options: EnergyOptions,
     clock: crate::live::status::Clock,
+    metrics: Arc<crate::metrics::Metrics>,
     stop: CancellationToken,
 ) {
     let notes = Notes::start(
@@ -371,7 +374,10 @@ async fn run(
                 let noted = notes.take();
                 accountant.dirty.extend(noted.touched);
                 accountant.recheck |= noted.missed;
-                if let Err(e) = accountant.pass().await {
+                let began = std::time::Instant::now();
+                let pass = accountant.pass().await;
+                metrics.observe_pass(JOB, began, pass.is_ok());
+                if let Err(e) = pass {
                     warn!(error = %e, "energy accounting pass failed; retrying next period");
                 }
             }

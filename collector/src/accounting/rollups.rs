@@ -25,13 +25,15 @@ use crate::accounting::accountant;
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use crate::accounting::notes::Notes;
 use crate::live::state::{Committed, Live};
+use crate::metrics::Metrics;
 use crate::store::rollup::{RetentionOutcome, RollupKey};
 use crate::store::{PackOutcome, RollupStore, StoreError};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::parse_duration;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -261,28 +263,60 @@ impl Rollups {
         Ok(out)
     }
 
-    /// Runs [`Rollups::pack`] when `pack_period` has passed since the last run.
-    async fn pack_if_due(&mut self) -> Result<(), StoreError> {
+    /// Retention, then packing, each if due (after a pass), timed on `metrics`; a failure
+    /// is logged and retried at the next period.
+    async fn expire_and_pack_if_due(&mut self, metrics: &Metrics) {
+        let began = Instant::now();
+        match self.expire_if_due().await {
+            Ok(ran) => {
+                if ran.is_some() {
+                    metrics.observe_pass("retention", began, true);
+                }
+            }
+            Err(e) => {
+                metrics.observe_pass("retention", began, false);
+                warn!(error = %e, "retention failed; retrying next period");
+            }
+        }
+        let began = Instant::now();
+        match self.pack_if_due().await {
+            Ok(ran) => {
+                if let Some(out) = ran {
+                    metrics.observe_pass("packing", began, true);
+                    metrics.packed_rows.fetch_add(out.rows, Relaxed);
+                }
+            }
+            Err(e) => {
+                metrics.observe_pass("packing", began, false);
+                warn!(error = %e, "packing closed minutes failed; retrying next period");
+            }
+        }
+    }
+
+    /// Runs [`Rollups::pack`] when `pack_period` has passed since the last run; `None`
+    /// when it was not due.
+    async fn pack_if_due(&mut self) -> Result<Option<PackOutcome>, StoreError> {
         let now = (self.clock)();
         let due = self
             .last_pack
             .is_none_or(|t| now - t >= ms(self.options.pack_period));
-        if due {
-            self.pack(now).await?;
+        match due {
+            true => self.pack(now).await.map(Some),
+            false => Ok(None),
         }
-        Ok(())
     }
 
-    /// Runs [`Rollups::expire`] when `retention_period` has passed since the last run.
-    async fn expire_if_due(&mut self) -> Result<(), StoreError> {
+    /// Runs [`Rollups::expire`] when `retention_period` has passed since the last run;
+    /// `None` when it was not due.
+    async fn expire_if_due(&mut self) -> Result<Option<RetentionOutcome>, StoreError> {
         let now = (self.clock)();
         let due = self
             .last_expiry
             .is_none_or(|t| now - t >= ms(self.options.retention_period));
-        if due {
-            self.expire(now).await?;
+        match due {
+            true => self.expire(now).await.map(Some),
+            false => Ok(None),
         }
-        Ok(())
     }
 }
 
@@ -311,6 +345,7 @@ pub fn spawn(
     live: Arc<Live>,
     options: RetentionOptions,
     clock: crate::live::status::Clock,
+    metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     let notes = Notes::start(
@@ -336,15 +371,12 @@ pub fn spawn(
                     let noted = notes.take();
                     rollups.dirty.extend(noted.touched);
                     rollups.recheck |= noted.missed;
-                    if let Err(e) = rollups.pass().await {
-                        warn!(error = %e, "rollup pass failed; retrying next period");
-                    } else {
-                        if let Err(e) = rollups.expire_if_due().await {
-                            warn!(error = %e, "retention failed; retrying next period");
-                        }
-                        if let Err(e) = rollups.pack_if_due().await {
-                            warn!(error = %e, "packing closed minutes failed; retrying next period");
-                        }
+                    let began = Instant::now();
+                    let pass = rollups.pass().await;
+                    metrics.observe_pass(JOB, began, pass.is_ok());
+                    match pass {
+                        Ok(_) => rollups.expire_and_pack_if_due(&metrics).await,
+                        Err(e) => warn!(error = %e, "rollup pass failed; retrying next period"),
                     }
                 }
             }

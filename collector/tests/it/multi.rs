@@ -183,6 +183,15 @@ fn leads(metrics: &str, job: &str) -> Option<bool> {
         .map(|v| v.trim() == "1")
 }
 
+/// Passes of `job` that this collector ran and that succeeded, if it ran any.
+fn passes_ok(metrics: &str, job: &str) -> Option<u64> {
+    let line = format!("gpufleet_collector_job_passes_total{{job=\"{job}\",result=\"ok\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 struct Running {
     http: String,
     grpc: String,
@@ -297,6 +306,41 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
         }
     })
     .await;
+    // Each job's passes are counted where it runs, and only there: the energy job's on
+    // its leader; the rollup task's, with its retention and packing (both due at its
+    // first pass), on the rollups leader.
+    let rollups = wait_until(
+        "the rollup task's passes",
+        Duration::from_secs(10),
+        async || {
+            for (i, c) in collectors.iter().enumerate() {
+                let m = get_text(&client, &format!("http://{}/metrics", c.http)).await;
+                if leads(&m, "rollups") == Some(true)
+                    && ["rollups", "retention", "packing"]
+                        .iter()
+                        .all(|job| passes_ok(&m, job).is_some_and(|n| n >= 1))
+                {
+                    return Some(i);
+                }
+            }
+            None
+        },
+    )
+    .await;
+    for (i, c) in collectors.iter().enumerate() {
+        let m = get_text(&client, &format!("http://{}/metrics", c.http)).await;
+        let energy = passes_ok(&m, "energy");
+        assert_eq!(
+            energy.is_some_and(|n| n >= 1),
+            i == leader,
+            "energy passes: {m}"
+        );
+        assert_eq!(
+            passes_ok(&m, "rollups").is_some(),
+            i == rollups,
+            "rollup passes: {m}"
+        );
+    }
     let [first, second] = collectors;
     let (gone, survivor) = if leader == 0 {
         (first, second)

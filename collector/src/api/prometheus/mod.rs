@@ -721,7 +721,7 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
 }
 
 fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Result {
-    let plain: [(&str, &str, u64); 4] = [
+    let plain: [(&str, &str, u64); 5] = [
         (
             "gpufleet_collector_batches_acked",
             "Batches acknowledged (committed).",
@@ -741,6 +741,12 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
             "gpufleet_collector_commit_failures",
             "Transactions that failed.",
             c.commit_failures,
+        ),
+        (
+            "gpufleet_collector_packed_rows",
+            "Raw rows (GPU samples, process ticks, host rows) this collector moved into \
+             packed values.",
+            c.packed_rows,
         ),
     ];
     for (name, help, v) in plain {
@@ -800,6 +806,7 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
             )?;
         }
     }
+    encode_passes(enc, &c.passes)?;
     let mut m = enc.encode_descriptor(
         "gpufleet_alert_notifications",
         "Alert notifications to webhooks since start-up, by result: sent (accepted), \
@@ -856,6 +863,42 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
         MetricType::Histogram,
     )?;
     m.encode_histogram::<NoLabelSet>(c.commit_seconds_sum, c.commits, &buckets, None)
+}
+
+/// The background jobs' passes on this collector: how many, and the time they took (its
+/// rate is the share of time a job is busy; near 1, the job no longer keeps up).
+fn encode_passes(
+    enc: &mut DescriptorEncoder,
+    passes: &[(&'static str, crate::metrics::PassStats)],
+) -> fmt::Result {
+    if passes.is_empty() {
+        return Ok(());
+    }
+    let mut m = enc.encode_descriptor(
+        "gpufleet_collector_job_passes",
+        "Background job passes run on this collector, by job (energy, rollups, retention, \
+         packing) and result (ok, failed).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (job, p) in passes {
+        for (result, n) in [("ok", p.ok), ("failed", p.failed)] {
+            let labels = [("job", Text(job)), ("result", Text(result))];
+            put(&mut m, &labels, MetricType::Counter, Num::U(n))?;
+        }
+    }
+    let mut m = enc.encode_descriptor(
+        "gpufleet_collector_job_pass_seconds",
+        "Seconds this collector spent in each background job's passes; its rate is the \
+         share of time the job is busy (near 1, it no longer keeps up).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (job, p) in passes {
+        let labels = [("job", Text(job))];
+        put(&mut m, &labels, MetricType::Counter, Num::F(p.seconds))?;
+    }
+    Ok(())
 }
 
 /// Encodes `snapshot`, then whatever `extra` registers (other parts' families), and
@@ -961,6 +1004,48 @@ mod tests {
         let out = render(snapshot(Published::default()), |_| {});
         assert!(!out.contains("gpufleet_alerts{"), "{out}");
         assert!(out.contains(r#"gpufleet_alert_notifications_total{result="sent"} 0"#));
+    }
+
+    #[test]
+    fn background_job_passes_their_time_and_packed_rows() {
+        let m = crate::metrics::Metrics::default();
+        let long_ago = std::time::Instant::now() - std::time::Duration::from_millis(1500);
+        m.observe_pass("packing", long_ago, true);
+        m.observe_pass("energy", std::time::Instant::now(), true);
+        m.observe_pass("energy", std::time::Instant::now(), false);
+        (m.packed_rows).fetch_add(11_062_500, std::sync::atomic::Ordering::Relaxed);
+        let mut s = snapshot(Published::default());
+        s.collector = CollectorSnap::take(&m, 0);
+        let out = render(s, |_| {});
+        let lines: Vec<&str> = (out.lines())
+            .filter(|l| l.starts_with("gpufleet_collector_job_pass"))
+            .collect();
+        assert_eq!(
+            lines[..4],
+            [
+                r#"gpufleet_collector_job_passes_total{job="energy",result="ok"} 1"#,
+                r#"gpufleet_collector_job_passes_total{job="energy",result="failed"} 1"#,
+                r#"gpufleet_collector_job_passes_total{job="packing",result="ok"} 1"#,
+                r#"gpufleet_collector_job_passes_total{job="packing",result="failed"} 0"#,
+            ],
+            "{out}"
+        );
+        let seconds = |job: &str| -> f64 {
+            let prefix = format!("gpufleet_collector_job_pass_seconds_total{{job=\"{job}\"}} ");
+            (out.lines().find_map(|l| l.strip_prefix(prefix.as_str())))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {prefix}in {out}"))
+        };
+        assert!((1.5..60.0).contains(&seconds("packing")), "{out}");
+        assert!(seconds("energy") < 1.5, "{out}");
+        assert!(
+            out.lines()
+                .any(|l| l == "gpufleet_collector_packed_rows_total 11062500"),
+            "{out}"
+        );
+        // A collector that ran no pass yet says nothing of passes.
+        let out = render(snapshot(Published::default()), |_| {});
+        assert!(!out.contains("gpufleet_collector_job_pass"), "{out}");
     }
 
     #[test]

@@ -70,6 +70,10 @@ pub struct CollectorSnap {
     pub alerts_dropped: u64,
     /// Alerts now, while this collector evaluates the rules.
     pub alerts_active: Option<crate::alerts::notify::ActiveAlerts>,
+    /// Background job passes run here, by job.
+    pub passes: Vec<(&'static str, crate::metrics::PassStats)>,
+    /// Raw rows moved into packed values here.
+    pub packed_rows: u64,
 }
 
 impl CollectorSnap {
@@ -93,6 +97,8 @@ impl CollectorSnap {
             alerts_failed: m.alerts.failed.load(Relaxed),
             alerts_dropped: m.alerts.dropped.load(Relaxed),
             alerts_active: m.alerts.active(),
+            passes: m.passes(),
+            packed_rows: m.packed_rows.load(Relaxed),
         }
     }
 }
