@@ -80,12 +80,7 @@ impl Metrics {
 
     /// Every job that ran a pass here, by name.
     pub fn passes(&self) -> Vec<(&'static str, PassStats)> {
-        self.passes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(&j, &p)| (j, p))
-            .collect()
+        by_job(&self.passes)
     }
 
     /// Records whether this collector now leads `job`.
@@ -98,12 +93,7 @@ impl Metrics {
 
     /// Every job run under a lease here, and whether this collector leads it now.
     pub fn leading(&self) -> Vec<(&'static str, bool)> {
-        self.leading
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .map(|(&j, &l)| (j, l))
-            .collect()
+        by_job(&self.leading)
     }
 
     /// Records one commit's duration.
@@ -118,4 +108,11 @@ impl Metrics {
         self.commit_micros_sum
             .fetch_add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX), Relaxed);
     }
+}
+
+/// A per-job map's entries, by job name.
+fn by_job<V: Copy>(map: &Mutex<BTreeMap<&'static str, V>>) -> Vec<(&'static str, V)> {
+    (map.lock().unwrap_or_else(PoisonError::into_inner).iter())
+        .map(|(&j, &v)| (j, v))
+        .collect()
 }
