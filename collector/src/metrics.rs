@@ -44,8 +44,8 @@ pub struct Metrics {
     /// Per background job run under a lease ([`crate::accounting::leader`]): whether this collector
     /// leads it now. Written when leadership changes, read by `/metrics`.
     leading: Mutex<BTreeMap<&'static str, bool>>,
-    /// Per background job pass (`energy`, `rollups`, `retention`, `packing`): how many
-    /// ran here and how long they took, so an operator sees whether the jobs keep up.
+    /// Per background task (`energy`, `rollups`, `retention`, `packing`): how many passes
+    /// ran here and how long they took, so an operator sees whether the tasks keep up.
     passes: Mutex<BTreeMap<&'static str, PassStats>>,
     /// Raw rows (GPU samples, process ticks, host rows) moved into packed values.
     pub packed_rows: AtomicU64,
@@ -55,7 +55,7 @@ pub struct Metrics {
     pub alerts: std::sync::Arc<crate::alerts::notify::NotifyStats>,
 }
 
-/// One background job's passes on this collector since start-up.
+/// One background task's passes on this collector since start-up.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 pub struct PassStats {
     pub ok: u64,
@@ -65,11 +65,11 @@ pub struct PassStats {
 }
 
 impl Metrics {
-    /// Records a pass of `job` that began at `began` and ended now, `ok` or failed.
-    pub fn observe_pass(&self, job: &'static str, began: Instant, ok: bool) {
+    /// Records a pass of `task` that began at `began` and ended now, `ok` or failed.
+    pub fn observe_pass(&self, task: &'static str, began: Instant, ok: bool) {
         let took = began.elapsed().as_secs_f64();
         let mut passes = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
-        let p = passes.entry(job).or_default();
+        let p = passes.entry(task).or_default();
         if ok {
             p.ok += 1;
         } else {
@@ -78,7 +78,7 @@ impl Metrics {
         p.seconds += took;
     }
 
-    /// Every job that ran a pass here, by name.
+    /// Every task that ran a pass here, by name.
     pub fn passes(&self) -> Vec<(&'static str, PassStats)> {
         by_job(&self.passes)
     }
@@ -110,7 +110,7 @@ impl Metrics {
     }
 }
 
-/// A per-job map's entries, by job name.
+/// A map's entries, by job or task name.
 fn by_job<V: Copy>(map: &Mutex<BTreeMap<&'static str, V>>) -> Vec<(&'static str, V)> {
     (map.lock().unwrap_or_else(PoisonError::into_inner).iter())
         .map(|(&j, &v)| (j, v))

@@ -183,9 +183,10 @@ fn leads(metrics: &str, job: &str) -> Option<bool> {
         .map(|v| v.trim() == "1")
 }
 
-/// Passes of `job` that this collector ran and that succeeded, if it ran any.
-fn passes_ok(metrics: &str, job: &str) -> Option<u64> {
-    let line = format!("gpufleet_collector_job_passes_total{{job=\"{job}\",result=\"ok\"}} ");
+/// Passes of `task` that this collector ran and that succeeded, if it ran any.
+fn passes_ok(metrics: &str, task: &str) -> Option<u64> {
+    let line =
+        format!("gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}} ");
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(&line))
@@ -318,7 +319,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
                 if leads(&m, "rollups") == Some(true)
                     && ["rollups", "retention", "packing"]
                         .iter()
-                        .all(|job| passes_ok(&m, job).is_some_and(|n| n >= 1))
+                        .all(|task| passes_ok(&m, task).is_some_and(|n| n >= 1))
                 {
                     return Some(i);
                 }

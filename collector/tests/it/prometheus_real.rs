@@ -197,6 +197,29 @@ async fn prometheus_scrapes_the_collector_and_the_dashboard_queries_work() {
     .await;
     assert_eq!(collector_w, prom_w);
 
+    // A Slurm workload's job id reaches Prometheus as `exported_job` (its `job` is the
+    // scrape job's), which is what the dashboard groups by.
+    let slurm = poll("a Slurm workload in Prometheus", limit, || async {
+        let r = query(
+            &client,
+            &prom,
+            "gpufleet_workload_energy_joules_total{kind=\"slurm\"}",
+            None,
+        )
+        .await;
+        r.as_array()?.first().map(|s| s["metric"].clone())
+    })
+    .await;
+    assert_eq!(slurm["job"], "gpufleet", "{slurm}");
+    assert_eq!(
+        slurm["workload"].as_str(),
+        slurm["exported_job"]
+            .as_str()
+            .map(|j| format!("slurm:{j}"))
+            .as_deref(),
+        "{slurm}"
+    );
+
     // 2. Workload energy: the counter's increase over a stretch matches the API's figure
     //    for the same stretch.
     let since_ms = poll("the workload counters to start", limit, || async {

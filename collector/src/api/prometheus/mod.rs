@@ -865,8 +865,10 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
     m.encode_histogram::<NoLabelSet>(c.commit_seconds_sum, c.commits, &buckets, None)
 }
 
-/// The background jobs' passes on this collector: how many, and the time they took (its
-/// rate is the share of time a job is busy; near 1, the job no longer keeps up).
+/// The background tasks' passes on this collector: how many, and the time they took (its
+/// rate is the share of time a task is busy; near 1, the task no longer keeps up). The
+/// label is `task`, not `job`, which Prometheus keeps for the scrape job (a scraped `job`
+/// label is stored as `exported_job`).
 fn encode_passes(
     enc: &mut DescriptorEncoder,
     passes: &[(&'static str, crate::metrics::PassStats)],
@@ -875,27 +877,27 @@ fn encode_passes(
         return Ok(());
     }
     let mut m = enc.encode_descriptor(
-        "gpufleet_collector_job_passes",
-        "Background job passes run on this collector, by job (energy, rollups, retention, \
+        "gpufleet_collector_background_passes",
+        "Background passes run on this collector, by task (energy, rollups, retention, \
          packing) and result (ok, failed).",
         None,
         MetricType::Counter,
     )?;
-    for (job, p) in passes {
+    for (task, p) in passes {
         for (result, n) in [("ok", p.ok), ("failed", p.failed)] {
-            let labels = [("job", Text(job)), ("result", Text(result))];
+            let labels = [("task", Text(task)), ("result", Text(result))];
             put(&mut m, &labels, MetricType::Counter, Num::U(n))?;
         }
     }
     let mut m = enc.encode_descriptor(
-        "gpufleet_collector_job_pass_seconds",
-        "Seconds this collector spent in each background job's passes; its rate is the \
-         share of time the job is busy (near 1, it no longer keeps up).",
+        "gpufleet_collector_background_pass_seconds",
+        "Seconds this collector spent in each background task's passes; its rate is the \
+         share of time the task is busy (near 1, it no longer keeps up).",
         None,
         MetricType::Counter,
     )?;
-    for (job, p) in passes {
-        let labels = [("job", Text(job))];
+    for (task, p) in passes {
+        let labels = [("task", Text(task))];
         put(&mut m, &labels, MetricType::Counter, Num::F(p.seconds))?;
     }
     Ok(())
@@ -1018,20 +1020,21 @@ mod tests {
         s.collector = CollectorSnap::take(&m, 0);
         let out = render(s, |_| {});
         let lines: Vec<&str> = (out.lines())
-            .filter(|l| l.starts_with("gpufleet_collector_job_pass"))
+            .filter(|l| l.starts_with("gpufleet_collector_background_pass"))
             .collect();
         assert_eq!(
             lines[..4],
             [
-                r#"gpufleet_collector_job_passes_total{job="energy",result="ok"} 1"#,
-                r#"gpufleet_collector_job_passes_total{job="energy",result="failed"} 1"#,
-                r#"gpufleet_collector_job_passes_total{job="packing",result="ok"} 1"#,
-                r#"gpufleet_collector_job_passes_total{job="packing",result="failed"} 0"#,
+                r#"gpufleet_collector_background_passes_total{task="energy",result="ok"} 1"#,
+                r#"gpufleet_collector_background_passes_total{task="energy",result="failed"} 1"#,
+                r#"gpufleet_collector_background_passes_total{task="packing",result="ok"} 1"#,
+                r#"gpufleet_collector_background_passes_total{task="packing",result="failed"} 0"#,
             ],
             "{out}"
         );
         let seconds = |job: &str| -> f64 {
-            let prefix = format!("gpufleet_collector_job_pass_seconds_total{{job=\"{job}\"}} ");
+            let prefix =
+                format!("gpufleet_collector_background_pass_seconds_total{{task=\"{job}\"}} ");
             (out.lines().find_map(|l| l.strip_prefix(prefix.as_str())))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no {prefix}in {out}"))
@@ -1045,7 +1048,7 @@ mod tests {
         );
         // A collector that ran no pass yet says nothing of passes.
         let out = render(snapshot(Published::default()), |_| {});
-        assert!(!out.contains("gpufleet_collector_job_pass"), "{out}");
+        assert!(!out.contains("gpufleet_collector_background_pass"), "{out}");
     }
 
     #[test]
