@@ -200,13 +200,8 @@ async fn prometheus_scrapes_the_collector_and_the_dashboard_queries_work() {
     // A Slurm workload's job id reaches Prometheus as `exported_job` (its `job` is the
     // scrape job's), which is what the dashboard groups by.
     let slurm = poll("a Slurm workload in Prometheus", limit, || async {
-        let r = query(
-            &client,
-            &prom,
-            "gpufleet_workload_energy_joules_total{kind=\"slurm\"}",
-            None,
-        )
-        .await;
+        let q = "gpufleet_workload_energy_joules_total{kind=\"slurm\"}";
+        let r = query(&client, &prom, q, None).await;
         r.as_array()?.first().map(|s| s["metric"].clone())
     })
     .await;
