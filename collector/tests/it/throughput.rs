@@ -16,7 +16,9 @@
 //! of the two cores: the benchmark's ticks are a day old, so every minute closes at once),
 //! `PACK_EVERY` seconds between the packer's passes (0: the collector's 10 minutes, which a
 //! run this short never reaches; with a few seconds, the run also packs what it wrote, as a
-//! collector that never stops must).
+//! collector that never stops must). After the run it prints what the collector's
+//! background tasks did meanwhile (passes finished by then and their seconds per task,
+//! rows packed, from its `/metrics`).
 
 use crate::common::*;
 use gpufleet_collector::{ServeOptions, serve_with_store};
@@ -94,6 +96,7 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
     let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = grpc.local_addr().expect("addr");
+    let http_addr = http.local_addr().expect("addr");
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(serve_with_store(
         Arc::clone(&store),
@@ -277,6 +280,7 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
         pct(0.99).as_millis(),
         pct(1.0).as_millis(),
     );
+    println!("{}", background_tasks(&http_addr.to_string()).await);
     let stored: u64 = store
         .nodes()
         .await
@@ -288,6 +292,36 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
     shutdown.cancel();
     server.await.expect("server").expect("clean shutdown");
     samples
+}
+
+/// What the collector's background tasks did during the run, from its `/metrics`: passes
+/// and seconds per task, and the raw rows packed.
+async fn background_tasks(http: &str) -> String {
+    let body = reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let value = |prefix: &str| -> Option<f64> {
+        let rest = body.lines().find_map(|l| l.strip_prefix(prefix))?;
+        rest.trim().parse().ok()
+    };
+    let mut out = String::from("background tasks during the run:");
+    for task in ["energy", "rollups", "retention", "packing"] {
+        let passes = value(&format!(
+            "gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}} "
+        ));
+        let secs = value(&format!(
+            "gpufleet_collector_background_pass_seconds_total{{task=\"{task}\"}} "
+        ));
+        if let (Some(n), Some(s)) = (passes, secs) {
+            out.push_str(&format!(" {task} {n} passes {s:.2} s;"));
+        }
+    }
+    let packed = value("gpufleet_collector_packed_rows_total ").unwrap_or(0.0);
+    out.push_str(&format!(" {packed} raw rows packed"));
+    out
 }
 
 /// The store alone: `write_batches` with groups of pre-built domain batches, as the
