@@ -709,3 +709,13 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A collector's `/metrics` exposition, over HTTP at `http` (host:port).
+pub async fn scrape_metrics(http: &str) -> String {
+    reqwest::get(format!("http://{http}/metrics"))
+        .await
+        .expect("scrape /metrics")
+        .text()
+        .await
+        .expect("the /metrics body")
+}

@@ -125,12 +125,7 @@ fn points(series: &Value) -> Vec<(i64, f64)> {
 
 /// The collector's remote-write counter `name` from its /metrics.
 async fn self_metric(http: &str, name: &str) -> f64 {
-    let text = reqwest::get(format!("http://{http}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
+    let text = crate::common::scrape_metrics(http).await;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))

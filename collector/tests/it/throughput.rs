@@ -297,12 +297,7 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
 /// What the collector's background tasks did during the run, from its `/metrics`: passes
 /// and seconds per task, and the raw rows packed.
 async fn background_tasks(http: &str) -> String {
-    let body = reqwest::get(format!("http://{http}/metrics"))
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    let body = scrape_metrics(http).await;
     let value = |prefix: &str| -> Option<f64> {
         let rest = body.lines().find_map(|l| l.strip_prefix(prefix))?;
         rest.trim().parse().ok()
