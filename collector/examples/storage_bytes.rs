@@ -276,25 +276,7 @@ async fn existing(path: &std::path::Path, keep: Option<&std::path::Path>) -> Res
         from_ms: from_ms - 3_600_000,
         to_ms: to_ms + 1000,
     };
-    let before = raw_answers(&store, &keys, all).await?;
-    let now = all.to_ms + 2 * 3_600_000;
-    let mut rollups = account_and_roll_up(&store, now).await?;
-    let rollups_before = rollup_answers(&store, &keys, all).await?;
-    let out = rollups.pack(now).await?;
-    println!(
-        "packed {} minutes ({} rows), merged {} hours of them, {} rollup minutes and {} \
-         health readings",
-        out.minutes, out.rows, out.hours, out.rollup_minutes, out.health_readings
-    );
-    if raw_answers(&store, &keys, all).await? != before {
-        bail!("the samples read back differ once packed");
-    }
-    if rollup_answers(&store, &keys, all).await? != rollups_before {
-        bail!("the rollup minutes read back differ once packed");
-    }
-    println!(
-        "every sample, process sample, host row, health reading and rollup minute reads back as before"
-    );
+    pack_and_check(&store, &keys, all).await?;
     println!("as the collector keeps it (closed minutes packed):");
     report(&sqlite_sizes(&url, &copy).await?, gpu_samples, "file");
     // What the packed values hold: every row read back that is not a raw row (the
@@ -440,10 +422,8 @@ async fn write(
     Ok(sims.into_iter().map(|(_, keys)| keys).collect())
 }
 
-/// The collector's background jobs over the written ticks, two hours after the last one:
-/// every closed minute energy-accounted and rolled up, then every closed minute packed by
-/// the store; every node's host rows and every GPU's samples and process samples must
-/// read back as they did from the rows.
+/// The collector's background jobs over the written ticks ([`pack_and_check`]), then one
+/// GPU's charts timed.
 async fn pack_as_the_collector(
     store: &Arc<dyn Store>,
     keys: &[Arc<NodeKeys>],
@@ -453,6 +433,19 @@ async fn pack_as_the_collector(
         from_ms: START_MS,
         to_ms: START_MS + i64::from(ticks) * 1000,
     };
+    pack_and_check(store, keys, all).await?;
+    charts(store, keys, all).await
+}
+
+/// The collector's background jobs over every node's data in `all`, two hours after its
+/// end: every closed minute energy-accounted and rolled up, then every closed minute
+/// packed; every host row, GPU sample, process sample, health reading and rollup minute
+/// must read back as it did before.
+async fn pack_and_check(
+    store: &Arc<dyn Store>,
+    keys: &[Arc<NodeKeys>],
+    all: TimeRange,
+) -> Result<()> {
     let before = raw_answers(store, keys, all).await?;
     let began = Instant::now();
     let now = all.to_ms + 2 * 3_600_000;
@@ -477,7 +470,11 @@ async fn pack_as_the_collector(
     if rollup_answers(store, keys, all).await? != rollups_before {
         bail!("the rollup minutes read back differ once packed");
     }
-    charts(store, keys, all).await
+    println!(
+        "every host row, GPU sample, process sample, health reading and rollup minute reads \
+         back as before"
+    );
+    Ok(())
 }
 
 /// Times what a GPU's charts read, as the series API reads it (the store's answer, without

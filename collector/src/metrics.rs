@@ -1,5 +1,5 @@
 //! The collector's own counters (what it ingested, refused, and how long commits took;
-//! its background jobs' passes and what packing moved), exposed on `/metrics` next to the
+//! its background tasks' passes and what packing moved), exposed on `/metrics` next to the
 //! fleet's GPU metrics. Lock-free where the ingest path counts: it only touches atomics.
 
 use std::collections::BTreeMap;

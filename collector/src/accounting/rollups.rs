@@ -270,11 +270,11 @@ impl Rollups {
         match self.expire_if_due().await {
             Ok(ran) => {
                 if ran.is_some() {
-                    metrics.observe_pass("retention", began, true);
+                    metrics.observe_pass(RETENTION_TASK, began, true);
                 }
             }
             Err(e) => {
-                metrics.observe_pass("retention", began, false);
+                metrics.observe_pass(RETENTION_TASK, began, false);
                 warn!(error = %e, "retention failed; retrying next period");
             }
         }
@@ -282,12 +282,12 @@ impl Rollups {
         match self.pack_if_due().await {
             Ok(ran) => {
                 if let Some(out) = ran {
-                    metrics.observe_pass("packing", began, true);
+                    metrics.observe_pass(PACKING_TASK, began, true);
                     metrics.packed_rows.fetch_add(out.rows, Relaxed);
                 }
             }
             Err(e) => {
-                metrics.observe_pass("packing", began, false);
+                metrics.observe_pass(PACKING_TASK, began, false);
                 warn!(error = %e, "packing closed minutes failed; retrying next period");
             }
         }
@@ -336,6 +336,10 @@ pub fn touched_series(live: &Live, c: &Committed) -> BTreeSet<(RollupKey, UnixMs
 
 /// The job name of rollups and retention under [`crate::accounting::leader`].
 pub const JOB: &str = "rollups";
+/// The names the rollup task's retention and packing passes are counted under on
+/// `/metrics` (its rollup passes are counted under [`JOB`]).
+pub const RETENTION_TASK: &str = "retention";
+pub const PACKING_TASK: &str = "packing";
 
 /// Starts the rollup and retention task; it stops when `stop` is cancelled (finishing
 /// the pass it is in). The collector runs it under the `rollups` job lease

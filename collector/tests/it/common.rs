@@ -719,3 +719,12 @@ pub async fn scrape_metrics(http: &str) -> String {
         .await
         .expect("the /metrics body")
 }
+
+/// The value of one series (`name{labels}`, as the exposition writes it) in a `/metrics`
+/// body, if present.
+pub fn metric_value(body: &str, series: &str) -> Option<f64> {
+    let line = body
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))?;
+    line.trim().parse().ok()
+}

@@ -11,7 +11,7 @@
 //!   exactly one, and moves to the other when it stops.
 
 use crate::common::{
-    T0, batch, gpu_info_full, hello, inventory, node_batch, register_gpus, wait_until,
+    T0, batch, gpu_info_full, hello, inventory, metric_value, node_batch, register_gpus, wait_until,
 };
 use gpufleet_collector::accounting::leader::LeadOptions;
 use gpufleet_collector::live::follow::FollowMode;
@@ -184,13 +184,10 @@ fn leads(metrics: &str, job: &str) -> Option<bool> {
 }
 
 /// Passes of `task` that this collector ran and that succeeded, if it ran any.
-fn passes_ok(metrics: &str, task: &str) -> Option<u64> {
-    let line =
-        format!("gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}} ");
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .and_then(|v| v.trim().parse().ok())
+fn passes_ok(metrics: &str, task: &str) -> Option<f64> {
+    let series =
+        format!("gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}}");
+    metric_value(metrics, &series)
 }
 
 struct Running {
@@ -307,7 +304,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
         }
     })
     .await;
-    // Each job's passes are counted where it runs, and only there: the energy job's on
+    // Each task's passes are counted where it runs, and only there: the energy job's on
     // its leader; the rollup task's, with its retention and packing (both due at its
     // first pass), on the rollups leader.
     let rollups = wait_until(
@@ -319,7 +316,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
                 if leads(&m, "rollups") == Some(true)
                     && ["rollups", "retention", "packing"]
                         .iter()
-                        .all(|task| passes_ok(&m, task).is_some_and(|n| n >= 1))
+                        .all(|task| passes_ok(&m, task).is_some_and(|n| n >= 1.0))
                 {
                     return Some(i);
                 }
@@ -332,7 +329,7 @@ async fn two_collectors_on_one_sqlite_file_show_every_node_and_run_the_job_once(
         let m = get_text(&client, &format!("http://{}/metrics", c.http)).await;
         let energy = passes_ok(&m, "energy");
         assert_eq!(
-            energy.is_some_and(|n| n >= 1),
+            energy.is_some_and(|n| n >= 1.0),
             i == leader,
             "energy passes: {m}"
         );

@@ -126,11 +126,8 @@ fn points(series: &Value) -> Vec<(i64, f64)> {
 /// The collector's remote-write counter `name` from its /metrics.
 async fn self_metric(http: &str, name: &str) -> f64 {
     let text = crate::common::scrape_metrics(http).await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics"))
-        .parse()
-        .expect("number")
+    crate::common::metric_value(&text, name)
+        .unwrap_or_else(|| panic!("{name} missing from /metrics, or not a number"))
 }
 
 /// Waits until every GPU's saved position is its newest stored sample.

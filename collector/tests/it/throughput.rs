@@ -298,23 +298,20 @@ async fn ingest(store: Arc<dyn gpufleet_collector::store::Store>, backend: &str)
 /// and seconds per task, and the raw rows packed.
 async fn background_tasks(http: &str) -> String {
     let body = scrape_metrics(http).await;
-    let value = |prefix: &str| -> Option<f64> {
-        let rest = body.lines().find_map(|l| l.strip_prefix(prefix))?;
-        rest.trim().parse().ok()
-    };
+    let value = |series: &str| metric_value(&body, series);
     let mut out = String::from("background tasks during the run:");
     for task in ["energy", "rollups", "retention", "packing"] {
         let passes = value(&format!(
-            "gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}} "
+            "gpufleet_collector_background_passes_total{{task=\"{task}\",result=\"ok\"}}"
         ));
         let secs = value(&format!(
-            "gpufleet_collector_background_pass_seconds_total{{task=\"{task}\"}} "
+            "gpufleet_collector_background_pass_seconds_total{{task=\"{task}\"}}"
         ));
         if let (Some(n), Some(s)) = (passes, secs) {
             out.push_str(&format!(" {task} {n} passes {s:.2} s;"));
         }
     }
-    let packed = value("gpufleet_collector_packed_rows_total ").unwrap_or(0.0);
+    let packed = value("gpufleet_collector_packed_rows_total").unwrap_or(0.0);
     out.push_str(&format!(" {packed} raw rows packed"));
     out
 }

@@ -1009,7 +1009,7 @@ mod tests {
     }
 
     #[test]
-    fn background_job_passes_their_time_and_packed_rows() {
+    fn background_passes_their_time_and_packed_rows() {
         let m = crate::metrics::Metrics::default();
         let long_ago = std::time::Instant::now() - std::time::Duration::from_millis(1500);
         m.observe_pass("packing", long_ago, true);
@@ -1032,9 +1032,9 @@ mod tests {
             ],
             "{out}"
         );
-        let seconds = |job: &str| -> f64 {
+        let seconds = |task: &str| -> f64 {
             let prefix =
-                format!("gpufleet_collector_background_pass_seconds_total{{task=\"{job}\"}} ");
+                format!("gpufleet_collector_background_pass_seconds_total{{task=\"{task}\"}} ");
             (out.lines().find_map(|l| l.strip_prefix(prefix.as_str())))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no {prefix}in {out}"))

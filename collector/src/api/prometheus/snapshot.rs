@@ -70,7 +70,7 @@ pub struct CollectorSnap {
     pub alerts_dropped: u64,
     /// Alerts now, while this collector evaluates the rules.
     pub alerts_active: Option<crate::alerts::notify::ActiveAlerts>,
-    /// Background job passes run here, by job.
+    /// Background passes run here, by task.
     pub passes: Vec<(&'static str, crate::metrics::PassStats)>,
     /// Raw rows moved into packed values here.
     pub packed_rows: u64,
