@@ -3,6 +3,7 @@
 //! ([`TokenStore`]); each written once over [`Backend`].
 
 use super::backend::{Backend, Dialect, Get, sql};
+use super::rollup_hours::HOUR_MS;
 use super::rows::{
     self, EVENT_COLS, GPU_COLS, HEALTH_COLS, PROCESS_JOINS, limit_i64, process_cols, to_i64,
 };
@@ -11,13 +12,14 @@ use super::{
     NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange,
     WriteOutcome, assemble_ticks, follow,
 };
+use crate::accounting::energy::MINUTE_MS;
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Event, GpuHealthSample, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::sync::LazyLock;
+use std::sync::{LazyLock, PoisonError};
 
 /// What ingest writes: node registrations and validated batches.
 #[async_trait]
@@ -46,6 +48,13 @@ pub trait IngestWrites: Send + Sync + std::fmt::Debug {
     fn concurrent_writes(&self) -> bool {
         false
     }
+
+    /// Sets the clock that closes minutes to writes: the process ticks a write brings
+    /// for a minute that ended [`PACK_ON_ARRIVAL_AFTER_MS`](super::PACK_ON_ARRIVAL_AFTER_MS)
+    /// or more before it (a replay after an outage) go straight into the minute's packed
+    /// value instead of rows. `None`: every tick is written as a row, as an open
+    /// minute's are. A store opens with the wall clock.
+    fn set_arrival_clock(&self, clock: Option<super::ArrivalClock>);
 
     /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
     /// `rehome-gpu`, for a GPU that really moved). Sessions already open keep the GPU
@@ -332,6 +341,10 @@ impl<DB: Backend> IngestWrites for SqlStore<DB> {
         DB::SHARED
     }
 
+    fn set_arrival_clock(&self, clock: Option<super::ArrivalClock>) {
+        *(self.arrival_clock.0.lock()).unwrap_or_else(PoisonError::into_inner) = clock;
+    }
+
     async fn rehome_gpu(&self, uuid: &str, to: &str) -> Result<Rehomed, StoreError> {
         let mut tx = self.begin_write("begin a transaction").await?;
         let to_id = sql::<DB>("find a node", "SELECT id FROM nodes WHERE name = $1")
@@ -553,6 +566,31 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
                 .entry(row.get("gpu_id")?)
                 .or_default()
                 .push(rows::process(row)?);
+        }
+        // A closed minute's process ticks may have been packed as they arrived (a
+        // replay): those of such a newest sample come from its packed value.
+        let packed = sql::<DB>(
+            "find the newest GPU samples whose process ticks are packed",
+            format!(
+                "SELECT g.id AS gpu_id, s.ts_ms FROM gpus g \
+                 JOIN gpu_samples s ON s.gpu_id = g.id AND s.ts_ms = {newest} \
+                 WHERE EXISTS (SELECT 1 FROM packed_process_minutes p WHERE p.gpu_id = g.id \
+                   AND p.minute_ms IN ((s.ts_ms / {MINUTE_MS}) * {MINUTE_MS}, \
+                     (s.ts_ms / {HOUR_MS}) * {HOUR_MS}) \
+                   AND p.minute_ms + p.span_ms > s.ts_ms)"
+            ),
+        )
+        .all(&mut conn)
+        .await?;
+        for row in &packed {
+            let (gpu, ts): (i64, UnixMs) = (row.get("gpu_id")?, row.get("ts_ms")?);
+            let at = TimeRange {
+                from_ms: ts,
+                to_ms: ts,
+            };
+            let ticks =
+                super::packing::process_rows::<DB>(&mut conn, GpuId(gpu), at, usize::MAX).await?;
+            by_gpu.insert(gpu, ticks.into_iter().map(|(_, p)| p).collect());
         }
         samples
             .iter()

@@ -48,7 +48,7 @@ pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use lease::JobLeases;
-pub use packing::PackOutcome;
+pub use packing::{PACK_ON_ARRIVAL_AFTER_MS, PackOutcome};
 pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
 
@@ -403,6 +403,19 @@ impl GpuMetric {
 /// metric was absent in that sample or in every sample of the bucket).
 pub type SeriesPoint = (UnixMs, Option<f64>);
 
+/// A clock, in Unix milliseconds.
+pub type ArrivalClock = Arc<dyn Fn() -> UnixMs + Send + Sync>;
+
+/// A store's [`ArrivalClock`], if any.
+struct ArrivalClockCell(Mutex<Option<ArrivalClock>>);
+
+impl std::fmt::Debug for ArrivalClockCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.lock().map(|c| c.is_some()).unwrap_or(false);
+        f.debug_struct("ArrivalClock").field("set", &set).finish()
+    }
+}
+
 /// The whole store: every concept's trait, and the store's own lifecycle. `main` opens one
 /// ([`open`]) and hands each component the traits it uses (`Arc<dyn IngestWrites>` to the
 /// writer, `Arc<dyn EnergyStore>` to the accountant, ...), so a test can fake just those.
@@ -465,6 +478,8 @@ pub struct SqlStore<DB: Backend> {
     /// Process lifetime id per identity (`process_lives`), committed ids only, like
     /// `workloads`.
     lives: Mutex<HashMap<write::LifeKey, i64>>,
+    /// The clock that closes minutes to writes ([`IngestWrites::set_arrival_clock`]).
+    arrival_clock: ArrivalClockCell,
     /// What the backend keeps besides (SQLite: its write queue and lease files;
     /// PostgreSQL: the days whose partitions exist).
     local: DB::Local,
@@ -512,7 +527,20 @@ impl<DB: Backend> SqlStore<DB> {
             pool,
             workloads: Mutex::new(HashMap::new()),
             lives: Mutex::new(HashMap::new()),
+            arrival_clock: ArrivalClockCell(Mutex::new(Some(Arc::new(
+                gpufleet_core::config::now_ms,
+            )))),
             local,
+        }
+    }
+
+    /// The end of the newest minute closed to writes now: [`packing::pack_arriving`]
+    /// packs the process ticks of minutes ending by then (none without a clock).
+    fn closed_before(&self) -> UnixMs {
+        let clock = (self.arrival_clock.0.lock()).unwrap_or_else(PoisonError::into_inner);
+        match clock.as_ref() {
+            Some(now) => now().saturating_sub(packing::PACK_ON_ARRIVAL_AFTER_MS),
+            None => UnixMs::MIN,
         }
     }
 

@@ -23,6 +23,12 @@
 //!   rows, and rollups and energy recompute from complete minutes. An hour-long value it
 //!   falls in is split back into minute values first. The minute is packed again later,
 //!   and its hour merged again.
+//! - **Packing on arrival** ([`pack_arriving`], in the same transaction): a GPU's process
+//!   ticks for a minute the store's clock has closed ([`PACK_ON_ARRIVAL_AFTER_MS`] after
+//!   its end: a replay after an outage, a spool emptied) go straight into the minute's
+//!   packed value, which reopening left packed (held) for them, unless the minute holds
+//!   rows. Energy reads both forms, so nothing waits for them; the open minutes of live
+//!   agents stay rows.
 //! - **Reading** ([`host_rows`], [`process_rows`], [`gpu_rows`], [`energy_processes`],
 //!   [`energy_gpu_samples`], [`next_packed_sample`], [`each_packed_gpu_sample`]): the rows
 //!   and the packed values that overlap a range (by start and span), merged, in one read
@@ -352,15 +358,30 @@ fn wanted_as(tier: Tier) -> Tier {
     }
 }
 
+/// A GPU's packed minute of process ticks that a write falls in and that stays packed
+/// (a closed minute, see [`pack_arriving`]): its ticks, its value as stored, and whether
+/// that value is still in the table (a minute split out of an hour-long value is not).
+#[derive(Debug)]
+pub(crate) struct HeldMinute {
+    ticks: Vec<ProcessTick>,
+    value: Vec<u8>,
+    stored: bool,
+}
+
+/// The held minutes of a write, by (GPU, minute).
+pub(crate) type HeldMinutes = BTreeMap<(i64, UnixMs), HeldMinute>;
+
 /// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
 /// fall in, an hour-long value split back into minute values first, and takes the packing
-/// lock of every series they write: the first step of a write transaction. Returns the
-/// minutes reopened.
+/// lock of every series they write: the first step of a write transaction. A GPU's minute
+/// of process ticks that ends at or before `closed_before` is held instead (returned
+/// decoded, left packed): [`pack_arriving`] adds the write's ticks to it.
 pub(crate) async fn reopen_minutes<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
-) -> Result<usize, StoreError> {
+    closed_before: UnixMs,
+) -> Result<HeldMinutes, StoreError> {
     let mut wanted: BTreeMap<(Tier, i64), BTreeSet<UnixMs>> = BTreeMap::new();
     for (_, b) in (batches.iter().enumerate()).filter(|(i, _)| !skip.contains(i)) {
         // The series already noted for the minute of the batch's previous tick: a batch's
@@ -389,10 +410,14 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
             }
         }
     }
+    let mut held = HeldMinutes::new();
     if wanted.is_empty() {
-        return Ok(0);
+        return Ok(held);
     }
     lock::<DB>(conn, wanted.keys().copied()).await?;
+    let holds = |tier: Tier, minute: UnixMs| {
+        tier == Tier::Process && minute.saturating_add(MINUTE_MS) <= closed_before
+    };
     let mut host = Vec::new();
     let mut process = Vec::new();
     let mut gpu = Vec::new();
@@ -469,6 +494,19 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
             Ok(())
         };
         if span.len == MINUTE_MS {
+            if holds(tier, span.start) {
+                let ticks = unpack_process(id, span, &value)?;
+                let stored = true;
+                held.insert(
+                    (id, span.start),
+                    HeldMinute {
+                        ticks,
+                        value,
+                        stored,
+                    },
+                );
+                continue;
+            }
             unpack(span, &value)?;
             reopened.push((tier, id, span.start));
             continue;
@@ -480,20 +518,168 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         delete_value::<DB>(conn, tier, id, span.start).await?;
         let (open, keep): (Vec<_>, Vec<_>) =
             split.into_iter().partition(|(m, _)| written.contains(m));
-        for (minute, value) in &open {
-            unpack(Span::minute(*minute), value)?;
+        for (minute, value) in open {
+            let span = Span::minute(minute);
+            if holds(tier, minute) {
+                let ticks = unpack_process(id, span, &value)?;
+                let stored = false;
+                held.insert(
+                    (id, minute),
+                    HeldMinute {
+                        ticks,
+                        value,
+                        stored,
+                    },
+                );
+            } else {
+                unpack(span, &value)?;
+                split_minutes += 1;
+            }
         }
         insert_values::<DB>(conn, tier, id, MINUTE_MS, &keep).await?;
-        split_minutes += open.len();
     }
     if reopened.is_empty() && split_minutes == 0 {
-        return Ok(0);
+        return Ok(held);
     }
     insert_unpacked::<DB>(conn, &host, &process, &gpu).await?;
     for (tier, id, minute) in &reopened {
         delete_value::<DB>(conn, *tier, *id, *minute).await?;
     }
-    Ok(reopened.len() + split_minutes)
+    Ok(held)
+}
+
+/// How long after its end a minute is closed to a write: its process ticks arriving
+/// later go straight into its packed value. Longer than a live agent's batches take to
+/// arrive and than followers look back (30 s), so the live minutes stay rows.
+pub const PACK_ON_ARRIVAL_AFTER_MS: i64 = 2 * MINUTE_MS;
+
+/// Packs the process ticks a write brings for closed minutes (ending at or before
+/// `closed_before`) instead of inserting them as rows: a replay after an outage, an agent
+/// emptying its spool. Each such minute of a GPU that holds no rows gets the ticks added
+/// to its packed value (`held`, from [`reopen_minutes`]) or a new one; a tick already
+/// stored (same time and pid) stays as it was, as an insert would skip it. A minute that
+/// holds rows (written while open) takes the ticks as rows, so that a minute is in one
+/// form at a time; so does one whose value would be too large. Takes the packed ticks
+/// out of `process`; the rest are inserted as rows by the caller.
+pub(crate) async fn pack_arriving<DB: Backend>(
+    conn: &mut DB::Connection,
+    process: &mut Vec<ProcessRow<'_>>,
+    mut held: HeldMinutes,
+    closed_before: UnixMs,
+) -> Result<(), StoreError> {
+    let closed = |ts: UnixMs| minute_of(ts).saturating_add(MINUTE_MS) <= closed_before;
+    // Per GPU, the span of its closed minutes not held: which of them hold rows?
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for r in process.iter() {
+        if closed(r.ts) && !held.contains_key(&(r.gpu, minute_of(r.ts))) {
+            let span = spans.entry(r.gpu).or_insert((r.ts, r.ts));
+            *span = (span.0.min(r.ts), span.1.max(r.ts));
+        }
+    }
+    let mut with_rows: HashSet<(i64, UnixMs)> = HashSet::new();
+    if !spans.is_empty() {
+        let table = Table::default()
+            .int("id", spans.keys().copied())
+            .int("from_ms", spans.values().map(|s| minute_of(s.0)))
+            .int("to_ms", spans.values().map(|s| minute_of(s.1) + MINUTE_MS));
+        let found = sql::<DB>(
+            "find the closed minutes a write falls in that hold process rows",
+            format!(
+                "SELECT DISTINCT p.gpu_id, (p.ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS minute_ms \
+                 FROM {} JOIN process_samples p ON p.gpu_id = v.id \
+                   AND p.ts_ms >= v.from_ms AND p.ts_ms < v.to_ms",
+                DB::DIALECT.over(&table, "v")
+            ),
+        )
+        .bind_table(table)
+        .all(&mut *conn)
+        .await?;
+        for row in &found {
+            with_rows.insert((row.get("gpu_id")?, row.get("minute_ms")?));
+        }
+    }
+    let mut arriving: BTreeMap<(i64, UnixMs), Vec<ProcessTick>> = BTreeMap::new();
+    process.retain(|r| {
+        let key = (r.gpu, minute_of(r.ts));
+        if !closed(r.ts) || with_rows.contains(&key) {
+            return true;
+        }
+        arriving.entry(key).or_default().push(ProcessTick {
+            ts_ms: r.ts,
+            pid: r.p.pid,
+            life_id: r.life,
+            gpu_mem_bytes: r.p.gpu_mem_bytes,
+            sm_util_pct: r.p.sm_util_pct,
+            mem_util_pct: r.p.mem_util_pct,
+            enc_util_pct: r.p.enc_util_pct,
+            dec_util_pct: r.p.dec_util_pct,
+        });
+        false
+    });
+    let mut values: Vec<(i64, Value)> = Vec::new();
+    let mut as_rows: Vec<(i64, ProcessTick)> = Vec::new();
+    for ((gpu, minute), new) in arriving {
+        let (mut ticks, stored) = match held.remove(&(gpu, minute)) {
+            Some(h) => (h.ticks, h.stored),
+            None => (Vec::new(), false),
+        };
+        let mut seen: HashSet<(UnixMs, u32)> = ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
+        ticks.extend(new.into_iter().filter(|t| seen.insert((t.ts_ms, t.pid))));
+        match packed::process::pack(&ticks) {
+            Ok(value) => values.push((gpu, (minute, value))),
+            Err(PackError::TooLarge(_)) => {
+                if stored {
+                    delete_value::<DB>(conn, Tier::Process, gpu, minute).await?;
+                }
+                as_rows.extend(ticks.into_iter().map(|t| (gpu, t)));
+            }
+            Err(e) => return Err(corrupt(Tier::Process, gpu, minute)(e)),
+        }
+    }
+    // Held minutes the write brought no process tick to: as they were.
+    for ((gpu, minute), h) in held {
+        if !h.stored {
+            values.push((gpu, (minute, h.value)));
+        }
+    }
+    if !as_rows.is_empty() {
+        insert_unpacked::<DB>(conn, &[], &as_rows, &[]).await?;
+    }
+    upsert_process_values::<DB>(conn, &values).await
+}
+
+/// Most packed values one statement of [`upsert_process_values`] stores.
+const UPSERT_VALUES: usize = 64;
+
+/// Stores minute values of GPUs' process ticks, replacing those already stored.
+async fn upsert_process_values<DB: Backend>(
+    conn: &mut DB::Connection,
+    values: &[(i64, Value)],
+) -> Result<(), StoreError> {
+    for chunk in values.chunks(UPSERT_VALUES) {
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|i| {
+                format!(
+                    "(${}, ${}, {MINUTE_MS}, ${})",
+                    3 * i + 1,
+                    3 * i + 2,
+                    3 * i + 3
+                )
+            })
+            .collect();
+        let text = format!(
+            "INSERT INTO packed_process_minutes (gpu_id, minute_ms, span_ms, packed) VALUES {} \
+             ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET span_ms = excluded.span_ms, \
+             packed = excluded.packed",
+            rows.join(", ")
+        );
+        let mut query = sql::<DB>("store packed process minutes", text);
+        for (gpu, (minute, value)) in chunk {
+            query = query.bind(*gpu).bind(*minute).bind(value);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 /// Deletes the packed value of series `id` of `tier` that starts at `start`.

@@ -347,11 +347,14 @@ impl<DB: Backend> SqlStore<DB> {
         // The first round's rows are collected before its transaction, outside the write
         // turn (on SQLite one writer at a time); a later round collects again.
         let mut first = Some(collect_rows(batches, &skip, &self.cached_workloads())?);
+        let closed_before = self.closed_before();
         for _ in 0..=MAX_WRITE_ROUNDS {
             let mut tx = self.begin_write("begin a write transaction").await?;
             // Packed minutes this write falls in become rows again before anything is
-            // compared or inserted.
-            super::packing::reopen_minutes::<DB>(tx.conn(), batches, &skip).await?;
+            // compared or inserted, except closed minutes of process ticks (held).
+            let held =
+                super::packing::reopen_minutes::<DB>(tx.conn(), batches, &skip, closed_before)
+                    .await?;
             if checked {
                 let found = conflicts_of::<DB>(tx.conn(), batches, &skip, None).await?;
                 skip.extend(found.iter().map(|c| c.index));
@@ -382,6 +385,13 @@ impl<DB: Backend> SqlStore<DB> {
                     StoreError::Corrupt("a process lifetime has no id after upsert".into())
                 })?;
             }
+            super::packing::pack_arriving::<DB>(
+                tx.conn(),
+                &mut samples.process,
+                held,
+                closed_before,
+            )
+            .await?;
             let (skipped, gpus) =
                 match DB::write_samples(tx.conn(), &samples, &mut nodes, fallback).await? {
                     Written::Rows { skipped, gpus } => (skipped, gpus),

@@ -13,10 +13,14 @@ use std::sync::Arc;
 pub const T0: UnixMs = 1_800_000_000_000;
 
 /// A temporary SQLite store; keep the `TempDir` alive as long as the store.
+/// A store in a temporary SQLite file. Like [`pg_store`]'s, it packs nothing as it
+/// arrives ([`IngestWrites::set_arrival_clock`]): tests write at [`T0`], which the wall
+/// clock would one day close; tests of packing on arrival set a clock of their own.
 pub async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn Store>) {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("test.db").display());
     let store = store::open(&url).await.expect("open sqlite store");
+    store.set_arrival_clock(None);
     (dir, store)
 }
 
@@ -127,6 +131,7 @@ pub async fn pg_store() -> (PgSchema, Arc<dyn Store>) {
     let store = store::open(&schema.url())
         .await
         .expect("open PostgreSQL store");
+    store.set_arrival_clock(None);
     (schema, store)
 }
 

@@ -1869,6 +1869,125 @@ mod contract {
         assert_eq!(left.first().map(|p| p.0), Some(T0 + 3 * MIN));
     }
 
+    /// Five minutes of ticks of two GPUs and an hour later one more, processes coming and
+    /// going (none at some ticks, a third one for a while).
+    fn ticks_with_processes(gpus: &[&str; 2]) -> Vec<Tick> {
+        const HOUR: i64 = 3_600_000;
+        let mut ticks = batch(1, T0, 300, gpus).ticks;
+        for (k, t) in ticks.iter_mut().enumerate() {
+            if k % 17 == 3 {
+                t.processes.clear();
+            } else if (100..160).contains(&k) {
+                let mut extra = t.processes[0].clone();
+                extra.pid = 5000;
+                extra.sm_util_pct = None;
+                extra.gpu_mem_bytes = Some(k as u64 * 1_000_003);
+                t.processes.push(extra);
+            }
+        }
+        ticks.push(common::tick(T0 + HOUR, gpus, 1));
+        ticks
+    }
+
+    pub async fn process_ticks_of_closed_minutes_are_packed_as_they_arrive(store: Arc<dyn Store>) {
+        const HOUR: i64 = 3_600_000;
+        let now = T0 + 2 * HOUR;
+        // The same ticks for two nodes: one written as rows, one packed as it arrives,
+        // as a spool is emptied after an outage (50 ticks a batch: batches split minutes).
+        let (rows_gpus, packed_gpus) = (["GPU-c", "GPU-d"], ["GPU-a", "GPU-b"]);
+        let mut recs = Vec::new();
+        for (node, gpus, clock) in [
+            ("node-rows", rows_gpus, None),
+            ("node-packed", packed_gpus, Some(clock_at(now))),
+        ] {
+            let infos = vec![gpu_info_full(gpus[0], 0), gpu_info_sparse(gpus[1], 1)];
+            let rec = register(&store, node, infos).await;
+            store.set_arrival_clock(clock);
+            let ticks = ticks_with_processes(&gpus);
+            for (i, chunk) in ticks.chunks(50).enumerate() {
+                write(&store, &rec, i as u64 + 1, chunk.to_vec()).await;
+            }
+            // A replay of the second batch whose processes now read otherwise: the ticks
+            // stored stay as they were, as a row insert would leave them.
+            let mut replay = ticks[50..100].to_vec();
+            for p in replay.iter_mut().flat_map(|t| &mut t.processes) {
+                p.sm_util_pct = Some(1);
+            }
+            write(&store, &rec, 2, replay).await;
+            // Every tick once, as first written, identities joined back.
+            for (g, uuid) in rec.gpus.iter().zip(gpus) {
+                let expected: Vec<(UnixMs, ProcessSample)> = (ticks.iter())
+                    .flat_map(|t| {
+                        let mine = t.processes.iter().filter(move |p| p.gpu_uuid == uuid);
+                        mine.map(|p| (t.time_ms, p.clone()))
+                    })
+                    .collect();
+                let read = store.process_samples(g.id, ALL_TIME, 100_000).await;
+                assert_eq!(read.expect("read"), expected, "{node} {uuid}");
+            }
+            recs.push(rec);
+        }
+        // The newest sample of a GPU whose newest minute was packed on arrival still
+        // names its processes.
+        let latest = store.latest_gpu_samples().await.expect("latest");
+        let procs = |id: GpuId| {
+            let l = latest.iter().find(|l| l.gpu == id).expect("newest sample");
+            (
+                l.time_ms,
+                l.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            )
+        };
+        for (r, p) in recs[0].gpus.iter().zip(&recs[1].gpus) {
+            assert_eq!(procs(p.id), procs(r.id));
+            assert!(!procs(p.id).1.is_empty());
+        }
+
+        let energy = EnergyOptions::default();
+        let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
+        acc.pass().await.expect("account");
+        let mut r = rollups(&store, now);
+        r.pass().await.expect("roll up");
+        // Energy split alike from rows and from packed ticks.
+        let minutes = |id: GpuId| {
+            let store = store.clone();
+            async move {
+                let m = store.energy_minutes(Some(id), ALL_TIME).await;
+                m.expect("minutes")
+                    .into_iter()
+                    .map(|(_, m)| m)
+                    .collect::<Vec<_>>()
+            }
+        };
+        for (r, p) in recs[0].gpus.iter().zip(&recs[1].gpus) {
+            let from_rows = minutes(r.id).await;
+            assert!(from_rows.iter().any(|m| m.attributed_mj > 0));
+            assert_eq!(minutes(p.id).await, from_rows);
+        }
+        // The packer finds the packed node's process ticks packed already: of its
+        // minutes before the newest, it packs host rows and GPU samples only.
+        let out = r.pack(now).await.expect("pack");
+        assert_eq!(out.minutes, (5 + 2 * 5 + 2 * 5) + (5 + 2 * 5), "{out:?}");
+        let totals = accounted(&store, &recs[1]).await;
+        energy_recomputes_unchanged(&store, &recs[1], &energy, &totals).await;
+        for (g, uuid) in recs[1].gpus.iter().zip(packed_gpus) {
+            let read = store.process_samples(g.id, ALL_TIME, 100_000).await;
+            let ticks = ticks_with_processes(&packed_gpus);
+            let n = (ticks.iter().flat_map(|t| &t.processes)).filter(|p| p.gpu_uuid == uuid);
+            assert_eq!(read.expect("read").len(), n.count());
+        }
+        // A late tick in a packed closed minute joins its packed value.
+        let late = common::tick(T0 + 60_250, &packed_gpus, 9);
+        write(&store, &recs[1], 99, vec![late.clone()]).await;
+        let read = store
+            .process_samples(recs[1].gpus[0].id, ALL_TIME, 100_000)
+            .await;
+        let at_late: Vec<u32> = (read.expect("read").iter())
+            .filter(|(t, _)| *t == late.time_ms)
+            .map(|(_, p)| p.pid)
+            .collect();
+        assert_eq!(at_late, vec![4242]);
+    }
+
     /// `s` with every field but the energy counter and the power of a counter-metered
     /// GPU (what check-energy judges) present or absent at random, with random values,
     /// and 0–3 NVLink links, each rate present or absent (`next`: a seeded generator).
@@ -3679,6 +3798,7 @@ macro_rules! contract_tests {
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
+                process_ticks_of_closed_minutes_are_packed_as_they_arrive,
                 gpu_samples_are_packed_and_every_reader_agrees,
                 closed_hours_are_merged_split_and_read_back,
                 health_hours_are_packed_read_back_and_expired,

@@ -194,6 +194,8 @@ impl IngestWrites for SlowWrites {
         self.concurrent
     }
 
+    fn set_arrival_clock(&self, _: Option<gpufleet_collector::store::ArrivalClock>) {}
+
     async fn rehome_gpu(&self, _: &str, _: &str) -> Result<Rehomed, StoreError> {
         Ok(Rehomed::UnknownGpu)
     }

@@ -6,6 +6,7 @@ use super::*;
 async fn demo_database(dir: &tempfile::TempDir) -> (String, Arc<dyn Store>) {
     let url = format!("sqlite://{}", dir.path().join("demo.db").display());
     let store = gpufleet_collector::store::open(&url).await.expect("open");
+    store.set_arrival_clock(None);
     for n in 0..2 {
         let name = format!("gpu-node-{n:02}");
         let mut sim = simulator(SimOptions::new(name.clone(), 4)).expect("sim");

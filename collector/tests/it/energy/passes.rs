@@ -10,6 +10,7 @@ async fn minutes_of_earlier_rules_are_checked_for_conservation_only() {
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}", dir.path().join("old.db").display());
     let store = gpufleet_collector::store::open(&url).await.expect("open");
+    store.set_arrival_clock(None);
     let node = one_gpu_node(&store, "GPU-old").await;
     let ticks = (0..=121)
         .map(|k| shared_tick("GPU-old", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
@@ -61,6 +62,7 @@ async fn waste_columns_are_checked_on_rows_of_todays_rules_only() {
     let dir = tempfile::tempdir().expect("dir");
     let url = format!("sqlite://{}", dir.path().join("waste.db").display());
     let store = gpufleet_collector::store::open(&url).await.expect("open");
+    store.set_arrival_clock(None);
     let node = one_gpu_node(&store, "GPU-w").await;
     let ticks = (0..=121)
         .map(|k| shared_tick("GPU-w", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
