@@ -791,7 +791,23 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         if wanted.is_empty() {
             return Ok(Vec::new());
         }
-        follow::nodes_ticks::<DB>(&mut *self.conn().await?, wanted, limit).await
+        let (mut ticks, packed) = {
+            let mut conn = self.conn().await?;
+            let ticks = follow::nodes_ticks::<DB>(&mut conn, wanted, limit).await?;
+            (
+                ticks,
+                follow::with_packed_processes::<DB>(&mut conn, wanted).await?,
+            )
+        };
+        // A node catching up, whose process ticks were packed as they arrived: both
+        // forms merged.
+        for i in packed {
+            let (node, range) = wanted[i];
+            if let Some(t) = ticks.get_mut(i) {
+                *t = self.node_ticks(node, range, limit).await?;
+            }
+        }
+        Ok(ticks)
     }
 }
 

@@ -6,8 +6,12 @@
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 //! It reads the row tables only: the live follower asks for the newest ticks, and minutes
 //! are packed an hour after they close (`node_ticks` reads packed ranges another way).
+//! Process ticks packed as they arrived (a node catching up on closed minutes) are the
+//! exception: [`with_packed_processes`] finds the nodes that have them in range, and
+//! those are read both forms merged.
 
 use super::backend::{Backend, Get, Table, sql};
+use super::rollup_hours::HOUR_MS;
 use super::rows::{
     self, EVENT_COLS, GPU_COLS, HEALTH_COLS, PROCESS_JOINS, limit_i64, process_cols,
 };
@@ -176,6 +180,36 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         .zip(health)
         .map(|((((g, p), h), e), x)| assemble_ticks(g, p, h, e, x, limit))
         .collect())
+}
+
+/// The indexes in `wanted` of the nodes with process ticks packed in their range (a write
+/// packed them as they arrived), which [`nodes_ticks`] does not read: one query.
+pub(super) async fn with_packed_processes<DB: Backend>(
+    conn: &mut DB::Connection,
+    wanted: &[(&NodeRecord, TimeRange)],
+) -> Result<Vec<usize>, StoreError> {
+    let ranges: Vec<TimeRange> = wanted.iter().map(|(_, r)| *r).collect();
+    let requests = gpu_requests(wanted, &ranges, &|_| 0);
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A value starts at most an hour before a time it holds.
+    let rows = read::<DB>(
+        conn,
+        "find the followed nodes' packed process ticks",
+        &requests,
+        &format!(
+            "SELECT DISTINCT r.req FROM r JOIN packed_process_minutes p ON p.gpu_id = r.id \
+               AND p.minute_ms >= r.from_ms - {HOUR_MS} AND p.minute_ms <= r.to_ms \
+               AND p.minute_ms + p.span_ms > r.from_ms \
+             ORDER BY r.req"
+        ),
+    )
+    .await?;
+    let n = wanted.len();
+    rows.iter()
+        .map(|row| rows::request(row, n, "follower read"))
+        .collect()
 }
 
 /// Runs one of the follower's queries over its request rows.

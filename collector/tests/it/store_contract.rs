@@ -1927,6 +1927,17 @@ mod contract {
             }
             recs.push(rec);
         }
+        // A follower reading both nodes' ticks sees the same processes.
+        let followed = store
+            .nodes_ticks(&[(&recs[0], ALL_TIME), (&recs[1], ALL_TIME)], 1000)
+            .await
+            .expect("follow");
+        let pids = |ticks: &[Tick]| -> Vec<(UnixMs, Vec<u32>)> {
+            let pids = |t: &Tick| t.processes.iter().map(|p| p.pid).collect();
+            ticks.iter().map(|t| (t.time_ms, pids(t))).collect()
+        };
+        assert_eq!(pids(&followed[1]), pids(&followed[0]));
+        assert_eq!(followed[1].len(), 301);
         // The newest sample of a GPU whose newest minute was packed on arrival still
         // names its processes.
         let latest = store.latest_gpu_samples().await.expect("latest");
