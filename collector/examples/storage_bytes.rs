@@ -35,7 +35,9 @@
 //! end of the week, not the rows alone), `VACUUM_EVERY` (simulated minutes between those
 //! `VACUUM`s, a multiple of 10: 10 by default; 60 was the default before), `PACK_AFTER_S`
 //! (seconds: how old a closed minute must be to be packed; 0, the default, takes the
-//! collector's `pack_after`).
+//! collector's `pack_after`), `CATCH_UP` (1: the ticks arrive late, as from a spool emptied
+//! after an outage, so their process ticks are packed as they arrive; by default each
+//! batch arrives live, when its last tick is taken).
 //!
 //! Then it runs the collector's background jobs over what it wrote, two hours after the
 //! last tick (`Accountant::pass`, `Rollups::pass`, then `Rollups::pack`: the store packs
@@ -63,6 +65,7 @@ use gpufleet_sim::{SimOptions, Simulator};
 use sqlx::Connection;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
 /// 2026-11-01T00:00:00Z: a fixed start, so every run writes the same rows.
@@ -366,6 +369,15 @@ async fn write(
         let record = store.register_node(&hello, &inventory, START_MS).await?;
         sims.push((sim, Arc::new(record.keys())));
     }
+    // The store's clock is the simulation's: each batch arrives as its last tick is taken,
+    // so every tick is written as a row, as a running collector writes live agents'.
+    // `CATCH_UP=1` leaves the wall clock: the whole range arrives late, as a spool emptied
+    // after an outage, and its process ticks are packed as they arrive.
+    let sim_now = Arc::new(AtomicI64::new(START_MS));
+    if knob("CATCH_UP", 0) == 0 {
+        let now = Arc::clone(&sim_now);
+        store.set_arrival_clock(Some(Arc::new(move || now.load(Ordering::Relaxed))));
+    }
     let began = Instant::now();
     let (mut seq, mut written, mut in_jobs) = (0u64, 0u32, 0.0);
     while written < ticks {
@@ -392,6 +404,7 @@ async fn write(
                 },
             });
         }
+        sim_now.store(START_MS + i64::from(written + n) * 1000, Ordering::Relaxed);
         let outcome = store.write_batches(&batches).await?;
         if !outcome.conflicts.is_empty() {
             bail!("conflicts: {:?}", outcome.conflicts);
