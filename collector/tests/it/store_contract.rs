@@ -1784,22 +1784,7 @@ mod contract {
             vec![gpu_info_full("GPU-a", 0), gpu_info_sparse("GPU-b", 1)],
         )
         .await;
-        let gpus = ["GPU-a", "GPU-b"];
-        let mut ticks = batch(1, T0, 300, &gpus).ticks;
-        // Processes come and go: none at some ticks, a third one for a while.
-        for (k, t) in ticks.iter_mut().enumerate() {
-            if k % 17 == 3 {
-                t.processes.clear();
-            } else if (100..160).contains(&k) {
-                let mut extra = t.processes[0].clone();
-                extra.pid = 5000;
-                extra.sm_util_pct = None;
-                extra.gpu_mem_bytes = Some(k as u64 * 1_000_003);
-                t.processes.push(extra);
-            }
-        }
-        ticks.push(common::tick(T0 + HOUR, &gpus, 1));
-        write(&store, &rec, 1, ticks).await;
+        write(&store, &rec, 1, ticks_with_processes(&["GPU-a", "GPU-b"])).await;
         let now = T0 + 2 * HOUR;
         let energy = EnergyOptions::default();
         let mut acc = Accountant::new(store.clone(), energy.clone(), clock_at(now));
