@@ -12,7 +12,7 @@ use super::{
     NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange,
     WriteOutcome, assemble_ticks, follow,
 };
-use crate::accounting::energy::MINUTE_MS;
+use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
@@ -791,17 +791,28 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         if wanted.is_empty() {
             return Ok(Vec::new());
         }
-        let (mut ticks, packed) = {
-            let mut conn = self.conn().await?;
-            let ticks = follow::nodes_ticks::<DB>(&mut conn, wanted, limit).await?;
-            (
-                ticks,
-                follow::with_packed_processes::<DB>(&mut conn, wanted).await?,
-            )
-        };
-        // A node catching up, whose process ticks were packed as they arrived: both
-        // forms merged.
-        for i in packed {
+        let mut conn = self.conn().await?;
+        let mut ticks = follow::nodes_ticks::<DB>(&mut conn, wanted, limit).await?;
+        // A node catching up may have process ticks packed as they arrived (in minutes
+        // closed to writes): if it does, it is read again, both forms merged. Live nodes'
+        // ticks are in open minutes, so a live fleet costs no query more.
+        let closed_before = self.closed_before();
+        let catching_up: Vec<usize> = (ticks.iter().enumerate())
+            .filter(|(_, t)| {
+                (t.iter()).any(|t| minute_of(t.time_ms).saturating_add(MINUTE_MS) <= closed_before)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if catching_up.is_empty() {
+            return Ok(ticks);
+        }
+        let asked: Vec<(&NodeRecord, TimeRange)> = catching_up.iter().map(|&i| wanted[i]).collect();
+        let packed = follow::with_packed_processes::<DB>(&mut conn, &asked).await?;
+        drop(conn);
+        for i in packed
+            .into_iter()
+            .filter_map(|k| catching_up.get(k).copied())
+        {
             let (node, range) = wanted[i];
             if let Some(t) = ticks.get_mut(i) {
                 *t = self.node_ticks(node, range, limit).await?;

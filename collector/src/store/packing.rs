@@ -368,6 +368,18 @@ pub(crate) struct HeldMinute {
     stored: bool,
 }
 
+impl HeldMinute {
+    /// GPU `gpu`'s minute value at `span`, decoded.
+    fn of(gpu: i64, span: Span, value: Vec<u8>, stored: bool) -> Result<HeldMinute, StoreError> {
+        let ticks = unpack_process(gpu, span, &value)?;
+        Ok(HeldMinute {
+            ticks,
+            value,
+            stored,
+        })
+    }
+}
+
 /// The held minutes of a write, by (GPU, minute).
 pub(crate) type HeldMinutes = BTreeMap<(i64, UnixMs), HeldMinute>;
 
@@ -495,16 +507,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         };
         if span.len == MINUTE_MS {
             if holds(tier, span.start) {
-                let ticks = unpack_process(id, span, &value)?;
-                let stored = true;
-                held.insert(
-                    (id, span.start),
-                    HeldMinute {
-                        ticks,
-                        value,
-                        stored,
-                    },
-                );
+                held.insert((id, span.start), HeldMinute::of(id, span, value, true)?);
                 continue;
             }
             unpack(span, &value)?;
@@ -521,16 +524,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         for (minute, value) in open {
             let span = Span::minute(minute);
             if holds(tier, minute) {
-                let ticks = unpack_process(id, span, &value)?;
-                let stored = false;
-                held.insert(
-                    (id, minute),
-                    HeldMinute {
-                        ticks,
-                        value,
-                        stored,
-                    },
-                );
+                held.insert((id, minute), HeldMinute::of(id, span, value, false)?);
             } else {
                 unpack(span, &value)?;
                 split_minutes += 1;
@@ -568,26 +562,27 @@ pub(crate) async fn pack_arriving<DB: Backend>(
     closed_before: UnixMs,
 ) -> Result<(), StoreError> {
     let closed = |ts: UnixMs| minute_of(ts).saturating_add(MINUTE_MS) <= closed_before;
-    // Per GPU, the span of its closed minutes not held: which of them hold rows?
-    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
-    for r in process.iter() {
-        if closed(r.ts) && !held.contains_key(&(r.gpu, minute_of(r.ts))) {
-            let span = spans.entry(r.gpu).or_insert((r.ts, r.ts));
-            *span = (span.0.min(r.ts), span.1.max(r.ts));
-        }
+    // The ingest path: a live write brings no tick of a closed minute.
+    if held.is_empty() && !process.iter().any(|r| closed(r.ts)) {
+        return Ok(());
     }
+    // The closed minutes not held: which of them hold rows? One look-up per minute.
+    let minutes: BTreeSet<(i64, UnixMs)> = (process.iter())
+        .filter(|r| closed(r.ts))
+        .map(|r| (r.gpu, minute_of(r.ts)))
+        .filter(|key| !held.contains_key(key))
+        .collect();
     let mut with_rows: HashSet<(i64, UnixMs)> = HashSet::new();
-    if !spans.is_empty() {
+    if !minutes.is_empty() {
         let table = Table::default()
-            .int("id", spans.keys().copied())
-            .int("from_ms", spans.values().map(|s| minute_of(s.0)))
-            .int("to_ms", spans.values().map(|s| minute_of(s.1) + MINUTE_MS));
+            .int("id", minutes.iter().map(|m| m.0))
+            .int("minute_ms", minutes.iter().map(|m| m.1));
         let found = sql::<DB>(
             "find the closed minutes a write falls in that hold process rows",
             format!(
-                "SELECT DISTINCT p.gpu_id, (p.ts_ms / {MINUTE_MS}) * {MINUTE_MS} AS minute_ms \
-                 FROM {} JOIN process_samples p ON p.gpu_id = v.id \
-                   AND p.ts_ms >= v.from_ms AND p.ts_ms < v.to_ms",
+                "SELECT v.id AS gpu_id, v.minute_ms FROM {} WHERE EXISTS ( \
+                   SELECT 1 FROM process_samples p WHERE p.gpu_id = v.id \
+                     AND p.ts_ms >= v.minute_ms AND p.ts_ms < v.minute_ms + {MINUTE_MS})",
                 DB::DIALECT.over(&table, "v")
             ),
         )

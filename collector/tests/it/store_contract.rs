@@ -3913,6 +3913,46 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
     pool.close().await;
 }
 
+/// Process ticks arriving for a closed minute go into its packed value, except where the
+/// minute holds rows (written while it was open): there they are rows too, so a minute is
+/// in one form at a time.
+#[tokio::test]
+async fn a_closed_minute_takes_late_process_ticks_in_the_form_it_holds() {
+    let (dir, store) = sqlite_store().await;
+    let rec = register_gpus(&store, "node-m", &["GPU-a"], T0).await;
+    let tick = |t: UnixMs| common::tick(t, &["GPU-a"], 1);
+    // Minute 0 written while open (no clock): rows.
+    contract::write(&store, &rec, 1, vec![tick(T0)]).await;
+    store.set_arrival_clock(Some(contract::clock_at(T0 + 3_600_000)));
+    // Minute 0 again, and minute 1 for the first time, both closed now.
+    contract::write(&store, &rec, 2, vec![tick(T0 + 1_000), tick(T0 + 61_000)]).await;
+    let pool = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("test.db").display()
+    ))
+    .await
+    .expect("connect");
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT ts_ms FROM process_samples ORDER BY ts_ms")
+        .fetch_all(&pool)
+        .await
+        .expect("rows");
+    assert_eq!(rows, vec![T0, T0 + 1_000], "minute 0 stays rows");
+    let packed: Vec<i64> =
+        sqlx::query_scalar("SELECT minute_ms FROM packed_process_minutes ORDER BY minute_ms")
+            .fetch_all(&pool)
+            .await
+            .expect("packed");
+    assert_eq!(
+        packed,
+        vec![T0 + 60_000],
+        "minute 1 is packed as it arrives"
+    );
+    pool.close().await;
+    let read = store.process_samples(rec.gpus[0].id, ALL_TIME, 100).await;
+    let times: Vec<UnixMs> = read.expect("read").iter().map(|(t, _)| *t).collect();
+    assert_eq!(times, vec![T0, T0 + 1_000, T0 + 61_000]);
+}
+
 /// A packed rollup hour that cannot be read stops packing and retention for its series
 /// only: the other series' minutes are still packed and trimmed.
 #[tokio::test]
