@@ -631,13 +631,14 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
     async fn energy_gpus(&self) -> Result<Vec<EnergyGpu>, StoreError> {
         let query = sql::<DB>(
             "list GPUs for energy accounting",
-            "SELECT g.id, g.uuid, g.gpu_index, g.name, n.id AS node_id, n.name AS node_name, \
-             n.interval_ms, coalesce(g.power_limit_default_mw, g.power_limit_enforced_mw) AS limit_mw, \
-             (SELECT min(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS first_ms, \
-             (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS last_ms, \
-             p.done_to_ms \
-             FROM gpus g JOIN nodes n ON n.id = g.node_id \
-             LEFT JOIN energy_progress p ON p.gpu_id = g.id ORDER BY g.id",
+            format!(
+                "SELECT g.id, g.uuid, g.gpu_index, g.name, n.id AS node_id, n.name AS node_name, \
+                 n.interval_ms, coalesce(g.power_limit_default_mw, g.power_limit_enforced_mw) AS limit_mw, \
+                 {}, p.done_to_ms \
+                 FROM gpus g JOIN nodes n ON n.id = g.node_id \
+                 LEFT JOIN energy_progress p ON p.gpu_id = g.id ORDER BY g.id",
+                super::packing::gpu_sample_span(DB::DIALECT, "g.id")
+            ),
         );
         self.fetch(query, |row| {
             Ok(EnergyGpu {

@@ -592,18 +592,43 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
                 super::packing::process_rows::<DB>(&mut conn, GpuId(gpu), at, usize::MAX).await?;
             by_gpu.insert(gpu, ticks.into_iter().map(|(_, p)| p).collect());
         }
-        samples
-            .iter()
-            .map(|row| {
-                let gpu: i64 = row.get("gpu_id")?;
-                Ok(LatestGpu {
+        let mut latest: BTreeMap<i64, LatestGpu> = BTreeMap::new();
+        for row in &samples {
+            let gpu: i64 = row.get("gpu_id")?;
+            let sample = LatestGpu {
+                gpu: GpuId(gpu),
+                time_ms: row.get("ts_ms")?,
+                sample: rows::gpu_sample(row)?,
+                processes: by_gpu.remove(&gpu).unwrap_or_default(),
+            };
+            latest.insert(gpu, sample);
+        }
+        // A GPU's newest samples may have been packed as they arrived (a node catching
+        // up): its newest packed value's last sample, where newer than its rows'.
+        for (gpu, time_ms, sample) in
+            super::packing::newest_packed_gpu_samples::<DB>(&mut conn).await?
+        {
+            if latest.get(&gpu).is_some_and(|l| l.time_ms >= time_ms) {
+                continue;
+            }
+            let at = TimeRange {
+                from_ms: time_ms,
+                to_ms: time_ms,
+            };
+            let ticks =
+                super::packing::process_rows::<DB>(&mut conn, GpuId(gpu), at, usize::MAX).await?;
+            let processes = ticks.into_iter().map(|(_, p)| p).collect();
+            latest.insert(
+                gpu,
+                LatestGpu {
                     gpu: GpuId(gpu),
-                    time_ms: row.get("ts_ms")?,
-                    sample: rows::gpu_sample(row)?,
-                    processes: by_gpu.remove(&gpu).unwrap_or_default(),
-                })
-            })
-            .collect()
+                    time_ms,
+                    sample,
+                    processes,
+                },
+            );
+        }
+        Ok(latest.into_values().collect())
     }
 
     async fn latest_host_samples(&self) -> Result<Vec<LatestHost>, StoreError> {
@@ -793,13 +818,16 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         }
         let mut conn = self.conn().await?;
         let mut ticks = follow::nodes_ticks::<DB>(&mut conn, wanted, limit).await?;
-        // A node catching up may have process ticks packed as they arrived (in minutes
-        // closed to writes): if it does, it is read again, both forms merged. Live nodes'
-        // ticks are in open minutes, so a live fleet costs no query more.
+        // A node catching up may have samples and process ticks packed as they arrived
+        // (in minutes closed to writes): if it does, it is read again, both forms merged.
+        // Live nodes' ticks and ranges are in open minutes, so a live fleet costs no query
+        // more.
         let closed_before = self.closed_before();
+        let closed = |t: UnixMs| minute_of(t).saturating_add(MINUTE_MS) <= closed_before;
         let catching_up: Vec<usize> = (ticks.iter().enumerate())
-            .filter(|(_, t)| {
-                (t.iter()).any(|t| minute_of(t.time_ms).saturating_add(MINUTE_MS) <= closed_before)
+            .filter(|(i, t)| {
+                wanted.get(*i).is_some_and(|(_, r)| closed(r.from_ms))
+                    || t.iter().any(|t| closed(t.time_ms))
             })
             .map(|(i, _)| i)
             .collect();
@@ -807,7 +835,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
             return Ok(ticks);
         }
         let asked: Vec<(&NodeRecord, TimeRange)> = catching_up.iter().map(|&i| wanted[i]).collect();
-        let packed = follow::with_packed_processes::<DB>(&mut conn, &asked).await?;
+        let packed = follow::with_packed_ticks::<DB>(&mut conn, &asked).await?;
         drop(conn);
         for i in packed
             .into_iter()

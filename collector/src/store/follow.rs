@@ -6,9 +6,9 @@
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 //! It reads the row tables only: the live follower asks for the newest ticks, and minutes
 //! are packed an hour after they close (`node_ticks` reads packed ranges another way).
-//! Process ticks packed as they arrived (a node catching up on closed minutes) are the
-//! exception: [`with_packed_processes`] finds the nodes that have them in range, and
-//! those are read both forms merged.
+//! Samples and process ticks packed as they arrived (a node catching up on closed
+//! minutes) are the exception: [`with_packed_ticks`] finds the nodes that have them in
+//! range, and those are read both forms merged.
 
 use super::backend::{Backend, Get, Table, sql};
 use super::rollup_hours::HOUR_MS;
@@ -182,9 +182,10 @@ pub(super) async fn nodes_ticks<DB: Backend>(
         .collect())
 }
 
-/// The indexes in `wanted` of the nodes with process ticks packed in their range (a write
-/// packed them as they arrived), which [`nodes_ticks`] does not read: one query.
-pub(super) async fn with_packed_processes<DB: Backend>(
+/// The indexes in `wanted` of the nodes with GPU samples or process ticks packed in their
+/// range (a write packed them as they arrived), which [`nodes_ticks`] does not read: one
+/// query.
+pub(super) async fn with_packed_ticks<DB: Backend>(
     conn: &mut DB::Connection,
     wanted: &[(&NodeRecord, TimeRange)],
 ) -> Result<Vec<usize>, StoreError> {
@@ -194,15 +195,21 @@ pub(super) async fn with_packed_processes<DB: Backend>(
         return Ok(Vec::new());
     }
     // A value starts at most an hour before a time it holds.
+    let overlap = |table: &str| {
+        format!(
+            "SELECT r.req FROM r JOIN {table} p ON p.gpu_id = r.id \
+               AND p.minute_ms >= r.from_ms - {HOUR_MS} AND p.minute_ms <= r.to_ms \
+               AND p.minute_ms + p.span_ms > r.from_ms"
+        )
+    };
     let rows = read::<DB>(
         conn,
-        "find the followed nodes' packed process ticks",
+        "find the followed nodes' packed samples and process ticks",
         &requests,
         &format!(
-            "SELECT DISTINCT r.req FROM r JOIN packed_process_minutes p ON p.gpu_id = r.id \
-               AND p.minute_ms >= r.from_ms - {HOUR_MS} AND p.minute_ms <= r.to_ms \
-               AND p.minute_ms + p.span_ms > r.from_ms \
-             ORDER BY r.req"
+            "SELECT DISTINCT x.req FROM ({} UNION ALL {}) x ORDER BY x.req",
+            overlap("packed_process_minutes"),
+            overlap("packed_gpu_minutes")
         ),
     )
     .await?;

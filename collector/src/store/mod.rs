@@ -25,6 +25,7 @@
 //!   durable when it returns `Ok`, or none is.
 
 pub mod alerts;
+mod arrival;
 mod backend;
 pub mod carbon;
 pub mod energy;
@@ -43,12 +44,13 @@ pub mod sqlite;
 mod write;
 
 pub use alerts::AlertStore;
+pub use arrival::PACK_ON_ARRIVAL_AFTER_MS;
 pub use backend::{Backend, Dialect};
 pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use lease::JobLeases;
-pub use packing::{PACK_ON_ARRIVAL_AFTER_MS, PackOutcome};
+pub use packing::PackOutcome;
 pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
 
@@ -534,12 +536,12 @@ impl<DB: Backend> SqlStore<DB> {
         }
     }
 
-    /// The end of the newest minute closed to writes now: [`packing::pack_arriving`]
+    /// The end of the newest minute closed to writes now: [`arrival::pack_arriving`]
     /// packs the process ticks of minutes ending by then (none without a clock).
     fn closed_before(&self) -> UnixMs {
         let clock = (self.arrival_clock.0.lock()).unwrap_or_else(PoisonError::into_inner);
         match clock.as_ref() {
-            Some(now) => now().saturating_sub(packing::PACK_ON_ARRIVAL_AFTER_MS),
+            Some(now) => now().saturating_sub(arrival::PACK_ON_ARRIVAL_AFTER_MS),
             None => UnixMs::MIN,
         }
     }

@@ -23,12 +23,11 @@
 //!   rows, and rollups and energy recompute from complete minutes. An hour-long value it
 //!   falls in is split back into minute values first. The minute is packed again later,
 //!   and its hour merged again.
-//! - **Packing on arrival** ([`pack_arriving`], in the same transaction): a GPU's process
-//!   ticks for a minute the store's clock has closed ([`PACK_ON_ARRIVAL_AFTER_MS`] after
-//!   its end: a replay after an outage, a spool emptied) go straight into the minute's
-//!   packed value, which reopening left packed (held) for them, unless the minute holds
-//!   rows. Energy reads both forms, so nothing waits for them; the open minutes of live
-//!   agents stay rows.
+//! - **Packing on arrival** ([`super::arrival`], in the same transaction): a GPU's samples
+//!   and process ticks for a minute the store's clock has closed (a replay after an
+//!   outage, a spool emptied) go straight into the minute's packed values, which
+//!   reopening left packed (held) for them, unless the minute holds rows; the write
+//!   computes the minute's rollup row itself. The open minutes of live agents stay rows.
 //! - **Reading** ([`host_rows`], [`process_rows`], [`gpu_rows`], [`energy_processes`],
 //!   [`energy_gpu_samples`], [`next_packed_sample`], [`each_packed_gpu_sample`]): the rows
 //!   and the packed values that overlap a range (by start and span), merged, in one read
@@ -43,6 +42,7 @@
 //! is being packed (the packer would then delete rows it did not pack, or leave a minute
 //! in both forms). SQLite has one writer.
 
+use super::arrival::Held;
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
 use super::rollup::{RollupKey, RollupKind};
@@ -93,7 +93,7 @@ impl PackOutcome {
 
 /// The packed tiers: which tables, and how a lock on one series is named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-enum Tier {
+pub(super) enum Tier {
     /// A node's host rows.
     Host,
     /// A GPU's process ticks.
@@ -103,7 +103,7 @@ enum Tier {
 }
 
 impl Tier {
-    fn packed(self) -> &'static str {
+    pub(super) fn packed(self) -> &'static str {
         match self {
             Tier::Host => "packed_host_minutes",
             Tier::Process => "packed_process_minutes",
@@ -111,7 +111,7 @@ impl Tier {
         }
     }
 
-    fn rows(self) -> &'static str {
+    pub(super) fn rows(self) -> &'static str {
         match self {
             Tier::Host => "host_samples",
             Tier::Process => "process_samples",
@@ -119,7 +119,7 @@ impl Tier {
         }
     }
 
-    fn id(self) -> &'static str {
+    pub(super) fn id(self) -> &'static str {
         match self {
             Tier::Host => "node_id",
             Tier::Process | Tier::Gpu => "gpu_id",
@@ -178,7 +178,7 @@ pub(crate) async fn lock_names<DB: Backend>(
     Ok(())
 }
 
-fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
+pub(super) fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
     move |e| StoreError::Unreadable(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
 }
 
@@ -194,13 +194,13 @@ fn outside(tier: Tier, id: i64, span: Span) -> StoreError {
 /// Where a packed value starts (`minute_ms`) and how long it is (`span_ms`): a minute, or
 /// an hour that holds nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Span {
-    start: UnixMs,
-    len: i64,
+pub(super) struct Span {
+    pub(super) start: UnixMs,
+    pub(super) len: i64,
 }
 
 impl Span {
-    fn minute(start: UnixMs) -> Span {
+    pub(super) fn minute(start: UnixMs) -> Span {
         Span {
             start,
             len: MINUTE_MS,
@@ -249,7 +249,11 @@ fn unpack_host(node: i64, span: Span, value: &[u8]) -> Result<Vec<HostRow>, Stor
 }
 
 /// The process ticks of a packed value.
-fn unpack_process(gpu: i64, span: Span, value: &[u8]) -> Result<Vec<ProcessTick>, StoreError> {
+pub(super) fn unpack_process(
+    gpu: i64,
+    span: Span,
+    value: &[u8],
+) -> Result<Vec<ProcessTick>, StoreError> {
     let ticks = packed::process::unpack(value).map_err(corrupt(Tier::Process, gpu, span.start))?;
     if ticks.iter().any(|t| !span.contains(t.ts_ms)) {
         return Err(outside(Tier::Process, gpu, span));
@@ -258,7 +262,11 @@ fn unpack_process(gpu: i64, span: Span, value: &[u8]) -> Result<Vec<ProcessTick>
 }
 
 /// The samples of a packed value (without their UUID).
-fn unpack_gpu(gpu: i64, span: Span, value: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
+pub(super) fn unpack_gpu(
+    gpu: i64,
+    span: Span,
+    value: &[u8],
+) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
     let samples = packed::gpu::unpack(value).map_err(corrupt(Tier::Gpu, gpu, span.start))?;
     if samples.iter().any(|(t, _)| !span.contains(*t)) {
         return Err(outside(Tier::Gpu, gpu, span));
@@ -282,7 +290,7 @@ fn process_tick<R: Get>(row: &R) -> Result<ProcessTick, StoreError> {
 
 /// Inserts unpacked rows back into their tables (rows already there are kept), as the
 /// backend writes a tick's rows.
-async fn insert_unpacked<DB: Backend>(
+pub(super) async fn insert_unpacked<DB: Backend>(
     conn: &mut DB::Connection,
     host: &[(i64, HostRow)],
     process: &[(i64, ProcessTick)],
@@ -358,42 +366,75 @@ fn wanted_as(tier: Tier) -> Tier {
     }
 }
 
-/// A GPU's packed minute of process ticks that a write falls in and that stays packed
-/// (a closed minute, see [`pack_arriving`]): its ticks, its value as stored, and whether
-/// that value is still in the table (a minute split out of an hour-long value is not).
-#[derive(Debug)]
-pub(crate) struct HeldMinute {
-    ticks: Vec<ProcessTick>,
-    value: Vec<u8>,
-    stored: bool,
-}
-
-impl HeldMinute {
-    /// GPU `gpu`'s minute value at `span`, decoded.
-    fn of(gpu: i64, span: Span, value: Vec<u8>, stored: bool) -> Result<HeldMinute, StoreError> {
-        let ticks = unpack_process(gpu, span, &value)?;
-        Ok(HeldMinute {
-            ticks,
-            value,
-            stored,
-        })
+/// Each GPU's newest packed sample, where its newest packed value ends after its newest
+/// row (or it has no rows): (GPU, time, sample). Values the packer wrote never do (it
+/// leaves a GPU's newest minute as rows); values packed as they arrived may.
+pub(crate) async fn newest_packed_gpu_samples<DB: Backend>(
+    conn: &mut DB::Connection,
+) -> Result<Vec<(i64, UnixMs, GpuSample)>, StoreError> {
+    let found = sql::<DB>(
+        "find the GPUs whose newest samples are packed",
+        "SELECT x.gpu_id, x.minute_ms, x.span_ms, x.packed FROM ( \
+           SELECT p.gpu_id, p.minute_ms, p.span_ms, p.packed, \
+             (SELECT max(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = g.id) AS newest \
+           FROM gpus g JOIN packed_gpu_minutes p ON p.gpu_id = g.id AND p.minute_ms = \
+             (SELECT max(q.minute_ms) FROM packed_gpu_minutes q WHERE q.gpu_id = g.id) \
+         ) x WHERE x.newest IS NULL OR x.minute_ms + x.span_ms > x.newest ORDER BY x.gpu_id",
+    )
+    .all(&mut *conn)
+    .await?;
+    let mut out = Vec::with_capacity(found.len());
+    for row in &found {
+        let gpu: i64 = row.get("gpu_id")?;
+        let value: Vec<u8> = row.get("packed")?;
+        let samples = Span::of(Tier::Gpu, gpu, row).and_then(|span| unpack_gpu(gpu, span, &value));
+        // An unreadable value leaves the GPU's newest row as its newest sample.
+        let newest = samples.map(|s| s.into_iter().max_by_key(|(t, _)| *t));
+        if let Some((t, s)) = skip_unreadable(newest, Tier::Gpu.packed(), gpu)? {
+            out.push((gpu, t, s));
+        }
     }
+    Ok(out)
 }
 
-/// The held minutes of a write, by (GPU, minute).
-pub(crate) type HeldMinutes = BTreeMap<(i64, UnixMs), HeldMinute>;
+/// SQL for the time span of GPU `gpu`'s samples (an expression naming its id), rows and
+/// packed values both, as `first_ms` and `last_ms` columns: a packed value stands for
+/// its span (from its first minute's start; to its end less 1 ms), which is all a
+/// caller that counts in minutes needs.
+pub(crate) fn gpu_sample_span(dialect: Dialect, gpu: &str) -> String {
+    let either = |a: &str, b: &str, pick: fn(Dialect, &str, &str) -> String| {
+        pick(
+            dialect,
+            &format!("coalesce({a}, {b})"),
+            &format!("coalesce({b}, {a})"),
+        )
+    };
+    let rows = |f: &str| format!("(SELECT {f}(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = {gpu})");
+    let first = "(SELECT min(p.minute_ms) FROM packed_gpu_minutes p WHERE p.gpu_id = {gpu})"
+        .replace("{gpu}", gpu);
+    let last = format!(
+        "(SELECT p.minute_ms + p.span_ms - 1 FROM packed_gpu_minutes p WHERE p.gpu_id = {gpu} \
+         ORDER BY p.minute_ms DESC LIMIT 1)"
+    );
+    format!(
+        "{} AS first_ms, {} AS last_ms",
+        either(&rows("min"), &first, Dialect::least),
+        either(&rows("max"), &last, Dialect::greatest)
+    )
+}
 
 /// Unpacks back into rows every packed minute that `batches` (except the `skip`ped ones)
 /// fall in, an hour-long value split back into minute values first, and takes the packing
 /// lock of every series they write: the first step of a write transaction. A GPU's minute
-/// of process ticks that ends at or before `closed_before` is held instead (returned
-/// decoded, left packed): [`pack_arriving`] adds the write's ticks to it.
+/// of samples or process ticks that ends at or before `closed_before` is held instead
+/// (returned decoded, left packed): [`super::arrival::pack_arriving`] adds the write's
+/// to it.
 pub(crate) async fn reopen_minutes<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
     closed_before: UnixMs,
-) -> Result<HeldMinutes, StoreError> {
+) -> Result<Held, StoreError> {
     let mut wanted: BTreeMap<(Tier, i64), BTreeSet<UnixMs>> = BTreeMap::new();
     for (_, b) in (batches.iter().enumerate()).filter(|(i, _)| !skip.contains(i)) {
         // The series already noted for the minute of the batch's previous tick: a batch's
@@ -422,13 +463,13 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
             }
         }
     }
-    let mut held = HeldMinutes::new();
+    let mut held = Held::default();
     if wanted.is_empty() {
         return Ok(held);
     }
     lock::<DB>(conn, wanted.keys().copied()).await?;
     let holds = |tier: Tier, minute: UnixMs| {
-        tier == Tier::Process && minute.saturating_add(MINUTE_MS) <= closed_before
+        tier != Tier::Host && minute.saturating_add(MINUTE_MS) <= closed_before
     };
     let mut host = Vec::new();
     let mut process = Vec::new();
@@ -507,7 +548,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         };
         if span.len == MINUTE_MS {
             if holds(tier, span.start) {
-                held.insert((id, span.start), HeldMinute::of(id, span, value, true)?);
+                held.hold(tier, id, span, value, true)?;
                 continue;
             }
             unpack(span, &value)?;
@@ -524,7 +565,7 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
         for (minute, value) in open {
             let span = Span::minute(minute);
             if holds(tier, minute) {
-                held.insert((id, minute), HeldMinute::of(id, span, value, false)?);
+                held.hold(tier, id, span, value, false)?;
             } else {
                 unpack(span, &value)?;
                 split_minutes += 1;
@@ -542,143 +583,8 @@ pub(crate) async fn reopen_minutes<DB: Backend>(
     Ok(held)
 }
 
-/// How long after its end a minute is closed to a write: its process ticks arriving
-/// later go straight into its packed value. Longer than a live agent's batches take to
-/// arrive and than followers look back (30 s), so the live minutes stay rows.
-pub const PACK_ON_ARRIVAL_AFTER_MS: i64 = 2 * MINUTE_MS;
-
-/// Packs the process ticks a write brings for closed minutes (ending at or before
-/// `closed_before`) instead of inserting them as rows: a replay after an outage, an agent
-/// emptying its spool. Each such minute of a GPU that holds no rows gets the ticks added
-/// to its packed value (`held`, from [`reopen_minutes`]) or a new one; a tick already
-/// stored (same time and pid) stays as it was, as an insert would skip it. A minute that
-/// holds rows (written while open) takes the ticks as rows, so that a minute is in one
-/// form at a time; so does one whose value would be too large. Takes the packed ticks
-/// out of `process`; the rest are inserted as rows by the caller.
-pub(crate) async fn pack_arriving<DB: Backend>(
-    conn: &mut DB::Connection,
-    process: &mut Vec<ProcessRow<'_>>,
-    mut held: HeldMinutes,
-    closed_before: UnixMs,
-) -> Result<(), StoreError> {
-    let closed = |ts: UnixMs| minute_of(ts).saturating_add(MINUTE_MS) <= closed_before;
-    // The ingest path: a live write brings no tick of a closed minute.
-    if held.is_empty() && !process.iter().any(|r| closed(r.ts)) {
-        return Ok(());
-    }
-    // The closed minutes not held: which of them hold rows? One look-up per minute.
-    let minutes: BTreeSet<(i64, UnixMs)> = (process.iter())
-        .filter(|r| closed(r.ts))
-        .map(|r| (r.gpu, minute_of(r.ts)))
-        .filter(|key| !held.contains_key(key))
-        .collect();
-    let mut with_rows: HashSet<(i64, UnixMs)> = HashSet::new();
-    if !minutes.is_empty() {
-        let table = Table::default()
-            .int("id", minutes.iter().map(|m| m.0))
-            .int("minute_ms", minutes.iter().map(|m| m.1));
-        let found = sql::<DB>(
-            "find the closed minutes a write falls in that hold process rows",
-            format!(
-                "SELECT v.id AS gpu_id, v.minute_ms FROM {} WHERE EXISTS ( \
-                   SELECT 1 FROM process_samples p WHERE p.gpu_id = v.id \
-                     AND p.ts_ms >= v.minute_ms AND p.ts_ms < v.minute_ms + {MINUTE_MS})",
-                DB::DIALECT.over(&table, "v")
-            ),
-        )
-        .bind_table(table)
-        .all(&mut *conn)
-        .await?;
-        for row in &found {
-            with_rows.insert((row.get("gpu_id")?, row.get("minute_ms")?));
-        }
-    }
-    let mut arriving: BTreeMap<(i64, UnixMs), Vec<ProcessTick>> = BTreeMap::new();
-    process.retain(|r| {
-        let key = (r.gpu, minute_of(r.ts));
-        if !closed(r.ts) || with_rows.contains(&key) {
-            return true;
-        }
-        arriving.entry(key).or_default().push(ProcessTick {
-            ts_ms: r.ts,
-            pid: r.p.pid,
-            life_id: r.life,
-            gpu_mem_bytes: r.p.gpu_mem_bytes,
-            sm_util_pct: r.p.sm_util_pct,
-            mem_util_pct: r.p.mem_util_pct,
-            enc_util_pct: r.p.enc_util_pct,
-            dec_util_pct: r.p.dec_util_pct,
-        });
-        false
-    });
-    let mut values: Vec<(i64, Value)> = Vec::new();
-    let mut as_rows: Vec<(i64, ProcessTick)> = Vec::new();
-    for ((gpu, minute), new) in arriving {
-        let (mut ticks, stored) = match held.remove(&(gpu, minute)) {
-            Some(h) => (h.ticks, h.stored),
-            None => (Vec::new(), false),
-        };
-        let mut seen: HashSet<(UnixMs, u32)> = ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
-        ticks.extend(new.into_iter().filter(|t| seen.insert((t.ts_ms, t.pid))));
-        match packed::process::pack(&ticks) {
-            Ok(value) => values.push((gpu, (minute, value))),
-            Err(PackError::TooLarge(_)) => {
-                if stored {
-                    delete_value::<DB>(conn, Tier::Process, gpu, minute).await?;
-                }
-                as_rows.extend(ticks.into_iter().map(|t| (gpu, t)));
-            }
-            Err(e) => return Err(corrupt(Tier::Process, gpu, minute)(e)),
-        }
-    }
-    // Held minutes the write brought no process tick to: as they were.
-    for ((gpu, minute), h) in held {
-        if !h.stored {
-            values.push((gpu, (minute, h.value)));
-        }
-    }
-    if !as_rows.is_empty() {
-        insert_unpacked::<DB>(conn, &[], &as_rows, &[]).await?;
-    }
-    upsert_process_values::<DB>(conn, &values).await
-}
-
-/// Most packed values one statement of [`upsert_process_values`] stores.
-const UPSERT_VALUES: usize = 64;
-
-/// Stores minute values of GPUs' process ticks, replacing those already stored.
-async fn upsert_process_values<DB: Backend>(
-    conn: &mut DB::Connection,
-    values: &[(i64, Value)],
-) -> Result<(), StoreError> {
-    for chunk in values.chunks(UPSERT_VALUES) {
-        let rows: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                format!(
-                    "(${}, ${}, {MINUTE_MS}, ${})",
-                    3 * i + 1,
-                    3 * i + 2,
-                    3 * i + 3
-                )
-            })
-            .collect();
-        let text = format!(
-            "INSERT INTO packed_process_minutes (gpu_id, minute_ms, span_ms, packed) VALUES {} \
-             ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET span_ms = excluded.span_ms, \
-             packed = excluded.packed",
-            rows.join(", ")
-        );
-        let mut query = sql::<DB>("store packed process minutes", text);
-        for (gpu, (minute, value)) in chunk {
-            query = query.bind(*gpu).bind(*minute).bind(value);
-        }
-        query.execute(&mut *conn).await?;
-    }
-    Ok(())
-}
-
 /// Deletes the packed value of series `id` of `tier` that starts at `start`.
-async fn delete_value<DB: Backend>(
+pub(super) async fn delete_value<DB: Backend>(
     conn: &mut DB::Connection,
     tier: Tier,
     id: i64,
@@ -1343,7 +1249,7 @@ fn decode_packed<R: Get, T>(
 }
 
 /// A packed value to store: where it starts, and its bytes.
-type Value = (UnixMs, Vec<u8>);
+pub(super) type Value = (UnixMs, Vec<u8>);
 
 /// The rows of series `id`'s packed `values` (oldest first, not overlapping; read with
 /// `unpack`), packed again into one value per key of `group` (the minute or the hour of

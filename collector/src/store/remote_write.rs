@@ -325,7 +325,9 @@ impl<DB: Backend> RemoteWriteStore for SqlStore<DB> {
             "read the energy watermark of GPUs with newer samples",
             "SELECT min(COALESCE(p.done_to_ms, $1)) AS done_to_ms FROM gpus g \
              LEFT JOIN energy_progress p ON p.gpu_id = g.id \
-             WHERE EXISTS (SELECT 1 FROM gpu_samples s WHERE s.gpu_id = g.id AND s.ts_ms >= $2)",
+             WHERE EXISTS (SELECT 1 FROM gpu_samples s WHERE s.gpu_id = g.id AND s.ts_ms >= $2) \
+               OR EXISTS (SELECT 1 FROM packed_gpu_minutes k WHERE k.gpu_id = g.id \
+                 AND k.minute_ms > $2 - 3600000 AND k.minute_ms + k.span_ms > $2)",
         )
         .bind(from_ms)
         .bind(from_ms);

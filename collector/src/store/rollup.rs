@@ -675,11 +675,19 @@ impl<DB: Backend> RollupStore for SqlStore<DB> {
         for (kind, parent) in [(RollupKind::Gpu, "gpus"), (RollupKind::Host, "nodes")] {
             let s = spec(kind);
             let (raw, id) = (s.raw, s.id);
+            // A GPU's samples packed as they arrived have their rollup rows already; the
+            // watermark passes over them.
+            let span = match kind {
+                RollupKind::Gpu => super::packing::gpu_sample_span(DB::DIALECT, "x.id"),
+                RollupKind::Host => format!(
+                    "(SELECT min(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS first_ms, \
+                     (SELECT max(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS last_ms"
+                ),
+            };
             let rows = sql::<DB>(
                 "list series for rollups",
                 format!(
-                    "SELECT x.id, (SELECT min(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS first_ms, \
-                     (SELECT max(r.ts_ms) FROM {raw} r WHERE r.{id} = x.id) AS last_ms, p.done_to_ms \
+                    "SELECT x.id, {span}, p.done_to_ms \
                      FROM {parent} x LEFT JOIN rollup_progress p ON p.kind = $1 AND p.id = x.id \
                      ORDER BY x.id"
                 ),

@@ -45,7 +45,7 @@ pub(crate) fn table(kind: RollupKind) -> &'static str {
     }
 }
 
-fn lock_name(key: RollupKey) -> String {
+pub(crate) fn lock_name(key: RollupKey) -> String {
     format!("rollup-{}:{}", key.kind.as_str(), key.id)
 }
 

@@ -356,7 +356,8 @@ impl<DB: Backend> SqlStore<DB> {
                 super::packing::reopen_minutes::<DB>(tx.conn(), batches, &skip, closed_before)
                     .await?;
             if checked {
-                let found = conflicts_of::<DB>(tx.conn(), batches, &skip, None).await?;
+                let stored = held.gpu_samples().map(|(k, s)| (k, s.clone())).collect();
+                let found = conflicts_of::<DB>(tx.conn(), batches, &skip, None, stored).await?;
                 skip.extend(found.iter().map(|c| c.index));
                 conflicts.extend(found);
             }
@@ -385,14 +386,10 @@ impl<DB: Backend> SqlStore<DB> {
                     StoreError::Corrupt("a process lifetime has no id after upsert".into())
                 })?;
             }
-            super::packing::pack_arriving::<DB>(
-                tx.conn(),
-                &mut samples.process,
-                held,
-                closed_before,
-            )
-            .await?;
-            let (skipped, gpus) =
+            let arrived =
+                super::arrival::pack_arriving::<DB>(tx.conn(), &mut samples, held, closed_before)
+                    .await?;
+            let (mut skipped, mut gpus) =
                 match DB::write_samples(tx.conn(), &samples, &mut nodes, fallback).await? {
                     Written::Rows { skipped, gpus } => (skipped, gpus),
                     Written::Fallback => {
@@ -401,8 +398,19 @@ impl<DB: Backend> SqlStore<DB> {
                         continue;
                     }
                 };
+            for (group, n) in &arrived.inserted {
+                if let Some(node) = nodes.get_mut(*group) {
+                    node.inserted += n;
+                }
+            }
+            if !arrived.repeated.is_empty() {
+                skipped = true;
+                if let Some(gpus) = gpus.as_mut() {
+                    gpus.extend(arrived.repeated_gpus());
+                }
+            }
             if skipped
-                && !conflicts_of::<DB>(tx.conn(), batches, &skip, gpus.as_ref())
+                && !conflicts_of::<DB>(tx.conn(), batches, &skip, gpus.as_ref(), arrived.repeated)
                     .await?
                     .is_empty()
             {
@@ -735,14 +743,17 @@ async fn update_nodes<DB: Backend>(
 
 /// The batches of a write whose GPU samples (of the GPUs in `only`; all when `None`) or
 /// host rows conflict with the stored ones ([`find_conflicts`]): every such GPU's and
-/// node's rows are read back over the span the write covers.
+/// node's rows are read back over the span the write covers; `packed` are the stored
+/// samples of packed minutes the write met (see [`super::arrival`]).
 pub(crate) async fn conflicts_of<DB: Backend>(
     conn: &mut DB::Connection,
     batches: &[NodeBatch],
     skip: &HashSet<usize>,
     only: Option<&HashSet<i64>>,
+    packed: HashMap<(i64, UnixMs), GpuSample>,
 ) -> Result<Vec<BatchConflict>, StoreError> {
     let mut check = incoming(batches, skip, |gpu| only.is_none_or(|o| o.contains(&gpu)));
+    check.stored_gpu.extend(packed);
     for (gpu, from, to) in spans(check.gpu.iter().map(|r| (r.gpu, r.ts))) {
         let stored = sql::<DB>(
             "read back GPU samples",

@@ -1874,7 +1874,25 @@ mod contract {
         ticks
     }
 
-    pub async fn process_ticks_of_closed_minutes_are_packed_as_they_arrive(store: Arc<dyn Store>) {
+    /// `ticks` with the GPU UUIDs `from` named `to` instead (their order matched).
+    fn renamed(ticks: &[Tick], from: [&str; 2], to: [&str; 2]) -> Vec<Tick> {
+        let name = |u: &mut String| {
+            if let Some(i) = from.iter().position(|f| f == u) {
+                *u = to[i].to_owned();
+            }
+        };
+        let mut out = ticks.to_vec();
+        for t in &mut out {
+            t.gpus.iter_mut().for_each(|g| name(&mut g.gpu_uuid));
+            t.processes.iter_mut().for_each(|p| name(&mut p.gpu_uuid));
+            t.health.iter_mut().for_each(|h| name(&mut h.gpu_uuid));
+        }
+        out
+    }
+
+    pub async fn samples_and_process_ticks_of_closed_minutes_are_packed_as_they_arrive(
+        store: Arc<dyn Store>,
+    ) {
         const HOUR: i64 = 3_600_000;
         let now = T0 + 2 * HOUR;
         // The same ticks for two nodes: one written as rows, one packed as it arrives,
@@ -1898,8 +1916,17 @@ mod contract {
             for p in replay.iter_mut().flat_map(|t| &mut t.processes) {
                 p.sm_util_pct = Some(1);
             }
-            write(&store, &rec, 2, replay).await;
-            // Every tick once, as first written, identities joined back.
+            write(&store, &rec, 2, replay.clone()).await;
+            // One whose GPU sample differs is a conflict: the batch is left out, reported.
+            replay[7].gpus[0].util_gpu_pct = Some(1);
+            let clash = Batch {
+                seq: 2,
+                ticks: replay,
+                delivery: DeliveryStats::default(),
+            };
+            let out = store.write_batches(&[node_batch(&rec, clash)]).await;
+            assert_eq!(out.expect("write").conflicts.len(), 1, "{node}");
+            // Every sample and tick once, as first written, identities joined back.
             for (g, uuid) in rec.gpus.iter().zip(gpus) {
                 let expected: Vec<(UnixMs, ProcessSample)> = (ticks.iter())
                     .flat_map(|t| {
@@ -1909,33 +1936,48 @@ mod contract {
                     .collect();
                 let read = store.process_samples(g.id, ALL_TIME, 100_000).await;
                 assert_eq!(read.expect("read"), expected, "{node} {uuid}");
+                let expected: Vec<(UnixMs, GpuSample)> = (ticks.iter())
+                    .flat_map(|t| {
+                        let mine = t.gpus.iter().filter(move |s| s.gpu_uuid == uuid);
+                        mine.map(|s| (t.time_ms, s.clone()))
+                    })
+                    .collect();
+                let read = store.gpu_samples(g.id, ALL_TIME, 100_000).await;
+                assert_eq!(read.expect("read"), expected, "{node} {uuid}");
             }
             recs.push(rec);
         }
-        // A follower reading both nodes' ticks sees the same processes.
+        // A follower reading both nodes' ticks sees the same ticks.
         let followed = store
             .nodes_ticks(&[(&recs[0], ALL_TIME), (&recs[1], ALL_TIME)], 1000)
             .await
             .expect("follow");
-        let pids = |ticks: &[Tick]| -> Vec<(UnixMs, Vec<u32>)> {
-            let pids = |t: &Tick| t.processes.iter().map(|p| p.pid).collect();
-            ticks.iter().map(|t| (t.time_ms, pids(t))).collect()
-        };
-        assert_eq!(pids(&followed[1]), pids(&followed[0]));
         assert_eq!(followed[1].len(), 301);
-        // The newest sample of a GPU whose newest minute was packed on arrival still
-        // names its processes.
+        assert_eq!(renamed(&followed[1], packed_gpus, rows_gpus), followed[0]);
+        // So does one that follows the packed node's newest 30 s only.
+        let newest = TimeRange {
+            from_ms: T0 + HOUR - 30_000,
+            to_ms: T0 + HOUR,
+        };
+        let followed = store
+            .nodes_ticks(&[(&recs[0], newest), (&recs[1], newest)], 1000)
+            .await
+            .expect("follow");
+        assert_eq!(followed[1].len(), 1);
+        assert_eq!(renamed(&followed[1], packed_gpus, rows_gpus), followed[0]);
+        // The newest sample of a GPU whose newest minute was packed on arrival, with its
+        // processes.
         let latest = store.latest_gpu_samples().await.expect("latest");
-        let procs = |id: GpuId| {
+        let newest_of = |id: GpuId| {
             let l = latest.iter().find(|l| l.gpu == id).expect("newest sample");
-            (
-                l.time_ms,
-                l.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
-            )
+            let mut s = l.sample.clone();
+            s.gpu_uuid.clear();
+            let pids = l.processes.iter().map(|p| p.pid).collect::<Vec<_>>();
+            (l.time_ms, s, pids)
         };
         for (r, p) in recs[0].gpus.iter().zip(&recs[1].gpus) {
-            assert_eq!(procs(p.id), procs(r.id));
-            assert!(!procs(p.id).1.is_empty());
+            assert_eq!(newest_of(p.id), newest_of(r.id));
+            assert!(!newest_of(p.id).2.is_empty());
         }
 
         let energy = EnergyOptions::default();
@@ -1954,15 +1996,30 @@ mod contract {
                     .collect::<Vec<_>>()
             }
         };
+        // Rollups alike, where the rows' are computed: the packed minutes' by the write,
+        // the newest one too (its minute is closed); the rows' by the rollup task, up to
+        // the newest minute.
+        let rolled = |id: GpuId| {
+            let store = store.clone();
+            async move {
+                let m = store.rollup_minutes(RollupKey::gpu(id), ALL_TIME).await;
+                m.expect("rollups")
+            }
+        };
         for (r, p) in recs[0].gpus.iter().zip(&recs[1].gpus) {
             let from_rows = minutes(r.id).await;
             assert!(from_rows.iter().any(|m| m.attributed_mj > 0));
             assert_eq!(minutes(p.id).await, from_rows);
+            let (from_rows, packed) = (rolled(r.id).await, rolled(p.id).await);
+            assert_eq!(from_rows.len(), 5);
+            assert_eq!(packed[..5], from_rows[..]);
+            assert_eq!(packed.len(), 6);
+            assert_eq!((packed[5].minute_ms, packed[5].samples), (T0 + HOUR, 1));
         }
-        // The packer finds the packed node's process ticks packed already: of its
-        // minutes before the newest, it packs host rows and GPU samples only.
+        // The packer finds the packed node's samples and process ticks packed already:
+        // of its minutes before the newest, it packs host rows only.
         let out = r.pack(now).await.expect("pack");
-        assert_eq!(out.minutes, (5 + 2 * 5 + 2 * 5) + (5 + 2 * 5), "{out:?}");
+        assert_eq!(out.minutes, (5 + 2 * 5 + 2 * 5) + 5, "{out:?}");
         let totals = accounted(&store, &recs[1]).await;
         energy_recomputes_unchanged(&store, &recs[1], &energy, &totals).await;
         for (g, uuid) in recs[1].gpus.iter().zip(packed_gpus) {
@@ -1971,17 +2028,63 @@ mod contract {
             let n = (ticks.iter().flat_map(|t| &t.processes)).filter(|p| p.gpu_uuid == uuid);
             assert_eq!(read.expect("read").len(), n.count());
         }
-        // A late tick in a packed closed minute joins its packed value.
+        // A late tick in a packed closed minute joins its packed values; its rollup row
+        // counts it, and the accountant recomputes the minute's energy (its watermark went
+        // back: nothing else tells it here).
         let late = common::tick(T0 + 60_250, &packed_gpus, 9);
         write(&store, &recs[1], 99, vec![late.clone()]).await;
-        let read = store
-            .process_samples(recs[1].gpus[0].id, ALL_TIME, 100_000)
-            .await;
+        let gpu_a = recs[1].gpus[0].id;
+        let read = store.process_samples(gpu_a, ALL_TIME, 100_000).await;
         let at_late: Vec<u32> = (read.expect("read").iter())
             .filter(|(t, _)| *t == late.time_ms)
             .map(|(_, p)| p.pid)
             .collect();
         assert_eq!(at_late, vec![4242]);
+        let read = store.gpu_samples(gpu_a, ALL_TIME, 100_000).await;
+        assert!(read.expect("read").iter().any(|(t, _)| *t == late.time_ms));
+        let packed = rolled(gpu_a).await;
+        let from_rows = rolled(recs[0].gpus[0].id).await;
+        assert_eq!(packed[1].samples, from_rows[1].samples + 1);
+        acc.pass().await.expect("account");
+        let energy_minute = |m: Vec<GpuMinute>| m[1].samples;
+        assert_eq!(
+            energy_minute(minutes(gpu_a).await),
+            energy_minute(minutes(recs[0].gpus[0].id).await) + 1
+        );
+        let totals = accounted(&store, &recs[1]).await;
+        energy_recomputes_unchanged(&store, &recs[1], &energy, &totals).await;
+    }
+
+    /// A follower reads a catching-up node's ticks whose GPU samples were packed as they
+    /// arrived, though no row of them is left to show there are ticks: no host metrics,
+    /// no processes.
+    pub async fn a_follower_reads_samples_packed_on_arrival(store: Arc<dyn Store>) {
+        let gpus = ["GPU-f", "GPU-g"];
+        let infos = vec![gpu_info_full(gpus[0], 0), gpu_info_sparse(gpus[1], 1)];
+        let rec = register(&store, "node-f", infos).await;
+        store.set_arrival_clock(Some(clock_at(T0 + 3_600_000)));
+        let mut ticks = batch(1, T0, 150, &gpus).ticks;
+        for t in &mut ticks {
+            (t.host, t.cost) = (None, None);
+            t.processes.clear();
+        }
+        for (i, chunk) in ticks.chunks(50).enumerate() {
+            write(&store, &rec, i as u64 + 1, chunk.to_vec()).await;
+        }
+        let read = store.nodes_ticks(&[(&rec, ALL_TIME)], 1000).await;
+        assert_eq!(read.expect("follow"), vec![ticks.clone()]);
+        // A live follower's range: the 30 s up to the node's newest tick.
+        let newest = ticks.last().map_or(T0, |t| t.time_ms);
+        let range = TimeRange {
+            from_ms: newest - 30_000,
+            to_ms: newest,
+        };
+        let read = store.nodes_ticks(&[(&rec, range)], 1000).await;
+        let expected: Vec<Tick> = (ticks.iter())
+            .filter(|t| t.time_ms >= range.from_ms)
+            .cloned()
+            .collect();
+        assert_eq!(read.expect("follow"), vec![expected]);
     }
 
     /// `s` with every field but the energy counter and the power of a counter-metered
@@ -3794,7 +3897,8 @@ macro_rules! contract_tests {
                 retention_expires_raw_behind_the_watermarks_and_keeps_totals,
                 host_rows_are_packed_read_back_and_reopened_by_writes,
                 process_ticks_are_packed_and_energy_stays_exact,
-                process_ticks_of_closed_minutes_are_packed_as_they_arrive,
+                samples_and_process_ticks_of_closed_minutes_are_packed_as_they_arrive,
+                a_follower_reads_samples_packed_on_arrival,
                 gpu_samples_are_packed_and_every_reader_agrees,
                 closed_hours_are_merged_split_and_read_back,
                 health_hours_are_packed_read_back_and_expired,
@@ -3913,11 +4017,11 @@ async fn sqlite_gpu_sample_rows_fit_the_size_budget() {
     pool.close().await;
 }
 
-/// Process ticks arriving for a closed minute go into its packed value, except where the
-/// minute holds rows (written while it was open): there they are rows too, so a minute is
-/// in one form at a time.
+/// Samples and process ticks arriving for a closed minute go into its packed values,
+/// except where the minute holds rows (written while it was open): there they are rows
+/// too, so a minute is in one form at a time.
 #[tokio::test]
-async fn a_closed_minute_takes_late_process_ticks_in_the_form_it_holds() {
+async fn a_closed_minute_takes_late_samples_in_the_form_it_holds() {
     let (dir, store) = sqlite_store().await;
     let rec = register_gpus(&store, "node-m", &["GPU-a"], T0).await;
     let tick = |t: UnixMs| common::tick(t, &["GPU-a"], 1);
@@ -3937,18 +4041,36 @@ async fn a_closed_minute_takes_late_process_ticks_in_the_form_it_holds() {
         .await
         .expect("rows");
     assert_eq!(rows, vec![T0, T0 + 1_000], "minute 0 stays rows");
-    let packed: Vec<i64> =
-        sqlx::query_scalar("SELECT minute_ms FROM packed_process_minutes ORDER BY minute_ms")
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT ts_ms FROM gpu_samples ORDER BY ts_ms")
+        .fetch_all(&pool)
+        .await
+        .expect("rows");
+    assert_eq!(rows, vec![T0, T0 + 1_000], "minute 0's samples stay rows");
+    for (table, text) in [
+        (
+            "processes",
+            "SELECT minute_ms FROM packed_process_minutes ORDER BY minute_ms",
+        ),
+        (
+            "samples",
+            "SELECT minute_ms FROM packed_gpu_minutes ORDER BY minute_ms",
+        ),
+    ] {
+        let packed: Vec<i64> = sqlx::query_scalar(text)
             .fetch_all(&pool)
             .await
             .expect("packed");
-    assert_eq!(
-        packed,
-        vec![T0 + 60_000],
-        "minute 1 is packed as it arrives"
-    );
+        assert_eq!(
+            packed,
+            vec![T0 + 60_000],
+            "minute 1 is packed as it arrives: {table}"
+        );
+    }
     pool.close().await;
     let read = store.process_samples(rec.gpus[0].id, ALL_TIME, 100).await;
+    let times: Vec<UnixMs> = read.expect("read").iter().map(|(t, _)| *t).collect();
+    assert_eq!(times, vec![T0, T0 + 1_000, T0 + 61_000]);
+    let read = store.gpu_samples(rec.gpus[0].id, ALL_TIME, 100).await;
     let times: Vec<UnixMs> = read.expect("read").iter().map(|(t, _)| *t).collect();
     assert_eq!(times, vec![T0, T0 + 1_000, T0 + 61_000]);
 }

@@ -1,0 +1,635 @@
+//! Packing on arrival: a write's GPU samples and process ticks for a minute the store's
+//! clock has closed ([`PACK_ON_ARRIVAL_AFTER_MS`] after its end: a replay after an
+//! outage, an agent emptying its spool) go straight into the minute's packed values
+//! instead of the row tables. The open minutes of live agents stay rows.
+//!
+//! - [`super::packing::reopen_minutes`] *holds* such a minute's values (decoded, left
+//!   packed, [`Held`]) instead of unpacking them into rows; [`pack_arriving`] adds the
+//!   write's samples and ticks to them, or starts new ones. A sample or tick already
+//!   stored (same time; same time and pid) stays as it was, as an insert would skip it.
+//! - A closed minute that holds rows of a tier (written while it was open) takes that
+//!   tier's data as rows, so a minute is in one form at a time per tier; so does a value
+//!   that would be too large.
+//! - What the row tables' readers would have recomputed is done here, in the same
+//!   transaction: a GPU minute's rollup row is computed from all its samples (the same
+//!   figures as the rollup task's SQL over rows, [`rollup_row`]), and the GPU's energy
+//!   watermark goes back to a minute that gained samples behind it, so the accountant
+//!   recomputes it (after a restart too). Energy, charts, followers and remote-write read
+//!   both forms.
+
+use super::backend::{Backend, Dialect, Get, Table, sql};
+use super::packed::{self, PackError, process::ProcessTick};
+use super::packing::{
+    Span, Tier, Value, corrupt, delete_value, insert_unpacked, lock_names, unpack_gpu,
+    unpack_process,
+};
+use super::rollup::{RollupKey, RollupKind, spec};
+use super::rollup_hours::{self, HOUR_MS, hour_of};
+use super::write::Samples;
+use super::{GpuId, GpuMetric, StoreError};
+use crate::accounting::energy::{MINUTE_MS, minute_of};
+use gpufleet_core::{GpuSample, UnixMs};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// How long after its end a minute is closed to a write: its samples and process ticks
+/// arriving later go straight into its packed values. Longer than a live agent's batches
+/// take to arrive and than followers look back (30 s), so the live minutes stay rows.
+pub const PACK_ON_ARRIVAL_AFTER_MS: i64 = 2 * MINUTE_MS;
+
+/// A GPU's packed minute that a write falls in and that stays packed (a closed minute):
+/// its contents, its value as stored, and whether that value is still in the table (a
+/// minute split out of an hour-long value is not).
+#[derive(Debug)]
+pub(crate) struct HeldMinute<T> {
+    items: Vec<T>,
+    value: Vec<u8>,
+    stored: bool,
+}
+
+/// The held minutes of a write, by (GPU, minute): process ticks and GPU samples.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    process: BTreeMap<(i64, UnixMs), HeldMinute<ProcessTick>>,
+    gpu: BTreeMap<(i64, UnixMs), HeldMinute<(UnixMs, GpuSample)>>,
+}
+
+impl Held {
+    /// Holds GPU `gpu`'s minute value of `tier` at `span`, decoded.
+    pub(super) fn hold(
+        &mut self,
+        tier: Tier,
+        gpu: i64,
+        span: Span,
+        value: Vec<u8>,
+        stored: bool,
+    ) -> Result<(), StoreError> {
+        let key = (gpu, span.start);
+        match tier {
+            Tier::Process => {
+                let items = unpack_process(gpu, span, &value)?;
+                self.process.insert(
+                    key,
+                    HeldMinute {
+                        items,
+                        value,
+                        stored,
+                    },
+                );
+            }
+            Tier::Gpu => {
+                let items = unpack_gpu(gpu, span, &value)?;
+                self.gpu.insert(
+                    key,
+                    HeldMinute {
+                        items,
+                        value,
+                        stored,
+                    },
+                );
+            }
+            Tier::Host => {
+                return Err(StoreError::Corrupt("a host minute cannot be held".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The GPU samples stored in held minutes, by (GPU, time): what a conflict check
+    /// compares a write's samples with, beside the rows.
+    pub(crate) fn gpu_samples(&self) -> impl Iterator<Item = ((i64, UnixMs), &GpuSample)> {
+        (self.gpu.iter()).flat_map(|((gpu, _), h)| h.items.iter().map(|(t, s)| ((*gpu, *t), s)))
+    }
+}
+
+/// A GPU minute packed on arrival: (GPU, minute, all its samples, oldest first).
+type PackedMinute = (i64, UnixMs, Vec<(UnixMs, GpuSample)>);
+
+/// A write's GPU sample for a closed minute: (node group, time, sample).
+type Arriving<'b> = (usize, UnixMs, &'b GpuSample);
+
+/// What [`pack_arriving`] did with a write's GPU samples.
+#[derive(Debug, Default)]
+pub(crate) struct Arrived {
+    /// Samples new to the store, by the node group of [`super::write::GpuRow::group`].
+    pub inserted: HashMap<usize, u64>,
+    /// The samples whose key was stored already (replays, or conflicts): the stored
+    /// sample, by (GPU, time).
+    pub repeated: HashMap<(i64, UnixMs), GpuSample>,
+}
+
+impl Arrived {
+    /// The GPUs some of whose samples were stored already.
+    pub(crate) fn repeated_gpus(&self) -> HashSet<i64> {
+        self.repeated.keys().map(|(gpu, _)| *gpu).collect()
+    }
+}
+
+/// Packs what a write brings for closed minutes (ending at or before `closed_before`)
+/// into the minutes' values (see the module docs), and takes it out of `samples`; the
+/// rest is inserted as rows by the caller. `held` is what reopening held.
+pub(crate) async fn pack_arriving<DB: Backend>(
+    conn: &mut DB::Connection,
+    samples: &mut Samples<'_>,
+    mut held: Held,
+    closed_before: UnixMs,
+) -> Result<Arrived, StoreError> {
+    let mut out = Arrived::default();
+    let closed = |ts: UnixMs| minute_of(ts).saturating_add(MINUTE_MS) <= closed_before;
+    // The ingest path: a live write brings nothing for a closed minute.
+    if held.process.is_empty()
+        && held.gpu.is_empty()
+        && !samples.process.iter().any(|r| closed(r.ts))
+        && !samples.gpu.iter().any(|r| closed(r.ts))
+    {
+        return Ok(out);
+    }
+    let with_rows = closed_minutes_with_rows::<DB>(conn, samples, &held, closed).await?;
+    let mut process_values: Vec<(i64, Value)> = Vec::new();
+    let mut gpu_values: Vec<(i64, Value)> = Vec::new();
+
+    // Process ticks.
+    let mut arriving: BTreeMap<(i64, UnixMs), Vec<ProcessTick>> = BTreeMap::new();
+    samples.process.retain(|r| {
+        let key = (r.gpu, minute_of(r.ts));
+        if !closed(r.ts) || with_rows.contains(&(Tier::Process, key.0, key.1)) {
+            return true;
+        }
+        arriving.entry(key).or_default().push(ProcessTick {
+            ts_ms: r.ts,
+            pid: r.p.pid,
+            life_id: r.life,
+            gpu_mem_bytes: r.p.gpu_mem_bytes,
+            sm_util_pct: r.p.sm_util_pct,
+            mem_util_pct: r.p.mem_util_pct,
+            enc_util_pct: r.p.enc_util_pct,
+            dec_util_pct: r.p.dec_util_pct,
+        });
+        false
+    });
+    let mut process_rows: Vec<(i64, ProcessTick)> = Vec::new();
+    for ((gpu, minute), new) in arriving {
+        let (mut ticks, stored) = match held.process.remove(&(gpu, minute)) {
+            Some(h) => (h.items, h.stored),
+            None => (Vec::new(), false),
+        };
+        let mut seen: HashSet<(UnixMs, u32)> = ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
+        ticks.extend(new.into_iter().filter(|t| seen.insert((t.ts_ms, t.pid))));
+        match packed::process::pack(&ticks) {
+            Ok(value) => process_values.push((gpu, (minute, value))),
+            Err(PackError::TooLarge(_)) => {
+                if stored {
+                    delete_value::<DB>(conn, Tier::Process, gpu, minute).await?;
+                }
+                process_rows.extend(ticks.into_iter().map(|t| (gpu, t)));
+            }
+            Err(e) => return Err(corrupt(Tier::Process, gpu, minute)(e)),
+        }
+    }
+
+    // GPU samples: the first stored of a key wins, as an insert that skips it.
+    let mut arriving: BTreeMap<(i64, UnixMs), Vec<Arriving>> = BTreeMap::new();
+    samples.gpu.retain(|r| {
+        let key = (r.gpu, minute_of(r.ts));
+        if !closed(r.ts) || with_rows.contains(&(Tier::Gpu, key.0, key.1)) {
+            return true;
+        }
+        arriving.entry(key).or_default().push((r.group, r.ts, r.s));
+        false
+    });
+    let mut gpu_rows: Vec<(i64, UnixMs, GpuSample)> = Vec::new();
+    let mut minutes: Vec<PackedMinute> = Vec::new();
+    for ((gpu, minute), new) in arriving {
+        let (mut items, stored, value) = match held.gpu.remove(&(gpu, minute)) {
+            Some(h) => (h.items, h.stored, Some(h.value)),
+            None => (Vec::new(), false, None),
+        };
+        let mut at: HashMap<UnixMs, usize> = (items.iter().enumerate())
+            .map(|(i, (t, _))| (*t, i))
+            .collect();
+        let mut added = false;
+        for (group, ts, s) in new {
+            if let Some(&i) = at.get(&ts) {
+                out.repeated.insert((gpu, ts), items[i].1.clone());
+                continue;
+            }
+            at.insert(ts, items.len());
+            items.push((ts, s.clone()));
+            *out.inserted.entry(group).or_default() += 1;
+            added = true;
+        }
+        if !added {
+            // Only replays: the minute as it was.
+            if let (false, Some(value)) = (stored, value) {
+                gpu_values.push((gpu, (minute, value)));
+            }
+            continue;
+        }
+        items.sort_by_key(|(t, _)| *t);
+        match packed::gpu::pack(&items) {
+            Ok(value) => gpu_values.push((gpu, (minute, value))),
+            Err(PackError::TooLarge(_)) => {
+                if stored {
+                    delete_value::<DB>(conn, Tier::Gpu, gpu, minute).await?;
+                }
+                gpu_rows.extend(items.iter().map(|(t, s)| (gpu, *t, s.clone())));
+            }
+            Err(e) => return Err(corrupt(Tier::Gpu, gpu, minute)(e)),
+        }
+        minutes.push((gpu, minute, items));
+    }
+
+    // Held minutes the write brought nothing new to: as they were.
+    for ((gpu, minute), h) in held.process {
+        if !h.stored {
+            process_values.push((gpu, (minute, h.value)));
+        }
+    }
+    for ((gpu, minute), h) in held.gpu {
+        if !h.stored {
+            gpu_values.push((gpu, (minute, h.value)));
+        }
+    }
+    if !process_rows.is_empty() || !gpu_rows.is_empty() {
+        insert_unpacked::<DB>(conn, &[], &process_rows, &gpu_rows).await?;
+    }
+    upsert_values::<DB>(conn, Tier::Process, &process_values).await?;
+    upsert_values::<DB>(conn, Tier::Gpu, &gpu_values).await?;
+    write_rollups::<DB>(conn, &minutes).await?;
+    lower_energy_watermarks::<DB>(conn, &minutes).await?;
+    Ok(out)
+}
+
+/// The closed minutes a write brings data for, not held, that hold rows: as (tier, GPU,
+/// minute), one indexed look-up per minute and tier.
+async fn closed_minutes_with_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    samples: &Samples<'_>,
+    held: &Held,
+    closed: impl Fn(UnixMs) -> bool,
+) -> Result<HashSet<(Tier, i64, UnixMs)>, StoreError> {
+    let process = (samples.process.iter())
+        .filter(|r| closed(r.ts))
+        .map(|r| (r.gpu, minute_of(r.ts)))
+        .filter(|key| !held.process.contains_key(key));
+    let gpu = (samples.gpu.iter())
+        .filter(|r| closed(r.ts))
+        .map(|r| (r.gpu, minute_of(r.ts)))
+        .filter(|key| !held.gpu.contains_key(key));
+    let minutes: BTreeSet<(i64, UnixMs)> = process.chain(gpu).collect();
+    let mut out = HashSet::new();
+    if minutes.is_empty() {
+        return Ok(out);
+    }
+    let table = Table::default()
+        .int("id", minutes.iter().map(|m| m.0))
+        .int("minute_ms", minutes.iter().map(|m| m.1));
+    let exists = |tier: Tier| {
+        format!(
+            "CASE WHEN EXISTS (SELECT 1 FROM {} x WHERE x.gpu_id = v.id \
+               AND x.ts_ms >= v.minute_ms AND x.ts_ms < v.minute_ms + {MINUTE_MS}) \
+             THEN 1 ELSE 0 END",
+            tier.rows()
+        )
+    };
+    let found = sql::<DB>(
+        "find the closed minutes a write falls in that hold rows",
+        format!(
+            "SELECT v.id AS gpu_id, v.minute_ms, {} AS p, {} AS g FROM {}",
+            exists(Tier::Process),
+            exists(Tier::Gpu),
+            DB::DIALECT.over(&table, "v")
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    for row in &found {
+        let (gpu, minute): (i64, UnixMs) = (row.get("gpu_id")?, row.get("minute_ms")?);
+        for (tier, col) in [(Tier::Process, "p"), (Tier::Gpu, "g")] {
+            if row.get::<i64>(col)? != 0 {
+                out.insert((tier, gpu, minute));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Most packed values one statement of [`upsert_values`] stores.
+const UPSERT_VALUES: usize = 64;
+
+/// Stores minute values of GPUs' process ticks or samples, replacing those already
+/// stored.
+async fn upsert_values<DB: Backend>(
+    conn: &mut DB::Connection,
+    tier: Tier,
+    values: &[(i64, Value)],
+) -> Result<(), StoreError> {
+    for chunk in values.chunks(UPSERT_VALUES) {
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|i| {
+                format!(
+                    "(${}, ${}, {MINUTE_MS}, ${})",
+                    3 * i + 1,
+                    3 * i + 2,
+                    3 * i + 3
+                )
+            })
+            .collect();
+        let text = format!(
+            "INSERT INTO {} (gpu_id, minute_ms, span_ms, packed) VALUES {} \
+             ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET span_ms = excluded.span_ms, \
+             packed = excluded.packed",
+            tier.packed(),
+            rows.join(", ")
+        );
+        let mut query = sql::<DB>("store packed minutes", text);
+        for (gpu, (minute, value)) in chunk {
+            query = query.bind(*gpu).bind(*minute).bind(value);
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// A metric's value as its `gpu_samples` column holds it, which is what SQL aggregates:
+/// SQLite keeps the value itself; PostgreSQL keeps a u32 as the bits of an `int4` (see
+/// the schemas); 64-bit values are the bits of a `bigint` on both.
+fn column_value(dialect: Dialect, metric: GpuMetric, v: u64) -> i64 {
+    use GpuMetric::*;
+    match metric {
+        PowerMw | PowerInstantMw | PowerLimitMw | TempGpuC | TempMemC | ClockSmMhz
+        | ClockMemMhz | ClockGraphicsMhz
+            if dialect == Dialect::Postgres =>
+        {
+            i64::from(v as u32 as i32)
+        }
+        _ => v as i64,
+    }
+}
+
+/// One metric's figures over a minute before the average: the database divides, as its
+/// `avg` does (SQLite: the integer sum as a double over the count; PostgreSQL: a numeric
+/// quotient), so the row equals what the rollup task's SQL computes from rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Figures {
+    n: u32,
+    /// The integer sum, when it fits 64 bits (SQLite then approximates; so does this).
+    sum: Option<i64>,
+    /// The average for a sum that does not fit.
+    approx: Option<f64>,
+    min: Option<i64>,
+    max: Option<i64>,
+}
+
+/// The rollup figures of a GPU minute's samples, metric by metric in
+/// [`GpuMetric::ALL`] order (the rollup table's), and its sample count.
+fn rollup_row(dialect: Dialect, samples: &[(UnixMs, GpuSample)]) -> (u32, Vec<Figures>) {
+    let figures = GpuMetric::ALL
+        .iter()
+        .map(|&metric| {
+            let values = samples.iter().filter_map(|(_, s)| metric.value(s));
+            let (mut n, mut sum, mut min, mut max) = (0u32, 0i128, i64::MAX, i64::MIN);
+            for v in values.map(|v| column_value(dialect, metric, v)) {
+                n += 1;
+                sum += i128::from(v);
+                min = min.min(v);
+                max = max.max(v);
+            }
+            if n == 0 {
+                return Figures::default();
+            }
+            let exact = i64::try_from(sum).ok();
+            Figures {
+                n,
+                sum: exact,
+                approx: exact.is_none().then(|| sum as f64 / f64::from(n)),
+                min: Some(min),
+                max: Some(max),
+            }
+        })
+        .collect();
+    (u32::try_from(samples.len()).unwrap_or(u32::MAX), figures)
+}
+
+/// Most rollup rows one statement of [`write_rollups`] upserts.
+const UPSERT_ROLLUPS: usize = 8;
+
+/// Writes the rollup row of every GPU minute packed on arrival, from all its samples,
+/// replacing the one stored: a minute in a packed rollup hour has its hour reopened
+/// first, and a minute behind the GPU's raw horizon keeps its row (its other samples are
+/// gone; the row counted them).
+async fn write_rollups<DB: Backend>(
+    conn: &mut DB::Connection,
+    minutes: &[PackedMinute],
+) -> Result<(), StoreError> {
+    if minutes.is_empty() {
+        return Ok(());
+    }
+    let gpus: BTreeSet<i64> = minutes.iter().map(|(gpu, _, _)| *gpu).collect();
+    let locks = (gpus.iter()).map(|&id| rollup_hours::lock_name(RollupKey::gpu(GpuId(id))));
+    lock_names::<DB>(conn, locks.collect()).await?;
+    let hours: BTreeSet<(i64, UnixMs)> = (minutes.iter())
+        .map(|(gpu, minute, _)| (*gpu, hour_of(*minute)))
+        .collect();
+    let table = Table::default()
+        .int("id", hours.iter().map(|h| h.0))
+        .int("hour_ms", hours.iter().map(|h| h.1));
+    let found = sql::<DB>(
+        "find the packed rollup hours and raw horizons of minutes packed on arrival",
+        format!(
+            "SELECT v.id, v.hour_ms, \
+               CASE WHEN EXISTS (SELECT 1 FROM {packed} p WHERE p.gpu_id = v.id \
+                 AND p.hour_ms = v.hour_ms) THEN 1 ELSE 0 END AS packed, \
+               (SELECT h.raw_from_ms FROM raw_horizon h WHERE h.kind = 'gpu' \
+                 AND h.id = v.id) AS horizon FROM {v}",
+            packed = rollup_hours::table(RollupKind::Gpu),
+            v = DB::DIALECT.over(&table, "v"),
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    let mut horizons: HashMap<i64, UnixMs> = HashMap::new();
+    for row in &found {
+        let (gpu, hour): (i64, UnixMs) = (row.get("id")?, row.get("hour_ms")?);
+        if let Some(h) = row.get::<Option<i64>>("horizon")? {
+            horizons.insert(gpu, h);
+        }
+        if row.get::<i64>("packed")? != 0 {
+            let key = RollupKey::gpu(GpuId(gpu));
+            rollup_hours::reopen::<DB>(conn, key, hour, hour.saturating_add(HOUR_MS)).await?;
+        }
+    }
+    let rows: Vec<(i64, UnixMs, u32, Vec<Figures>)> = (minutes.iter())
+        .filter(|(gpu, minute, _)| horizons.get(gpu).is_none_or(|h| minute >= h))
+        .map(|(gpu, minute, samples)| {
+            let (count, figures) = rollup_row(DB::DIALECT, samples);
+            (*gpu, *minute, count, figures)
+        })
+        .collect();
+    let s = spec(RollupKind::Gpu);
+    let mut names = vec!["gpu_id, minute_ms, samples".to_owned()];
+    let mut updates = vec!["samples = excluded.samples".to_owned()];
+    for &(c, _) in &s.cols {
+        names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
+        for suffix in ["n", "avg", "min", "max"] {
+            updates.push(format!("{c}_{suffix} = excluded.{c}_{suffix}"));
+        }
+    }
+    let per_row = 3 + 5 * s.cols.len();
+    let avg = |sum: usize, n: usize, approx: usize| match DB::DIALECT {
+        Dialect::Sqlite => format!("coalesce(CAST(${sum} AS REAL) / ${n}, ${approx})"),
+        Dialect::Postgres => format!(
+            "coalesce(CAST(CAST(${sum} AS NUMERIC) / ${n} AS DOUBLE PRECISION), \
+             CAST(${approx} AS DOUBLE PRECISION))"
+        ),
+    };
+    for chunk in rows.chunks(UPSERT_ROLLUPS) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| {
+                let p = i * per_row;
+                let mut cols = vec![format!(
+                    "CAST(${} AS BIGINT), CAST(${} AS BIGINT), CAST(${} AS INTEGER)",
+                    p + 1,
+                    p + 2,
+                    p + 3
+                )];
+                for m in 0..s.cols.len() {
+                    let q = p + 4 + 5 * m;
+                    cols.push(format!(
+                        "CAST(${q} AS INTEGER), {}, CAST(${} AS BIGINT), CAST(${} AS BIGINT)",
+                        avg(q + 1, q, q + 2),
+                        q + 3,
+                        q + 4
+                    ));
+                }
+                format!("({})", cols.join(", "))
+            })
+            .collect();
+        let text = format!(
+            "INSERT INTO {} ({}) VALUES {} ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET {}",
+            s.minutes,
+            names.join(", "),
+            values.join(", "),
+            updates.join(", ")
+        );
+        let mut query = sql::<DB>("store the rollups of minutes packed on arrival", text);
+        for (gpu, minute, count, figures) in chunk {
+            query = query.bind(*gpu).bind(*minute).bind(i64::from(*count));
+            for f in figures {
+                query = (query.bind(i64::from(f.n)).bind(f.sum).bind(f.approx))
+                    .bind(f.min)
+                    .bind(f.max);
+            }
+        }
+        query.execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+/// Moves each GPU's energy watermark back to the oldest minute packed on arrival that
+/// gained samples behind it: the accountant recomputes from there, after a restart too
+/// (the row tables' late samples are found by counting rows instead).
+async fn lower_energy_watermarks<DB: Backend>(
+    conn: &mut DB::Connection,
+    minutes: &[PackedMinute],
+) -> Result<(), StoreError> {
+    let mut oldest: BTreeMap<i64, UnixMs> = BTreeMap::new();
+    for (gpu, minute, _) in minutes {
+        let m = oldest.entry(*gpu).or_insert(*minute);
+        *m = (*m).min(*minute);
+    }
+    if oldest.is_empty() {
+        return Ok(());
+    }
+    let table = Table::default()
+        .int("id", oldest.keys().copied())
+        .int("minute_ms", oldest.values().copied());
+    sql::<DB>(
+        "move energy watermarks back to minutes packed on arrival",
+        format!(
+            "{} UPDATE energy_progress SET done_to_ms = \
+               (SELECT r.minute_ms FROM r WHERE r.id = energy_progress.gpu_id) \
+             WHERE gpu_id IN (SELECT r.id FROM r WHERE r.minute_ms < energy_progress.done_to_ms)",
+            DB::DIALECT.request_rows(&table)
+        ),
+    )
+    .bind_table(table)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(power_mw: Option<u32>, energy_mj: Option<u64>) -> GpuSample {
+        GpuSample {
+            power_mw,
+            energy_mj,
+            ..GpuSample::default()
+        }
+    }
+
+    fn figures(dialect: Dialect, samples: &[GpuSample], metric: GpuMetric) -> Figures {
+        let timed: Vec<(UnixMs, GpuSample)> = (samples.iter().cloned().enumerate())
+            .map(|(i, s)| (i as UnixMs, s))
+            .collect();
+        let (count, all) = rollup_row(dialect, &timed);
+        assert_eq!(count as usize, samples.len());
+        let at = GpuMetric::ALL
+            .iter()
+            .position(|m| *m == metric)
+            .expect("a metric");
+        all[at]
+    }
+
+    #[test]
+    fn absent_values_are_not_counted_and_a_metric_without_any_has_no_figures() {
+        let samples = [
+            sample(Some(100), None),
+            sample(None, None),
+            sample(Some(300), None),
+        ];
+        let power = figures(Dialect::Sqlite, &samples, GpuMetric::PowerMw);
+        assert_eq!(
+            power,
+            Figures {
+                n: 2,
+                sum: Some(400),
+                approx: None,
+                min: Some(100),
+                max: Some(300)
+            }
+        );
+        assert_eq!(
+            figures(Dialect::Sqlite, &samples, GpuMetric::EnergyMj),
+            Figures::default()
+        );
+    }
+
+    #[test]
+    fn u32_metrics_are_aggregated_as_each_database_stores_them() {
+        // PostgreSQL keeps a u32 as an int4's bits: above 2^31 it is negative there.
+        let samples = [sample(Some(u32::MAX), None), sample(Some(1), None)];
+        let sqlite = figures(Dialect::Sqlite, &samples, GpuMetric::PowerMw);
+        assert_eq!(
+            (sqlite.min, sqlite.max),
+            (Some(1), Some(i64::from(u32::MAX)))
+        );
+        let pg = figures(Dialect::Postgres, &samples, GpuMetric::PowerMw);
+        assert_eq!((pg.min, pg.max, pg.sum), (Some(-1), Some(1), Some(0)));
+    }
+
+    #[test]
+    fn a_sum_beyond_64_bits_is_averaged_approximately() {
+        let samples = [
+            sample(None, Some(u64::MAX / 2)),
+            sample(None, Some(u64::MAX / 2)),
+        ];
+        let f = figures(Dialect::Sqlite, &samples, GpuMetric::EnergyMj);
+        assert_eq!(f.sum, None);
+        assert_eq!(f.approx, Some((u64::MAX / 2) as f64));
+    }
+}
