@@ -29,7 +29,9 @@ use super::write::Samples;
 use super::{GpuId, GpuMetric, StoreError};
 use crate::accounting::energy::{MINUTE_MS, minute_of};
 use gpufleet_core::{GpuSample, UnixMs};
+use std::borrow::{Borrow, Cow};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::OnceLock;
 
 /// How long after its end a minute is closed to a write: its samples and process ticks
 /// arriving later go straight into its packed values. Longer than a live agent's batches
@@ -101,8 +103,9 @@ impl Held {
     }
 }
 
-/// A GPU minute packed on arrival: (GPU, minute, all its samples, oldest first).
-type PackedMinute = (i64, UnixMs, Vec<(UnixMs, GpuSample)>);
+/// A GPU minute packed on arrival: (GPU, minute, all its samples, oldest first; those
+/// the write brought are borrowed from it).
+type PackedMinute<'b> = (i64, UnixMs, Vec<(UnixMs, Cow<'b, GpuSample>)>);
 
 /// A write's GPU sample for a closed minute: (node group, time, sample).
 type Arriving<'b> = (usize, UnixMs, &'b GpuSample);
@@ -200,7 +203,13 @@ pub(crate) async fn pack_arriving<DB: Backend>(
     let mut minutes: Vec<PackedMinute> = Vec::new();
     for ((gpu, minute), new) in arriving {
         let (mut items, stored, value) = match held.gpu.remove(&(gpu, minute)) {
-            Some(h) => (h.items, h.stored, Some(h.value)),
+            Some(h) => {
+                let items = h
+                    .items
+                    .into_iter()
+                    .map(|(t, s)| (t, Cow::<GpuSample>::Owned(s)));
+                (items.collect(), h.stored, Some(h.value))
+            }
             None => (Vec::new(), false, None),
         };
         let mut at: HashMap<UnixMs, usize> = (items.iter().enumerate())
@@ -209,11 +218,12 @@ pub(crate) async fn pack_arriving<DB: Backend>(
         let mut added = false;
         for (group, ts, s) in new {
             if let Some(&i) = at.get(&ts) {
-                out.repeated.insert((gpu, ts), items[i].1.clone());
+                out.repeated
+                    .insert((gpu, ts), items[i].1.clone().into_owned());
                 continue;
             }
             at.insert(ts, items.len());
-            items.push((ts, s.clone()));
+            items.push((ts, Cow::Borrowed(s)));
             *out.inserted.entry(group).or_default() += 1;
             added = true;
         }
@@ -231,7 +241,7 @@ pub(crate) async fn pack_arriving<DB: Backend>(
                 if stored {
                     delete_value::<DB>(conn, Tier::Gpu, gpu, minute).await?;
                 }
-                gpu_rows.extend(items.iter().map(|(t, s)| (gpu, *t, s.clone())));
+                gpu_rows.extend(items.iter().map(|(t, s)| (gpu, *t, s.clone().into_owned())));
             }
             Err(e) => return Err(corrupt(Tier::Gpu, gpu, minute)(e)),
         }
@@ -383,11 +393,14 @@ struct Figures {
 
 /// The rollup figures of a GPU minute's samples, metric by metric in
 /// [`GpuMetric::ALL`] order (the rollup table's), and its sample count.
-fn rollup_row(dialect: Dialect, samples: &[(UnixMs, GpuSample)]) -> (u32, Vec<Figures>) {
+fn rollup_row<S: Borrow<GpuSample>>(
+    dialect: Dialect,
+    samples: &[(UnixMs, S)],
+) -> (u32, Vec<Figures>) {
     let figures = GpuMetric::ALL
         .iter()
         .map(|&metric| {
-            let values = samples.iter().filter_map(|(_, s)| metric.value(s));
+            let values = samples.iter().filter_map(|(_, s)| metric.value(s.borrow()));
             let (mut n, mut sum, mut min, mut max) = (0u32, 0i128, i64::MAX, i64::MIN);
             for v in values.map(|v| column_value(dialect, metric, v)) {
                 n += 1;
@@ -411,8 +424,50 @@ fn rollup_row(dialect: Dialect, samples: &[(UnixMs, GpuSample)]) -> (u32, Vec<Fi
     (u32::try_from(samples.len()).unwrap_or(u32::MAX), figures)
 }
 
-/// Most rollup rows one statement of [`write_rollups`] upserts.
-const UPSERT_ROLLUPS: usize = 8;
+/// The columns [`write_rollups`] binds per metric, in [`GpuMetric::ALL`] order: the
+/// count, the integer sum, the approximate average, the minimum and the maximum.
+fn figure_columns() -> &'static [[&'static str; 5]] {
+    static COLS: OnceLock<Vec<[&'static str; 5]>> = OnceLock::new();
+    COLS.get_or_init(|| {
+        let name = |m: GpuMetric, suffix: &str| -> &'static str {
+            Box::leak(format!("{}_{suffix}", m.name()).into_boxed_str())
+        };
+        (GpuMetric::ALL.iter())
+            .map(|&m| ["n", "sum", "approx", "min", "max"].map(|suffix| name(m, suffix)))
+            .collect()
+    })
+}
+
+/// The upsert of [`write_rollups`]'s rows from `source`, a FROM item `v` with the
+/// [`figure_columns`].
+fn rollup_upsert(dialect: Dialect, source: &str) -> String {
+    let s = spec(RollupKind::Gpu);
+    let mut names = vec!["gpu_id, minute_ms, samples".to_owned()];
+    let mut values = vec!["v.gpu_id, v.minute_ms, CAST(v.samples AS INTEGER)".to_owned()];
+    let mut updates = vec!["samples = excluded.samples".to_owned()];
+    for (&(c, _), [n, sum, approx, min, max]) in s.cols.iter().zip(figure_columns()) {
+        names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
+        let avg = match dialect {
+            Dialect::Sqlite => format!("coalesce(CAST(v.{sum} AS REAL) / v.{n}, v.{approx})"),
+            Dialect::Postgres => format!(
+                "coalesce(CAST(CAST(v.{sum} AS NUMERIC) / v.{n} AS DOUBLE PRECISION), v.{approx})"
+            ),
+        };
+        values.push(format!("CAST(v.{n} AS INTEGER), {avg}, v.{min}, v.{max}"));
+        for suffix in ["n", "avg", "min", "max"] {
+            updates.push(format!("{c}_{suffix} = excluded.{c}_{suffix}"));
+        }
+    }
+    format!(
+        "INSERT INTO {} ({}) SELECT {} FROM {} WHERE true \
+         ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET {}",
+        s.minutes,
+        names.join(", "),
+        values.join(", "),
+        source,
+        updates.join(", ")
+    )
+}
 
 /// Writes the rollup row of every GPU minute packed on arrival, from all its samples,
 /// replacing the one stored: a minute in a packed rollup hour has its hour reopened
@@ -420,7 +475,7 @@ const UPSERT_ROLLUPS: usize = 8;
 /// gone; the row counted them).
 async fn write_rollups<DB: Backend>(
     conn: &mut DB::Connection,
-    minutes: &[PackedMinute],
+    minutes: &[PackedMinute<'_>],
 ) -> Result<(), StoreError> {
     if minutes.is_empty() {
         return Ok(());
@@ -467,63 +522,61 @@ async fn write_rollups<DB: Backend>(
             (*gpu, *minute, count, figures)
         })
         .collect();
-    let s = spec(RollupKind::Gpu);
-    let mut names = vec!["gpu_id, minute_ms, samples".to_owned()];
-    let mut updates = vec!["samples = excluded.samples".to_owned()];
-    for &(c, _) in &s.cols {
-        names.push(format!("{c}_n, {c}_avg, {c}_min, {c}_max"));
-        for suffix in ["n", "avg", "min", "max"] {
-            updates.push(format!("{c}_{suffix} = excluded.{c}_{suffix}"));
-        }
+    if rows.is_empty() {
+        return Ok(());
     }
-    let per_row = 3 + 5 * s.cols.len();
-    let avg = |sum: usize, n: usize, approx: usize| match DB::DIALECT {
-        Dialect::Sqlite => format!("coalesce(CAST(${sum} AS REAL) / ${n}, ${approx})"),
-        Dialect::Postgres => format!(
-            "coalesce(CAST(CAST(${sum} AS NUMERIC) / ${n} AS DOUBLE PRECISION), \
-             CAST(${approx} AS DOUBLE PRECISION))"
-        ),
-    };
-    for chunk in rows.chunks(UPSERT_ROLLUPS) {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                let p = i * per_row;
-                let mut cols = vec![format!(
-                    "CAST(${} AS BIGINT), CAST(${} AS BIGINT), CAST(${} AS INTEGER)",
-                    p + 1,
-                    p + 2,
-                    p + 3
-                )];
-                for m in 0..s.cols.len() {
-                    let q = p + 4 + 5 * m;
-                    cols.push(format!(
-                        "CAST(${q} AS INTEGER), {}, CAST(${} AS BIGINT), CAST(${} AS BIGINT)",
-                        avg(q + 1, q, q + 2),
-                        q + 3,
-                        q + 4
-                    ));
-                }
-                format!("({})", cols.join(", "))
-            })
-            .collect();
-        let text = format!(
-            "INSERT INTO {} ({}) VALUES {} ON CONFLICT (gpu_id, minute_ms) DO UPDATE SET {}",
-            s.minutes,
-            names.join(", "),
-            values.join(", "),
-            updates.join(", ")
-        );
-        let mut query = sql::<DB>("store the rollups of minutes packed on arrival", text);
-        for (gpu, minute, count, figures) in chunk {
-            query = query.bind(*gpu).bind(*minute).bind(i64::from(*count));
+    let cols = figure_columns();
+    if DB::DIALECT == Dialect::Sqlite {
+        // A statement per row, its 123 parameters bound by number: SQLite finds each by a
+        // linear scan, so one statement of many rows costs the square.
+        static TEXT: OnceLock<String> = OnceLock::new();
+        let text = TEXT.get_or_init(|| {
+            let mut params = vec!["$1 AS gpu_id, $2 AS minute_ms, $3 AS samples".to_owned()];
+            for (m, names) in cols.iter().enumerate() {
+                let p = 4 + 5 * m;
+                let each =
+                    (names.iter().enumerate()).map(|(i, name)| format!("${} AS {name}", p + i));
+                params.push(each.collect::<Vec<_>>().join(", "));
+            }
+            rollup_upsert(
+                Dialect::Sqlite,
+                &format!("(SELECT {}) AS v", params.join(", ")),
+            )
+        });
+        for (gpu, minute, count, figures) in &rows {
+            let mut query = sql::<DB>(
+                "store the rollup of a minute packed on arrival",
+                text.as_str(),
+            )
+            .bind(*gpu)
+            .bind(*minute)
+            .bind(i64::from(*count));
             for f in figures {
                 query = (query.bind(i64::from(f.n)).bind(f.sum).bind(f.approx))
                     .bind(f.min)
                     .bind(f.max);
             }
+            query.execute(&mut *conn).await?;
         }
-        query.execute(&mut *conn).await?;
+        return Ok(());
     }
+    let mut table = Table::default()
+        .int("gpu_id", rows.iter().map(|r| r.0))
+        .int("minute_ms", rows.iter().map(|r| r.1))
+        .int("samples", rows.iter().map(|r| i64::from(r.2)));
+    for (m, names) in cols.iter().enumerate() {
+        let f = |get: fn(&Figures) -> Option<i64>| rows.iter().map(move |r| get(&r.3[m]));
+        table = (table.int(names[0], f(|f| Some(i64::from(f.n)))))
+            .int(names[1], f(|f| f.sum))
+            .float(names[2], rows.iter().map(|r| r.3[m].approx))
+            .int(names[3], f(|f| f.min))
+            .int(names[4], f(|f| f.max));
+    }
+    let text = rollup_upsert(DB::DIALECT, &DB::DIALECT.over(&table, "v"));
+    sql::<DB>("store the rollups of minutes packed on arrival", text)
+        .bind_table(table)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -532,7 +585,7 @@ async fn write_rollups<DB: Backend>(
 /// (the row tables' late samples are found by counting rows instead).
 async fn lower_energy_watermarks<DB: Backend>(
     conn: &mut DB::Connection,
-    minutes: &[PackedMinute],
+    minutes: &[PackedMinute<'_>],
 ) -> Result<(), StoreError> {
     let mut oldest: BTreeMap<i64, UnixMs> = BTreeMap::new();
     for (gpu, minute, _) in minutes {

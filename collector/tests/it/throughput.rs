@@ -14,9 +14,9 @@
 //! the one a fleet of that size sees), `COMMIT_ROWS` the writer's rows per transaction (0:
 //! the default), `NO_ACCOUNT=1` to keep the energy accountant to its first pass (its share
 //! of the two cores: the benchmark's ticks are a day old, so every minute closes at once),
-//! `NO_ARRIVAL=1` to write every process tick as a row (by default, as in a collector, the
-//! wall clock closes the benchmark's day-old minutes, and their process ticks are packed as
-//! they arrive), `PACK_EVERY` seconds between the packer's passes (0: the collector's 10 minutes, which a
+//! `NO_ARRIVAL=1` to write every GPU sample and process tick as a row (by default, as in a
+//! collector, the wall clock closes the benchmark's day-old minutes, and their samples and
+//! process ticks are packed as they arrive), `PACK_EVERY` seconds between the packer's passes (0: the collector's 10 minutes, which a
 //! run this short never reaches; with a few seconds, the run also packs what it wrote, as a
 //! collector that never stops must). After the run it prints what the collector's
 //! background tasks did meanwhile (passes finished by then and their seconds per task,
@@ -337,8 +337,8 @@ async fn store_write_throughput_postgres() {
 }
 
 /// As a collector's store, the wall clock closes minutes to writes: the benchmarks' ticks
-/// are a day old, so their process ticks are packed as they arrive, unless
-/// `NO_ARRIVAL=1` (every tick a row, as before).
+/// are a day old, so their samples and process ticks are packed as they arrive, unless
+/// `NO_ARRIVAL=1` (every sample and tick a row).
 fn closed_by_the_wall_clock(store: &Arc<dyn gpufleet_collector::store::Store>) {
     if knob("NO_ARRIVAL", 0) == 0 {
         store.set_arrival_clock(Some(Arc::new(now_ms)));

@@ -7,6 +7,7 @@
 use super::columns::{Reader, put_column, put_values, put_varint};
 use super::{Field, MAX_LINKS, MAX_ROWS, PackError, narrow, open, seal};
 use gpufleet_core::{GpuSample, NvLinkSample, UnixMs};
+use std::borrow::Borrow;
 
 /// The scalar fields in storage order.
 const FIELDS: &[Field<GpuSample>] = fields!(GpuSample;
@@ -38,12 +39,13 @@ const FIELDS: &[Field<GpuSample>] = fields!(GpuSample;
 );
 
 /// The positions of every link of every sample, link by link (then sample by sample).
-fn link_order(samples: &[(UnixMs, GpuSample)]) -> Vec<(usize, usize)> {
+fn link_order<S: Borrow<GpuSample>>(samples: &[(UnixMs, S)]) -> Vec<(usize, usize)> {
     let mut order: Vec<(u32, usize, usize)> = samples
         .iter()
         .enumerate()
         .flat_map(|(i, (_, s))| {
-            s.nvlinks
+            s.borrow()
+                .nvlinks
                 .iter()
                 .enumerate()
                 .map(move |(j, l)| (l.link, i, j))
@@ -55,10 +57,12 @@ fn link_order(samples: &[(UnixMs, GpuSample)]) -> Vec<(usize, usize)> {
 
 /// Packs `samples` (one GPU's, any order of time; their UUIDs are not kept): at most
 /// [`MAX_ROWS`], each with at most [`MAX_LINKS`] links.
-pub fn pack(samples: &[(UnixMs, GpuSample)]) -> Result<Vec<u8>, PackError> {
+pub fn pack<S: Borrow<GpuSample>>(samples: &[(UnixMs, S)]) -> Result<Vec<u8>, PackError> {
     if samples.len() > MAX_ROWS {
         return Err(PackError::TooLarge("GPU samples"));
     }
+    let samples: Vec<(UnixMs, &GpuSample)> =
+        samples.iter().map(|(t, s)| (*t, s.borrow())).collect();
     if samples.iter().any(|(_, s)| s.nvlinks.len() > MAX_LINKS) {
         return Err(PackError::TooLarge("NVLink links of a sample"));
     }
@@ -79,7 +83,7 @@ pub fn pack(samples: &[(UnixMs, GpuSample)]) -> Result<Vec<u8>, PackError> {
         .flat_map(|(_, s)| s.nvlinks.iter().map(|l| u64::from(l.link)))
         .collect();
     put_values(&mut out, &links);
-    let order = link_order(samples);
+    let order = link_order(&samples);
     let link = |(i, j): (usize, usize)| &samples[i].1.nvlinks[j];
     put_column(&mut out, order.iter().map(|&at| link(at).tx_bps));
     put_column(&mut out, order.iter().map(|&at| link(at).rx_bps));
