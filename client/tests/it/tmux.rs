@@ -109,15 +109,16 @@ async fn top_in_tmux_filters_sorts_opens_a_node_and_quits() {
         .await;
     assert!(s.contains("Nodes 12 (12 online"), "{s}");
 
-    // `/` filters by name or label.
+    // `/` filters by name or label. The pane is read until a whole frame shows the three
+    // rows (a capture can catch a redraw halfway: rows of two frames).
+    let rows = |s: &str| s.lines().filter(|l| l.contains("gpu-node-")).count();
     tmux.keys(&["/", "node-1"]);
     let s = tmux
         .wait_for("the filter", |s| {
-            s.contains("node-1_") && s.contains("of 12 nodes")
+            s.contains("node-1_") && s.contains("of 12 nodes") && rows(s) == 3
         })
         .await;
-    let rows = s.lines().filter(|l| l.contains("gpu-node-")).count();
-    assert_eq!(rows, 3, "gpu-node-10, -11, -12: {s}");
+    assert_eq!(rows(&s), 3, "gpu-node-10, -11, -12: {s}");
     // Escape alone (a key sent right after it would read as Alt+key).
     tmux.keys(&["Escape"]);
     tmux.wait_for("the filter cleared", |s| !s.contains("Filter:"))
