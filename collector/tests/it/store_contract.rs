@@ -4228,6 +4228,8 @@ async fn postgres_partitions_emptied_by_packing_are_dropped() {
     const HOUR: i64 = 3_600_000;
     let schema = PgSchema::create().await;
     let store: Arc<dyn Store> = Arc::new(PgStore::open(&schema.url()).await.expect("open"));
+    // Every write as rows, as T0's day was written live (the wall clock will close it).
+    store.set_arrival_clock(None);
     let rec = store
         .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
         .await
@@ -4338,6 +4340,8 @@ async fn postgres_partitions_are_created_on_demand_and_dropped_by_day() {
     );
 
     let store: Arc<dyn Store> = Arc::new(pg);
+    // Every write as rows: the wall clock would close the old day to writes and pack it.
+    store.set_arrival_clock(None);
     let rec = store
         .register_node(&hello("n"), &inventory(vec![gpu_info_full("GPU-a", 0)]), T0)
         .await
