@@ -171,12 +171,23 @@ pub(crate) async fn pack_arriving<DB: Backend>(
     });
     let mut process_rows: Vec<(i64, ProcessTick)> = Vec::new();
     for ((gpu, minute), new) in arriving {
+        let held_ticks = held
+            .process
+            .get(&(gpu, minute))
+            .map_or(&[][..], |h| &h.items[..]);
+        let mut seen: HashSet<(UnixMs, u32)> =
+            held_ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
+        let new: Vec<ProcessTick> = (new.into_iter())
+            .filter(|t| seen.insert((t.ts_ms, t.pid)))
+            .collect();
+        if new.is_empty() {
+            continue; // only replays: a held minute stays as it was (below)
+        }
         let (mut ticks, stored) = match held.process.remove(&(gpu, minute)) {
             Some(h) => (h.items, h.stored),
             None => (Vec::new(), false),
         };
-        let mut seen: HashSet<(UnixMs, u32)> = ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
-        ticks.extend(new.into_iter().filter(|t| seen.insert((t.ts_ms, t.pid))));
+        ticks.extend(new);
         match packed::process::pack(&ticks) {
             Ok(value) => process_values.push((gpu, (minute, value))),
             Err(PackError::TooLarge(_)) => {
@@ -202,38 +213,37 @@ pub(crate) async fn pack_arriving<DB: Backend>(
     let mut gpu_rows: Vec<(i64, UnixMs, GpuSample)> = Vec::new();
     let mut minutes: Vec<PackedMinute> = Vec::new();
     for ((gpu, minute), new) in arriving {
-        let (mut items, stored, value) = match held.gpu.remove(&(gpu, minute)) {
+        // The samples new to the minute; a key stored already (or earlier in this write)
+        // is handed to the conflict check with the sample that has it.
+        let mut fresh: Vec<(UnixMs, Cow<GpuSample>)> = Vec::new();
+        {
+            let held_items = held
+                .gpu
+                .get(&(gpu, minute))
+                .map_or(&[][..], |h| &h.items[..]);
+            let mut at: HashMap<UnixMs, &GpuSample> =
+                held_items.iter().map(|(t, s)| (*t, s)).collect();
+            for (group, ts, s) in new {
+                if let Some(stored) = at.get(&ts) {
+                    out.repeated.insert((gpu, ts), (*stored).clone());
+                    continue;
+                }
+                at.insert(ts, s);
+                fresh.push((ts, Cow::Borrowed(s)));
+                *out.inserted.entry(group).or_default() += 1;
+            }
+        }
+        if fresh.is_empty() {
+            continue; // only replays: a held minute stays as it was (below)
+        }
+        let (mut items, stored) = match held.gpu.remove(&(gpu, minute)) {
             Some(h) => {
-                let items = h
-                    .items
-                    .into_iter()
-                    .map(|(t, s)| (t, Cow::<GpuSample>::Owned(s)));
-                (items.collect(), h.stored, Some(h.value))
+                let items = h.items.into_iter().map(|(t, s)| (t, Cow::Owned(s)));
+                (items.collect::<Vec<_>>(), h.stored)
             }
-            None => (Vec::new(), false, None),
+            None => (Vec::new(), false),
         };
-        let mut at: HashMap<UnixMs, usize> = (items.iter().enumerate())
-            .map(|(i, (t, _))| (*t, i))
-            .collect();
-        let mut added = false;
-        for (group, ts, s) in new {
-            if let Some(&i) = at.get(&ts) {
-                out.repeated
-                    .insert((gpu, ts), items[i].1.clone().into_owned());
-                continue;
-            }
-            at.insert(ts, items.len());
-            items.push((ts, Cow::Borrowed(s)));
-            *out.inserted.entry(group).or_default() += 1;
-            added = true;
-        }
-        if !added {
-            // Only replays: the minute as it was.
-            if let (false, Some(value)) = (stored, value) {
-                gpu_values.push((gpu, (minute, value)));
-            }
-            continue;
-        }
+        items.append(&mut fresh);
         items.sort_by_key(|(t, _)| *t);
         match packed::gpu::pack(&items) {
             Ok(value) => gpu_values.push((gpu, (minute, value))),

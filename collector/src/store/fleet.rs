@@ -49,11 +49,12 @@ pub trait IngestWrites: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// Sets the clock that closes minutes to writes: the process ticks a write brings
-    /// for a minute that ended [`PACK_ON_ARRIVAL_AFTER_MS`](super::PACK_ON_ARRIVAL_AFTER_MS)
-    /// or more before it (a replay after an outage) go straight into the minute's packed
-    /// value instead of rows. `None`: every tick is written as a row, as an open
-    /// minute's are. A store opens with the wall clock.
+    /// Sets the clock that closes minutes to writes: the GPU samples and process ticks a
+    /// write brings for a minute that ended
+    /// [`PACK_ON_ARRIVAL_AFTER_MS`](super::PACK_ON_ARRIVAL_AFTER_MS) or more before it (a
+    /// replay after an outage) go straight into the minute's packed values instead of
+    /// rows. `None`: everything is written as rows, as an open minute's are. A store opens
+    /// with the wall clock.
     fn set_arrival_clock(&self, clock: Option<super::ArrivalClock>);
 
     /// Gives the GPU `uuid` (and its stored history) to node `to` (the admin command
@@ -408,6 +409,20 @@ fn metric_expr(dialect: Dialect, metric: GpuMetric) -> String {
     }
 }
 
+/// GPU `gpu`'s processes at `time_ms`, rows and packed ticks merged.
+async fn processes_at<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: i64,
+    time_ms: UnixMs,
+) -> Result<Vec<ProcessSample>, StoreError> {
+    let at = TimeRange {
+        from_ms: time_ms,
+        to_ms: time_ms,
+    };
+    let ticks = super::packing::process_rows::<DB>(conn, GpuId(gpu), at, usize::MAX).await?;
+    Ok(ticks.into_iter().map(|(_, p)| p).collect())
+}
+
 /// [`FleetReads::gpu_series`] over a range of rows only: in SQL.
 async fn row_series<DB: Backend>(
     conn: &mut DB::Connection,
@@ -584,13 +599,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
         .await?;
         for row in &packed {
             let (gpu, ts): (i64, UnixMs) = (row.get("gpu_id")?, row.get("ts_ms")?);
-            let at = TimeRange {
-                from_ms: ts,
-                to_ms: ts,
-            };
-            let ticks =
-                super::packing::process_rows::<DB>(&mut conn, GpuId(gpu), at, usize::MAX).await?;
-            by_gpu.insert(gpu, ticks.into_iter().map(|(_, p)| p).collect());
+            by_gpu.insert(gpu, processes_at::<DB>(&mut conn, gpu, ts).await?);
         }
         let mut latest: BTreeMap<i64, LatestGpu> = BTreeMap::new();
         for row in &samples {
@@ -611,13 +620,7 @@ impl<DB: Backend> FleetReads for SqlStore<DB> {
             if latest.get(&gpu).is_some_and(|l| l.time_ms >= time_ms) {
                 continue;
             }
-            let at = TimeRange {
-                from_ms: time_ms,
-                to_ms: time_ms,
-            };
-            let ticks =
-                super::packing::process_rows::<DB>(&mut conn, GpuId(gpu), at, usize::MAX).await?;
-            let processes = ticks.into_iter().map(|(_, p)| p).collect();
+            let processes = processes_at::<DB>(&mut conn, gpu, time_ms).await?;
             latest.insert(
                 gpu,
                 LatestGpu {

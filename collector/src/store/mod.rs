@@ -537,7 +537,8 @@ impl<DB: Backend> SqlStore<DB> {
     }
 
     /// The end of the newest minute closed to writes now: [`arrival::pack_arriving`]
-    /// packs the process ticks of minutes ending by then (none without a clock).
+    /// packs the samples and process ticks of minutes ending by then (none without a
+    /// clock).
     fn closed_before(&self) -> UnixMs {
         let clock = (self.arrival_clock.0.lock()).unwrap_or_else(PoisonError::into_inner);
         match clock.as_ref() {

@@ -410,8 +410,8 @@ pub(crate) fn gpu_sample_span(dialect: Dialect, gpu: &str) -> String {
         )
     };
     let rows = |f: &str| format!("(SELECT {f}(s.ts_ms) FROM gpu_samples s WHERE s.gpu_id = {gpu})");
-    let first = "(SELECT min(p.minute_ms) FROM packed_gpu_minutes p WHERE p.gpu_id = {gpu})"
-        .replace("{gpu}", gpu);
+    let first =
+        format!("(SELECT min(p.minute_ms) FROM packed_gpu_minutes p WHERE p.gpu_id = {gpu})");
     let last = format!(
         "(SELECT p.minute_ms + p.span_ms - 1 FROM packed_gpu_minutes p WHERE p.gpu_id = {gpu} \
          ORDER BY p.minute_ms DESC LIMIT 1)"

@@ -1874,6 +1874,22 @@ mod contract {
         ticks
     }
 
+    /// The items of `ticks` (`items`: a tick's samples or processes) whose GPU (`uuid_of`)
+    /// is `uuid`, each with its tick's time.
+    fn of_gpu<T: Clone>(
+        ticks: &[Tick],
+        items: fn(&Tick) -> &Vec<T>,
+        uuid_of: fn(&T) -> &String,
+        uuid: &str,
+    ) -> Vec<(UnixMs, T)> {
+        (ticks.iter())
+            .flat_map(|t| {
+                let mine = items(t).iter().filter(|x| uuid_of(x) == uuid);
+                mine.map(|x| (t.time_ms, x.clone()))
+            })
+            .collect()
+    }
+
     /// `ticks` with the GPU UUIDs `from` named `to` instead (their order matched).
     fn renamed(ticks: &[Tick], from: [&str; 2], to: [&str; 2]) -> Vec<Tick> {
         let name = |u: &mut String| {
@@ -1928,21 +1944,11 @@ mod contract {
             assert_eq!(out.expect("write").conflicts.len(), 1, "{node}");
             // Every sample and tick once, as first written, identities joined back.
             for (g, uuid) in rec.gpus.iter().zip(gpus) {
-                let expected: Vec<(UnixMs, ProcessSample)> = (ticks.iter())
-                    .flat_map(|t| {
-                        let mine = t.processes.iter().filter(move |p| p.gpu_uuid == uuid);
-                        mine.map(|p| (t.time_ms, p.clone()))
-                    })
-                    .collect();
                 let read = store.process_samples(g.id, ALL_TIME, 100_000).await;
+                let expected = of_gpu(&ticks, |t| &t.processes, |p| &p.gpu_uuid, uuid);
                 assert_eq!(read.expect("read"), expected, "{node} {uuid}");
-                let expected: Vec<(UnixMs, GpuSample)> = (ticks.iter())
-                    .flat_map(|t| {
-                        let mine = t.gpus.iter().filter(move |s| s.gpu_uuid == uuid);
-                        mine.map(|s| (t.time_ms, s.clone()))
-                    })
-                    .collect();
                 let read = store.gpu_samples(g.id, ALL_TIME, 100_000).await;
+                let expected = of_gpu(&ticks, |t| &t.gpus, |s| &s.gpu_uuid, uuid);
                 assert_eq!(read.expect("read"), expected, "{node} {uuid}");
             }
             recs.push(rec);
