@@ -280,7 +280,9 @@ pub(crate) async fn pack_arriving<DB: Backend>(
 }
 
 /// The closed minutes a write brings data for, not held, that hold rows: as (tier, GPU,
-/// minute), one indexed look-up per minute and tier.
+/// minute). One statement finds the GPUs with rows anywhere in their span of such
+/// minutes (none, for a write that catches up); the minutes of those GPUs are then looked
+/// up one by one (an indexed look-up per minute and tier).
 async fn closed_minutes_with_rows<DB: Backend>(
     conn: &mut DB::Connection,
     samples: &Samples<'_>,
@@ -300,23 +302,57 @@ async fn closed_minutes_with_rows<DB: Backend>(
     if minutes.is_empty() {
         return Ok(out);
     }
-    let table = Table::default()
-        .int("id", minutes.iter().map(|m| m.0))
-        .int("minute_ms", minutes.iter().map(|m| m.1));
-    let exists = |tier: Tier| {
+    let exists = |tier: Tier, from: &str, to: &str| {
         format!(
             "CASE WHEN EXISTS (SELECT 1 FROM {} x WHERE x.gpu_id = v.id \
-               AND x.ts_ms >= v.minute_ms AND x.ts_ms < v.minute_ms + {MINUTE_MS}) \
-             THEN 1 ELSE 0 END",
+               AND x.ts_ms >= {from} AND x.ts_ms < {to}) THEN 1 ELSE 0 END",
             tier.rows()
         )
     };
+    let mut spans: BTreeMap<i64, (UnixMs, UnixMs)> = BTreeMap::new();
+    for &(gpu, minute) in &minutes {
+        let end = minute.saturating_add(MINUTE_MS);
+        let span = spans.entry(gpu).or_insert((minute, end));
+        span.1 = span.1.max(end);
+    }
+    let table = Table::default()
+        .int("id", spans.keys().copied())
+        .int("from_ms", spans.values().map(|s| s.0))
+        .int("to_ms", spans.values().map(|s| s.1));
+    let found = sql::<DB>(
+        "find the GPUs with rows in the closed minutes a write falls in",
+        format!(
+            "SELECT v.id AS gpu_id, {} AS p, {} AS g FROM {}",
+            exists(Tier::Process, "v.from_ms", "v.to_ms"),
+            exists(Tier::Gpu, "v.from_ms", "v.to_ms"),
+            DB::DIALECT.over(&table, "v")
+        ),
+    )
+    .bind_table(table)
+    .all(&mut *conn)
+    .await?;
+    let mut with_rows: HashSet<i64> = HashSet::new();
+    for row in &found {
+        if row.get::<i64>("p")? != 0 || row.get::<i64>("g")? != 0 {
+            with_rows.insert(row.get("gpu_id")?);
+        }
+    }
+    let minutes: Vec<(i64, UnixMs)> = (minutes.into_iter())
+        .filter(|(gpu, _)| with_rows.contains(gpu))
+        .collect();
+    if minutes.is_empty() {
+        return Ok(out);
+    }
+    let table = Table::default()
+        .int("id", minutes.iter().map(|m| m.0))
+        .int("minute_ms", minutes.iter().map(|m| m.1));
+    let end = format!("v.minute_ms + {MINUTE_MS}");
     let found = sql::<DB>(
         "find the closed minutes a write falls in that hold rows",
         format!(
             "SELECT v.id AS gpu_id, v.minute_ms, {} AS p, {} AS g FROM {}",
-            exists(Tier::Process),
-            exists(Tier::Gpu),
+            exists(Tier::Process, "v.minute_ms", &end),
+            exists(Tier::Gpu, "v.minute_ms", &end),
             DB::DIALECT.over(&table, "v")
         ),
     )
@@ -345,14 +381,17 @@ async fn upsert_values<DB: Backend>(
     values: &[(i64, Value)],
 ) -> Result<(), StoreError> {
     for chunk in values.chunks(UPSERT_VALUES) {
+        // SQLite: anonymous parameters, which it binds without looking each one up among
+        // the named (a linear scan per parameter).
         let rows: Vec<String> = (0..chunk.len())
-            .map(|i| {
-                format!(
+            .map(|i| match DB::DIALECT {
+                Dialect::Sqlite => format!("(?, ?, {MINUTE_MS}, ?)"),
+                Dialect::Postgres => format!(
                     "(${}, ${}, {MINUTE_MS}, ${})",
                     3 * i + 1,
                     3 * i + 2,
                     3 * i + 3
-                )
+                ),
             })
             .collect();
         let text = format!(
@@ -479,6 +518,30 @@ fn rollup_upsert(dialect: Dialect, source: &str) -> String {
     )
 }
 
+/// Most rows one SQLite statement of [`write_rollups`] stores (123 parameters each).
+const ROLLUP_ROWS: usize = 16;
+
+/// The SQLite upsert of [`write_rollups`] for `rows` rows (1 to [`ROLLUP_ROWS`]), bound
+/// row after row as (GPU, minute, sample count, the [`figure_columns`]): built once per
+/// row count.
+fn sqlite_rollup_upsert(rows: usize) -> &'static str {
+    static TEXTS: [OnceLock<String>; ROLLUP_ROWS] = [const { OnceLock::new() }; ROLLUP_ROWS];
+    TEXTS[rows.clamp(1, ROLLUP_ROWS) - 1].get_or_init(|| {
+        let cols = figure_columns();
+        let names = ["gpu_id", "minute_ms", "samples"]
+            .into_iter()
+            .chain(cols.iter().flatten().copied());
+        let names: Vec<&str> = names.collect();
+        let row = format!("({})", vec!["?"; names.len()].join(", "));
+        format!(
+            "WITH v({}) AS (VALUES {}) {}",
+            names.join(", "),
+            vec![row; rows.clamp(1, ROLLUP_ROWS)].join(", "),
+            rollup_upsert(Dialect::Sqlite, "v")
+        )
+    })
+}
+
 /// Writes the rollup row of every GPU minute packed on arrival, from all its samples,
 /// replacing the one stored: a minute in a packed rollup hour has its hour reopened
 /// first, and a minute behind the GPU's raw horizon keeps its row (its other samples are
@@ -537,34 +600,21 @@ async fn write_rollups<DB: Backend>(
     }
     let cols = figure_columns();
     if DB::DIALECT == Dialect::Sqlite {
-        // A statement per row, its 123 parameters bound by number: SQLite finds each by a
-        // linear scan, so one statement of many rows costs the square.
-        static TEXT: OnceLock<String> = OnceLock::new();
-        let text = TEXT.get_or_init(|| {
-            let mut params = vec!["$1 AS gpu_id, $2 AS minute_ms, $3 AS samples".to_owned()];
-            for (m, names) in cols.iter().enumerate() {
-                let p = 4 + 5 * m;
-                let each =
-                    (names.iter().enumerate()).map(|(i, name)| format!("${} AS {name}", p + i));
-                params.push(each.collect::<Vec<_>>().join(", "));
-            }
-            rollup_upsert(
-                Dialect::Sqlite,
-                &format!("(SELECT {}) AS v", params.join(", ")),
-            )
-        });
-        for (gpu, minute, count, figures) in &rows {
+        // Up to ROLLUP_ROWS rows per statement, their parameters anonymous (`?`): SQLite
+        // finds a numbered parameter by a linear scan of the named ones, so binding
+        // hundreds of `$N` costs the square.
+        for chunk in rows.chunks(ROLLUP_ROWS) {
             let mut query = sql::<DB>(
-                "store the rollup of a minute packed on arrival",
-                text.as_str(),
-            )
-            .bind(*gpu)
-            .bind(*minute)
-            .bind(i64::from(*count));
-            for f in figures {
-                query = (query.bind(i64::from(f.n)).bind(f.sum).bind(f.approx))
-                    .bind(f.min)
-                    .bind(f.max);
+                "store the rollups of minutes packed on arrival",
+                sqlite_rollup_upsert(chunk.len()),
+            );
+            for (gpu, minute, count, figures) in chunk {
+                query = query.bind(*gpu).bind(*minute).bind(i64::from(*count));
+                for f in figures {
+                    query = (query.bind(i64::from(f.n)).bind(f.sum).bind(f.approx))
+                        .bind(f.min)
+                        .bind(f.max);
+                }
             }
             query.execute(&mut *conn).await?;
         }

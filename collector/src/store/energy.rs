@@ -431,29 +431,33 @@ fn energy_sample(time_ms: UnixMs, s: &GpuSample) -> EnergySample {
 
 /// Hangs process rows (ordered by time) on the GPU samples (ordered by time) they were
 /// listed with.
-fn attach_processes<'r, R: Get + 'r>(
+fn attach_processes(
     samples: &mut [EnergySample],
-    procs: impl IntoIterator<Item = &'r R>,
-) -> Result<(), StoreError> {
+    procs: impl IntoIterator<Item = (UnixMs, EnergyProcess)>,
+) {
     // Both lists are ordered by time: merge.
     let mut i = 0;
-    for row in procs {
-        let t: i64 = row.get("ts_ms")?;
+    for (t, p) in procs {
         while i < samples.len() && samples[i].time_ms < t {
             i += 1;
         }
         // A process row without its GPU row cannot be attributed (no interval ends there).
         if i < samples.len() && samples[i].time_ms == t {
-            samples[i].processes.push(EnergyProcess {
-                workload: row.get("workload_id")?,
-                sm_util_pct: row.get("sm_util_pct")?,
-                gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
-                // 1 compute, 2 graphics, 3 both (the proto ProcessType numbers).
-                compute: row.get::<i64>("process_type")? & 1 == 1,
-            });
+            samples[i].processes.push(p);
         }
     }
-    Ok(())
+}
+
+/// A process sample row as accounting reads it: `(time, pid, process)`.
+fn energy_process<R: Get>(row: &R) -> Result<(UnixMs, u32, EnergyProcess), StoreError> {
+    let process = EnergyProcess {
+        workload: row.get("workload_id")?,
+        sm_util_pct: row.get("sm_util_pct")?,
+        gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
+        // 1 compute, 2 graphics, 3 both (the proto ProcessType numbers).
+        compute: row.get::<i64>("process_type")? & 1 == 1,
+    };
+    Ok((row.get("ts_ms")?, row.get("pid")?, process))
 }
 
 /// The request rows of energy ranges: `(req, id, from_ms, to_ms)`.
@@ -758,15 +762,21 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             .map(|r| (r.gpu, r.from_ms, r.to_ms))
             .collect();
         let packed = super::packing::energy_processes::<DB>(&mut conn, &spans).await?;
-        let mut per_range: Vec<Vec<(i64, u32, &DB::Row)>> = vec![Vec::new(); n];
-        for row in procs.iter().chain(&packed) {
-            let i = rows::request(row, n, "energy read")?;
-            per_range[i].push((row.get("ts_ms")?, row.get("pid")?, row));
+        // A row stored as both wins as a row (listed first; the sort is stable).
+        let mut per_range: Vec<Vec<(UnixMs, u32, EnergyProcess)>> = vec![Vec::new(); n];
+        for row in &procs {
+            per_range[rows::request(row, n, "energy read")?].push(energy_process(row)?);
+        }
+        for (i, t, pid, p) in packed {
+            per_range[i].push((t, pid, p));
         }
         for (i, mut list) in per_range.into_iter().enumerate() {
             list.sort_by_key(|(t, pid, _)| (*t, *pid));
             list.dedup_by_key(|(t, pid, _)| (*t, *pid));
-            attach_processes(&mut out[i].samples, list.into_iter().map(|(_, _, r)| r))?;
+            attach_processes(
+                &mut out[i].samples,
+                list.into_iter().map(|(t, _, p)| (t, p)),
+            );
         }
         super::end_read(conn, "read energy inputs").await?;
         Ok(out)

@@ -52,7 +52,7 @@ use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
     GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
-use crate::accounting::energy::{MINUTE_MS, minute_of};
+use crate::accounting::energy::{EnergyProcess, MINUTE_MS, minute_of};
 use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -1168,14 +1168,15 @@ pub(crate) async fn process_rows<DB: Backend>(
         .collect())
 }
 
-/// The packed process ticks of energy ranges (`(req, GPU id, from_ms, to_ms)`, times in
-/// `[from_ms, to_ms)`), as rows with the columns energy accounting reads of process
-/// samples (`req`, `ts_ms`, `pid`, `workload_id`, `process_type`, `sm_util_pct`,
-/// `gpu_mem_bytes`), ordered by request, time and pid.
+/// The packed process ticks of energy ranges (`(GPU id, from_ms, to_ms)`, times in
+/// `[from_ms, to_ms)`), as accounting reads them: `(range index, time, pid, process)`,
+/// in no particular order. A tick's workload and type are its lifetime's, read once per
+/// lifetime (a lifetime's identity never changes) and joined here: a join in SQL would
+/// send every tick to the database and back.
 pub(crate) async fn energy_processes<DB: Backend>(
     conn: &mut DB::Connection,
     ranges: &[(GpuId, UnixMs, UnixMs)],
-) -> Result<Vec<DB::Row>, StoreError> {
+) -> Result<Vec<(usize, UnixMs, u32, EnergyProcess)>, StoreError> {
     let table = Table::default()
         .int("req", 0..ranges.len() as i64)
         .int("id", ranges.iter().map(|r| r.0.0))
@@ -1204,31 +1205,49 @@ pub(crate) async fn energy_processes<DB: Backend>(
         ticks.extend(
             (unpack_process(gpu, span, &value)?.into_iter())
                 .filter(|t| (from..to).contains(&t.ts_ms))
-                .map(|t| (req, gpu, t)),
+                .map(|t| (req, t)),
         );
     }
     if ticks.is_empty() {
         return Ok(Vec::new());
     }
-    let table = ticks_table(&ticks);
-    let rows = sql::<DB>(
-        "join packed process ticks with their lifetimes",
+    let lives: BTreeSet<i64> = ticks.iter().map(|(_, t)| t.life_id).collect();
+    let table = Table::default().int("id", lives.iter().copied());
+    let found = sql::<DB>(
+        "read the lifetimes of packed process ticks",
         format!(
-            "SELECT p.req, p.ts_ms, p.pid, l.workload_id, l.process_type, p.sm_util_pct, \
-               p.gpu_mem_bytes FROM {} JOIN process_lives l ON l.id = p.life_id \
-             ORDER BY p.req, p.ts_ms, p.pid",
-            DB::DIALECT.over(&table, "p")
+            "SELECT l.id, l.workload_id, l.process_type FROM {} \
+             JOIN process_lives l ON l.id = v.id",
+            DB::DIALECT.over(&table, "v")
         ),
     )
     .bind_table(table)
     .all(&mut *conn)
     .await?;
-    if rows.len() != ticks.len() {
-        return Err(StoreError::Corrupt(
-            "packed process ticks: a lifetime is missing".into(),
-        ));
+    let mut life: HashMap<i64, (i64, i64)> = HashMap::with_capacity(found.len());
+    for row in &found {
+        life.insert(
+            row.get("id")?,
+            (row.get("workload_id")?, row.get("process_type")?),
+        );
     }
-    Ok(rows)
+    (ticks.into_iter())
+        .map(|(req, t)| {
+            let &(workload, process_type) = life.get(&t.life_id).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "packed process ticks: lifetime {} is missing",
+                    t.life_id
+                ))
+            })?;
+            let p = EnergyProcess {
+                workload,
+                sm_util_pct: t.sm_util_pct,
+                gpu_mem_bytes: t.gpu_mem_bytes,
+                compute: process_type & 1 == 1,
+            };
+            Ok((req, t.ts_ms, t.pid, p))
+        })
+        .collect()
 }
 
 /// The minute values of `rows` (`minute_ms`, `span_ms`, `packed`), unpacked, by minute.

@@ -2061,6 +2061,39 @@ mod contract {
         energy_recomputes_unchanged(&store, &recs[1], &energy, &totals).await;
     }
 
+    /// A write that catches up on many closed minutes at once (an agent emptying a long
+    /// spool in one batch) rolls up each of them as the rollup task does from rows; the
+    /// write stores its rollup rows several to a statement.
+    pub async fn a_write_catching_up_on_many_minutes_rolls_each_one_up(store: Arc<dyn Store>) {
+        let now = T0 + 2 * 3_600_000;
+        let mut recs = Vec::new();
+        for (node, gpus, clock) in [
+            ("node-rows", ["GPU-c", "GPU-d"], None),
+            ("node-packed", ["GPU-a", "GPU-b"], Some(clock_at(now))),
+        ] {
+            let infos = vec![gpu_info_full(gpus[0], 0), gpu_info_sparse(gpus[1], 1)];
+            let rec = register(&store, node, infos).await;
+            store.set_arrival_clock(clock);
+            // 45 minutes, a tick every 20 s, in one write: 90 GPU minutes.
+            let ticks = (0..135u32).map(|k| tick(T0 + i64::from(k) * 20_000, &gpus, k));
+            write(&store, &rec, 1, ticks.collect()).await;
+            recs.push(rec);
+        }
+        store.set_arrival_clock(None);
+        let mut acc = Accountant::new(store.clone(), EnergyOptions::default(), clock_at(now));
+        acc.pass().await.expect("account");
+        rollups(&store, now).pass().await.expect("roll up");
+        for (r, p) in recs[0].gpus.iter().zip(&recs[1].gpus) {
+            let rolled = |id: GpuId| store.rollup_minutes(RollupKey::gpu(id), ALL_TIME);
+            // The rollup task leaves the rows' newest minute to a later pass; the write
+            // rolled up every closed minute.
+            let (from_rows, packed) = (rolled(r.id).await, rolled(p.id).await);
+            let (from_rows, packed) = (from_rows.expect("rollups"), packed.expect("rollups"));
+            assert_eq!((from_rows.len(), packed.len()), (44, 45));
+            assert_eq!(packed[..44], from_rows[..]);
+        }
+    }
+
     /// A follower reads a catching-up node's ticks whose GPU samples were packed as they
     /// arrived, though no row of them is left to show there are ticks: no host metrics,
     /// no processes.
@@ -3905,6 +3938,7 @@ macro_rules! contract_tests {
                 process_ticks_are_packed_and_energy_stays_exact,
                 samples_and_process_ticks_of_closed_minutes_are_packed_as_they_arrive,
                 a_follower_reads_samples_packed_on_arrival,
+                a_write_catching_up_on_many_minutes_rolls_each_one_up,
                 gpu_samples_are_packed_and_every_reader_agrees,
                 closed_hours_are_merged_split_and_read_back,
                 health_hours_are_packed_read_back_and_expired,
