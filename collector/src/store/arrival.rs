@@ -658,12 +658,14 @@ async fn lower_energy_watermarks<DB: Backend>(
     let table = Table::default()
         .int("id", oldest.keys().copied())
         .int("minute_ms", oldest.values().copied());
+    // The write's GPUs are found by key (`gpu_id IN` a list that does not depend on the
+    // row), not by a scan of every GPU's watermark.
+    let minute = "(SELECT r.minute_ms FROM r WHERE r.id = energy_progress.gpu_id)";
     sql::<DB>(
         "move energy watermarks back to minutes packed on arrival",
         format!(
-            "{} UPDATE energy_progress SET done_to_ms = \
-               (SELECT r.minute_ms FROM r WHERE r.id = energy_progress.gpu_id) \
-             WHERE gpu_id IN (SELECT r.id FROM r WHERE r.minute_ms < energy_progress.done_to_ms)",
+            "{} UPDATE energy_progress SET done_to_ms = {minute} \
+             WHERE gpu_id IN (SELECT r.id FROM r) AND done_to_ms > {minute}",
             DB::DIALECT.request_rows(&table)
         ),
     )
