@@ -526,7 +526,8 @@ const ROLLUP_ROWS: usize = 16;
 /// row count.
 fn sqlite_rollup_upsert(rows: usize) -> &'static str {
     static TEXTS: [OnceLock<String>; ROLLUP_ROWS] = [const { OnceLock::new() }; ROLLUP_ROWS];
-    TEXTS[rows.clamp(1, ROLLUP_ROWS) - 1].get_or_init(|| {
+    let rows = rows.clamp(1, ROLLUP_ROWS);
+    TEXTS[rows - 1].get_or_init(|| {
         let cols = figure_columns();
         let names = ["gpu_id", "minute_ms", "samples"]
             .into_iter()
@@ -536,7 +537,7 @@ fn sqlite_rollup_upsert(rows: usize) -> &'static str {
         format!(
             "WITH v({}) AS (VALUES {}) {}",
             names.join(", "),
-            vec![row; rows.clamp(1, ROLLUP_ROWS)].join(", "),
+            vec![row; rows].join(", "),
             rollup_upsert(Dialect::Sqlite, "v")
         )
     })

@@ -454,10 +454,15 @@ fn energy_process<R: Get>(row: &R) -> Result<(UnixMs, u32, EnergyProcess), Store
         workload: row.get("workload_id")?,
         sm_util_pct: row.get("sm_util_pct")?,
         gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
-        // 1 compute, 2 graphics, 3 both (the proto ProcessType numbers).
-        compute: row.get::<i64>("process_type")? & 1 == 1,
+        compute: is_compute(row.get("process_type")?),
     };
     Ok((row.get("ts_ms")?, row.get("pid")?, process))
+}
+
+/// Whether a stored process type (1 compute, 2 graphics, 3 both: the proto
+/// `ProcessType` numbers) holds a compute context.
+pub(super) fn is_compute(process_type: i64) -> bool {
+    process_type & 1 == 1
 }
 
 /// The request rows of energy ranges: `(req, id, from_ms, to_ms)`.

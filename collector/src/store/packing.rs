@@ -1243,7 +1243,7 @@ pub(crate) async fn energy_processes<DB: Backend>(
                 workload,
                 sm_util_pct: t.sm_util_pct,
                 gpu_mem_bytes: t.gpu_mem_bytes,
-                compute: process_type & 1 == 1,
+                compute: super::energy::is_compute(process_type),
             };
             Ok((req, t.ts_ms, t.pid, p))
         })
