@@ -86,6 +86,11 @@ impl<F: Fn(&mut std::fmt::Formatter<'_>) -> std::fmt::Result> std::fmt::Display 
 /// 0xC2 followed by 0x80 to 0x9F, and 0xC2 is never a continuation byte.
 pub(super) fn has_control(s: &str) -> bool {
     let b = s.as_bytes();
+    // Nearly every string is printable ASCII: one pass without an early exit (which the
+    // compiler vectorises) clears it, and only the rest takes the exact test.
+    if !(b.iter()).fold(false, |other, &c| other | !(0x20..0x7f).contains(&c)) {
+        return false;
+    }
     b.iter().enumerate().any(|(i, &c)| {
         (c < 0x20 && c != b'\t')
             || c == 0x7f
