@@ -2,6 +2,10 @@
 //! fixtures (`common`: stores, batches, an in-process collector) and the harness that runs
 //! the real binaries (`harness`).
 
+/// The collector binary's allocator, so that the in-process benchmarks measure what runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod alerts;
 mod carbon;
 mod common;
