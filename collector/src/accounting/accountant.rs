@@ -390,11 +390,27 @@ async fn run(
 /// task recomputes, [`crate::accounting::rollups`]).
 pub fn touched_minutes(live: &Live, c: &Committed) -> BTreeSet<(GpuId, UnixMs)> {
     let mut out = BTreeSet::new();
+    // A node lists its GPUs in the same order tick after tick: each position remembers
+    // the UUID it last held, its id, and the minute last noted, so a GPU is looked up
+    // once per batch and a minute inserted once per run of ticks, not once per sample.
+    let mut at: Vec<(&str, Option<GpuId>, Option<UnixMs>)> = Vec::new();
     live.read(|s| {
         for tick in &c.batch.ticks {
-            for g in &tick.gpus {
-                if let Some((_, id)) = s.find_gpu(&g.gpu_uuid) {
-                    out.insert((id, minute_of(tick.time_ms)));
+            let minute = minute_of(tick.time_ms);
+            for (j, g) in tick.gpus.iter().enumerate() {
+                let uuid = g.gpu_uuid.as_str();
+                if at.get(j).is_none_or(|(u, _, _)| *u != uuid) {
+                    let slot = (uuid, s.find_gpu(uuid).map(|(_, id)| id), None);
+                    match at.get_mut(j) {
+                        Some(old) => *old = slot,
+                        None => at.push(slot),
+                    }
+                }
+                if let Some((_, Some(id), noted)) = at.get_mut(j)
+                    && *noted != Some(minute)
+                {
+                    out.insert((*id, minute));
+                    *noted = Some(minute);
                 }
             }
         }
@@ -651,6 +667,53 @@ mod tests {
         assert!(IdleConfig::parse("lots").is_err());
         assert!(IdleConfig::parse("=5").is_err());
         assert!(IdleConfig::parse("-3").is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever the order of a batch's GPUs and ticks, and with GPUs the collector
+        /// does not know, the touched (GPU, minute) pairs are those of its samples.
+        #[test]
+        fn touched_minutes_are_those_of_every_sample(
+            ticks in proptest::collection::vec(
+                (0i64..400_000, proptest::collection::vec(0usize..5, 0..6)),
+                0..40,
+            ),
+        ) {
+            use gpufleet_core::{Batch, GpuSample, Tick};
+            // GPUs 0 to 2 are known (ids 10 to 12); 3 and 4 are not.
+            let uuids = ["GPU-a", "GPU-b", "GPU-c", "GPU-x", "GPU-y"];
+            let live = Live::new();
+            live.connected(crate::store::NodeRecord::with_gpus(
+                1,
+                "n",
+                &[(10, uuids[0]), (11, uuids[1]), (12, uuids[2])],
+            ));
+            let batch = Batch {
+                ticks: (ticks.iter())
+                    .map(|(t, gpus)| Tick {
+                        time_ms: *t,
+                        gpus: (gpus.iter())
+                            .map(|&g| GpuSample {
+                                gpu_uuid: uuids[g].into(),
+                                ..GpuSample::default()
+                            })
+                            .collect(),
+                        ..Tick::default()
+                    })
+                    .collect(),
+                ..Batch::default()
+            };
+            let expected: BTreeSet<(GpuId, UnixMs)> = (ticks.iter())
+                .flat_map(|(t, gpus)| gpus.iter().map(move |&g| (g, minute_of(*t))))
+                .filter(|(g, _)| *g < 3)
+                .map(|(g, m)| (GpuId(10 + g as i64), m))
+                .collect();
+            let committed = Committed {
+                node: "n".into(),
+                batch,
+            };
+            proptest::prop_assert_eq!(touched_minutes(&live, &committed), expected);
+        }
     }
 
     #[test]

@@ -200,6 +200,39 @@ impl NodeRecord {
         }
     }
 
+    /// A node named `name` holding `gpus` (id, UUID), every other fact empty.
+    #[cfg(test)]
+    pub(crate) fn with_gpus(id: i64, name: &str, gpus: &[(i64, &str)]) -> NodeRecord {
+        NodeRecord {
+            id: NodeId(id),
+            name: name.into(),
+            labels: BTreeMap::new(),
+            agent_version: String::new(),
+            boot_id: String::new(),
+            source: String::new(),
+            interval_ms: 1000,
+            first_seen_ms: 0,
+            last_hello_ms: 0,
+            last_seen_ms: None,
+            last_acked_seq: 0,
+            delivery: DeliveryStats::default(),
+            stored_samples: 0,
+            driver_version: None,
+            cuda_driver_version: None,
+            nvml_version: None,
+            host: HostInfo::default(),
+            gpus: (gpus.iter())
+                .map(|&(id, uuid)| GpuRecord {
+                    id: GpuId(id),
+                    info: GpuInfo {
+                        uuid: uuid.into(),
+                        ..GpuInfo::default()
+                    },
+                })
+                .collect(),
+        }
+    }
+
     /// The inventory as the agent last declared it.
     pub fn inventory(&self) -> Inventory {
         Inventory {
