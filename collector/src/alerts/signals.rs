@@ -375,44 +375,24 @@ fn gpu_lost(s: &Snapshot<'_>) -> Vec<Series> {
 mod tests {
     use super::*;
     use crate::live::state::Live;
-    use crate::store::{GpuId, LatestGpu, LatestHealth, NodeId, NodeRecord};
-    use gpufleet_core::{GpuHealthSample, GpuInfo, GpuSample};
+    use crate::store::{GpuId, LatestGpu, LatestHealth, NodeRecord};
+    use gpufleet_core::{GpuHealthSample, GpuSample};
 
     const NOW: UnixMs = 1_800_000_000_000;
 
     fn record(id: i64, name: &str, last_seen_ms: UnixMs, gpus: &[(i64, u32)]) -> NodeRecord {
-        NodeRecord {
-            id: NodeId(id),
-            name: name.into(),
-            labels: BTreeMap::new(),
-            agent_version: String::new(),
-            boot_id: String::new(),
-            source: String::new(),
-            interval_ms: 1000,
-            first_seen_ms: 0,
-            last_hello_ms: 0,
-            last_seen_ms: Some(last_seen_ms),
-            last_acked_seq: 0,
-            delivery: Default::default(),
-            stored_samples: 0,
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host: Default::default(),
-            gpus: gpus
-                .iter()
-                .map(|&(id, index)| GpuRecord {
-                    id: GpuId(id),
-                    info: GpuInfo {
-                        index,
-                        uuid: format!("GPU-{id}"),
-                        name: "H100".into(),
-                        temp_slowdown_c: Some(90),
-                        ..GpuInfo::default()
-                    },
-                })
-                .collect(),
+        let uuids: Vec<(i64, String)> = (gpus.iter())
+            .map(|&(id, _)| (id, format!("GPU-{id}")))
+            .collect();
+        let named: Vec<(i64, &str)> = uuids.iter().map(|(id, u)| (*id, u.as_str())).collect();
+        let mut r = NodeRecord::with_gpus(id, name, &named);
+        r.last_seen_ms = Some(last_seen_ms);
+        for (g, &(_, index)) in r.gpus.iter_mut().zip(gpus) {
+            g.info.index = index;
+            g.info.name = "H100".into();
+            g.info.temp_slowdown_c = Some(90);
         }
+        r
     }
 
     fn latest(id: i64, time_ms: UnixMs, temp: Option<u32>) -> LatestGpu {
