@@ -376,22 +376,25 @@ mod tests {
     use super::*;
     use crate::live::state::Live;
     use crate::store::{GpuId, LatestGpu, LatestHealth, NodeRecord};
-    use gpufleet_core::{GpuHealthSample, GpuSample};
+    use gpufleet_core::{GpuHealthSample, GpuInfo, GpuSample};
 
     const NOW: UnixMs = 1_800_000_000_000;
 
     fn record(id: i64, name: &str, last_seen_ms: UnixMs, gpus: &[(i64, u32)]) -> NodeRecord {
-        let uuids: Vec<(i64, String)> = (gpus.iter())
-            .map(|&(id, _)| (id, format!("GPU-{id}")))
-            .collect();
-        let named: Vec<(i64, &str)> = uuids.iter().map(|(id, u)| (*id, u.as_str())).collect();
-        let mut r = NodeRecord::with_gpus(id, name, &named);
+        let mut r = NodeRecord::with_gpus(id, name, &[]);
         r.last_seen_ms = Some(last_seen_ms);
-        for (g, &(_, index)) in r.gpus.iter_mut().zip(gpus) {
-            g.info.index = index;
-            g.info.name = "H100".into();
-            g.info.temp_slowdown_c = Some(90);
-        }
+        r.gpus = (gpus.iter())
+            .map(|&(id, index)| GpuRecord {
+                id: GpuId(id),
+                info: GpuInfo {
+                    index,
+                    uuid: format!("GPU-{id}"),
+                    name: "H100".into(),
+                    temp_slowdown_c: Some(90),
+                    ..GpuInfo::default()
+                },
+            })
+            .collect();
         r
     }
 

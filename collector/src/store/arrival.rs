@@ -33,11 +33,6 @@ use std::borrow::{Borrow, Cow};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::OnceLock;
 
-/// Sets and maps of a write's own keys (times, pids), hashed per sample: foldhash, not
-/// SipHash.
-type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
 /// How long after its end a minute is closed to a write: its samples and process ticks
 /// arriving later go straight into its packed values. Longer than a live agent's batches
 /// take to arrive and than followers look back (30 s), so the live minutes stay rows.
@@ -180,7 +175,8 @@ pub(crate) async fn pack_arriving<DB: Backend>(
             .process
             .get(&(gpu, minute))
             .map_or(&[][..], |h| &h.items[..]);
-        let mut seen: FastSet<(UnixMs, u32)> =
+        // Hashed per tick: foldhash, not SipHash.
+        let mut seen: foldhash::HashSet<(UnixMs, u32)> =
             held_ticks.iter().map(|t| (t.ts_ms, t.pid)).collect();
         let new: Vec<ProcessTick> = (new.into_iter())
             .filter(|t| seen.insert((t.ts_ms, t.pid)))
@@ -226,7 +222,7 @@ pub(crate) async fn pack_arriving<DB: Backend>(
                 .gpu
                 .get(&(gpu, minute))
                 .map_or(&[][..], |h| &h.items[..]);
-            let mut at: FastMap<UnixMs, &GpuSample> =
+            let mut at: foldhash::HashMap<UnixMs, &GpuSample> =
                 held_items.iter().map(|(t, s)| (*t, s)).collect();
             for (group, ts, s) in new {
                 if let Some(stored) = at.get(&ts) {
