@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Prost's encoder; a decoder that reads each message as one slice (src/codec.rs).
+        .codec_path("crate::codec::SliceCodec")
         .compile_fds(fds)?;
     Ok(())
 }

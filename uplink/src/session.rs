@@ -258,7 +258,8 @@ async fn open_session(
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     credentials.authorize(&mut request);
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/gpufleet.v1.Ingest/Stream");
-    let codec = tonic_prost::ProstCodec::<RawAgentMessage, pb::CollectorMessage>::default();
+    let codec =
+        gpufleet_proto::codec::SliceCodec::<RawAgentMessage, pb::CollectorMessage>::default();
     let response = tokio::time::timeout(timeout, client.streaming(request, path, codec))
         .await
         .map_err(|_| no_welcome())?
