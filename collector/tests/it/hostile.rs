@@ -92,6 +92,109 @@ async fn garbage_and_oversized_messages_leave_other_agents_streaming() {
     c.shutdown.cancel();
 }
 
+/// A message whose encoding is the given bytes, protobuf or not.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct RawMessage(Vec<u8>);
+
+impl prost::Message for RawMessage {
+    fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl prost::bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// Says Hello as `node` with `gpu`, then sends `then` as the next message in a well-formed
+/// gRPC frame; the status the stream ends with.
+async fn hello_then(c: &TestCollector, node: &str, gpu: &str, then: Vec<u8>) -> tonic::Status {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", c.grpc))
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.expect("ready");
+    let hello = hello_message(node, vec![gpu_info_full(gpu, 0)]).encode_to_vec();
+    let messages = tokio_stream::iter([RawMessage(hello), RawMessage(then)]);
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/gpufleet.v1.Ingest/Stream");
+    let codec = gpufleet_proto::codec::SliceCodec::<RawMessage, pb::CollectorMessage>::default();
+    let mut rx = client
+        .streaming(tonic::Request::new(messages), path, codec)
+        .await
+        .expect("stream opened")
+        .into_inner();
+    assert!(matches!(next(&mut rx).await, Ok(Msg::Welcome(_))));
+    next(&mut rx)
+        .await
+        .expect_err("the stream ends with a status")
+}
+
+#[tokio::test]
+async fn a_message_that_is_not_protobuf_ends_only_its_stream() {
+    let c = start().await;
+    let mut good = connect(&c, "good-node", "GPU-good").await;
+    let whole = pb::AgentMessage {
+        msg: Some(pb::agent_message::Msg::Batch(
+            batch(1, now_ms() - 1_000, 1, &["GPU-bad"]).into(),
+        )),
+    }
+    .encode_to_vec();
+    // A batch whose GPU UUID is not UTF-8, as a protobuf `string` must be.
+    let uuid = whole
+        .windows(7)
+        .position(|w| w == b"GPU-bad")
+        .expect("the UUID is in the message");
+    let mut not_utf8 = whole.clone();
+    not_utf8[uuid] = 0xff;
+    let broken = [
+        whole[..whole.len() - 1].to_vec(), // cut short inside a field
+        not_utf8,
+        vec![0x12, 0x02, 0x0a, 0xff], // Batch.seq with the wire type of a string
+    ];
+    for (i, bytes) in broken.into_iter().enumerate() {
+        let status = hello_then(&c, "bad-node", "GPU-bad", bytes).await;
+        assert_eq!(status.code(), Code::Internal, "{i}: {status:?}");
+        assert!(
+            status
+                .message()
+                .contains("failed to decode Protobuf message"),
+            "{i}: {status:?}"
+        );
+        // Everyone else streams on.
+        assert_eq!(
+            send_batch(&mut good, i as u64 + 1, "GPU-good").await,
+            Msg::Ack(pb::Ack { seq: i as u64 + 1 })
+        );
+    }
+    // The same node, well-formed, is welcomed and stored from its first batch; nothing of
+    // the broken messages was.
+    let nodes = c.store.nodes().await.expect("nodes");
+    let bad = nodes.iter().find(|n| n.name == "bad-node").expect("bad");
+    assert_eq!((bad.stored_samples, bad.last_acked_seq), (0, 0));
+    let mut bad = connect(&c, "bad-node", "GPU-bad").await;
+    assert_eq!(
+        send_batch(&mut bad, 1, "GPU-bad").await,
+        Msg::Ack(pb::Ack { seq: 1 })
+    );
+    c.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn slowloris_connections_do_not_starve_other_http_clients() {
     let c = start().await;
