@@ -2,10 +2,11 @@
 //! message from one contiguous slice.
 //!
 //! tonic hands a decoder the whole message in one buffer, but behind a `Buf` whose every
-//! `advance` also moves a `BytesMut`'s cursor. prost advances once per field and per
-//! varint byte run, so decoding through that `Buf` costs several times decoding from the
-//! same bytes as `&[u8]` (a batch of process samples has tens of thousands of fields).
-//! The bytes, the result and the errors are those of `tonic_prost::ProstCodec`.
+//! `advance` also moves a `BytesMut`'s cursor. prost advances once per field, and through
+//! that `Buf` every varint takes its byte-at-a-time path; from a `&[u8]` it takes the fast
+//! one (a batch of process samples has tens of thousands of fields; BENCHMARKS.md has the
+//! measurements). The bytes, the result and the errors are those of
+//! `tonic_prost::ProstCodec`.
 
 use prost::Message;
 use prost::bytes::Buf;
