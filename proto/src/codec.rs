@@ -2,11 +2,11 @@
 //! message from one contiguous slice.
 //!
 //! tonic hands a decoder the whole message in one buffer, but behind a `Buf` whose every
-//! `advance` also moves a `BytesMut`'s cursor. prost advances once per field, and through
-//! that `Buf` every varint takes its byte-at-a-time path; from a `&[u8]` it takes the fast
-//! one (a batch of process samples has tens of thousands of fields; BENCHMARKS.md has the
-//! measurements). The bytes, the result and the errors are those of
-//! `tonic_prost::ProstCodec`.
+//! `advance` also moves a `BytesMut`'s cursor. prost calls `chunk` and `advance` for every
+//! varint and field: through that `Buf` each call goes through the `BytesMut`'s
+//! bookkeeping, from a `&[u8]` it is a pointer bump (a batch of process samples has tens
+//! of thousands of fields; BENCHMARKS.md has the measurements). The bytes, the result and
+//! the errors are those of `tonic_prost::ProstCodec`.
 
 use prost::Message;
 use prost::bytes::Buf;
