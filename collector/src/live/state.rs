@@ -637,33 +637,10 @@ mod tests {
     }
 
     fn record_with_gpu(uuid: &str) -> NodeRecord {
-        NodeRecord {
-            id: crate::store::NodeId(1),
-            name: "n".into(),
-            labels: BTreeMap::new(),
-            agent_version: String::new(),
-            boot_id: String::new(),
-            source: String::new(),
-            interval_ms: 100,
-            first_seen_ms: 0,
-            last_hello_ms: 0,
-            last_seen_ms: None,
-            last_acked_seq: 0,
-            delivery: Default::default(),
-            stored_samples: 0,
-            driver_version: None,
-            cuda_driver_version: None,
-            nvml_version: None,
-            host: Default::default(),
-            gpus: vec![crate::store::GpuRecord {
-                id: GpuId(7),
-                info: gpufleet_core::GpuInfo {
-                    uuid: uuid.into(),
-                    temp_slowdown_c: Some(87),
-                    ..Default::default()
-                },
-            }],
-        }
+        let mut r = NodeRecord::with_gpus(1, "n", &[(7, uuid)]);
+        r.interval_ms = 100;
+        r.gpus[0].info.temp_slowdown_c = Some(87);
+        r
     }
 
     #[test]
