@@ -1,9 +1,14 @@
 //! The HTTP side of the internet providers: one client with a timeout, retries with
 //! exponential backoff on transient failures, and errors that name the provider and the
-//! URL (never a token).
+//! URL (never a token). An answer is read up to [`BODY_LIMIT`] bytes at most.
 
 use crate::slot::{CarbonError, ProviderKind};
+use gpufleet_core::body::BodyError;
 use std::time::Duration;
+
+/// The most of a provider's answer read: a day of half-hourly slots for every UK region
+/// is well under 1 MB; an answer past this is refused as malformed.
+pub const BODY_LIMIT: usize = 8 << 20;
 
 /// How a provider talks HTTP.
 #[derive(Debug, Clone)]
@@ -100,13 +105,19 @@ impl JsonClient {
                 reason: describe(e),
             })?;
         let status = response.status();
-        let body = response
-            .bytes()
+        let body = gpufleet_core::body::read_limited(response.bytes_stream(), BODY_LIMIT)
             .await
-            .map_err(|e| CarbonError::Unreachable {
-                provider,
-                url: url.to_owned(),
-                reason: describe(e),
+            .map_err(|e| match e {
+                BodyError::TooLarge { .. } => CarbonError::Malformed {
+                    provider,
+                    url: url.to_owned(),
+                    reason: e.to_string(),
+                },
+                BodyError::Read(e) => CarbonError::Unreachable {
+                    provider,
+                    url: url.to_owned(),
+                    reason: describe(e),
+                },
             })?;
         if !status.is_success() {
             return Err(CarbonError::Http {

@@ -2,6 +2,7 @@
 //! token as `Authorization: Bearer`, and one typed call per endpoint `top` reads.
 
 use crate::api::{ApiErrorBody, Containers, Events, FleetNode, NodeDetail};
+use gpufleet_core::body::BodyError;
 use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
 use reqwest::{Client, Response, Url};
 use serde::de::DeserializeOwned;
@@ -14,6 +15,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The most of an error answer's body read (its message is cut to 200 characters).
 const ERROR_BODY_LIMIT: usize = 4096;
+/// The most of an answer's body read: the fleet of 1,000 nodes × 8 GPUs is a few MB, so
+/// an answer past this is not the collector's (or is broken), and is refused whole.
+pub const BODY_LIMIT: usize = 64 << 20;
 /// How long an error answer's body may take to arrive (the live stream has no timeout).
 const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -41,19 +45,11 @@ impl std::fmt::Debug for ApiOptions {
 
 /// At most `limit` bytes of an error answer's body, within [`ERROR_BODY_TIMEOUT`]: a
 /// stalled or endless answer must not hang the caller (the live stream reconnects).
-async fn error_body(mut resp: Response, limit: usize) -> Vec<u8> {
-    let mut body = Vec::new();
-    let read = async {
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            body.extend_from_slice(&chunk);
-            if body.len() >= limit {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(ERROR_BODY_TIMEOUT, read).await;
-    body.truncate(limit);
-    body
+async fn error_body(resp: Response, limit: usize) -> Vec<u8> {
+    let read = gpufleet_core::body::read_prefix(resp.bytes_stream(), limit);
+    tokio::time::timeout(ERROR_BODY_TIMEOUT, read)
+        .await
+        .unwrap_or_default()
 }
 
 /// Why a call failed; each message says what to check.
@@ -79,6 +75,11 @@ pub enum NetError {
         status: u16,
         message: String,
     },
+    #[error(
+        "{what}: the answer is larger than {} MiB, the most this client reads (is --url a \
+         gpufleet collector?)", limit >> 20
+    )]
+    TooLarge { what: String, limit: usize },
     #[error("{what}: unexpected answer (is --url a gpufleet collector?): {source}")]
     Decode {
         what: String,
@@ -193,14 +194,18 @@ impl Api {
 
     async fn get<T: DeserializeOwned>(&self, u: Url) -> Result<T, NetError> {
         let what = Self::what(&u);
-        let body = self
-            .send(u, Some(REQUEST_TIMEOUT))
-            .await?
-            .bytes()
+        let resp = self.send(u, Some(REQUEST_TIMEOUT)).await?;
+        let body = gpufleet_core::body::read_limited(resp.bytes_stream(), BODY_LIMIT)
             .await
-            .map_err(|source| NetError::Unreachable {
-                what: what.clone(),
-                source,
+            .map_err(|e| match e {
+                BodyError::TooLarge { limit } => NetError::TooLarge {
+                    what: what.clone(),
+                    limit,
+                },
+                BodyError::Read(source) => NetError::Unreachable {
+                    what: what.clone(),
+                    source,
+                },
             })?;
         serde_json::from_slice(&body).map_err(|source| NetError::Decode { what, source })
     }

@@ -10,6 +10,8 @@ use crate::api::{LiveStatus, LiveTick};
 use crate::net::Api;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +21,18 @@ pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// First wait before reconnecting; doubled up to [`MAX_BACKOFF`].
 pub const MIN_BACKOFF: Duration = Duration::from_millis(500);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The most bytes read for one event: a `status` of 1,000 nodes is a few hundred KB, so
+/// a stream that sends more without finishing an event is not the collector's.
+pub const EVENT_LIMIT: usize = 16 << 20;
+
+/// Why reading the live stream failed.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error(transparent)]
+    Http(#[from] reqwest::Error),
+    #[error("an event is larger than {} MiB, the most this client reads", EVENT_LIMIT >> 20)]
+    TooLarge,
+}
 
 /// What the live stream says.
 #[derive(Debug, Clone)]
@@ -74,7 +88,19 @@ async fn session(
         Ok(r) => r,
         Err(e) => return Some(e.to_string()),
     };
-    let mut events = resp.bytes_stream().eventsource();
+    // Bytes read since the last whole event, bounded by EVENT_LIMIT.
+    let pending = Arc::new(AtomicUsize::new(0));
+    let bytes = resp.bytes_stream().map({
+        let pending = Arc::clone(&pending);
+        move |chunk| {
+            let chunk = chunk?;
+            if pending.fetch_add(chunk.len(), Relaxed) + chunk.len() > EVENT_LIMIT {
+                return Err(ReadError::TooLarge);
+            }
+            Ok(chunk)
+        }
+    });
+    let mut events = bytes.eventsource();
     let mut connected = false;
     loop {
         let next = match tokio::time::timeout(IDLE_LIMIT, events.next()).await {
@@ -83,6 +109,7 @@ async fn session(
             Ok(Some(Err(e))) => return Some(format!("live stream: {e}")),
             Ok(Some(Ok(ev))) => ev,
         };
+        pending.store(0, Relaxed);
         if !connected {
             // The first event proves the stream works: only then is the backoff reset.
             connected = true;

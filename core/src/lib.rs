@@ -6,9 +6,11 @@
 //! - [`source`]: the boundaries ticks come from: [`GpuSource`] (NVML, the simulator) and
 //!   [`HostSource`] (host metrics for a source that has none).
 //! - [`config`]: the TOML config file, durations, logging.
+//! - [`body`]: reading an HTTP answer's body with a ceiling (every client of ours).
 //! - [`fuzz`]: the fuzz targets' entry points (bytes in, no panic out).
 //! - [`times`]: timestamps as users type them and as the API writes them (range-checked).
 
+pub mod body;
 pub mod config;
 pub mod fuzz;
 pub mod sample;

@@ -212,11 +212,14 @@ pub async fn deliver(request: reqwest::RequestBuilder) -> Delivery {
         Ok(response) => {
             let status = response.status();
             let headers = response.headers().clone();
+            // A success's body is not read; an error's only its first bytes, so a
+            // receiver whose answer never ends costs nothing.
             let text = if status.is_success() {
                 String::new()
             } else {
-                let bytes = response.bytes().await.unwrap_or_default();
-                String::from_utf8_lossy(&bytes[..bytes.len().min(ERROR_BODY_MAX)]).into_owned()
+                let bytes =
+                    gpufleet_core::body::read_prefix(response.bytes_stream(), ERROR_BODY_MAX).await;
+                String::from_utf8_lossy(&bytes).into_owned()
             };
             classify(status, &headers, &text, SystemTime::now())
         }
