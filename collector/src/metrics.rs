@@ -53,6 +53,11 @@ pub struct Metrics {
     pub remote_write: std::sync::Arc<crate::remote_write::Stats>,
     /// The alert notifier's counters ([`crate::alerts::notify`]).
     pub alerts: std::sync::Arc<crate::alerts::notify::NotifyStats>,
+    /// The listeners' refused connections and live streams ([`crate::net::conn_limit`]).
+    pub connections: std::sync::Arc<crate::net::conn_limit::ConnStats>,
+    /// Report and plot requests refused for being one too many at once
+    /// ([`crate::api::renders`]).
+    pub renders_refused: AtomicU64,
 }
 
 /// One background task's passes on this collector since start-up.

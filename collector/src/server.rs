@@ -15,7 +15,8 @@ use crate::ingest::writer::{self, WriterOptions};
 use crate::live::state::Live;
 use crate::live::status::{StatusPolicy, system_clock};
 use crate::metrics::Metrics;
-use crate::net::conn_limit::{self, PerIpLimit};
+use crate::net::conn_limit::{self, Listener, PerIpLimit};
+use crate::net::refuse;
 use crate::net::tls::{self, Alpn, HandshakeLimits, ReloadableTls, TlsOptions};
 use crate::store::{self, Store, StoreError};
 use futures::StreamExt;
@@ -343,36 +344,45 @@ pub async fn serve_with_store(
             ),
         ));
     let stop = shutdown.clone().cancelled_owned();
-    let per_ip = || PerIpLimit::new(options.max_connections_per_ip);
-    let grpc_per_ip = || {
-        if options.spare_loopback_agents {
-            PerIpLimit::sparing_loopback(options.max_connections_per_ip)
+    let conn_stats = Arc::clone(&metrics.connections);
+    let http_per_ip = Arc::new(
+        PerIpLimit::new(
+            Listener::Http,
+            options.max_connections_per_ip,
+            Arc::clone(&conn_stats),
+        )
+        .with_live_budget(options.limits.live),
+    );
+    let grpc_per_ip = {
+        let limit = PerIpLimit::new(Listener::Grpc, options.max_connections_per_ip, conn_stats);
+        Arc::new(if options.spare_loopback_agents {
+            limit.sparing_loopback()
         } else {
-            per_ip()
-        }
+            limit
+        })
     };
     let grpc_server: BoxFuture<'static, Result<(), tonic::transport::Error>> = match grpc_tls {
         None => {
             // Nodelay is set on accept: acks are small and latency-bound.
-            let rx = conn_limit::require_h2_preface(
-                conn_limit::accept(grpc, grpc_per_ip(), shutdown.clone()),
+            let rx = refuse::admitted(conn_limit::require_h2_preface(
+                conn_limit::accept(grpc, grpc_per_ip, shutdown.clone()),
                 options.limits.grpc_handshake_timeout,
-            );
+            ));
             let incoming =
                 ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
         }
         Some(tls) => {
-            let rx = conn_limit::require_h2_preface(
+            let rx = refuse::admitted(conn_limit::require_h2_preface(
                 tls::accept_tls(
                     grpc,
                     tls,
                     HandshakeLimits::default(),
-                    grpc_per_ip(),
+                    grpc_per_ip,
                     shutdown.clone(),
                 ),
                 options.limits.grpc_handshake_timeout,
-            );
+            ));
             let incoming =
                 ReceiverStream::new(rx).map(|(stream, _peer)| Ok::<_, std::io::Error>(stream));
             Box::pin(grpc_router.serve_with_incoming_shutdown(incoming, stop))
@@ -386,6 +396,10 @@ pub async fn serve_with_store(
             live.close();
         }
     });
+    let renders = Arc::new(crate::api::renders::Renders::new(
+        options.limits.renders,
+        Arc::clone(&metrics),
+    ));
     let state = AppState {
         store: store.clone(),
         live,
@@ -395,6 +409,7 @@ pub async fn serve_with_store(
         clock: system_clock(),
         workloads,
         waste: options.waste,
+        renders,
     };
     let web_auth = options.web_auth.resolve(http_addr.ip().is_loopback());
     let warnings = crate::net::exposure::warnings(&crate::net::exposure::Exposure {
@@ -428,7 +443,7 @@ pub async fn serve_with_store(
     let stop = shutdown.clone().cancelled_owned();
     let http_server: BoxFuture<'static, std::io::Result<()>> = match http_tls {
         None => {
-            let rx = conn_limit::accept(http, per_ip(), shutdown.clone());
+            let rx = conn_limit::accept(http, http_per_ip, shutdown.clone());
             Box::pin(crate::net::http::serve(rx, app, header_timeout, stop))
         }
         Some(tls) => {
@@ -436,7 +451,7 @@ pub async fn serve_with_store(
                 http,
                 tls,
                 HandshakeLimits::default(),
-                per_ip(),
+                http_per_ip,
                 shutdown.clone(),
             );
             Box::pin(crate::net::http::serve(rx, app, header_timeout, stop))

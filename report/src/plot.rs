@@ -12,7 +12,7 @@ use std::sync::Once;
 /// Why the plot could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
-    #[error("the plot must be between 200×300 and 8000×8000 pixels, not {0}×{1}")]
+    #[error("the plot must be between 200×300 and 4000×4000 pixels, not {0}×{1}")]
     Size(u32, u32),
     #[error("cannot draw the plot: {0}")]
     Draw(String),
@@ -28,6 +28,23 @@ pub enum PlotError {
 /// The default size.
 pub const WIDTH: u32 = 1200;
 pub const HEIGHT: u32 = 1400;
+/// The largest size: its RGB buffer is 48 MB, and the encoded PNG at most about as much,
+/// whatever the report holds (its series have a bounded number of points).
+pub const MAX_WIDTH: u32 = 4000;
+pub const MAX_HEIGHT: u32 = 4000;
+/// The smallest size the five panels fit in.
+pub const MIN_WIDTH: u32 = 200;
+pub const MIN_HEIGHT: u32 = 300;
+
+/// Checks a size before any work: [`PlotError::Size`] outside
+/// [`MIN_WIDTH`]×[`MIN_HEIGHT`] ..= [`MAX_WIDTH`]×[`MAX_HEIGHT`].
+pub fn check_size(width: u32, height: u32) -> Result<(), PlotError> {
+    if (MIN_WIDTH..=MAX_WIDTH).contains(&width) && (MIN_HEIGHT..=MAX_HEIGHT).contains(&height) {
+        Ok(())
+    } else {
+        Err(PlotError::Size(width, height))
+    }
+}
 
 const FONT: &str = "sans-serif";
 
@@ -75,9 +92,7 @@ fn gpu_lines(
 
 /// Renders the plot of `report` as PNG bytes, `width` × `height` pixels.
 pub fn png(report: &Report, width: u32, height: u32) -> Result<Vec<u8>, PlotError> {
-    if !(200..=8000).contains(&width) || !(300..=8000).contains(&height) {
-        return Err(PlotError::Size(width, height));
-    }
+    check_size(width, height)?;
     register_font();
     let (t0, t1) = (report.from_ms, report.to_ms.max(report.from_ms + 1000));
     let span_s = (t1 - t0) as f64 / 1000.0;

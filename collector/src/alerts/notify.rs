@@ -67,9 +67,62 @@ pub struct NotifyStats {
     pub dropped: AtomicU64,
     /// Notifications sent again.
     pub retries: AtomicU64,
+    /// The same four, per webhook (by its name), for `/metrics`.
+    pub by_webhook: std::sync::Mutex<BTreeMap<Arc<str>, HookCounts>>,
     /// Alerts now, per state and severity, while this collector evaluates the rules
     /// (absent on the others: they do not know).
     pub active: std::sync::Mutex<Option<ActiveAlerts>>,
+}
+
+/// One webhook's notifications since start-up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookCounts {
+    pub sent: u64,
+    pub failed: u64,
+    pub dropped: u64,
+    pub retries: u64,
+}
+
+/// What became of a notification (or one attempt of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Sent,
+    Failed,
+    Dropped,
+    Retried,
+}
+
+impl NotifyStats {
+    /// Counts `outcome` in all and for webhook `hook`.
+    fn count(&self, hook: &Arc<str>, outcome: Outcome) {
+        let all = match outcome {
+            Outcome::Sent => &self.sent,
+            Outcome::Failed => &self.failed,
+            Outcome::Dropped => &self.dropped,
+            Outcome::Retried => &self.retries,
+        };
+        all.fetch_add(1, Relaxed);
+        let mut by = self
+            .by_webhook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let c = by.entry(Arc::clone(hook)).or_default();
+        match outcome {
+            Outcome::Sent => c.sent += 1,
+            Outcome::Failed => c.failed += 1,
+            Outcome::Dropped => c.dropped += 1,
+            Outcome::Retried => c.retries += 1,
+        }
+    }
+
+    /// Each webhook's counts, by name.
+    pub fn by_webhook(&self) -> Vec<(Arc<str>, HookCounts)> {
+        let by = self
+            .by_webhook
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        by.iter().map(|(k, v)| (Arc::clone(k), *v)).collect()
+    }
 }
 
 /// How many alerts are firing and pending, per severity.
@@ -275,6 +328,8 @@ impl Post for HttpPost {
 #[derive(Debug)]
 struct Queue {
     kind: WebhookKind,
+    /// The webhook's name ([`Webhook::name`]).
+    name: Arc<str>,
     tx: mpsc::Sender<Vec<u8>>,
 }
 
@@ -301,12 +356,15 @@ impl Notifier {
         let mut tasks = Vec::new();
         for (hook, post) in hooks.iter().zip(posts) {
             let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
+            let name: Arc<str> = Arc::from(hook.name.as_str());
             queues.push(Queue {
                 kind: hook.kind,
+                name: Arc::clone(&name),
                 tx,
             });
             tasks.push(tokio::spawn(run_sender(
                 rx,
+                name,
                 post,
                 hook.max_attempts,
                 backoff,
@@ -328,8 +386,9 @@ impl Notifier {
                 WebhookKind::Json => json_body(alerts, &self.ctx),
             };
             if q.tx.try_send(body).is_err() {
-                self.stats.dropped.fetch_add(1, Relaxed);
+                self.stats.count(&q.name, Outcome::Dropped);
                 warn!(
+                    webhook = %q.name,
                     "an alert webhook's queue is full: notification dropped (firing alerts are sent again)"
                 );
             }
@@ -340,6 +399,7 @@ impl Notifier {
 /// Sends one webhook's notifications in order until `term` is cancelled.
 async fn run_sender(
     mut rx: mpsc::Receiver<Vec<u8>>,
+    name: Arc<str>,
     post: Arc<dyn Post>,
     max_attempts: u32,
     options: BackoffOptions,
@@ -365,13 +425,14 @@ async fn run_sender(
             };
             let wait = match delivery {
                 Delivery::Sent => {
-                    stats.sent.fetch_add(1, Relaxed);
-                    debug!(?post, "alert notification delivered");
+                    stats.count(&name, Outcome::Sent);
+                    debug!(webhook = %name, ?post, "alert notification delivered");
                     break;
                 }
                 Delivery::Refused { status, why } => {
-                    stats.failed.fetch_add(1, Relaxed);
+                    stats.count(&name, Outcome::Failed);
                     warn!(
+                        webhook = %name,
                         ?post,
                         status, why, "alert webhook refused a notification; given up"
                     );
@@ -379,8 +440,9 @@ async fn run_sender(
                 }
                 Delivery::Retry { after, why } => {
                     if attempt >= max_attempts {
-                        stats.failed.fetch_add(1, Relaxed);
+                        stats.count(&name, Outcome::Failed);
                         warn!(
+                            webhook = %name,
                             ?post,
                             attempts = attempt,
                             why,
@@ -389,13 +451,14 @@ async fn run_sender(
                         break;
                     }
                     warn!(
+                        webhook = %name,
                         ?post,
                         attempt, why, "alert notification not delivered; retrying"
                     );
                     after.unwrap_or_else(|| backoff(options, attempt - 1))
                 }
             };
-            stats.retries.fetch_add(1, Relaxed);
+            stats.count(&name, Outcome::Retried);
             tokio::select! {
                 () = term.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
@@ -511,6 +574,7 @@ mod tests {
         });
         let hook = Webhook {
             kind: WebhookKind::Json,
+            name: "x".into(),
             url: "http://x".into(),
             bearer_token: None,
             timeout: Duration::from_secs(1),
@@ -545,6 +609,18 @@ mod tests {
         assert_eq!(post.posted.lock().expect("lock").len(), 5);
         assert_eq!(stats.failed.load(Relaxed), 1);
         assert_eq!(stats.retries.load(Relaxed), 3);
+        let by = stats.by_webhook();
+        assert_eq!(by.len(), 1);
+        assert_eq!(&*by[0].0, "x");
+        assert_eq!(
+            by[0].1,
+            HookCounts {
+                sent: 1,
+                failed: 1,
+                dropped: 0,
+                retries: 3
+            }
+        );
         let waited = start.elapsed();
         assert!(
             waited >= Duration::from_secs(4) && waited < Duration::from_secs(5),
@@ -568,6 +644,7 @@ mod tests {
         }
         let hook = Webhook {
             kind: WebhookKind::Alertmanager,
+            name: "am".into(),
             url: "http://x".into(),
             bearer_token: None,
             timeout: Duration::from_secs(1),

@@ -27,6 +27,7 @@
 //!
 //! [[alerts.webhooks]]
 //! kind = "json"                  # gpufleet's own JSON (see `notify.rs`), POST url
+//! name = "ops-hook"              # in /metrics and logs (default: the URL's host[:port])
 //! url = "https://hooks.example.org/gpufleet"
 //! bearer_token_file = "/etc/gpufleet/hook-token"   # or bearer_token = "..." (never logged)
 //! timeout = "10s"
@@ -82,6 +83,7 @@ pub struct RuleFile {
 #[serde(deny_unknown_fields)]
 pub struct WebhookFile {
     pub kind: String,
+    pub name: Option<String>,
     pub url: String,
     pub bearer_token: Option<String>,
     pub bearer_token_file: Option<PathBuf>,
@@ -261,6 +263,9 @@ pub struct Rule {
 #[derive(Clone, PartialEq)]
 pub struct Webhook {
     pub kind: WebhookKind,
+    /// Names it in `/metrics` and in the log: the `name` given, else the URL's host and
+    /// port (never its path or query, which may hold a secret).
+    pub name: String,
     /// Where alerts are POSTed (for Alertmanager: its `/api/v2/alerts`).
     pub url: String,
     /// Sent as `Authorization: Bearer`; never logged.
@@ -276,6 +281,7 @@ impl std::fmt::Debug for Webhook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Webhook")
             .field("kind", &self.kind)
+            .field("name", &self.name)
             .field("url", &crate::store::redact_url(&self.url))
             .field("bearer_token", &self.bearer_token.as_ref().map(|_| "***"))
             .field("timeout", &self.timeout)
@@ -563,6 +569,19 @@ impl WebhookFile {
                 "{what}: the bearer token is empty or holds spaces or control characters"
             ));
         }
+        let name = match &self.name {
+            Some(n) if n.trim().is_empty() || n.len() > 64 || n.chars().any(char::is_control) => {
+                return Err(format!(
+                    "{what}: `name` must be 1 to 64 characters, without control characters"
+                ));
+            }
+            Some(n) => n.trim().to_owned(),
+            None => match (parsed.host_str(), parsed.port()) {
+                (Some(h), Some(p)) => format!("{h}:{p}"),
+                (Some(h), None) => h.to_owned(),
+                (None, _) => format!("webhook-{n}"),
+            },
+        };
         let timeout = duration(&what, "timeout", self.timeout.as_deref(), DEFAULT_TIMEOUT)?;
         if timeout.is_zero() {
             return Err(format!("{what}: `timeout` must be longer than 0s"));
@@ -573,6 +592,7 @@ impl WebhookFile {
         }
         Ok(Webhook {
             kind,
+            name,
             url,
             bearer_token,
             timeout,
@@ -673,9 +693,22 @@ impl AlertsFile {
                 None => rules.push(rule),
             }
         }
-        let webhooks = (self.webhooks.iter().enumerate())
-            .map(|(i, w)| w.resolve(i + 1))
-            .collect::<Result<_, _>>()?;
+        let mut webhooks: Vec<Webhook> = Vec::with_capacity(self.webhooks.len());
+        for (i, file) in self.webhooks.iter().enumerate() {
+            let mut hook = file.resolve(i + 1)?;
+            if webhooks.iter().any(|w| w.name == hook.name) {
+                if file.name.is_some() {
+                    return Err(format!(
+                        "[[alerts.webhooks]] #{}: `name` {:?} is taken by an earlier webhook",
+                        i + 1,
+                        hook.name
+                    ));
+                }
+                // Two webhooks on one host: the later one is told apart by its place.
+                hook.name = format!("{}#{}", hook.name, i + 1);
+            }
+            webhooks.push(hook);
+        }
         Ok(AlertSettings {
             evaluation_interval,
             resend_delay,

@@ -154,11 +154,37 @@ async fn intensity(
         to_ms: to,
     };
     let mut found: Option<(ProviderKind, Vec<IntensitySlot>)> = None;
-    for kind in providers {
+    for &kind in &providers {
         let slots = st.store.intensity_slots(kind, &region, range).await?;
         if !slots.is_empty() {
             found = Some((kind, slots));
             break;
+        }
+    }
+    // Nothing in the range: a region with slots cached at other times is known (an
+    // empty range of it is 200 with no slots); one with none at all is a 404.
+    if found.is_none() {
+        let ever = TimeRange {
+            from_ms: 0,
+            to_ms: i64::MAX,
+        };
+        let mut known = false;
+        for kind in &providers {
+            if !st
+                .store
+                .intensity_slots(*kind, &region, ever)
+                .await?
+                .is_empty()
+            {
+                known = true;
+                break;
+            }
+        }
+        if !known {
+            return Err(ApiError::NotFound(format!(
+                "no carbon intensity is cached for region {region:?}; the collector caches \
+                 the regions its nodes are priced with (the config file's [carbon] table)"
+            )));
         }
     }
     // The hint looks at the next 24 h whatever the range shown.

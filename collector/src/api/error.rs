@@ -31,6 +31,9 @@ pub enum ApiError {
     /// Logged in full; the client only learns that storage failed.
     #[error("storage error: {0}")]
     Store(#[from] StoreError),
+    /// Too much of this work at once: 503 with `Retry-After`.
+    #[error("{message}")]
+    Busy { message: String, retry_after_s: u32 },
 }
 
 /// The error answers of routes that take parameters, for the OpenAPI description.
@@ -46,7 +49,8 @@ pub(crate) enum ErrorResponses {
     /// No such node, GPU, workload or data.
     #[response(status = 404)]
     NotFound(ErrorBody),
-    /// The database does not answer now; try again.
+    /// The database does not answer now, or too many reports are being built; try again
+    /// (after `Retry-After`, when given).
     #[response(status = 503)]
     Unavailable(ErrorBody),
 }
@@ -69,6 +73,7 @@ pub(crate) enum AccessResponses {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let mut retry_after = None;
         let (status, message) = match self {
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, m),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, m),
@@ -85,9 +90,57 @@ impl IntoResponse for ApiError {
                 };
                 (status, "storage error; see the collector's log".to_owned())
             }
+            ApiError::Busy {
+                message,
+                retry_after_s,
+            } => {
+                retry_after = Some(retry_after_s);
+                (StatusCode::SERVICE_UNAVAILABLE, message)
+            }
         };
-        (status, Json(ErrorBody { error: message })).into_response()
+        let body = Json(ErrorBody {
+            error: clip_echoes(&message),
+        });
+        let mut response = (status, body).into_response();
+        if let Some(s) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        response
     }
+}
+
+/// Longest run of non-blank characters an error message keeps whole; a longer one (an
+/// echoed parameter) keeps its start and says how long it was.
+pub const ECHO_MAX_CHARS: usize = 64;
+/// Longest error message answered, in characters.
+pub const MESSAGE_MAX_CHARS: usize = 1024;
+
+/// `message` with every run of non-blank characters longer than [`ECHO_MAX_CHARS`] cut
+/// to its start (`abc…(10000 chars)`), and the whole cut to [`MESSAGE_MAX_CHARS`]: error
+/// messages quote what the client sent, and must not send a huge parameter back.
+pub fn clip_echoes(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(MESSAGE_MAX_CHARS + 16));
+    let mut total = 0usize;
+    for (i, word) in message.split(' ').enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let n = word.chars().count();
+        if n > ECHO_MAX_CHARS {
+            out.extend(word.chars().take(ECHO_MAX_CHARS));
+            out.push_str(&format!("…({n} chars)"));
+        } else {
+            out.push_str(word);
+        }
+        total += n.min(ECHO_MAX_CHARS) + 1;
+        if total > MESSAGE_MAX_CHARS {
+            out.push_str(" …");
+            break;
+        }
+    }
+    out
 }
 
 /// A time query parameter (`from`, `to`, …): `None` when absent, else parsed by
@@ -102,4 +155,35 @@ pub(crate) fn time_param(
         .map(|v| parse_time(v, now))
         .transpose()
         .map_err(|e| ApiError::BadRequest(format!("{name}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_echoed_parameter_is_cut_to_its_start() {
+        let long = "x".repeat(10_000);
+        let m = clip_echoes(&format!(
+            "from: cannot read {long:?} as a time; write now-15m"
+        ));
+        assert!(m.starts_with("from: cannot read \"xxxx"), "{m}");
+        assert!(m.contains("…(10002 chars) as a time; write now-15m"), "{m}");
+        assert!(m.chars().count() < 200, "{m}");
+        let words = "ab ".repeat(5_000);
+        assert!(clip_echoes(&words).chars().count() <= MESSAGE_MAX_CHARS + 4);
+        let plain = "give exactly one of container=, pod=, job= or node=";
+        assert_eq!(clip_echoes(plain), plain);
+    }
+
+    #[test]
+    fn busy_is_a_503_with_retry_after() {
+        let r = ApiError::Busy {
+            message: "later".into(),
+            retry_after_s: 2,
+        }
+        .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "2");
+    }
 }

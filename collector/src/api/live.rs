@@ -13,9 +13,16 @@
 //!
 //! A slow client never makes the collector buffer more than the broadcast channel's
 //! fixed capacity: it skips instead. Streams end when the collector shuts down.
+//!
+//! A stream counts against the live budget (`--max-live-streams-per-ip`,
+//! `--max-live-streams`), not the connection limit ([`crate::net::conn_limit`]); over
+//! the budget it is refused with 503 and `Retry-After`. An unknown `node` is a 404.
 
+use crate::api::error::ApiError;
 use crate::api::router::AppState;
 use crate::live::state::{Announcement, Committed};
+use crate::net::conn_limit::{ConnHandle, LiveGuard};
+use axum::Extension;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
@@ -136,6 +143,8 @@ fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
 }
 
 struct Conn {
+    /// This stream's place in the live budget, given back when the stream ends.
+    _budget: Option<LiveGuard>,
     st: AppState,
     node: Option<String>,
     rx: broadcast::Receiver<Arc<Announcement>>,
@@ -187,14 +196,35 @@ impl Conn {
     responses((status = 200, description = "Server-Sent Events: `tick` (a node's new samples) \
         and `status` (every node's status, each second); never ends",
         content_type = "text/event-stream", body = String),
+        (status = 404, description = "no such node", body = crate::api::error::ErrorBody),
+        (status = 503, description = "too many live streams from this address, or in all; \
+            see `Retry-After`", body = crate::api::error::ErrorBody),
         crate::api::error::AccessResponses))]
 pub async fn live(
     State(st): State<AppState>,
     Query(p): Query<LiveParams>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    conn: Option<Extension<ConnHandle>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    if let Some(node) = &p.node
+        && !st.live.read(|s| s.nodes.contains_key(node))
+    {
+        return Err(ApiError::NotFound(format!(
+            "no node {node:?}; /api/v1/nodes lists them"
+        )));
+    }
+    // Connections from our accept loops carry a handle; tests calling the router
+    // directly have none, and no budget.
+    let budget = match conn {
+        Some(Extension(handle)) => Some(handle.start_live().map_err(|e| ApiError::Busy {
+            message: e.0,
+            retry_after_s: crate::net::refuse::RETRY_AFTER_S,
+        })?),
+        None => None,
+    };
     let mut status = tokio::time::interval(STATUS_EVERY);
     status.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let conn = Conn {
+        _budget: budget,
         rx: st.live.subscribe(),
         st,
         node: p.node,
@@ -204,5 +234,5 @@ pub async fn live(
         let e = c.next().await?;
         Some((Ok(e), c))
     });
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }

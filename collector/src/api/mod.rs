@@ -7,7 +7,8 @@
 //! - [`gpu_health`]: fleet health (GPUs and nodes not ok, with reasons) and the Xid catalogue.
 //! - [`dashboard`]: the node and GPU detail pages' endpoints (series, events).
 //! - [`live`]: the dashboard's Server-Sent Events stream (`/api/v1/live`).
-//! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports.
+//! - [`energy`], [`carbon`], [`reports`]: energy, carbon intensity and spending reports;
+//!   [`renders`]: how many reports and plots are built at once.
 //! - [`waste`]: idle-but-allocated episodes (`/api/v1/waste`).
 //! - [`openapi`]: the OpenAPI description of `/api/v1/*`.
 //! - [`prometheus`]: the `/metrics` text exposition.
@@ -27,6 +28,7 @@ pub mod live;
 pub mod nodes;
 pub mod openapi;
 pub mod prometheus;
+pub mod renders;
 pub mod reports;
 pub mod router;
 pub mod series;

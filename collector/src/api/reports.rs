@@ -3,7 +3,10 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /api/v1/report?container=KEY\|pod=\|job=\|node=&from=&to=&format=&series=` | the report: `json` (default), `yaml`, `csv`, `table`; `series=true` adds the time series |
-//! | `GET /api/v1/report/plot.png?…&width=&height=` | its time-series plot (PNG) |
+//! | `GET /api/v1/report/plot.png?…&width=&height=` | its time-series plot (PNG), at most [`plot::MAX_WIDTH`] × [`plot::MAX_HEIGHT`] pixels |
+//!
+//! Both build at most `--max-renders` at once ([`crate::api::renders`]); the rest wait a
+//! bounded time in a bounded queue, then get 503 with `Retry-After`.
 //!
 //! `from` / `to` as for `/api/v1/containers` (default: today, UTC). Absent figures are
 //! `null` (JSON / YAML), empty cells (CSV), `n/a` (table).
@@ -50,9 +53,9 @@ pub(crate) struct ReportParams {
     /// `json` (default), `yaml`, `csv` or `table`.
     #[param(example = "csv")]
     pub(crate) format: Option<String>,
-    /// The plot's width in pixels.
+    /// The plot's width in pixels (200–4000, default 1200).
     pub(crate) width: Option<u32>,
-    /// The plot's height in pixels.
+    /// The plot's height in pixels (300–4000, default 1400).
     pub(crate) height: Option<u32>,
     /// `true`: include the per-GPU series and the intensities.
     pub(crate) series: Option<bool>,
@@ -103,11 +106,13 @@ async fn report(
     let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
     let format =
         Format::parse(p.format.as_deref().unwrap_or("json")).map_err(ApiError::BadRequest)?;
+    let slot = st.renders.slot().await?;
     let mut report = load(&st, &p).await?;
     if p.series != Some(true) {
         report = report.without_series();
     }
     let body = render(&report, format).map_err(|e| ApiError::Internal(e.to_string()))?;
+    drop(slot);
     Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
 }
 
@@ -124,14 +129,22 @@ async fn report_plot(
         p.width.unwrap_or(plot::WIDTH),
         p.height.unwrap_or(plot::HEIGHT),
     );
+    // The size first: a refused size costs no store read and no slot.
+    plot::check_size(w, h).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let slot = st.renders.slot().await?;
     let report = load(&st, &p).await?;
-    // Drawing takes tens of milliseconds: off the async workers.
-    let png = tokio::task::spawn_blocking(move || plot::png(&report, w, h))
-        .await
-        .map_err(|e| ApiError::Internal(format!("the plot task failed: {e}")))?
-        .map_err(|e| match e {
-            plot::PlotError::Size(..) => ApiError::BadRequest(e.to_string()),
-            other => ApiError::Internal(other.to_string()),
-        })?;
+    // Drawing takes tens of milliseconds: off the async workers. The slot is held until
+    // the image is encoded (and its buffer freed).
+    let png = tokio::task::spawn_blocking(move || {
+        let png = plot::png(&report, w, h);
+        drop(slot);
+        png
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("the plot task failed: {e}")))?
+    .map_err(|e| match e {
+        plot::PlotError::Size(..) => ApiError::BadRequest(e.to_string()),
+        other => ApiError::Internal(other.to_string()),
+    })?;
     Ok(([(header::CONTENT_TYPE, "image/png")], png).into_response())
 }

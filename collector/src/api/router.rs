@@ -47,6 +47,8 @@ pub struct AppState {
     /// The idle-but-allocated rule's defaults (`--waste-util-threshold`,
     /// `--waste-min-idle`) for `/api/v1/waste`.
     pub waste: crate::accounting::waste::WasteSettings,
+    /// Report and plot builds at once, bounded ([`crate::api::renders`]).
+    pub renders: Arc<crate::api::renders::Renders>,
 }
 
 /// The router. Tests call it without a socket: `app(state).oneshot(request)`.

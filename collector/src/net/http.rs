@@ -6,11 +6,15 @@
 //!   (slowloris), a connection that sends nothing, and a dribbled HTTP/2 preface; later
 //!   requests on a keep-alive HTTP/1 connection get hyper's `header_read_timeout`;
 //! - each request carries its peer as `ConnectInfo<SocketAddr>` (for the per-address
-//!   rate limit, [`crate::net::rate_limit`]).
+//!   rate limit, [`crate::net::rate_limit`]) and its connection's
+//!   [`ConnHandle`] (for the live-stream budget, [`crate::net::conn_limit`]);
+//! - a connection refused by the per-address limit is answered with a 503
+//!   ([`crate::net::refuse`]), never served.
 //!
 //! Shutdown is graceful: on `stop`, accepting ends, open connections finish their
 //! in-flight requests and close (the caller bounds this with its grace period).
 
+use crate::net::conn_limit::{ConnHandle, LimitedConn};
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
@@ -39,7 +43,7 @@ pub async fn serve<Io>(
     stop: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
-    Io: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Io: LimitedConn + AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -60,6 +64,10 @@ where
                 }
             },
         };
+        let Some(io) = crate::net::refuse::or_refuse(io, peer) else {
+            continue;
+        };
+        let handle: Option<ConnHandle> = io.limited().handle();
         let first_request = Arc::new(Notify::new());
         let service = {
             let app = app.clone();
@@ -68,6 +76,9 @@ where
                 // Stores a permit: the deadline below sees it whenever it looks.
                 first_request.notify_one();
                 req.extensions_mut().insert(ConnectInfo(peer));
+                if let Some(h) = &handle {
+                    req.extensions_mut().insert(h.clone());
+                }
                 app.clone().oneshot(req)
             })
         };

@@ -1,8 +1,12 @@
 //! Settings of the per-client limits on the listeners (`serve` flags): the HTTP header
 //! deadline ([`crate::net::http`]), the gRPC handshake deadline
 //! ([`crate::net::conn_limit::require_h2_preface`]) and the per-address request rates
-//! ([`crate::net::rate_limit`]). The connection limit lives with the TLS flags.
+//! ([`crate::net::rate_limit`]), the live-stream budget ([`crate::net::conn_limit`]) and
+//! the report renders at once ([`crate::api::renders`]). The connection limit lives with
+//! the TLS flags.
 
+use crate::api::renders::RenderLimits;
+use crate::net::conn_limit::{self, LiveBudget};
 use crate::net::rate_limit::{self, RateQuota};
 use gpufleet_core::config::parse_duration;
 use std::time::Duration;
@@ -20,6 +24,10 @@ pub struct LimitOptions {
     /// handshake, with TLS)
     /// ([`crate::net::conn_limit::require_h2_preface`]).
     pub grpc_handshake_timeout: Duration,
+    /// Live streams per client address and in all.
+    pub live: LiveBudget,
+    /// Reports and plots built at once, and how long and how many may wait.
+    pub renders: RenderLimits,
 }
 
 impl Default for LimitOptions {
@@ -35,6 +43,8 @@ impl Default for LimitOptions {
                 burst: rate_limit::DEFAULT_GRPC_STREAM_BURST,
             },
             grpc_handshake_timeout: crate::net::conn_limit::DEFAULT_H2_PREFACE_TIMEOUT,
+            live: LiveBudget::default(),
+            renders: RenderLimits::default(),
         }
     }
 }
@@ -66,6 +76,30 @@ pub struct LimitArgs {
     /// the per-address connection slots.
     #[arg(long, env = "GPUFLEET_GRPC_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = positive_duration, value_name = "DURATION")]
     pub grpc_handshake_timeout: Duration,
+    /// Live streams (/api/v1/live, one per dashboard tab) one client address may hold;
+    /// more get 503. They do not count against --max-connections-per-ip.
+    #[arg(long, env = "GPUFLEET_MAX_LIVE_STREAMS_PER_IP", default_value_t = conn_limit::DEFAULT_LIVE_PER_IP, value_parser = at_least_one, value_name = "N")]
+    pub max_live_streams_per_ip: usize,
+    /// Live streams open at once from all addresses; more get 503.
+    #[arg(long, env = "GPUFLEET_MAX_LIVE_STREAMS", default_value_t = conn_limit::DEFAULT_LIVE_TOTAL, value_parser = at_least_one, value_name = "N")]
+    pub max_live_streams: usize,
+    /// Reports and report plots built at once (each plot holds its image in memory).
+    #[arg(long, env = "GPUFLEET_MAX_RENDERS", default_value_t = crate::api::renders::DEFAULT_AT_ONCE, value_parser = at_least_one, value_name = "N")]
+    pub max_renders: usize,
+    /// Report requests that may wait for a render slot; more get 503 at once.
+    #[arg(long, env = "GPUFLEET_RENDER_QUEUE", default_value_t = crate::api::renders::DEFAULT_QUEUE, value_name = "N")]
+    pub render_queue: usize,
+    /// How long a report request waits for a render slot before it gets 503.
+    #[arg(long, env = "GPUFLEET_RENDER_WAIT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub render_wait: Duration,
+}
+
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a count of at least 1")),
+    }
 }
 
 /// A duration above zero (a zero header timeout would close every connection).
@@ -90,6 +124,15 @@ impl LimitArgs {
                 burst: self.grpc_stream_rate_burst,
             },
             grpc_handshake_timeout: self.grpc_handshake_timeout,
+            live: LiveBudget {
+                per_ip: self.max_live_streams_per_ip,
+                total: self.max_live_streams,
+            },
+            renders: RenderLimits {
+                at_once: self.max_renders,
+                queue: self.render_queue,
+                wait: self.render_wait,
+            },
         }
     }
 }

@@ -51,6 +51,10 @@ pub struct RemoteWriteArgs {
     /// for it; it is not skipped.
     #[arg(long, env = "GPUFLEET_REMOTE_WRITE_ENERGY_DELAY", default_value = "2m", value_parser = parse_duration, value_name = "DURATION")]
     pub remote_write_energy_delay: Duration,
+    /// How long one push may take, connecting, sending and reading the answer; a push
+    /// that takes longer is retried with backoff.
+    #[arg(long, env = "GPUFLEET_REMOTE_WRITE_TIMEOUT", default_value = "30s", value_parser = crate::net::limits::positive_duration, value_name = "DURATION")]
+    pub remote_write_timeout: Duration,
 }
 
 /// A secret file's content without surrounding white space.
@@ -100,7 +104,7 @@ impl RemoteWriteArgs {
             url,
             auth,
             ca.as_ref().map(|(p, pem)| (p.as_str(), pem.as_slice())),
-            Duration::from_secs(30),
+            self.remote_write_timeout,
         )
         .map_err(|e| e.to_string())?;
         let mut options = RemoteWriteOptions::new(Arc::new(sink));

@@ -658,6 +658,7 @@ pub async fn api_get_live(
         clock: Arc::new(move || now),
         workloads: Default::default(),
         waste: Default::default(),
+        renders: Default::default(),
     };
     let response = gpufleet_collector::api::router::app(state)
         .oneshot(

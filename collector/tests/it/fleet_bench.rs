@@ -39,6 +39,7 @@ async fn nodes_endpoint_for_a_large_fleet() {
         clock: Arc::new(|| T0 + 1000),
         workloads: Default::default(),
         waste: Default::default(),
+        renders: Default::default(),
     };
     for uri in ["/api/v1/nodes", "/api/v1/fleet"] {
         let mut times = Vec::with_capacity(runs as usize);

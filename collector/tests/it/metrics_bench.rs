@@ -56,6 +56,7 @@ async fn metrics_scrape_and_commit_stall() {
         clock: Arc::new(|| T0 + 1000),
         workloads: Arc::clone(&counters),
         waste: Default::default(),
+        renders: Default::default(),
     };
     let policy = StatusPolicy::default();
 

@@ -357,7 +357,7 @@ const NODE_FAMILIES: &[(&str, MetricType, &str, NodeValue)] = &[
 ];
 
 /// Encodes one sample of a family (gauge or counter) with `labels`.
-fn put(
+pub(crate) fn put(
     m: &mut MetricEncoder,
     labels: &impl EncodeLabelSet,
     kind: MetricType,
@@ -721,7 +721,7 @@ fn encode_workloads(enc: &mut DescriptorEncoder, s: &Snapshot) -> fmt::Result {
 }
 
 fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Result {
-    let plain: [(&str, &str, u64); 5] = [
+    let plain: [(&str, &str, u64); 6] = [
         (
             "gpufleet_collector_batches_acked",
             "Batches acknowledged (committed).",
@@ -747,6 +747,12 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
             "Raw rows (GPU samples, process ticks, host rows) this collector moved into \
              packed values.",
             c.packed_rows,
+        ),
+        (
+            "gpufleet_http_renders_refused",
+            "Report and plot requests answered 503: more than --max-renders at once and \
+             --render-queue waiting, or waiting longer than --render-wait.",
+            c.renders_refused,
         ),
     ];
     for (name, help, v) in plain {
@@ -825,6 +831,28 @@ fn encode_collector(enc: &mut DescriptorEncoder, c: &CollectorSnap) -> fmt::Resu
             MetricType::Counter,
             Num::U(v),
         )?;
+    }
+    let mut m = enc.encode_descriptor(
+        "gpufleet_alert_webhook_notifications",
+        "Alert notifications per webhook (its name) since start-up, by result: sent, \
+         failed, dropped (queue full), retried (attempts sent again).",
+        None,
+        MetricType::Counter,
+    )?;
+    for (hook, n) in &c.alerts_by_webhook {
+        for (result, v) in [
+            ("sent", n.sent),
+            ("failed", n.failed),
+            ("dropped", n.dropped),
+            ("retried", n.retries),
+        ] {
+            put(
+                &mut m,
+                &[("webhook", Text(hook)), ("result", Text(result))],
+                MetricType::Counter,
+                Num::U(v),
+            )?;
+        }
     }
     // Only the collector evaluating the rules knows the alerts; the others leave it out.
     if let Some(active) = &c.alerts_active {
@@ -925,6 +953,7 @@ pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
     let snapshot = Snapshot::take(&st.live, &st.status, now, collector, &st.workloads);
     let body = render(snapshot, |registry| {
         crate::remote_write::register(&st.metrics.remote_write, registry);
+        crate::net::conn_limit::register(&st.metrics.connections, registry);
     });
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
@@ -977,6 +1006,15 @@ mod tests {
             alerts_sent: 4,
             alerts_failed: 1,
             alerts_dropped: 2,
+            alerts_by_webhook: vec![(
+                "am.example:9093".into(),
+                crate::alerts::notify::HookCounts {
+                    sent: 4,
+                    failed: 1,
+                    dropped: 2,
+                    retries: 7,
+                },
+            )],
             alerts_active: Some(crate::alerts::notify::ActiveAlerts {
                 firing: [0, 2, 1],
                 pending: [0, 0, 3],
@@ -993,6 +1031,10 @@ mod tests {
                 r#"gpufleet_alert_notifications_total{result="sent"} 4"#,
                 r#"gpufleet_alert_notifications_total{result="failed"} 1"#,
                 r#"gpufleet_alert_notifications_total{result="dropped"} 2"#,
+                r#"gpufleet_alert_webhook_notifications_total{webhook="am.example:9093",result="sent"} 4"#,
+                r#"gpufleet_alert_webhook_notifications_total{webhook="am.example:9093",result="failed"} 1"#,
+                r#"gpufleet_alert_webhook_notifications_total{webhook="am.example:9093",result="dropped"} 2"#,
+                r#"gpufleet_alert_webhook_notifications_total{webhook="am.example:9093",result="retried"} 7"#,
                 r#"gpufleet_alerts{state="firing",severity="info"} 0"#,
                 r#"gpufleet_alerts{state="firing",severity="warning"} 2"#,
                 r#"gpufleet_alerts{state="firing",severity="critical"} 1"#,

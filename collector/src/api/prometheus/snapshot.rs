@@ -68,12 +68,16 @@ pub struct CollectorSnap {
     pub alerts_sent: u64,
     pub alerts_failed: u64,
     pub alerts_dropped: u64,
+    /// The same, per webhook (by name), with its retries.
+    pub alerts_by_webhook: Vec<(std::sync::Arc<str>, crate::alerts::notify::HookCounts)>,
     /// Alerts now, while this collector evaluates the rules.
     pub alerts_active: Option<crate::alerts::notify::ActiveAlerts>,
     /// Background passes run here, by task.
     pub passes: Vec<(&'static str, crate::metrics::PassStats)>,
     /// Raw rows moved into packed values here.
     pub packed_rows: u64,
+    /// Report and plot requests refused: too many at once.
+    pub renders_refused: u64,
 }
 
 impl CollectorSnap {
@@ -96,9 +100,11 @@ impl CollectorSnap {
             alerts_sent: m.alerts.sent.load(Relaxed),
             alerts_failed: m.alerts.failed.load(Relaxed),
             alerts_dropped: m.alerts.dropped.load(Relaxed),
+            alerts_by_webhook: m.alerts.by_webhook(),
             alerts_active: m.alerts.active(),
             passes: m.passes(),
             packed_rows: m.packed_rows.load(Relaxed),
+            renders_refused: m.renders_refused.load(Relaxed),
         }
     }
 }

@@ -404,6 +404,7 @@ async fn the_idle_allocated_gauge_shows_the_ongoing_episode() {
             clock: Arc::clone(&clock),
             workloads: Arc::clone(&workloads),
             waste: Default::default(),
+            renders: Default::default(),
         };
         let request = axum::http::Request::builder()
             .uri("/metrics")

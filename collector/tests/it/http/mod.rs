@@ -69,6 +69,7 @@ impl Fixture {
             clock: Arc::new(move || now.load(Ordering::Relaxed)),
             workloads: Default::default(),
             waste: Default::default(),
+            renders: Default::default(),
         }
     }
 
