@@ -211,3 +211,70 @@ fn once_against_nothing_fails_with_a_clear_message() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an http(s) URL"));
 }
+
+/// A server whose `/api/v1/fleet` answer never ends: `top --once` stops reading at its
+/// ceiling and fails with a message, its memory bounded (read from /proc while it runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_against_an_endless_body_fails_with_bounded_memory() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Each connection: a 200 with a JSON body that goes on, up to 2 GiB (a bound for the
+    // test, far past the client's ceiling) or until the client goes.
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = tcp.read(&mut head).await;
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n[")
+                    .await;
+                let chunk = vec![b' '; 1 << 20];
+                for _ in 0..2048 {
+                    if tcp.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpufleet"))
+        .args(["top", "--once", "--url", &format!("http://{addr}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run gpufleet");
+    let pid = child.id().expect("pid");
+    let mut peak_kb = 0u64;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            && let Some(kb) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak_kb = peak_kb.max(kb);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut err).await.expect("stderr");
+    }
+    assert!(!status.success(), "top --once must fail: {err}");
+    assert!(
+        err.contains("the answer is larger than 64 MiB"),
+        "says why: {err}"
+    );
+    let peak_mib = peak_kb / 1024;
+    println!("top --once against an endless body: peak RSS {peak_mib} MiB");
+    // The 64 MiB ceiling, read once, with the allocator's and the runtime's own.
+    assert!(peak_mib < 256, "peak RSS {peak_mib} MiB");
+}

@@ -31,7 +31,9 @@ pub fn or_refuse<Io>(io: Io, peer: SocketAddr) -> Option<Io>
 where
     Io: LimitedConn + AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let refusal = io.limited().refusal()?;
+    let Some(refusal) = io.limited().refusal() else {
+        return Some(io);
+    };
     let (listener, reason) = (refusal.listener, Arc::<str>::from(refusal.reason.as_str()));
     tokio::spawn(async move {
         if tokio::time::timeout(REFUSAL_DEADLINE, answer(io, listener, reason))

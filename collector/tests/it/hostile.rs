@@ -299,19 +299,21 @@ async fn a_flood_from_one_address_does_not_starve_another() {
             held.push(TcpStream::connect(addr).await.expect("connect"));
         }
     }
-    // Its 9th is closed at once, before any HTTP.
+    // Its 9th is answered 503 with the reason, and nothing of it is served.
     let mut ninth = TcpStream::connect(c.http).await.expect("connect");
     let _ = ninth
         .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
         .await;
     let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), ninth.read_to_end(&mut buf))
+    tokio::time::timeout(Duration::from_secs(10), ninth.read_to_end(&mut buf))
         .await
-        .expect("closed within 10 s");
+        .expect("closed within 10 s")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&buf);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(
-        read.is_err() || buf.is_empty(),
-        "over the limit: no answer, got {:?}",
-        String::from_utf8_lossy(&buf)
+        answer.contains("too many connections from your address (8 open, the limit is 8)"),
+        "{answer}"
     );
 
     // Another address is served on both listeners.
@@ -327,10 +329,29 @@ async fn a_flood_from_one_address_does_not_starve_another() {
     .expect("answered within 10 s")
     .expect("request from 127.0.0.2");
     assert_eq!(r.status(), 200);
-    // On gRPC, an HTTP/2 preface from 127.0.0.2 gets the server's SETTINGS back; the same
-    // from 127.0.0.1 (over its limit) gets nothing.
+    // On gRPC, an HTTP/2 preface from 127.0.0.2 gets the server's SETTINGS back; a call
+    // from 127.0.0.1 (over its limit) is answered UNAVAILABLE with the reason.
     assert!(!h2_answer(c.grpc, [127, 0, 0, 2]).await.is_empty());
-    assert!(h2_answer(c.grpc, [127, 0, 0, 1]).await.is_empty());
+    let mut agent =
+        gpufleet_proto::v1::ingest_client::IngestClient::connect(format!("http://{}", c.grpc))
+            .await
+            .expect("connect");
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(hello_message("over", vec![])).await.expect("hello");
+    let status = tokio::time::timeout(
+        Duration::from_secs(10),
+        agent.stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    )
+    .await
+    .expect("answered within 10 s")
+    .expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("too many connections from your address"),
+        "{status:?}"
+    );
 
     // Closing the flood frees its slots.
     drop(held);
