@@ -109,9 +109,49 @@ impl SourceArgs {
     }
 }
 
-/// The node name: `given`, else the host name under `proc_root`.
+/// The environment variable a Kubernetes DaemonSet fills with its node's name (the
+/// downward API's `spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// The node name: `given` (`--node`, `GPUFLEET_NODE`), else `$NODE_NAME` (in a pod, the
+/// host name is the pod's, not the node's), else the host name under `proc_root`.
 pub fn node_name(given: Option<String>, proc_root: &Path) -> Option<String> {
-    given.or_else(|| host::hostname(proc_root))
+    node_name_from(given, std::env::var(NODE_NAME_ENV).ok(), proc_root)
+}
+
+fn node_name_from(
+    given: Option<String>,
+    node_name_env: Option<String>,
+    proc_root: &Path,
+) -> Option<String> {
+    let nonempty = |s: String| {
+        let s = s.trim().to_owned();
+        (!s.is_empty()).then_some(s)
+    };
+    given
+        .and_then(nonempty)
+        .or_else(|| node_name_env.and_then(nonempty))
+        .or_else(|| host::hostname(proc_root))
+}
+
+#[cfg(test)]
+mod node_name_tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_then_node_name_then_the_host_name() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::create_dir_all(dir.path().join("sys/kernel")).expect("mkdir");
+        std::fs::write(dir.path().join("sys/kernel/hostname"), "pod-abc12\n").expect("write");
+        let root = dir.path();
+        let name = |given: Option<&str>, env: Option<&str>| {
+            node_name_from(given.map(Into::into), env.map(Into::into), root)
+        };
+        assert_eq!(name(Some("n1"), Some("k8s-7")).as_deref(), Some("n1"));
+        assert_eq!(name(None, Some("k8s-7")).as_deref(), Some("k8s-7"));
+        assert_eq!(name(None, Some(" ")).as_deref(), Some("pod-abc12"));
+        assert_eq!(name(None, None).as_deref(), Some("pod-abc12"));
+    }
 }
 
 /// Spool flags of `gpufleet-agent run`.

@@ -74,7 +74,8 @@ struct RunArgs {
         required = true
     )]
     collector: Vec<String>,
-    /// Node name [default: the host name].
+    /// Node name [default: $NODE_NAME (a Kubernetes pod's downward API), else the host
+    /// name].
     #[arg(long, env = "GPUFLEET_NODE", value_name = "NAME")]
     node: Option<String>,
     /// Sampling interval (200ms, 1s, 5m).
@@ -106,7 +107,7 @@ struct SnapshotArgs {
     /// Print JSON ({"inventory": …, "tick": …}) instead of a table.
     #[arg(long, env = "GPUFLEET_JSON")]
     json: bool,
-    /// Node name [default: the host name].
+    /// Node name [default: $NODE_NAME, else the host name].
     #[arg(long, env = "GPUFLEET_NODE", value_name = "NAME")]
     node: Option<String>,
     #[command(flatten)]
@@ -255,12 +256,29 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
         let shutdown = CancellationToken::new();
         let signals = watch_signals(shutdown.clone())?;
         let sampler = Sampler::new(source, host).with_host_interval(host_interval);
+        // Under systemd (`Type=notify`): the source is open and sampling starts now.
+        notify_systemd(&[sd_notify::NotifyState::Ready]);
+        tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                notify_systemd(&[sd_notify::NotifyState::Stopping]);
+            }
+        });
         let summary = run_agent_with(opts, sampler, Some(open_spool), shutdown).await;
         signals.abort();
         anyhow::Ok(summary?)
     })?;
     println!("{summary}");
     Ok(())
+}
+
+/// Tells systemd (when it started us with `NOTIFY_SOCKET`) how the agent is doing; a
+/// failure to tell is logged, never fatal.
+fn notify_systemd(state: &[sd_notify::NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(state) {
+        warn!(error = %e, "cannot notify systemd (NOTIFY_SOCKET)");
+    }
 }
 
 /// Cancels `shutdown` on the first SIGTERM or SIGINT; a second one exits at once.
@@ -285,10 +303,8 @@ fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<tokio::task::Joi
 }
 
 fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
-    // A local reading names no node: the host name only labels the table.
-    let node = args
-        .node
-        .or_else(|| gpufleet_agent::host::hostname(&args.source.proc_root))
+    // A local reading names no node: the name only labels the table.
+    let node = gpufleet_agent::cli::node_name(args.node, &args.source.proc_root)
         .unwrap_or_else(|| "localhost".into());
     let source = args.source.open(&node)?;
     let host = (!args.source.simulate)

@@ -458,6 +458,10 @@ pub async fn serve_with_store(
         }
     };
     info!(grpc = %grpc_addr, http = %http_addr, db = store.backend(), "collector serving");
+    // Under systemd (`Type=notify`): the store is open and both listeners serve.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        warn!(error = %e, "cannot notify systemd (NOTIFY_SOCKET)");
+    }
 
     let servers = async {
         tokio::join!(

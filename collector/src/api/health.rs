@@ -1,4 +1,7 @@
-//! `GET /api/v1/health`: liveness, the database's state and exposure warnings.
+//! `GET /api/v1/health`: liveness, the database's state and exposure warnings; and the
+//! probes an orchestrator asks, which need no credential and say nothing else:
+//! `GET /livez` (200 while the process serves HTTP) and `GET /readyz` (200 when the
+//! store answers, else 503).
 
 use crate::api::error::AccessResponses;
 use crate::api::router::AppState;
@@ -54,6 +57,28 @@ pub(crate) async fn health(
             view.status = "error";
             view.error = Some("the database does not answer; see the collector's log");
             (StatusCode::SERVICE_UNAVAILABLE, Json(view)).into_response()
+        }
+    }
+}
+
+/// `GET /livez`: the process serves HTTP. Never looks at the store: a database outage
+/// must not get the collector restarted.
+pub(crate) async fn livez() -> &'static str {
+    "ok\n"
+}
+
+/// `GET /readyz`: the store answers (else 503), so an orchestrator sends traffic only to
+/// a collector that can ack.
+pub(crate) async fn readyz(State(st): State<AppState>) -> Response {
+    match st.store.ping().await {
+        Ok(()) => "ok\n".into_response(),
+        Err(e) => {
+            error!(error = %e, "readiness: the database does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database does not answer\n",
+            )
+                .into_response()
         }
     }
 }

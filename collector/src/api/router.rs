@@ -3,6 +3,7 @@
 //! | route | what |
 //! |---|---|
 //! | `GET /api/v1/health` | `{"status": "ok", "version", "db", "nodes", "warnings"}` (`warnings`: exposure warnings, [`crate::net::exposure`]); 503 when the database does not answer |
+//! | `GET /livez`, `GET /readyz` | probes without credentials: the process serves; the store answers (else 503) |
 //! | `GET /api/v1/nodes` | every node with status, delivery state, host, GPUs with inventory and latest sample |
 //! | `GET /api/v1/gpus/{uuid}/series?metric=&from=&to=&step=` | one metric of one GPU over time |
 //! | `GET /metrics` | OpenMetrics exposition ([`crate::api::prometheus`]) |
@@ -55,6 +56,8 @@ pub struct AppState {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/api/v1/health", get(health::health))
+        .route("/livez", get(health::livez))
+        .route("/readyz", get(health::readyz))
         .route("/api/v1/nodes", get(nodes::nodes))
         .route("/api/v1/gpus/{uuid}/series", get(series::series))
         .route("/metrics", get(prometheus::metrics))

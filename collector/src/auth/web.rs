@@ -8,6 +8,7 @@
 //!   session cookie (`HttpOnly; SameSite=Strict; Path=/`, plus `Secure` under TLS). Sessions
 //!   live in memory for 12 h (a restart logs everyone out).
 //! - Roles: `viewer` may use safe methods (GET, HEAD); anything else needs `admin`.
+//! - `/livez` and `/readyz` (probes that say only `ok`) need no credential.
 //! - Without a credential: API paths (`/api/…`, `/metrics`) answer 401 with a JSON error;
 //!   pages redirect to `/login`.
 
@@ -192,6 +193,8 @@ async fn require(State(auth): State<Arc<WebAuth>>, request: Request, next: Next)
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/login") => return login_page(None),
         (&Method::POST, "/login") => return login(&auth, request).await,
+        // Orchestrators' probes carry no credential; they reveal only "ok".
+        (&Method::GET | &Method::HEAD, "/livez" | "/readyz") => return next.run(request).await,
         (&Method::POST, "/logout") => {
             if let (Some(sid), Ok(mut s)) =
                 (cookie(request.headers(), COOKIE), auth.sessions.lock())

@@ -11,6 +11,7 @@ mod alerts;
 mod carbon;
 mod common;
 mod demo;
+mod deploy;
 mod e2e;
 mod energy;
 mod faults;
