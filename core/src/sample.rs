@@ -253,9 +253,58 @@ pub struct Workload {
     pub pod_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// Slurm's job name (`SLURM_JOB_NAME`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// The Slurm account the job is charged to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The Slurm partition the job runs in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+    /// The Slurm job's user (its owner, whatever uid a process runs as).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_user: Option<String>,
+    /// Allow-listed labels of the pod or container (`--kube-label`, `--docker-label`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Workload {
+    /// Whether the runtime named this workload (any name or label is known).
+    pub fn has_names(&self) -> bool {
+        self.container_name.is_some()
+            || self.image.is_some()
+            || self.pod_name.is_some()
+            || self.namespace.is_some()
+            || self.job_name.is_some()
+            || self.account.is_some()
+            || self.partition.is_some()
+            || self.job_user.is_some()
+            || !self.labels.is_empty()
+    }
+
+    /// Takes the names `newer` knows, keeping the ones it does not: a workload's latest
+    /// names win, and a source that fell silent erases nothing.
+    pub fn merge_names(&mut self, newer: &Workload) {
+        fn take(old: &mut Option<String>, new: &Option<String>) {
+            if new.is_some() {
+                old.clone_from(new);
+            }
+        }
+        take(&mut self.container_name, &newer.container_name);
+        take(&mut self.image, &newer.image);
+        take(&mut self.pod_name, &newer.pod_name);
+        take(&mut self.namespace, &newer.namespace);
+        take(&mut self.job_name, &newer.job_name);
+        take(&mut self.account, &newer.account);
+        take(&mut self.partition, &newer.partition);
+        take(&mut self.job_user, &newer.job_user);
+        if !newer.labels.is_empty() {
+            self.labels.clone_from(&newer.labels);
+        }
+    }
+
     /// A stable key naming this workload across nodes and time, used for accounting:
     /// `container:<id>`, `slurm:<job>`, `host:<unit or uid>`.
     pub fn key(&self) -> String {
@@ -283,7 +332,10 @@ impl Workload {
                 (None, Some(id)) => id.chars().take(12).collect(),
                 (None, None) => "container".to_owned(),
             },
-            WorkloadKind::Slurm => format!("job {}", self.job_id.as_deref().unwrap_or("?")),
+            WorkloadKind::Slurm => match &self.job_name {
+                Some(name) => name.clone(),
+                None => format!("job {}", self.job_id.as_deref().unwrap_or("?")),
+            },
             WorkloadKind::Host => self.unit.clone().unwrap_or_else(|| "host".to_owned()),
         }
     }

@@ -61,9 +61,14 @@ interface Identity {
   pod_name?: string;
   namespace?: string;
   job_id?: string;
+  job_name?: string;
+  account?: string;
+  partition?: string;
+  job_user?: string;
   step?: string;
   unit?: string;
   uid?: number;
+  labels?: Record<string, string>;
 }
 
 interface ContainerRow extends CarbonFields {
@@ -101,6 +106,7 @@ const GROUPS: [string, string][] = [
   ['pod', 'pods'],
   ['namespace', 'namespaces'],
   ['job', 'Slurm jobs'],
+  ['account', 'Slurm accounts'],
   ['user', 'users'],
   ['node', 'nodes'],
 ];
@@ -146,10 +152,17 @@ function label(r: ContainerRow): [string, string] {
       return [w.pod_name ?? `pod ${rest.slice(0, 8)}`, w.namespace ? `namespace ${w.namespace}` : `pod ${rest}`];
     case 'namespace':
       return [rest, 'namespace'];
+    case 'account':
+      return [rest, 'Slurm account'];
     case 'user':
       return [rest, 'user'];
     case 'slurm':
-      return [`job ${w.job_id ?? rest}`, 'Slurm'];
+      return [
+        w.job_name ?? `job ${w.job_id ?? rest}`,
+        ['Slurm', w.job_name && `job ${w.job_id ?? rest}`, w.account && `account ${w.account}`, w.partition, w.job_user]
+          .filter(Boolean)
+          .join(' · '),
+      ];
     case 'host':
       return [rest, 'host'];
     case 'container':

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `GET /api/v1/containers?from=&to=&node=&group_by=` | energy per container (or pod, namespace, job, user) |
+//! | `GET /api/v1/containers?from=&to=&node=&group_by=` | energy per container (or pod, namespace, job, Slurm account, user) |
 //! | `GET /api/v1/containers/{key}?from=&to=` | one workload (`Workload::key()`), with a per-minute series |
 //! | `GET /api/v1/energy?from=&to=` | fleet total and energy per GPU (missing time, idle, method mix) |
 //!
@@ -57,7 +57,8 @@ pub(crate) struct RangeParams {
     pub(crate) to: Option<String>,
     /// Only this node's GPUs.
     pub(crate) node: Option<String>,
-    /// `container` (default), `pod`, `namespace`, `job` or `user`.
+    /// `container` (default), `pod`, `namespace`, `job`, `account` (the Slurm account:
+    /// chargeback) or `user`.
     #[param(example = "pod")]
     pub(crate) group_by: Option<String>,
 }
@@ -95,6 +96,7 @@ pub(crate) enum GroupBy {
     Pod,
     Namespace,
     Job,
+    Account,
     User,
 }
 
@@ -105,9 +107,10 @@ impl GroupBy {
             "pod" => Ok(GroupBy::Pod),
             "namespace" => Ok(GroupBy::Namespace),
             "job" => Ok(GroupBy::Job),
+            "account" => Ok(GroupBy::Account),
             "user" => Ok(GroupBy::User),
             other => Err(ApiError::BadRequest(format!(
-                "group_by {other:?}: expected container, pod, namespace, job or user"
+                "group_by {other:?}: expected container, pod, namespace, job, account or user"
             ))),
         }
     }
@@ -118,6 +121,7 @@ impl GroupBy {
             GroupBy::Pod => "pod",
             GroupBy::Namespace => "namespace",
             GroupBy::Job => "job",
+            GroupBy::Account => "account",
             GroupBy::User => "user",
         }
     }
@@ -134,6 +138,11 @@ impl GroupBy {
                 |n| format!("namespace:{n}"),
             ),
             GroupBy::Job => w.job_id.as_ref().map_or(own, |j| format!("slurm:{j}")),
+            // Every workload not charged to a Slurm account shares one row.
+            GroupBy::Account => w
+                .account
+                .as_ref()
+                .map_or_else(|| "account:(none)".to_owned(), |a| format!("account:{a}")),
             GroupBy::User => w
                 .uid
                 .map_or_else(|| "user:(unknown)".to_owned(), |u| format!("user:uid-{u}")),
@@ -174,7 +183,8 @@ struct SplitMix {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 struct ContainerRow {
     /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
-    /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `user:uid-<n>`).
+    /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `account:<name>`,
+    /// `user:uid-<n>`).
     key: String,
     /// The identity of the (first) workload: kind, runtime, full container id, pod UID,
     /// names, job id, as known.

@@ -449,11 +449,7 @@ async fn upsert_workloads<DB: Backend>(
         let (w, first) = by_key
             .entry(s.workload.key())
             .or_insert_with(|| (s.workload.clone(), s.first_ms));
-        let n = s.workload;
-        w.container_name = n.container_name.clone().or(w.container_name.take());
-        w.image = n.image.clone().or(w.image.take());
-        w.pod_name = n.pod_name.clone().or(w.pod_name.take());
-        w.namespace = n.namespace.clone().or(w.namespace.take());
+        w.merge_names(s.workload);
         *first = (*first).min(s.first_ms);
     }
     if by_key.is_empty() {
@@ -475,6 +471,11 @@ async fn upsert_workloads<DB: Backend>(
         .text("image", w().map(|w| w.image.clone()))
         .text("pod_name", w().map(|w| w.pod_name.clone()))
         .text("namespace", w().map(|w| w.namespace.clone()))
+        .text("job_name", w().map(|w| w.job_name.clone()))
+        .text("account", w().map(|w| w.account.clone()))
+        .text("partition", w().map(|w| w.partition.clone()))
+        .text("job_user", w().map(|w| w.job_user.clone()))
+        .text("labels", w().map(|w| labels_json(&w.labels)))
         .int("first_seen_ms", by_key.values().map(|(_, t)| *t));
     let d = DB::DIALECT;
     let rows = sql::<DB>(
@@ -486,6 +487,11 @@ async fn upsert_workloads<DB: Backend>(
              image = coalesce(excluded.image, workloads.image), \
              pod_name = coalesce(excluded.pod_name, workloads.pod_name), \
              namespace = coalesce(excluded.namespace, workloads.namespace), \
+             job_name = coalesce(excluded.job_name, workloads.job_name), \
+             account = coalesce(excluded.account, workloads.account), \
+             partition = coalesce(excluded.partition, workloads.partition), \
+             job_user = coalesce(excluded.job_user, workloads.job_user), \
+             labels = coalesce(excluded.labels, workloads.labels), \
              first_seen_ms = {} RETURNING id, key",
             d.over(&table, "v"),
             d.least("workloads.first_seen_ms", "excluded.first_seen_ms"),
@@ -507,6 +513,12 @@ async fn upsert_workloads<DB: Backend>(
         })?);
     }
     Ok(())
+}
+
+/// A workload's labels as stored: a JSON object, `None` when there are none (so an
+/// upsert without labels keeps the stored ones).
+fn labels_json(labels: &BTreeMap<String, String>) -> Option<String> {
+    (!labels.is_empty()).then(|| serde_json::to_string(labels).unwrap_or_default())
 }
 
 /// The lifetime key of every slot, once its workload has an id.

@@ -883,6 +883,61 @@ mod contract {
         assert_eq!(names, vec![Some("new".to_owned()); 3]);
     }
 
+    /// A Slurm job's names and a pod's labels round-trip, arrive later than the ids, and
+    /// the latest win; a batch without them erases nothing.
+    pub async fn job_names_and_labels_are_kept_and_the_latest_win(store: Arc<dyn Store>) {
+        let rec = register(&store, "node-a", vec![gpu_info_sparse("GPU-a", 0)]).await;
+        let job = |name: Option<&str>, account: Option<&str>, labels: &[(&str, &str)]| Workload {
+            kind: WorkloadKind::Slurm,
+            runtime: "slurm".into(),
+            job_id: Some("48213".into()),
+            job_name: name.map(Into::into),
+            account: account.map(Into::into),
+            partition: name.map(|_| "gpu".into()),
+            job_user: name.map(|_| "alice".into()),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        };
+        let variants = [
+            job(None, None, &[]),
+            job(Some("train"), Some("physics"), &[("team", "vision")]),
+            job(Some("train-v2"), None, &[]),
+        ];
+        for (i, w) in variants.into_iter().enumerate() {
+            let mut b = batch(i as u64 + 1, T0 + i as i64 * 1000, 1, &["GPU-a"]);
+            b.ticks[0].processes[0].workload = w;
+            store
+                .write_batches(&[node_batch(&rec, b)])
+                .await
+                .expect("write");
+        }
+        let procs = store
+            .process_samples(rec.gpus[0].id, ALL_TIME, 100)
+            .await
+            .expect("procs");
+        assert_eq!(procs.len(), 3);
+        for (_, p) in &procs {
+            let w = &p.workload;
+            assert_eq!(w.key(), "slurm:48213");
+            assert_eq!(w.job_name.as_deref(), Some("train-v2"), "the latest name");
+            assert_eq!(
+                w.account.as_deref(),
+                Some("physics"),
+                "kept when not resent"
+            );
+            assert_eq!(w.partition.as_deref(), Some("gpu"));
+            assert_eq!(w.job_user.as_deref(), Some("alice"));
+            assert_eq!(
+                w.labels.get("team").map(String::as_str),
+                Some("vision"),
+                "labels kept when a later sample has none"
+            );
+        }
+    }
+
     // ---------------------------------------------------------------- rollups
 
     const MIN: i64 = 60_000;
@@ -3928,6 +3983,7 @@ macro_rules! contract_tests {
                 series_raw_and_downsampled,
                 workload_names_learned_later_are_kept,
                 workload_renames_take_the_latest_names,
+                job_names_and_labels_are_kept_and_the_latest_win,
                 rollups_hold_avg_min_max_and_absent_is_null,
                 rollups_are_incremental_and_late_data_is_recomputed,
                 rollup_minutes_are_packed_by_the_hour_and_read_back,

@@ -1,6 +1,8 @@
 //! Wire → domain: the validated decoding of a Hello and a batch from an agent.
 
-use super::limits::{Check, Invalid, Lazy, Limits, at_most, count, invalid, pct, pct_f32};
+use super::limits::{
+    Check, Invalid, Lazy, Limits, at_most, count, invalid, pct, pct_f32, too_large,
+};
 use crate::sample::*;
 use gpufleet_proto::v1 as pb;
 /// Validates and converts a Hello's inventory and labels.
@@ -505,6 +507,11 @@ pub(super) fn decode_process(
         image: c.opt_string(w("image"), pw.image)?,
         pod_name: c.opt_string(w("pod_name"), pw.pod_name)?,
         namespace: c.opt_string(w("namespace"), pw.namespace)?,
+        job_name: c.opt_string(w("job_name"), pw.job_name)?,
+        account: c.opt_string(w("account"), pw.account)?,
+        partition: c.opt_string(w("partition"), pw.partition)?,
+        job_user: c.opt_string(w("job_user"), pw.job_user)?,
+        labels: workload_labels(c, w, pw.labels)?,
     };
     Ok(ProcessSample {
         process_type,
@@ -520,4 +527,30 @@ pub(super) fn decode_process(
         gpu_uuid: p.gpu_uuid,
         pid: p.pid,
     })
+}
+
+/// A workload's labels: at most `max_labels`, keys and values checked as every string.
+fn workload_labels<D: std::fmt::Display>(
+    c: &Check<'_>,
+    what: impl Fn(&'static str) -> D,
+    labels: std::collections::HashMap<String, String>,
+) -> Result<std::collections::BTreeMap<String, String>, Invalid> {
+    if labels.len() > c.limits.max_labels {
+        return Err(too_large(format!(
+            "{}: {} labels, limit {}",
+            what("labels"),
+            labels.len(),
+            c.limits.max_labels
+        )));
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for (k, v) in labels {
+        let k = c.string(what("label key"), k)?;
+        if k.is_empty() {
+            return Err(invalid(format!("{} is empty", what("label key"))));
+        }
+        let v = c.string(what("label value"), v)?;
+        out.insert(k, v);
+    }
+    Ok(out)
 }

@@ -120,8 +120,8 @@ impl From<ProcessSample> for pb::ProcessSample {
         };
         let workload = same_fields!(w => Workload {
             runtime, container_id, pod_uid, qos, job_id, step, unit, uid, container_name,
-            image, pod_name, namespace,
-        }; kind: kind as i32);
+            image, pod_name, namespace, job_name, account, partition, job_user,
+        }; kind: kind as i32, labels: w.labels.into_iter().collect());
         same_fields!(p => ProcessSample {
             gpu_uuid, pid, user, command, gpu_mem_bytes, sm_util_pct, mem_util_pct,
             enc_util_pct, dec_util_pct, mig_uuid,

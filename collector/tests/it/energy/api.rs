@@ -90,3 +90,74 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
     .await;
     assert_eq!(status, 404);
 }
+
+/// Chargeback: `group_by=account` sums each Slurm account's jobs, and the job rows carry
+/// the names the job's environment gave (name, account, partition, user).
+#[tokio::test]
+async fn energy_groups_by_slurm_account_with_the_jobs_names() {
+    let (_dir, store) = sqlite_store().await;
+    let node = one_gpu_node(&store, "GPU-acct").await;
+    let job = |id: &str, name: &str, account: &str| Workload {
+        kind: WorkloadKind::Slurm,
+        runtime: "slurm".into(),
+        job_id: Some(id.into()),
+        job_name: Some(name.into()),
+        account: Some(account.into()),
+        partition: Some("gpu".into()),
+        job_user: Some("alice".into()),
+        ..Default::default()
+    };
+    // Three workloads at SM 40 / 20 / 20 %: two jobs of `physics`, one container.
+    let ticks = (0..=121)
+        .map(|k| {
+            let mut t = shared_tick("GPU-acct", T0 + k * 1000, 200_000, Some(k as u64 * 200_000));
+            t.processes = vec![
+                process("GPU-acct", 100, 40, job("101", "train", "physics")),
+                process("GPU-acct", 200, 20, job("102", "eval", "physics")),
+                process("GPU-acct", 300, 20, container_workload(A, Some("trainer"))),
+            ];
+            t
+        })
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("pass");
+    let range = format!("from={T0}&to={}", T0 + 10 * MIN);
+    let (status, v) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    let rows = v["rows"].as_array().expect("rows");
+    let train = rows
+        .iter()
+        .find(|r| r["key"] == "slurm:101")
+        .expect("job 101");
+    assert_eq!(train["identity"]["job_name"], "train");
+    assert_eq!(train["identity"]["account"], "physics");
+    assert_eq!(train["identity"]["partition"], "gpu");
+    assert_eq!(train["identity"]["job_user"], "alice");
+    let energy = |key: &str| -> f64 {
+        rows.iter()
+            .find(|r| r["key"] == key)
+            .and_then(|r| r["energy_j"].as_f64())
+            .unwrap_or_else(|| panic!("no row {key}"))
+    };
+    let physics = energy("slurm:101") + energy("slurm:102");
+    let (status, v) = get_json(
+        &store,
+        &format!("/api/v1/containers?{range}&group_by=account"),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let groups = v["rows"].as_array().expect("rows");
+    assert_eq!(groups.len(), 2, "{groups:?}");
+    let group = |key: &str| groups.iter().find(|r| r["key"] == key).expect(key);
+    let acct = group("account:physics");
+    assert!((acct["energy_j"].as_f64().expect("j") - physics).abs() < 1e-6);
+    assert_eq!(acct["workloads"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        group("account:(none)")["energy_j"].as_f64(),
+        Some(energy(&format!("container:{A}")))
+    );
+    assert_eq!(v["group_by"], "account");
+}
