@@ -46,10 +46,12 @@ impl std::fmt::Debug for ApiOptions {
 /// At most `limit` bytes of an error answer's body, within [`ERROR_BODY_TIMEOUT`]: a
 /// stalled or endless answer must not hang the caller (the live stream reconnects).
 async fn error_body(resp: Response, limit: usize) -> Vec<u8> {
-    let read = gpufleet_core::body::read_prefix(resp.bytes_stream(), limit);
-    tokio::time::timeout(ERROR_BODY_TIMEOUT, read)
-        .await
-        .unwrap_or_default()
+    use futures::StreamExt as _;
+    // What arrived by the deadline is kept: the stream simply ends there.
+    let body = resp
+        .bytes_stream()
+        .take_until(tokio::time::sleep(ERROR_BODY_TIMEOUT));
+    gpufleet_core::body::read_prefix(body, limit).await
 }
 
 /// Why a call failed; each message says what to check.
