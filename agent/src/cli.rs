@@ -60,6 +60,88 @@ fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// Where workload names come from ([`crate::names`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NamesMode {
+    /// Every runtime found on the node: the Kubernetes API when a client configuration
+    /// is found, the Docker / Podman socket when one exists, Slurm's job environment.
+    Auto,
+    /// Workloads keep their ids only.
+    Off,
+}
+
+/// Workload-name flags of `run` and `snapshot`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NameArgs {
+    /// Where workload names come from (auto: every runtime found on the node; off: ids
+    /// only). Simulated nodes carry their own names.
+    #[arg(long, env = "GPUFLEET_NAMES", value_enum, default_value_t = NamesMode::Auto)]
+    pub names: NamesMode,
+    /// A Kubernetes pod label to carry with the pod's workloads (repeat, or separate with
+    /// commas; none by default), e.g. app.kubernetes.io/name.
+    #[arg(
+        long = "kube-label",
+        env = "GPUFLEET_KUBE_LABEL",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    pub kube_labels: Vec<String>,
+    /// A Docker / Podman container label to carry with the container (repeat, or separate
+    /// with commas; none by default).
+    #[arg(
+        long = "docker-label",
+        env = "GPUFLEET_DOCKER_LABEL",
+        value_name = "KEY",
+        value_delimiter = ','
+    )]
+    pub docker_labels: Vec<String>,
+    /// The longest one name look-up may take (it never delays a sample).
+    #[arg(long, env = "GPUFLEET_NAMES_TIMEOUT", value_name = "DURATION", default_value = "5s", value_parser = positive_duration)]
+    pub names_timeout: std::time::Duration,
+}
+
+impl NameArgs {
+    /// `source` with the names the runtimes on this node give, resolved off the
+    /// sampling path; `source` unchanged with `--names off` or for a simulated node.
+    pub fn attach(
+        &self,
+        source: Box<dyn GpuSource>,
+        simulated: bool,
+        node: &str,
+        proc_root: &Path,
+    ) -> Box<dyn GpuSource> {
+        if simulated || self.names == NamesMode::Off {
+            return source;
+        }
+        let env = |k: &str| std::env::var(k).ok();
+        let sources = crate::names::NameSources {
+            node: node.to_owned(),
+            proc_root: proc_root.to_owned(),
+            kubernetes: crate::names::kube::find_config(env, Path::exists),
+            docker_socket: crate::names::docker::socket_path(
+                std::env::var("DOCKER_HOST").ok().as_deref(),
+                Path::exists,
+            ),
+            scontrol: crate::names::slurm::find_scontrol(std::env::var_os("PATH").as_deref()),
+            kube_labels: self.kube_labels.clone(),
+            docker_labels: self.docker_labels.clone(),
+            timeout: self.names_timeout,
+        };
+        info!(
+            kubernetes = sources.kubernetes.is_some(),
+            docker = sources.docker_socket.is_some(),
+            scontrol = sources.scontrol.is_some(),
+            "workload names: sources found"
+        );
+        let cache = std::sync::Arc::new(crate::names::NameCache::new());
+        if let Err(e) = crate::names::spawn_resolver(std::sync::Arc::clone(&cache), sources) {
+            warn!(error = %e, "workload names: cannot start the resolver; workloads keep their ids");
+            return source;
+        }
+        Box::new(crate::names::Named::new(source, cache))
+    }
+}
+
 /// Why the source the flags ask for could not be opened.
 #[derive(Debug, Error)]
 pub enum OpenSourceError {

@@ -6,7 +6,7 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use gpufleet_agent::cli::{CredentialArgs, SourceArgs, SpoolArgs};
+use gpufleet_agent::cli::{CredentialArgs, NameArgs, SourceArgs, SpoolArgs};
 use gpufleet_agent::host::HostReader;
 use gpufleet_agent::snapshot::{self, Spacing};
 use gpufleet_agent::spool::Spool;
@@ -88,6 +88,8 @@ struct RunArgs {
     #[command(flatten)]
     source: SourceArgs,
     #[command(flatten)]
+    names: NameArgs,
+    #[command(flatten)]
     spool: SpoolArgs,
     /// A label sent to the collector, k=v (repeat, or separate with commas).
     #[arg(long = "label", env = "GPUFLEET_LABEL", value_name = "K=V", value_delimiter = ',', value_parser = parse_label)]
@@ -112,6 +114,8 @@ struct SnapshotArgs {
     node: Option<String>,
     #[command(flatten)]
     source: SourceArgs,
+    #[command(flatten)]
+    names: NameArgs,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -228,6 +232,7 @@ fn node_name(given: Option<String>, proc_root: &Path) -> anyhow::Result<String> 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let node = node_name(args.node, &args.source.proc_root)?;
     let source = args.source.open(&node)?;
+    let source = (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let host_interval = args.host_interval;
     // A simulated node must not report this machine's CPU and memory as its own.
@@ -307,6 +312,8 @@ fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
     let node = gpufleet_agent::cli::node_name(args.node, &args.source.proc_root)
         .unwrap_or_else(|| "localhost".into());
     let source = args.source.open(&node)?;
+    // The first reading asks for the names; the second, 500 ms later, carries them.
+    let source = (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
     let host = (!args.source.simulate)
         .then(|| Box::new(HostReader::new(&args.source.proc_root)) as Box<dyn HostSource>);
     // Both readings carry host metrics (the CPU share is their difference).

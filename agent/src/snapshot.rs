@@ -135,12 +135,23 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
         let w = &p.workload;
         let workload = match (w.kind, &w.pod_name) {
             (WorkloadKind::Container, Some(pod)) => {
-                format!("pod {}/{pod}", w.namespace.as_deref().unwrap_or("?"))
+                let ns = w.namespace.as_deref().unwrap_or("?");
+                match &w.container_name {
+                    Some(c) => format!("pod {ns}/{pod} {c}"),
+                    None => format!("pod {ns}/{pod}"),
+                }
             }
-            (WorkloadKind::Slurm, _) => match &w.step {
-                Some(step) => format!("slurm {} step {step}", w.label()),
-                None => format!("slurm {}", w.label()),
-            },
+            (WorkloadKind::Slurm, _) => {
+                let mut s = format!("slurm {}", w.job_id.as_deref().unwrap_or("?"));
+                for part in [&w.job_name, &w.account].into_iter().flatten() {
+                    s.push(' ');
+                    s.push_str(part);
+                }
+                if let Some(step) = &w.step {
+                    s.push_str(&format!(" step {step}"));
+                }
+                s
+            }
             (kind, _) => format!("{} {}", kind.as_str(), w.label()),
         };
         let _ = writeln!(

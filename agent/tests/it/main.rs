@@ -4,5 +4,7 @@
 mod cgroup_fixtures;
 mod cli;
 mod common;
+mod kube_names;
+mod kube_stub;
 mod nvml_fake;
 mod uplink;
