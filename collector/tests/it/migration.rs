@@ -145,6 +145,22 @@ async fn same_answers(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node: &NodeRecord,
     );
 }
 
+/// The columns `workloads` had before 0031 (which added a Slurm job's names and labels):
+/// a database of today copies into an older schema through them.
+const OLD_WORKLOAD_COLS: &str = "id, key, kind, runtime, container_id, pod_uid, qos, job_id, \
+    step, unit, uid, container_name, image, pod_name, namespace, first_seen_ms";
+
+/// `INSERT INTO {to}.{t} SELECT … FROM {from}.{t};` with the columns the older schema has.
+fn copy_table(to: &str, from: &str, t: &str) -> String {
+    if t == "workloads" {
+        format!(
+            "INSERT INTO {to}.{t} ({OLD_WORKLOAD_COLS}) SELECT {OLD_WORKLOAD_COLS} FROM {from}.{t};"
+        )
+    } else {
+        format!("INSERT INTO {to}.{t} SELECT * FROM {from}.{t};")
+    }
+}
+
 /// The tables 0025 leaves alone, copied as they are.
 const COPIED: [&str; 6] = [
     "nodes",
@@ -189,7 +205,7 @@ async fn sqlite_database_before_process_lives_is_converted_without_losing_a_samp
         .expect("connect B");
     let mut copy = format!("ATTACH DATABASE '{}' AS a;", a_path.display());
     for t in COPIED {
-        copy += &format!("INSERT INTO main.{t} SELECT * FROM a.{t};");
+        copy += &copy_table("main", "a", t);
     }
     copy += &format!(
         "INSERT INTO main.process_samples ({OLD_PROCESS_COLS}) {}; DETACH DATABASE a;",
@@ -258,7 +274,7 @@ async fn postgres_database_before_process_lives_is_converted_without_losing_a_sa
     let (an, bn) = (&a_schema.name, &b_schema.name);
     let mut copy = raw_partitions(bn);
     for t in COPIED {
-        copy += &format!("INSERT INTO {bn}.{t} SELECT * FROM {an}.{t};");
+        copy += &copy_table(bn, an, t);
     }
     copy += &format!(
         "INSERT INTO {bn}.process_samples ({OLD_PROCESS_COLS}) {};",
@@ -418,7 +434,7 @@ async fn sqlite_database_before_packed_minutes_opens_and_is_packed_without_loss(
         .expect("connect B");
     let mut copy = format!("ATTACH DATABASE '{}' AS a;", a_path.display());
     for t in COPIED_BEFORE_PACKED {
-        copy += &format!("INSERT INTO main.{t} SELECT * FROM a.{t};");
+        copy += &copy_table("main", "a", t);
     }
     copy += "DETACH DATABASE a;";
     sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
@@ -446,7 +462,7 @@ async fn postgres_database_before_packed_minutes_opens_and_is_packed_without_los
     let (an, bn) = (&a_schema.name, &b_schema.name);
     let mut copy = raw_partitions(bn);
     for t in COPIED_BEFORE_PACKED {
-        copy += &format!("INSERT INTO {bn}.{t} SELECT * FROM {an}.{t};");
+        copy += &copy_table(bn, an, t);
     }
     let mut conn = pg_connect(&a_schema.base_url).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(copy))
