@@ -626,10 +626,14 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
             (Some(ns), Some(pod), _) => format!("{ns}/{pod}"),
             (None, Some(pod), _) => pod.clone(),
             (_, None, Some(job)) => format!(
-                "job {job}{}",
+                "job {job}{}{}",
                 w.step
                     .as_deref()
                     .map(|s| format!(".{s}"))
+                    .unwrap_or_default(),
+                w.account
+                    .as_deref()
+                    .map(|a| format!(" {a}"))
                     .unwrap_or_default()
             ),
             _ => String::new(),
@@ -757,7 +761,10 @@ pub fn energy(
         let place = match (&w.namespace, &w.pod_name, &w.job_id) {
             (Some(ns), Some(pod), _) => format!("{ns}/{pod}"),
             (_, Some(pod), _) => pod.clone(),
-            (_, None, Some(job)) => format!("job {job}"),
+            (_, None, Some(job)) => match &w.account {
+                Some(a) => format!("job {job} {a}"),
+                None => format!("job {job}"),
+            },
             _ => String::new(),
         };
         let idle = (r.energy_j > 0.0).then(|| 100.0 * r.idle_j / r.energy_j);

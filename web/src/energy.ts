@@ -9,6 +9,7 @@ import { Chart } from './chart';
 import { clear, el, NA, num } from './dom';
 import { intensitySection } from './intensity';
 import { currentRange, ENERGY_RANGES, rangePicker, type Range } from './range';
+import { nameOf, type Identity } from './workload';
 
 /** Totals of a set of GPUs, as /api/v1/energy gives them. */
 export interface EnergyTotals extends CarbonFields {
@@ -51,25 +52,6 @@ export interface Baseline {
   model_source: string | null;
 }
 
-interface Identity {
-  kind: string;
-  runtime?: string;
-  container_id?: string;
-  container_name?: string;
-  image?: string;
-  pod_uid?: string;
-  pod_name?: string;
-  namespace?: string;
-  job_id?: string;
-  job_name?: string;
-  account?: string;
-  partition?: string;
-  job_user?: string;
-  step?: string;
-  unit?: string;
-  uid?: number;
-  labels?: Record<string, string>;
-}
 
 interface ContainerRow extends CarbonFields {
   key: string;
@@ -156,17 +138,16 @@ function label(r: ContainerRow): [string, string] {
       return [rest, 'Slurm account'];
     case 'user':
       return [rest, 'user'];
-    case 'slurm':
-      return [
-        w.job_name ?? `job ${w.job_id ?? rest}`,
-        ['Slurm', w.job_name && `job ${w.job_id ?? rest}`, w.account && `account ${w.account}`, w.partition, w.job_user]
-          .filter(Boolean)
-          .join(' · '),
-      ];
+    case 'slurm': {
+      const n = nameOf(w);
+      return [n.name, ['Slurm', n.detail].filter(Boolean).join(' · ')];
+    }
     case 'host':
       return [rest, 'host'];
-    case 'container':
-      return [w.container_name ?? rest.slice(0, 12), [w.runtime, w.image, w.pod_name && `pod ${w.pod_name}`].filter(Boolean).join(' · ')];
+    case 'container': {
+      const n = nameOf(w);
+      return [n.name, [w.runtime, n.detail].filter(Boolean).join(' · ')];
+    }
     default:
       return [r.key, ''];
   }

@@ -9,25 +9,16 @@ import type { EnergyTotals, EnergyView } from './energy';
 import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
+import { nameOf, type Identity } from './workload';
 
 const pct = (v: number) => `${Math.round(v)}%`;
 const gib = (v: number) => `${(v / 2 ** 30).toFixed(1)} GiB`;
 const bps = (v: number) => rate(v);
 
-function workload(p: Process): string {
-  const w = p.workload as Record<string, unknown>;
-  const s = (k: string) => (typeof w[k] === 'string' ? (w[k] as string) : null);
-  switch (p.workload.kind) {
-    case 'slurm':
-      return `slurm job ${s('job_id') ?? '?'}${s('step') ? ' step ' + s('step') : ''}`;
-    case 'container': {
-      const pod = s('pod_uid');
-      const id = s('container_id');
-      return `${s('runtime') ?? 'container'} ${pod ? 'pod ' + pod.slice(0, 8) + ' ' : ''}${id ? id.slice(0, 12) : ''}`.trim();
-    }
-    default:
-      return 'host';
-  }
+/** The workload cell: its name, what places it, and its ids on hover. */
+function workload(p: Process): HTMLElement {
+  const n = nameOf(p.workload as Identity);
+  return el('td', { 'data-col': 'workload', title: n.ids }, n.name, n.detail ? el('span', { class: 'muted sub' }, n.detail) : '');
 }
 
 /** The GPUs' energy in the page's range (absent until loaded, or when not accounted). */
@@ -67,13 +58,13 @@ function processTable(n: NodeView): HTMLElement {
       el('td', {}, String(byUuid.get(p.gpu_uuid) ?? NA)),
       el('td', {}, String(p.pid)),
       el('td', {}, p.user ?? NA),
-      el('td', {}, workload(p)),
+      workload(p),
       el('td', { class: 'cmd' }, p.command ?? NA),
       el('td', {}, bytes(p.gpu_mem_bytes)),
       el('td', {}, num(p.sm_util_pct, 0, '%'))));
   }
   if (procs.length === 0) tbody.append(el('tr', {}, el('td', { colspan: '7' }, 'no processes')));
-  const head = ['GPU', 'pid', 'user', 'container / pod / job', 'command', 'GPU mem', 'SM'];
+  const head = ['GPU', 'pid', 'user', 'workload', 'command', 'GPU mem', 'SM'];
   return el('table', { class: 'procs', id: 'process-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
 }
 

@@ -7,17 +7,8 @@ import { enc, getJson } from './api';
 import { co2, kwh } from './carbon';
 import { bytes, clear, el, NA } from './dom';
 import { currentRange, ENERGY_RANGES, rangePicker } from './range';
+import { nameOf, type Identity } from './workload';
 
-interface Identity {
-  kind: string;
-  container_id?: string;
-  container_name?: string;
-  pod_name?: string;
-  namespace?: string;
-  job_id?: string;
-  unit?: string;
-  uid?: number;
-}
 
 interface Episode {
   gpu: { node: string; uuid: string; index: number; name: string };
@@ -62,12 +53,7 @@ export interface WasteView {
 
 /** Who it is, as a person would name it. */
 function who(w: Identity, key: string): string {
-  if (w.kind === 'slurm') return `job ${w.job_id ?? key}`;
-  if (w.kind === 'container') {
-    const name = w.pod_name ?? w.container_name ?? (w.container_id ?? key).slice(0, 12);
-    return w.namespace ? `${w.namespace}/${name}` : name;
-  }
-  return w.unit ?? (w.uid !== undefined ? `uid ${w.uid}` : key);
+  return w.kind === 'host' && w.unit === undefined && w.uid === undefined ? key : nameOf(w).name;
 }
 
 function idleText(s: number): string {

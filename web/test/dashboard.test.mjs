@@ -191,6 +191,31 @@ test('a node page shows its panels, GPU and process tables, and its charts advan
   }
   assert.equal(await page.locator('#gpu-table tbody tr').count(), GPUS_PER_NODE);
   await page.waitForFunction(() => document.querySelectorAll('#process-table tbody tr[data-pid]').length > 0);
+  // Workloads are named as their runtime names them, ids one hover away: every process
+  // the API gives a pod, container or Slurm job name shows that name, never a hash.
+  const node = await api(`/api/v1/nodes/${NODES[0]}`);
+  const cells = await page.$$eval('#process-table tbody tr[data-pid]', (trs) => trs.map((tr) => {
+    const td = tr.querySelector('[data-col=workload]');
+    return [Number(tr.getAttribute('data-pid')), td?.textContent ?? '', td?.getAttribute('title') ?? ''];
+  }));
+  let named = 0;
+  for (const g of node.gpus) {
+    for (const p of g.processes) {
+      const cell = cells.find(([pid]) => pid === p.pid);
+      if (!cell) continue;
+      const w = p.workload;
+      const name = w.pod_name ?? w.job_name ?? w.container_name;
+      if (!name) continue;
+      named += 1;
+      assert.ok(cell[1].includes(name), `pid ${p.pid}: ${JSON.stringify(cell[1])} names ${name}`);
+      if (w.namespace) assert.ok(cell[1].includes(w.namespace), `pid ${p.pid}: namespace ${w.namespace} in ${cell[1]}`);
+      if (w.container_id) {
+        assert.ok(!cell[1].includes(w.container_id.slice(0, 12)), `pid ${p.pid}: no hash in ${cell[1]}`);
+        assert.ok(cell[2].includes(w.container_id), `pid ${p.pid}: the id on hover`);
+      }
+    }
+  }
+  assert.ok(named > 0, 'the demo node runs named workloads');
 
   // The utilization chart's newest point moves forward within 2 s (samples every 200 ms).
   const chart = page.locator('.panel[data-title="GPU Utilization"]');

@@ -72,6 +72,9 @@ pub struct WorkloadLabels {
     pub pod: String,
     pub container: String,
     pub job: String,
+    /// The Slurm job's name and account (chargeback by `sum by (account)`).
+    pub job_name: String,
+    pub account: String,
     pub user: String,
 }
 
@@ -94,6 +97,8 @@ impl WorkloadLabels {
                 .or_else(|| w.container_id.clone())
                 .unwrap_or_default(),
             job: text(&w.job_id),
+            job_name: text(&w.job_name),
+            account: text(&w.account),
             user: w.uid.map(|u| u.to_string()).unwrap_or_default(),
         }
     }

@@ -537,6 +537,8 @@ mod tests {
                 pod: pod.into(),
                 container: String::new(),
                 job: String::new(),
+                job_name: String::new(),
+                account: String::new(),
                 user: "1000".into(),
             },
             gpu_uuid: "GPU-1".into(),

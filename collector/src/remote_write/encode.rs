@@ -83,7 +83,7 @@ pub fn gpu_series(node: &str, gpu: &GpuRecord, samples: &[(UnixMs, GpuSample)]) 
 }
 
 /// The workload labels `/metrics` uses: `workload` (its key), `kind`, `namespace`, `pod`,
-/// `container`, `job`, `user`, each only when known.
+/// `container`, `job`, `job_name`, `account`, `user`, each only when known.
 fn workload_labels(w: &Workload) -> Vec<(&'static str, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_default();
     vec![
@@ -99,6 +99,8 @@ fn workload_labels(w: &Workload) -> Vec<(&'static str, String)> {
                 .unwrap_or_default(),
         ),
         ("job", opt(&w.job_id)),
+        ("job_name", opt(&w.job_name)),
+        ("account", opt(&w.account)),
         ("user", w.uid.map(|u| u.to_string()).unwrap_or_default()),
     ]
 }

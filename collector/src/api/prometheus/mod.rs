@@ -66,7 +66,7 @@ impl EncodeLabelValue for Text<'_> {
 }
 
 /// A workload's label pairs, in exposition order.
-pub fn workload_pairs(l: &WorkloadLabels) -> [(&'static str, Text<'_>); 8] {
+pub fn workload_pairs(l: &WorkloadLabels) -> [(&'static str, Text<'_>); 10] {
     [
         ("node", Text(&l.node)),
         ("workload", Text(&l.workload)),
@@ -75,6 +75,8 @@ pub fn workload_pairs(l: &WorkloadLabels) -> [(&'static str, Text<'_>); 8] {
         ("pod", Text(&l.pod)),
         ("container", Text(&l.container)),
         ("job", Text(&l.job)),
+        ("job_name", Text(&l.job_name)),
+        ("account", Text(&l.account)),
         ("user", Text(&l.user)),
     ]
 }
@@ -1137,7 +1139,7 @@ mod tests {
             }),
             |_| {},
         );
-        let l = r#"node="n1",workload="container:c1",kind="container",namespace="ml",pod="train-0",container="trainer",job="",user="1000""#;
+        let l = r#"node="n1",workload="container:c1",kind="container",namespace="ml",pod="train-0",container="trainer",job="",job_name="",account="",user="1000""#;
         for line in [
             format!("gpufleet_workload_energy_joules_total{{{l},state=\"active\"}} 1.5"),
             format!("gpufleet_workload_energy_joules_total{{{l},state=\"idle\"}} 0.25"),
@@ -1170,7 +1172,7 @@ mod tests {
             }),
             |_| {},
         );
-        let l = r#"node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",user="1000""#;
+        let l = r#"node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",job_name="",account="",user="1000""#;
         for line in [
             "# TYPE gpufleet_gpu_idle_allocated_seconds gauge".to_owned(),
             format!("gpufleet_gpu_idle_allocated_seconds{{{l},gpu=\"GPU-w\"}} 1905.0"),
