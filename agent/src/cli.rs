@@ -102,16 +102,20 @@ pub struct NameArgs {
 
 impl NameArgs {
     /// `source` with the names the runtimes on this node give, resolved off the
-    /// sampling path; `source` unchanged with `--names off` or for a simulated node.
+    /// sampling path, and the cache they are kept in; `source` unchanged (and no cache)
+    /// with `--names off` or for a simulated node.
     pub fn attach(
         &self,
         source: Box<dyn GpuSource>,
         simulated: bool,
         node: &str,
         proc_root: &Path,
-    ) -> Box<dyn GpuSource> {
+    ) -> (
+        Box<dyn GpuSource>,
+        Option<std::sync::Arc<crate::names::NameCache>>,
+    ) {
         if simulated || self.names == NamesMode::Off {
-            return source;
+            return (source, None);
         }
         let env = |k: &str| std::env::var(k).ok();
         let sources = crate::names::NameSources {
@@ -136,9 +140,10 @@ impl NameArgs {
         let cache = std::sync::Arc::new(crate::names::NameCache::new());
         if let Err(e) = crate::names::spawn_resolver(std::sync::Arc::clone(&cache), sources) {
             warn!(error = %e, "workload names: cannot start the resolver; workloads keep their ids");
-            return source;
+            return (source, None);
         }
-        Box::new(crate::names::Named::new(source, cache))
+        let named = crate::names::Named::new(source, std::sync::Arc::clone(&cache));
+        (Box::new(named), Some(cache))
     }
 }
 

@@ -232,7 +232,8 @@ fn node_name(given: Option<String>, proc_root: &Path) -> anyhow::Result<String> 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let node = node_name(args.node, &args.source.proc_root)?;
     let source = args.source.open(&node)?;
-    let source = (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
+    let (source, _names) =
+        (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let host_interval = args.host_interval;
     // A simulated node must not report this machine's CPU and memory as its own.
@@ -312,8 +313,10 @@ fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
     let node = gpufleet_agent::cli::node_name(args.node, &args.source.proc_root)
         .unwrap_or_else(|| "localhost".into());
     let source = args.source.open(&node)?;
-    // The first reading asks for the names; the second, 500 ms later, carries them.
-    let source = (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
+    // The first reading asks for the names; the answers are waited for (at most
+    // --names-timeout) and written into the reading shown.
+    let (source, names) =
+        (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
     let host = (!args.source.simulate)
         .then(|| Box::new(HostReader::new(&args.source.proc_root)) as Box<dyn HostSource>);
     // Both readings carry host metrics (the CPU share is their difference).
@@ -323,7 +326,11 @@ fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
     } else {
         Spacing::Wait(Duration::from_millis(500))
     };
-    let (inventory, tick) = snapshot::take(&mut sampler, now_ms(), spacing)?;
+    let (inventory, mut tick) = snapshot::take(&mut sampler, now_ms(), spacing)?;
+    if let Some(names) = names {
+        names.wait_settled(args.names.names_timeout);
+        names.fill_tick(&mut tick);
+    }
     if args.json {
         println!("{}", snapshot::to_json(&inventory, &tick)?);
     } else {

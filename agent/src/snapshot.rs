@@ -123,7 +123,7 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
     }
     let _ = writeln!(
         out,
-        "{:>3}  {:>8}  {:<10} {:<36} {:>9} {:>4}  COMMAND",
+        "{:>3}  {:>8}  {:<10} {:<44} {:>9} {:>4}  COMMAND",
         "GPU", "PID", "USER", "WORKLOAD", "GPU MEM", "SM"
     );
     for p in &tick.processes {
@@ -142,7 +142,7 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
                 }
             }
             (WorkloadKind::Slurm, _) => {
-                let mut s = format!("slurm {}", w.job_id.as_deref().unwrap_or("?"));
+                let mut s = format!("slurm job {}", w.job_id.as_deref().unwrap_or("?"));
                 for part in [&w.job_name, &w.account].into_iter().flatten() {
                     s.push(' ');
                     s.push_str(part);
@@ -156,11 +156,11 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
         };
         let _ = writeln!(
             out,
-            "{:>3}  {:>8}  {:<10} {:<36} {:>9} {:>4}  {}",
+            "{:>3}  {:>8}  {:<10} {:<44} {:>9} {:>4}  {}",
             or_na(index),
             p.pid,
             truncate(p.user.as_deref().unwrap_or(NA), 10),
-            truncate(&workload, 36),
+            truncate(&workload, 44),
             or_na(p.gpu_mem_bytes.map(|b| format!("{}MiB", b / MIB))),
             or_na(p.sm_util_pct.map(|u| format!("{u}%"))),
             truncate(p.command.as_deref().unwrap_or(NA), 80),

@@ -91,16 +91,21 @@ pub async fn client(source: &KubeSource) -> Result<kube::Client, NameError> {
 }
 
 /// Starts the watcher of `source` on the current runtime: builds the client (a failure is
-/// counted and retried every minute), then [`spawn_pod_watcher`].
+/// counted and retried every minute), then [`spawn_pod_watcher`]. The cache's initial
+/// list (counted by the caller) is done at the first list, or the first failure.
 pub fn spawn_from_source(source: KubeSource, options: KubeOptions, cache: Arc<NameCache>) {
     tokio::spawn(async move {
+        let mut first = true;
         loop {
             match client(&source).await {
                 Ok(c) => {
-                    let _ = spawn_pod_watcher(c, options, cache).await;
+                    let _ = watch(c, options, cache, first).await;
                     return;
                 }
                 Err(e) => report(&cache, &e),
+            }
+            if std::mem::take(&mut first) {
+                cache.done();
             }
             tokio::time::sleep(super::RETRY_AFTER).await;
         }
@@ -113,7 +118,13 @@ pub fn spawn_pod_watcher(
     options: KubeOptions,
     cache: Arc<NameCache>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    tokio::spawn(watch(client, options, cache, false))
+}
+
+/// The watch loop; `initial`: tell the cache when the first list is done (or failed).
+async fn watch(client: kube::Client, options: KubeOptions, cache: Arc<NameCache>, initial: bool) {
+    let mut initial = initial;
+    {
         let pods: kube::Api<Pod> = kube::Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", options.node));
         let stream = watcher(pods, config).default_backoff();
@@ -127,14 +138,22 @@ pub fn spawn_pod_watcher(
                 }
                 Ok(watcher::Event::InitDone) => {
                     info!(node = %options.node, pods = named, "workload names: watching this node's pods");
+                    if std::mem::take(&mut initial) {
+                        cache.done();
+                    }
                 }
                 // A deleted pod keeps its names; a restart re-lists over them.
                 Ok(watcher::Event::Delete(_) | watcher::Event::Init) => {}
-                Err(e) => report(&cache, &classify(&e)),
+                Err(e) => {
+                    report(&cache, &classify(&e));
+                    if std::mem::take(&mut initial) {
+                        cache.done();
+                    }
+                }
             }
         }
         debug!("the pod watcher ended");
-    })
+    }
 }
 
 /// Keeps `pod`'s names and its containers'.

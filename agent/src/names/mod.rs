@@ -164,6 +164,9 @@ pub struct NameCache {
     requests: Mutex<Option<mpsc::Sender<NameRequest>>>,
     /// Failures per (source, cause), and whether each was warned about.
     errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Look-ups asked for and not answered yet, and a Kubernetes initial list not done
+    /// yet: what [`NameCache::wait_settled`] waits for.
+    pending: std::sync::atomic::AtomicUsize,
 }
 
 fn put(map: &mut HashMap<String, RuntimeNames>, key: &str, names: RuntimeNames) {
@@ -257,6 +260,8 @@ impl NameCache {
             asked.retain(|_, at| now.duration_since(*at) < RETRY_AFTER);
         }
         if tx.try_send(request.clone()).is_ok() {
+            self.pending
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             asked.insert(request, now);
         }
     }
@@ -292,6 +297,32 @@ impl NameCache {
                 }
             }
             WorkloadKind::Host => {}
+        }
+    }
+
+    /// Counts one more thing [`NameCache::wait_settled`] waits for.
+    pub(crate) fn begin(&self) {
+        self.pending
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// One thing waited for is done (answered or failed).
+    pub(crate) fn done(&self) {
+        let _ = self.pending.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| Some(n.saturating_sub(1)),
+        );
+    }
+
+    /// Waits (blocking, at most `timeout`) until every look-up asked for was answered or
+    /// failed: for a one-off reading (`snapshot`), never for the sampler.
+    pub fn wait_settled(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.pending.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -353,6 +384,7 @@ pub fn spawn_resolver(cache: Arc<NameCache>, sources: NameSources) -> std::io::R
 
 async fn resolve(cache: Arc<NameCache>, sources: NameSources, mut rx: mpsc::Receiver<NameRequest>) {
     if let Some(k) = &sources.kubernetes {
+        cache.begin();
         kube::spawn_from_source(
             k.clone(),
             kube::KubeOptions {
@@ -389,10 +421,11 @@ async fn resolve(cache: Arc<NameCache>, sources: NameSources, mut rx: mpsc::Rece
             let _slot = slot;
             match request {
                 NameRequest::Container(id) => {
-                    let Some(docker) = docker else { return };
-                    match docker.names(&id).await {
-                        Ok(names) => cache.put_container(&id, names),
-                        Err(e) => report(&cache, &e),
+                    if let Some(docker) = &docker {
+                        match docker.names(&id).await {
+                            Ok(names) => cache.put_container(&id, names),
+                            Err(e) => report(&cache, &e),
+                        }
                     }
                 }
                 NameRequest::Job { id, pid } => match job_names(&sources, &id, pid).await {
@@ -400,6 +433,7 @@ async fn resolve(cache: Arc<NameCache>, sources: NameSources, mut rx: mpsc::Rece
                     Err(e) => report(&cache, &e),
                 },
             }
+            cache.done();
         });
     }
 }
@@ -574,5 +608,94 @@ mod tests {
         assert!(cache.record_error(&e));
         assert!(!cache.record_error(&e));
         assert_eq!(cache.source_errors(), vec![("kubernetes", "forbidden", 2)]);
+    }
+}
+
+#[cfg(test)]
+mod stall_tests {
+    use super::*;
+    use gpufleet_core::sample::ProcessSample;
+
+    /// A source whose every tick holds one Docker container's process.
+    struct OneContainer;
+
+    impl GpuSource for OneContainer {
+        fn name(&self) -> &'static str {
+            "one-container"
+        }
+
+        fn inventory(&mut self) -> Result<Inventory, SourceError> {
+            Ok(Inventory::default())
+        }
+
+        fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
+            Ok(Tick {
+                time_ms: now_ms,
+                processes: vec![ProcessSample {
+                    pid: 42,
+                    workload: Workload {
+                        kind: WorkloadKind::Container,
+                        runtime: "docker".into(),
+                        container_id: Some("c".repeat(64)),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+        }
+    }
+
+    /// A Docker socket that takes connections and never answers, a look-up allowed a
+    /// minute: a minute of ticks is sampled without waiting for it, with the ids.
+    #[test]
+    fn a_stalled_source_delays_no_tick() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("docker.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        // Accept and hold every connection, never answering.
+        let held = std::thread::spawn(move || {
+            let mut conns = Vec::new();
+            for c in listener.incoming().take(4) {
+                conns.push(c);
+            }
+            std::thread::sleep(Duration::from_secs(120));
+        });
+        let cache = Arc::new(NameCache::new());
+        spawn_resolver(
+            Arc::clone(&cache),
+            NameSources {
+                node: "n".into(),
+                proc_root: dir.path().into(),
+                kubernetes: None,
+                docker_socket: Some(socket),
+                scontrol: None,
+                kube_labels: vec![],
+                docker_labels: vec![],
+                timeout: Duration::from_secs(60),
+            },
+        )
+        .expect("resolver");
+        let mut source = Named::new(Box::new(OneContainer), Arc::clone(&cache));
+        // A minute of ticks at 1 s, taken back to back while the look-up hangs.
+        let started = Instant::now();
+        for k in 0..60 {
+            let tick = source.sample(1_000 + k * 1000).expect("tick");
+            assert_eq!(tick.processes[0].workload.container_name, None, "ids only");
+            assert_eq!(
+                tick.processes[0].workload.container_id.as_deref(),
+                Some("c".repeat(64).as_str())
+            );
+        }
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(5),
+            "60 ticks took {took:?} while a look-up was stalled for a minute"
+        );
+        assert!(
+            cache.pending.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+            "the look-up is still waiting on the silent socket"
+        );
+        drop(held);
     }
 }

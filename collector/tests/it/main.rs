@@ -30,6 +30,7 @@ mod metrics_bench;
 mod migration;
 mod multi;
 mod multi_e2e;
+mod names_e2e;
 mod ownership;
 mod pg_restart;
 mod prometheus_real;
