@@ -26,7 +26,7 @@ use bollard::errors::Error as BollardError;
 use bollard::models::ContainerInspectResponse;
 use tokio::sync::OnceCell;
 
-use super::{NameError, RuntimeNames};
+use super::{NameError, RuntimeNames, cut, whole_secs};
 
 /// The `source_name` of every [`NameError`] from this module (Podman's answers too: it is
 /// the Docker API that answered).
@@ -291,16 +291,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// `d` in whole seconds, rounded up (a 200 ms timeout is "1 s", not "0 s").
-fn whole_secs(d: Duration) -> u64 {
-    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
-}
-
-/// The first `max_chars` characters of `s`.
-fn cut(s: &str, max_chars: usize) -> String {
-    s.chars().take(max_chars).collect()
 }
 
 #[cfg(test)]

@@ -44,22 +44,18 @@ pub struct RuntimeNames {
 impl RuntimeNames {
     /// Writes the names known here into `w`, keeping what `w` has where these have none.
     pub fn apply(&self, w: &mut Workload) {
-        fn set(to: &mut Option<String>, from: &Option<String>) {
-            if from.is_some() {
-                to.clone_from(from);
-            }
-        }
-        set(&mut w.container_name, &self.container_name);
-        set(&mut w.image, &self.image);
-        set(&mut w.pod_name, &self.pod_name);
-        set(&mut w.namespace, &self.namespace);
-        set(&mut w.job_name, &self.job_name);
-        set(&mut w.account, &self.account);
-        set(&mut w.partition, &self.partition);
-        set(&mut w.job_user, &self.job_user);
-        if !self.labels.is_empty() {
-            w.labels.clone_from(&self.labels);
-        }
+        w.merge_names(&Workload {
+            container_name: self.container_name.clone(),
+            image: self.image.clone(),
+            pod_name: self.pod_name.clone(),
+            namespace: self.namespace.clone(),
+            job_name: self.job_name.clone(),
+            account: self.account.clone(),
+            partition: self.partition.clone(),
+            job_user: self.job_user.clone(),
+            labels: self.labels.clone(),
+            ..Default::default()
+        });
     }
 }
 
@@ -125,6 +121,16 @@ pub(crate) fn clean_name(s: &str) -> Option<String> {
     let s = s.trim();
     (!s.is_empty() && s.len() <= MAX_NAME_BYTES && !s.chars().any(char::is_control))
         .then(|| s.to_owned())
+}
+
+/// `d` in whole seconds, rounded up (a 200 ms timeout is "1 s", not "0 s").
+pub(crate) fn whole_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// The first `max_chars` characters of `s` (an error message quoted in ours).
+pub(crate) fn cut(s: &str, max_chars: usize) -> String {
+    s.chars().take(max_chars).collect()
 }
 
 /// Most workloads of each kind the cache holds names for; past it, nothing new is kept

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::{NameError, RuntimeNames};
+use super::{NameError, RuntimeNames, cut, whole_secs};
 
 /// The `source_name` of every [`NameError`] from this module.
 const SOURCE: &str = "slurm";
@@ -301,16 +301,6 @@ pub fn find_scontrol(path_env: Option<&OsStr>) -> Option<PathBuf> {
 fn is_executable_file(path: &Path) -> bool {
     std::fs::metadata(path)
         .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-}
-
-/// `d` in whole seconds, rounded up (a 200 ms timeout is "1 s", not "0 s").
-fn whole_secs(d: Duration) -> u64 {
-    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
-}
-
-/// The first `max_chars` characters of `s`.
-fn cut(s: &str, max_chars: usize) -> String {
-    s.chars().take(max_chars).collect()
 }
 
 #[cfg(test)]
