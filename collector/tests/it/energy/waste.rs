@@ -419,7 +419,7 @@ async fn the_idle_allocated_gauge_shows_the_ongoing_episode() {
             .expect("body");
         String::from_utf8_lossy(&body).into_owned()
     };
-    let want = r#"gpufleet_gpu_idle_allocated_seconds{node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",user="1000",gpu="GPU-w"} 1905.0"#;
+    let want = r#"gpufleet_gpu_idle_allocated_seconds{node="n1",workload="slurm:4242",kind="slurm",namespace="",pod="",container="",job="4242",job_name="",account="",user="1000",gpu="GPU-w"} 1905.0"#;
     wait_until(
         "the gauge",
         std::time::Duration::from_secs(30),
