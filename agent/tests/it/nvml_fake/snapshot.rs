@@ -112,3 +112,76 @@ fn snapshot_with_nvml_lib_shows_gpus_and_processes_with_containers() {
     assert_eq!(procs.len(), 11);
     assert_eq!(procs[0]["workload"]["runtime"], "docker");
 }
+
+/// The real binary against a Kubernetes API (the local stub: HTTPS, its own CA, a bearer
+/// token, found through KUBECONFIG): the pod and container of process 1103 (the fixture's
+/// containerd pod) are named in the snapshot, with the allowed label only; the agent
+/// listed its own node's pods only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_names_a_pods_process_from_the_kubernetes_api() {
+    use crate::kube_stub::{KubeStub, pod};
+    let stub = KubeStub::start("fake-node").await;
+    let container = "5e6f7a8b".repeat(8);
+    stub.add_pod(pod(
+        "3f1c2a9e-77b4-4c1e-9a0d-5b6e7f8a9b0c",
+        "trainer-0",
+        "ml-research",
+        "fake-node",
+        &[(
+            "pytorch",
+            "nvcr.io/nvidia/pytorch:24.05-py3",
+            container.as_str(),
+        )],
+        &[("team", "vision"), ("pod-template-hash", "7f9c")],
+    ));
+    let fake = Fake::new(snapshot_scenario());
+    let kubeconfig = fake.dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, stub.kubeconfig_yaml()).expect("kubeconfig");
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpufleet-agent"));
+    cmd.args([
+        "snapshot",
+        "--json",
+        "--node",
+        "fake-node",
+        "--kube-label",
+        "team",
+    ])
+    .arg("--nvml-lib")
+    .arg(fake.lib())
+    .arg("--proc-root")
+    .arg(cgroup_fixtures().join("proc"));
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy().into_owned();
+        if k.starts_with("GPUFLEET_") || k.starts_with("KUBERNETES_") || k.ends_with("_PROXY") {
+            cmd.env_remove(&k);
+        }
+    }
+    let out = cmd
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("DOCKER_HOST")
+        .output()
+        .await
+        .expect("the agent binary runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Json = serde_json::from_slice(&out.stdout).expect("JSON");
+    let procs = v["tick"]["processes"].as_array().expect("processes");
+    let w = &procs.iter().find(|p| p["pid"] == 1103).expect("pid 1103")["workload"];
+    assert_eq!(w["pod_uid"], "3f1c2a9e-77b4-4c1e-9a0d-5b6e7f8a9b0c");
+    assert_eq!(w["pod_name"], "trainer-0");
+    assert_eq!(w["namespace"], "ml-research");
+    assert_eq!(w["container_name"], "pytorch");
+    assert_eq!(w["image"], "nvcr.io/nvidia/pytorch:24.05-py3");
+    assert_eq!(w["labels"], serde_json::json!({"team": "vision"}));
+    let requests = stub.requests();
+    assert!(!requests.is_empty());
+    for r in &requests {
+        assert!(
+            crate::kube_stub::url_decode(r).contains("fieldSelector=spec.nodeName=fake-node"),
+            "a request beyond this node's pods: {r}"
+        );
+    }
+}
