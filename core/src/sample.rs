@@ -88,6 +88,20 @@ pub struct Tick {
     /// Health counters and flags, present when the agent read them this tick: the first
     /// tick, then every health interval, and on the tick after an Xid / ECC / GPU-lost event.
     pub health: Vec<GpuHealthSample>,
+    /// The agent's failed workload-name look-ups since it started, per source and cause;
+    /// empty while none failed. Shown live, not stored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub name_failures: Vec<NameFailures>,
+}
+
+/// Failed workload-name look-ups of one source for one cause, since the agent started.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameFailures {
+    /// `kubernetes`, `docker`, `slurm`.
+    pub source: String,
+    /// `unreachable`, `forbidden`, `not_found`, `malformed`, `timeout`.
+    pub cause: String,
+    pub count: u64,
 }
 
 /// One GPU at one instant.

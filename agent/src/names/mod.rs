@@ -497,6 +497,16 @@ impl GpuSource for Named {
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
         let mut tick = self.inner.sample(now_ms)?;
         self.cache.fill_tick(&mut tick);
+        // The collector shows them per node (`/metrics`); empty while none failed.
+        tick.name_failures = (self.cache.source_errors().into_iter())
+            .map(
+                |(source, cause, count)| gpufleet_core::sample::NameFailures {
+                    source: source.into(),
+                    cause: cause.into(),
+                    count,
+                },
+            )
+            .collect();
         Ok(tick)
     }
 

@@ -19,7 +19,8 @@
 use crate::health::recent::{self, GpuMemory};
 use crate::store::{GpuId, LatestGpu, LatestHealth, LatestHost, NodeBatch, NodeRecord, UuidMap};
 use gpufleet_core::{
-    Batch, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick, UnixMs,
+    Batch, Event, GpuHealthSample, GpuSample, HostSample, NameFailures, ProcessSample, SamplerCost,
+    Tick, UnixMs,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -78,6 +79,9 @@ pub struct LiveNode {
     /// events, error-counter trends): filled after each commit, seeded from the store's
     /// events at start-up ([`Live::seed_events`]); only GPUs that had some.
     pub memory: HashMap<GpuId, GpuMemory>,
+    /// The agent's failed workload-name look-ups, as its newest tick that counted them
+    /// said (cumulative since the agent started); not persisted.
+    pub name_failures: Vec<NameFailures>,
 }
 
 /// Everything the live state holds; read it through [`Live::read`].
@@ -118,6 +122,7 @@ impl LiveState {
             host: None,
             gpus: HashMap::new(),
             memory: HashMap::new(),
+            name_failures: Vec::new(),
         });
         node.gpus
             .retain(|id, _| record.gpus.iter().any(|g| g.id == *id));
@@ -545,6 +550,9 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &UuidMap<GpuId>, ticks: &[Tick]) {
                 });
             }
         }
+        if !t.name_failures.is_empty() {
+            node.name_failures.clone_from(&t.name_failures);
+        }
         if (t.host.is_some() || t.cost.is_some())
             && node.host.as_ref().is_none_or(|h| h.time_ms < t.time_ms)
         {
@@ -910,6 +918,7 @@ mod tests {
             host: None,
             gpus: HashMap::new(),
             memory: HashMap::new(),
+            name_failures: Vec::new(),
         };
         let ids = UuidMap::default();
         apply_ticks(

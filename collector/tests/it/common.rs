@@ -357,6 +357,8 @@ pub fn tick(time_ms: UnixMs, gpus: &[&str], k: u32) -> Tick {
             slowest_calls_us: BTreeMap::from([("nvmlDeviceGetPowerUsage".into(), 120)]),
         }),
         health: Vec::new(),
+        // Shown live, never stored: a tick read back has none.
+        name_failures: Vec::new(),
     }
 }
 

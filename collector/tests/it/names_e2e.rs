@@ -79,7 +79,8 @@ fn podman_container(dir: &Path, name: &str) -> String {
 
 /// A `/proc` with the fake library's processes (two-gpus.json): 1103 a step of Slurm job
 /// [`JOB`] (its environ: the real format, from the agent's fixtures), 1108 the Podman
-/// container `container_id`; the others are absent (host processes).
+/// container `container_id`, 1110 a step of job 777 with no Slurm variables; the others
+/// are absent (host processes).
 fn proc_fixture(root: &Path, container_id: &str) {
     let environ = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../agent/tests/fixtures/names/slurm-environ-batch");
@@ -92,6 +93,13 @@ fn proc_fixture(root: &Path, container_id: &str) {
         (
             1108,
             format!("0::/machine.slice/libpod-{container_id}.scope/container\n"),
+            None,
+        ),
+        // A job step adopted without its environment, and no scontrol on the node: its
+        // names cannot be had, which the agent counts.
+        (
+            1110,
+            "0::/system.slice/slurmstepd.scope/job_777/step_0/user/task_0\n".to_owned(),
             None,
         ),
     ];
@@ -218,6 +226,17 @@ async fn names_from_slurm_and_podman_reach_the_api_and_the_snapshot() {
     )
     .await;
     check_names(&job, &container, &name);
+    // The look-up that cannot succeed is counted on the collector's /metrics, per node,
+    // source and cause.
+    let series = r#"gpufleet_agent_name_lookup_failures_total{node="named-node",source="slurm",cause="not_found"}"#;
+    let http = c.http.clone();
+    let failures = wait_until(
+        "the failed look-up on /metrics",
+        Duration::from_secs(30),
+        async || crate::common::metric_value(&crate::common::scrape_metrics(&http).await, series),
+    )
+    .await;
+    assert!(failures >= 1.0, "{failures}");
     harness::stop_agent(agent, "agent").await;
 
     // One local reading names them too.

@@ -362,8 +362,22 @@ pub(super) fn decode_tick(
                 .take(16)
                 .collect(),
         }),
+        name_failures: (t.name_failures.into_iter())
+            .take(MAX_NAME_FAILURES)
+            .map(|f| {
+                Ok(NameFailures {
+                    source: c.string(format_args!("tick {i}: name failure source"), f.source)?,
+                    cause: c.string(format_args!("tick {i}: name failure cause"), f.cause)?,
+                    count: f.count,
+                })
+            })
+            .collect::<Result<_, Invalid>>()?,
     })
 }
+
+/// Most (source, cause) pairs of failed name look-ups kept from a tick: there are three
+/// sources and five causes.
+const MAX_NAME_FAILURES: usize = 32;
 
 pub(super) fn truncate(s: &str) -> String {
     s.chars().take(64).collect()

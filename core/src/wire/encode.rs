@@ -72,6 +72,9 @@ impl From<Tick> for pb::Tick {
                     slowest_calls_us: c.slowest_calls_us.into_iter().collect())
             }),
             health: t.health.into_iter().map(Into::into).collect(),
+            name_failures: (t.name_failures.into_iter())
+                .map(|f| same_fields!(f => NameFailures { source, cause, count }))
+                .collect(),
         }
     }
 }

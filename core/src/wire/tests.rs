@@ -64,6 +64,11 @@ fn sample_batch() -> Batch {
                 nvlink_recovery_errors: None,
                 persistence_mode: Some(false),
             }],
+            name_failures: vec![NameFailures {
+                source: "kubernetes".into(),
+                cause: "forbidden".into(),
+                count: 3,
+            }],
         }],
         delivery: DeliveryStats {
             dropped_samples: 3,

@@ -443,6 +443,25 @@ fn encode_nodes(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result 
             }
         }
     }
+    let help = "Workload-name look-ups the node's agent could not make since it started, by \
+                source (kubernetes, docker, slurm) and cause (unreachable, forbidden, \
+                not_found, malformed, timeout); its workloads keep their ids meanwhile.";
+    let mut m = enc.encode_descriptor(
+        "gpufleet_agent_name_lookup_failures",
+        help,
+        None,
+        MetricType::Counter,
+    )?;
+    for n in nodes {
+        for f in &n.name_failures {
+            let labels = [
+                ("node", Text(n.name.as_str())),
+                ("source", Text(f.source.as_str())),
+                ("cause", Text(f.cause.as_str())),
+            ];
+            put(&mut m, &labels, MetricType::Counter, Num::U(f.count))?;
+        }
+    }
     Ok(())
 }
 

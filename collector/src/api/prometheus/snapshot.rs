@@ -44,6 +44,8 @@ pub struct NodeSnap {
     pub last_health: Vec<GpuSnap>,
     /// The node's judged health (critical when offline).
     pub health: HealthState,
+    /// The agent's failed workload-name look-ups (source, cause, count since it started).
+    pub name_failures: Vec<gpufleet_core::NameFailures>,
 }
 
 /// The collector's own counters at scrape time.
@@ -208,6 +210,7 @@ fn nodes(state: &LiveState, policy: &StatusPolicy, now_ms: UnixMs) -> Vec<NodeSn
                 gpus,
                 last_health,
                 health: health.state,
+                name_failures: n.name_failures.clone(),
             }
         })
         .collect()
@@ -312,6 +315,7 @@ mod tests {
             delivery: DeliveryStats::default(),
             rejected_batches: 0,
             stored_samples: 0,
+            name_failures: Vec::new(),
             host: None,
             gpus: vec![GpuSnap {
                 index: 0,
