@@ -174,7 +174,14 @@ pub async fn build(
                         None => p.clone(),
                     }),
                 ),
-                ReportSubject::Job(j) => (format!("slurm:{j}"), Some(format!("job {j}"))),
+                ReportSubject::Job(j) => (
+                    format!("slurm:{j}"),
+                    Some(match (&w.job_name, &w.account) {
+                        (Some(n), Some(a)) => format!("{n} (job {j}, account {a})"),
+                        (Some(n), None) => format!("{n} (job {j})"),
+                        _ => format!("job {j}"),
+                    }),
+                ),
                 _ => (w.key(), w.container_name.clone().or_else(|| w.unit.clone())),
             };
             let keys: BTreeSet<String> = rows.iter().map(|r| r.workload.key()).collect();

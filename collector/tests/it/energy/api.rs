@@ -160,4 +160,8 @@ async fn energy_groups_by_slurm_account_with_the_jobs_names() {
         Some(energy(&format!("container:{A}")))
     );
     assert_eq!(v["group_by"], "account");
+    // A job's report is titled with its name.
+    let (status, v) = get_json(&store, &format!("/api/v1/report?job=101&{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["subject"]["name"], "train (job 101, account physics)");
 }
