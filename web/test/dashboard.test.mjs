@@ -8,7 +8,7 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { createInterface } from 'node:readline';
@@ -596,6 +596,61 @@ test('a GPU logging hardware Xids is marked on the fleet, node and GPU pages, wi
     await page.context().close();
   } finally {
     xidAgent.kill('SIGKILL');
+  }
+});
+
+test('the real agent names a Slurm job from its environment, on the node and energy pages', async () => {
+  // The real agent on the fake libnvidia-ml (two-gpus.json), its GPU process 1103 a step
+  // of Slurm job 48213 whose environment (the real format) names it; no names come from
+  // the simulator here.
+  const dir = mkdtempSync(`${tmpdir()}/gpufleet-named-`);
+  mkdirSync(`${dir}/nvml`);
+  copyFileSync(`${bins}/libfake_nvml.so`, `${dir}/nvml/libnvidia-ml.so.1`);
+  copyFileSync(`${repo}fake-nvml/scenarios/two-gpus.json`, `${dir}/nvml/fake-nvml.json`);
+  const pid = `${dir}/proc/1103`;
+  mkdirSync(pid, { recursive: true });
+  writeFileSync(`${pid}/cgroup`, '0::/system.slice/slurmstepd.scope/job_48213/step_0/user/task_0\n');
+  writeFileSync(`${pid}/status`, 'Name:\tpython\nUid:\t1000\t1000\t1000\t1000\n');
+  writeFileSync(`${pid}/cmdline`, 'python\0train.py\0');
+  copyFileSync(`${repo}agent/tests/fixtures/names/slurm-environ-batch`, `${pid}/environ`);
+  const env = { PATH: '/usr/bin:/bin', HOME: dir, RUST_LOG: 'warn' };
+  const named = spawn(`${bins}/gpufleet-agent`, [
+    'run', '--node', 'zz-named-node', '--collector', `http://${grpc}`, '--interval', '200ms',
+    '--nvml-lib', `${dir}/nvml/libnvidia-ml.so.1`, '--proc-root', `${dir}/proc`, '--spool-dir', `${dir}/spool`,
+  ], { stdio: ['ignore', 'ignore', 'inherit'], env });
+  try {
+    const page = await newPage();
+    await page.goto(`${http}/node/zz-named-node`);
+    const cell = page.locator('#process-table tr[data-pid="1103"] [data-col=workload]');
+    await page.waitForFunction(
+      () => document.querySelector('#process-table tr[data-pid="1103"] [data-col=workload]')?.textContent?.includes('train-llama'),
+      undefined, { timeout: 30_000 });
+    const text = await cell.innerText();
+    assert.match(text, /^train-llama/, text);
+    assert.match(text, /job 48213 step 0 · account physics · gpu · alice/, text);
+    assert.equal(await cell.getAttribute('title'), 'Slurm job 48213');
+
+    // The energy page names the job once its energy is accounted (reloaded until then),
+    // and its account groups it with the account's other jobs.
+    const job = page.locator('#energy-table tr[data-key="slurm:48213"]');
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      await page.goto(`${http}/energy?range=1h`);
+      await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 15_000 });
+      if (await job.count() > 0 || Date.now() > deadline) break;
+      await page.waitForTimeout(2000);
+    }
+    const row = await job.innerText();
+    assert.match(row, /train-llama/, row);
+    assert.match(row, /account physics/, row);
+    const groups = await api(`/api/v1/containers?from=now-1h&group_by=account`);
+    const physics = groups.rows.find((r) => r.key === 'account:physics');
+    assert.ok(physics?.workloads.includes('slurm:48213'), JSON.stringify(physics?.workloads));
+    await page.goto(`${http}/energy?range=1h&group_by=account`);
+    await page.locator('#energy-table[data-group-by=account] tr[data-key="account:physics"]').waitFor({ timeout: 15_000 });
+    await page.context().close();
+  } finally {
+    named.kill('SIGKILL');
   }
 });
 
