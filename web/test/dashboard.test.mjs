@@ -605,7 +605,10 @@ test('the real agent names a Slurm job from its environment, on the node and ene
   // the simulator here.
   const dir = mkdtempSync(`${tmpdir()}/gpufleet-named-`);
   mkdirSync(`${dir}/nvml`);
-  copyFileSync(`${bins}/libfake_nvml.so`, `${dir}/nvml/libnvidia-ml.so.1`);
+  // Where cargo leaves the cdylib: beside the binaries, or in deps/ (as fake_nvml::built_library looks).
+  const fakeLib = [`${bins}/libfake_nvml.so`, `${bins}/deps/libfake_nvml.so`].find((f) => existsSync(f));
+  assert.ok(fakeLib, `the fake libnvidia-ml is not built in ${bins} (cargo test --workspace builds it)`);
+  copyFileSync(fakeLib, `${dir}/nvml/libnvidia-ml.so.1`);
   copyFileSync(`${repo}fake-nvml/scenarios/two-gpus.json`, `${dir}/nvml/fake-nvml.json`);
   const pid = `${dir}/proc/1103`;
   mkdirSync(pid, { recursive: true });
