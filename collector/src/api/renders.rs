@@ -5,41 +5,17 @@
 //! At most `at_once` are built at a time; up to `queue` more wait, each at most `wait`
 //! for its turn; the rest, and those whose wait ran out, get `503 Service Unavailable`
 //! with `Retry-After` ([`ApiError::Busy`]) and are counted on `/metrics`
-//! (`gpufleet_http_renders_refused_total`).
+//! (`gpufleet_http_renders_refused_total`). The settings are [`RenderLimits`].
 
 use crate::api::error::ApiError;
 use crate::metrics::Metrics;
+use crate::net::limits::RenderLimits;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Default for `--max-renders`.
-pub const DEFAULT_AT_ONCE: usize = 2;
-/// Default for `--render-queue`.
-pub const DEFAULT_QUEUE: usize = 8;
-/// Default for `--render-wait`.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(10);
 /// Seconds a refused client is asked to wait.
 pub const RETRY_AFTER_S: u32 = 2;
-
-/// How many renders run and wait at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RenderLimits {
-    pub at_once: usize,
-    pub queue: usize,
-    pub wait: Duration,
-}
-
-impl Default for RenderLimits {
-    fn default() -> Self {
-        RenderLimits {
-            at_once: DEFAULT_AT_ONCE,
-            queue: DEFAULT_QUEUE,
-            wait: DEFAULT_WAIT,
-        }
-    }
-}
 
 /// The render slots the report handlers share.
 #[derive(Debug)]
@@ -116,6 +92,7 @@ impl Renders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn renders(at_once: usize, queue: usize, wait_ms: u64) -> Arc<Renders> {
         Arc::new(Renders::new(

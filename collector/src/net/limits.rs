@@ -5,11 +5,37 @@
 //! the report renders at once ([`crate::api::renders`]). The connection limit lives with
 //! the TLS flags.
 
-use crate::api::renders::RenderLimits;
 use crate::net::conn_limit::{self, LiveBudget};
 use crate::net::rate_limit::{self, RateQuota};
 use gpufleet_core::config::parse_duration;
 use std::time::Duration;
+
+/// Default for `--max-renders`.
+pub const DEFAULT_RENDERS_AT_ONCE: usize = 2;
+/// Default for `--render-queue`.
+pub const DEFAULT_RENDER_QUEUE: usize = 8;
+/// Default for `--render-wait`.
+pub const DEFAULT_RENDER_WAIT: Duration = Duration::from_secs(10);
+/// Seconds a refused client is asked to wait.
+pub const RETRY_AFTER_S: u32 = 2;
+
+/// How many reports and plots are built and wait at once ([`crate::api::renders`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenderLimits {
+    pub at_once: usize,
+    pub queue: usize,
+    pub wait: Duration,
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        RenderLimits {
+            at_once: DEFAULT_RENDERS_AT_ONCE,
+            queue: DEFAULT_RENDER_QUEUE,
+            wait: DEFAULT_RENDER_WAIT,
+        }
+    }
+}
 
 /// The limits `serve` applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,10 +110,10 @@ pub struct LimitArgs {
     #[arg(long, env = "GPUFLEET_MAX_LIVE_STREAMS", default_value_t = conn_limit::DEFAULT_LIVE_TOTAL, value_parser = at_least_one, value_name = "N")]
     pub max_live_streams: usize,
     /// Reports and report plots built at once (each plot holds its image in memory).
-    #[arg(long, env = "GPUFLEET_MAX_RENDERS", default_value_t = crate::api::renders::DEFAULT_AT_ONCE, value_parser = at_least_one, value_name = "N")]
+    #[arg(long, env = "GPUFLEET_MAX_RENDERS", default_value_t = DEFAULT_RENDERS_AT_ONCE, value_parser = at_least_one, value_name = "N")]
     pub max_renders: usize,
     /// Report requests that may wait for a render slot; more get 503 at once.
-    #[arg(long, env = "GPUFLEET_RENDER_QUEUE", default_value_t = crate::api::renders::DEFAULT_QUEUE, value_name = "N")]
+    #[arg(long, env = "GPUFLEET_RENDER_QUEUE", default_value_t = DEFAULT_RENDER_QUEUE, value_name = "N")]
     pub render_queue: usize,
     /// How long a report request waits for a render slot before it gets 503.
     #[arg(long, env = "GPUFLEET_RENDER_WAIT", default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]

@@ -17,6 +17,7 @@
 //! Other parts of the collector add families with [`render`]'s `extra` hook (a function
 //! that registers a collector on the [`Registry`]).
 
+pub mod connections;
 pub mod snapshot;
 
 use crate::accounting::counters::WorkloadLabels;
@@ -974,7 +975,7 @@ pub(crate) async fn metrics(State(st): State<AppState>) -> Response {
     let snapshot = Snapshot::take(&st.live, &st.status, now, collector, &st.workloads);
     let body = render(snapshot, |registry| {
         crate::remote_write::register(&st.metrics.remote_write, registry);
-        crate::net::conn_limit::register(&st.metrics.connections, registry);
+        connections::register(&st.metrics.connections, registry);
     });
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response()
 }
