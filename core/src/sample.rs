@@ -285,19 +285,6 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Whether the runtime named this workload (any name or label is known).
-    pub fn has_names(&self) -> bool {
-        self.container_name.is_some()
-            || self.image.is_some()
-            || self.pod_name.is_some()
-            || self.namespace.is_some()
-            || self.job_name.is_some()
-            || self.account.is_some()
-            || self.partition.is_some()
-            || self.job_user.is_some()
-            || !self.labels.is_empty()
-    }
-
     /// Takes the names `newer` knows, keeping the ones it does not: a workload's latest
     /// names win, and a source that fell silent erases nothing.
     pub fn merge_names(&mut self, newer: &Workload) {

@@ -93,7 +93,7 @@ const CONTAINER_ID_LEN: usize = 64;
 
 /// An identity field (unit, step, user name) as read, or `None` when it would not pass the
 /// collector's checks (empty, too long, control characters). Identity is never mangled.
-fn clean_identity(s: &str) -> Option<String> {
+pub(crate) fn clean_identity(s: &str) -> Option<String> {
     (!s.is_empty() && s.len() <= MAX_FIELD_BYTES && !s.chars().any(char::is_control))
         .then(|| s.to_owned())
 }

@@ -41,21 +41,38 @@ pub struct RuntimeNames {
     pub labels: BTreeMap<String, String>,
 }
 
-impl RuntimeNames {
-    /// Writes the names known here into `w`, keeping what `w` has where these have none.
-    pub fn apply(&self, w: &mut Workload) {
-        w.merge_names(&Workload {
-            container_name: self.container_name.clone(),
-            image: self.image.clone(),
-            pod_name: self.pod_name.clone(),
-            namespace: self.namespace.clone(),
-            job_name: self.job_name.clone(),
-            account: self.account.clone(),
-            partition: self.partition.clone(),
-            job_user: self.job_user.clone(),
-            labels: self.labels.clone(),
+/// The names as a workload that holds nothing else: how the cache keeps them, so the
+/// sampler writes them with [`Workload::merge_names`], the one merge rule.
+impl From<RuntimeNames> for Workload {
+    fn from(n: RuntimeNames) -> Workload {
+        Workload {
+            container_name: n.container_name,
+            image: n.image,
+            pod_name: n.pod_name,
+            namespace: n.namespace,
+            job_name: n.job_name,
+            account: n.account,
+            partition: n.partition,
+            job_user: n.job_user,
+            labels: n.labels,
             ..Default::default()
-        });
+        }
+    }
+}
+
+impl From<&Workload> for RuntimeNames {
+    fn from(w: &Workload) -> RuntimeNames {
+        RuntimeNames {
+            container_name: w.container_name.clone(),
+            image: w.image.clone(),
+            pod_name: w.pod_name.clone(),
+            namespace: w.namespace.clone(),
+            job_name: w.job_name.clone(),
+            account: w.account.clone(),
+            partition: w.partition.clone(),
+            job_user: w.job_user.clone(),
+            labels: w.labels.clone(),
+        }
     }
 }
 
@@ -111,16 +128,11 @@ impl NameError {
     }
 }
 
-/// The longest name kept, in bytes: the collector's string limit.
-pub const MAX_NAME_BYTES: usize = 512;
-
-/// A name as a runtime gave it, or `None` when it would not pass the collector's wire
-/// checks (empty after trimming, longer than [`MAX_NAME_BYTES`], or holding control
-/// characters): a source answering junk never gets a batch refused.
+/// A name as a runtime gave it, trimmed, or `None` when it would not pass the collector's
+/// wire checks (the cgroup identities' rule: empty, too long, control characters): a
+/// source answering junk never gets a batch refused.
 pub(crate) fn clean_name(s: &str) -> Option<String> {
-    let s = s.trim();
-    (!s.is_empty() && s.len() <= MAX_NAME_BYTES && !s.chars().any(char::is_control))
-        .then(|| s.to_owned())
+    crate::cgroup::clean_identity(s.trim())
 }
 
 /// `d` in whole seconds, rounded up (a 200 ms timeout is "1 s", not "0 s").
@@ -151,14 +163,15 @@ pub enum NameRequest {
     Job { id: String, pid: u32 },
 }
 
+/// The names known, each as a workload holding only names (`From<RuntimeNames>`).
 #[derive(Debug, Default)]
 struct Known {
     /// By pod UID: the pod's names and labels.
-    pods: HashMap<String, RuntimeNames>,
+    pods: HashMap<String, Workload>,
     /// By container id: its names, with its pod's.
-    containers: HashMap<String, RuntimeNames>,
+    containers: HashMap<String, Workload>,
     /// By Slurm job id.
-    jobs: HashMap<String, RuntimeNames>,
+    jobs: HashMap<String, Workload>,
 }
 
 /// The names known so far, written by the sources and read by the sampler.
@@ -175,11 +188,11 @@ pub struct NameCache {
     pending: std::sync::atomic::AtomicUsize,
 }
 
-fn put(map: &mut HashMap<String, RuntimeNames>, key: &str, names: RuntimeNames) {
+fn put(map: &mut HashMap<String, Workload>, key: &str, names: RuntimeNames) {
     if map.len() >= MAX_CACHED && !map.contains_key(key) {
         return;
     }
-    map.insert(key.to_owned(), names);
+    map.insert(key.to_owned(), names.into());
 }
 
 impl NameCache {
@@ -197,17 +210,17 @@ impl NameCache {
 
     /// The names of pod `uid`.
     pub fn pod(&self, uid: &str) -> Option<RuntimeNames> {
-        self.read().pods.get(uid).cloned()
+        self.read().pods.get(uid).map(RuntimeNames::from)
     }
 
     /// The names of container `id`, with its pod's.
     pub fn container(&self, id: &str) -> Option<RuntimeNames> {
-        self.read().containers.get(id).cloned()
+        self.read().containers.get(id).map(RuntimeNames::from)
     }
 
     /// The names of Slurm job `id`.
     pub fn job(&self, id: &str) -> Option<RuntimeNames> {
-        self.read().jobs.get(id).cloned()
+        self.read().jobs.get(id).map(RuntimeNames::from)
     }
 
     /// Keeps `names` for pod `uid` and for each of `containers` (id, names): a pod seen
@@ -252,7 +265,8 @@ impl NameCache {
 
     /// Asks for `request` unless it was asked within [`RETRY_AFTER`]; never waits (a full
     /// queue drops the ask, which comes again on a later tick).
-    fn ask(&self, request: NameRequest, now: Instant) {
+    fn ask(&self, request: NameRequest) {
+        let now = Instant::now();
         let requests = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(tx) = requests.as_ref() else { return };
         let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
@@ -275,35 +289,34 @@ impl NameCache {
     /// Writes the names known for `w` (process `pid`) into it, and asks for those it
     /// lacks. A read lock and a map look-up: no I/O, never waits on a source.
     pub fn fill(&self, w: &mut Workload, pid: u32) {
-        let now = Instant::now();
-        match w.kind {
-            WorkloadKind::Container => {
-                let Some(id) = w.container_id.clone() else {
+        let ask = {
+            let k = self.read();
+            let known = match w.kind {
+                // The pod is known before its container statuses are.
+                WorkloadKind::Container => (w.container_id.as_ref())
+                    .and_then(|id| k.containers.get(id))
+                    .or_else(|| w.pod_uid.as_ref().and_then(|uid| k.pods.get(uid))),
+                WorkloadKind::Slurm => w.job_id.as_ref().and_then(|id| k.jobs.get(id)),
+                WorkloadKind::Host => return,
+            };
+            match known {
+                Some(names) => {
+                    w.merge_names(names);
                     return;
-                };
-                let known = {
-                    let k = self.read();
-                    k.containers.get(&id).cloned().or_else(|| {
-                        // The pod is known before its container statuses are.
-                        w.pod_uid.as_ref().and_then(|uid| k.pods.get(uid).cloned())
-                    })
-                };
-                match known {
-                    Some(names) => names.apply(w),
-                    // Pods are named by the watcher, not by asking.
-                    None if w.pod_uid.is_none() => self.ask(NameRequest::Container(id), now),
-                    None => {}
                 }
+                // A pod's containers are named by the watcher, not by asking.
+                None if w.pod_uid.is_some() => return,
+                None => match (w.kind, &w.container_id, &w.job_id) {
+                    (WorkloadKind::Container, Some(id), _) => NameRequest::Container(id.clone()),
+                    (WorkloadKind::Slurm, _, Some(id)) => NameRequest::Job {
+                        id: id.clone(),
+                        pid,
+                    },
+                    _ => return,
+                },
             }
-            WorkloadKind::Slurm => {
-                let Some(id) = w.job_id.clone() else { return };
-                match self.job(&id) {
-                    Some(names) => names.apply(w),
-                    None => self.ask(NameRequest::Job { id, pid }, now),
-                }
-            }
-            WorkloadKind::Host => {}
-        }
+        };
+        self.ask(ask);
     }
 
     /// Counts one more thing [`NameCache::wait_settled`] waits for.

@@ -161,21 +161,14 @@ async fn intensity(
             break;
         }
     }
-    // Nothing in the range: a region with slots cached at other times is known (an
-    // empty range of it is 200 with no slots); one with none at all is a 404.
+    // Nothing in the range: a region with a slot cached at any time is known (an empty
+    // range of it is 200 with no slots); one with none at all is a 404. One row read per
+    // provider, whatever the cache holds.
     if found.is_none() {
-        let ever = TimeRange {
-            from_ms: 0,
-            to_ms: i64::MAX,
-        };
         let mut known = false;
         for kind in &providers {
-            if !st
-                .store
-                .intensity_slots(*kind, &region, ever)
-                .await?
-                .is_empty()
-            {
+            let last = st.store.last_intensity_before(*kind, &region, UnixMs::MAX);
+            if last.await?.is_some() {
                 known = true;
                 break;
             }

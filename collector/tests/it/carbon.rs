@@ -409,6 +409,27 @@ async fn priced_slot_by_slot_times_pue(store: Arc<dyn Store>) {
         .map(|s| s.iter().map(|x| x.g_per_kwh).sum::<f64>() / 4.0)
         .fold(f64::INFINITY, f64::min);
     assert!(close(f(&w["avg_g_per_kwh"]), best), "{w} vs {best}");
+    // A cached region over a range with no slot is known, with no slots; a region never
+    // cached is a 404.
+    let (s, empty) = get_json(
+        &store,
+        DAY0 + 2 * HOUR,
+        &format!(
+            "/api/v1/carbon/intensity?region=13&from={}&to={}",
+            DAY0 - 400 * 24 * HOUR,
+            DAY0 - 399 * 24 * HOUR
+        ),
+    )
+    .await;
+    assert_eq!(s, 200, "{empty}");
+    assert_eq!(empty["slots"].as_array().map(Vec::len), Some(0), "{empty}");
+    let (s, _) = get_json(
+        &store,
+        DAY0 + 2 * HOUR,
+        "/api/v1/carbon/intensity?region=99",
+    )
+    .await;
+    assert_eq!(s, 404);
 
     // A second pass changes nothing already priced (no rewrites, no refetch within 15 min).
     let before = stub.requests.lock().expect("lock").len();
