@@ -102,6 +102,27 @@ impl Function {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|f| f.name() == name)
     }
+
+    /// Whether it is a per-device function (takes a device handle, counts per GPU, and
+    /// pays a cost model's cost); the rest are system functions (init, shutdown, driver
+    /// facts, handle lookups, event sets).
+    pub const fn is_device(self) -> bool {
+        !matches!(
+            self,
+            Self::nvmlInit_v2
+                | Self::nvmlInitWithFlags
+                | Self::nvmlShutdown
+                | Self::nvmlSystemGetDriverVersion
+                | Self::nvmlSystemGetNVMLVersion
+                | Self::nvmlSystemGetCudaDriverVersion_v2
+                | Self::nvmlDeviceGetCount_v2
+                | Self::nvmlDeviceGetHandleByIndex_v2
+                | Self::nvmlDeviceGetHandleByUUID
+                | Self::nvmlEventSetCreate
+                | Self::nvmlEventSetWait_v2
+                | Self::nvmlEventSetFree
+        )
+    }
 }
 
 #[cfg(test)]
@@ -119,5 +140,20 @@ mod tests {
             "nvmlDeviceGetPowerUsage"
         );
         assert_eq!(Function::from_name("nvmlDeviceGetFanSpeed"), None);
+    }
+
+    #[test]
+    fn system_functions_are_not_device_functions() {
+        assert!(!Function::nvmlInit_v2.is_device());
+        assert!(!Function::nvmlDeviceGetHandleByIndex_v2.is_device());
+        assert!(!Function::nvmlEventSetWait_v2.is_device());
+        assert!(Function::nvmlDeviceGetUUID.is_device());
+        assert!(Function::nvmlDeviceRegisterEvents.is_device());
+        // Declaration order: the system functions first, then the device functions.
+        let first_device = Function::ALL
+            .iter()
+            .position(|f| f.is_device())
+            .expect("device functions");
+        assert!(Function::ALL[first_device..].iter().all(|f| f.is_device()));
     }
 }

@@ -14,16 +14,27 @@
 //! `nvmlShutdown` writes how often each function was called to the scenario's
 //! `counts_file`, so tests can check that an unsupported metric is asked only once.
 //!
+//! A cost model (`cost_model: "h200"`, per-function and per-field `costs`) makes each
+//! per-device call cost what it costs on a real driver: CPU spun on the calling thread and
+//! a wait, paid after the fake's lock is released so calls on several threads overlap; the
+//! counts file shows what each GPU was charged (`gpu0.charged_cpu_us`, `…_wait_us`).
+//!
+//! Per-process utilization can follow a real driver's ring buffer (`process_sample_ms`,
+//! `process_buffer_ms`): samples on wall-clock period boundaries, each answered to every
+//! caller whose `lastSeenTimeStamp` is older, instead of one fresh sample per call.
+//!
 //! Test-only: never installed, never published.
 
 pub mod scenario;
 
+mod cost;
 mod ffi;
 mod function;
+mod sampling;
 mod state;
 mod unsupported;
 
-pub use scenario::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
+pub use scenario::{CallCost, EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 
 /// The file name the fake looks for beside itself when `FAKE_NVML_SCENARIO` is unset.
 pub const SCENARIO_FILE: &str = "fake-nvml.json";

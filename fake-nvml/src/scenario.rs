@@ -11,8 +11,19 @@
 //!               "lost_after_calls": 200, "lost_for_calls": 3,
 //!               "events": [ { "kind": "xid", "code": 79, "after_calls": 60 } ] } ] }
 //! ```
+//!
+//! Cost model: `"cost_model": "h200"` (and/or `"costs": {"nvmlDeviceGetPowerUsage":
+//! {"cpu_us": 90}, "field:83": {"cpu_us": 3600}}`) makes each per-device call spin this
+//! thread's CPU and then sleep as a real driver does, outside the fake's lock, so that a
+//! monitor's measured overhead against the fake is the driver's (see [`CallCost`]).
+//!
+//! Buffered process samples: with a GPU's `process_sample_ms` > 0,
+//! `nvmlDeviceGetProcessUtilization` answers the driver's periodic samples on the wall
+//! clock (every multiple of the period, kept `process_buffer_ms`) newer than the caller's
+//! `lastSeenTimeStamp`, instead of one fresh sample per call.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// The whole fake machine.
@@ -30,6 +41,16 @@ pub struct Scenario {
     pub counts_file: Option<PathBuf>,
     /// The GPUs, in NVML index order.
     pub gpus: Vec<Gpu>,
+    /// A preset of what each per-device call costs, as measured on a real driver:
+    /// `"h200"` (an H200, driver 580). Any other name fails `nvmlInit_v2` (UNKNOWN, the
+    /// reason on stderr). None: calls cost nothing but the fake's own work.
+    pub cost_model: Option<String>,
+    /// Per-call costs on top of the preset (or alone, without one; then everything not
+    /// named is free): by the C function name (`nvmlDeviceGetPowerUsage`, per-device
+    /// functions only), or `field:<id>` for each entry of that field id in
+    /// `nvmlDeviceGetFieldValues` (charged on top of the function's own cost).
+    /// A key naming nothing fails `nvmlInit_v2` as an unknown preset does.
+    pub costs: BTreeMap<String, CallCost>,
 }
 
 impl Default for Scenario {
@@ -40,6 +61,58 @@ impl Default for Scenario {
             cuda_driver_version: 12040,
             counts_file: None,
             gpus: Vec::new(),
+            cost_model: None,
+            costs: BTreeMap::new(),
+        }
+    }
+}
+
+impl Scenario {
+    /// Checks what `nvmlInit_v2` checks beyond the JSON's shape (the cost model's preset
+    /// and keys): the reason it would refuse this scenario.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::cost::Costs::new(self.cost_model.as_deref(), &self.costs).map(|_| ())
+    }
+}
+
+/// What one call costs, paid after the call's work with the fake's lock released (so
+/// calls on several threads overlap, as on a real driver): the thread spins until its
+/// own CPU time (`CLOCK_THREAD_CPUTIME_ID`) has advanced by `cpu_us`, then sleeps
+/// `wait_us`. Charged also when the call answers NOT_SUPPORTED or NOT_FOUND (the driver
+/// did the work), not for a bad handle nor a lost GPU. The totals per GPU are in the
+/// counts file as `gpu<i>.charged_cpu_us` / `gpu<i>.charged_wait_us`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallCost {
+    /// CPU time to burn on the calling thread (µs).
+    pub cpu_us: u64,
+    /// Time to sleep after it (µs): the driver waiting on the GPU.
+    pub wait_us: u64,
+}
+
+impl CallCost {
+    /// Nothing to pay.
+    pub const FREE: Self = Self {
+        cpu_us: 0,
+        wait_us: 0,
+    };
+
+    /// A cost of CPU only.
+    pub const fn cpu(cpu_us: u64) -> Self {
+        Self { cpu_us, wait_us: 0 }
+    }
+
+    /// Whether there is nothing to pay.
+    pub const fn is_free(self) -> bool {
+        self.cpu_us == 0 && self.wait_us == 0
+    }
+
+    /// Both costs added (saturating).
+    #[must_use]
+    pub const fn plus(self, other: Self) -> Self {
+        Self {
+            cpu_us: self.cpu_us.saturating_add(other.cpu_us),
+            wait_us: self.wait_us.saturating_add(other.wait_us),
         }
     }
 }
@@ -91,8 +164,14 @@ pub struct Process {
     pub pid: u32,
     /// GPU memory; `None` is NVML's "not available" (`NVML_VALUE_NOT_AVAILABLE`).
     pub used_bytes: Option<u64>,
-    /// Per-process utilization; the process gets no utilization sample if `None`.
+    /// Per-process utilization; the process gets no utilization sample if `None` (nor
+    /// an `sm_pct_seq`).
     pub sm_pct: Option<u32>,
+    /// With its GPU's `process_sample_ms` > 0 and non-empty: the SM utilization of the
+    /// driver's sample at timestamp `ts` is `sm_pct_seq[(ts_ms / process_sample_ms) % len]`
+    /// (instead of `sm_pct`; the process has samples even when `sm_pct` is `None`).
+    /// Unused with `process_sample_ms` 0.
+    pub sm_pct_seq: Vec<u32>,
     /// Memory-bandwidth utilization (with `sm_pct`).
     pub mem_pct: u32,
     /// Encoder utilization (with `sm_pct`).
@@ -206,7 +285,8 @@ pub struct Gpu {
     pub pstate: Value,
     /// `nvmlDeviceGetPcieThroughput` waits this long (ms) before it answers, outside the
     /// fake's lock, as a real driver samples the link for ~20 ms: calls made on several
-    /// threads overlap. 0: at once.
+    /// threads overlap. 0: at once. (A cost model's wait for the function, e.g. the
+    /// `h200` preset's 20 ms, is paid before this one: a scenario uses one or the other.)
     pub pcie_sample_ms: u64,
     /// KiB/s, as NVML reports it.
     pub pcie_tx_kib: Value,
@@ -227,6 +307,16 @@ pub struct Gpu {
 
     pub compute_processes: Vec<Process>,
     pub graphics_processes: Vec<Process>,
+    /// `nvmlDeviceGetProcessUtilization`: 0 answers one fresh sample per process with a
+    /// utilization per call (stamped now, when now is after `lastSeenTimeStamp`). Above
+    /// 0, the driver samples each such process every `process_sample_ms` (wall-clock
+    /// timestamps, in µs since the Unix epoch, that are multiples of the period) and a call
+    /// answers every buffered sample newer than `lastSeenTimeStamp`, oldest first (at most
+    /// 4096 entries: the oldest are dropped).
+    pub process_sample_ms: u64,
+    /// How far back (ms) the driver keeps the samples of `process_sample_ms`: a sample is
+    /// answered while it is younger than this.
+    pub process_buffer_ms: u64,
 
     /// Functions this GPU answers `NVML_ERROR_NOT_SUPPORTED`, by their C name
     /// (`nvmlDeviceGetFanSpeed_v2`), `field:<id>` for one field value (every scope), or
@@ -331,6 +421,8 @@ impl Default for Gpu {
             nvlink_rx_kib: Vec::new(),
             compute_processes: Vec::new(),
             graphics_processes: Vec::new(),
+            process_sample_ms: 0,
+            process_buffer_ms: 20_000,
             unsupported: Vec::new(),
             lost_after_calls: None,
             lost_for_calls: None,
@@ -422,5 +514,47 @@ mod tests {
             .expect("scenarios/two-gpus.json parses");
         assert_eq!(s.gpus.len(), 2);
         assert!(s.gpus[1].is_unsupported("field:186"));
+    }
+
+    #[test]
+    fn cost_model_and_buffered_samples_parse_and_validate() {
+        let s: Scenario = serde_json::from_str(
+            r#"{"cost_model":"h200","costs":{"nvmlDeviceGetPowerUsage":{"cpu_us":5},
+                "field:83":{"wait_us":7}},
+                "gpus":[{"process_sample_ms":1000,
+                         "compute_processes":[{"pid":1,"sm_pct_seq":[10,20]}]}]}"#,
+        )
+        .expect("parses");
+        assert_eq!(s.cost_model.as_deref(), Some("h200"));
+        assert_eq!(
+            s.costs.get("field:83"),
+            Some(&CallCost {
+                cpu_us: 0,
+                wait_us: 7
+            })
+        );
+        assert_eq!(s.gpus[0].process_sample_ms, 1000);
+        assert_eq!(s.gpus[0].process_buffer_ms, 20_000);
+        assert_eq!(s.gpus[0].compute_processes[0].sm_pct_seq, [10, 20]);
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(Scenario::default().validate(), Ok(()));
+        // A typo in a cost is refused by the parser; an unknown preset by `validate`.
+        assert!(
+            serde_json::from_str::<Scenario>(r#"{"costs":{"nvmlDeviceGetPowerUsage":{"cpu":1}}}"#)
+                .is_err()
+        );
+        let unknown = Scenario {
+            cost_model: Some("h100".into()),
+            ..Scenario::default()
+        };
+        assert!(unknown.validate().is_err_and(|e| e.contains("h100")));
+    }
+
+    #[test]
+    fn the_bundled_cost_model_scenario_parses_and_validates() {
+        let s: Scenario = serde_json::from_str(include_str!("../scenarios/h200-cost-model.json"))
+            .expect("scenarios/h200-cost-model.json parses");
+        assert_eq!(s.validate(), Ok(()));
+        assert!(s.gpus[0].process_sample_ms > 0);
     }
 }

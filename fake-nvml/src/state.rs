@@ -5,9 +5,14 @@
 //! [`Reading`] (no string compares, no hashing, no allocation once warm; only the NVLink
 //! error counters, a health read, keep a map): a real driver has none of it, and the
 //! fake's cost is charged to every monitor measured against it.
+//!
+//! A cost model's cost is the other way round: meant to be charged. A per-device call
+//! notes what it owes ([`State::device_call`], [`State::field_asked`]) and [`with_owed`]
+//! hands it to the caller, who pays it once the lock is released.
 
+use crate::cost::Costs;
 use crate::function::Function;
-use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
+use crate::scenario::{CallCost, EventKind, Gpu, Process, Scenario, Value};
 use crate::unsupported::Unsupported;
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,
@@ -47,12 +52,24 @@ pub fn wait_for_event(
     }
 }
 
-/// Runs `f` on the initialised state, or answers `NVML_ERROR_UNINITIALIZED`.
-pub fn with<R>(f: impl FnOnce(&mut State) -> NvmlResult<R>) -> NvmlResult<R> {
+/// Runs `f` on the initialised state, or answers `NVML_ERROR_UNINITIALIZED`; with the
+/// answer, what the call owes under the cost model (taken before the lock is released:
+/// the caller pays it after, so that calls on several threads overlap as on a driver).
+pub fn with_owed<R>(f: impl FnOnce(&mut State) -> NvmlResult<R>) -> (NvmlResult<R>, CallCost) {
     match lock().as_mut() {
-        Some(s) => f(s),
-        None => Err(UNINITIALIZED),
+        Some(s) => {
+            let r = f(s);
+            (r, s.take_owed())
+        }
+        None => (Err(UNINITIALIZED), CallCost::FREE),
     }
+}
+
+/// The wall clock in µs since the Unix epoch (0 before it).
+pub fn wall_clock_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// An event set: what was registered on it, per GPU.
@@ -162,6 +179,8 @@ struct GpuState {
     link_reads: HashMap<(u32, u32), u64>,
     /// Which of its events were delivered.
     delivered: Vec<bool>,
+    /// What its calls were charged under the cost model, in all.
+    charged: CallCost,
 }
 
 impl GpuState {
@@ -174,6 +193,7 @@ impl GpuState {
             fields: FieldCounts::default(),
             link_reads: HashMap::new(),
             delivered: vec![false; g.events.len()],
+            charged: CallCost::FREE,
         }
     }
 }
@@ -195,11 +215,18 @@ pub struct State {
     /// ever waited at once (in the counts file as `pcie_in_flight_max`).
     pub pcie_in_flight: u64,
     pub pcie_in_flight_max: u64,
+    /// The cost model, resolved at load; `None`: calls owe nothing.
+    costs: Option<Costs>,
+    /// What the call in progress owes (set and taken under the lock, within one call).
+    owed: CallCost,
 }
 
 impl State {
-    pub fn new(scenario: Scenario) -> Self {
-        Self {
+    /// The state of a freshly loaded scenario; an error (for stderr) when its cost model
+    /// does not resolve.
+    pub fn new(scenario: Scenario) -> Result<Self, String> {
+        let costs = Costs::new(scenario.cost_model.as_deref(), &scenario.costs)?;
+        Ok(Self {
             gpus: scenario.gpus.iter().map(GpuState::new).collect(),
             scenario,
             inits: 1,
@@ -208,7 +235,14 @@ impl State {
             last_ts: 0,
             pcie_in_flight: 0,
             pcie_in_flight_max: 0,
-        }
+            costs,
+            owed: CallCost::FREE,
+        })
+    }
+
+    /// What the call in progress owes, leaving nothing owed.
+    pub fn take_owed(&mut self) -> CallCost {
+        std::mem::take(&mut self.owed)
     }
 
     /// Counts a system-level call.
@@ -250,7 +284,9 @@ impl State {
     }
 
     /// Counts a call of `f` on the GPU behind `handle`; answers GPU_IS_LOST inside the
-    /// GPU's lost window and NOT_SUPPORTED when the scenario says so.
+    /// GPU's lost window and NOT_SUPPORTED when the scenario says so. Under a cost model
+    /// the call owes `f`'s cost from here on, whatever it answers next (NOT_SUPPORTED
+    /// included: the driver did the work); a bad handle or a lost GPU owes nothing.
     pub fn device_call(&mut self, handle: usize, f: Function) -> NvmlResult<usize> {
         let i = self.gpu_of(handle)?;
         let state = &mut self.gpus[i];
@@ -263,6 +299,12 @@ impl State {
         }
         if gpu.is_lost_at(call) {
             return Err(GPU_IS_LOST);
+        }
+        if let Some(costs) = &self.costs {
+            // Set, not added: one device call per lock hold, so nothing stale is kept.
+            let cost = costs.function(f);
+            self.owed = cost;
+            state.charged = state.charged.plus(cost);
         }
         if state.unsupported.function(f) {
             return Err(NOT_SUPPORTED);
@@ -332,10 +374,7 @@ impl State {
 
     /// A wall-clock timestamp in µs, strictly after the previous one.
     pub fn timestamp(&mut self) -> u64 {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.last_ts = now.max(self.last_ts + 1);
+        self.last_ts = wall_clock_us().max(self.last_ts + 1);
         self.last_ts
     }
 
@@ -378,13 +417,22 @@ impl State {
         None
     }
 
-    /// Counts one field-value entry asked of GPU `i`.
+    /// Counts one field-value entry asked of GPU `i` (after its call's `device_call`);
+    /// under a cost model the call owes the entry's cost too.
     pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
-        self.gpus[i].fields.count(field, scope);
+        let state = &mut self.gpus[i];
+        state.fields.count(field, scope);
+        if let Some(costs) = &self.costs {
+            let cost = costs.field(field);
+            self.owed = self.owed.plus(cost);
+            state.charged = state.charged.plus(cost);
+        }
     }
 
     /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
-    /// and the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`.
+    /// the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`, and what the cost
+    /// model charged each GPU (when not 0): `{"gpu0.charged_cpu_us": 3690,
+    /// "gpu0.charged_wait_us": 20000}`.
     pub fn counts_json(&self) -> String {
         // A function never called has no entry (a count is never 0 once it exists).
         let called = |counts: &[u64; Function::COUNT]| {
@@ -409,9 +457,23 @@ impl State {
                 .iter()
                 .map(move |(field, scope, n)| (format!("gpu{i}.field:{field}:{scope}"), *n))
         });
+        let charged = self.gpus.iter().enumerate().flat_map(|(i, g)| {
+            [
+                ("charged_cpu_us", g.charged.cpu_us),
+                ("charged_wait_us", g.charged.wait_us),
+            ]
+            .into_iter()
+            .filter(|(_, us)| *us > 0)
+            .map(move |(name, us)| (format!("gpu{i}.{name}"), us))
+        });
         let overlap = (self.pcie_in_flight_max > 0)
             .then(|| ("pcie_in_flight_max".to_owned(), self.pcie_in_flight_max));
-        let map: BTreeMap<String, u64> = system.chain(gpus).chain(fields).chain(overlap).collect();
+        let map: BTreeMap<String, u64> = system
+            .chain(gpus)
+            .chain(fields)
+            .chain(charged)
+            .chain(overlap)
+            .collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
 }
@@ -439,7 +501,8 @@ mod tests {
         let mut s = State::new(Scenario {
             gpus: vec![Gpu::default(), fanless],
             ..Scenario::default()
-        });
+        })
+        .expect("no cost model");
         s.system_call(Function::nvmlInit_v2);
         assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
         assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
@@ -475,7 +538,8 @@ mod tests {
         let mut s = State::new(Scenario {
             gpus: vec![ramp.clone(), ramp],
             ..Scenario::default()
-        });
+        })
+        .expect("no cost model");
         let power: fn(&Gpu) -> &Value = |g| &g.power_mw;
         assert_eq!(s.last_read(0, Reading::Power, power), 10);
         assert_eq!(s.read(0, Reading::Power, power), 10);
@@ -483,5 +547,94 @@ mod tests {
         assert_eq!(s.last_read(0, Reading::Power, power), 11);
         assert_eq!(s.read(0, Reading::FieldPowerAverage, power), 10);
         assert_eq!(s.read(1, Reading::Power, power), 10);
+    }
+
+    #[test]
+    fn without_a_cost_model_calls_owe_nothing() {
+        let mut s = State::new(Scenario {
+            gpus: vec![Gpu::default()],
+            ..Scenario::default()
+        })
+        .expect("no cost model");
+        assert_eq!(
+            s.device_call(1, Function::nvmlDeviceGetTotalEnergyConsumption),
+            Ok(0)
+        );
+        s.field_asked(0, 83, 0);
+        assert_eq!(s.take_owed(), CallCost::FREE);
+        assert!(!s.counts_json().contains("charged"));
+    }
+
+    #[test]
+    fn calls_owe_their_cost_and_the_counts_show_what_was_charged() {
+        let gpu = |lost_after_calls| Gpu {
+            unsupported: vec!["nvmlDeviceGetFanSpeed_v2".into()],
+            lost_after_calls,
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![gpu(None), gpu(Some(0))],
+            cost_model: Some("h200".into()),
+            costs: [(
+                "nvmlDeviceGetPowerUsage".to_owned(),
+                CallCost {
+                    cpu_us: 90,
+                    wait_us: 5,
+                },
+            )]
+            .into_iter()
+            .collect(),
+            ..Scenario::default()
+        })
+        .expect("h200 resolves");
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetPowerUsage), Ok(0));
+        assert_eq!(
+            s.take_owed(),
+            CallCost {
+                cpu_us: 90,
+                wait_us: 5
+            }
+        );
+        // Taken once.
+        assert_eq!(s.take_owed(), CallCost::FREE);
+        // NOT_SUPPORTED pays (the driver did the work) ...
+        assert_eq!(
+            s.device_call(1, Function::nvmlDeviceGetFanSpeed_v2),
+            Err(NOT_SUPPORTED)
+        );
+        assert_eq!(s.take_owed(), CallCost::cpu(20));
+        // ... a bad handle and a lost GPU do not.
+        assert_eq!(
+            s.device_call(9, Function::nvmlDeviceGetPowerUsage),
+            Err(INVALID_ARGUMENT)
+        );
+        assert_eq!(s.take_owed(), CallCost::FREE);
+        assert_eq!(
+            s.device_call(2, Function::nvmlDeviceGetPowerUsage),
+            Err(GPU_IS_LOST)
+        );
+        assert_eq!(s.take_owed(), CallCost::FREE);
+        // A field-value call owes its own cost and each entry's.
+        assert_eq!(s.device_call(1, Function::nvmlDeviceGetFieldValues), Ok(0));
+        for (field, scope) in [(83, 0), (197, 0), (198, 0), (186, 0)] {
+            s.field_asked(0, field, scope);
+        }
+        assert_eq!(s.take_owed(), CallCost::cpu(20 + 3_600 + 170 + 170 + 20));
+        let counts: BTreeMap<String, u64> =
+            serde_json::from_str(&s.counts_json()).expect("counts JSON");
+        let total_cpu = 90 + 20 + (20 + 3_600 + 170 + 170 + 20);
+        assert_eq!(counts.get("gpu0.charged_cpu_us"), Some(&total_cpu));
+        assert_eq!(counts.get("gpu0.charged_wait_us"), Some(&5));
+        assert!(!counts.keys().any(|k| k.starts_with("gpu1.charged")));
+    }
+
+    #[test]
+    fn an_unknown_cost_model_does_not_load() {
+        let e = State::new(Scenario {
+            cost_model: Some("b200".into()),
+            ..Scenario::default()
+        })
+        .expect_err("unknown preset");
+        assert!(e.contains("b200"), "{e}");
     }
 }

@@ -76,7 +76,7 @@ fn number_and_scope<T>(s: &str, what: impl Fn(&str) -> Option<T>) -> Option<(T, 
 }
 
 /// A `u32` written as `format!("{n}")` writes it (what the old string compare matched).
-fn decimal(s: &str) -> Option<u32> {
+pub(crate) fn decimal(s: &str) -> Option<u32> {
     s.parse::<u32>().ok().filter(|n| n.to_string() == s)
 }
 

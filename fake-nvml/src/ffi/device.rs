@@ -2,7 +2,7 @@
 
 use super::{
     INVALID_ARGUMENT, MAX_NVLINKS, NOT_FOUND, NOT_SUPPORTED, code, dev, dev_value, fill_array,
-    handle, put, put_str,
+    handle, put, put_str, with,
 };
 use crate::function::Function;
 use crate::scenario::{Gpu, MigSpec};
@@ -33,7 +33,7 @@ pub(super) fn gpu_or_mig_string(
     length: c_uint,
     pick: fn(&Gpu, Option<&MigSpec>) -> String,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         let (i, k) = s.device_or_mig_call(handle(d), f)?;
         let g = s.gpu(i);
         put_str(

@@ -2,7 +2,7 @@
 
 use super::{
     INVALID_ARGUMENT, NO_ID, NOT_SUPPORTED, TIMEOUT, UNINITIALIZED, code, dev, dev_value,
-    device_handle, put,
+    device_handle, put, with,
 };
 use crate::function::Function;
 use crate::state::{self, NvmlResult, State};
@@ -34,7 +34,7 @@ pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlEventSetCreate);
         s.sets.push(Some(state::EventSet::default()));
         put(set, s.sets.len() as nvmlEventSet_t)
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlEventSetFree);
         let k = set_index(s, set)?;
         s.sets[k] = None;

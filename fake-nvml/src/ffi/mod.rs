@@ -9,6 +9,10 @@
 //! `device` (static device facts), `values` (per-tick readings), `processes`,
 //! `fields` (field values), `health` (retired pages, ECC aggregates, PCIe replays,
 //! NVLink errors, temperature thresholds) and `events`.
+//!
+//! Every call reaches the state through [`with`], which pays what the call owes under the
+//! scenario's cost model once the state's lock is released ([`pay`]: spin on this
+//! thread's CPU clock, then sleep).
 #![allow(unsafe_code)]
 // The safety contract of every function is NVML's own (nvml.h): valid pointers, buffers
 // of the stated length.
@@ -17,9 +21,11 @@
 #![allow(non_snake_case, non_upper_case_globals)]
 
 use crate::function::Function;
+use crate::scenario::CallCost;
 use crate::state::{self, NvmlResult, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::time::Duration;
 
 mod device;
 mod events;
@@ -48,6 +54,47 @@ const MAX_NVLINKS: c_uint = 18;
 
 fn code(r: NvmlResult<()>) -> nvmlReturn_t {
     r.err().unwrap_or(SUCCESS)
+}
+
+/// Runs `f` on the initialised state (or answers `NVML_ERROR_UNINITIALIZED`), then, with
+/// the lock released, pays what the call owes under the cost model (nothing without one).
+fn with<R>(f: impl FnOnce(&mut State) -> NvmlResult<R>) -> NvmlResult<R> {
+    let (r, owed) = state::with_owed(f);
+    if !owed.is_free() {
+        pay(owed);
+    }
+    r
+}
+
+/// Pays `cost` on this thread, as a real driver's call costs it: spins until the thread's
+/// CPU time has advanced by `cpu_us` (CPU a monitor's thread really spends), then sleeps
+/// `wait_us` (the driver waiting on the GPU). A CPU clock that cannot be read skips the
+/// spin.
+fn pay(cost: CallCost) {
+    if cost.cpu_us > 0
+        && let Some(start) = thread_cpu_ns()
+    {
+        let until = start.saturating_add(cost.cpu_us.saturating_mul(1_000));
+        while thread_cpu_ns().is_some_and(|now| now < until) {
+            std::hint::spin_loop();
+        }
+    }
+    if cost.wait_us > 0 {
+        std::thread::sleep(Duration::from_micros(cost.wait_us));
+    }
+}
+
+/// This thread's CPU time in ns (`CLOCK_THREAD_CPUTIME_ID`); `None` if it cannot be read.
+fn thread_cpu_ns() -> Option<u64> {
+    // SAFETY: `timespec` is plain data; zeroed is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `ts` is a valid, writable `timespec`.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
 /// Writes `v` through `p`.
@@ -105,13 +152,14 @@ fn device_handle(i: usize) -> nvmlDevice_t {
     (i + 1) as nvmlDevice_t
 }
 
-/// A per-device call: counts it, applies lost / unsupported, then runs `f`.
+/// A per-device call: counts it, applies lost / unsupported, then runs `f`; pays its
+/// cost (see [`with`]) after.
 fn dev(
     d: nvmlDevice_t,
     function: Function,
     f: impl FnOnce(&mut State, usize) -> NvmlResult<()>,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         let i = s.device_call(handle(d), function)?;
         f(s, i)
     }))

@@ -1,9 +1,10 @@
 //! Process lists and per-process utilization.
 
 use super::{
-    INSUFFICIENT_SIZE, MEM_NOT_AVAILABLE, NO_ID, NOT_FOUND, code, dev, get, handle, put, u32v,
+    INSUFFICIENT_SIZE, MEM_NOT_AVAILABLE, NO_ID, NOT_FOUND, code, dev, get, handle, put, u32v, with,
 };
 use crate::function::Function;
+use crate::sampling;
 use crate::scenario::{Gpu, Process};
 use crate::state::{self, Reading, State};
 use nvml_wrapper_sys::bindings::*;
@@ -19,7 +20,7 @@ pub(super) fn process_list(
     count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         let (i, mig) = s.device_or_mig_call(handle(device), function)?;
         let call = s.nth(i, calls);
         let visible = State::visible(list(s.gpu(i)), call, mig);
@@ -80,8 +81,10 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     )
 }
 
-/// Samples newer than `last_seen` for every process with a utilization; NOT_FOUND when
-/// there are none; the size protocol as for the process lists.
+/// Samples newer than `last_seen` for every process with a utilization (one fresh sample
+/// per process, or the driver's buffered samples: see [`crate::sampling`]); NOT_FOUND when
+/// there are none; the size protocol as for the process lists (a fill that finds a sample
+/// more than its count query answers INSUFFICIENT_SIZE with the new count, as NVML does).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: nvmlDevice_t,
@@ -90,25 +93,15 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     last_seen: c_ulonglong,
 ) -> nvmlReturn_t {
     dev(device, Function::nvmlDeviceGetProcessUtilization, |s, i| {
-        let ts = s.timestamp();
-        let g = s.gpu(i);
-        let all = || g.compute_processes.iter().chain(&g.graphics_processes);
-        // The first entry of each pid with a utilization (a pid on both lists, or twice on
-        // one, has one sample); none when nothing is newer than `last_seen`. Counted, then
-        // written: no list to allocate per call.
-        let busy = all().enumerate().filter_map(|(k, p)| {
-            let first = !all().take(k).any(|q| q.pid == p.pid && q.sm_pct.is_some());
-            let sm = p.sm_pct.filter(|_| ts > last_seen && first)?;
-            Some(nvmlProcessUtilizationSample_t {
-                pid: p.pid,
-                timeStamp: ts,
-                smUtil: sm,
-                memUtil: p.mem_pct,
-                encUtil: p.enc_pct,
-                decUtil: p.dec_pct,
-            })
-        });
-        let n = busy.clone().count();
+        // Fresh samples get a strictly increasing stamp of their own; buffered ones sit on
+        // the wall clock's period boundaries.
+        let now = if s.gpu(i).process_sample_ms == 0 {
+            s.timestamp()
+        } else {
+            state::wall_clock_us()
+        };
+        // Counted, then written: no list to allocate per call.
+        let (n, busy) = sampling::process_samples(s.gpu(i), now, last_seen);
         if n == 0 {
             put(count, 0)?;
             return Err(NOT_FOUND);
@@ -119,7 +112,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             return Err(INSUFFICIENT_SIZE);
         }
         for (k, b) in busy.enumerate() {
-            // SAFETY: `samples` holds `capacity` entries; k < capacity.
+            // SAFETY: `samples` holds `capacity` entries; k < n <= capacity.
             put(unsafe { samples.add(k) }, b)?;
         }
         Ok(())

@@ -2,7 +2,7 @@
 
 use super::{
     INVALID_ARGUMENT, NOT_FOUND, SUCCESS, UNINITIALIZED, UNKNOWN, code, device_handle, put,
-    put_str, u32v,
+    put_str, u32v, with,
 };
 use crate::function::Function;
 use crate::scenario::Scenario;
@@ -49,9 +49,9 @@ pub(super) fn init(f: Function) -> nvmlReturn_t {
         s.system_call(f);
         return SUCCESS;
     }
-    match load_scenario() {
-        Ok(scenario) => {
-            let mut s = State::new(scenario);
+    // A scenario that parses but does not load (an unknown cost model) fails init too.
+    match load_scenario().and_then(State::new) {
+        Ok(mut s) => {
             s.system_call(f);
             *guard = Some(s);
             SUCCESS
@@ -97,7 +97,7 @@ macro_rules! system_string_fn {
     ($name:ident, $field:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(version: *mut c_char, length: c_uint) -> nvmlReturn_t {
-            code(state::with(|s| {
+            code(with(|s| {
                 s.system_call(Function::$name);
                 put_str(version, length, &s.scenario.$field)
             }))
@@ -110,7 +110,7 @@ system_string_fn!(nvmlSystemGetNVMLVersion, nvml_version);
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlSystemGetCudaDriverVersion_v2);
         put(version, s.scenario.cuda_driver_version)
     }))
@@ -118,7 +118,7 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlDeviceGetCount_v2);
         put(count, u32v(s.scenario.gpus.len() as u64))
     }))
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     index: c_uint,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlDeviceGetHandleByIndex_v2);
         let i = s.gpu_of(index as usize + 1)?;
         put(device, device_handle(i))
@@ -141,7 +141,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     uuid: *const c_char,
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         s.system_call(Function::nvmlDeviceGetHandleByUUID);
         if uuid.is_null() {
             return Err(INVALID_ARGUMENT);

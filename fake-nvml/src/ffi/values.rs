@@ -1,10 +1,11 @@
 //! Per-tick readings: utilization, memory, temperature, fan, clocks, PCIe, ECC, codecs.
 
 use super::{
-    INVALID_ARGUMENT, NOT_SUPPORTED, VERSION_MISMATCH, code, dev, dev_value, get, handle, put, u32v,
+    INVALID_ARGUMENT, NOT_SUPPORTED, VERSION_MISMATCH, code, dev, dev_value, get, handle, put,
+    u32v, with,
 };
 use crate::function::Function;
-use crate::state::{self, Reading};
+use crate::state::Reading;
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_uint, c_ulonglong};
 
@@ -51,7 +52,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     out: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    code(state::with(|s| {
+    code(with(|s| {
         let (i, mig) =
             s.device_or_mig_call(handle(device), Function::nvmlDeviceGetMemoryInfo_v2)?;
         let given = get(out)?;
@@ -164,7 +165,7 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieThroughput(
     if wait_ms > 0 {
         // The driver's sampling window, with the lock released.
         std::thread::sleep(std::time::Duration::from_millis(wait_ms));
-        let _ = state::with(|s| {
+        let _ = with(|s| {
             s.pcie_in_flight = s.pcie_in_flight.saturating_sub(1);
             Ok(())
         });
