@@ -370,16 +370,77 @@ pub fn account(
     idle_mw: u32,
     policy: IdlePolicy,
 ) -> Vec<IntervalEnergy> {
-    let mut out = Vec::with_capacity(samples.len());
-    let mut last = prev;
-    for cur in samples {
-        if let Some(p) = last {
-            let (method, e) = interval_energy(p, cur, max_gap_ms);
+    let seq: Vec<&EnergySample> = prev.into_iter().chain(samples).collect();
+    let energies = interval_energies(&seq, max_gap_ms);
+    seq.windows(2)
+        .zip(energies)
+        .map(|(pair, (method, e))| {
+            let (p, cur) = (pair[0], pair[1]);
             let mut iv = attribute(p.time_ms, cur, method, e, idle_mw, policy);
             iv.seen_idle = method != Method::Missing && seen_idle(p, cur);
-            out.push(iv);
+            iv
+        })
+        .collect()
+}
+
+/// The energy of each interval between consecutive samples of `seq`
+/// ([`interval_energy`]), with the counter spread over the samples between two readings:
+/// an agent reads the counter every few seconds (it costs milliseconds of driver CPU)
+/// and the ticks between carry none. For a run of intervals from one counter reading to
+/// the next (no gap, the counter not gone back), the delta is split over the run's
+/// intervals in proportion to their trapezoid energy (by duration where a power reading
+/// is missing, or all are 0), so the run adds up to the counter's delta exactly. A run
+/// is spread when its intervals all end in one minute (minutes are accounted one at a
+/// time); an interval outside such a run (a trailing one whose closing reading has not
+/// come, a run across a minute's end) keeps its own method.
+pub fn interval_energies(seq: &[&EnergySample], max_gap_ms: i64) -> Vec<(Method, u64)> {
+    let mut out: Vec<(Method, u64)> = seq
+        .windows(2)
+        .map(|w| interval_energy(w[0], w[1], max_gap_ms))
+        .collect();
+    let readings: Vec<usize> = (0..seq.len())
+        .filter(|&i| seq[i].energy_mj.is_some())
+        .collect();
+    for pair in readings.windows(2) {
+        let (i, j) = (pair[0], pair[1]);
+        if j == i + 1 {
+            continue; // Two readings in a row: `interval_energy` took the delta.
         }
-        last = Some(cur);
+        let (Some(e0), Some(e1)) = (seq[i].energy_mj, seq[j].energy_mj) else {
+            continue;
+        };
+        let run = &seq[i..=j];
+        let spans = run.windows(2).all(|w| {
+            let dt = w[1].time_ms - w[0].time_ms;
+            dt > 0 && dt <= max_gap_ms
+        });
+        // Minutes are accounted one at a time: a run is spread only when all its
+        // intervals end in one minute, so a minute's figures never depend on samples
+        // of the next. The agent reads the counter on every minute's last tick.
+        let one_minute = minute_of(run[1].time_ms) == minute_of(seq[j].time_ms);
+        if e1 < e0 || !spans || !one_minute {
+            continue;
+        }
+        let by_power: Option<Vec<u128>> = run
+            .windows(2)
+            .map(|w| {
+                let dt = u128::try_from(w[1].time_ms - w[0].time_ms).unwrap_or(0);
+                Some((u128::from(w[0].power_mw?) + u128::from(w[1].power_mw?)) * dt)
+            })
+            .collect();
+        let weights = by_power
+            .filter(|w| w.iter().any(|x| *x > 0))
+            .unwrap_or_else(|| {
+                run.windows(2)
+                    .map(|w| u128::try_from(w[1].time_ms - w[0].time_ms).unwrap_or(0))
+                    .collect()
+            });
+        for (k, mj) in split_proportional(e1 - e0, &weights)
+            .into_iter()
+            .enumerate()
+        {
+            out[i + k] = (Method::Counter, mj);
+        }
     }
     out
 }

@@ -565,3 +565,99 @@ fn a_minute_keeps_its_highest_utilization_and_each_workloads_most_memory_held() 
     );
     assert_eq!(m.util_max_pct, None);
 }
+
+/// The agent reads the counter every 5 s and the ticks between carry none: each run of
+/// intervals from one reading to the next adds up to the counter's delta exactly, split
+/// by the trapezoid energy of each interval.
+#[test]
+fn a_counter_read_every_few_ticks_is_spread_over_the_run_by_power() {
+    let e = |t: UnixMs, w: u32, mj: Option<u64>| sample(t, w, mj, vec![]);
+    let s = [
+        e(0, 100, Some(1_000_000)),
+        e(1000, 100, None),
+        e(2000, 300, None),
+        e(3000, 300, None),
+        e(4000, 100, Some(2_000_000)),
+        // A trailing run: its closing reading has not come (an open minute).
+        e(5000, 100, None),
+    ];
+    let got: Vec<(Method, u64)> = account(None, &s, 3000, 0, IdlePolicy::Spread)
+        .iter()
+        .map(|i| (i.method, i.energy_mj))
+        .collect();
+    // Trapezoids 100, 200, 300, 200 J (800 J); the counter says 1,000 J: × 1.25.
+    assert_eq!(
+        got,
+        [
+            (Method::Counter, 125_000),
+            (Method::Counter, 250_000),
+            (Method::Counter, 375_000),
+            (Method::Counter, 250_000),
+            (Method::Trapezoid, 100_000),
+        ]
+    );
+}
+
+/// A gap inside a run (the agent was down), or a counter that went back, leaves the run
+/// to each interval's own method: no energy is spread over a gap.
+#[test]
+fn a_run_with_a_gap_or_a_reset_is_not_spread() {
+    let e = |t: UnixMs, mj: Option<u64>| sample(t, 200, mj, vec![]);
+    let gap = [
+        e(0, Some(0)),
+        e(1000, None),
+        e(9000, None),
+        e(10_000, Some(5_000_000)),
+    ];
+    let got: Vec<Method> = account(None, &gap, 3000, 0, IdlePolicy::Spread)
+        .iter()
+        .map(|i| i.method)
+        .collect();
+    assert_eq!(got, [Method::Trapezoid, Method::Missing, Method::Trapezoid]);
+    let reset = [e(0, Some(9_000_000)), e(1000, None), e(2000, Some(100))];
+    let got: Vec<(Method, u64)> = account(None, &reset, 3000, 0, IdlePolicy::Spread)
+        .iter()
+        .map(|i| (i.method, i.energy_mj))
+        .collect();
+    assert_eq!(
+        got,
+        [(Method::Trapezoid, 200_000), (Method::Trapezoid, 200_000)]
+    );
+}
+
+proptest! {
+    /// Minutes whose last sample carries the counter (what the agent's aligned reads
+    /// give) total the counter's delta exactly, however many ticks between readings
+    /// carry none and whatever the power between.
+    #[test]
+    fn sparse_counter_readings_keep_every_minute_exact(
+        every in 1usize..=12,
+        powers in proptest::collection::vec(50u32..=700, 120),
+        step_mj in proptest::collection::vec(0u64..=700_000, 120),
+    ) {
+        // 120 one-second ticks over two minutes; the counter advances by `step_mj`.
+        let mut counter = 7_000_000u64;
+        let mut trace = Vec::new();
+        let mut truth = Vec::new();
+        for k in 0..120usize {
+            counter += step_mj[k];
+            truth.push(counter);
+            let t = 60_000 + k as i64 * 1000 + 500;
+            let last_of_minute = k % 60 == 59;
+            let read = k == 0 || last_of_minute || k % every == every - 1;
+            trace.push(sample(t, powers[k], read.then_some(counter), vec![]));
+        }
+        let intervals = account(None, &trace, 3000, 0, IdlePolicy::Spread);
+        for minute in [60_000, 120_000] {
+            let total: u64 = intervals
+                .iter()
+                .zip(&trace[1..])
+                .filter(|(_, s)| minute_of(s.time_ms) == minute)
+                .map(|(iv, _)| iv.energy_mj)
+                .sum();
+            let k_end = ((minute - 60_000) / 1000 + 59) as usize;
+            let start = if minute == 60_000 { truth[0] } else { truth[59] };
+            prop_assert_eq!(total, truth[k_end] - start, "minute {}", minute);
+        }
+    }
+}
