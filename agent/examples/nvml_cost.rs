@@ -80,6 +80,8 @@ fn main() {
         proc_root,
         hostname: "bench".into(),
         health_interval: gpufleet_agent::nvml::DEFAULT_HEALTH_INTERVAL,
+        interval: std::time::Duration::from_secs(1),
+        cadence: gpufleet_agent::nvml::Cadence::EVERY_TICK,
     })
     .expect("open the fake NVML");
     src.inventory().expect("inventory");

@@ -4,7 +4,7 @@
 //! `GPUFLEET_<FLAG>`; the config file's layer is `gpufleet-cli`'s.
 
 use crate::host;
-use crate::nvml::{NvmlOptions, NvmlSource};
+use crate::nvml::{Cadence, NvmlOptions, NvmlSource};
 use crate::spool::{self, DEFAULT_MAX_BYTES, FsyncPolicy, SpoolConfig};
 use gpufleet_core::{GpuSource, SourceError};
 use gpufleet_sim::scenario::ScenarioError;
@@ -50,6 +50,29 @@ pub struct SourceArgs {
     /// GPU-lost event. Not 0.
     #[arg(long, env = "GPUFLEET_HEALTH_INTERVAL", value_name = "DURATION", default_value = "30s", value_parser = positive_duration)]
     pub health_interval: std::time::Duration,
+    /// How often NVML's total-energy counter is read (3–4 ms of driver CPU per GPU on an
+    /// H100): on the last tick of each such slot of wall time, so every minute ends on a
+    /// reading; the collector spreads each delta over the power samples between. Must
+    /// divide a minute. 0: every tick.
+    #[arg(long, env = "GPUFLEET_ENERGY_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub energy_every: std::time::Duration,
+    /// How often per-process utilization is fetched from the driver's buffer (2–3 ms of
+    /// driver CPU per GPU); each tick since is completed from its own samples and sent
+    /// then, so ticks with processes reach the collector up to this late. 0: every tick.
+    #[arg(long, env = "GPUFLEET_PROCESS_UTIL_EVERY", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub process_util_every: std::time::Duration,
+    /// How often PCIe throughput is read (each direction samples the link for 20 ms);
+    /// the ticks between carry the last reading. 0: every tick.
+    #[arg(long, env = "GPUFLEET_PCIE_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub pcie_every: std::time::Duration,
+    /// How often volatile ECC error counts are read (an uncorrectable error also raises
+    /// an event at once); the ticks between carry the last reading. 0: every tick.
+    #[arg(long, env = "GPUFLEET_ECC_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub ecc_every: std::time::Duration,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    gpufleet_core::config::parse_duration(s)
 }
 
 /// A duration above zero (`30s`): a zero health interval would read NVML every tick.
@@ -156,11 +179,32 @@ pub enum OpenSourceError {
     Sim(#[from] SimError),
     #[error(transparent)]
     Nvml(#[from] SourceError),
+    #[error("{0}")]
+    Cadence(String),
 }
 
 impl SourceArgs {
-    /// Opens the source the flags ask for: the simulator of `node`, or NVML.
-    pub fn open(&self, node: &str) -> Result<Box<dyn GpuSource>, OpenSourceError> {
+    /// The NVML cadences the flags ask for.
+    pub fn cadence(&self) -> Result<Cadence, OpenSourceError> {
+        let cadence = Cadence {
+            energy: self.energy_every,
+            process_util: self.process_util_every,
+            pcie: self.pcie_every,
+            ecc: self.ecc_every,
+        };
+        cadence.check().map_err(OpenSourceError::Cadence)?;
+        Ok(cadence)
+    }
+
+    /// Opens the source the flags ask for: the simulator of `node`, or NVML sampled
+    /// every `interval` at the flags' cadences (`None`: every call every tick, for a
+    /// one-off reading).
+    pub fn open(
+        &self,
+        node: &str,
+        interval: std::time::Duration,
+        cadence: Option<Cadence>,
+    ) -> Result<Box<dyn GpuSource>, OpenSourceError> {
         if self.simulate {
             if self.nvml_lib.is_some() {
                 warn!("--nvml-lib is ignored with --simulate");
@@ -190,6 +234,8 @@ impl SourceArgs {
                 proc_root: self.proc_root.clone(),
                 hostname: node.to_owned(),
                 health_interval: self.health_interval,
+                interval,
+                cadence: cadence.unwrap_or(Cadence::EVERY_TICK),
             })?;
             Ok(Box::new(nvml))
         }

@@ -46,7 +46,7 @@ enum Command {
     /// over the spool's lifetime: a restarted agent counts what earlier runs spooled).
     Run(Box<RunArgs>),
     /// Print one local reading, like nvidia-smi / gpustat.
-    Snapshot(SnapshotArgs),
+    Snapshot(Box<SnapshotArgs>),
     /// Run a command and measure the GPUs its processes use while it runs; at its exit
     /// print the energy / carbon report (to stderr) and write it as JSON / YAML / CSV
     /// (+ a PNG plot). Exits with the command's exit code. Runs `gpufleet-exec` (next to
@@ -148,7 +148,7 @@ fn real_main(args: Vec<OsString>) -> anyhow::Result<()> {
     let cli = Cli::parse_from(args);
     match cli.command {
         Command::Run(args) => run(*args),
-        Command::Snapshot(args) => snapshot_cmd(args),
+        Command::Snapshot(args) => snapshot_cmd(*args),
         // `main` hands `exec` on before parsing; were it to get here, hand it on too.
         Command::Exec { args } => {
             let mut rest = Vec::new();
@@ -231,7 +231,8 @@ fn node_name(given: Option<String>, proc_root: &Path) -> anyhow::Result<String> 
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let node = node_name(args.node, &args.source.proc_root)?;
-    let source = args.source.open(&node)?;
+    let cadence = args.source.cadence()?;
+    let source = args.source.open(&node, args.interval, Some(cadence))?;
     let (source, _names) =
         (args.names).attach(source, args.source.simulate, &node, &args.source.proc_root);
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
@@ -312,7 +313,8 @@ fn snapshot_cmd(args: SnapshotArgs) -> anyhow::Result<()> {
     // A local reading names no node: the name only labels the table.
     let node = gpufleet_agent::cli::node_name(args.node, &args.source.proc_root)
         .unwrap_or_else(|| "localhost".into());
-    let source = args.source.open(&node)?;
+    // Both readings make every call (one-off: no cadence to save on).
+    let source = args.source.open(&node, Duration::from_millis(500), None)?;
     // The first reading asks for the names; the answers are waited for (at most
     // --names-timeout) and written into the reading shown.
     let (source, names) =

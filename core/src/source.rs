@@ -28,6 +28,22 @@ pub trait GpuSource: Send {
     /// calls); the sampler completes it with wall and CPU time.
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError>;
 
+    /// Measures at `now_ms` and answers the ticks ready to send, oldest first: a source
+    /// that completes a tick only later (NVML fetches per-process utilization from the
+    /// driver's buffer every few seconds) holds it until then and answers it, with its
+    /// own time, at a later call. The sampling loop calls this; the default is
+    /// [`GpuSource::sample`].
+    fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        self.sample(now_ms).map(|t| vec![t])
+    }
+
+    /// Completes and answers every tick held, measuring at `now_ms` if it must (the
+    /// agent stops). None by default.
+    fn flush(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let _ = now_ms;
+        Ok(Vec::new())
+    }
+
     /// The node's boot id when the source defines it (the simulator invents one per
     /// simulated node); `None` to read it from the OS.
     fn boot_id(&self) -> Option<String> {

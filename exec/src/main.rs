@@ -120,7 +120,8 @@ fn exec_cmd(args: ExecArgs) -> anyhow::Result<i32> {
     )?;
     let carbon = gpufleet_carbon::CarbonConfig::new(args.carbon.into(), carbon_file)?
         .node(&node, &BTreeMap::new())?;
-    let source = args.source.open(&node)?;
+    // Every reading of the command's life counts: every call every tick.
+    let source = args.source.open(&node, args.interval, None)?;
     let opts = ExecOptions {
         carbon,
         node,

@@ -52,6 +52,15 @@ impl CallTimer {
         self.slowest.truncate(SLOWEST_CALLS);
     }
 
+    /// Adds what `other` recorded (a part of the tick read on another thread).
+    pub fn merge(&mut self, other: CallTimer) {
+        let total = self.total + other.total;
+        for (d, gpu, call) in other.slowest {
+            self.record(gpu, call, d);
+        }
+        self.total = total;
+    }
+
     /// Total time recorded.
     pub fn total(&self) -> Duration {
         self.total

@@ -30,6 +30,8 @@ pub struct Sampler {
     host_every: Duration,
     /// When the next host reading is due (`None`: at the next tick).
     host_due: Option<Instant>,
+    /// CPU of calls that answered no tick (the source held it), charged to the next.
+    unreported_cpu: Duration,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -50,6 +52,7 @@ impl Sampler {
             host,
             host_every: DEFAULT_HOST_INTERVAL,
             host_due: None,
+            unreported_cpu: Duration::ZERO,
         }
     }
 
@@ -90,6 +93,40 @@ impl Sampler {
     fn sample_at(&mut self, now_ms: UnixMs, wall: Instant) -> Result<Tick, SourceError> {
         let cpu = thread_cpu_time();
         let mut tick = self.source.sample(now_ms)?;
+        self.complete(&mut tick, now_ms, wall, cpu);
+        Ok(tick)
+    }
+
+    /// The ticks ready at `now_ms` ([`GpuSource::sample_ready`]), oldest first: a source
+    /// may hold a tick and answer it later. The newest carries the host metrics and this
+    /// call's cost, plus the CPU of the calls that answered none.
+    pub fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let wall = Instant::now();
+        let cpu = thread_cpu_time();
+        let mut ticks = self.source.sample_ready(now_ms)?;
+        match ticks.last_mut() {
+            Some(newest) => self.complete(newest, now_ms, wall, cpu),
+            None => {
+                self.unreported_cpu += thread_cpu_time().saturating_sub(cpu);
+            }
+        }
+        Ok(ticks)
+    }
+
+    /// Every tick the source holds, completed now (the sampling stops).
+    pub fn flush(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let wall = Instant::now();
+        let cpu = thread_cpu_time();
+        let mut ticks = self.source.flush(now_ms)?;
+        if let Some(newest) = ticks.last_mut() {
+            self.complete(newest, now_ms, wall, cpu);
+        }
+        Ok(ticks)
+    }
+
+    /// Adds host metrics (when due) and the cost of the call that started at `wall`
+    /// with this thread's CPU time at `cpu`.
+    fn complete(&mut self, tick: &mut Tick, now_ms: UnixMs, wall: Instant, cpu: Duration) {
         let source_wall = wall.elapsed();
         if tick.host.is_none()
             && let Some(h) = &mut self.host
@@ -101,12 +138,13 @@ impl Sampler {
             let due = self.host_due.map_or(wall, |d| d) + self.host_every;
             self.host_due = Some(due.max(wall + self.host_every / 2));
         }
-        let own_cpu = micros(thread_cpu_time().saturating_sub(cpu));
+        let spent =
+            thread_cpu_time().saturating_sub(cpu) + std::mem::take(&mut self.unreported_cpu);
+        let own_cpu = micros(spent);
         let cost = tick.cost.get_or_insert_with(Default::default);
         cost.source_us.get_or_insert(micros(source_wall));
         cost.cpu_us = Some(cost.cpu_us.unwrap_or(0).saturating_add(own_cpu));
         cost.wall_us = Some(micros(wall.elapsed()));
-        Ok(tick)
     }
 }
 
@@ -184,6 +222,7 @@ pub fn spawn_sampling(
             let mut next = Instant::now();
             let mut last_ms: UnixMs = 0;
             let mut failures: u64 = 0;
+            let mut stopped_by_sink = false;
             loop {
                 let wait = next.saturating_duration_since(Instant::now());
                 if !matches!(
@@ -198,10 +237,11 @@ pub fn spawn_sampling(
                 }
                 let at = gpufleet_core::config::now_ms().max(last_ms + 1);
                 last_ms = at;
-                match sampler.sample(at) {
-                    Ok(tick) => {
+                match sampler.sample_ready(at) {
+                    Ok(ticks) => {
                         failures = 0;
-                        if !sink(tick) {
+                        if !ticks.into_iter().all(&mut sink) {
+                            stopped_by_sink = true;
                             break;
                         }
                     }
@@ -211,6 +251,21 @@ pub fn spawn_sampling(
                         }
                         failures += 1;
                     }
+                }
+            }
+            // Ticks the source still holds are completed and handed on: stopping loses
+            // none of what was measured.
+            if !stopped_by_sink {
+                let at = gpufleet_core::config::now_ms().max(last_ms + 1);
+                match sampler.flush(at) {
+                    Ok(ticks) => {
+                        for tick in ticks {
+                            if !sink(tick) {
+                                break;
+                            }
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "cannot complete the ticks held at stop"),
                 }
             }
             sampler

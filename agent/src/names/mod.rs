@@ -496,6 +496,21 @@ impl Named {
     pub fn new(inner: Box<dyn GpuSource>, cache: Arc<NameCache>) -> Named {
         Named { inner, cache }
     }
+
+    /// Names the tick's workloads from the cache, and carries the look-ups that failed.
+    fn name(&self, tick: &mut Tick) {
+        self.cache.fill_tick(tick);
+        // The collector shows them per node (`/metrics`); empty while none failed.
+        tick.name_failures = (self.cache.source_errors().into_iter())
+            .map(
+                |(source, cause, count)| gpufleet_core::sample::NameFailures {
+                    source: source.into(),
+                    cause: cause.into(),
+                    count,
+                },
+            )
+            .collect();
+    }
 }
 
 impl GpuSource for Named {
@@ -509,18 +524,20 @@ impl GpuSource for Named {
 
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
         let mut tick = self.inner.sample(now_ms)?;
-        self.cache.fill_tick(&mut tick);
-        // The collector shows them per node (`/metrics`); empty while none failed.
-        tick.name_failures = (self.cache.source_errors().into_iter())
-            .map(
-                |(source, cause, count)| gpufleet_core::sample::NameFailures {
-                    source: source.into(),
-                    cause: cause.into(),
-                    count,
-                },
-            )
-            .collect();
+        self.name(&mut tick);
         Ok(tick)
+    }
+
+    fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let mut ticks = self.inner.sample_ready(now_ms)?;
+        ticks.iter_mut().for_each(|t| self.name(t));
+        Ok(ticks)
+    }
+
+    fn flush(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let mut ticks = self.inner.flush(now_ms)?;
+        ticks.iter_mut().for_each(|t| self.name(t));
+        Ok(ticks)
     }
 
     fn boot_id(&self) -> Option<String> {

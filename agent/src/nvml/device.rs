@@ -120,9 +120,14 @@ pub(super) struct DeviceState<'n> {
     pub(super) unsupported: MetricSet,
     /// Metrics whose transient failure was already logged at `warn` (later ones: `debug`).
     pub(super) warned: MetricSet,
-    /// Timestamp (µs) of the newest per-process utilization sample seen, passed to the next
-    /// call so it returns only newer samples (0 would return a long-window average).
-    pub(super) last_util_ts: u64,
+    /// Where the last window of per-process utilization completed ended (µs of wall
+    /// time; 0: none yet): the next fetch asks for samples after it (see `held`).
+    pub(super) util_seen_us: u64,
+    /// The volatile ECC counts (corrected, uncorrected) as last read: the ticks between
+    /// two reads carry them.
+    pub(super) ecc_last: (Option<u64>, Option<u64>),
+    /// The PCIe rates (TX, RX, bytes/s) as last read: the ticks between carry them.
+    pub(super) pcie_last: [Option<u64>; 2],
     /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
     /// Probed once per tick until it answers again.
     pub(super) lost: bool,
@@ -157,6 +162,14 @@ pub(super) struct DeviceState<'n> {
 pub(super) const POWER_LIMIT_EVERY_MS: UnixMs = 30_000;
 
 impl DeviceState<'_> {
+    /// Forgets the readings ticks carry between two reads (the GPU was lost: nothing
+    /// cached is reported for it; all are read again once it answers).
+    pub(super) fn forget_cached(&mut self) {
+        self.power_limit = None;
+        self.ecc_last = (None, None);
+        self.pcie_last = [None; 2];
+    }
+
     /// Whether the power limit is to be read at tick time `now_ms`: never read yet, read
     /// [`POWER_LIMIT_EVERY_MS`] ago or more, or the clock went back.
     pub(super) fn power_limit_due(&self, now_ms: UnixMs) -> bool {

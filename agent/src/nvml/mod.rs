@@ -45,16 +45,19 @@
 //!
 //! [`SamplerCost`]: gpufleet_core::SamplerCost
 
+mod cadence;
 mod device;
 mod events;
 mod fields;
 mod health;
+mod held;
 mod lists;
 mod mapping;
 mod mig;
 mod pcie;
 mod reader;
 
+pub use cadence::Cadence;
 pub use health::DEFAULT_HEALTH_INTERVAL;
 pub use mapping::*;
 
@@ -94,6 +97,10 @@ pub struct NvmlOptions {
     /// How often health counters are read (`--health-interval`); they are also read on
     /// the tick after an Xid / ECC / GPU-lost event.
     pub health_interval: Duration,
+    /// The sampling interval (`--interval`): cadences are counted in ticks this apart.
+    pub interval: Duration,
+    /// How often the expensive calls are made ([`Cadence`]).
+    pub cadence: Cadence,
 }
 
 self_cell::self_cell!(
@@ -109,6 +116,9 @@ self_cell::self_cell!(
 /// A [`GpuSource`] reading real GPUs through NVML.
 pub struct NvmlSource {
     cell: NvmlCell,
+    /// Completed ticks not yet handed out (held ones that a [`GpuSource::sample`]
+    /// completed).
+    backlog: Vec<Tick>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -136,11 +146,21 @@ impl NvmlSource {
         })?;
         let cell = NvmlCell::try_new(nvml, |nvml| Reader::open(nvml, opts))?;
         info!(lib = %lib, gpus = cell.borrow_dependent().devices.len(), "NVML initialised");
-        Ok(Self { cell })
+        Ok(Self {
+            cell,
+            backlog: Vec::new(),
+        })
     }
 
     fn reader<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
         self.cell.with_dependent_mut(|_, r| f(r))
+    }
+
+    /// Every held tick and one at `now_ms`, all completed now.
+    fn sample_ready_forced(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let mut ready = std::mem::take(&mut self.backlog);
+        ready.extend(self.reader(|r| r.sample(now_ms, true)));
+        Ok(ready)
     }
 }
 
@@ -153,7 +173,29 @@ impl GpuSource for NvmlSource {
         Ok(self.reader(|r| r.inventory()))
     }
 
+    /// A complete tick: per-process utilization is fetched now, whatever its cadence
+    /// (`snapshot`, the last reading of `exec`). Ticks it completes that were held are
+    /// sent by the next [`GpuSource::sample_ready`].
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
-        Ok(self.reader(|r| r.sample(now_ms)))
+        let mut ready = self.reader(|r| r.sample(now_ms, true));
+        let tick = ready.pop().ok_or(SourceError::Nvml {
+            call: "sample",
+            reason: "no tick was completed".into(),
+        })?;
+        self.backlog.extend(ready);
+        Ok(tick)
+    }
+
+    fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        let mut ready = std::mem::take(&mut self.backlog);
+        ready.extend(self.reader(|r| r.sample(now_ms, false)));
+        Ok(ready)
+    }
+
+    fn flush(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+        if self.reader(|r| r.holds_nothing()) {
+            return Ok(std::mem::take(&mut self.backlog));
+        }
+        self.sample_ready_forced(now_ms)
     }
 }

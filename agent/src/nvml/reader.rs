@@ -2,10 +2,12 @@
 //! NVML calls' error handling and timing.
 
 use super::NvmlOptions;
+use super::cadence::{Cadence, Due};
 use super::device::{DeviceState, Metric, MetricSet};
 use super::events::{Events, same_handle};
 use super::fields::{active_nvlinks, read_fields};
 use super::health::{HealthSchedule, read_health};
+use super::held::{self, Held, Holding};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
     GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
@@ -24,7 +26,7 @@ use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
 };
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::ProcessInfo;
+use nvml_wrapper::struct_wrappers::device::ProcessUtilizationSample;
 use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -51,6 +53,29 @@ pub(super) struct Reader<'n> {
     events: Option<Events<'n>>,
     /// When health counters are read.
     health: HealthSchedule,
+    /// When the expensive calls are next made.
+    due: Dues,
+    /// Ticks waiting for their per-process utilization.
+    holding: Holding,
+}
+
+/// When each expensive call is made (see `cadence`).
+struct Dues {
+    energy: Due,
+    util: Due,
+    pcie: Due,
+    ecc: Due,
+}
+
+impl Dues {
+    fn new(c: Cadence, interval: Duration) -> Self {
+        Self {
+            energy: Due::aligned(c.energy, interval),
+            util: Due::aligned(c.process_util, interval),
+            pcie: Due::every(c.pcie, interval),
+            ecc: Due::every(c.ecc, interval),
+        }
+    }
 }
 
 impl<'n> Reader<'n> {
@@ -92,7 +117,9 @@ impl<'n> Reader<'n> {
                 uuid,
                 unsupported,
                 warned: MetricSet::default(),
-                last_util_ts: 0,
+                util_seen_us: 0,
+                ecc_last: (None, None),
+                pcie_last: [None; 2],
                 lost: false,
                 field_prev: vec![None; fields.len()],
                 field_buf: Vec::with_capacity(fields.len()),
@@ -113,6 +140,8 @@ impl<'n> Reader<'n> {
             identities: HashMap::new(),
             events: Events::register(nvml, count),
             health: HealthSchedule::new(opts.health_interval),
+            due: Dues::new(opts.cadence, opts.interval),
+            holding: Holding::default(),
         })
     }
 
@@ -175,17 +204,28 @@ impl<'n> Reader<'n> {
         }
     }
 
-    pub(super) fn sample(&mut self, now_ms: UnixMs) -> Tick {
+    /// Whether no tick waits for its per-process utilization.
+    pub(super) fn holds_nothing(&self) -> bool {
+        self.holding.is_empty()
+    }
+
+    /// The ticks ready at `now_ms`: this one, unless it waits for per-process
+    /// utilization (see `held`), and the held ones it completes. `force_util` fetches
+    /// the utilization samples now, whatever the cadence (everything held is released).
+    pub(super) fn sample(&mut self, now_ms: UnixMs, force_util: bool) -> Vec<Tick> {
         let mut timer = CallTimer::new();
         let mut tick = Tick {
             time_ms: now_ms,
             gpus: Vec::with_capacity(self.devices.len()),
             ..Default::default()
         };
-        let mut seen_pids = Vec::new();
+        let due = DueNow {
+            energy: self.due.energy.take(now_ms),
+            util: self.due.util.take(now_ms) || force_util,
+            pcie: self.due.pcie.take(now_ms),
+            ecc: self.due.ecc.take(now_ms),
+        };
         let health_due = self.health.due(now_ms);
-        // The PCIe calls that wait are made first, side by side (see `pcie`).
-        let mut pcie = pcie::read_side_by_side(&self.devices).into_iter();
         for dev in &mut self.devices {
             if dev.lost && probe_lost(self.nvml, dev, &mut timer) {
                 info!(gpu = dev.index, uuid = %dev.uuid, "GPU answers again; sampling it");
@@ -197,19 +237,31 @@ impl<'n> Reader<'n> {
                     detail: format!("GPU {} answers again", dev.index),
                 });
             }
-            let was_lost = dev.lost;
-            let (sample, procs) = sample_device(dev, &mut timer, now_ms, pcie.next().flatten());
-            let mig_of = mig_processes(dev, &mut timer);
+        }
+        let was_lost: Vec<bool> = self.devices.iter().map(|d| d.lost).collect();
+        // The PCIe calls that wait are made first, side by side (see `pcie`).
+        let pcie = if due.pcie {
+            pcie::read_side_by_side(&self.devices)
+        } else {
+            Vec::new()
+        };
+        let reads = read_devices(&mut self.devices, &self.holding, now_ms, pcie, due);
+        let mut listed_us = Vec::with_capacity(reads.len());
+        let mut waiting = Vec::new();
+        let mut fetched = Vec::new();
+        let mut seen_pids = Vec::new();
+        for (k, (dev, read)) in self.devices.iter_mut().zip(reads).enumerate() {
+            timer.merge(read.timer);
             // A lost GPU's counters cannot be read: its last health stays the one known.
             // Read before the lost check: a GPU lost during this read is reported too.
             if health_due && !dev.lost {
                 tick.health.push(read_health(dev, &mut timer));
                 if dev.lost {
                     // As `sample_device` does: nothing cached is reported for a lost GPU.
-                    dev.power_limit = None;
+                    dev.forget_cached();
                 }
             }
-            if dev.lost && !was_lost {
+            if dev.lost && !was_lost[k] {
                 tick.events.push(Event {
                     time_ms: now_ms,
                     gpu_uuid: dev.uuid.clone(),
@@ -221,7 +273,8 @@ impl<'n> Reader<'n> {
                     ),
                 });
             }
-            for p in procs {
+            let first = tick.processes.len();
+            for p in read.processes {
                 seen_pids.push(p.pid);
                 let id = self
                     .identities
@@ -239,10 +292,15 @@ impl<'n> Reader<'n> {
                     enc_util_pct: p.enc_pct,
                     dec_util_pct: p.dec_pct,
                     workload: id.workload.clone(),
-                    mig_uuid: mig_of.get(&p.pid).cloned(),
+                    mig_uuid: read.mig_of.get(&p.pid).cloned(),
                 });
             }
-            tick.gpus.push(sample);
+            if tick.processes.len() > first && read.util_wanted {
+                waiting.push((k, first..tick.processes.len()));
+            }
+            listed_us.push(read.listed_us);
+            fetched.push(read.util);
+            tick.gpus.push(read.sample);
         }
         self.identities.retain(|pid, _| seen_pids.contains(pid));
         if let Some(events) = &mut self.events {
@@ -269,7 +327,131 @@ impl<'n> Reader<'n> {
             source_us: Some(micros(timer.total())),
             slowest_calls_us: timer.slowest_us(),
         });
-        tick
+        self.holding.push(Held {
+            tick,
+            listed_us: listed_us.clone(),
+            waiting,
+        });
+        for (k, (dev, util)) in self.devices.iter_mut().zip(fetched).enumerate() {
+            match util {
+                Some((samples, fetched_us)) => {
+                    dev.util_seen_us =
+                        self.holding
+                            .complete(k, dev.util_seen_us, samples.as_deref(), fetched_us);
+                }
+                None if !self.holding.waits_for(k) => {
+                    // Nothing waits for this GPU: the next window starts at this listing.
+                    dev.util_seen_us = listed_us[k];
+                }
+                None => {}
+            }
+        }
+        self.holding.ready()
+    }
+}
+
+/// Which of the expensive calls this tick makes (see `cadence`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DueNow {
+    pub(super) energy: bool,
+    pub(super) util: bool,
+    pub(super) pcie: bool,
+    pub(super) ecc: bool,
+}
+
+/// What one device's part of a tick read.
+struct DeviceRead {
+    sample: GpuSample,
+    processes: Vec<GpuProcess>,
+    mig_of: HashMap<u32, String>,
+    /// When its process lists were read (µs of wall time).
+    listed_us: u64,
+    /// Its processes wait for utilization samples (it lists some, and answers them).
+    util_wanted: bool,
+    /// The utilization samples fetched this tick (`None` in it: the call failed), and
+    /// when the fetch answered (µs of wall time).
+    util: Option<(Option<Vec<ProcessUtilizationSample>>, u64)>,
+    timer: CallTimer,
+}
+
+/// Every device's part of a tick. On a tick that makes an expensive call each GPU is read
+/// on a thread of its own, so that no GPU waits for another's slow calls; the other ticks
+/// read them in turn (a thread would cost more than the calls).
+fn read_devices(
+    devices: &mut [DeviceState<'_>],
+    holding: &Holding,
+    now_ms: UnixMs,
+    pcie: Vec<Option<PcieAnswers>>,
+    due: DueNow,
+) -> Vec<DeviceRead> {
+    let mut pcie = pcie.into_iter();
+    let work: Vec<_> = devices
+        .iter_mut()
+        .enumerate()
+        .map(|(k, dev)| (k, dev, pcie.next().flatten()))
+        .collect();
+    let one = |(k, dev, pcie): (usize, &mut DeviceState<'_>, Option<PcieAnswers>)| {
+        read_device(k, dev, holding, now_ms, pcie, due)
+    };
+    if (due.energy || due.util) && work.len() > 1 {
+        std::thread::scope(|scope| {
+            let started: Vec<_> = work
+                .into_iter()
+                .map(|w| {
+                    std::thread::Builder::new()
+                        .name("nvml-gpu".into())
+                        .spawn_scoped(scope, move || one(w))
+                })
+                .collect();
+            started
+                .into_iter()
+                .filter_map(|s| match s {
+                    Ok(h) => h.join().ok(),
+                    Err(e) => {
+                        warn!(error = %e, "cannot start a thread to read a GPU");
+                        None
+                    }
+                })
+                .collect()
+        })
+    } else {
+        work.into_iter().map(one).collect()
+    }
+}
+
+/// One device's part of a tick, with its utilization samples when they are due.
+fn read_device(
+    k: usize,
+    dev: &mut DeviceState<'_>,
+    holding: &Holding,
+    now_ms: UnixMs,
+    pcie: Option<PcieAnswers>,
+    due: DueNow,
+) -> DeviceRead {
+    let mut timer = CallTimer::new();
+    let (sample, processes, listed_us) = sample_device(dev, &mut timer, now_ms, pcie, due);
+    let mig_of = mig_processes(dev, &mut timer);
+    let util_wanted =
+        !processes.is_empty() && !dev.lost && !dev.unsupported.contains(Metric::ProcessUtil);
+    let util = (due.util && (util_wanted || holding.waits_for(k))).then(|| {
+        let since = holding.asked_since(k, dev.util_seen_us).unwrap_or_else(|| {
+            held::window_start(holding.chain_end(k, dev.util_seen_us), listed_us)
+        });
+        let mut hint = dev.list_hints[2];
+        let samples = read(dev, &mut timer, Metric::ProcessUtil, |d| {
+            process_utilization(d, since, &mut hint)
+        });
+        dev.list_hints[2] = hint;
+        (samples, wall_us())
+    });
+    DeviceRead {
+        sample,
+        processes,
+        mig_of,
+        listed_us,
+        util_wanted,
+        util,
+        timer,
     }
 }
 
@@ -345,13 +527,17 @@ fn settle<T>(
     reading
 }
 
-/// One device's tick: its sample and its processes.
+/// One device's tick: its sample, its processes (their utilization still absent: see
+/// `held`) and when their lists were read (µs of wall time). The expensive calls are
+/// made when `due` says; the PCIe rates and ECC counts of the ticks between are the last
+/// reading, the energy counter is absent there (the collector spreads each delta).
 pub(super) fn sample_device(
     dev: &mut DeviceState<'_>,
     timer: &mut CallTimer,
     now_ms: UnixMs,
     mut pcie: Option<PcieAnswers>,
-) -> (GpuSample, Vec<GpuProcess>) {
+    due: DueNow,
+) -> (GpuSample, Vec<GpuProcess>, u64) {
     let util = read(dev, timer, Metric::Utilization, |d| d.utilization_rates());
     let mem = read(dev, timer, Metric::Memory, |d| d.memory_info()).map(|m| memory_fields(&m));
     let power_mw = read(dev, timer, Metric::Power, |d| d.power_usage());
@@ -362,7 +548,11 @@ pub(super) fn sample_device(
     } else {
         dev.power_limit.and_then(|(limit, _)| limit)
     };
-    let energy_mj = read(dev, timer, Metric::Energy, |d| d.total_energy_consumption());
+    let energy_mj = if due.energy {
+        read(dev, timer, Metric::Energy, |d| d.total_energy_consumption())
+    } else {
+        None
+    };
     let temp_gpu_c = read(dev, timer, Metric::TempGpu, |d| {
         d.temperature(TemperatureSensor::Gpu)
     });
@@ -376,30 +566,29 @@ pub(super) fn sample_device(
     });
     let pstate =
         read(dev, timer, Metric::Pstate, |d| d.performance_state()).and_then(pstate_number);
-    // Answered at the start of the tick (see `pcie`), or asked now; settled alike.
-    let mut pcie_took = Duration::ZERO;
-    let [pcie_tx_bps, pcie_rx_bps] = PCIE.map(|(metric, counter)| {
-        if dev.lost || dev.unsupported.contains(metric) {
-            return None;
-        }
-        let (result, took) = pcie
-            .as_mut()
-            .and_then(|p| p.take(metric))
-            .unwrap_or_else(|| {
-                let start = Instant::now();
-                (dev.device.pcie_throughput(counter), start.elapsed())
-            });
-        pcie_took = pcie_took.max(took);
-        let reading = settle(dev, timer, metric, result, took);
-        value_of(dev, metric, reading).map(pcie_kib_to_bps)
-    });
-    dev.pcie_waits = pcie_took >= pcie::WAITS;
-    let ecc_corrected = read(dev, timer, Metric::EccCorrected, |d| {
-        d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
-    });
-    let ecc_uncorrected = read(dev, timer, Metric::EccUncorrected, |d| {
-        d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-    });
+    let [pcie_tx_bps, pcie_rx_bps] = if due.pcie {
+        let rates = read_pcie(dev, timer, pcie.as_mut());
+        dev.pcie_last = rates;
+        rates
+    } else if dev.lost {
+        [None; 2]
+    } else {
+        dev.pcie_last
+    };
+    let (ecc_corrected, ecc_uncorrected) = if due.ecc {
+        let corrected = read(dev, timer, Metric::EccCorrected, |d| {
+            d.total_ecc_errors(MemoryError::Corrected, EccCounter::Volatile)
+        });
+        let uncorrected = read(dev, timer, Metric::EccUncorrected, |d| {
+            d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+        });
+        dev.ecc_last = (corrected, uncorrected);
+        (corrected, uncorrected)
+    } else if dev.lost {
+        (None, None)
+    } else {
+        dev.ecc_last
+    };
     let throttle = read(dev, timer, Metric::Throttle, |d| {
         d.current_throttle_reasons()
     })
@@ -416,39 +605,16 @@ pub(super) fn sample_device(
     let graphics = read(dev, timer, Metric::GraphicsProcs, |d| {
         running_processes(d, ProcessList::Graphics, &mut hints[1])
     });
-    // The utilization samples only ever annotate the listed processes, and on a real
-    // driver the call costs milliseconds of CPU even when it finds none (2.3 ms on an
-    // H200): with no process listed it is not made, and the next one starts afresh.
-    let listed = |l: &Option<Vec<ProcessInfo>>| l.as_ref().is_some_and(|l| !l.is_empty());
-    let util_samples = if listed(&compute) || listed(&graphics) {
-        let since = if dev.last_util_ts == 0 {
-            // First call: the last second, not the driver's whole buffer.
-            (now_ms.max(1000) as u64 - 1000) * 1000
-        } else {
-            dev.last_util_ts
-        };
-        read(dev, timer, Metric::ProcessUtil, |d| {
-            process_utilization(d, since, &mut hints[2])
-        })
-    } else {
-        dev.last_util_ts = 0;
-        None
-    };
     dev.list_hints = hints;
-    if let Some(newest) = util_samples
-        .as_ref()
-        .and_then(|s| s.iter().map(|u| u.timestamp).max())
-    {
-        dev.last_util_ts = newest.max(dev.last_util_ts);
-    }
+    let listed_us = wall_us();
     let processes = merge_processes(
         compute.as_deref().unwrap_or(&[]),
         graphics.as_deref().unwrap_or(&[]),
-        util_samples.as_deref(),
+        None,
     );
     if dev.lost {
         // Nothing cached is reported for a lost GPU; read again once it answers.
-        dev.power_limit = None;
+        dev.forget_cached();
     }
     let sample = GpuSample {
         gpu_uuid: dev.uuid.clone(),
@@ -479,7 +645,41 @@ pub(super) fn sample_device(
         enc_util_pct: enc,
         dec_util_pct: dec,
     };
-    (sample, processes)
+    (sample, processes, listed_us)
+}
+
+/// The PCIe rates (TX, RX): answered at the start of the tick (see `pcie`), or asked
+/// now; settled alike.
+fn read_pcie(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    mut answers: Option<&mut PcieAnswers>,
+) -> [Option<u64>; 2] {
+    let mut pcie_took = Duration::ZERO;
+    let rates = PCIE.map(|(metric, counter)| {
+        if dev.lost || dev.unsupported.contains(metric) {
+            return None;
+        }
+        let (result, took) = answers
+            .as_mut()
+            .and_then(|p| p.take(metric))
+            .unwrap_or_else(|| {
+                let start = Instant::now();
+                (dev.device.pcie_throughput(counter), start.elapsed())
+            });
+        pcie_took = pcie_took.max(took);
+        let reading = settle(dev, timer, metric, result, took);
+        value_of(dev, metric, reading).map(pcie_kib_to_bps)
+    });
+    dev.pcie_waits = pcie_took >= pcie::WAITS;
+    rates
+}
+
+/// Now, in µs of wall time (the clock the driver stamps its samples with).
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Asks a lost GPU, through a fresh handle, whether it answers again; on success the

@@ -11,6 +11,7 @@
 //! Shared here: the fake machine (built library + scenario in a temporary folder) and
 //! scenario and tick helpers.
 
+mod cadence;
 mod events;
 mod health;
 mod metrics;
@@ -19,7 +20,7 @@ mod snapshot;
 
 use crate::common::cgroup_fixtures;
 use fake_nvml::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
-use gpufleet_agent::nvml::{DEFAULT_HEALTH_INTERVAL, NvmlOptions, NvmlSource};
+use gpufleet_agent::nvml::{Cadence, DEFAULT_HEALTH_INTERVAL, NvmlOptions, NvmlSource};
 use gpufleet_core::GpuSource;
 use gpufleet_core::{EventKind as Kind, GpuSample, ProcessType, Tick};
 use serde_json::Value as Json;
@@ -67,6 +68,19 @@ impl Fake {
         self.open_with_health_every(DEFAULT_HEALTH_INTERVAL)
     }
 
+    /// Opens the source sampled every `interval` at `cadence`.
+    fn open_with_cadence(&self, interval: Duration, cadence: Cadence) -> NvmlSource {
+        NvmlSource::open(NvmlOptions {
+            lib_path: Some(self.lib()),
+            proc_root: cgroup_fixtures().join("proc"),
+            hostname: "fake-node".into(),
+            health_interval: DEFAULT_HEALTH_INTERVAL,
+            interval,
+            cadence,
+        })
+        .expect("the agent opens the fake NVML")
+    }
+
     /// Opens the source with `--health-interval` `every`.
     fn open_with_health_every(&self, every: Duration) -> NvmlSource {
         NvmlSource::open(NvmlOptions {
@@ -74,6 +88,8 @@ impl Fake {
             proc_root: cgroup_fixtures().join("proc"),
             hostname: "fake-node".into(),
             health_interval: every,
+            interval: std::time::Duration::from_secs(1),
+            cadence: gpufleet_agent::nvml::Cadence::EVERY_TICK,
         })
         .expect("the agent opens the fake NVML")
     }

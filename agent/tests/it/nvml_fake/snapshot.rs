@@ -11,6 +11,8 @@ fn a_library_that_cannot_load_its_scenario_fails_with_a_clear_error() {
         proc_root: cgroup_fixtures().join("proc"),
         hostname: "x".into(),
         health_interval: DEFAULT_HEALTH_INTERVAL,
+        interval: std::time::Duration::from_secs(1),
+        cadence: gpufleet_agent::nvml::Cadence::EVERY_TICK,
     })
     .expect_err("init fails");
     assert!(

@@ -1,0 +1,213 @@
+//! Each expensive NVML call at its own cadence, as DCGM watches each field at its own
+//! frequency.
+//!
+//! On a real driver most of a tick's CPU is three calls (H100 / H200, driver 580;
+//! BENCHMARKS.md): the total-energy counter (3.4–4.4 ms), per-process utilization
+//! (2.3–2.6 ms) and PCIe throughput (0.6–0.9 ms of CPU and 20 ms of waiting per direction).
+//! Everything else together is well under a millisecond per GPU. So the cheap values are
+//! read every tick and these at slower cadences, without losing what they measure:
+//!
+//! - **Energy**: the counter is read on the last tick of each `energy` slot of wall time
+//!   (slots start at whole multiples of it, and it divides a minute), so every minute's
+//!   last tick carries the counter. The ticks between carry none (absent, not repeated):
+//!   the collector spreads each delta over them by their power samples and the minute
+//!   total stays the counter's delta, exactly.
+//! - **Per-process utilization**: the driver keeps samples; they are fetched on the last
+//!   tick of each `process_util` slot with the timestamp of the newest one taken, and the
+//!   ticks since are completed from them and sent then (a tick with processes waits at
+//!   most one slot).
+//! - **PCIe throughput** and **volatile ECC counts**: every `pcie` / `ecc` of tick time;
+//!   the ticks between carry the last reading (as DCGM reports a field's latest value).
+//!
+//! A cadence no longer than the sampling interval means every tick.
+
+use gpufleet_core::UnixMs;
+use std::time::Duration;
+
+/// The cadences of the expensive calls (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    /// The total-energy counter: must divide a minute, or be whole minutes.
+    pub energy: Duration,
+    /// Per-process utilization, from the driver's buffered samples.
+    pub process_util: Duration,
+    /// PCIe throughput (TX and RX).
+    pub pcie: Duration,
+    /// Volatile ECC error counts.
+    pub ecc: Duration,
+}
+
+impl Cadence {
+    /// Every call every tick (what `snapshot` reads, and what tests compare against).
+    pub const EVERY_TICK: Cadence = Cadence {
+        energy: Duration::ZERO,
+        process_util: Duration::ZERO,
+        pcie: Duration::ZERO,
+        ecc: Duration::ZERO,
+    };
+
+    /// The defaults, chosen from the measured costs: with 8 GPUs at 1 s, energy costs
+    /// 8 × 3.6 ms / 10 s ≈ 2.9 ms of CPU per second, per-process utilization
+    /// 8 × 2.4 ms / 5 s ≈ 3.8 ms, PCIe 8 × 1.4 ms / 10 s ≈ 1.1 ms.
+    pub const DEFAULT: Cadence = Cadence {
+        energy: Duration::from_secs(10),
+        process_util: Duration::from_secs(5),
+        pcie: Duration::from_secs(10),
+        ecc: Duration::from_secs(10),
+    };
+
+    /// Why these cadences cannot be used, if they cannot: an energy cadence must put a
+    /// reading on every minute's last tick.
+    pub fn check(&self) -> Result<(), String> {
+        let e = self.energy.as_millis();
+        if e == 0 || 60_000_u128.is_multiple_of(e) || e.is_multiple_of(60_000) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the energy counter's cadence ({}) must divide a minute (1s, 2s, 5s, 10s, 15s, 20s, 30s, 60s) or be whole minutes, so each minute ends on a counter reading",
+                humantime_ms(e)
+            ))
+        }
+    }
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+fn humantime_ms(ms: u128) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// When one call is next due, by tick time.
+#[derive(Debug, Clone)]
+pub(super) struct Due {
+    every_ms: i64,
+    interval_ms: i64,
+    /// Aligned: read on the last tick of each slot of wall time; else `every_ms` after
+    /// the previous reading.
+    aligned: bool,
+    last_ms: Option<UnixMs>,
+}
+
+impl Due {
+    /// Read on the last tick of each `every` slot (slots start at multiples of `every`),
+    /// ticks being `interval` apart.
+    pub(super) fn aligned(every: Duration, interval: Duration) -> Self {
+        Self {
+            every_ms: millis(every),
+            interval_ms: millis(interval).max(1),
+            aligned: true,
+            last_ms: None,
+        }
+    }
+
+    /// Read every `every` of tick time, from the first tick.
+    pub(super) fn every(every: Duration, interval: Duration) -> Self {
+        Self {
+            aligned: false,
+            ..Self::aligned(every, interval)
+        }
+    }
+
+    /// Whether the tick at `now_ms` makes the call; if it does, it is noted as made.
+    pub(super) fn take(&mut self, now_ms: UnixMs) -> bool {
+        let due = self.is_due(now_ms);
+        if due {
+            self.last_ms = Some(now_ms);
+        }
+        due
+    }
+
+    /// Whether the tick at `now_ms` makes the call: every tick when the cadence is not
+    /// longer than the interval; the first tick; a clock that went back; `every` since
+    /// the last reading (a missed slot end); or, aligned, the last tick of a slot.
+    pub(super) fn is_due(&self, now_ms: UnixMs) -> bool {
+        if self.every_ms <= self.interval_ms {
+            return true;
+        }
+        let Some(last) = self.last_ms else {
+            return true;
+        };
+        if now_ms < last || now_ms - last >= self.every_ms {
+            return true;
+        }
+        self.aligned
+            && now_ms.div_euclid(self.every_ms)
+                != now_ms
+                    .saturating_add(self.interval_ms)
+                    .div_euclid(self.every_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn reads(mut due: Due, ticks: impl IntoIterator<Item = UnixMs>) -> Vec<UnixMs> {
+        ticks.into_iter().filter(|t| due.take(*t)).collect()
+    }
+
+    #[test]
+    fn aligned_reads_fall_on_the_last_tick_of_each_slot_and_the_first() {
+        // 1 s ticks, 3 ms past the second, a 10 s cadence: the first tick, then :09, :19 …
+        let ticks = (0..35).map(|k| 120_000 + 3 + k * 1000);
+        let got = reads(Due::aligned(10 * S, S), ticks);
+        assert_eq!(got, [120_003, 129_003, 139_003, 149_003]);
+        // Every minute's last tick (:59) is among them.
+        let ticks = (0..130).map(|k| 60_000 + 7 + k * 1000);
+        let got = reads(Due::aligned(10 * S, S), ticks);
+        assert!(got.contains(&119_007) && got.contains(&179_007), "{got:?}");
+    }
+
+    #[test]
+    fn a_missed_slot_end_is_read_at_the_next_tick_a_cadence_later() {
+        // The tick of :09 never came (an overrun): :10 is read (10 s since :00), and the
+        // slot after ends at :19 as usual.
+        let ticks = [0, 1000, 8000, 10_000, 11_000, 18_000, 19_000, 20_000];
+        let got = reads(Due::aligned(10 * S, S), ticks);
+        assert_eq!(got, [0, 10_000, 19_000]);
+    }
+
+    #[test]
+    fn a_cadence_not_longer_than_the_interval_is_every_tick() {
+        let ticks = [0, 100, 200, 300];
+        assert_eq!(reads(Due::aligned(Duration::ZERO, S / 10), ticks), ticks);
+        assert_eq!(reads(Due::every(S / 10, S / 10), ticks), ticks);
+    }
+
+    #[test]
+    fn unaligned_reads_are_a_cadence_apart_and_a_clock_going_back_reads() {
+        let ticks = [500, 1500, 2500, 3500, 4500, 5500, 1000, 2000];
+        let got = reads(Due::every(2 * S, S), ticks);
+        assert_eq!(got, [500, 2500, 4500, 1000]);
+    }
+
+    #[test]
+    fn an_energy_cadence_must_end_every_minute() {
+        for ok in [0, 1, 5, 10, 15, 30, 60, 120] {
+            let c = Cadence {
+                energy: Duration::from_secs(ok),
+                ..Cadence::DEFAULT
+            };
+            assert!(c.check().is_ok(), "{ok}");
+        }
+        let c = Cadence {
+            energy: Duration::from_secs(7),
+            ..Cadence::DEFAULT
+        };
+        assert!(c.check().is_err_and(|e| e.contains("7s")));
+    }
+}
