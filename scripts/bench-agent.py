@@ -74,9 +74,11 @@ def parse_interval(text):
     raise SystemExit(f"error: interval {text!r}: write e.g. 1s or 100ms")
 
 
-def scenario(gpus, pids, node):
+def scenario(gpus, pids, node, cost_model):
     """GPUs of a busy HGX-like node: each process is a rank holding two GPUs. The UUIDs
-    name the node: the collector refuses a second node claiming a GPU it knows."""
+    name the node: the collector refuses a second node claiming a GPU it knows. With a
+    cost model, each call charges the CPU and wait measured on an H200 and the driver
+    keeps per-process utilization samples (one a second) as a real one does."""
     out = []
     for g in range(gpus):
         procs = [
@@ -99,9 +101,10 @@ def scenario(gpus, pids, node):
                 "nvlink_tx_kib": [{"start": 0, "step": 4096}] * 12,
                 "nvlink_rx_kib": [{"start": 0, "step": 4096}] * 12,
                 "compute_processes": procs,
+                **({"process_sample_ms": 1000} if cost_model else {}),
             }
         )
-    return {"gpus": out}
+    return {"gpus": out, **({"cost_model": cost_model} if cost_model else {})}
 
 
 def main():
@@ -113,6 +116,11 @@ def main():
     ap.add_argument("--intervals", default="1s,100ms")
     ap.add_argument("--work-dir", required=True, help="on a real disk: the spool fsyncs")
     ap.add_argument("--agent-arg", action="append", default=[])
+    ap.add_argument(
+        "--cost-model",
+        default="h200",
+        help="the fake's per-call cost model (h200: the driver's measured CPU and waits; none: calls answer at once)",
+    )
     ap.add_argument(
         "--real-nvml",
         action="store_true",
@@ -146,7 +154,11 @@ def main():
         # Real processes for the GPU process lists: their /proc entries are read by the
         # agent (user, command, cgroup) as on a node.
         sleepers = [spawn(["sleep", "100000"]) for _ in range(args.procs)]
-        kind = "real GPUs (the machine's libnvidia-ml)" if args.real_nvml else "fake GPUs"
+        kind = (
+            "real GPUs (the machine's libnvidia-ml)"
+            if args.real_nvml
+            else f"fake GPUs (cost model: {args.cost_model})"
+        )
         procs = "" if args.real_nvml else f", {args.procs} processes"
         print(
             f"{args.gpus} {kind}{procs}, {args.seconds:g} s per interval; work dir {tmp}",
@@ -184,7 +196,8 @@ def main():
                 lib = os.path.join(lib_dir, "libnvidia-ml.so.1")
                 shutil.copy(lib_built, lib)
                 with open(os.path.join(lib_dir, "fake-nvml.json"), "w") as f:
-                    json.dump(scenario(args.gpus, [s.pid for s in sleepers], f"bench-{text}"), f)
+                    model = None if args.cost_model == "none" else args.cost_model
+                    json.dump(scenario(args.gpus, [s.pid for s in sleepers], f"bench-{text}", model), f)
             row = run_interval(args, bins, tmp, lib, lib_dir, grpc, text, ivl, spawn)
             collector.send_signal(signal.SIGTERM)
             collector.wait(timeout=60)

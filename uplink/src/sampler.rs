@@ -144,7 +144,10 @@ impl Sampler {
         let cost = tick.cost.get_or_insert_with(Default::default);
         cost.source_us.get_or_insert(micros(source_wall));
         cost.cpu_us = Some(cost.cpu_us.unwrap_or(0).saturating_add(own_cpu));
-        cost.wall_us = Some(micros(wall.elapsed()));
+        // A source that measured its tick's wall time itself (one it may hand out with a
+        // later call) keeps it, unless this call (which measured the tick too) took longer.
+        let call_us = micros(wall.elapsed());
+        cost.wall_us = Some(cost.wall_us.map_or(call_us, |w| w.max(call_us)));
     }
 }
 

@@ -21,7 +21,7 @@ use gpufleet_core::SourceError;
 use gpufleet_core::{
     Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, SamplerCost, Tick, UnixMs,
 };
-use gpufleet_uplink::cost::{CallTimer, micros};
+use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
 };
@@ -213,6 +213,7 @@ impl<'n> Reader<'n> {
     /// utilization (see `held`), and the held ones it completes. `force_util` fetches
     /// the utilization samples now, whatever the cadence (everything held is released).
     pub(super) fn sample(&mut self, now_ms: UnixMs, force_util: bool) -> Vec<Tick> {
+        let started = Instant::now();
         let mut timer = CallTimer::new();
         let mut tick = Tick {
             time_ms: now_ms,
@@ -250,8 +251,12 @@ impl<'n> Reader<'n> {
         let mut waiting = Vec::new();
         let mut fetched = Vec::new();
         let mut seen_pids = Vec::new();
+        let mut worker_cpu: Option<Duration> = None;
         for (k, (dev, read)) in self.devices.iter_mut().zip(reads).enumerate() {
             timer.merge(read.timer);
+            if let Some(cpu) = read.own_thread_cpu {
+                worker_cpu = Some(worker_cpu.unwrap_or_default() + cpu);
+            }
             // A lost GPU's counters cannot be read: its last health stays the one known.
             // Read before the lost check: a GPU lost during this read is reported too.
             if health_due && !dev.lost {
@@ -321,9 +326,12 @@ impl<'n> Reader<'n> {
             self.health.event_seen();
         }
         tick.cost = Some(SamplerCost {
-            // NVML runs on the sampling thread: the sampler measures that thread's CPU.
-            cpu_us: None,
-            wall_us: None,
+            // NVML runs on the sampling thread (the sampler measures that thread's CPU),
+            // and on a tick of expensive calls on a thread per GPU too: theirs is here.
+            cpu_us: worker_cpu.map(micros),
+            // Measured here, not around the call that hands the tick out: a held tick
+            // leaves with a later one.
+            wall_us: Some(micros(started.elapsed())),
             source_us: Some(micros(timer.total())),
             slowest_calls_us: timer.slowest_us(),
         });
@@ -372,6 +380,8 @@ struct DeviceRead {
     /// when the fetch answered (µs of wall time).
     util: Option<(Option<Vec<ProcessUtilizationSample>>, u64)>,
     timer: CallTimer,
+    /// The CPU time of the thread it was read on, when that was a thread of its own.
+    own_thread_cpu: Option<Duration>,
 }
 
 /// Every device's part of a tick. On a tick that makes an expensive call each GPU is read
@@ -400,7 +410,12 @@ fn read_devices(
                 .map(|w| {
                     std::thread::Builder::new()
                         .name("nvml-gpu".into())
-                        .spawn_scoped(scope, move || one(w))
+                        .spawn_scoped(scope, move || {
+                            let cpu = thread_cpu_time();
+                            let mut read = one(w);
+                            read.own_thread_cpu = Some(thread_cpu_time().saturating_sub(cpu));
+                            read
+                        })
                 })
                 .collect();
             started
@@ -452,6 +467,7 @@ fn read_device(
         util_wanted,
         util,
         timer,
+        own_thread_cpu: None,
     }
 }
 

@@ -45,6 +45,11 @@ pub struct LiveGpu {
     /// The last health sample received (agents send one every health interval, not every
     /// tick): kept across ticks without one, seeded from the store at start-up.
     pub health: Option<LiveHealth>,
+    /// The tick time of the energy counter reading in `sample.energy_mj`. Agents read the
+    /// counter every few seconds: the ticks between carry none, and the latest sample
+    /// keeps the newest reading (a counter's value stays true), so `/metrics` and the
+    /// live view do not lose it between readings.
+    pub energy_ms: Option<UnixMs>,
 }
 
 /// The newest health sample of one GPU, and the time of the tick that carried it.
@@ -258,6 +263,7 @@ impl Live {
                     l.gpu,
                     LiveGpu {
                         time_ms: l.time_ms,
+                        energy_ms: l.sample.energy_mj.map(|_| l.time_ms),
                         sample: l.sample,
                         processes: l.processes,
                         health: None,
@@ -515,7 +521,14 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &UuidMap<GpuId>, ticks: &[Tick]) {
             {
                 m.events.note_answered(t.time_ms);
             }
-            if node.gpus.get(&id).is_some_and(|l| l.time_ms >= t.time_ms) {
+            if let Some(live) = node.gpus.get_mut(&id)
+                && live.time_ms >= t.time_ms
+            {
+                // An older tick of the batch: only a newer counter reading is taken.
+                if s.energy_mj.is_some() && live.energy_ms.is_none_or(|e| e < t.time_ms) {
+                    live.sample.energy_mj = s.energy_mj;
+                    live.energy_ms = Some(t.time_ms);
+                }
                 continue;
             }
             let processes = t
@@ -524,14 +537,23 @@ fn apply_ticks(node: &mut LiveNode, gpu_ids: &UuidMap<GpuId>, ticks: &[Tick]) {
                 .filter(|p| p.gpu_uuid == s.gpu_uuid)
                 .cloned()
                 .collect();
-            let health = node.gpus.remove(&id).and_then(|l| l.health);
+            let previous = node.gpus.remove(&id);
+            let mut sample = s.clone();
+            let mut energy_ms = sample.energy_mj.map(|_| t.time_ms);
+            if energy_ms.is_none()
+                && let Some(p) = &previous
+            {
+                sample.energy_mj = p.sample.energy_mj;
+                energy_ms = p.energy_ms;
+            }
             node.gpus.insert(
                 id,
                 LiveGpu {
                     time_ms: t.time_ms,
-                    sample: s.clone(),
+                    sample,
                     processes,
-                    health,
+                    health: previous.and_then(|l| l.health),
+                    energy_ms,
                 },
             );
         }
@@ -717,6 +739,52 @@ mod tests {
             Some(87),
             "thresholds reachable from the inventory"
         );
+    }
+
+    /// An agent reads the energy counter every few seconds: the latest sample keeps the
+    /// newest reading across ticks without one, from this batch or an earlier one.
+    #[test]
+    fn the_newest_energy_reading_is_kept_across_ticks_without_one() {
+        let uuid = "GPU-e";
+        let live = Live::new();
+        live.seed(
+            vec![record_with_gpu(uuid)],
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        let tick = |time_ms, energy_mj: Option<u64>| Tick {
+            time_ms,
+            gpus: vec![GpuSample {
+                gpu_uuid: uuid.into(),
+                power_mw: Some(1),
+                energy_mj,
+                ..Default::default()
+            }],
+            ..Tick::default()
+        };
+        let mut followed = record_with_gpu(uuid);
+        followed.last_seen_ms = Some(100);
+        let now = |live: &Live| {
+            live.read(|s| {
+                let (node, id) = s.find_gpu(uuid).expect("gpu");
+                let g = &node.gpus[&id];
+                (g.time_ms, g.sample.energy_mj, g.energy_ms)
+            })
+        };
+        live.followed(
+            &followed,
+            &[tick(10, Some(500)), tick(20, Some(700)), tick(30, None)],
+        );
+        assert_eq!(now(&live), (30, Some(700), Some(20)), "from the same batch");
+        live.followed(&followed, &[tick(40, None), tick(50, None)]);
+        assert_eq!(
+            now(&live),
+            (50, Some(700), Some(20)),
+            "from an earlier batch"
+        );
+        live.followed(&followed, &[tick(60, Some(900)), tick(70, None)]);
+        assert_eq!(now(&live), (70, Some(900), Some(60)), "a newer reading");
     }
 
     #[test]

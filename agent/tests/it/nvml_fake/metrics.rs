@@ -172,9 +172,10 @@ fn every_metric_reads_back_the_scenario_values() {
 
     let cost = t[1].cost.as_ref().expect("the source reports its cost");
     assert!(cost.source_us.is_some() && !cost.slowest_calls_us.is_empty());
-    assert_eq!(
-        cost.cpu_us, None,
-        "NVML runs on the sampling thread, whose CPU the sampler measures"
+    assert!(
+        cost.cpu_us.is_some() && cost.wall_us.is_some(),
+        "every call every tick: each GPU is read on a thread of its own, whose CPU the \
+         source reports (the sampler adds its own thread's): {cost:?}"
     );
     drop(src);
     let counts = fake.counts();
@@ -530,9 +531,11 @@ fn the_power_limit_is_read_every_30_s_and_reported_every_tick() {
 fn the_sampler_counts_the_sampling_threads_cpu_once() {
     // NVML runs on the sampling thread: the tick's CPU time is that thread's, measured
     // once, so it can never exceed the tick's wall time (counted by the source and again
-    // by the sampler, a busy tick's CPU came out near twice its wall time).
+    // by the sampler, a busy tick's CPU came out near twice its wall time). One GPU: with
+    // several, a tick of expensive calls reads each on a thread of its own, and their CPU
+    // together may exceed the wall time.
     let fake = Fake::new(Scenario {
-        gpus: (0..8).map(|i| gpu(&format!("GPU-cpu-{i}"))).collect(),
+        gpus: vec![gpu("GPU-cpu-0")],
         ..Scenario::default()
     });
     let mut sampler = gpufleet_uplink::sampler::Sampler::new(Box::new(fake.open()), None);
