@@ -54,12 +54,12 @@ pub struct SourceArgs {
     /// H100): on the last tick of each such slot of wall time, so every minute ends on a
     /// reading; the collector spreads each delta over the power samples between. Must
     /// divide a minute. 0: every tick.
-    #[arg(long, env = "GPUFLEET_ENERGY_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GPUFLEET_ENERGY_EVERY", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub energy_every: std::time::Duration,
     /// How often per-process utilization is fetched from the driver's buffer (2–3 ms of
     /// driver CPU per GPU); each tick since is completed from its own samples and sent
     /// then, so ticks with processes reach the collector up to this late. 0: every tick.
-    #[arg(long, env = "GPUFLEET_PROCESS_UTIL_EVERY", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "GPUFLEET_PROCESS_UTIL_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub process_util_every: std::time::Duration,
     /// How often PCIe throughput is read (each direction samples the link for 20 ms);
     /// the ticks between carry the last reading. 0: every tick.
@@ -69,6 +69,11 @@ pub struct SourceArgs {
     /// an event at once); the ticks between carry the last reading. 0: every tick.
     #[arg(long, env = "GPUFLEET_ECC_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub ecc_every: std::time::Duration,
+    /// How often the per-link NVLink throughput counters are read (the sums over the
+    /// links are read every tick); each reading's rate covers the time since the last,
+    /// carried between. 0: every tick.
+    #[arg(long, env = "GPUFLEET_NVLINK_LINKS_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub nvlink_links_every: std::time::Duration,
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -191,6 +196,7 @@ impl SourceArgs {
             process_util: self.process_util_every,
             pcie: self.pcie_every,
             ecc: self.ecc_every,
+            nvlink_links: self.nvlink_links_every,
         };
         cadence.check().map_err(OpenSourceError::Cadence)?;
         Ok(cadence)
@@ -344,5 +350,29 @@ impl CredentialArgs {
             key: self.key.clone(),
             token_file: self.token_file.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod cadence_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        source: SourceArgs,
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_cadence_defaults_and_a_bad_energy_cadence_is_refused() {
+        let flags = Flags::try_parse_from(["agent"]).expect("parses");
+        assert_eq!(flags.source.cadence().ok(), Some(Cadence::DEFAULT));
+        let flags = Flags::try_parse_from(["agent", "--energy-every", "7s", "--pcie-every", "0"])
+            .expect("parses");
+        assert_eq!(flags.source.pcie_every, std::time::Duration::ZERO);
+        assert!(
+            matches!(flags.source.cadence(), Err(OpenSourceError::Cadence(e)) if e.contains("7s"))
+        );
     }
 }

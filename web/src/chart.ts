@@ -11,6 +11,9 @@ const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948
 export interface SeriesSpec {
   label: string;
   color?: string;
+  /** Draw the line across samples without a value: a counter read every few seconds
+   * (the energy counter) has none between its readings, and is not absent there. */
+  spanGaps?: boolean;
 }
 
 export interface ChartSpec {
@@ -63,7 +66,7 @@ export class Chart {
           stroke: s.color ?? PALETTE[i % PALETTE.length],
           width: 1.5,
           dash: this.spec.dashed?.[i] ? [6, 4] : undefined,
-          spanGaps: false,
+          spanGaps: s.spanGaps ?? false,
           value: (_u: uPlot, v: number | null, _s: number, idx: number | null) => (idx === null ? '–' : v === null ? 'n/a' : fmt(v)),
         })),
       ],

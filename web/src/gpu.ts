@@ -58,7 +58,10 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     .then((e) => e.events.filter((x) => x.gpu_uuid === uuid || x.gpu_uuid === ''))
     .catch(() => [] as EventView[]);
   const marks = events.map((e) => e.time_ms);
-  const charts = METRICS.map(([m, title, fmt]) => new Chart({ title, unit: m, series: [{ label: title }], fmt, marks, height: 140, sync: 'gpu' }));
+  // The agent reads the energy counter every few seconds: its line spans the ticks between.
+  const charts = METRICS.map(([m, title, fmt]) => new Chart({
+    title, unit: m, series: [{ label: title, spanGaps: m === 'energy_mj' }], fmt, marks, height: 140, sync: 'gpu',
+  }));
   const evBody = el('tbody');
   for (const e of events) {
     evBody.append(el('tr', { 'data-kind': e.kind }, el('td', {}, new Date(e.time_ms).toISOString()), el('td', {}, e.kind),

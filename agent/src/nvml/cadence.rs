@@ -18,6 +18,9 @@
 //!   most one slot).
 //! - **PCIe throughput** and **volatile ECC counts**: every `pcie` / `ecc` of tick time;
 //!   the ticks between carry the last reading (as DCGM reports a field's latest value).
+//! - **Per-link NVLink counters**: every `nvlink_links`; they are cumulative, so each
+//!   reading's rate covers the whole time since the previous one, carried between. The
+//!   sums over all links are read every tick.
 //!
 //! A cadence no longer than the sampling interval means every tick.
 
@@ -35,6 +38,8 @@ pub struct Cadence {
     pub pcie: Duration,
     /// Volatile ECC error counts.
     pub ecc: Duration,
+    /// Per-link NVLink throughput counters (the sums over the links are read every tick).
+    pub nvlink_links: Duration,
 }
 
 impl Cadence {
@@ -44,16 +49,20 @@ impl Cadence {
         process_util: Duration::ZERO,
         pcie: Duration::ZERO,
         ecc: Duration::ZERO,
+        nvlink_links: Duration::ZERO,
     };
 
     /// The defaults, chosen from the measured costs: with 8 GPUs at 1 s, energy costs
-    /// 8 × 3.6 ms / 10 s ≈ 2.9 ms of CPU per second, per-process utilization
-    /// 8 × 2.4 ms / 5 s ≈ 3.8 ms, PCIe 8 × 1.4 ms / 10 s ≈ 1.1 ms.
+    /// 8 × 3.6 ms / 30 s ≈ 1.0 ms of CPU per second, per-process utilization
+    /// 8 × 2.4 ms / 10 s ≈ 1.9 ms, PCIe 8 × 1.4 ms / 10 s ≈ 1.1 ms, beside ~4.6 ms for
+    /// the cheap calls every tick; the per-link NVLink counters are 36 of a batch's 40
+    /// entries on an 18-link GPU.
     pub const DEFAULT: Cadence = Cadence {
-        energy: Duration::from_secs(10),
-        process_util: Duration::from_secs(5),
+        energy: Duration::from_secs(30),
+        process_util: Duration::from_secs(10),
         pcie: Duration::from_secs(10),
         ecc: Duration::from_secs(10),
+        nvlink_links: Duration::from_secs(10),
     };
 
     /// Why these cadences cannot be used, if they cannot: an energy cadence must put a
@@ -94,9 +103,10 @@ fn millis(d: Duration) -> i64 {
 pub(super) struct Due {
     every_ms: i64,
     interval_ms: i64,
-    /// Aligned: read on the last tick of each slot of wall time; else `every_ms` after
-    /// the previous reading.
+    /// Aligned: read on the last tick of each slot of wall time; else on the first.
     aligned: bool,
+    /// Slots start this long after the multiples of `every_ms`.
+    offset_ms: i64,
     last_ms: Option<UnixMs>,
 }
 
@@ -108,12 +118,25 @@ impl Due {
             every_ms: millis(every),
             interval_ms: millis(interval).max(1),
             aligned: true,
+            offset_ms: 0,
             last_ms: None,
         }
     }
 
-    /// Read every `every` of tick time, from the first tick.
-    pub(super) fn every(every: Duration, interval: Duration) -> Self {
+    /// As [`Due::aligned`], with the slots shifted by half a slot: its reads never fall
+    /// on the tick of an aligned call whose cadence is a multiple of this one (per-process
+    /// utilization beside the energy counter), so no tick makes both.
+    pub(super) fn aligned_half_slot(every: Duration, interval: Duration) -> Self {
+        Self {
+            offset_ms: millis(every) / 2,
+            ..Self::aligned(every, interval)
+        }
+    }
+
+    /// Read on the first tick of each `every` slot (slots start at multiples of
+    /// `every`): never on the tick an aligned call of the same cadence is made, so the
+    /// slow calls of a tick are not all made on the same one.
+    pub(super) fn slot_start(every: Duration, interval: Duration) -> Self {
         Self {
             aligned: false,
             ..Self::aligned(every, interval)
@@ -131,7 +154,8 @@ impl Due {
 
     /// Whether the tick at `now_ms` makes the call: every tick when the cadence is not
     /// longer than the interval; the first tick; a clock that went back; `every` since
-    /// the last reading (a missed slot end); or, aligned, the last tick of a slot.
+    /// the last reading (a missed slot end); or the last tick of a slot (aligned), the
+    /// first tick of a new slot (slot start).
     pub(super) fn is_due(&self, now_ms: UnixMs) -> bool {
         if self.every_ms <= self.interval_ms {
             return true;
@@ -142,11 +166,12 @@ impl Due {
         if now_ms < last || now_ms - last >= self.every_ms {
             return true;
         }
-        self.aligned
-            && now_ms.div_euclid(self.every_ms)
-                != now_ms
-                    .saturating_add(self.interval_ms)
-                    .div_euclid(self.every_ms)
+        let slot = |t: UnixMs| t.saturating_sub(self.offset_ms).div_euclid(self.every_ms);
+        if self.aligned {
+            slot(now_ms) != slot(now_ms.saturating_add(self.interval_ms))
+        } else {
+            slot(now_ms) != slot(last)
+        }
     }
 }
 
@@ -173,6 +198,19 @@ mod tests {
     }
 
     #[test]
+    fn half_slot_reads_never_fall_with_the_energy_reads() {
+        let ticks: Vec<UnixMs> = (0..130).map(|k| 60_000 + 7 + k * 1000).collect();
+        let energy = reads(Due::aligned(30 * S, S), ticks.clone());
+        let util = reads(Due::aligned_half_slot(10 * S, S), ticks);
+        // Slot ends at :04, :14, :24 … (slots from :05, :15, :25 …).
+        assert_eq!(util[1..4], [64_007, 74_007, 84_007]);
+        assert!(
+            util[1..].iter().all(|t| !energy.contains(t)),
+            "{util:?} {energy:?}"
+        );
+    }
+
+    #[test]
     fn a_missed_slot_end_is_read_at_the_next_tick_a_cadence_later() {
         // The tick of :09 never came (an overrun): :10 is read (10 s since :00), and the
         // slot after ends at :19 as usual.
@@ -185,14 +223,29 @@ mod tests {
     fn a_cadence_not_longer_than_the_interval_is_every_tick() {
         let ticks = [0, 100, 200, 300];
         assert_eq!(reads(Due::aligned(Duration::ZERO, S / 10), ticks), ticks);
-        assert_eq!(reads(Due::every(S / 10, S / 10), ticks), ticks);
+        assert_eq!(reads(Due::slot_start(S / 10, S / 10), ticks), ticks);
     }
 
     #[test]
-    fn unaligned_reads_are_a_cadence_apart_and_a_clock_going_back_reads() {
-        let ticks = [500, 1500, 2500, 3500, 4500, 5500, 1000, 2000];
-        let got = reads(Due::every(2 * S, S), ticks);
-        assert_eq!(got, [500, 2500, 4500, 1000]);
+    fn slot_starts_are_read_and_never_with_the_slot_ends() {
+        // 1 s ticks 3 ms past the second, a 10 s cadence: the first tick, then :10, :20 …
+        let ticks = (0..35).map(|k| 120_000 + 3 + k * 1000);
+        let starts = reads(Due::slot_start(10 * S, S), ticks.clone());
+        assert_eq!(starts, [120_003, 130_003, 140_003, 150_003]);
+        let ends = reads(Due::aligned(10 * S, S), ticks);
+        assert!(
+            starts[1..].iter().all(|t| !ends.contains(t)),
+            "{starts:?} {ends:?}"
+        );
+        // Started mid-slot: the next read is at the next slot's start, not 10 s later.
+        let got = reads(
+            Due::slot_start(10 * S, S),
+            (0..15).map(|k| 4_000 + k * 1000),
+        );
+        assert_eq!(got, [4_000, 10_000]);
+        // A clock that went back reads.
+        let got = reads(Due::slot_start(2 * S, S), [500, 1500, 2500, 1000]);
+        assert_eq!(got, [500, 2500, 1000]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use super::mapping::FieldKey;
 use super::mig::MigDevice;
-use gpufleet_core::UnixMs;
+use gpufleet_core::{NvLinkSample, UnixMs};
 use nvml_wrapper::Device;
 use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
 use std::collections::BTreeMap;
@@ -128,6 +128,8 @@ pub(super) struct DeviceState<'n> {
     pub(super) ecc_last: (Option<u64>, Option<u64>),
     /// The PCIe rates (TX, RX, bytes/s) as last read: the ticks between carry them.
     pub(super) pcie_last: [Option<u64>; 2],
+    /// The per-link NVLink rates as last read: the ticks between carry them.
+    pub(super) nvlinks_last: Vec<NvLinkSample>,
     /// The device fell off the bus: its values are absent; a `GpuLost` event was sent.
     /// Probed once per tick until it answers again.
     pub(super) lost: bool,
@@ -168,6 +170,7 @@ impl DeviceState<'_> {
         self.power_limit = None;
         self.ecc_last = (None, None);
         self.pcie_last = [None; 2];
+        self.nvlinks_last.clear();
     }
 
     /// Whether the power limit is to be read at tick time `now_ms`: never read yet, read

@@ -1,28 +1,35 @@
 //! Batched field values (`nvmlDeviceGetFieldValues`): instant power, memory temperature
 //! and NVLink throughput counters, with the scoped batch nvml-wrapper cannot send.
 
-use super::MAX_NVLINKS;
 use super::device::{DeviceState, Metric};
 use super::mapping::{FieldKey, FieldValues, tick_fields};
 use super::reader::read;
+use super::{ALL_LINKS, MAX_NVLINKS};
 use gpufleet_core::UnixMs;
 use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::Device;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+};
 use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlValue_t};
 use std::ffi::c_int;
 use tracing::debug;
 
 /// The batched field values: instant power (mW), memory temperature (°C) and the NVLink
-/// data counters (summed and per active link), turned into rates ([`tick_fields`]).
-/// Entries the device does not support are dropped from the batch; once none is left,
-/// the call is not made again. The call's buffer and the counters' previous readings are
-/// kept in the device state (no allocation per tick but the tick's own values).
+/// data counters (summed and, when `links` is due, per active link), turned into rates
+/// ([`tick_fields`]). The per-link entries end the batch: on the other ticks they are
+/// left out, their rates carried from the last reading (a counter's next rate spans the
+/// ticks it was not read). Entries the device does not support are dropped from the
+/// batch; once none is left, the call is not made again. The call's buffer and the
+/// counters' previous readings are kept in the device state (no allocation per tick but
+/// the tick's own values).
 pub(super) fn read_fields(
     dev: &mut DeviceState<'_>,
     timer: &mut CallTimer,
     now_ms: UnixMs,
+    links: bool,
 ) -> FieldValues {
     if dev.fields.is_empty() {
         return FieldValues::default();
@@ -30,19 +37,39 @@ pub(super) fn read_fields(
     // Taken out for the call (which borrows the device state) and put back after.
     let mut keys = std::mem::take(&mut dev.fields);
     let mut buf = std::mem::take(&mut dev.field_buf);
-    let answered = read(dev, timer, Metric::FieldValues, |d| {
-        field_values_into(d, &keys, &mut buf)
-    })
-    .is_some();
+    let asked = if links {
+        keys.len()
+    } else {
+        keys.iter().take_while(|k| !is_per_link(k)).count()
+    };
+    let answered = asked > 0
+        && read(dev, timer, Metric::FieldValues, |d| {
+            field_values_into(d, &keys[..asked], &mut buf)
+        })
+        .is_some();
     if !answered {
         if !dev.unsupported.contains(Metric::FieldValues) {
             dev.fields = keys;
             dev.field_buf = buf;
         }
-        return FieldValues::default();
+        let mut values = FieldValues::default();
+        if !links && !dev.lost {
+            values.nvlinks.clone_from(&dev.nvlinks_last);
+        }
+        return values;
     }
     let answers = buf.iter().map(|raw| FieldValueSample::try_from(*raw));
-    let (values, unsupported) = tick_fields(&keys, answers, &mut dev.field_prev, now_ms);
+    let (mut values, unsupported) = tick_fields(
+        &keys[..asked],
+        answers,
+        &mut dev.field_prev[..asked],
+        now_ms,
+    );
+    if links {
+        dev.nvlinks_last.clone_from(&values.nvlinks);
+    } else {
+        values.nvlinks.clone_from(&dev.nvlinks_last);
+    }
     if !unsupported.is_empty() {
         let dropped: Vec<FieldKey> = unsupported
             .iter()
@@ -65,6 +92,13 @@ pub(super) fn read_fields(
     dev.fields = keys;
     dev.field_buf = buf;
     values
+}
+
+/// A per-link NVLink throughput entry (the batch's tail; the sums come before).
+fn is_per_link(k: &FieldKey) -> bool {
+    k.scope != ALL_LINKS
+        && (k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+            || k.field == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
 }
 
 /// `nvmlDeviceGetFieldValues` with each entry's `scopeId` set: nvml-wrapper 0.13's

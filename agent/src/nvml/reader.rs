@@ -65,15 +65,17 @@ struct Dues {
     util: Due,
     pcie: Due,
     ecc: Due,
+    links: Due,
 }
 
 impl Dues {
     fn new(c: Cadence, interval: Duration) -> Self {
         Self {
             energy: Due::aligned(c.energy, interval),
-            util: Due::aligned(c.process_util, interval),
-            pcie: Due::every(c.pcie, interval),
-            ecc: Due::every(c.ecc, interval),
+            util: Due::aligned_half_slot(c.process_util, interval),
+            pcie: Due::slot_start(c.pcie, interval),
+            ecc: Due::slot_start(c.ecc, interval),
+            links: Due::slot_start(c.nvlink_links, interval),
         }
     }
 }
@@ -120,6 +122,7 @@ impl<'n> Reader<'n> {
                 util_seen_us: 0,
                 ecc_last: (None, None),
                 pcie_last: [None; 2],
+                nvlinks_last: Vec::new(),
                 lost: false,
                 field_prev: vec![None; fields.len()],
                 field_buf: Vec::with_capacity(fields.len()),
@@ -225,6 +228,7 @@ impl<'n> Reader<'n> {
             util: self.due.util.take(now_ms) || force_util,
             pcie: self.due.pcie.take(now_ms),
             ecc: self.due.ecc.take(now_ms),
+            links: self.due.links.take(now_ms),
         };
         let health_due = self.health.due(now_ms);
         for dev in &mut self.devices {
@@ -365,6 +369,7 @@ pub(super) struct DueNow {
     pub(super) util: bool,
     pub(super) pcie: bool,
     pub(super) ecc: bool,
+    pub(super) links: bool,
 }
 
 /// What one device's part of a tick read.
@@ -613,7 +618,7 @@ pub(super) fn sample_device(
         read(dev, timer, Metric::Encoder, |d| d.encoder_utilization()).map(|u| pct(u.utilization));
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
-    let fields = read_fields(dev, timer, now_ms);
+    let fields = read_fields(dev, timer, now_ms, due.links);
     let mut hints = dev.list_hints;
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
         running_processes(d, ProcessList::Compute, &mut hints[0])

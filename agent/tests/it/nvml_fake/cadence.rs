@@ -103,8 +103,9 @@ fn buffered_process_utilization_gives_every_tick_the_shares_of_fetching_each_tic
 }
 
 /// The counter on the first tick and on the last tick of each 10 s slot, absent on the
-/// others (not repeated: the collector spreads each delta over them); PCIe and ECC read
-/// every 5 s and carried between; the cheap values every tick.
+/// others (not repeated: the collector spreads each delta over them); PCIe, ECC and the
+/// per-link NVLink counters read every 5 s and carried between; the cheap values and the
+/// NVLink sums every tick.
 #[test]
 fn the_energy_counter_is_read_on_each_slots_last_tick_and_the_rest_carried() {
     let g = Gpu {
@@ -128,6 +129,7 @@ fn the_energy_counter_is_read_on_each_slots_last_tick_and_the_rest_carried() {
         pcie: Duration::from_secs(5),
         ecc: Duration::from_secs(5),
         process_util: Duration::ZERO,
+        nvlink_links: Duration::from_secs(5),
     };
     let mut src = fake.open_with_cadence(Duration::from_secs(1), cadence);
     // Ticks at :00.250 … :24.250 of a minute.
@@ -150,6 +152,15 @@ fn the_energy_counter_is_read_on_each_slots_last_tick_and_the_rest_carried() {
         .collect();
     assert_eq!(pcie[0], pcie[4], "carried between reads");
     assert_ne!(pcie[4], pcie[5], "read again 5 s later");
+    let links: Vec<usize> = ticks
+        .iter()
+        .map(|t| sample(t, "GPU-0").nvlinks.len())
+        .collect();
+    assert_eq!(links[0], 0, "no rate before two readings");
+    assert!(
+        links[5..].iter().all(|n| *n == 12),
+        "carried between: {links:?}"
+    );
     let ecc: Vec<Option<u64>> = ticks
         .iter()
         .map(|t| sample(t, "GPU-0").ecc_corrected_volatile)
@@ -167,5 +178,37 @@ fn the_energy_counter_is_read_on_each_slots_last_tick_and_the_rest_carried() {
         count(&counts, "gpu0.nvmlDeviceGetPcieThroughput"),
         10,
         "TX and RX, 5 times"
+    );
+}
+
+/// A GPU whose driver answers per-process utilization NOT_SUPPORTED: asked once, its
+/// processes' utilization absent, and no tick is held for samples that will not come.
+#[test]
+fn without_per_process_utilization_nothing_is_held() {
+    let g = Gpu {
+        compute_processes: vec![proc_(1101, 1, Some(40))],
+        unsupported: vec!["nvmlDeviceGetProcessUtilization".into()],
+        ..gpu("GPU-0")
+    };
+    let fake = Fake::new(Scenario {
+        gpus: vec![g],
+        ..Scenario::default()
+    });
+    let cadence = Cadence {
+        process_util: Duration::from_secs(5),
+        ..Cadence::EVERY_TICK
+    };
+    let mut src = fake.open_with_cadence(Duration::from_secs(1), cadence);
+    for k in 0..12 {
+        let ready = src.sample_ready(T0 + k * 1000).expect("tick");
+        assert_eq!(ready.len(), 1, "tick {k} leaves at once");
+        let p = &ready[0].processes[0];
+        assert_eq!((p.pid, p.sm_util_pct), (1101, None), "absent, not 0");
+    }
+    drop(src);
+    assert_eq!(
+        count(&fake.counts(), "gpu0.nvmlDeviceGetProcessUtilization"),
+        1,
+        "asked once"
     );
 }
