@@ -63,16 +63,16 @@ pub struct SourceArgs {
     pub process_util_every: std::time::Duration,
     /// How often PCIe throughput is read (each direction samples the link for 20 ms);
     /// the ticks between carry the last reading. 0: every tick.
-    #[arg(long, env = "GPUFLEET_PCIE_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GPUFLEET_PCIE_EVERY", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub pcie_every: std::time::Duration,
     /// How often volatile ECC error counts are read (an uncorrectable error also raises
     /// an event at once); the ticks between carry the last reading. 0: every tick.
-    #[arg(long, env = "GPUFLEET_ECC_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GPUFLEET_ECC_EVERY", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub ecc_every: std::time::Duration,
     /// How often the per-link NVLink throughput counters are read (the sums over the
     /// links are read every tick); each reading's rate covers the time since the last,
     /// carried between. 0: every tick.
-    #[arg(long, env = "GPUFLEET_NVLINK_LINKS_EVERY", value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "GPUFLEET_NVLINK_LINKS_EVERY", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub nvlink_links_every: std::time::Duration,
 }
 

@@ -54,15 +54,16 @@ impl Cadence {
 
     /// The defaults, chosen from the measured costs: with 8 GPUs at 1 s, energy costs
     /// 8 × 3.6 ms / 30 s ≈ 1.0 ms of CPU per second, per-process utilization
-    /// 8 × 2.4 ms / 10 s ≈ 1.9 ms, PCIe 8 × 1.4 ms / 10 s ≈ 1.1 ms, beside ~4.6 ms for
+    /// 8 × 2.4 ms / 10 s ≈ 1.9 ms, PCIe 8 × 1.4 ms / 30 s ≈ 0.4 ms, beside ~4.6 ms for
     /// the cheap calls every tick; the per-link NVLink counters are 36 of a batch's 40
-    /// entries on an 18-link GPU.
+    /// entries on an 18-link GPU. 30 s is also dcgm-exporter's default collection
+    /// interval for every field.
     pub const DEFAULT: Cadence = Cadence {
         energy: Duration::from_secs(30),
         process_util: Duration::from_secs(10),
-        pcie: Duration::from_secs(10),
-        ecc: Duration::from_secs(10),
-        nvlink_links: Duration::from_secs(10),
+        pcie: Duration::from_secs(30),
+        ecc: Duration::from_secs(30),
+        nvlink_links: Duration::from_secs(30),
     };
 
     /// Why these cadences cannot be used, if they cannot: an energy cadence must put a

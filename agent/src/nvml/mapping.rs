@@ -6,9 +6,7 @@ use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Brand, ComputeMode, PerformanceState};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::{
-    FieldValueSample, MemoryInfo, ProcessInfo, ProcessUtilizationSample,
-};
+use nvml_wrapper::struct_wrappers::device::{FieldValueSample, MemoryInfo, ProcessInfo};
 use nvml_wrapper::sys_exports::field_id::{
     NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX,
     NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_REMAPPED_COR,
@@ -391,27 +389,12 @@ pub struct GpuProcess {
     pub process_type: ProcessType,
     /// GPU memory it holds.
     pub used_bytes: Option<u64>,
-    /// SM utilization since the last call.
-    pub sm_pct: Option<u32>,
-    /// Memory-bandwidth utilization since the last call.
-    pub mem_pct: Option<u32>,
-    /// Encoder utilization since the last call.
-    pub enc_pct: Option<u32>,
-    /// Decoder utilization since the last call.
-    pub dec_pct: Option<u32>,
 }
 
 /// Merges the compute and graphics process lists (a pid in both is
-/// compute-and-graphics) with the per-process utilization samples, ordered by pid.
-///
-/// `util` is `None` when utilization could not be read: utilizations are then absent.
-/// When it was read, NVML lists only processes that were busy during the period, so a
-/// process missing from it was idle: 0. Several samples of one pid: the newest wins.
-pub fn merge_processes(
-    compute: &[ProcessInfo],
-    graphics: &[ProcessInfo],
-    util: Option<&[ProcessUtilizationSample]>,
-) -> Vec<GpuProcess> {
+/// compute-and-graphics), ordered by pid. Their utilization is not here: a tick takes
+/// it from the driver's samples of its own window when they are fetched (`held`).
+pub fn merge_processes(compute: &[ProcessInfo], graphics: &[ProcessInfo]) -> Vec<GpuProcess> {
     let mut by_pid: BTreeMap<u32, (bool, bool, Option<u64>)> = BTreeMap::new();
     for (list, is_compute) in [(compute, true), (graphics, false)] {
         for p in list {
@@ -427,29 +410,12 @@ pub fn merge_processes(
             };
         }
     }
-    let mut newest: BTreeMap<u32, &ProcessUtilizationSample> = BTreeMap::new();
-    for s in util.unwrap_or(&[]) {
-        let e = newest.entry(s.pid).or_insert(s);
-        if s.timestamp > e.timestamp {
-            *e = s;
-        }
-    }
     by_pid
         .into_iter()
-        .map(|(pid, (c, g, used))| {
-            let u = newest.get(&pid);
-            let field = |f: fn(&ProcessUtilizationSample) -> u32| -> Option<u32> {
-                util.map(|_| u.map_or(0, |s| pct(f(s))))
-            };
-            GpuProcess {
-                pid,
-                process_type: process_type(c, g),
-                used_bytes: used,
-                sm_pct: field(|s| s.sm_util),
-                mem_pct: field(|s| s.mem_util),
-                enc_pct: field(|s| s.enc_util),
-                dec_pct: field(|s| s.dec_util),
-            }
+        .map(|(pid, (c, g, used))| GpuProcess {
+            pid,
+            process_type: process_type(c, g),
+            used_bytes: used,
         })
         .collect()
 }
@@ -510,17 +476,6 @@ mod tests {
             used_gpu_memory: used.map_or(UsedGpuMemory::Unavailable, UsedGpuMemory::Used),
             gpu_instance_id: None,
             compute_instance_id: None,
-        }
-    }
-
-    fn util(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
-        ProcessUtilizationSample {
-            pid,
-            timestamp: ts,
-            sm_util: sm,
-            mem_util: sm / 2,
-            enc_util: 0,
-            dec_util: 7,
         }
     }
 
@@ -881,33 +836,18 @@ mod tests {
     }
 
     #[test]
-    fn processes_merge_by_pid_with_the_newest_utilization() {
+    fn processes_merge_by_pid_with_the_larger_memory() {
         let compute = [proc_info(300, Some(4 << 30)), proc_info(100, Some(1 << 30))];
         let graphics = [proc_info(100, Some(2 << 30)), proc_info(200, None)];
-        let samples = [util(300, 10, 40), util(300, 20, 60), util(200, 15, 5)];
-        let merged = merge_processes(&compute, &graphics, Some(&samples));
+        let merged = merge_processes(&compute, &graphics);
         let pids: Vec<u32> = merged.iter().map(|p| p.pid).collect();
         assert_eq!(pids, [100, 200, 300]);
         assert_eq!(merged[0].process_type, ProcessType::ComputeAndGraphics);
         assert_eq!(merged[0].used_bytes, Some(2 << 30));
-        assert_eq!(
-            merged[0].sm_pct,
-            Some(0),
-            "not in the samples: idle during the period"
-        );
         assert_eq!(merged[1].process_type, ProcessType::Graphics);
         assert_eq!(
             merged[1].used_bytes, None,
             "memory not available stays absent"
-        );
-        assert_eq!(merged[2].sm_pct, Some(60), "newest sample wins");
-        assert_eq!(merged[2].dec_pct, Some(7));
-
-        let no_util = merge_processes(&compute, &[], None);
-        assert!(
-            no_util
-                .iter()
-                .all(|p| p.sm_pct.is_none() && p.mem_pct.is_none())
         );
     }
 }

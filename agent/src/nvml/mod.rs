@@ -5,15 +5,17 @@
 //! that samples (no hop to another thread per tick), and dropping the source shuts NVML
 //! down cleanly.
 //!
-//! Per tick and device it reads utilization, memory (v2), power, enforced limit, total
-//! energy, temperature, fan, clocks, performance state, PCIe throughput, volatile ECC
-//! counts, clock event (throttle) reasons, encoder/decoder utilization, instant power,
-//! memory temperature and NVLink data throughput, summed and per active link (one batched
+//! Per device it reads utilization, memory (v2), power, enforced limit, total energy,
+//! temperature, fan, clocks, performance state, PCIe throughput, volatile ECC counts,
+//! clock event (throttle) reasons, encoder/decoder utilization, instant power, memory
+//! temperature and NVLink data throughput, summed and per active link (one batched
 //! `nvmlDeviceGetFieldValues` call, see `field_values_scoped`) and the processes
-//! (compute + graphics, with per-process utilization since the last call). A call that
-//! answers NOT_SUPPORTED makes the value absent and is not asked again for that device
-//! (a field value: that entry is dropped from the batch). Every call is timed; the tick's
-//! [`SamplerCost`] carries the total and the slowest.
+//! (compute + graphics, with per-process utilization): the cheap ones every tick, the
+//! expensive ones at their own cadence (`cadence`; ticks wait for their per-process
+//! utilization in `held`). A call that answers NOT_SUPPORTED makes the value absent and
+//! is not asked again for that device (a field value: that entry is dropped from the
+//! batch). Every call is timed; the tick's [`SamplerCost`] carries the total and the
+//! slowest.
 //!
 //! Health (`health`): retired pages, row remapping, lifetime ECC, PCIe replays, NVLink
 //! error counters and persistence mode, in `Tick::health`, on the first tick, every
@@ -40,8 +42,10 @@
 //!
 //! Layout: `reader` samples each tick (`device` per-GPU state, `mig`, `health`, `fields`
 //! for the batched field values, `lists` for the process and utilization lists in one
-//! call each), `events` registers and polls the event set, and `mapping` holds
-//! the NVML → domain mappings, pure functions tested without NVML.
+//! call each, `cadence` for when the expensive calls are made, `held` for the ticks
+//! waiting for their per-process utilization), `events` registers and polls the event
+//! set, and `mapping` holds the NVML → domain mappings, pure functions tested without
+//! NVML.
 //!
 //! [`SamplerCost`]: gpufleet_core::SamplerCost
 

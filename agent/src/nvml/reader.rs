@@ -296,10 +296,11 @@ impl<'n> Reader<'n> {
                     user: id.user.clone(),
                     command: id.command.clone(),
                     gpu_mem_bytes: p.used_bytes,
-                    sm_util_pct: p.sm_pct,
-                    mem_util_pct: p.mem_pct,
-                    enc_util_pct: p.enc_pct,
-                    dec_util_pct: p.dec_pct,
+                    // From the driver's samples of this tick's window, once fetched.
+                    sm_util_pct: None,
+                    mem_util_pct: None,
+                    enc_util_pct: None,
+                    dec_util_pct: None,
                     workload: id.workload.clone(),
                     mig_uuid: read.mig_of.get(&p.pid).cloned(),
                 });
@@ -631,7 +632,6 @@ pub(super) fn sample_device(
     let processes = merge_processes(
         compute.as_deref().unwrap_or(&[]),
         graphics.as_deref().unwrap_or(&[]),
-        None,
     );
     if dev.lost {
         // Nothing cached is reported for a lost GPU; read again once it answers.
