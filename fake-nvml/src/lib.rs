@@ -34,7 +34,8 @@ mod sampling;
 mod state;
 mod unsupported;
 
-pub use scenario::{CallCost, EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
+pub use cost::CallCost;
+pub use scenario::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
 
 /// The file name the fake looks for beside itself when `FAKE_NVML_SCENARIO` is unset.
 pub const SCENARIO_FILE: &str = "fake-nvml.json";

@@ -22,6 +22,7 @@
 //! clock (every multiple of the period, kept `process_buffer_ms`) newer than the caller's
 //! `lastSeenTimeStamp`, instead of one fresh sample per call.
 
+use crate::cost::CallCost;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -72,48 +73,6 @@ impl Scenario {
     /// and keys): the reason it would refuse this scenario.
     pub fn validate(&self) -> Result<(), String> {
         crate::cost::Costs::new(self.cost_model.as_deref(), &self.costs).map(|_| ())
-    }
-}
-
-/// What one call costs, paid after the call's work with the fake's lock released (so
-/// calls on several threads overlap, as on a real driver): the thread spins until its
-/// own CPU time (`CLOCK_THREAD_CPUTIME_ID`) has advanced by `cpu_us`, then sleeps
-/// `wait_us`. Charged also when the call answers NOT_SUPPORTED or NOT_FOUND (the driver
-/// did the work), not for a bad handle nor a lost GPU. The totals per GPU are in the
-/// counts file as `gpu<i>.charged_cpu_us` / `gpu<i>.charged_wait_us`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CallCost {
-    /// CPU time to burn on the calling thread (µs).
-    pub cpu_us: u64,
-    /// Time to sleep after it (µs): the driver waiting on the GPU.
-    pub wait_us: u64,
-}
-
-impl CallCost {
-    /// Nothing to pay.
-    pub const FREE: Self = Self {
-        cpu_us: 0,
-        wait_us: 0,
-    };
-
-    /// A cost of CPU only.
-    pub const fn cpu(cpu_us: u64) -> Self {
-        Self { cpu_us, wait_us: 0 }
-    }
-
-    /// Whether there is nothing to pay.
-    pub const fn is_free(self) -> bool {
-        self.cpu_us == 0 && self.wait_us == 0
-    }
-
-    /// Both costs added (saturating).
-    #[must_use]
-    pub const fn plus(self, other: Self) -> Self {
-        Self {
-            cpu_us: self.cpu_us.saturating_add(other.cpu_us),
-            wait_us: self.wait_us.saturating_add(other.wait_us),
-        }
     }
 }
 

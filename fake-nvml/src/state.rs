@@ -10,9 +10,10 @@
 //! notes what it owes ([`State::device_call`], [`State::field_asked`]) and [`with_owed`]
 //! hands it to the caller, who pays it once the lock is released.
 
+use crate::cost::CallCost;
 use crate::cost::Costs;
 use crate::function::Function;
-use crate::scenario::{CallCost, EventKind, Gpu, Process, Scenario, Value};
+use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
 use crate::unsupported::Unsupported;
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,

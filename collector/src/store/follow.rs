@@ -5,7 +5,8 @@
 //! each GPU's or node's rows are found through its primary key, and a window keeps each
 //! node's `limit` like [`FleetReads::node_ticks`](super::FleetReads::node_ticks).
 //! It reads the row tables only: the live follower asks for the newest ticks, and minutes
-//! are packed an hour after they close (`node_ticks` reads packed ranges another way).
+//! are packed 15 minutes after they close by default (`node_ticks` reads packed ranges
+//! another way).
 //! Samples and process ticks packed as they arrived (a node catching up on closed
 //! minutes) are the exception: [`with_packed_ticks`] finds the nodes that have them in
 //! range, and those are read both forms merged.

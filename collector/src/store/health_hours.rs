@@ -6,7 +6,7 @@
 //! - **Packing** ([`SqlStore::pack_health_hours`], run with the raw tiers' packing): an
 //!   hour is packed once it ends at or before the caller's horizon and the GPU has a
 //!   reading after it, so the GPU's newest reading is always a row (it seeds the live
-//!   state, [`super::FleetStore::latest_gpu_health`]). Its rows leave their table in the
+//!   state, [`super::FleetReads::latest_gpu_health`]). Its rows leave their table in the
 //!   same transaction.
 //! - **Late readings** are written as rows, as any other: a reading into a packed hour
 //!   stays a row until the next pass packs it in. A time held both packed and as a row

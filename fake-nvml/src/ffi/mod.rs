@@ -20,8 +20,8 @@
 // The exported names and NVML's constants are the C names.
 #![allow(non_snake_case, non_upper_case_globals)]
 
+use crate::cost::CallCost;
 use crate::function::Function;
-use crate::scenario::CallCost;
 use crate::state::{self, NvmlResult, State};
 use nvml_wrapper_sys::bindings::*;
 use std::ffi::{c_char, c_uint, c_ulonglong};
