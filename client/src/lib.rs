@@ -5,7 +5,7 @@
 //!   [`sse`]: the `/api/v1/live` stream, reconnecting.
 //! - [`model`]: what it knows (the fleet kept current by live events, the open node,
 //!   today's energy); [`app`]: the UI state and what each key does (pure).
-//! - [`ui`]: drawing into any ratatui buffer; [`format`]: numbers as printed.
+//! - [`ui`]: drawing into any ratatui buffer; [`format`](mod@format): numbers as printed.
 //! - [`top`]: the loop tying them together, and `--once`.
 
 pub mod api;

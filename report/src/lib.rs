@@ -5,7 +5,7 @@
 //!
 //! - [`model`]: the [`Report`] and [`MetricsBuilder`] (GPU samples → averages, maxima,
 //!   per-GPU series).
-//! - [`render`]: `table`, `json`, `yaml`, `csv`.
+//! - [`render`](mod@render): `table`, `json`, `yaml`, `csv`.
 //! - [`plot`]: the PNG time-series plot.
 //! - [`waste`]: the idle-but-allocated episodes of a range (`gpufleet-collector report waste`).
 

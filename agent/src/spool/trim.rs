@@ -32,7 +32,7 @@ impl Spool {
 
     /// Trims acked/dropped ticks at the front and moves the watermark (in memory); every
     /// segment but the active one whose ticks are all trimmed is doomed: deleted by
-    /// [`Outbox::maintain`] once the watermark is persisted.
+    /// [`Outbox::maintain`](gpufleet_uplink::queue::Outbox::maintain) once the watermark is persisted.
     pub(super) fn trim(&mut self) {
         let before = self.meta.trimmed_through;
         while let Some(e) = self.entries.front() {

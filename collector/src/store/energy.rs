@@ -52,7 +52,7 @@ pub struct EnergyRange {
     pub to_ms: UnixMs,
 }
 
-/// What [`EnergyStore::replace_energy_minutes`](super::EnergyStore::replace_energy_minutes) takes, for
+/// What [`super::EnergyStore::replace_energy_minutes`] takes, for
 /// one GPU of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MinuteReplacement {

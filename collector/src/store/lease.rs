@@ -13,7 +13,7 @@
 //!   its connection every [`PG_CHECK_EVERY`]; a failed or slow ping marks the lease lost
 //!   ([`Lease::lost`]) so the job stops here. The schema is part of the key, so
 //!   deployments (and tests) in different schemas of one database do not share leases.
-//! - **SQLite** ([`file`]): an exclusive `flock` on `<database file>.lead-<job>` kept open
+//! - **SQLite** ([`file`](fn@file)): an exclusive `flock` on `<database file>.lead-<job>` kept open
 //!   for the lease's life; the kernel releases it when the process dies. It covers
 //!   collectors on one host (not network file systems). An in-memory database uses an
 //!   in-process lock ([`LocalLeases`]).

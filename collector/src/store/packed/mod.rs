@@ -6,7 +6,7 @@
 //! samples: every field at full resolution, absent values absent (a presence map per
 //! column), GPU samples without their UUID (the GPU is the row's key, as in
 //! `gpu_samples`), process ticks with their lifetime id (identity in `process_lives`),
-//! host rows as [`HostRow`] (a reading whose metrics are all absent is no reading).
+//! host rows as [`HostRow`](super::HostRow) (a reading whose metrics are all absent is no reading).
 //!
 //! Layout of a packed value: format version, compression (0 none, 1 deflate), the
 //! CRC-32C of the payload (4 bytes, little-endian), then the payload, compressed or not.
