@@ -24,6 +24,7 @@ pub mod alerts;
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod families;
 pub mod health;
 pub mod ingest;
 pub mod live;

@@ -2,7 +2,7 @@
 //! into remote-write `TimeSeries` (the same metric names and labels as `/metrics`), and
 //! a `WriteRequest` as the wire wants it (protobuf, then snappy's block format).
 
-use crate::api::prometheus::{GPU_FAMILIES, GpuValue, Num};
+use crate::families::{GPU_FAMILIES, GpuValue, Num};
 use crate::store::GpuRecord;
 use crate::store::remote_write::WorkloadNodeEnergy;
 use gpufleet_core::{GpuSample, UnixMs, Workload};

@@ -1,7 +1,7 @@
 //! The pusher's own metrics, shown on `/metrics` (the handler calls [`register`]) while
 //! remote-write is configured.
 
-use crate::api::prometheus::{Num, value};
+use crate::families::{Num, value};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;

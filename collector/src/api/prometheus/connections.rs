@@ -1,7 +1,8 @@
 //! The listeners' refused connections and live streams on `/metrics`, read from the
 //! counters the accept loops keep ([`crate::net::conn_limit::ConnStats`]).
 
-use crate::api::prometheus::{Num, put, value};
+use super::put;
+use crate::families::{Num, value};
 use crate::net::conn_limit::{ConnStats, Listener};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
