@@ -128,6 +128,22 @@ pub fn format_time(ms: i64) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00.000Z".to_owned())
 }
 
+/// A minute in Unix ms: the unit of energy accounting and rollups.
+pub const MINUTE_MS: i64 = 60_000;
+/// An hour in Unix ms: the span of a packed value.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// The start of the minute holding `t` (`i64::MIN` for the minute before the first whole
+/// one).
+pub fn minute_of(t: i64) -> i64 {
+    t.div_euclid(MINUTE_MS).saturating_mul(MINUTE_MS)
+}
+
+/// The start of the hour holding `t`.
+pub fn hour_of(t: i64) -> i64 {
+    t.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

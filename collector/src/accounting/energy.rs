@@ -44,8 +44,7 @@ use std::collections::BTreeMap;
 /// A workload's id in the store (`workloads.id`); ties in a split go to the lowest.
 pub type WorkloadRef = i64;
 
-/// Minutes are the rollup unit.
-pub const MINUTE_MS: i64 = 60_000;
+pub use gpufleet_core::times::{MINUTE_MS, minute_of};
 
 /// The attribution rules minutes are computed with, stored in each minute row: 1 before
 /// the idle baseline was learned and idle split by memory (those rows are checked for
@@ -443,12 +442,6 @@ pub fn interval_energies(seq: &[&EnergySample], max_gap_ms: i64) -> Vec<(Method,
         }
     }
     out
-}
-
-/// The start of the minute holding `t` (`i64::MIN` for the minute before the first whole
-/// one).
-pub fn minute_of(t: UnixMs) -> UnixMs {
-    t.div_euclid(MINUTE_MS).saturating_mul(MINUTE_MS)
 }
 
 /// One workload's energy on one GPU in one minute (intervals ending in that minute).

@@ -27,7 +27,7 @@ use super::rollup::{RollupKey, RollupKind, spec};
 use super::rollup_hours::{self, HOUR_MS, hour_of};
 use super::write::Samples;
 use super::{GpuId, GpuMetric, StoreError};
-use crate::accounting::energy::{MINUTE_MS, minute_of};
+use gpufleet_core::times::{MINUTE_MS, minute_of};
 use gpufleet_core::{GpuSample, UnixMs};
 use std::borrow::{Borrow, Cow};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

@@ -12,8 +12,8 @@ use super::{
     NodeBatch, NodeId, NodeRecord, Rehomed, SeriesPoint, SqlStore, StoreError, TimeRange,
     WriteOutcome, assemble_ticks, follow,
 };
-use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
+use gpufleet_core::times::{MINUTE_MS, minute_of};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
     Event, GpuHealthSample, GpuInfo, GpuSample, Inventory, ProcessSample, Tick, UnixMs,

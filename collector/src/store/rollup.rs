@@ -12,9 +12,9 @@ use super::{
     GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
 use super::{health_hours, rollup_hours};
-use crate::accounting::energy::{MINUTE_MS, minute_of};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
+use gpufleet_core::times::{MINUTE_MS, minute_of};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// What a rollup series is about: a GPU's metrics or a node's host metrics.

@@ -25,17 +25,12 @@ use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
 use super::packing::{PackOutcome, lock_names};
 use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
 use super::{SqlStore, StoreError, TimeRange};
-use crate::accounting::energy::minute_of;
 use gpufleet_core::UnixMs;
+use gpufleet_core::times::minute_of;
 use std::collections::BTreeMap;
 
-/// One packed value's span.
-pub(crate) const HOUR_MS: i64 = 3_600_000;
-
-/// The start of the hour holding `t`.
-pub(crate) fn hour_of(t: UnixMs) -> UnixMs {
-    t.div_euclid(HOUR_MS).saturating_mul(HOUR_MS)
-}
+/// One packed value's span, and the hour a time falls in.
+pub(crate) use gpufleet_core::times::{HOUR_MS, hour_of};
 
 /// The packed table of a kind of series.
 pub(crate) fn table(kind: RollupKind) -> &'static str {
@@ -712,7 +707,7 @@ const HOURS_PASSED_PER_SERIES: usize = 24;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::energy::MINUTE_MS;
+    use gpufleet_core::times::MINUTE_MS;
 
     #[test]
     fn hours_start_on_the_hour() {
