@@ -2,8 +2,8 @@
 //! the async runtime, adds host metrics and what the tick cost, and hands it on.
 
 use crate::cost::{micros, thread_cpu_time};
-use gpufleet_core::HostSource;
 use gpufleet_core::{GpuSource, SourceError};
+use gpufleet_core::{HostSample, HostSource};
 use gpufleet_core::{Inventory, Tick, UnixMs};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -32,6 +32,8 @@ pub struct Sampler {
     host_due: Option<Instant>,
     /// CPU of calls that answered no tick (the source held it), charged to the next.
     unreported_cpu: Duration,
+    /// Host readings taken while the source held their tick, by tick time.
+    host_held: Vec<(UnixMs, HostSample)>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -53,6 +55,7 @@ impl Sampler {
             host_every: DEFAULT_HOST_INTERVAL,
             host_due: None,
             unreported_cpu: Duration::ZERO,
+            host_held: Vec::new(),
         }
     }
 
@@ -101,9 +104,28 @@ impl Sampler {
     /// may hold a tick and answer it later. The newest carries the host metrics and this
     /// call's cost, plus the CPU of the calls that answered none.
     pub fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
-        let wall = Instant::now();
+        self.sample_ready_at(now_ms, Instant::now())
+    }
+
+    /// [`Self::sample_ready`] with the call starting at `wall`.
+    fn sample_ready_at(&mut self, now_ms: UnixMs, wall: Instant) -> Result<Vec<Tick>, SourceError> {
         let cpu = thread_cpu_time();
         let mut ticks = self.source.sample_ready(now_ms)?;
+        // Host metrics are read when due whether or not the source answered a tick now,
+        // and go with the tick of their time when it is handed out.
+        if let Some(host) = self.host_reading(now_ms, wall) {
+            self.host_held.push((now_ms, host));
+        }
+        for t in &mut ticks {
+            if let Some(k) = self.host_held.iter().position(|(ms, _)| *ms == t.time_ms) {
+                let (_, host) = self.host_held.remove(k);
+                t.host.get_or_insert(host);
+            }
+        }
+        if let Some(newest) = ticks.last().map(|t| t.time_ms) {
+            // A reading whose tick left without it (the source had its own) is dropped.
+            self.host_held.retain(|(ms, _)| *ms > newest);
+        }
         match ticks.last_mut() {
             Some(newest) => self.complete(newest, now_ms, wall, cpu),
             None => {
@@ -111,6 +133,19 @@ impl Sampler {
             }
         }
         Ok(ticks)
+    }
+
+    /// A host reading at `now_ms`, when one is due (at most every host interval).
+    fn host_reading(&mut self, now_ms: UnixMs, wall: Instant) -> Option<HostSample> {
+        let h = self.host.as_mut()?;
+        if self.host_due.is_some_and(|due| wall + HOST_SLACK < due) {
+            return None;
+        }
+        // On the grid of host interval marks (a late tick does not shift it), never
+        // closer than half a period after this reading.
+        let due = self.host_due.map_or(wall, |d| d) + self.host_every;
+        self.host_due = Some(due.max(wall + self.host_every / 2));
+        Some(h.sample(now_ms))
     }
 
     /// Every tick the source holds, completed now (the sampling stops).
@@ -124,19 +159,12 @@ impl Sampler {
         Ok(ticks)
     }
 
-    /// Adds host metrics (when due) and the cost of the call that started at `wall`
-    /// with this thread's CPU time at `cpu`.
+    /// Adds host metrics (when due and the tick has none) and the cost of the call that
+    /// started at `wall` with this thread's CPU time at `cpu`.
     fn complete(&mut self, tick: &mut Tick, now_ms: UnixMs, wall: Instant, cpu: Duration) {
         let source_wall = wall.elapsed();
-        if tick.host.is_none()
-            && let Some(h) = &mut self.host
-            && self.host_due.is_none_or(|due| wall + HOST_SLACK >= due)
-        {
-            tick.host = Some(h.sample(now_ms));
-            // On the grid of host interval marks (a late tick does not shift it), never
-            // closer than half a period after this reading.
-            let due = self.host_due.map_or(wall, |d| d) + self.host_every;
-            self.host_due = Some(due.max(wall + self.host_every / 2));
+        if tick.host.is_none() {
+            tick.host = self.host_reading(now_ms, wall);
         }
         let spent =
             thread_cpu_time().saturating_sub(cpu) + std::mem::take(&mut self.unreported_cpu);
@@ -336,6 +364,60 @@ mod tests {
                 tick.host.is_some()
             })
             .collect()
+    }
+
+    /// A source that hands out its ticks five at a time (as NVML does while ticks wait
+    /// for per-process utilization).
+    struct FiveAtATime(Vec<Tick>);
+
+    impl GpuSource for FiveAtATime {
+        fn name(&self) -> &'static str {
+            "batches"
+        }
+        fn inventory(&mut self) -> Result<Inventory, SourceError> {
+            Ok(Inventory::default())
+        }
+        fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
+            NoGpus.sample(now_ms)
+        }
+        fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {
+            let tick = self.sample(now_ms)?;
+            self.0.push(tick);
+            Ok(if self.0.len() == 5 {
+                std::mem::take(&mut self.0)
+            } else {
+                Vec::new()
+            })
+        }
+    }
+
+    /// Host metrics keep their interval while the source holds ticks: each reading goes
+    /// with the tick of its time when that tick is handed out.
+    #[test]
+    fn host_metrics_go_with_their_tick_when_the_source_holds_ticks() {
+        let mut s = Sampler::new(Box::new(FiveAtATime(Vec::new())), Some(Box::new(Host)))
+            .with_host_interval(Duration::from_secs(2));
+        let start = Instant::now();
+        let mut with_host = Vec::new();
+        let mut handed = 0;
+        for k in 0..10u64 {
+            let at = start + Duration::from_secs(k);
+            for t in s
+                .sample_ready_at(1_000 + k as i64 * 1000, at)
+                .expect("ticks")
+            {
+                handed += 1;
+                if t.host.is_some() {
+                    with_host.push(t.time_ms);
+                }
+            }
+        }
+        assert_eq!(handed, 10);
+        assert_eq!(
+            with_host,
+            [1_000, 3_000, 5_000, 7_000, 9_000],
+            "every 2 s, not every 5"
+        );
     }
 
     #[test]

@@ -53,7 +53,10 @@ pub(super) fn read_fields(
             dev.field_buf = buf;
         }
         let mut values = FieldValues::default();
-        if !links && !dev.lost {
+        if links {
+            // A failed reading of the links: none is carried, not an older one.
+            dev.nvlinks_last.clear();
+        } else if !dev.lost {
             values.nvlinks.clone_from(&dev.nvlinks_last);
         }
         return values;

@@ -6,9 +6,12 @@
 //! few seconds ([`super::Cadence::process_util`]) and completes each tick since from the
 //! samples of its own window: a tick's window on a GPU runs from the moment the previous
 //! tick listed that GPU's processes to the moment this one did. Within a window the newest
-//! sample of each process is its value, and a listed process without one is at 0 — what
-//! asking at every tick answers. Ticks leave in order: one waiting for samples holds
-//! the ticks after it.
+//! sample of each process is its value — what asking at every tick answers. NVML
+//! documents one sample per process and call, its utilization since the timestamp given:
+//! when a fetch answers so (no process twice), a window without a sample of its own takes
+//! the first after it, so every tick since the last fetch takes that one (shares at the
+//! fetch cadence, not per tick). A listed process without a sample is at 0 (idle). Ticks leave in order: one waiting for
+//! samples holds the ticks after it.
 
 use super::mapping::pct;
 use gpufleet_core::Tick;
@@ -90,6 +93,14 @@ impl Holding {
     ) -> u64 {
         let mut start = seen_us;
         let newest = self.held.len().saturating_sub(1);
+        // A driver answering one sample per process and call gives each its utilization
+        // since the timestamp asked (NVML's documented behaviour); one answering several
+        // keeps a sample per period, and a window without one was idle.
+        let one_per_pid = samples.is_none_or(|all| {
+            let mut pids: Vec<u32> = all.iter().map(|s| s.pid).collect();
+            pids.sort_unstable();
+            pids.windows(2).all(|w| w[0] != w[1])
+        });
         // Nothing the driver answered is after the fetch, whatever the clocks say.
         let fetched_us = samples
             .into_iter()
@@ -114,10 +125,21 @@ impl Holding {
                     .iter()
                     .filter(|s| s.timestamp > from && s.timestamp <= end);
                 for p in h.tick.processes.get_mut(range).into_iter().flatten() {
+                    // The newest sample of the window; else the first after it, which
+                    // covers it: NVML documents one sample per process and call, its
+                    // utilization since `lastSeenTimeStamp`.
+                    let mine = |s: &&ProcessUtilizationSample| s.pid == p.pid;
                     let newest = window
                         .clone()
-                        .filter(|s| s.pid == p.pid)
-                        .max_by_key(|s| s.timestamp);
+                        .filter(mine)
+                        .max_by_key(|s| s.timestamp)
+                        .or_else(|| {
+                            samples
+                                .iter()
+                                .filter(mine)
+                                .filter(|s| one_per_pid && s.timestamp > end)
+                                .min_by_key(|s| s.timestamp)
+                        });
                     let value = |f: fn(&ProcessUtilizationSample) -> u32| {
                         Some(newest.map_or(0, |s| pct(f(s))))
                     };
@@ -228,6 +250,20 @@ mod tests {
             ]
         );
         assert!(h.is_empty());
+    }
+
+    /// A driver answering one sample per process and call (its utilization since the
+    /// timestamp given, as NVML documents): every held tick takes that sample.
+    #[test]
+    fn one_sample_per_process_covers_every_held_tick() {
+        let mut h = Holding::default();
+        for k in 1..=3 {
+            h.push(held(k * 1000, &[7, 8]));
+        }
+        let samples = [sample(7, 3_100_000, 45)];
+        h.complete(0, 0, Some(&samples), 3_100_000);
+        let got: Vec<_> = h.ready().iter().map(sm).collect();
+        assert_eq!(got, [[Some(45), Some(0)]; 3], "pid 8 was idle: no sample");
     }
 
     #[test]

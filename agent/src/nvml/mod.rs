@@ -178,16 +178,19 @@ impl GpuSource for NvmlSource {
     }
 
     /// A complete tick: per-process utilization is fetched now, whatever its cadence
-    /// (`snapshot`, the last reading of `exec`). Ticks it completes that were held are
-    /// sent by the next [`GpuSource::sample_ready`].
+    /// (`snapshot`, the last reading of `exec`, both without held ticks). Ticks leave
+    /// oldest first: with ticks held or completed before, the oldest of them is answered
+    /// and the rest, this one last, by the next calls.
     fn sample(&mut self, now_ms: UnixMs) -> Result<Tick, SourceError> {
-        let mut ready = self.reader(|r| r.sample(now_ms, true));
-        let tick = ready.pop().ok_or(SourceError::Nvml {
-            call: "sample",
-            reason: "no tick was completed".into(),
-        })?;
+        let ready = self.reader(|r| r.sample(now_ms, true));
         self.backlog.extend(ready);
-        Ok(tick)
+        if self.backlog.is_empty() {
+            return Err(SourceError::Nvml {
+                call: "sample",
+                reason: "no tick was completed".into(),
+            });
+        }
+        Ok(self.backlog.remove(0))
     }
 
     fn sample_ready(&mut self, now_ms: UnixMs) -> Result<Vec<Tick>, SourceError> {

@@ -57,12 +57,20 @@ pub(super) struct Reader<'n> {
     due: Dues,
     /// Ticks waiting for their per-process utilization.
     holding: Holding,
+    /// Since when a tick has been held (monotonic).
+    held_since: Option<Instant>,
 }
 
 /// When each expensive call is made (see `cadence`).
 struct Dues {
     energy: Due,
     util: Due,
+    /// The last tick of each minute also fetches per-process utilization: no tick of a
+    /// minute is held past its end (the collector closes a minute a few intervals after).
+    minute_end: Due,
+    /// A held tick waits at most this long (a clock stepped back must not hold ticks for
+    /// the size of the step).
+    util_patience: Duration,
     pcie: Due,
     ecc: Due,
     links: Due,
@@ -73,6 +81,8 @@ impl Dues {
         Self {
             energy: Due::aligned(c.energy, interval),
             util: Due::aligned_half_slot(c.process_util, interval),
+            minute_end: Due::aligned(Duration::from_secs(60), interval),
+            util_patience: c.process_util + interval,
             pcie: Due::slot_start(c.pcie, interval),
             ecc: Due::slot_start(c.ecc, interval),
             links: Due::slot_start(c.nvlink_links, interval),
@@ -145,6 +155,7 @@ impl<'n> Reader<'n> {
             health: HealthSchedule::new(opts.health_interval),
             due: Dues::new(opts.cadence, opts.interval),
             holding: Holding::default(),
+            held_since: None,
         })
     }
 
@@ -225,7 +236,14 @@ impl<'n> Reader<'n> {
         };
         let due = DueNow {
             energy: self.due.energy.take(now_ms),
-            util: self.due.util.take(now_ms) || force_util,
+            util: {
+                let on_cadence = self.due.util.take(now_ms);
+                let minute_ends = self.due.minute_end.take(now_ms);
+                let overdue = self
+                    .held_since
+                    .is_some_and(|t| t.elapsed() >= self.due.util_patience);
+                on_cadence || minute_ends || overdue || force_util
+            },
             pcie: self.due.pcie.take(now_ms),
             ecc: self.due.ecc.take(now_ms),
             links: self.due.links.take(now_ms),
@@ -359,7 +377,13 @@ impl<'n> Reader<'n> {
                 None => {}
             }
         }
-        self.holding.ready()
+        let ready = self.holding.ready();
+        self.held_since = match (self.holding.is_empty(), self.held_since) {
+            (true, _) => None,
+            (false, Some(t)) if ready.is_empty() => Some(t),
+            (false, _) => Some(Instant::now()),
+        };
+        ready
     }
 }
 
@@ -410,28 +434,45 @@ fn read_devices(
         read_device(k, dev, holding, now_ms, pcie, due)
     };
     if (due.energy || due.util) && work.len() > 1 {
+        // One slot per GPU, taken by its thread or, when no thread could be started, by
+        // this one afterwards: every GPU is read once and stays at its place.
+        let slots: Vec<std::sync::Mutex<Option<_>>> = work
+            .into_iter()
+            .map(|w| std::sync::Mutex::new(Some(w)))
+            .collect();
+        let take = |slot: &std::sync::Mutex<Option<_>>| {
+            slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+        };
         std::thread::scope(|scope| {
-            let started: Vec<_> = work
-                .into_iter()
-                .map(|w| {
+            let started: Vec<_> = slots
+                .iter()
+                .map(|slot| {
                     std::thread::Builder::new()
                         .name("nvml-gpu".into())
                         .spawn_scoped(scope, move || {
                             let cpu = thread_cpu_time();
-                            let mut read = one(w);
-                            read.own_thread_cpu = Some(thread_cpu_time().saturating_sub(cpu));
+                            let mut read = take(slot).map(one);
+                            if let Some(read) = &mut read {
+                                read.own_thread_cpu = Some(thread_cpu_time().saturating_sub(cpu));
+                            }
                             read
                         })
                 })
                 .collect();
             started
                 .into_iter()
-                .filter_map(|s| match s {
-                    Ok(h) => h.join().ok(),
-                    Err(e) => {
-                        warn!(error = %e, "cannot start a thread to read a GPU");
-                        None
-                    }
+                .zip(&slots)
+                .map(|(started, slot)| {
+                    let read = match started {
+                        Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+                        Err(e) => {
+                            warn!(error = %e, "cannot start a thread to read a GPU; reading it here");
+                            None
+                        }
+                    };
+                    // Not read by a thread (none started): read here.
+                    read.or_else(|| take(slot).map(one))
+                        .expect("each GPU's slot is taken once, by its thread or here")
                 })
                 .collect()
         })
