@@ -360,7 +360,7 @@ impl<'n> Reader<'n> {
         });
         self.holding.push(Held {
             tick,
-            listed_us: listed_us.clone(),
+            listed_us,
             waiting,
         });
         for (k, (dev, util)) in self.devices.iter_mut().zip(fetched).enumerate() {
@@ -372,7 +372,7 @@ impl<'n> Reader<'n> {
                 }
                 None if !self.holding.waits_for(k) => {
                     // Nothing waits for this GPU: the next window starts at this listing.
-                    dev.util_seen_us = listed_us[k];
+                    dev.util_seen_us = self.holding.chain_end(k, dev.util_seen_us);
                 }
                 None => {}
             }
