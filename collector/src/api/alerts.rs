@@ -11,12 +11,11 @@ use crate::alerts::eval::{Alert, AlertState, Transition};
 use crate::alerts::rules::AlertSettings;
 use crate::alerts::signals;
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::format_time;
 use serde::{Deserialize, Serialize};
@@ -28,12 +27,21 @@ pub const MAX_HISTORY: usize = 5_000;
 const DEFAULT_HISTORY: usize = 500;
 const DAY_MS: i64 = 24 * 3_600_000;
 
-/// The routes, merged into [`crate::api::router::app`].
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/alerts", get(alerts))
-        .route("/api/v1/alerts/history", get(history))
-        .route("/api/v1/alerts/rules", get(rules))
+/// The routes, in [`crate::api::router::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get("/api/v1/alerts", "current alerts, firing first", alerts),
+        Route::get(
+            "/api/v1/alerts/history",
+            "alert state changes, newest first",
+            history,
+        ),
+        Route::get(
+            "/api/v1/alerts/rules",
+            "the rules this collector evaluates when it leads, with the signals they can use",
+            rules,
+        ),
+    ]
 }
 
 /// The configured rules, given to the router as an extension.

@@ -7,25 +7,29 @@
 //! immutable; `index.html` is revalidated on every load, so a new collector's dashboard is
 //! picked up at once.
 
-use crate::api::router::AppState;
-use axum::Router;
+use crate::api::router::Route;
 use axum::extract::Path;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 
 include!(concat!(env!("OUT_DIR"), "/web_assets.rs"));
 
-/// The dashboard's routes (merged into the API router by [`crate::api::router::app`]).
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index))
-        .route("/node/{name}", get(index))
-        .route("/gpu/{uuid}", get(index))
-        .route("/energy", get(index))
-        .route("/waste", get(index))
-        .route("/alerts", get(index))
-        .route("/assets/{*file}", get(asset))
+/// The dashboard's routes (in [`crate::api::router::routes`]): `index.html` at each of its
+/// pages, the bundle's files below `/assets/`.
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get("/", "the dashboard: the fleet page", index),
+        Route::get("/node/{name}", "the dashboard: one node's page", index),
+        Route::get("/gpu/{uuid}", "the dashboard: one GPU's page", index),
+        Route::get("/energy", "the dashboard: the energy page", index),
+        Route::get("/waste", "the dashboard: the waste page", index),
+        Route::get("/alerts", "the dashboard: the alerts page", index),
+        Route::get(
+            "/assets/{*file}",
+            "the dashboard bundle's files, cached as immutable",
+            asset,
+        ),
+    ]
 }
 
 /// An embedded file by its path below the bundle root (`index.html`, `assets/main-….js`).

@@ -11,12 +11,11 @@
 //!   to run a job.
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
 use crate::store::TimeRange;
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use gpufleet_carbon::{IntensitySlot, ProviderKind};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::{format_time, parse_duration};
@@ -25,9 +24,13 @@ use serde::{Deserialize, Serialize};
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
 
-/// The routes, merged into [`crate::api::router::app`].
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/carbon/intensity", get(intensity))
+/// The routes, in [`crate::api::router::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![Route::get(
+        "/api/v1/carbon/intensity",
+        "one region's carbon intensity, with forecast and the lowest window",
+        intensity,
+    )]
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -15,7 +15,7 @@
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
 use crate::api::nodes::{GpuDetailView, NodeView, gpu_detail, node_view};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
 use crate::api::series::{
     MAX_SERIES_POINTS, Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples,
 };
@@ -23,11 +23,10 @@ use crate::live::state::LiveNode;
 use crate::live::status::NodeStatus;
 use crate::store::rollup::RollupKey;
 use crate::store::{HostRow, NodeId, SeriesPoint, TimeRange};
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
 use gpufleet_core::config::format_time;
 use gpufleet_core::{Event, UnixMs};
 use serde::{Deserialize, Serialize};
@@ -38,15 +37,40 @@ pub const MAX_HOST_ROWS: usize = 200_000;
 /// Most events one request returns.
 pub const MAX_EVENTS: usize = 10_000;
 
-/// The routes of this module (merged into [`crate::api::router::app`]).
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/fleet", get(fleet))
-        .route("/api/v1/nodes/{name}", get(node))
-        .route("/api/v1/nodes/{name}/series", get(node_series))
-        .route("/api/v1/nodes/{name}/host/series", get(host_series))
-        .route("/api/v1/nodes/{name}/events", get(events))
-        .route("/api/v1/gpus/{uuid}", get(gpu))
+/// The routes of this module (in [`crate::api::router::routes`]).
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get(
+            "/api/v1/fleet",
+            "every node in brief: what the fleet page's tiles show",
+            fleet,
+        ),
+        Route::get(
+            "/api/v1/nodes/{name}",
+            "one node, as in `/api/v1/nodes`",
+            node,
+        ),
+        Route::get(
+            "/api/v1/nodes/{name}/series",
+            "one GPU metric for every GPU of the node",
+            node_series,
+        ),
+        Route::get(
+            "/api/v1/nodes/{name}/host/series",
+            "the node's host metrics (CPU, memory, disk, network)",
+            host_series,
+        ),
+        Route::get(
+            "/api/v1/nodes/{name}/events",
+            "the node's events (Xid, ECC, …), oldest first",
+            events,
+        ),
+        Route::get(
+            "/api/v1/gpus/{uuid}",
+            "one GPU, with its node's name and sampling interval",
+            gpu,
+        ),
+    ]
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -25,25 +25,37 @@
 
 use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use gpufleet_core::config::format_time;
 use gpufleet_core::{UnixMs, Workload};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The routes, merged into [`crate::api::router::app`].
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/containers", get(containers))
-        .route("/api/v1/containers/{key}", get(container))
-        .route("/api/v1/energy", get(energy))
+/// The routes, in [`crate::api::router::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get(
+            "/api/v1/containers",
+            "energy per container (or pod, namespace, job, Slurm account, user)",
+            containers,
+        ),
+        Route::get(
+            "/api/v1/containers/{key}",
+            "one workload's energy, with a per-minute series",
+            container,
+        ),
+        Route::get(
+            "/api/v1/energy",
+            "fleet total and energy per GPU (missing time, idle, method mix)",
+            energy,
+        ),
+    ]
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]

@@ -9,22 +9,30 @@
 //! (`GET /api/v1/health` is the collector's own liveness, [`crate::api::health`].)
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
 use crate::health::xid::{self, XidInfo};
 use crate::health::{FleetGpuHealth, HealthPolicy, HealthState, NodeHealth};
 use crate::live::status::NodeStatus;
+use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use gpufleet_core::UnixMs;
 use serde::{Deserialize, Serialize};
 
-/// The routes of this module (merged into [`crate::api::router::app`]).
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/health/gpus", get(gpus))
-        .route("/api/v1/health/xid/{code}", get(xid_entry))
+/// The routes of this module (in [`crate::api::router::routes`]).
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get(
+            "/api/v1/health/gpus",
+            "every GPU (and node) at least as bad as `state` (default `warning`), worst first",
+            gpus,
+        ),
+        Route::get(
+            "/api/v1/health/xid/{code}",
+            "the catalogue entry of one Xid code",
+            xid_entry,
+        ),
+    ]
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

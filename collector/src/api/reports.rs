@@ -14,21 +14,28 @@
 use crate::accounting::report::{ReportError, ReportSubject, build};
 use crate::api::energy::{RangeParams, range};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::AppState;
-use axum::Router;
+use crate::api::router::{AppState, Route};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use gpufleet_report::{Format, Report, plot, render};
 use serde::Deserialize;
 
-/// The routes, merged into [`crate::api::router::app`].
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/v1/report", get(report))
-        .route("/api/v1/report/plot.png", get(report_plot))
+/// The routes, in [`crate::api::router::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![
+        Route::get(
+            "/api/v1/report",
+            "the report per container, pod, job or node (`json`, `yaml`, `csv`, `table`)",
+            report,
+        ),
+        Route::get(
+            "/api/v1/report/plot.png",
+            "the report's time-series plot (PNG)",
+            report_plot,
+        ),
+    ]
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

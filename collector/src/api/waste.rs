@@ -16,11 +16,10 @@
 use crate::accounting::waste::{self, Episode, WasteSettings, WorkloadWaste};
 use crate::api::energy::{RangeParams, range};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::AppState;
+use crate::api::router::{AppState, Route};
+use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use gpufleet_core::config::{format_time, parse_duration};
 use gpufleet_core::{UnixMs, Workload};
 use serde::{Deserialize, Serialize};
@@ -30,9 +29,13 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 /// The longest range one request reads (a longer one is a 400).
 pub const MAX_RANGE_MS: i64 = 31 * DAY_MS;
 
-/// The routes, merged into [`crate::api::router::app`].
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/api/v1/waste", get(waste_view))
+/// The routes, in [`crate::api::router::routes`].
+pub fn routes() -> Vec<Route> {
+    vec![Route::get(
+        "/api/v1/waste",
+        "idle-but-allocated episodes and totals per workload",
+        waste_view,
+    )]
 }
 
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
