@@ -201,7 +201,7 @@ async fn a_pass_recomputes_at_most_its_budget_of_open_minutes_quiet_gpus_first()
 /// most `PROVISIONAL_PER_PASS`). A benchmark, not a timed test:
 ///
 /// ```text
-/// cargo test --release -p gpufleet-collector --test it energy::open_minute_cost -- --ignored --nocapture
+/// cargo test --release -p gpufleet-collector --test it energy::passes::open_minute_cost -- --ignored --nocapture
 /// ```
 #[tokio::test]
 #[ignore = "benchmark; run in release with --ignored --nocapture"]
