@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod net;
 pub mod remote_write;
 pub mod server;
-pub mod store;
+/// The storage boundary, a crate of its own ([`gpufleet_store`]): the collector reaches it as `crate::store`.
+pub use gpufleet_store as store;
 
 pub use server::{ServeError, ServeOptions, serve, serve_with_store};

@@ -6,7 +6,7 @@
 
 use super::columns::{Reader, put_column, put_values, put_varint};
 use super::{Field, MAX_CALL_NAME, MAX_CALLS, MAX_ROWS, PackError, narrow, open, seal};
-use crate::store::HostRow;
+use crate::HostRow;
 use gpufleet_core::{HostSample, SamplerCost};
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@
 //! samples: every field at full resolution, absent values absent (a presence map per
 //! column), GPU samples without their UUID (the GPU is the row's key, as in
 //! `gpu_samples`), process ticks with their lifetime id (identity in `process_lives`),
-//! host rows as [`HostRow`](super::HostRow) (a reading whose metrics are all absent is no reading).
+//! host rows as [`HostRow`] (a reading whose metrics are all absent is no reading).
 //!
 //! Layout of a packed value: format version, compression (0 none, 1 deflate), the
 //! CRC-32C of the payload (4 bytes, little-endian), then the payload, compressed or not.
@@ -42,12 +42,25 @@ macro_rules! fields {
     (@get f32, $e:expr) => { $e.map(|f| u64::from(f.to_bits())) };
     (@get bool, $e:expr) => { $e.map(u64::from) };
     (@set u64, $v:ident) => { $v };
-    (@set u32, $v:ident) => { $crate::store::packed::narrow($v)? };
-    (@set f32, $v:ident) => { $crate::store::packed::narrow($v)?.map(f32::from_bits) };
-    (@set bool, $v:ident) => { $crate::store::packed::flag($v)? };
+    (@set u32, $v:ident) => { $crate::narrow($v)? };
+    (@set f32, $v:ident) => { $crate::narrow($v)?.map(f32::from_bits) };
+    (@set bool, $v:ident) => { $crate::flag($v)? };
+}
+
+use gpufleet_core::{HostSample, SamplerCost, UnixMs};
+
+/// One stored host row: the host metrics and the sampler's cost of one tick.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRow {
+    pub time_ms: UnixMs,
+    /// `None` when every host metric was absent.
+    pub sample: Option<HostSample>,
+    /// `None` when the tick carried no cost figures.
+    pub cost: Option<SamplerCost>,
 }
 
 mod columns;
+pub mod fuzz;
 pub mod gpu;
 pub mod health;
 pub mod host;

@@ -1,7 +1,7 @@
 //! Carbon accounting in the store ([`CarbonStore`]): the intensity cache, per-minute
 //! prices and the API's carbon aggregates, with their SQL once for both backends (writes
 //! of many rows in one statement, over a [`Table`]). The pricing is in
-//! [`crate::accounting::carbon`].
+//! `accounting::carbon` (collector).
 
 use super::backend::{Backend, Get, GetExt, List, Table, sql};
 use super::energy::u64_to_i64;

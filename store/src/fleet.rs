@@ -133,7 +133,7 @@ pub trait FleetReads: Send + Sync + std::fmt::Debug {
 
     /// A node's stored ticks in `range` (GPU samples with their processes, host row,
     /// events, health), oldest first, the newest `limit` at most: what another collector committed,
-    /// for the live state ([`crate::live::follow`]).
+    /// for the live state (`live::follow` (collector)).
     async fn node_ticks(
         &self,
         node: &NodeRecord,

@@ -2,7 +2,7 @@
 //! retention, carbon fetches) when several share one database.
 //!
 //! A [`Lease`] is held until it is dropped or lost; while one collector holds the lease of
-//! a job, [`crate::store::JobLeases::try_lead`] answers `None` to every other asker of the
+//! a job, [`crate::JobLeases::try_lead`] answers `None` to every other asker of the
 //! same job on the same database. The backends:
 //!
 //! - **PostgreSQL** ([`postgres`]): a session advisory lock
@@ -240,13 +240,13 @@ pub async fn postgres(pool: &sqlx::PgPool, job: &str) -> Result<Option<Lease>, S
 #[async_trait]
 pub trait JobLeases: Send + Sync + std::fmt::Debug {
     /// Whether several collectors may share this database (PostgreSQL: `true`), so each
-    /// follows what the others commit ([`crate::live::follow`], `--follow-store auto`). SQLite:
+    /// follows what the others commit (`live::follow` (collector), `--follow-store auto`). SQLite:
     /// `false`, one collector per file.
     fn shared(&self) -> bool;
 
     /// The lease of a background job: `Some` when this caller may run `job` now, `None`
     /// while someone else (another collector on the same database) holds it. Run jobs
-    /// through [`crate::accounting::leader::spawn`] rather than calling this directly.
+    /// through `accounting::leader::spawn` (collector) rather than calling this directly.
     async fn try_lead(&self, job: &str) -> Result<Option<Lease>, StoreError>;
 }
 

@@ -33,7 +33,6 @@ mod fleet;
 mod follow;
 mod health_hours;
 pub mod lease;
-pub mod packed;
 mod packing;
 pub mod postgres;
 pub mod remote_write;
@@ -49,6 +48,9 @@ pub use backend::{Backend, Dialect};
 pub use carbon::CarbonStore;
 pub use energy::EnergyStore;
 pub use fleet::{FleetReads, IngestWrites, TokenStore};
+/// The packed column format, a crate of its own: what the store writes into packed rows.
+pub use gpufleet_packed as packed;
+pub use gpufleet_packed::HostRow;
 pub use lease::JobLeases;
 pub use packing::PackOutcome;
 pub use remote_write::RemoteWriteStore;
@@ -200,9 +202,8 @@ impl NodeRecord {
         }
     }
 
-    /// A node named `name` holding `gpus` (id, UUID), every other fact empty.
-    #[cfg(test)]
-    pub(crate) fn with_gpus(id: i64, name: &str, gpus: &[(i64, &str)]) -> NodeRecord {
+    /// A node named `name` holding `gpus` (id, UUID), every other fact empty: for tests.
+    pub fn with_gpus(id: i64, name: &str, gpus: &[(i64, &str)]) -> NodeRecord {
         NodeRecord {
             id: NodeId(id),
             name: name.into(),
@@ -341,16 +342,6 @@ pub struct LatestHost {
     pub node: NodeId,
     pub time_ms: UnixMs,
     pub sample: Option<HostSample>,
-    pub cost: Option<SamplerCost>,
-}
-
-/// One stored host row: the host metrics and the sampler's cost of one tick.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostRow {
-    pub time_ms: UnixMs,
-    /// `None` when every host metric was absent.
-    pub sample: Option<HostSample>,
-    /// `None` when the tick carried no cost figures.
     pub cost: Option<SamplerCost>,
 }
 
@@ -716,7 +707,7 @@ macro_rules! migrations {
         &[$((
             $version,
             $description,
-            include_str!(concat!("../../../migrations/", $dir, "/", $file, ".sql")),
+            include_str!(concat!("../../migrations/", $dir, "/", $file, ".sql")),
         )),*]
     };
 }

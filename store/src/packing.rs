@@ -52,7 +52,7 @@ use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
     GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
-use crate::accounting::energy::EnergyProcess;
+use crate::energy::records::EnergyProcess;
 use gpufleet_core::times::{MINUTE_MS, minute_of};
 use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};

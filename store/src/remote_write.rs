@@ -1,7 +1,7 @@
 //! Prometheus remote-write in the store ([`RemoteWriteStore`]): the delivered positions
 //! (`remote_write_positions`) and the per-workload energy the pusher sends, with their SQL
 //! once for both backends, and the GPU samples after each GPU's position, many GPUs in
-//! one query. The pushing is in [`crate::remote_write`].
+//! one query. The pushing is in `remote_write` (collector).
 
 use super::backend::{Backend, Get, GetExt, Table, sql};
 use super::rows::{self, GPU_COLS, WORKLOAD_COLS, limit_i64};

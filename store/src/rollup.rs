@@ -1,6 +1,6 @@
 //! Per-minute rollups and retention in the store ([`RollupStore`]): the shapes crossing
 //! the boundary and their SQL, once for both backends. The task that drives them is
-//! [`crate::accounting::rollups`].
+//! `accounting::rollups` (collector).
 //!
 //! Rollups are computed in SQL (`INSERT ... SELECT ... GROUP BY minute`) from the raw
 //! tables, so a minute costs one pass over its rows inside the database. Retention deletes

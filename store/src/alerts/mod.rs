@@ -1,13 +1,15 @@
 //! Alerts in the store ([`AlertStore`]): the current alert of each rule and series, and
 //! the history of their state changes (migration 0023), with their SQL once for both
-//! backends. The evaluation is in [`crate::alerts`].
+//! backends. The evaluation is in `alerts` (collector).
 
 use super::backend::{Backend, Get, Table, sql};
 use super::rows::limit_i64;
 use super::{SqlStore, StoreError, TimeRange};
-use crate::alerts::eval::{Alert, AlertState, Transition};
+pub mod records;
+
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
+use records::{Alert, AlertState, Transition};
 use std::collections::BTreeMap;
 
 /// What the alerts job keeps and the API reads.

@@ -1,16 +1,16 @@
 //! Energy accounting in the store: what the accountant reads and writes
 //! ([`EnergyStore`]), the shapes crossing the boundary, and their SQL, once for both
-//! backends. The computing is in [`crate::accounting::energy`] (pure) and [`crate::accounting::accountant`].
+//! backends. The computing is in `accounting::energy` (collector) (pure) and `accounting::accountant` (collector).
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::rows::{self, WORKLOAD_COLS, limit_i64};
 use super::write::insert_rows;
 use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
-use crate::accounting::energy::{
-    EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute,
-};
+pub mod records;
+
 use async_trait::async_trait;
 use gpufleet_core::{GpuSample, UnixMs, Workload};
+use records::{EnergyProcess, EnergySample, GpuMinute, IdlePolicy, IdleSource, WorkloadMinute};
 use std::collections::BTreeMap;
 
 /// A GPU as the accountant sees it: where it is, what it is, how far it is accounted.
@@ -143,7 +143,7 @@ pub struct WorkloadEnergyPoint {
 }
 
 /// One workload's minute on a GPU whose utilization stayed at or below a threshold, with
-/// what waste detection ([`crate::accounting::waste`]) judges and sums.
+/// what waste detection (`accounting::waste` (collector)) judges and sums.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WasteMinute {
     pub gpu: GpuId,
@@ -380,7 +380,7 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
 
     /// The idle-allocated workload minutes in `range` of `scope`, ordered by GPU, workload
     /// and minute: those passing the whole per-minute test of waste detection
-    /// ([`crate::accounting::waste::idle_allocated`]: utilization known and at most
+    /// (`accounting::waste::idle_allocated` (collector): utilization known and at most
     /// `util_threshold_pct`, nothing missing, something measured, held the whole measured
     /// time, never at 0 bytes). The test runs in SQL so busy minutes are never read.
     async fn waste_minutes(
