@@ -20,11 +20,11 @@
 use super::backend::{Backend, Dialect, Get, Table, sql};
 use super::packed::{self, PackError, process::ProcessTick};
 use super::packing::{
-    Span, Tier, Value, corrupt, delete_value, insert_unpacked, lock_names, unpack_gpu,
-    unpack_process,
+    Span, Tier, Value, corrupt, delete_value, insert_unpacked, unpack_gpu, unpack_process,
 };
 use super::rollup::{RollupKey, RollupKind, spec};
 use super::rollup_hours::{self, HOUR_MS, hour_of};
+use super::series;
 use super::write::Samples;
 use super::{GpuId, GpuMetric, StoreError};
 use gpufleet_core::times::{MINUTE_MS, minute_of};
@@ -556,8 +556,9 @@ async fn write_rollups<DB: Backend>(
         return Ok(());
     }
     let gpus: BTreeSet<i64> = minutes.iter().map(|(gpu, _, _)| *gpu).collect();
-    let locks = (gpus.iter()).map(|&id| rollup_hours::lock_name(RollupKey::gpu(GpuId(id))));
-    lock_names::<DB>(conn, locks.collect()).await?;
+    series::GPU_ROLLUP
+        .lock::<DB>(conn, gpus.iter().copied())
+        .await?;
     let hours: BTreeSet<(i64, UnixMs)> = (minutes.iter())
         .map(|(gpu, minute, _)| (*gpu, hour_of(*minute)))
         .collect();

@@ -25,22 +25,23 @@
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError};
-use super::packing::{PackOutcome, gpu_uuid, lock_names};
+use super::packing::{PackOutcome, gpu_uuid};
 use super::rollup_hours::{HOUR_MS, hour_of};
 use super::rows::{self, HEALTH_COLS, limit_i64};
+use super::series::HEALTH;
 use super::{GpuId, SqlStore, StoreError, TimeRange};
 use gpufleet_core::{GpuHealthSample, UnixMs};
 use std::collections::BTreeMap;
 
-pub(crate) const TABLE: &str = "packed_gpu_health_hours";
+pub(crate) const TABLE: &str = HEALTH.packed;
 
 /// Takes `gpu`'s health packing lock for the rest of the transaction (PostgreSQL).
 async fn lock<DB: Backend>(conn: &mut DB::Connection, gpu: i64) -> Result<(), StoreError> {
-    lock_names::<DB>(conn, [format!("health:{gpu}")].into_iter().collect()).await
+    HEALTH.lock::<DB>(conn, [gpu]).await
 }
 
 fn corrupt(gpu: i64, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    move |e| StoreError::Unreadable(format!("{TABLE} of {gpu}, hour {hour}: {e}"))
+    HEALTH.corrupt(gpu, hour)
 }
 
 /// A packed hour's readings, checked to lie in it.
@@ -51,9 +52,7 @@ fn unpack(
 ) -> Result<Vec<(UnixMs, GpuHealthSample)>, StoreError> {
     let readings = packed::health::unpack(value).map_err(corrupt(gpu, hour))?;
     if readings.is_empty() || readings.iter().any(|(t, _)| hour_of(*t) != hour) {
-        return Err(StoreError::Unreadable(format!(
-            "{TABLE} of {gpu}, hour {hour}: empty, or a reading of another hour"
-        )));
+        return Err(HEALTH.unreadable(gpu, hour, "empty, or a reading of another hour"));
     }
     Ok(readings)
 }
@@ -66,24 +65,10 @@ async fn packed_hours<DB: Backend>(
     (from, to): (UnixMs, UnixMs),
     limit: i64,
 ) -> Result<Vec<(UnixMs, Vec<(UnixMs, GpuHealthSample)>)>, StoreError> {
-    let rows = sql::<DB>(
-        "read packed health hours",
-        format!(
-            "SELECT hour_ms, packed FROM {TABLE} WHERE gpu_id = $1 AND hour_ms >= $2 \
-             AND hour_ms <= $3 ORDER BY hour_ms LIMIT $4"
-        ),
-    )
-    .bind(gpu)
-    .bind(from)
-    .bind(to)
-    .bind(limit)
-    .all(conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            let hour: UnixMs = r.get("hour_ms")?;
-            Ok((hour, unpack(gpu, hour, &r.get::<Vec<u8>>("packed")?)?))
-        })
+    let span = (from, to.saturating_add(1));
+    (HEALTH.values::<DB>(conn, gpu, span, Some(limit)).await?)
+        .into_iter()
+        .map(|(hour, value)| Ok((hour, unpack(gpu, hour, &value)?)))
         .collect()
 }
 
@@ -194,35 +179,15 @@ async fn store_hour<DB: Backend>(
     hour: UnixMs,
     value: &[u8],
 ) -> Result<(), StoreError> {
-    sql::<DB>(
-        "store a packed health hour",
-        format!(
-            "INSERT INTO {TABLE} (gpu_id, hour_ms, packed) VALUES ($1, $2, $3) \
-             ON CONFLICT (gpu_id, hour_ms) DO UPDATE SET packed = excluded.packed"
-        ),
-    )
-    .bind(gpu)
-    .bind(hour)
-    .bind(value)
-    .execute(conn)
-    .await?;
-    Ok(())
+    HEALTH.store_value::<DB>(conn, gpu, hour, value).await
 }
 
 async fn delete_hours<DB: Backend>(
     conn: &mut DB::Connection,
     gpu: i64,
-    (from, to): (UnixMs, UnixMs),
+    span: (UnixMs, UnixMs),
 ) -> Result<u64, StoreError> {
-    sql::<DB>(
-        "delete packed health hours",
-        format!("DELETE FROM {TABLE} WHERE gpu_id = $1 AND hour_ms >= $2 AND hour_ms < $3"),
-    )
-    .bind(gpu)
-    .bind(from)
-    .bind(to)
-    .execute(conn)
-    .await
+    HEALTH.delete_values::<DB>(conn, gpu, span).await
 }
 
 /// Deletes `gpu`'s packed readings before `keep` (a reading's time): whole hours before

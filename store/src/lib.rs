@@ -1,5 +1,6 @@
 //! The store boundary: everything the collector keeps on disk goes through it, and only
-//! this module knows SQL.
+//! this crate knows SQL. It does not depend on the collector; the collector reaches it as
+//! `crate::store`.
 //!
 //! One trait per concept, each beside its types and its SQL: [`IngestWrites`],
 //! [`FleetReads`] and [`TokenStore`] (`fleet.rs`), [`EnergyStore`], [`RollupStore`],
@@ -23,6 +24,10 @@
 //!   refused ([`StoreError::GpuOwned`]); only [`IngestWrites::rehome_gpu`] moves it.
 //! - **One transaction per [`IngestWrites::write_batches`] call**: either every batch in it is
 //!   durable when it returns `Ok`, or none is.
+//!
+//! Every packed table is described once in `series.rs` (row table, packed table, id
+//! column, span, lock); the lifecycle of what they hold follows.
+#![doc = include_str!("lifecycle.md")]
 
 pub mod alerts;
 mod arrival;
@@ -39,6 +44,7 @@ pub mod remote_write;
 pub mod rollup;
 mod rollup_hours;
 mod rows;
+mod series;
 pub mod sqlite;
 mod write;
 

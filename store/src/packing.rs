@@ -48,6 +48,7 @@ use super::packed::{self, PackError, process::ProcessTick};
 use super::rollup::{RollupKey, RollupKind};
 use super::rollup_hours::{self, HOUR_MS, hour_of};
 use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
+use super::series::{self, Series, lock_names};
 use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
     GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_unreadable,
@@ -104,27 +105,25 @@ pub(super) enum Tier {
 }
 
 impl Tier {
-    pub(super) fn packed(self) -> &'static str {
+    /// The tier's description ([`series`]).
+    pub(super) fn series(self) -> &'static Series {
         match self {
-            Tier::Host => "packed_host_minutes",
-            Tier::Process => "packed_process_minutes",
-            Tier::Gpu => "packed_gpu_minutes",
+            Tier::Host => &series::HOST,
+            Tier::Process => &series::PROCESS,
+            Tier::Gpu => &series::GPU,
         }
+    }
+
+    pub(super) fn packed(self) -> &'static str {
+        self.series().packed
     }
 
     pub(super) fn rows(self) -> &'static str {
-        match self {
-            Tier::Host => "host_samples",
-            Tier::Process => "process_samples",
-            Tier::Gpu => "gpu_samples",
-        }
+        self.series().rows
     }
 
     pub(super) fn id(self) -> &'static str {
-        match self {
-            Tier::Host => "node_id",
-            Tier::Process | Tier::Gpu => "gpu_id",
-        }
+        self.series().id
     }
 
     /// The series whose raw horizon bounds this tier's values.
@@ -132,14 +131,6 @@ impl Tier {
         match self {
             Tier::Host => RollupKind::Host,
             Tier::Process | Tier::Gpu => RollupKind::Gpu,
-        }
-    }
-
-    fn lock_name(self, id: i64) -> String {
-        match self {
-            Tier::Host => format!("host:{id}"),
-            // One lock for a GPU's two tiers: a write reopens both.
-            Tier::Process | Tier::Gpu => format!("gpu:{id}"),
         }
     }
 }
@@ -150,46 +141,23 @@ async fn lock<DB: Backend>(
     conn: &mut DB::Connection,
     series: impl Iterator<Item = (Tier, i64)>,
 ) -> Result<(), StoreError> {
-    lock_names::<DB>(conn, series.map(|(t, id)| t.lock_name(id)).collect()).await
-}
-
-/// Takes the locks named `names` (PostgreSQL transaction-scoped advisory locks of this
-/// schema, in name order) for the rest of the transaction; nothing on SQLite, which has
-/// one writer.
-pub(crate) async fn lock_names<DB: Backend>(
-    conn: &mut DB::Connection,
-    names: BTreeSet<String>,
-) -> Result<(), StoreError> {
-    if DB::DIALECT != Dialect::Postgres || names.is_empty() {
-        return Ok(());
-    }
-    let table = Table::default().text("k", names);
-    sql::<DB>(
-        "take the packing locks",
-        format!(
-            "SELECT pg_advisory_xact_lock(hashtextextended( \
-               'gpufleet:' || current_schema() || ':packed ' || s.k, 0)) \
-             FROM (SELECT v.k FROM {} ORDER BY v.k) s",
-            DB::DIALECT.over(&table, "v")
-        ),
+    lock_names::<DB>(
+        conn,
+        series.map(|(t, id)| t.series().lock_name(id)).collect(),
     )
-    .bind_table(table)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .await
 }
 
 pub(super) fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    move |e| StoreError::Unreadable(format!("{} of {id}, minute {minute}: {e}", tier.packed()))
+    tier.series().corrupt(id, minute)
 }
 
 fn outside(tier: Tier, id: i64, span: Span) -> StoreError {
-    StoreError::Unreadable(format!(
-        "{} of {id}, minute {}: a row outside its {} ms",
-        tier.packed(),
+    (tier.series()).unreadable(
+        id,
         span.start,
-        span.len
-    ))
+        &format!("a row outside its {} ms", span.len),
+    )
 }
 
 /// Where a packed value starts (`minute_ms`) and how long it is (`span_ms`): a minute, or

@@ -8,6 +8,7 @@
 //! group-commit writer never waits long behind it.
 
 use super::backend::{Backend, Get, sql};
+use super::series;
 use super::{
     GpuId, GpuMetric, NodeId, SeriesPoint, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
@@ -170,15 +171,15 @@ fn rollup_series(table: &str, id: i64) -> Option<RollupKey> {
 pub(crate) fn spec(kind: RollupKind) -> Spec {
     match kind {
         RollupKind::Gpu => Spec {
-            raw: "gpu_samples",
-            id: "gpu_id",
-            minutes: "gpu_minutes",
+            raw: series::GPU.rows,
+            id: series::GPU_ROLLUP.id,
+            minutes: series::GPU_ROLLUP.rows,
             cols: GpuMetric::ALL.iter().map(|m| (m.name(), false)).collect(),
         },
         RollupKind::Host => Spec {
-            raw: "host_samples",
-            id: "node_id",
-            minutes: "host_minutes",
+            raw: series::HOST.rows,
+            id: series::HOST_ROLLUP.id,
+            minutes: series::HOST_ROLLUP.rows,
             cols: HOST_METRICS
                 .iter()
                 .map(|&c| (c, c == "cpu_util_pct" || c == "load1"))

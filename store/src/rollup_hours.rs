@@ -22,8 +22,9 @@
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
-use super::packing::{PackOutcome, lock_names};
+use super::packing::PackOutcome;
 use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
+use super::series;
 use super::{SqlStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use gpufleet_core::times::minute_of;
@@ -34,14 +35,7 @@ pub(crate) use gpufleet_core::times::{HOUR_MS, hour_of};
 
 /// The packed table of a kind of series.
 pub(crate) fn table(kind: RollupKind) -> &'static str {
-    match kind {
-        RollupKind::Gpu => "packed_gpu_rollup_hours",
-        RollupKind::Host => "packed_host_rollup_hours",
-    }
-}
-
-pub(crate) fn lock_name(key: RollupKey) -> String {
-    format!("rollup-{}:{}", key.kind.as_str(), key.id)
+    series::rollup(kind).packed
 }
 
 /// Takes `key`'s lock for the rest of the transaction (PostgreSQL).
@@ -49,17 +43,11 @@ pub(crate) async fn lock<DB: Backend>(
     conn: &mut DB::Connection,
     key: RollupKey,
 ) -> Result<(), StoreError> {
-    lock_names::<DB>(conn, [lock_name(key)].into_iter().collect()).await
+    series::rollup(key.kind).lock::<DB>(conn, [key.id]).await
 }
 
 fn corrupt(key: RollupKey, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    move |e| {
-        StoreError::Unreadable(format!(
-            "{} of {}, hour {hour}: {e}",
-            table(key.kind),
-            key.id
-        ))
-    }
+    series::rollup(key.kind).corrupt(key.id, hour)
 }
 
 /// A rollup row as stored (see [`packed::rollup`] for how min and max are kept).
@@ -167,33 +155,17 @@ async fn stored_rows<DB: Backend>(
     rows.iter().map(|r| stored_row(r, &s)).collect()
 }
 
-/// The packed hours of `key` that start in `[from, to)`, oldest first, unpacked.
+/// `key`'s packed hours that start in `[from, to)`, oldest first, unpacked.
 async fn packed_hours<DB: Backend>(
     conn: &mut DB::Connection,
     key: RollupKey,
     from: UnixMs,
     to: UnixMs,
 ) -> Result<Vec<(UnixMs, Vec<RollupRow>)>, StoreError> {
-    let s = spec(key.kind);
-    let rows = sql::<DB>(
-        "read packed rollup hours",
-        format!(
-            "SELECT hour_ms, packed FROM {} WHERE {} = $1 AND hour_ms >= $2 AND hour_ms < $3 \
-             ORDER BY hour_ms",
-            table(key.kind),
-            s.id
-        ),
-    )
-    .bind(key.id)
-    .bind(from)
-    .bind(to)
-    .all(conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            let hour: UnixMs = r.get("hour_ms")?;
-            Ok((hour, unpack(key, hour, &r.get::<Vec<u8>>("packed")?, None)?))
-        })
+    let values = series::rollup(key.kind).values::<DB>(conn, key.id, (from, to), None);
+    (values.await?)
+        .into_iter()
+        .map(|(hour, value)| Ok((hour, unpack(key, hour, &value, None)?)))
         .collect()
 }
 
@@ -300,18 +272,10 @@ async fn delete_hour<DB: Backend>(
     key: RollupKey,
     hour: UnixMs,
 ) -> Result<(), StoreError> {
-    sql::<DB>(
-        "delete a packed rollup hour",
-        format!(
-            "DELETE FROM {} WHERE {} = $1 AND hour_ms = $2",
-            table(key.kind),
-            spec(key.kind).id
-        ),
-    )
-    .bind(key.id)
-    .bind(hour)
-    .execute(conn)
-    .await?;
+    let span = (hour, hour.saturating_add(1));
+    series::rollup(key.kind)
+        .delete_values::<DB>(conn, key.id, span)
+        .await?;
     Ok(())
 }
 
@@ -321,21 +285,9 @@ async fn store_hour<DB: Backend>(
     hour: UnixMs,
     value: &[u8],
 ) -> Result<(), StoreError> {
-    let id = spec(key.kind).id;
-    sql::<DB>(
-        "store a packed rollup hour",
-        format!(
-            "INSERT INTO {} ({id}, hour_ms, packed) VALUES ($1, $2, $3) \
-             ON CONFLICT ({id}, hour_ms) DO UPDATE SET packed = excluded.packed",
-            table(key.kind)
-        ),
-    )
-    .bind(key.id)
-    .bind(hour)
-    .bind(value)
-    .execute(conn)
-    .await?;
-    Ok(())
+    (series::rollup(key.kind))
+        .store_value::<DB>(conn, key.id, hour, value)
+        .await
 }
 
 /// The stored rollup minutes of `key` with starts in `range`, oldest first: rows and
