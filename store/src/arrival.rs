@@ -18,15 +18,16 @@
 //!   both forms.
 
 use super::backend::{Backend, Dialect, Get, Table, sql};
+use super::held::Held;
 use super::packed::{self, PackError, process::ProcessTick};
-use super::packing::{
-    Span, Tier, Value, corrupt, delete_value, insert_unpacked, unpack_gpu, unpack_process,
-};
-use super::rollup::{RollupKey, RollupKind, spec};
-use super::rollup_hours::{self, HOUR_MS, hour_of};
+use super::packing::{Value, delete_value, insert_unpacked};
+use super::rollup::kinds::{RollupKey, RollupKind, spec};
+use super::rollup_hours;
 use super::series;
-use super::write::Samples;
+use super::tiers::{Tier, corrupt};
+use super::write::sent::Samples;
 use super::{GpuId, GpuMetric, StoreError};
+use gpufleet_core::times::{HOUR_MS, hour_of};
 use gpufleet_core::times::{MINUTE_MS, minute_of};
 use gpufleet_core::{GpuSample, UnixMs};
 use std::borrow::{Borrow, Cow};
@@ -37,71 +38,6 @@ use std::sync::OnceLock;
 /// arriving later go straight into its packed values. Longer than a live agent's batches
 /// take to arrive and than followers look back (30 s), so the live minutes stay rows.
 pub const PACK_ON_ARRIVAL_AFTER_MS: i64 = 2 * MINUTE_MS;
-
-/// A GPU's packed minute that a write falls in and that stays packed (a closed minute):
-/// its contents, its value as stored, and whether that value is still in the table (a
-/// minute split out of an hour-long value is not).
-#[derive(Debug)]
-pub(crate) struct HeldMinute<T> {
-    items: Vec<T>,
-    value: Vec<u8>,
-    stored: bool,
-}
-
-/// The held minutes of a write, by (GPU, minute): process ticks and GPU samples.
-#[derive(Debug, Default)]
-pub(crate) struct Held {
-    process: BTreeMap<(i64, UnixMs), HeldMinute<ProcessTick>>,
-    gpu: BTreeMap<(i64, UnixMs), HeldMinute<(UnixMs, GpuSample)>>,
-}
-
-impl Held {
-    /// Holds GPU `gpu`'s minute value of `tier` at `span`, decoded.
-    pub(super) fn hold(
-        &mut self,
-        tier: Tier,
-        gpu: i64,
-        span: Span,
-        value: Vec<u8>,
-        stored: bool,
-    ) -> Result<(), StoreError> {
-        let key = (gpu, span.start);
-        match tier {
-            Tier::Process => {
-                let items = unpack_process(gpu, span, &value)?;
-                self.process.insert(
-                    key,
-                    HeldMinute {
-                        items,
-                        value,
-                        stored,
-                    },
-                );
-            }
-            Tier::Gpu => {
-                let items = unpack_gpu(gpu, span, &value)?;
-                self.gpu.insert(
-                    key,
-                    HeldMinute {
-                        items,
-                        value,
-                        stored,
-                    },
-                );
-            }
-            Tier::Host => {
-                return Err(StoreError::Corrupt("a host minute cannot be held".into()));
-            }
-        }
-        Ok(())
-    }
-
-    /// The GPU samples stored in held minutes, by (GPU, time): what a conflict check
-    /// compares a write's samples with, beside the rows.
-    pub(crate) fn gpu_samples(&self) -> impl Iterator<Item = ((i64, UnixMs), &GpuSample)> {
-        (self.gpu.iter()).flat_map(|((gpu, _), h)| h.items.iter().map(|(t, s)| ((*gpu, *t), s)))
-    }
-}
 
 /// A GPU minute packed on arrival: (GPU, minute, all its samples, oldest first; those
 /// the write brought are borrowed from it).

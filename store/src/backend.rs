@@ -11,8 +11,8 @@
 //! distinct lists) or a [`Backend`] hook (the hand-tuned sample writes, leases, raw
 //! retention).
 
-use super::write::{NodeUpdate, Samples, Written};
-use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::Lease};
+use super::write::sent::{NodeUpdate, Samples, Written};
+use super::{NodeBatch, SqlStore, StoreError, WriteOutcome, lease::held::Lease};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use sqlx::error::BoxDynError;
@@ -790,3 +790,28 @@ pub trait GetExt: Get {
 }
 
 impl<R: Get> GetExt for R {}
+
+/// Inserts `rows` into `table`, with `tail` (ordering, conflict handling) after the
+/// SELECT; returns how many were new.
+pub(crate) async fn insert_rows<DB: Backend>(
+    conn: &mut DB::Connection,
+    op: &'static str,
+    table: &str,
+    rows: Table,
+    tail: &str,
+) -> Result<u64, StoreError> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let names = rows.names();
+    sql::<DB>(
+        op,
+        format!(
+            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true {tail}",
+            DB::DIALECT.over(&rows, "v"),
+        ),
+    )
+    .bind_table(rows)
+    .execute(conn)
+    .await
+}

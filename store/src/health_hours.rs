@@ -25,11 +25,12 @@
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError};
-use super::packing::{PackOutcome, gpu_uuid};
-use super::rollup_hours::{HOUR_MS, hour_of};
+use super::rows::gpu_uuid;
 use super::rows::{self, HEALTH_COLS, limit_i64};
 use super::series::HEALTH;
+use super::series::PackOutcome;
 use super::{GpuId, SqlStore, StoreError, TimeRange};
+use gpufleet_core::times::{HOUR_MS, hour_of};
 use gpufleet_core::{GpuHealthSample, UnixMs};
 use std::collections::BTreeMap;
 

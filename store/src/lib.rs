@@ -37,6 +37,7 @@ pub mod energy;
 mod fleet;
 mod follow;
 mod health_hours;
+mod held;
 pub mod lease;
 mod packing;
 pub mod postgres;
@@ -46,6 +47,7 @@ mod rollup_hours;
 mod rows;
 mod series;
 pub mod sqlite;
+mod tiers;
 mod write;
 
 pub use alerts::AlertStore;
@@ -58,9 +60,9 @@ pub use fleet::{FleetReads, IngestWrites, TokenStore};
 pub use gpufleet_packed as packed;
 pub use gpufleet_packed::HostRow;
 pub use lease::JobLeases;
-pub use packing::PackOutcome;
 pub use remote_write::RemoteWriteStore;
 pub use rollup::RollupStore;
+pub use series::PackOutcome;
 
 use async_trait::async_trait;
 use gpufleet_core::{

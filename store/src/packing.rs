@@ -42,18 +42,20 @@
 //! is being packed (the packer would then delete rows it did not pack, or leave a minute
 //! in both forms). SQLite has one writer.
 
-use super::arrival::Held;
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
+use super::held::Held;
 use super::packed::{self, PackError, process::ProcessTick};
-use super::rollup::{RollupKey, RollupKind};
-use super::rollup_hours::{self, HOUR_MS, hour_of};
-use super::rows::{self, GPU_COLS, PROCESS_JOINS, process_cols, to_i64};
-use super::series::{self, Series, lock_names};
-use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
+use super::rollup::kinds::{RollupKey, RollupKind};
+use super::rollup_hours;
+use super::rows::{self, GPU_COLS, PROCESS_JOINS, gpu_uuid, process_cols, to_i64};
+use super::series::{PackOutcome, lock_names};
+use super::tiers::{Span, Tier, corrupt, unpack_gpu, unpack_host, unpack_process};
+use super::write::sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples};
 use super::{
     GpuId, HostRow, NodeBatch, NodeId, NodeRecord, SqlStore, StoreError, TimeRange, skip_unreadable,
 };
 use crate::energy::records::EnergyProcess;
+use gpufleet_core::times::{HOUR_MS, hour_of};
 use gpufleet_core::times::{MINUTE_MS, minute_of};
 use gpufleet_core::{DeliveryStats, GpuSample, ProcessSample, Tick, UnixMs};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -64,76 +66,6 @@ const SPAN_MINUTES: i64 = 60;
 /// value may be an hour long), later ones larger, up to the largest.
 const FIRST_PAGE: i64 = 2;
 const READ_PAGE: i64 = 64;
-
-/// What a packing call did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PackOutcome {
-    /// Minutes of raw rows packed (or merged into their packed value).
-    pub minutes: usize,
-    /// Closed hours of packed minutes merged into one value an hour long.
-    pub hours: usize,
-    /// Rollup minutes packed into their series' hour (or merged into it).
-    pub rollup_minutes: usize,
-    /// GPU health readings packed into their GPU's hour (or merged into it).
-    pub health_readings: usize,
-    /// Rows moved out of the raw row tables.
-    pub rows: u64,
-    /// Transactions committed.
-    pub transactions: usize,
-    /// Raw partitions packing emptied, dropped (PostgreSQL).
-    pub partitions_dropped: Vec<String>,
-}
-
-impl PackOutcome {
-    fn add(&mut self, other: &PackOutcome) {
-        self.minutes += other.minutes;
-        self.hours += other.hours;
-        self.rows += other.rows;
-        self.transactions += other.transactions;
-    }
-}
-
-/// The packed tiers: which tables, and how a lock on one series is named.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) enum Tier {
-    /// A node's host rows.
-    Host,
-    /// A GPU's process ticks.
-    Process,
-    /// A GPU's samples.
-    Gpu,
-}
-
-impl Tier {
-    /// The tier's description ([`series`]).
-    pub(super) fn series(self) -> &'static Series {
-        match self {
-            Tier::Host => &series::HOST,
-            Tier::Process => &series::PROCESS,
-            Tier::Gpu => &series::GPU,
-        }
-    }
-
-    pub(super) fn packed(self) -> &'static str {
-        self.series().packed
-    }
-
-    pub(super) fn rows(self) -> &'static str {
-        self.series().rows
-    }
-
-    pub(super) fn id(self) -> &'static str {
-        self.series().id
-    }
-
-    /// The series whose raw horizon bounds this tier's values.
-    fn kind(self) -> RollupKind {
-        match self {
-            Tier::Host => RollupKind::Host,
-            Tier::Process | Tier::Gpu => RollupKind::Gpu,
-        }
-    }
-}
 
 /// Takes the packing lock of `series` (PostgreSQL; in name order, so that writers never
 /// wait for each other in a cycle) for the rest of the transaction.
@@ -146,101 +78,6 @@ async fn lock<DB: Backend>(
         series.map(|(t, id)| t.series().lock_name(id)).collect(),
     )
     .await
-}
-
-pub(super) fn corrupt(tier: Tier, id: i64, minute: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    tier.series().corrupt(id, minute)
-}
-
-fn outside(tier: Tier, id: i64, span: Span) -> StoreError {
-    (tier.series()).unreadable(
-        id,
-        span.start,
-        &format!("a row outside its {} ms", span.len),
-    )
-}
-
-/// Where a packed value starts (`minute_ms`) and how long it is (`span_ms`): a minute, or
-/// an hour that holds nothing else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Span {
-    pub(super) start: UnixMs,
-    pub(super) len: i64,
-}
-
-impl Span {
-    pub(super) fn minute(start: UnixMs) -> Span {
-        Span {
-            start,
-            len: MINUTE_MS,
-        }
-    }
-
-    /// The span of a packed value's row, checked: a minute on a minute boundary or an
-    /// hour on an hour boundary.
-    fn of<R: Get>(tier: Tier, id: i64, row: &R) -> Result<Span, StoreError> {
-        let span = Span {
-            start: row.get("minute_ms")?,
-            len: row.get("span_ms")?,
-        };
-        let aligned = match span.len {
-            MINUTE_MS => minute_of(span.start) == span.start,
-            HOUR_MS => hour_of(span.start) == span.start,
-            _ => false,
-        };
-        if !aligned {
-            return Err(StoreError::Unreadable(format!(
-                "{} of {id}: a value at {} spans {} ms",
-                tier.packed(),
-                span.start,
-                span.len
-            )));
-        }
-        Ok(span)
-    }
-
-    fn end(self) -> UnixMs {
-        self.start.saturating_add(self.len)
-    }
-
-    fn contains(self, t: UnixMs) -> bool {
-        (self.start..self.end()).contains(&t)
-    }
-}
-
-/// The host rows of a packed value.
-fn unpack_host(node: i64, span: Span, value: &[u8]) -> Result<Vec<HostRow>, StoreError> {
-    let rows = packed::host::unpack(value).map_err(corrupt(Tier::Host, node, span.start))?;
-    if rows.iter().any(|r| !span.contains(r.time_ms)) {
-        return Err(outside(Tier::Host, node, span));
-    }
-    Ok(rows)
-}
-
-/// The process ticks of a packed value.
-pub(super) fn unpack_process(
-    gpu: i64,
-    span: Span,
-    value: &[u8],
-) -> Result<Vec<ProcessTick>, StoreError> {
-    let ticks = packed::process::unpack(value).map_err(corrupt(Tier::Process, gpu, span.start))?;
-    if ticks.iter().any(|t| !span.contains(t.ts_ms)) {
-        return Err(outside(Tier::Process, gpu, span));
-    }
-    Ok(ticks)
-}
-
-/// The samples of a packed value (without their UUID).
-pub(super) fn unpack_gpu(
-    gpu: i64,
-    span: Span,
-    value: &[u8],
-) -> Result<Vec<(UnixMs, GpuSample)>, StoreError> {
-    let samples = packed::gpu::unpack(value).map_err(corrupt(Tier::Gpu, gpu, span.start))?;
-    if samples.iter().any(|(t, _)| !span.contains(*t)) {
-        return Err(outside(Tier::Gpu, gpu, span));
-    }
-    Ok(samples)
 }
 
 /// A `process_samples` row as a packed tick.
@@ -679,18 +516,6 @@ async fn name_samples<'s, DB: Backend>(
         s.gpu_uuid.clone_from(&uuid);
     }
     Ok(())
-}
-
-/// The UUID of `gpu`, for what packed values give back without it.
-pub(crate) async fn gpu_uuid<DB: Backend>(
-    conn: &mut DB::Connection,
-    gpu: GpuId,
-) -> Result<String, StoreError> {
-    sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
-        .bind(gpu.0)
-        .one(conn)
-        .await?
-        .get("uuid")
 }
 
 /// A GPU's samples with times in `range`, oldest first, at most `limit`: the rows of
@@ -1212,7 +1037,7 @@ pub(crate) async fn energy_processes<DB: Backend>(
                 workload,
                 sm_util_pct: t.sm_util_pct,
                 gpu_mem_bytes: t.gpu_mem_bytes,
-                compute: super::energy::is_compute(process_type),
+                compute: rows::is_compute(process_type),
             };
             Ok((req, t.ts_ms, t.pid, p))
         })

@@ -20,10 +20,11 @@
 //! days that packing emptied (a past day's partition never reuses the space of its
 //! deleted rows).
 
+use super::backend::insert_rows;
 use super::backend::{Backend, Dialect, Get as _, Table, Value, run, sql};
 use super::lease::{self, Lease};
 use super::rows::to_i64;
-use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written, insert_rows};
+use super::write::sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
     q,

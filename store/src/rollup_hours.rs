@@ -22,9 +22,8 @@
 
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
-use super::packing::PackOutcome;
-use super::rollup::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
-use super::series;
+use super::rollup::kinds::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
+use super::series::PackOutcome;
 use super::{SqlStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use gpufleet_core::times::minute_of;
@@ -35,7 +34,7 @@ pub(crate) use gpufleet_core::times::{HOUR_MS, hour_of};
 
 /// The packed table of a kind of series.
 pub(crate) fn table(kind: RollupKind) -> &'static str {
-    series::rollup(kind).packed
+    kind.series().packed
 }
 
 /// Takes `key`'s lock for the rest of the transaction (PostgreSQL).
@@ -43,11 +42,11 @@ pub(crate) async fn lock<DB: Backend>(
     conn: &mut DB::Connection,
     key: RollupKey,
 ) -> Result<(), StoreError> {
-    series::rollup(key.kind).lock::<DB>(conn, [key.id]).await
+    key.kind.series().lock::<DB>(conn, [key.id]).await
 }
 
 fn corrupt(key: RollupKey, hour: UnixMs) -> impl FnOnce(PackError) -> StoreError {
-    series::rollup(key.kind).corrupt(key.id, hour)
+    key.kind.series().corrupt(key.id, hour)
 }
 
 /// A rollup row as stored (see [`packed::rollup`] for how min and max are kept).
@@ -162,7 +161,10 @@ async fn packed_hours<DB: Backend>(
     from: UnixMs,
     to: UnixMs,
 ) -> Result<Vec<(UnixMs, Vec<RollupRow>)>, StoreError> {
-    let values = series::rollup(key.kind).values::<DB>(conn, key.id, (from, to), None);
+    let values = key
+        .kind
+        .series()
+        .values::<DB>(conn, key.id, (from, to), None);
     (values.await?)
         .into_iter()
         .map(|(hour, value)| Ok((hour, unpack(key, hour, &value, None)?)))
@@ -273,7 +275,8 @@ async fn delete_hour<DB: Backend>(
     hour: UnixMs,
 ) -> Result<(), StoreError> {
     let span = (hour, hour.saturating_add(1));
-    series::rollup(key.kind)
+    key.kind
+        .series()
         .delete_values::<DB>(conn, key.id, span)
         .await?;
     Ok(())
@@ -285,7 +288,7 @@ async fn store_hour<DB: Backend>(
     hour: UnixMs,
     value: &[u8],
 ) -> Result<(), StoreError> {
-    (series::rollup(key.kind))
+    (key.kind.series())
         .store_value::<DB>(conn, key.id, hour, value)
         .await
 }

@@ -1,7 +1,7 @@
 //! Stored rows → domain types, once for both backends (through [`Get`]), and the column
 //! lists the shared queries select for them.
 
-use super::backend::{Get, GetExt};
+use super::backend::{Backend, Get, GetExt, sql};
 use super::{
     AgentTokenRecord, GpuId, GpuRecord, HostRow, NodeId, NodeRecord, StoreError, decode_nvlinks,
 };
@@ -352,4 +352,22 @@ pub fn request<R: Get>(row: &R, n: usize, what: &str) -> Result<usize, StoreErro
         .ok()
         .filter(|&i| i < n)
         .ok_or_else(|| StoreError::Corrupt(format!("{what}: request {i} out of range")))
+}
+
+/// Whether a stored process type (1 compute, 2 graphics, 3 both: the proto
+/// `ProcessType` numbers) holds a compute context.
+pub(crate) fn is_compute(process_type: i64) -> bool {
+    process_type & 1 == 1
+}
+
+/// The UUID of `gpu`, for what packed values give back without it.
+pub(crate) async fn gpu_uuid<DB: Backend>(
+    conn: &mut DB::Connection,
+    gpu: GpuId,
+) -> Result<String, StoreError> {
+    sql::<DB>("read a GPU's UUID", "SELECT uuid FROM gpus WHERE id = $1")
+        .bind(gpu.0)
+        .one(conn)
+        .await?
+        .get("uuid")
 }

@@ -20,7 +20,6 @@
 use super::StoreError;
 use super::backend::{Backend, Dialect, Get, Table, sql};
 use super::packed::PackError;
-use super::rollup::RollupKind;
 use gpufleet_core::UnixMs;
 use std::collections::BTreeSet;
 
@@ -96,17 +95,37 @@ pub(crate) const HEALTH: Series = Series {
     lock: "health",
 };
 
+/// What a packing call did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackOutcome {
+    /// Minutes of raw rows packed (or merged into their packed value).
+    pub minutes: usize,
+    /// Closed hours of packed minutes merged into one value an hour long.
+    pub hours: usize,
+    /// Rollup minutes packed into their series' hour (or merged into it).
+    pub rollup_minutes: usize,
+    /// GPU health readings packed into their GPU's hour (or merged into it).
+    pub health_readings: usize,
+    /// Rows moved out of the raw row tables.
+    pub rows: u64,
+    /// Transactions committed.
+    pub transactions: usize,
+    /// Raw partitions packing emptied, dropped (PostgreSQL).
+    pub partitions_dropped: Vec<String>,
+}
+
+impl PackOutcome {
+    pub(crate) fn add(&mut self, other: &PackOutcome) {
+        self.minutes += other.minutes;
+        self.hours += other.hours;
+        self.rows += other.rows;
+        self.transactions += other.transactions;
+    }
+}
+
 /// Every packed table.
 #[cfg(test)]
 pub(crate) const ALL: [&Series; 6] = [&HOST, &PROCESS, &GPU, &GPU_ROLLUP, &HOST_ROLLUP, &HEALTH];
-
-/// The rollup series of a kind.
-pub(crate) fn rollup(kind: RollupKind) -> &'static Series {
-    match kind {
-        RollupKind::Gpu => &GPU_ROLLUP,
-        RollupKind::Host => &HOST_ROLLUP,
-    }
-}
 
 impl Series {
     /// The packed table's time column.
@@ -303,7 +322,7 @@ mod tests {
         let locks: BTreeSet<_> = ALL.iter().map(|s| s.lock_name(7)).collect();
         assert_eq!(locks.len(), ALL.len() - 1);
         assert_eq!(PROCESS.lock_name(7), GPU.lock_name(7));
-        assert_eq!(rollup(RollupKind::Host).lock_name(3), "rollup-host:3");
+        assert_eq!(HOST_ROLLUP.lock_name(3), "rollup-host:3");
         assert_eq!(
             HEALTH.unreadable(4, 3_600_000, "empty").to_string(),
             StoreError::Unreadable("packed_gpu_health_hours of 4, hour 3600000: empty".into())

@@ -17,7 +17,7 @@
 use super::backend::{Backend, Dialect, Value, run};
 use super::lease::{self, Lease, LocalLeases};
 use super::rows::to_i64;
-use super::write::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
+use super::write::sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
     NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
     q,

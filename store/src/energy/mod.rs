@@ -2,9 +2,8 @@
 //! ([`EnergyStore`]), the shapes crossing the boundary, and their SQL, once for both
 //! backends. The computing is in `accounting::energy` (collector) (pure) and `accounting::accountant` (collector).
 
-use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
+use super::backend::{Backend, Dialect, Get, GetExt, Table, insert_rows, sql};
 use super::rows::{self, WORKLOAD_COLS, limit_i64};
-use super::write::insert_rows;
 use super::{GpuId, NodeId, SqlStore, StoreError, TimeRange};
 pub mod records;
 
@@ -454,15 +453,9 @@ fn energy_process<R: Get>(row: &R) -> Result<(UnixMs, u32, EnergyProcess), Store
         workload: row.get("workload_id")?,
         sm_util_pct: row.get("sm_util_pct")?,
         gpu_mem_bytes: row.u64_bits("gpu_mem_bytes")?,
-        compute: is_compute(row.get("process_type")?),
+        compute: rows::is_compute(row.get("process_type")?),
     };
     Ok((row.get("ts_ms")?, row.get("pid")?, process))
-}
-
-/// Whether a stored process type (1 compute, 2 graphics, 3 both: the proto
-/// `ProcessType` numbers) holds a compute context.
-pub(super) fn is_compute(process_type: i64) -> bool {
-    process_type & 1 == 1
 }
 
 /// The request rows of energy ranges: `(req, id, from_ms, to_ms)`.

@@ -2,13 +2,17 @@
 //! ([`collect_rows`]), the sample rows written by the backend, the rest over a [`Table`],
 //! and the conflict check that tells replays from conflicts ([`conflicts_of`]).
 
-use super::backend::{Backend, Get, Table, sql};
+use super::backend::{Backend, Get, Table, insert_rows, sql};
 use super::{BatchConflict, HostRow, NodeBatch, NodeId, SqlStore, StoreError, WriteOutcome, rows};
 use gpufleet_core::{
-    DeliveryStats, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost, Tick,
+    DeliveryStats, Event, GpuHealthSample, GpuSample, HostSample, ProcessSample, SamplerCost,
     UnixMs, Workload,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+pub mod sent;
+
+pub use sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 
 /// One distinct workload of a write.
 pub struct WorkloadSlot<'b> {
@@ -17,47 +21,6 @@ pub struct WorkloadSlot<'b> {
     pub first_ms: UnixMs,
     /// Its id: from the cache, or from the upsert.
     pub id: Option<i64>,
-}
-
-/// The delivery-state update of one node.
-pub struct NodeUpdate {
-    pub id: i64,
-    pub newest_ms: i64,
-    /// The highest seq written for the node, and that batch's delivery stats.
-    pub seq: u64,
-    pub delivery: DeliveryStats,
-    /// GPU samples newly inserted.
-    pub inserted: u64,
-}
-
-/// A write's sample rows, as [`collect_rows`] collects them and
-/// [`Backend::write_samples`] writes them (SQLite binds them row by row, PostgreSQL column
-/// by column). Events, workloads and nodes are written alike on both
-/// ([`SqlStore::write_rounds`]).
-#[derive(Default)]
-pub struct Samples<'b> {
-    pub gpu: Vec<GpuRow<'b>>,
-    pub process: Vec<ProcessRow<'b>>,
-    /// The ticks that have host metrics or a sampler cost.
-    pub host: Vec<HostTick<'b>>,
-}
-
-pub struct GpuRow<'b> {
-    /// Index of the node's group in [`Collected::nodes`].
-    pub group: usize,
-    pub gpu: i64,
-    pub ts: UnixMs,
-    pub s: &'b GpuSample,
-}
-
-pub struct ProcessRow<'b> {
-    pub gpu: i64,
-    pub ts: UnixMs,
-    /// Index in [`Collected::lives`]; resolved to `life` once ids are known.
-    pub slot: usize,
-    /// Its lifetime's id (`process_lives.id`).
-    pub life: i64,
-    pub p: &'b ProcessSample,
 }
 
 /// A process lifetime as `process_lives` keys it: the process (GPU, pid) and its identity.
@@ -133,12 +96,6 @@ fn same_life(a: &ProcessSample, b: &ProcessSample) -> bool {
         && a.user == b.user
         && a.command == b.command
         && a.mig_uuid == b.mig_uuid
-}
-
-pub struct HostTick<'b> {
-    pub node: i64,
-    pub ts: UnixMs,
-    pub tick: &'b Tick,
 }
 
 /// An event of a write, with its node's and GPU's ids.
@@ -317,19 +274,6 @@ pub(crate) fn outcome(nodes: &[NodeUpdate]) -> WriteOutcome {
             .or_default() += node.inserted;
     }
     outcome
-}
-
-/// How [`Backend::write_samples`] ended.
-pub enum Written {
-    /// Every row was sent. `skipped`: some were already stored (replays, or conflicts);
-    /// `gpus`: the GPUs some of whose samples were skipped, where the backend can tell
-    /// (`None`: any GPU of the write).
-    Rows {
-        skipped: bool,
-        gpus: Option<HashSet<i64>>,
-    },
-    /// Roll back and redo the write with `fallback` set.
-    Fallback,
 }
 
 impl<DB: Backend> SqlStore<DB> {
@@ -682,31 +626,6 @@ async fn insert_health<DB: Backend>(
     let tail = "ORDER BY v.o ON CONFLICT DO NOTHING";
     insert_rows::<DB>(conn, "insert GPU health", "gpu_health", table, tail).await?;
     Ok(())
-}
-
-/// Inserts `rows` into `table`, with `tail` (ordering, conflict handling) after the
-/// SELECT; returns how many were new.
-pub(crate) async fn insert_rows<DB: Backend>(
-    conn: &mut DB::Connection,
-    op: &'static str,
-    table: &str,
-    rows: Table,
-    tail: &str,
-) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let names = rows.names();
-    sql::<DB>(
-        op,
-        format!(
-            "INSERT INTO {table} ({names}) SELECT {names} FROM {} WHERE true {tail}",
-            DB::DIALECT.over(&rows, "v"),
-        ),
-    )
-    .bind_table(rows)
-    .execute(conn)
-    .await
 }
 
 /// Every node's delivery state in one statement (nodes in id order). Right-hand sides see
