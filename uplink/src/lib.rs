@@ -45,6 +45,7 @@
 pub mod cost;
 pub mod encoded;
 pub mod queue;
+pub mod redact;
 pub mod run;
 pub mod sampler;
 pub mod session;

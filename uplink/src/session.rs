@@ -19,6 +19,7 @@
 
 use crate::encoded::RawAgentMessage;
 use crate::queue::{BatchLimits, Outbox, SharedOutbox, Summary, lock};
+pub use crate::redact::redact;
 use futures::future::BoxFuture;
 use gpufleet_core::Inventory;
 use gpufleet_proto::v1 as pb;
@@ -135,18 +136,6 @@ pub fn parse_collectors(values: &[String]) -> Result<Vec<String>, UplinkError> {
         });
     }
     Ok(urls)
-}
-
-/// `url` without credentials (`http://user:secret@host` → `http://***@host`), for logs.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_owned(),
-    }
 }
 
 /// The reconnect delay before attempt `attempt` (0-based): `base · 2^attempt` capped at
@@ -591,16 +580,6 @@ mod tests {
         assert!(parse_collectors(&[",".into()]).is_err());
         let err = parse_collectors(&["http://bad host:1".into()]).expect_err("space in host");
         assert!(err.to_string().contains("bad host"), "{err}");
-    }
-
-    #[test]
-    fn credentials_never_reach_the_logs() {
-        assert_eq!(
-            redact("https://agent:s3cret@c:443/x"),
-            "https://***@c:443/x"
-        );
-        assert_eq!(redact("http://c:50051"), "http://c:50051");
-        assert_eq!(redact("http://c:1/a@b"), "http://c:1/a@b");
     }
 
     #[test]

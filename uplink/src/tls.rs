@@ -124,12 +124,12 @@ impl Credentials {
             let https = url.starts_with("https://");
             if https && self.tls.is_none() {
                 return Err(CredentialError::NoCa {
-                    url: crate::session::redact(url),
+                    url: crate::redact::redact(url),
                 });
             }
             if !https && self.tls.is_some() {
                 return Err(CredentialError::PlainWithTls {
-                    url: crate::session::redact(url),
+                    url: crate::redact::redact(url),
                 });
             }
         }
@@ -143,12 +143,12 @@ impl Credentials {
                 endpoint
                     .tls_config(tls.clone())
                     .map_err(|e| CredentialError::Tls {
-                        url: crate::session::redact(url),
+                        url: crate::redact::redact(url),
                         reason: e.to_string(),
                     })
             }
             (None, true) => Err(CredentialError::NoCa {
-                url: crate::session::redact(url),
+                url: crate::redact::redact(url),
             }),
             _ => Ok(endpoint),
         }

@@ -1,12 +1,15 @@
 //! Per-GPU state kept between ticks: its handle, what it does not support, and the
 //! counters rates are taken from.
 
-use super::mapping::FieldKey;
-use super::mig::MigDevice;
-use gpufleet_core::{NvLinkSample, UnixMs};
+use super::mapping::{FieldKey, Reading, classify};
+use gpufleet_core::{MigInstance, NvLinkSample, UnixMs};
+use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::Device;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
 
 /// A per-tick NVML query; the unit of "unsupported, don't ask again".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +182,90 @@ impl DeviceState<'_> {
         self.power_limit
             .is_none_or(|(_, at)| now_ms < at || now_ms - at >= POWER_LIMIT_EVERY_MS)
     }
+}
+
+/// A MIG device of a GPU.
+pub(super) struct MigDevice<'n> {
+    /// Its handle, for its process list.
+    pub(super) device: Device<'n>,
+    /// What the inventory reports.
+    pub(super) info: MigInstance,
+}
+
+/// Calls NVML for `metric` unless the device said it does not support it; times the call
+/// and turns its error into an absent value (remembering NOT_SUPPORTED).
+pub(super) fn read<'n, T>(
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
+) -> Option<T> {
+    if dev.lost || dev.unsupported.contains(metric) {
+        return None;
+    }
+    let reading = attempt(dev, timer, metric, call);
+    value_of(dev, metric, reading)
+}
+
+/// The value of a reading of `metric`, remembering NOT_SUPPORTED.
+pub(super) fn value_of<T>(
+    dev: &mut DeviceState<'_>,
+    metric: Metric,
+    reading: Reading<T>,
+) -> Option<T> {
+    match reading {
+        Reading::Value(v) => Some(v),
+        Reading::Unsupported(_) => {
+            dev.unsupported.insert(metric);
+            None
+        }
+        Reading::Lost | Reading::Failed(_) => None,
+    }
+}
+
+/// One NVML call for `metric`, timed and logged, its answer classified: a lost GPU is
+/// marked lost; remembering NOT_SUPPORTED is the caller's (per metric, or per NVLink).
+pub(super) fn attempt<'n, T>(
+    dev: &mut DeviceState<'n>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
+) -> Reading<T> {
+    let start = Instant::now();
+    let result = call(&dev.device);
+    settle(dev, timer, metric, result, start.elapsed())
+}
+
+/// The answer of a call already made (and how long it took): timed into `timer`, logged,
+/// classified; a lost GPU is marked lost. See [`attempt`].
+pub(super) fn settle<T>(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+    metric: Metric,
+    result: Result<T, NvmlError>,
+    took: Duration,
+) -> Reading<T> {
+    timer.record(dev.index, metric.call(), took);
+    let reading = classify(result);
+    match &reading {
+        Reading::Value(_) => {}
+        Reading::Unsupported(why) => {
+            debug!(gpu = dev.index, call = metric.call(), reason = %why, "not supported; the value stays absent");
+        }
+        Reading::Lost => {
+            dev.lost = true;
+            warn!(gpu = dev.index, uuid = %dev.uuid, call = metric.call(), "GPU lost; its values are absent from now on");
+        }
+        Reading::Failed(why) => {
+            if dev.warned.contains(metric) {
+                debug!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed");
+            } else {
+                dev.warned.insert(metric);
+                warn!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed; the value is absent this tick (further failures logged at debug)");
+            }
+        }
+    }
+    reading
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! Batched field values (`nvmlDeviceGetFieldValues`): instant power, memory temperature
 //! and NVLink throughput counters, with the scoped batch nvml-wrapper cannot send.
 
+use super::device::read;
 use super::device::{DeviceState, Metric};
 use super::mapping::{FieldKey, FieldValues, tick_fields};
-use super::reader::read;
 use super::{ALL_LINKS, MAX_NVLINKS};
 use gpufleet_core::UnixMs;
 use gpufleet_uplink::cost::CallTimer;

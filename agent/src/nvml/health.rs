@@ -7,9 +7,9 @@
 //! supported (Hopper: flit only), and absent for a read where any link failed.
 
 use super::device::{DeviceState, Metric};
+use super::device::{attempt, read};
 use super::fields::field_values_scoped;
 use super::mapping::{FieldKey, REMAP_FIELDS, Reading, field_readings, link_total, remap_from};
-use super::reader::{attempt, read};
 use gpufleet_core::{GpuHealthSample, UnixMs};
 use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError, RetirementCause};

@@ -1,7 +1,7 @@
 //! MIG devices: found once per GPU, and which process runs in which each tick.
 
 use super::NO_INSTANCE_ID;
-use super::device::DeviceState;
+use super::device::{DeviceState, MigDevice};
 use super::lists::{ProcessList, running_processes};
 use super::mapping::mig_profile;
 use gpufleet_core::MigInstance;
@@ -11,14 +11,6 @@ use nvml_wrapper::error::NvmlError;
 use std::collections::HashMap;
 use std::time::Instant;
 use tracing::{debug, info, warn};
-
-/// A MIG device of a GPU.
-pub(super) struct MigDevice<'n> {
-    /// Its handle, for its process list.
-    device: Device<'n>,
-    /// What the inventory reports.
-    pub(super) info: MigInstance,
-}
 
 /// The MIG devices of a GPU with MIG enabled (none otherwise).
 pub(super) fn discover_migs<'n>(device: &Device<'n>, index: u32) -> Vec<MigDevice<'n>> {

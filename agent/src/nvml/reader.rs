@@ -3,15 +3,15 @@
 
 use super::NvmlOptions;
 use super::cadence::{Cadence, Due};
-use super::device::{DeviceState, Metric, MetricSet};
+use super::device::{DeviceState, Metric, MetricSet, read, settle, value_of};
 use super::events::{Events, same_handle};
 use super::fields::{active_nvlinks, read_fields};
 use super::health::{HealthSchedule, read_health};
 use super::held::{self, Held, Holding};
 use super::lists::{ProcessList, process_utilization, running_processes};
 use super::mapping::{
-    GpuProcess, Reading, brand_name, classify, compute_mode_name, cuda_version_string, field_batch,
-    memory_fields, merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
+    GpuProcess, brand_name, compute_mode_name, cuda_version_string, field_batch, memory_fields,
+    merge_processes, pcie_kib_to_bps, pct, pstate_number, throttle_bits,
 };
 use super::mig::{discover_migs, mig_processes};
 use super::pcie::{self, PCIE, PcieAnswers};
@@ -22,12 +22,11 @@ use gpufleet_core::{
     Event, EventKind, GpuInfo, GpuSample, Inventory, ProcessSample, SamplerCost, Tick, UnixMs,
 };
 use gpufleet_uplink::cost::{CallTimer, micros, thread_cpu_time};
+use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{
     Clock, EccCounter, MemoryError, TemperatureSensor, TemperatureThreshold,
 };
-use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::ProcessUtilizationSample;
-use nvml_wrapper::{Device, Nvml};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -516,78 +515,6 @@ fn read_device(
         timer,
         own_thread_cpu: None,
     }
-}
-
-/// Calls NVML for `metric` unless the device said it does not support it; times the call
-/// and turns its error into an absent value (remembering NOT_SUPPORTED).
-pub(super) fn read<'n, T>(
-    dev: &mut DeviceState<'n>,
-    timer: &mut CallTimer,
-    metric: Metric,
-    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
-) -> Option<T> {
-    if dev.lost || dev.unsupported.contains(metric) {
-        return None;
-    }
-    let reading = attempt(dev, timer, metric, call);
-    value_of(dev, metric, reading)
-}
-
-/// The value of a reading of `metric`, remembering NOT_SUPPORTED.
-fn value_of<T>(dev: &mut DeviceState<'_>, metric: Metric, reading: Reading<T>) -> Option<T> {
-    match reading {
-        Reading::Value(v) => Some(v),
-        Reading::Unsupported(_) => {
-            dev.unsupported.insert(metric);
-            None
-        }
-        Reading::Lost | Reading::Failed(_) => None,
-    }
-}
-
-/// One NVML call for `metric`, timed and logged, its answer classified: a lost GPU is
-/// marked lost; remembering NOT_SUPPORTED is the caller's (per metric, or per NVLink).
-pub(super) fn attempt<'n, T>(
-    dev: &mut DeviceState<'n>,
-    timer: &mut CallTimer,
-    metric: Metric,
-    call: impl FnOnce(&Device<'n>) -> Result<T, NvmlError>,
-) -> Reading<T> {
-    let start = Instant::now();
-    let result = call(&dev.device);
-    settle(dev, timer, metric, result, start.elapsed())
-}
-
-/// The answer of a call already made (and how long it took): timed into `timer`, logged,
-/// classified; a lost GPU is marked lost. See [`attempt`].
-fn settle<T>(
-    dev: &mut DeviceState<'_>,
-    timer: &mut CallTimer,
-    metric: Metric,
-    result: Result<T, NvmlError>,
-    took: Duration,
-) -> Reading<T> {
-    timer.record(dev.index, metric.call(), took);
-    let reading = classify(result);
-    match &reading {
-        Reading::Value(_) => {}
-        Reading::Unsupported(why) => {
-            debug!(gpu = dev.index, call = metric.call(), reason = %why, "not supported; the value stays absent");
-        }
-        Reading::Lost => {
-            dev.lost = true;
-            warn!(gpu = dev.index, uuid = %dev.uuid, call = metric.call(), "GPU lost; its values are absent from now on");
-        }
-        Reading::Failed(why) => {
-            if dev.warned.contains(metric) {
-                debug!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed");
-            } else {
-                dev.warned.insert(metric);
-                warn!(gpu = dev.index, call = metric.call(), error = %why, "NVML call failed; the value is absent this tick (further failures logged at debug)");
-            }
-        }
-    }
-    reading
 }
 
 /// One device's tick: its sample, its processes (their utilization still absent: see
