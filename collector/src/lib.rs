@@ -18,6 +18,7 @@
 //! - [`metrics`]: the collector's own counters.
 //! - [`alerts`]: alert rules over live signals, evaluated under a lease, stored, sent to webhooks.
 //! - [`remote_write`]: pushing samples and workload energy to a Prometheus remote-write receiver.
+//! - [`outbound`]: delivery to receivers (remote-write, webhooks): answers classified, retries with backoff.
 
 pub mod accounting;
 pub mod alerts;
@@ -30,6 +31,7 @@ pub mod ingest;
 pub mod live;
 pub mod metrics;
 pub mod net;
+pub mod outbound;
 pub mod remote_write;
 pub mod server;
 /// The storage boundary, a crate of its own ([`gpufleet_store`]): the collector reaches it as `crate::store`.

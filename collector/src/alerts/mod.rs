@@ -21,7 +21,7 @@ pub mod signals;
 
 use crate::live::state::Live;
 use crate::live::status::{Clock, StatusPolicy};
-use crate::remote_write::queue::BackoffOptions;
+use crate::outbound::BackoffOptions;
 use crate::store::AlertStore;
 use eval::{Alert, Evaluator};
 use notify::{Context, Notifier, NotifyStats, Post};

@@ -23,15 +23,14 @@
 //!
 //! Each webhook has a bounded queue ([`QUEUE_CAPACITY`] notifications) and one sender:
 //! when the queue is full the new notification is dropped and counted (the next re-send
-//! carries the firing alerts again). A notification is retried after a 5xx, a 429 (after
-//! its `Retry-After`), no answer, or a 401/403/404/407/408, with exponential backoff, up to
-//! the webhook's `max_attempts`; then it is given up and counted, as is one refused with
-//! another 4xx.
+//! carries the firing alerts again). Delivery goes through [`crate::outbound`]: a
+//! notification is retried after a 5xx, a 429 (after its `Retry-After`), no answer, or a
+//! 401/403/404/407/408, with exponential backoff, up to the webhook's `max_attempts`; then
+//! it is given up and counted, as is one refused with another 4xx.
 
 use super::eval::{Alert, AlertState};
 use super::rules::{Webhook, WebhookKind};
-use crate::remote_write::client::{Delivery, deliver};
-use crate::remote_write::queue::{BackoffOptions, backoff};
+use crate::outbound::{self, BackoffOptions, Delivery, Policy, RetryAfter};
 use async_trait::async_trait;
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::format_time;
@@ -320,7 +319,7 @@ impl Post for HttpPost {
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
-        deliver(request).await
+        outbound::send(request).await
     }
 }
 
@@ -406,6 +405,14 @@ async fn run_sender(
     stats: Arc<NotifyStats>,
     term: CancellationToken,
 ) {
+    // Bounded attempts, so `Retry-After` is taken as given; a request in flight does not
+    // hold the term's end (a webhook that hangs until its timeout would).
+    let policy = Policy {
+        backoff: options,
+        max_attempts: Some(max_attempts),
+        retry_after: RetryAfter::AsGiven,
+        abandon_in_flight: true,
+    };
     loop {
         let body = tokio::select! {
             () = term.cancelled() => return,
@@ -414,55 +421,47 @@ async fn run_sender(
                 None => return,
             },
         };
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            // A request in flight does not hold the term's end (a webhook that hangs
-            // until its timeout would).
-            let delivery = tokio::select! {
-                () = term.cancelled() => return,
-                d = post.post(body.clone()) => d,
-            };
-            let wait = match delivery {
-                Delivery::Sent => {
-                    stats.count(&name, Outcome::Sent);
-                    debug!(webhook = %name, ?post, "alert notification delivered");
-                    break;
-                }
-                Delivery::Refused { status, why } => {
-                    stats.count(&name, Outcome::Failed);
-                    warn!(
-                        webhook = %name,
-                        ?post,
-                        status, why, "alert webhook refused a notification; given up"
-                    );
-                    break;
-                }
-                Delivery::Retry { after, why } => {
-                    if attempt >= max_attempts {
-                        stats.count(&name, Outcome::Failed);
-                        warn!(
-                            webhook = %name,
-                            ?post,
-                            attempts = attempt,
-                            why,
-                            "alert notification not delivered; given up"
-                        );
-                        break;
-                    }
-                    warn!(
-                        webhook = %name,
-                        ?post,
-                        attempt, why, "alert notification not delivered; retrying"
-                    );
-                    after.unwrap_or_else(|| backoff(options, attempt - 1))
-                }
-            };
-            stats.count(&name, Outcome::Retried);
-            tokio::select! {
-                () = term.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
+        let (hook, body) = (&*post, &body);
+        let outcome = outbound::deliver(
+            policy,
+            &term,
+            move || hook.post(body.clone()),
+            |r| {
+                warn!(
+                    webhook = %name,
+                    ?post,
+                    attempt = r.attempt,
+                    why = r.why,
+                    "alert notification not delivered; retrying"
+                );
+                stats.count(&name, Outcome::Retried);
+            },
+        )
+        .await;
+        match outcome {
+            outbound::Outcome::Sent => {
+                stats.count(&name, Outcome::Sent);
+                debug!(webhook = %name, ?post, "alert notification delivered");
             }
+            outbound::Outcome::Refused { status, why } => {
+                stats.count(&name, Outcome::Failed);
+                warn!(
+                    webhook = %name,
+                    ?post,
+                    status, why, "alert webhook refused a notification; given up"
+                );
+            }
+            outbound::Outcome::GaveUp { attempts, why } => {
+                stats.count(&name, Outcome::Failed);
+                warn!(
+                    webhook = %name,
+                    ?post,
+                    attempts,
+                    why,
+                    "alert notification not delivered; given up"
+                );
+            }
+            outbound::Outcome::Cancelled => return,
         }
     }
 }

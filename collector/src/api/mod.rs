@@ -32,4 +32,5 @@ pub mod renders;
 pub mod reports;
 pub mod router;
 pub mod series;
+pub mod state;
 pub mod waste;

@@ -5,8 +5,9 @@
 //! - `encode.rs`: samples → `TimeSeries` (the names and labels of `/metrics`), protobuf +
 //!   snappy.
 //! - `reader.rs`: reads the store after the saved positions and builds requests.
-//! - `queue.rs`: the bounded queue and its sender (retries, backoff, dropping refused
-//!   requests), which saves positions once a request is delivered.
+//! - `queue.rs`: the bounded queue and its sender, which delivers each request through
+//!   [`crate::outbound`] (retries without limit, backoff, refused requests dropped) and
+//!   saves positions once it is delivered.
 //! - `client.rs`: the HTTP client (headers per spec, bearer / basic auth, TLS CA).
 //! - `config.rs`: the `--remote-write-*` flags.
 //! - `stats.rs`: its metrics on `/metrics`.
@@ -22,13 +23,14 @@ pub mod queue;
 pub mod reader;
 pub mod stats;
 
-pub use client::{Auth, Delivery, HttpSink, Sink};
+pub use crate::outbound::Delivery;
+pub use client::{Auth, HttpSink, Sink};
 pub use config::RemoteWriteArgs;
 pub use stats::{Stats, register};
 
 use crate::live::status::Clock;
+use crate::outbound::BackoffOptions;
 use crate::store::{FleetReads, RemoteWriteStore};
-use queue::BackoffOptions;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;

@@ -1,26 +1,30 @@
 //! The pusher's queue: a bounded channel of ready requests between the reader and one
-//! sender, which sends each in order, retries with exponential backoff, and records the
+//! sender, which sends each in order through [`crate::outbound`], and records the
 //! positions a request carried once it is delivered (or dropped).
 //!
 //! When full, the reader waits: nothing is lost, the samples stay in the store and are
-//! read when there is room. A request is retried (5xx, 429 honouring `Retry-After`, the
-//! 4xx that say nothing about the samples such as 401 or 404, no answer) until delivered
-//! or until the term ends; any other 4xx would be refused again, so it is dropped and its
-//! samples counted as failed. Either way its positions are
-//! then saved, so a restart resumes after it.
+//! read when there is room. A request is retried ([`outbound::classify`]: 5xx, 429, the 4xx
+//! that say nothing about the samples such as 401 or 404, no answer) with exponential
+//! backoff, `Retry-After` as a floor, until delivered or until the term ends; any other
+//! 4xx would be refused again, so it is dropped and its samples counted as failed. Either
+//! way its positions are then saved, so a restart resumes after it.
 
-use super::client::{Delivery, Sink};
+use super::client::Sink;
 use super::stats::Stats;
+use crate::outbound::{self, Delivery, Outcome, Policy, RetryAfter};
 use crate::store::RemoteWriteStore;
 use crate::store::remote_write::{STREAM_ENERGY, WorkloadNodeEnergy};
 use gpufleet_core::UnixMs;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
+
+/// Kept here too for callers that name it by its former path
+/// (`remote_write::queue::BackoffOptions`); it is [`outbound::BackoffOptions`].
+pub use crate::outbound::BackoffOptions;
 
 /// One request ready to send, and how far it takes each stream's series.
 #[derive(Debug, Clone, Default)]
@@ -34,32 +38,6 @@ pub struct Batch {
     /// The cumulative energy totals pushed up to the energy position it carries, saved
     /// with that position (empty when it carries none).
     pub energy_totals: Vec<WorkloadNodeEnergy>,
-}
-
-/// Exponential backoff between retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BackoffOptions {
-    /// The first wait.
-    pub min: Duration,
-    /// The longest wait (the wait doubles up to it).
-    pub max: Duration,
-}
-
-impl Default for BackoffOptions {
-    fn default() -> Self {
-        BackoffOptions {
-            min: Duration::from_millis(100),
-            max: Duration::from_secs(30),
-        }
-    }
-}
-
-/// The wait before retry number `attempt` (0: the first retry).
-pub fn backoff(options: BackoffOptions, attempt: u32) -> Duration {
-    options
-        .min
-        .saturating_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
-        .min(options.max)
 }
 
 /// Creates the queue: `capacity` requests at most wait to be sent.
@@ -100,6 +78,19 @@ fn count(samples: usize) -> i64 {
     i64::try_from(samples).unwrap_or(i64::MAX)
 }
 
+/// How the sender retries, a delivery or a save: without limit (samples must not be lost
+/// while the receiver or the store is down), so `Retry-After` never below the backoff; an
+/// attempt in flight when the term ends is finished, so a delivered request's positions
+/// are saved and the next term does not send it again.
+fn policy(backoff: BackoffOptions) -> Policy {
+    Policy {
+        backoff,
+        max_attempts: None,
+        retry_after: RetryAfter::AtLeastBackoff,
+        abandon_in_flight: false,
+    }
+}
+
 /// Sends one request until delivered or refused; `false` if `term` ended first.
 async fn deliver(
     batch: &Batch,
@@ -108,45 +99,51 @@ async fn deliver(
     options: BackoffOptions,
     term: &CancellationToken,
 ) -> bool {
-    let mut attempt = 0u32;
-    loop {
-        let wait = match sink.send(batch.body.clone()).await {
-            Delivery::Sent => {
-                stats.sent.fetch_add(batch.samples as u64, Relaxed);
-                debug!(samples = batch.samples, "remote-write request delivered");
-                return true;
-            }
-            Delivery::Refused { status, why } => {
-                stats.failed.fetch_add(batch.samples as u64, Relaxed);
-                warn!(
-                    status,
-                    samples = batch.samples,
-                    answer = %why,
-                    "remote-write receiver refused a request; its samples are dropped"
-                );
-                return true;
-            }
-            Delivery::Retry { after, why } => {
-                // Retry-After is a floor, never below the backoff: a `0` or a date in the
-                // past must not turn into a tight loop against a struggling receiver.
-                let wait = after.map_or(backoff(options, attempt), |a| {
-                    a.max(backoff(options, attempt))
-                });
-                warn!(
-                    attempt,
-                    retry_in_ms = wait.as_millis() as u64,
-                    reason = %why,
-                    "remote-write request not delivered; retrying"
-                );
-                wait
-            }
-        };
-        stats.retries.fetch_add(1, Relaxed);
-        attempt = attempt.saturating_add(1);
-        tokio::select! {
-            () = term.cancelled() => return false,
-            () = tokio::time::sleep(wait) => {}
+    let body = &batch.body;
+    let outcome = outbound::deliver(
+        policy(options),
+        term,
+        move || sink.send(body.clone()),
+        |r| {
+            warn!(
+                // 0: the first retry.
+                attempt = r.attempt - 1,
+                retry_in_ms = r.wait.as_millis() as u64,
+                reason = %r.why,
+                "remote-write request not delivered; retrying"
+            );
+            stats.retries.fetch_add(1, Relaxed);
+        },
+    )
+    .await;
+    match outcome {
+        Outcome::Sent => {
+            stats.sent.fetch_add(batch.samples as u64, Relaxed);
+            debug!(samples = batch.samples, "remote-write request delivered");
+            true
         }
+        Outcome::Refused { status, why } => {
+            stats.failed.fetch_add(batch.samples as u64, Relaxed);
+            warn!(
+                status,
+                samples = batch.samples,
+                answer = %why,
+                "remote-write receiver refused a request; its samples are dropped"
+            );
+            true
+        }
+        // Not without an attempt limit; were there one, dropped as a refused request.
+        Outcome::GaveUp { attempts, why } => {
+            stats.failed.fetch_add(batch.samples as u64, Relaxed);
+            warn!(
+                attempts,
+                samples = batch.samples,
+                answer = %why,
+                "remote-write request not delivered; its samples are dropped"
+            );
+            true
+        }
+        Outcome::Cancelled => false,
     }
 }
 
@@ -166,25 +163,32 @@ async fn save_positions(
             .push((series.clone(), *at));
     }
     for (stream, positions) in by_stream {
-        let mut attempt = 0u32;
-        loop {
+        let positions = &positions;
+        let energy_at = positions.iter().map(|(_, at)| *at).max();
+        let save = move || async move {
             // The energy position goes with the totals pushed up to it, in one transaction.
-            let saved = match positions.iter().map(|(_, at)| *at).max() {
+            let saved = match energy_at {
                 Some(at) if stream == STREAM_ENERGY => {
                     store
                         .save_remote_write_energy(at, &batch.energy_totals)
                         .await
                 }
-                _ => store.save_remote_write_positions(stream, &positions).await,
+                _ => store.save_remote_write_positions(stream, positions).await,
             };
-            let Err(e) = saved else { break };
-            let wait = backoff(options, attempt);
-            warn!(error = %e, "cannot save the remote-write position; retrying");
-            attempt = attempt.saturating_add(1);
-            tokio::select! {
-                () = term.cancelled() => return false,
-                () = tokio::time::sleep(wait) => {}
+            match saved {
+                Ok(()) => Delivery::Sent,
+                Err(e) => Delivery::Retry {
+                    after: None,
+                    why: e.to_string(),
+                },
             }
+        };
+        let outcome = outbound::deliver(policy(options), term, save, |r| {
+            warn!(error = %r.why, "cannot save the remote-write position; retrying");
+        })
+        .await;
+        if matches!(outcome, Outcome::Cancelled) {
+            return false;
         }
     }
     true
@@ -197,6 +201,7 @@ mod tests {
     use async_trait::async_trait;
     use std::collections::VecDeque;
     use std::sync::Mutex;
+    use std::time::Duration;
     use tokio::time::Instant;
 
     /// A receiver answering from a script, recording when each request came.
@@ -416,21 +421,5 @@ mod tests {
                 .expect("positions")
                 .is_empty()
         );
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap() {
-        let o = BackoffOptions {
-            min: Duration::from_millis(100),
-            max: Duration::from_secs(30),
-        };
-        let waits: Vec<u128> = (0..12).map(|a| backoff(o, a).as_millis()).collect();
-        assert_eq!(
-            waits,
-            [
-                100, 200, 400, 800, 1_600, 3_200, 6_400, 12_800, 25_600, 30_000, 30_000, 30_000
-            ]
-        );
-        assert_eq!(backoff(o, u32::MAX), o.max);
     }
 }

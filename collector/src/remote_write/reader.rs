@@ -362,8 +362,9 @@ impl Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remote_write::client::{Delivery, Sink};
-    use crate::remote_write::queue::{self, BackoffOptions};
+    use crate::outbound::{BackoffOptions, Delivery};
+    use crate::remote_write::client::Sink;
+    use crate::remote_write::queue;
     use async_trait::async_trait;
     use gpufleet_core::{Workload, WorkloadKind};
     use std::sync::Mutex;
