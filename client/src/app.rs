@@ -298,7 +298,7 @@ fn sort_key(c: char) -> Option<Sort> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{FleetGpu, GpuLatest, NodeStatus};
+    use crate::api::{FleetGpu, FleetGpuLatest, NodeStatus};
     use std::collections::BTreeMap;
 
     fn key(c: KeyCode) -> KeyEvent {
@@ -312,7 +312,7 @@ mod tests {
             labels: BTreeMap::from([("rack".to_owned(), rack.to_owned())]),
             gpus: vec![FleetGpu {
                 uuid: format!("GPU-{name}"),
-                latest: Some(GpuLatest {
+                latest: Some(FleetGpuLatest {
                     util_gpu_pct: util,
                     ..Default::default()
                 }),

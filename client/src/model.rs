@@ -3,7 +3,8 @@
 //! workload, and the connection state. Pure: the network code feeds it, the UI reads it.
 
 use crate::api::{
-    Containers, Events, FleetGpu, FleetNode, Health, LiveStatus, LiveTick, NodeDetail, NodeStatus,
+    ContainersView, EventsView, FleetGpu, FleetGpuLatest, FleetHostLatest, FleetNode, HealthState,
+    NodeStatus, NodeView, StatusView, TickView,
 };
 use serde::Serialize;
 use std::collections::HashMap;
@@ -68,28 +69,24 @@ impl Fleet {
     }
 
     /// A `tick`: the node's GPUs' and host's newest values.
-    pub fn apply_tick(&mut self, t: LiveTick) -> Applied {
+    pub fn apply_tick(&mut self, t: TickView<'static>) -> Applied {
         let Some(n) = self
             .by_name
-            .get(&t.node)
+            .get(&*t.node)
             .and_then(|&i| self.nodes.get_mut(i))
         else {
             return Applied::Unknown;
         };
         let mut unknown = false;
-        for g in t.gpus {
+        for g in &t.gpus {
             match n.gpus.iter_mut().find(|x| x.uuid == g.uuid) {
-                Some(x) => {
-                    let mut s = g.sample;
-                    s.time_ms = t.time_ms;
-                    x.latest = Some(s);
-                }
+                // What the collector's fleet answer would now say.
+                Some(x) => x.latest = Some(FleetGpuLatest::of(t.time_ms, &g.sample)),
                 None => unknown = true,
             }
         }
-        if let Some(mut h) = t.host {
-            h.time_ms = t.time_ms;
-            n.host.latest = Some(h);
+        if let Some(h) = &t.host {
+            n.host.latest = Some(FleetHostLatest::of(t.time_ms, Some(&*h.sample)));
         }
         n.last_seen_ms = Some(n.last_seen_ms.map_or(t.time_ms, |s| s.max(t.time_ms)));
         if unknown {
@@ -100,7 +97,7 @@ impl Fleet {
     }
 
     /// A `status`: every node's status, and the collector's clock.
-    pub fn apply_status(&mut self, s: LiveStatus) -> Applied {
+    pub fn apply_status(&mut self, s: StatusView) -> Applied {
         self.now_ms = s.now_ms;
         let mut unknown = s.nodes.len() != self.nodes.len();
         for st in s.nodes {
@@ -114,13 +111,14 @@ impl Fleet {
                     n.connected = st.connected;
                     n.last_seen_ms = st.last_seen_ms;
                     // Health states follow the status event (reasons come with the next
-                    // fleet or node reload).
-                    if let Some(h) = st.health {
-                        n.health.get_or_insert_with(Default::default).state = h;
-                        for g in &mut n.gpus {
-                            let state = st.gpu_health.get(&g.uuid).copied().unwrap_or(Health::Ok);
-                            g.health.get_or_insert_with(Default::default).state = state;
-                        }
+                    // fleet or node reload); it lists only the GPUs that are not ok.
+                    n.health.state = st.health;
+                    for g in &mut n.gpus {
+                        g.health.state = st
+                            .gpu_health
+                            .get(&g.uuid)
+                            .copied()
+                            .unwrap_or(HealthState::Ok);
                     }
                 }
                 None => unknown = true,
@@ -144,7 +142,6 @@ impl Fleet {
                 NodeStatus::Online => t.online += 1,
                 NodeStatus::Stale => t.stale += 1,
                 NodeStatus::Offline => t.offline += 1,
-                NodeStatus::Unknown => {}
             }
             for g in &n.gpus {
                 t.gpus += 1;
@@ -241,8 +238,8 @@ impl NodeFigures {
 #[derive(Debug, Default)]
 pub struct NodePane {
     pub name: String,
-    pub detail: Option<NodeDetail>,
-    pub events: Option<Events>,
+    pub detail: Option<NodeView>,
+    pub events: Option<EventsView>,
     /// Why the last refresh failed (e.g. the node was removed).
     pub error: Option<String>,
     /// Why the last events fetch failed (the last events read stay shown).
@@ -258,7 +255,7 @@ pub struct Model {
     pub link: Link,
     pub node: Option<NodePane>,
     /// Today's energy and CO2 per workload.
-    pub energy: Option<Containers>,
+    pub energy: Option<ContainersView>,
     /// Why the last fetch failed, if it did.
     pub error: Option<String>,
 }
@@ -266,7 +263,9 @@ pub struct Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{GpuLatest, LiveGpu, LiveNodeStatus};
+    use crate::api::{FleetHealth, StatusNode, TickGpu};
+    use gpufleet_core::GpuSample;
+    use std::borrow::Cow;
 
     fn node(name: &str, gpus: &[(&str, Option<u32>)]) -> FleetNode {
         FleetNode {
@@ -279,11 +278,11 @@ mod tests {
                     uuid: (*uuid).into(),
                     index: u32::try_from(i).unwrap_or(0),
                     name: "H100".into(),
-                    latest: Some(GpuLatest {
+                    latest: Some(FleetGpuLatest {
                         util_gpu_pct: *util,
                         ..Default::default()
                     }),
-                    health: None,
+                    health: FleetHealth::default(),
                 })
                 .collect(),
             ..Default::default()
@@ -297,17 +296,18 @@ mod tests {
             node("a", &[("G1", None)]),
         ]);
         assert_eq!(f.nodes()[0].name, "a", "sorted by name");
-        let tick = |node: &str, uuid: &str| LiveTick {
-            node: node.into(),
+        let tick = |node: &str, uuid: &str| TickView {
+            node: Cow::Owned(node.to_owned()),
             time_ms: 9,
-            gpus: vec![LiveGpu {
-                uuid: uuid.into(),
-                sample: GpuLatest {
+            gpus: vec![TickGpu {
+                uuid: Cow::Owned(uuid.to_owned()),
+                sample: Cow::Owned(GpuSample {
+                    gpu_uuid: uuid.to_owned(),
                     util_gpu_pct: Some(80),
                     ..Default::default()
-                },
+                }),
             }],
-            host: None,
+            ..Default::default()
         };
         assert_eq!(f.apply_tick(tick("a", "G1")), Applied::Updated);
         let g = f.get("a").and_then(|n| n.gpus[0].latest.clone());
@@ -319,16 +319,16 @@ mod tests {
     #[test]
     fn status_events_mark_nodes_and_a_new_node_asks_for_a_reload() {
         let mut f = Fleet::new(vec![node("a", &[])]);
-        let st = |names: &[&str]| LiveStatus {
+        let st = |names: &[&str]| StatusView {
             now_ms: 100,
             nodes: names
                 .iter()
-                .map(|n| LiveNodeStatus {
+                .map(|n| StatusNode {
                     name: (*n).into(),
                     status: NodeStatus::Stale,
                     last_seen_ms: Some(5),
                     connected: false,
-                    health: None,
+                    health: HealthState::Warning,
                     gpu_health: Default::default(),
                 })
                 .collect(),
@@ -336,9 +336,8 @@ mod tests {
         assert_eq!(f.apply_status(st(&["a"])), Applied::Updated);
         assert_eq!(f.get("a").map(|n| n.status), Some(NodeStatus::Stale));
         assert_eq!(
-            f.get("a").map(|n| n.health.clone()),
-            Some(None),
-            "no health from a collector that does not judge"
+            f.get("a").map(|n| n.health.state),
+            Some(HealthState::Warning)
         );
         assert_eq!(f.now_ms, 100);
         assert_eq!(f.apply_status(st(&["a", "b"])), Applied::Unknown);
@@ -347,25 +346,25 @@ mod tests {
     #[test]
     fn status_events_carry_health_states() {
         let mut f = Fleet::new(vec![node("a", &[("G1", Some(50)), ("G2", None)])]);
+        f.nodes[0].gpus[0].health.state = HealthState::Warning;
         let mut gpu_health = std::collections::BTreeMap::new();
-        gpu_health.insert("G2".to_owned(), Health::Critical);
-        let status = LiveStatus {
+        gpu_health.insert("G2".to_owned(), HealthState::Critical);
+        let status = StatusView {
             now_ms: 100,
-            nodes: vec![LiveNodeStatus {
+            nodes: vec![StatusNode {
                 name: "a".into(),
                 status: NodeStatus::Online,
                 last_seen_ms: Some(5),
                 connected: true,
-                health: Some(Health::Critical),
+                health: HealthState::Critical,
                 gpu_health,
             }],
         };
         assert_eq!(f.apply_status(status), Applied::Updated);
         let n = f.get("a").expect("a");
-        let state = |h: &Option<crate::api::HealthView>| h.as_ref().map(|h| h.state);
-        assert_eq!(state(&n.health), Some(Health::Critical));
-        assert_eq!(state(&n.gpus[0].health), Some(Health::Ok), "not listed: ok");
-        assert_eq!(state(&n.gpus[1].health), Some(Health::Critical));
+        assert_eq!(n.health.state, HealthState::Critical);
+        assert_eq!(n.gpus[0].health.state, HealthState::Ok, "not listed: ok");
+        assert_eq!(n.gpus[1].health.state, HealthState::Critical);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The HTTP client of the collector's API: TLS (rustls; `--ca` adds a root), the viewer
 //! token as `Authorization: Bearer`, and one typed call per endpoint `top` reads.
 
-use crate::api::{ApiErrorBody, Containers, Events, FleetNode, NodeDetail};
+use crate::api::{ContainersView, ErrorBody, EventsView, FleetNode, NodeView};
 use gpufleet_core::body::BodyError;
 use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
 use reqwest::{Client, Response, Url};
@@ -180,7 +180,7 @@ impl Api {
             return Ok(resp);
         }
         let body = error_body(resp, ERROR_BODY_LIMIT).await;
-        let message = serde_json::from_slice::<ApiErrorBody>(&body)
+        let message = serde_json::from_slice::<ErrorBody>(&body)
             .map(|e| e.error)
             .unwrap_or_else(|_| String::from_utf8_lossy(&body).chars().take(200).collect());
         let message = match status.as_u16() {
@@ -218,12 +218,12 @@ impl Api {
     }
 
     /// `GET /api/v1/nodes/{name}`.
-    pub async fn node(&self, name: &str) -> Result<NodeDetail, NetError> {
+    pub async fn node(&self, name: &str) -> Result<NodeView, NetError> {
         self.get(self.url(&["api", "v1", "nodes", name], &[])).await
     }
 
     /// `GET /api/v1/nodes/{name}/events` over the last hour.
-    pub async fn events(&self, name: &str) -> Result<Events, NetError> {
+    pub async fn events(&self, name: &str) -> Result<EventsView, NetError> {
         self.get(self.url(
             &["api", "v1", "nodes", name, "events"],
             &[("from", "now-1h")],
@@ -232,7 +232,7 @@ impl Api {
     }
 
     /// `GET /api/v1/containers`: energy and CO2 per workload, today (UTC).
-    pub async fn energy_today(&self) -> Result<Containers, NetError> {
+    pub async fn energy_today(&self) -> Result<ContainersView, NetError> {
         self.get(self.url(&["api", "v1", "containers"], &[])).await
     }
 

@@ -6,7 +6,7 @@
 //! caller is bounded; when it is full this task waits, the collector's buffer for this
 //! client fills, and the collector sends `resync` (reload the list) instead of buffering.
 
-use crate::api::{LiveStatus, LiveTick};
+use crate::api::{StatusView, TickView};
 use crate::net::Api;
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
@@ -39,8 +39,8 @@ enum ReadError {
 pub enum LiveEvent {
     /// (Re)connected: reload the fleet list.
     Connected,
-    Tick(LiveTick),
-    Status(LiveStatus),
+    Tick(TickView<'static>),
+    Status(StatusView),
     /// The collector skipped events for this client: reload the fleet list.
     Resync,
     /// The stream failed; reconnecting. Says why.

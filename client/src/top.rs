@@ -6,7 +6,7 @@
 //! changed, and at once after a key, so 1,000 nodes ticking every second cost one draw
 //! per frame, not one per tick.
 
-use crate::api::{Containers, Events, FleetNode, NodeDetail};
+use crate::api::{ContainersView, EventsView, FleetNode, NodeView};
 use crate::app::{Action, App, View};
 use crate::model::{Applied, Fleet, Link, Model, NodePane};
 use crate::net::{Api, NetError};
@@ -43,14 +43,14 @@ enum Fetched {
     Fleet(Result<Vec<FleetNode>, NetError>),
     /// Boxed: a node's detail is far bigger than the other answers.
     Node(Box<NodeFetch>),
-    Energy(Result<Containers, NetError>),
+    Energy(Result<ContainersView, NetError>),
 }
 
 /// A node's detail and events, fetched together.
 struct NodeFetch {
     name: String,
-    detail: Result<NodeDetail, NetError>,
-    events: Result<Events, NetError>,
+    detail: Result<NodeView, NetError>,
+    events: Result<EventsView, NetError>,
 }
 
 /// What `--once --json` prints.
@@ -60,7 +60,7 @@ struct JsonFrame<'a> {
     totals: crate::model::Totals,
     nodes: Vec<&'a FleetNode>,
     /// Today's energy and CO2 per workload; `null` when the collector could not say.
-    energy_today: Option<&'a [crate::api::WorkloadEnergy]>,
+    energy_today: Option<&'a [crate::api::ContainerRow]>,
 }
 
 /// `--once`: one frame, as text `width` columns wide or as JSON, on stdout.

@@ -3,7 +3,7 @@
 //! the area are cut, and every part takes only the rows it is given, so any terminal
 //! size (and a resize) draws without wrapping or panicking.
 
-use crate::api::{FleetNode, Health, HealthReason, NodeStatus};
+use crate::api::{FleetGpuLatest, FleetNode, HealthReason, HealthState, NodeStatus};
 use crate::app::{App, Sort, View};
 use crate::format::{self, NA, ago, bytes, carbon_g, celsius, energy_j, fit, frac, pct, watts_mw};
 use crate::model::{Link, Model, NodeFigures};
@@ -44,16 +44,14 @@ impl Theme {
             NodeStatus::Online => self.fg(Color::Green),
             NodeStatus::Stale => self.fg(Color::Yellow),
             NodeStatus::Offline => self.fg(Color::Red).add_modifier(Modifier::BOLD),
-            NodeStatus::Unknown => Style::default(),
         }
     }
 
-    fn health(self, h: Health) -> Style {
+    fn health(self, h: HealthState) -> Style {
         match h {
-            Health::Ok => self.fg(Color::Green),
-            Health::Warning => self.fg(Color::Yellow),
-            Health::Critical => self.fg(Color::Red).add_modifier(Modifier::BOLD),
-            Health::Unknown => Style::default(),
+            HealthState::Ok => self.fg(Color::Green),
+            HealthState::Warning => self.fg(Color::Yellow),
+            HealthState::Critical => self.fg(Color::Red).add_modifier(Modifier::BOLD),
         }
     }
 
@@ -221,7 +219,7 @@ fn gpu_cells(
     n: &FleetNode,
     theme: Theme,
     width: usize,
-    f: impl Fn(&crate::api::GpuLatest) -> Option<f64>,
+    f: impl Fn(&FleetGpuLatest) -> Option<f64>,
 ) -> Vec<Span<'static>> {
     let mut spans: Vec<Span<'static>> = n
         .gpus
@@ -326,7 +324,7 @@ fn fleet(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, theme: Them
             Span::raw(fit(&n.name, 16)),
             Span::raw(" "),
             Span::styled(fit(n.status.as_str(), 8), theme.status(n.status)),
-            health_cell(n.health.as_ref().map(|h| h.state), 9, theme),
+            health_cell(n.health.state, 9, theme),
             Span::raw(fit(
                 &if now > 0 {
                     ago(n.last_seen_ms, now)
@@ -394,12 +392,9 @@ fn fleet(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, theme: Them
     Paragraph::new(lines).render(list_area, buf);
 }
 
-/// A health state in `width` columns, coloured; `n/a` from a collector that does not judge.
-fn health_cell(h: Option<Health>, width: usize, theme: Theme) -> Span<'static> {
-    match h {
-        Some(h) => Span::styled(fit(h.as_str(), width), theme.health(h)),
-        None => Span::styled(fit(NA, width), theme.dim()),
-    }
+/// A health state in `width` columns, coloured.
+fn health_cell(h: HealthState, width: usize, theme: Theme) -> Span<'static> {
+    Span::styled(fit(h.as_str(), width), theme.health(h))
 }
 
 /// `HH:MM:SS` (UTC) of a Unix-ms time.
@@ -422,14 +417,16 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
     // What is wrong, GPU by GPU (informational reasons left out), at most MAX_REASON_LINES.
     let mut reasons: Vec<(u32, &HealthReason)> = detail
         .health
+        .reasons
         .iter()
-        .flat_map(|h| h.reasons.iter().map(|r| (u32::MAX, r)))
-        .chain(detail.gpus.iter().flat_map(|g| {
-            g.health
+        .map(|r| (u32::MAX, r))
+        .chain(
+            detail
+                .gpus
                 .iter()
-                .flat_map(move |h| h.reasons.iter().map(move |r| (g.index, r)))
-        }))
-        .filter(|(_, r)| r.severity != Health::Ok)
+                .flat_map(|g| g.health.reasons.iter().map(move |r| (g.index, r))),
+        )
+        .filter(|(_, r)| r.severity != HealthState::Ok)
         .collect();
     reasons.sort_by_key(|(_, r)| std::cmp::Reverse(r.severity));
     let reason_lines = u16::try_from(reasons.len().min(MAX_REASON_LINES)).unwrap_or(0);
@@ -453,7 +450,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         .collect();
     let now = model.fleet.now_ms;
     let h = &detail.host;
-    let host_now = h.latest.as_ref();
+    let host_now = h.latest.as_ref().map(|l| &l.sample);
     Paragraph::new(vec![
         Line::from(vec![
             Span::styled(
@@ -463,7 +460,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
             Span::raw(" "),
             Span::styled(detail.status.as_str(), theme.status(detail.status)),
             Span::raw("  health "),
-            health_cell(detail.health.as_ref().map(|h| h.state), 8, theme),
+            health_cell(detail.health.state, 8, theme),
             Span::raw(format!(
                 "  seen {} ago  {}  {}",
                 ago(
@@ -512,7 +509,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         theme.title(),
     )];
     for g in &detail.gpus {
-        let l = g.latest.as_ref();
+        let l = g.latest.as_ref().map(|l| &l.sample);
         let util = l.and_then(|l| l.util_gpu_pct).map(f64::from);
         let mem = (
             l.and_then(|l| l.mem_used_bytes),
@@ -526,7 +523,7 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
             Span::raw(format!(" {:<4}", g.index)),
             Span::raw(fit(&g.name, 21)),
             Span::raw(" "),
-            health_cell(g.health.as_ref().map(|h| h.state), 9, theme),
+            health_cell(g.health.state, 9, theme),
             Span::styled(
                 format!(
                     "[{}]{:>5} ",
@@ -683,10 +680,10 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
         }
         Some(ev) => {
             for e in ev.events.iter().rev() {
-                let gpu = if e.gpu_uuid.is_empty() {
+                let gpu = if e.event.gpu_uuid.is_empty() {
                     "-".to_owned()
                 } else {
-                    index_of(&e.gpu_uuid)
+                    index_of(&e.event.gpu_uuid)
                 };
                 // An Xid says what it is and what to do before the driver's text.
                 let what = e
@@ -696,11 +693,11 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
                 lines.push(Line::styled(
                     format!(
                         " {:<10}{:<5}{:<16}{:<7}{what}{}",
-                        clock(e.time_ms),
+                        clock(e.event.time_ms),
                         gpu,
-                        e.kind.as_str(),
-                        e.code.map_or_else(String::new, |c| c.to_string()),
-                        e.detail
+                        e.event.kind.as_str(),
+                        e.event.code.map_or_else(String::new, |c| c.to_string()),
+                        e.event.detail
                     ),
                     theme.fg(Color::Yellow),
                 ));

@@ -1,12 +1,13 @@
 //! Layout on ratatui's test backend: what each screen shows, at several sizes.
 
 use gpufleet::api::{
-    Containers, FleetGpu, FleetNode, GpuLatest, NodeDetail, NodeGpu, NodeStatus, WorkloadEnergy,
+    ContainerRow, ContainersView, FleetGpu, FleetGpuLatest, FleetHealth, FleetNode, GpuLatestView,
+    GpuView, NodeStatus, NodeView,
 };
 use gpufleet::app::{App, View};
 use gpufleet::model::{Fleet, Link, Model, NodePane};
 use gpufleet::ui::{self, Theme};
-use gpufleet_core::{ProcessSample, Workload, WorkloadKind};
+use gpufleet_core::{GpuSample, ProcessSample, Workload, WorkloadKind};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 use ratatui::style::Color;
@@ -14,22 +15,27 @@ use std::collections::BTreeMap;
 
 const GIB: u64 = 1024 * 1024 * 1024;
 
+/// GPU `i` of node `node`'s sample at `util` % (absent: `None`).
+fn sample(node: u32, i: u32, util: Option<u32>) -> GpuSample {
+    GpuSample {
+        gpu_uuid: format!("GPU-{node}-{i}"),
+        util_gpu_pct: util,
+        mem_used_bytes: Some(u64::from(util.unwrap_or(0)) * 800_000_000),
+        mem_total_bytes: Some(80 * GIB),
+        power_mw: util.map(|u| 100_000 + u * 5000),
+        power_limit_mw: Some(700_000),
+        temp_gpu_c: Some(40 + util.unwrap_or(0) / 3),
+        ..Default::default()
+    }
+}
+
 fn gpu(node: u32, i: u32, util: Option<u32>) -> FleetGpu {
     FleetGpu {
         uuid: format!("GPU-{node}-{i}"),
         index: i,
         name: "NVIDIA H100 80GB HBM3".into(),
-        latest: Some(GpuLatest {
-            time_ms: 1_000,
-            util_gpu_pct: util,
-            mem_used_bytes: Some(u64::from(util.unwrap_or(0)) * 800_000_000),
-            mem_total_bytes: Some(80 * GIB),
-            power_mw: util.map(|u| 100_000 + u * 5000),
-            power_limit_mw: Some(700_000),
-            temp_gpu_c: Some(40 + util.unwrap_or(0) / 3),
-            ..Default::default()
-        }),
-        health: None,
+        latest: Some(FleetGpuLatest::of(1_000, &sample(node, i, util))),
+        health: FleetHealth::default(),
     }
 }
 
@@ -179,15 +185,19 @@ fn node_pane() -> NodePane {
     };
     NodePane {
         name: "gpu-node-0002".into(),
-        detail: Some(NodeDetail {
+        detail: Some(NodeView {
             name: "gpu-node-0002".into(),
             status: NodeStatus::Online,
             last_seen_ms: Some(2_000),
-            gpus: vec![NodeGpu {
+            gpus: vec![GpuView {
                 uuid: "GPU-1-0".into(),
                 index: 0,
                 name: "NVIDIA H100 80GB HBM3".into(),
-                latest: gpu(1, 0, Some(97)).latest,
+                latest: Some(GpuLatestView {
+                    time: "1970-01-01T00:00:01Z".into(),
+                    time_ms: 1_000,
+                    sample: sample(1, 0, Some(97)),
+                }),
                 processes: vec![
                     process(
                         4242,
@@ -210,21 +220,21 @@ fn node_pane() -> NodePane {
                         },
                     ),
                 ],
-                health: None,
+                ..Default::default()
             }],
             ..Default::default()
         }),
-        events: Some(gpufleet::api::Events::default()),
+        events: Some(gpufleet::api::EventsView::default()),
         error: None,
         events_error: None,
     }
 }
 
-fn energy() -> Containers {
-    Containers {
+fn energy() -> ContainersView {
+    ContainersView {
         from_ms: 0,
         to_ms: 3_600_000,
-        rows: vec![WorkloadEnergy {
+        rows: vec![ContainerRow {
             key: "container:abc".into(),
             identity: Workload {
                 kind: WorkloadKind::Container,
@@ -238,7 +248,9 @@ fn energy() -> Containers {
             idle_j: 0.72e6,
             gpu_seconds: 7200.0,
             carbon_g: Some(500.0),
+            ..Default::default()
         }],
+        ..Default::default()
     }
 }
 
@@ -326,19 +338,20 @@ fn a_failed_events_fetch_says_why_instead_of_loading_forever() {
 
 #[test]
 fn health_shows_on_the_fleet_and_the_node_with_reasons_and_explained_xids() {
-    use gpufleet::api::{EventView, Events, Health, HealthReason, HealthView, XidExplanation};
-    let critical = |code: &str, summary: &str, action: &str| HealthView {
-        state: Health::Critical,
-        reasons: vec![HealthReason {
-            code: code.into(),
-            severity: Health::Critical,
-            summary: summary.into(),
-            action: action.into(),
-        }],
+    use gpufleet::api::{
+        EventView, EventsView, FleetReason, GpuHealth, HealthReason, HealthState, NodeHealth,
+        Severity, XidInfo,
     };
     let mut m = model(4);
     let mut nodes = m.fleet.nodes().to_vec();
-    nodes[1].health = Some(critical("xid_79", "Xid 79", "reboot"));
+    nodes[1].health = FleetHealth {
+        state: HealthState::Critical,
+        reasons: vec![FleetReason {
+            code: "xid_79".into(),
+            severity: HealthState::Critical,
+            summary: "Xid 79".into(),
+        }],
+    };
     m.fleet = Fleet::new(nodes);
     let mut app = App::new();
     let (text, _) = draw(&mut app, &m, 160, 30, COLOR);
@@ -351,25 +364,29 @@ fn health_shows_on_the_fleet_and_the_node_with_reasons_and_explained_xids() {
         .lines()
         .find(|l| l.contains("gpu-node-0001"))
         .expect("row");
-    assert!(
-        other.contains("n/a"),
-        "no health from the collector: n/a, {other}"
-    );
+    assert!(other.contains("online  ok "), "a healthy node: ok, {other}");
 
     let mut pane = node_pane();
     let detail = pane.detail.as_mut().expect("detail");
-    detail.health = Some(HealthView {
-        state: Health::Critical,
-        reasons: Vec::new(),
-    });
-    detail.gpus[0].health = Some(critical(
-        "xid_79",
-        "Xid 79: GPU has fallen off the bus (last at 12:00:00Z)",
-        "Drain the node and reboot it",
-    ));
-    pane.events = Some(Events {
-        truncated: false,
+    detail.health = NodeHealth {
+        state: HealthState::Critical,
+        gpus_critical: 1,
+        ..Default::default()
+    };
+    detail.gpus[0].health = GpuHealth {
+        state: HealthState::Critical,
+        reasons: vec![HealthReason {
+            code: "xid_79".into(),
+            severity: HealthState::Critical,
+            summary: "Xid 79: GPU has fallen off the bus (last at 12:00:00Z)".into(),
+            action: "Drain the node and reboot it".into(),
+            since_ms: Some(1_000),
+        }],
+    };
+    pane.events = Some(EventsView {
+        node: "gpu-node-0002".into(),
         events: vec![EventView {
+            time: "1970-01-01T00:00:01Z".into(),
             event: gpufleet_core::Event {
                 time_ms: 1_000,
                 gpu_uuid: "GPU-1-0".into(),
@@ -377,12 +394,17 @@ fn health_shows_on_the_fleet_and_the_node_with_reasons_and_explained_xids() {
                 code: Some(79),
                 detail: "NVRM: Xid 79".into(),
             },
-            explanation: Some(XidExplanation {
+            explanation: Some(XidInfo {
+                code: 79,
                 name: "GPU has fallen off the bus".into(),
+                meaning: "The GPU stopped answering on PCIe.".into(),
+                cause: "Hardware, power or thermal.".into(),
                 action: "Reboot the node".into(),
-                severity: "critical".into(),
+                severity: Severity::Critical,
+                known: true,
             }),
         }],
+        ..Default::default()
     });
     m.node = Some(pane);
     app.view = View::Node("gpu-node-0002".into());

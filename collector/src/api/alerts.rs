@@ -11,7 +11,7 @@ use crate::alerts::eval::{Alert, AlertState, Transition};
 use crate::alerts::rules::AlertSettings;
 use crate::alerts::signals;
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use crate::store::TimeRange;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};

@@ -7,7 +7,7 @@
 //! immutable; `index.html` is revalidated on every load, so a new collector's dashboard is
 //! picked up at once.
 
-use crate::api::router::Route;
+use crate::api::state::Route;
 use axum::extract::Path;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -11,7 +11,7 @@
 //!   to run a job.
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use crate::store::TimeRange;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;

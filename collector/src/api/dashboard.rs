@@ -15,20 +15,19 @@
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
 use crate::api::nodes::{GpuDetailView, NodeView, gpu_detail, node_view};
-use crate::api::router::{AppState, Route};
 use crate::api::series::{
     MAX_SERIES_POINTS, Tier, gpu_points, parse_metric, series_window, tier_for, too_many_samples,
 };
+use crate::api::state::{AppState, Route};
 use crate::live::state::LiveNode;
-use crate::live::status::NodeStatus;
 use crate::store::rollup::RollupKey;
 use crate::store::{HostRow, NodeId, SeriesPoint, TimeRange};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
+use gpufleet_core::UnixMs;
 use gpufleet_core::config::format_time;
-use gpufleet_core::{Event, UnixMs};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -116,88 +115,32 @@ fn no_node(name: &str) -> ApiError {
 
 // ------------------------------------------------------------------ fleet summary
 
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetNode<'a> {
-    name: &'a str,
-    status: NodeStatus,
-    connected: bool,
-    last_seen_ms: Option<UnixMs>,
-    labels: &'a BTreeMap<String, String>,
-    interval_ms: u32,
-    /// The node's health (its worst GPU; critical offline, warning stale).
-    health: FleetHealth,
-    host: FleetHost,
-    gpus: Vec<FleetGpu<'a>>,
-}
+// The fleet summary: the API's own types, shared with its clients.
+pub use gpufleet_api::fleet::{
+    FleetGpu, FleetGpuLatest, FleetHealth, FleetHost, FleetHostLatest, FleetNode, FleetReason,
+};
 
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetHost {
-    latest: Option<FleetHostLatest>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetHostLatest {
-    time_ms: UnixMs,
-    cpu_util_pct: Option<f32>,
-    mem_used_bytes: Option<u64>,
-    mem_total_bytes: Option<u64>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetGpu<'a> {
-    uuid: &'a str,
-    index: u32,
-    name: &'a str,
-    latest: Option<FleetGpuLatest>,
-    /// The GPU's health and what is wrong, worst first.
-    health: FleetHealth,
-}
-
-/// A health state and, in brief, the reasons that make it (informational ones and the
-/// actions are left out: the node and GPU endpoints have them).
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetHealth {
+/// A health state and, in brief, the reasons that make it (the informational ones left
+/// out).
+fn fleet_health(
     state: crate::health::HealthState,
-    reasons: Vec<FleetReason>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetReason {
-    code: String,
-    severity: crate::health::HealthState,
-    summary: String,
-}
-
-impl FleetHealth {
-    fn of(state: crate::health::HealthState, reasons: Vec<crate::health::HealthReason>) -> Self {
-        FleetHealth {
-            state,
-            reasons: reasons
-                .into_iter()
-                .filter(|r| r.severity != crate::health::HealthState::Ok)
-                .map(|r| FleetReason {
-                    code: r.code,
-                    severity: r.severity,
-                    summary: r.summary,
-                })
-                .collect(),
-        }
+    reasons: Vec<crate::health::HealthReason>,
+) -> FleetHealth {
+    FleetHealth {
+        state,
+        reasons: reasons
+            .into_iter()
+            .filter(|r| r.severity != crate::health::HealthState::Ok)
+            .map(|r| FleetReason {
+                code: r.code,
+                severity: r.severity,
+                summary: r.summary,
+            })
+            .collect(),
     }
 }
 
-/// The GPU values a fleet tile shows (names and units as in the GPU sample).
-#[derive(Serialize, utoipa::ToSchema)]
-struct FleetGpuLatest {
-    time_ms: UnixMs,
-    util_gpu_pct: Option<u32>,
-    mem_used_bytes: Option<u64>,
-    mem_total_bytes: Option<u64>,
-    power_mw: Option<u32>,
-    power_limit_mw: Option<u32>,
-    temp_gpu_c: Option<u32>,
-}
-
-fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> {
+fn fleet_node(n: &LiveNode, st: &AppState, now: UnixMs) -> FleetNode {
     let r = &n.record;
     let status = st.status.classify(r.last_seen_ms, now);
     let (health, gpu_health) = crate::health::judge_live_node(
@@ -208,42 +151,32 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
         now,
     );
     FleetNode {
-        name: &r.name,
+        name: r.name.clone(),
         status,
         connected: n.connections > 0,
         last_seen_ms: r.last_seen_ms,
-        labels: &r.labels,
+        labels: r.labels.clone(),
         interval_ms: r.interval_ms,
-        health: FleetHealth::of(health.state, health.reasons),
+        health: fleet_health(health.state, health.reasons),
         host: FleetHost {
-            latest: n.host.as_ref().map(|h| {
-                let s = h.sample.as_ref();
-                FleetHostLatest {
-                    time_ms: h.time_ms,
-                    cpu_util_pct: s.and_then(|s| s.cpu_util_pct),
-                    mem_used_bytes: s.and_then(|s| s.mem_used_bytes),
-                    mem_total_bytes: s.and_then(|s| s.mem_total_bytes),
-                }
-            }),
+            latest: n
+                .host
+                .as_ref()
+                .map(|h| FleetHostLatest::of(h.time_ms, h.sample.as_ref())),
         },
         gpus: r
             .gpus
             .iter()
             .zip(gpu_health)
             .map(|(g, health)| FleetGpu {
-                uuid: &g.info.uuid,
+                uuid: g.info.uuid.clone(),
                 index: g.info.index,
-                name: &g.info.name,
-                latest: n.gpus.get(&g.id).map(|l| FleetGpuLatest {
-                    time_ms: l.time_ms,
-                    util_gpu_pct: l.sample.util_gpu_pct,
-                    mem_used_bytes: l.sample.mem_used_bytes,
-                    mem_total_bytes: l.sample.mem_total_bytes,
-                    power_mw: l.sample.power_mw,
-                    power_limit_mw: l.sample.power_limit_mw,
-                    temp_gpu_c: l.sample.temp_gpu_c,
-                }),
-                health: FleetHealth::of(health.state, health.reasons),
+                name: g.info.name.clone(),
+                latest: n
+                    .gpus
+                    .get(&g.id)
+                    .map(|l| FleetGpuLatest::of(l.time_ms, &l.sample)),
+                health: fleet_health(health.state, health.reasons),
             })
             .collect(),
     }
@@ -256,7 +189,7 @@ fn fleet_node<'a>(n: &'a LiveNode, st: &AppState, now: UnixMs) -> FleetNode<'a> 
 async fn fleet(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
     let body = st.live.read(|s| {
-        let nodes: Vec<FleetNode<'_>> = s.nodes.values().map(|n| fleet_node(n, &st, now)).collect();
+        let nodes: Vec<FleetNode> = s.nodes.values().map(|n| fleet_node(n, &st, now)).collect();
         serde_json::to_vec(&nodes)
     });
     let body = body.map_err(|e| ApiError::Internal(format!("cannot encode the fleet: {e}")))?;
@@ -555,25 +488,8 @@ async fn host_series(
 
 // ------------------------------------------------------------------ events
 
-#[derive(Serialize, utoipa::ToSchema)]
-struct EventView {
-    time: String,
-    #[serde(flatten)]
-    event: Event,
-    /// For an Xid event: what the code means, its likely cause, what to do, how bad it
-    /// is (the catalogue, `/api/v1/health/xid/{code}`); `null` for other events.
-    explanation: Option<crate::health::xid::XidInfo>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct EventsView {
-    node: String,
-    from_ms: UnixMs,
-    to_ms: UnixMs,
-    /// Whether there were more than the limit (the newest are left out).
-    truncated: bool,
-    events: Vec<EventView>,
-}
+// The node's events: the API's own types, shared with its clients.
+pub use gpufleet_api::events::{EventView, EventsView};
 
 /// The node's events (Xid, ECC, GPU lost, …), oldest first.
 #[utoipa::path(get, path = "/api/v1/nodes/{name}/events", tag = "fleet",

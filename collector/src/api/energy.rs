@@ -25,7 +25,7 @@
 
 use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
 use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
@@ -162,93 +162,9 @@ impl GroupBy {
     }
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct GpuRef {
-    node: String,
-    uuid: String,
-    index: u32,
-    name: String,
-}
-
-#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
-struct MethodMix {
-    /// Measured by the GPU's energy counter.
-    counter_j: f64,
-    /// Integrated from reported power (counter unsupported or reset).
-    trapezoid_j: f64,
-}
-
-#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
-struct SplitMix {
-    /// Seconds split by per-process SM utilization.
-    sm_s: f64,
-    /// Seconds split by GPU memory (SM utilization not reported).
-    memory_s: f64,
-    /// Seconds split equally (neither reported).
-    equal_s: f64,
-    /// Seconds its idle share was split by GPU memory held, and equally (memory not
-    /// reported).
-    idle_memory_s: f64,
-    idle_equal_s: f64,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-struct ContainerRow {
-    /// The row's key: a `Workload::key()` (`container:<64 hex>`, `slurm:<job>`,
-    /// `host:<unit>`) or a group (`pod:<uid>`, `namespace:<ns>`, `account:<name>`,
-    /// `user:uid-<n>`).
-    key: String,
-    /// The identity of the (first) workload: kind, runtime, full container id, pod UID,
-    /// names, job id, as known.
-    identity: Workload,
-    /// The workload keys in this row (one unless grouped).
-    workloads: Vec<String>,
-    nodes: Vec<String>,
-    gpus: Vec<GpuRef>,
-    /// Energy charged to it: `active_j` plus `idle_charged_j`.
-    energy_mj: u64,
-    energy_j: f64,
-    energy_kwh: f64,
-    /// Its share of the GPUs' active energy.
-    active_j: f64,
-    /// Its share of the GPUs' idle energy while it held them (by GPU memory held):
-    /// allocated but idle.
-    idle_j: f64,
-    /// Of `idle_j`, what was charged to it (all of it under `spread`, none under
-    /// `separate`).
-    idle_charged_j: f64,
-    /// Of `energy_j`, the part in minutes still open (may still grow).
-    provisional_j: f64,
-    /// GPU time: seconds resident, summed over GPUs.
-    gpu_seconds: f64,
-    /// Average share of the active energy it received while resident (0..1).
-    avg_share: Option<f64>,
-    method: MethodMix,
-    split: SplitMix,
-    first_minute: String,
-    last_minute: String,
-    /// gCO2 of the priced energy; `null` when none of it has a price.
-    carbon_g: Option<f64>,
-    carbon: CarbonView,
-}
-
-/// Where a carbon figure came from.
-#[derive(Debug, Default, Serialize, utoipa::ToSchema)]
-pub struct CarbonView {
-    /// Energy-weighted average intensity used (gCO2/kWh, before PUE).
-    avg_g_per_kwh: Option<f64>,
-    /// Share of the energy that has a price (0..1); the rest is `unpriced_j`.
-    priced_share: Option<f64>,
-    /// Share of the priced energy priced with a forecast intensity.
-    forecast_share: Option<f64>,
-    /// Share of the priced energy priced with an estimate (provider unreachable: last
-    /// known intensity or the configured default; or the provider's own estimate).
-    estimated_share: Option<f64>,
-    /// Energy without a price yet.
-    unpriced_j: f64,
-    /// `provider:region:factor_type` of the intensities used.
-    sources: Vec<String>,
-}
+// A row of `/api/v1/containers` and what it holds: the API's own types, shared with its
+// clients.
+pub use gpufleet_api::energy::{CarbonView, ContainerRow, GpuRef, MethodMix, SplitMix};
 
 /// The carbon figures of `energy_mj` of which `c` is priced.
 pub fn carbon_view(energy_mj: u64, c: &CarbonTotals) -> (Option<f64>, CarbonView) {
@@ -380,15 +296,7 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
     out
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
-struct ContainersView {
-    from: String,
-    to: String,
-    from_ms: UnixMs,
-    to_ms: UnixMs,
-    group_by: &'static str,
-    rows: Vec<ContainerRow>,
-}
+pub use gpufleet_api::energy::ContainersView;
 
 /// Energy per container (or pod, namespace, job, user), biggest first.
 #[utoipa::path(get, path = "/api/v1/containers", tag = "energy", params(RangeParams),
@@ -407,7 +315,7 @@ async fn containers(
         to: format_time(r.to_ms),
         from_ms: r.from_ms,
         to_ms: r.to_ms,
-        group_by: by.as_str(),
+        group_by: by.as_str().to_owned(),
         rows: group(rows, by, &carbon),
     }))
 }

@@ -8,15 +8,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use gpufleet_core::UnixMs;
 use gpufleet_core::config::parse_time;
-use serde::Serialize;
 use tracing::error;
 
-/// The body of every error answer.
-#[derive(Serialize, utoipa::ToSchema)]
-pub(crate) struct ErrorBody {
-    /// What went wrong and what to do; never database details.
-    error: String,
-}
+// The body of every error answer: the API's own type, shared with its clients.
+pub use gpufleet_api::ErrorBody;
 
 /// Why a request failed, as the client sees it.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@
 //! (`GET /api/v1/health` is the collector's own liveness, [`crate::api::health`].)
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use crate::health::xid::{self, XidInfo};
 use crate::health::{FleetGpuHealth, HealthPolicy, HealthState, NodeHealth};
 use crate::live::status::NodeStatus;

@@ -4,7 +4,7 @@
 //! store answers, else 503).
 
 use crate::api::error::AccessResponses;
-use crate::api::router::AppState;
+use crate::api::state::AppState;
 use crate::net::exposure::ExposureWarnings;
 use axum::Json;
 use axum::extract::{Extension, State};

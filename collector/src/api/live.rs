@@ -19,15 +19,15 @@
 //! the budget it is refused with 503 and `Retry-After`. An unknown `node` is a 404.
 
 use crate::api::error::ApiError;
-use crate::api::router::AppState;
+use crate::api::state::AppState;
 use crate::live::state::{Announcement, Committed};
 use crate::net::conn_limit::{ConnHandle, LiveGuard};
 use axum::Extension;
 use axum::extract::{Query, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use gpufleet_core::{GpuSample, HostSample, ProcessSample, UnixMs};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,59 +45,27 @@ pub struct LiveParams {
     node: Option<String>,
 }
 
-#[derive(Serialize)]
-struct TickGpu<'a> {
-    uuid: &'a str,
-    #[serde(flatten)]
-    sample: &'a GpuSample,
-}
-
-#[derive(Serialize)]
-struct TickView<'a> {
-    node: &'a str,
-    time_ms: UnixMs,
-    gpus: Vec<TickGpu<'a>>,
-    host: Option<HostView<'a>>,
-    processes: &'a [ProcessSample],
-}
-
-#[derive(Serialize)]
-struct HostView<'a> {
-    time_ms: UnixMs,
-    #[serde(flatten)]
-    sample: &'a HostSample,
-}
-
-#[derive(Serialize)]
-struct StatusNode<'a> {
-    name: &'a str,
-    status: crate::live::status::NodeStatus,
-    last_seen_ms: Option<UnixMs>,
-    connected: bool,
-    /// The node's health state (its worst GPU, or offline / stale).
-    health: crate::health::HealthState,
-    /// Each GPU's health state by UUID, only GPUs that are not ok.
-    gpu_health: std::collections::BTreeMap<&'a str, crate::health::HealthState>,
-}
+// The `tick` and `status` events: the API's own types, shared with its clients.
+pub use gpufleet_api::live::{HostView, StatusNode, StatusView, TickGpu, TickView};
 
 fn tick_event(c: &Committed) -> Option<Event> {
     let t = c.batch.ticks.iter().max_by_key(|t| t.time_ms)?;
     let view = TickView {
-        node: &c.node,
+        node: Cow::Borrowed(c.node.as_str()),
         time_ms: t.time_ms,
         gpus: t
             .gpus
             .iter()
             .map(|s| TickGpu {
-                uuid: &s.gpu_uuid,
-                sample: s,
+                uuid: Cow::Borrowed(s.gpu_uuid.as_str()),
+                sample: Cow::Borrowed(s),
             })
             .collect(),
         host: t.host.as_ref().map(|sample| HostView {
             time_ms: t.time_ms,
-            sample,
+            sample: Cow::Borrowed(sample),
         }),
-        processes: &t.processes,
+        processes: Cow::Borrowed(t.processes.as_slice()),
     };
     Event::default().event("tick").json_data(view).ok()
 }
@@ -105,7 +73,7 @@ fn tick_event(c: &Committed) -> Option<Event> {
 fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
     let now = (st.clock)();
     st.live.read(|s| {
-        let nodes: Vec<StatusNode<'_>> = s
+        let nodes: Vec<StatusNode> = s
             .nodes
             .values()
             .filter(|n| node.is_none_or(|name| n.record.name == name))
@@ -119,7 +87,7 @@ fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
                     now,
                 );
                 StatusNode {
-                    name: &n.record.name,
+                    name: n.record.name.clone(),
                     status,
                     last_seen_ms: n.record.last_seen_ms,
                     connected: n.connections > 0,
@@ -130,15 +98,15 @@ fn status_event(st: &AppState, node: Option<&str>) -> Option<Event> {
                         .iter()
                         .zip(gpus)
                         .filter(|(_, h)| h.state != crate::health::HealthState::Ok)
-                        .map(|(g, h)| (g.info.uuid.as_str(), h.state))
+                        .map(|(g, h)| (g.info.uuid.clone(), h.state))
                         .collect(),
                 }
             })
             .collect();
-        Event::default()
-            .event("status")
-            .json_data(serde_json::json!({ "now_ms": now, "nodes": nodes }))
+        // Through a JSON value, as ever: its keys (and the nodes') in sorted order.
+        serde_json::to_value(StatusView { nodes, now_ms: now })
             .ok()
+            .and_then(|view| Event::default().event("status").json_data(view).ok())
     })
 }
 

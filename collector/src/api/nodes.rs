@@ -2,118 +2,37 @@
 //! and GPU views the dashboard's detail endpoints reuse.
 
 use crate::api::error::{AccessResponses, ApiError};
-use crate::api::router::AppState;
-use crate::health::{GpuHealth, HealthPolicy, NodeHealth};
+use crate::api::state::AppState;
+use crate::health::HealthPolicy;
 use crate::live::state::{LiveGpu, LiveNode};
 use crate::live::status::{NodeStatus, StatusPolicy};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use gpufleet_core::config::format_time;
-use gpufleet_core::{
-    GpuHealthSample, GpuInfo, GpuSample, HostSample, ProcessSample, SamplerCost, UnixMs,
-};
+use gpufleet_core::{GpuHealthSample, UnixMs};
 use serde::Serialize;
-use std::collections::BTreeMap;
 
-#[derive(Serialize, utoipa::ToSchema)]
-pub(crate) struct NodeView<'a> {
-    name: &'a str,
-    status: NodeStatus,
-    /// Whether an ingest stream from the node to this collector is open now (with several
-    /// collectors, a node streaming to another one is `false` and still `online`).
-    connected: bool,
-    last_seen: Option<String>,
-    last_seen_ms: Option<UnixMs>,
-    labels: &'a BTreeMap<String, String>,
-    agent_version: &'a str,
-    boot_id: &'a str,
-    source: &'a str,
-    interval_ms: u32,
-    last_acked_seq: u64,
-    dropped_samples: u64,
-    spool_backlog: SpoolView,
-    rejected_batches: u64,
-    stored_samples: u64,
-    /// The node's health: its worst GPU, critical when offline, warning when stale
-    /// (`reasons` holds the node's own; each GPU carries its own).
-    health: NodeHealth,
-    host: HostView<'a>,
-    gpus: Vec<GpuView<'a>>,
-}
+// The node view, its host and its GPUs: the API's own types, shared with its clients.
+pub use gpufleet_api::nodes::{
+    GpuLatestView, GpuView, HostLatestView, HostView, NodeView, SpoolView,
+};
 
-#[derive(Serialize, utoipa::ToSchema)]
-struct SpoolView {
-    batches: u64,
-    bytes: u64,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct HostView<'a> {
-    hostname: &'a str,
-    kernel: Option<&'a str>,
-    os: Option<&'a str>,
-    cpu_count: Option<u32>,
-    memory_total_bytes: Option<u64>,
-    driver_version: Option<&'a str>,
-    cuda_driver_version: Option<&'a str>,
-    nvml_version: Option<&'a str>,
-    latest: Option<HostLatestView<'a>>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct HostLatestView<'a> {
-    time: String,
-    time_ms: UnixMs,
-    #[serde(flatten)]
-    sample: HostSample,
-    /// What sampling that tick cost the agent.
-    sampler_cost: Option<&'a SamplerCost>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct GpuView<'a> {
-    uuid: &'a str,
-    index: u32,
-    name: &'a str,
-    inventory: &'a GpuInfo,
-    latest: Option<GpuLatestView<'a>>,
-    /// Processes seen on the GPU in the latest sample's tick.
-    processes: &'a [ProcessSample],
-    /// The GPU's health (ok / warning / critical) and the reasons, worst first.
-    health: GpuHealth,
-    /// The latest sample's clock-event (throttle) reasons by name (`sw_power_cap`,
-    /// `hw_thermal`, …); absent when the sample has no mask.
-    throttle: Option<Vec<&'static str>>,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-struct GpuLatestView<'a> {
-    time: String,
-    time_ms: UnixMs,
-    #[serde(flatten)]
-    sample: &'a GpuSample,
-}
-
-pub(crate) fn node_view<'a>(
-    n: &'a LiveNode,
-    policy: &StatusPolicy,
-    now_ms: UnixMs,
-) -> NodeView<'a> {
+pub(crate) fn node_view(n: &LiveNode, policy: &StatusPolicy, now_ms: UnixMs) -> NodeView {
     let r = &n.record;
     let status = policy.classify(r.last_seen_ms, now_ms);
     let (health, gpu_health) =
         crate::health::judge_live_node(n, status, policy, &HealthPolicy::default(), now_ms);
     NodeView {
-        name: &r.name,
+        name: r.name.clone(),
         status,
         connected: n.connections > 0,
         last_seen: r.last_seen_ms.map(format_time),
         last_seen_ms: r.last_seen_ms,
-        labels: &r.labels,
-        agent_version: &r.agent_version,
-        boot_id: &r.boot_id,
-        source: &r.source,
+        labels: r.labels.clone(),
+        agent_version: r.agent_version.clone(),
+        boot_id: r.boot_id.clone(),
+        source: r.source.clone(),
         interval_ms: r.interval_ms,
         last_acked_seq: r.last_acked_seq,
         dropped_samples: r.delivery.dropped_samples,
@@ -125,19 +44,19 @@ pub(crate) fn node_view<'a>(
         stored_samples: r.stored_samples,
         health,
         host: HostView {
-            hostname: &r.host.hostname,
-            kernel: r.host.kernel.as_deref(),
-            os: r.host.os.as_deref(),
+            hostname: r.host.hostname.clone(),
+            kernel: r.host.kernel.clone(),
+            os: r.host.os.clone(),
             cpu_count: r.host.cpu_count,
             memory_total_bytes: r.host.memory_total_bytes,
-            driver_version: r.driver_version.as_deref(),
-            cuda_driver_version: r.cuda_driver_version.as_deref(),
-            nvml_version: r.nvml_version.as_deref(),
+            driver_version: r.driver_version.clone(),
+            cuda_driver_version: r.cuda_driver_version.clone(),
+            nvml_version: r.nvml_version.clone(),
             latest: n.host.as_ref().map(|h| HostLatestView {
                 time: format_time(h.time_ms),
                 time_ms: h.time_ms,
                 sample: h.sample.clone().unwrap_or_default(),
-                sampler_cost: h.cost.as_ref(),
+                sampler_cost: h.cost.clone(),
             }),
         },
         gpus: r
@@ -147,20 +66,23 @@ pub(crate) fn node_view<'a>(
             .map(|(g, health)| {
                 let latest: Option<&LiveGpu> = n.gpus.get(&g.id);
                 GpuView {
-                    uuid: &g.info.uuid,
+                    uuid: g.info.uuid.clone(),
                     index: g.info.index,
-                    name: &g.info.name,
-                    inventory: &g.info,
+                    name: g.info.name.clone(),
+                    inventory: g.info.clone(),
                     latest: latest.map(|l| GpuLatestView {
                         time: format_time(l.time_ms),
                         time_ms: l.time_ms,
-                        sample: &l.sample,
+                        sample: l.sample.clone(),
                     }),
-                    processes: latest.map_or(&[], |l| &l.processes),
+                    processes: latest.map_or_else(Vec::new, |l| l.processes.clone()),
                     health,
-                    throttle: latest
-                        .and_then(|l| l.sample.throttle_reasons)
-                        .map(crate::health::decode_throttle),
+                    throttle: latest.and_then(|l| l.sample.throttle_reasons).map(|mask| {
+                        crate::health::decode_throttle(mask)
+                            .into_iter()
+                            .map(str::to_owned)
+                            .collect()
+                    }),
                 }
             })
             .collect(),
@@ -171,7 +93,7 @@ pub(crate) fn node_view<'a>(
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct GpuDetailView<'a> {
     #[serde(flatten)]
-    gpu: GpuView<'a>,
+    gpu: GpuView,
     node: &'a str,
     node_status: NodeStatus,
     interval_ms: u32,
@@ -203,7 +125,7 @@ pub(crate) fn gpu_detail<'a>(
     let health = n.gpus.get(&id).and_then(|l| l.health.as_ref());
     Some(GpuDetailView {
         gpu,
-        node: node.name,
+        node: &n.record.name,
         node_status: node.status,
         interval_ms: node.interval_ms,
         health_counters: health.map(|h| GpuHealthView {
@@ -220,13 +142,14 @@ pub(crate) fn gpu_detail<'a>(
 ))]
 pub(crate) async fn nodes(State(st): State<AppState>) -> Result<Response, ApiError> {
     let now = (st.clock)();
-    // Copy under the read lock, encode after it: encoding a large fleet takes tens of ms,
-    // and commits (which take the write lock) must not wait for it.
-    let nodes: Vec<LiveNode> = st.live.read(|s| s.nodes.values().cloned().collect());
-    let views: Vec<NodeView<'_>> = nodes
-        .iter()
-        .map(|n| node_view(n, &st.status, now))
-        .collect();
+    // Build the (owned) views under the read lock, encode after it: encoding a large fleet
+    // takes tens of ms, and commits (which take the write lock) must not wait for it.
+    let views: Vec<NodeView> = st.live.read(|s| {
+        s.nodes
+            .values()
+            .map(|n| node_view(n, &st.status, now))
+            .collect()
+    });
     let body = serde_json::to_vec(&views)
         .map_err(|e| ApiError::Internal(format!("cannot encode the node list: {e}")))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())

@@ -14,7 +14,7 @@
 use crate::accounting::report::{ReportError, ReportSubject, build};
 use crate::api::energy::{RangeParams, range};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::header;

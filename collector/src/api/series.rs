@@ -2,7 +2,7 @@
 //! per-minute rollups; the parameter parsing and tier choice the dashboard's series share.
 
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
-use crate::api::router::AppState;
+use crate::api::state::AppState;
 use crate::store::rollup::RollupKey;
 use crate::store::{GpuMetric, SeriesPoint, TimeRange};
 use axum::Json;

@@ -16,7 +16,7 @@
 use crate::accounting::waste::{self, Episode, WasteSettings, WorkloadWaste};
 use crate::api::energy::{RangeParams, range};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses};
-use crate::api::router::{AppState, Route};
+use crate::api::state::{AppState, Route};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};

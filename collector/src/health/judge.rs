@@ -44,91 +44,9 @@ use crate::health::xid::{self, Severity};
 use crate::live::status::NodeStatus;
 use gpufleet_core::times::format_time;
 use gpufleet_core::{EventKind, GpuSample, UnixMs};
-use serde::Serialize;
-
-/// How healthy a GPU or node is; ordered, so the worst of several is their `max`.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum HealthState {
-    #[default]
-    Ok,
-    Warning,
-    Critical,
-}
-
-impl HealthState {
-    pub const ALL: [HealthState; 3] =
-        [HealthState::Ok, HealthState::Warning, HealthState::Critical];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HealthState::Ok => "ok",
-            HealthState::Warning => "warning",
-            HealthState::Critical => "critical",
-        }
-    }
-
-    /// The Prometheus gauge value: 0 ok, 1 warning, 2 critical.
-    pub fn level(self) -> u64 {
-        self as u64
-    }
-
-    pub fn parse(s: &str) -> Option<HealthState> {
-        Self::ALL.into_iter().find(|h| h.as_str() == s)
-    }
-}
-
-impl From<Severity> for HealthState {
-    fn from(s: Severity) -> HealthState {
-        match s {
-            Severity::Info => HealthState::Ok,
-            Severity::Warning => HealthState::Warning,
-            Severity::Critical => HealthState::Critical,
-        }
-    }
-}
-
-/// One reason a GPU or node is not (entirely) ok. A reason with severity `ok` is
-/// informational: listed, but the state does not change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct HealthReason {
-    /// A stable id: `xid_79`, `gpu_lost`, `ecc_dbe`, `ecc_uncorrected`, `row_remap_pending`,
-    /// `row_remap_failed`, `retired_pages_pending`, `temp_near_slowdown`, `temp_at_slowdown`,
-    /// `temp_near_shutdown`, `temp_over_max`, `temp_mem_near_max`, `temp_mem_at_max`,
-    /// `throttle_thermal`, `throttle_hw_slowdown`, `throttle_power_brake`,
-    /// `throttle_power_cap`, `persistence_off`, `pcie_replays`, `nvlink_errors`,
-    /// `node_offline`, `node_stale`.
-    pub code: String,
-    pub severity: HealthState,
-    /// What is wrong, with the numbers.
-    pub summary: String,
-    /// What to do about it.
-    pub action: String,
-    /// Since when (the first occurrence of an event in memory; absent for a condition
-    /// read from the newest sample).
-    pub since_ms: Option<UnixMs>,
-}
-
-/// A GPU's judged health.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct GpuHealth {
-    pub state: HealthState,
-    /// Worst first.
-    pub reasons: Vec<HealthReason>,
-}
-
-/// A node's judged health: its own reasons (offline, stale) and its GPUs' worst.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct NodeHealth {
-    pub state: HealthState,
-    /// The node's own reasons (each GPU's are on the GPU).
-    pub reasons: Vec<HealthReason>,
-    /// How many of its GPUs are warning / critical.
-    pub gpus_warning: usize,
-    pub gpus_critical: usize,
-}
+// The judged health as the API shows it: the API's own types, shared with its clients
+// (`HealthState`'s names and order, and `From<Severity>`, live with it).
+pub use gpufleet_api::{GpuHealth, HealthReason, HealthState, NodeHealth};
 
 /// The judge's knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -311,7 +229,7 @@ fn event_reasons(
                         info.name,
                         format_time(e.last_ms)
                     ),
-                    info.action,
+                    &info.action,
                     Some(e.first_ms),
                 ));
             }
@@ -334,7 +252,7 @@ fn event_reasons(
                         "double-bit (uncorrectable) ECC error in GPU memory, {what} (last at {})",
                         format_time(e.last_ms)
                     ),
-                    xid::explain(code).action,
+                    &xid::explain(code).action,
                     Some(e.first_ms),
                 ));
             }
@@ -383,7 +301,7 @@ fn flag_reasons(f: &HealthFlags, out: &mut Vec<HealthReason>) {
             "row_remap_failed",
             HealthState::Critical,
             "a memory row remap failed: the GPU's memory cannot be repaired in the field".into(),
-            xid::explain(64).action,
+            &xid::explain(64).action,
             None,
         ));
     }

@@ -10,49 +10,8 @@
 //! job?), not NVIDIA's. The meaning of a code is the same across driver versions; a code
 //! not listed gets [`explain`]'s generic entry, never a panic.
 
-use serde::Serialize;
-
-/// How bad an Xid is for the GPU that logged it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Severity {
-    /// Usually the application's own doing, or a consequence of another error; nothing to
-    /// do on the GPU unless it keeps recurring.
-    Info,
-    /// Worth a look: may point at hardware, firmware or the platform; the GPU usually
-    /// keeps working.
-    Warning,
-    /// The GPU (or its memory, bus or firmware) is in trouble: drain it, reset it, and
-    /// service it if it comes back.
-    Critical,
-}
-
-impl Severity {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Severity::Info => "info",
-            Severity::Warning => "warning",
-            Severity::Critical => "critical",
-        }
-    }
-}
-
-/// One catalogue entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct XidInfo {
-    pub code: u64,
-    /// A short name, e.g. "GPU has fallen off the bus".
-    pub name: &'static str,
-    /// What the driver is telling us.
-    pub meaning: &'static str,
-    /// What usually causes it.
-    pub cause: &'static str,
-    /// What to do about it.
-    pub action: &'static str,
-    pub severity: Severity,
-    /// Whether the code is in the catalogue (`false`: the generic entry).
-    pub known: bool,
-}
+// How bad an Xid is, and one catalogue entry: the API's own types, shared with its clients.
+pub use gpufleet_api::{Severity, XidInfo};
 
 /// `(code, name, meaning, cause, action, severity)`, sorted by code.
 type Entry = (
@@ -348,20 +307,21 @@ pub fn explain(code: u64) -> XidInfo {
             let (code, name, meaning, cause, action, severity) = CATALOGUE[i];
             XidInfo {
                 code,
-                name,
-                meaning,
-                cause,
-                action,
+                name: name.to_owned(),
+                meaning: meaning.to_owned(),
+                cause: cause.to_owned(),
+                action: action.to_owned(),
                 severity,
                 known: true,
             }
         }
         Err(_) => XidInfo {
             code,
-            name: "Unlisted Xid",
-            meaning: "The driver reported an Xid this catalogue does not describe.",
-            cause: "Hardware, driver or application; see NVIDIA's Xid catalogue for this code.",
-            action: "Look the code up in NVIDIA's Xid documentation (docs.nvidia.com/deploy/xid-errors) and check the kernel log around it; contact support if it recurs.",
+            name: "Unlisted Xid".to_owned(),
+            meaning: "The driver reported an Xid this catalogue does not describe.".to_owned(),
+            cause: "Hardware, driver or application; see NVIDIA's Xid catalogue for this code."
+                .to_owned(),
+            action: "Look the code up in NVIDIA's Xid documentation (docs.nvidia.com/deploy/xid-errors) and check the kernel log around it; contact support if it recurs.".to_owned(),
             severity: Warning,
             known: false,
         },

@@ -9,30 +9,12 @@
 //! - `offline`: older, or no sample ever.
 
 use gpufleet_core::UnixMs;
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A node's liveness as the API and `/metrics` report it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum NodeStatus {
-    Online,
-    Stale,
-    Offline,
-}
-
-impl NodeStatus {
-    pub const ALL: [NodeStatus; 3] = [NodeStatus::Online, NodeStatus::Stale, NodeStatus::Offline];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NodeStatus::Online => "online",
-            NodeStatus::Stale => "stale",
-            NodeStatus::Offline => "offline",
-        }
-    }
-}
+// A node's liveness as the API and `/metrics` report it: the API's own type, shared with
+// its clients.
+pub use gpufleet_api::NodeStatus;
 
 /// The thresholds that turn a sample's age into a [`NodeStatus`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

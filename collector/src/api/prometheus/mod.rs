@@ -21,7 +21,7 @@ pub mod connections;
 pub mod snapshot;
 
 use crate::accounting::counters::WorkloadLabels;
-use crate::api::router::AppState;
+use crate::api::state::AppState;
 use crate::families::{GPU_FAMILIES, Num, num, value};
 use crate::ingest::writer::WriterHandle;
 use crate::live::status::NodeStatus;
