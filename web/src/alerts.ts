@@ -1,40 +1,8 @@
 // The alerts page: firing and pending alerts (/api/v1/alerts), the recent state changes
 // (/api/v1/alerts/history) and the rules evaluated (/api/v1/alerts/rules). Refreshed every
 // few seconds while shown. Label and annotation values are text, never markup.
-import { getJson } from './api';
+import { getJson, type AlertsView, type AlertView, type HistoryView, type RulesView, type RuleView, type TransitionView } from './api';
 import { ago, clear, el } from './dom';
-
-export type AlertState = 'inactive' | 'pending' | 'firing' | 'resolved';
-
-export interface AlertView {
-  rule: string;
-  fingerprint: string;
-  state: AlertState;
-  severity: string | null;
-  labels: Record<string, string>;
-  annotations: Record<string, string>;
-  value: number;
-  active_at_ms: number;
-  fired_at_ms: number | null;
-  resolved_at_ms: number | null;
-}
-
-export interface TransitionView {
-  at_ms: number;
-  rule: string;
-  fingerprint: string;
-  labels: Record<string, string>;
-  from: AlertState;
-  to: AlertState;
-  value: number;
-}
-
-export interface RuleView {
-  name: string;
-  condition: string;
-  for_seconds: number;
-  severity: string;
-}
 
 /** Labels other than the ones shown in their own columns. */
 const OWN_COLUMNS = new Set(['alertname', 'severity']);
@@ -102,9 +70,9 @@ function rulesTable(rules: RuleView[]): HTMLElement {
 export async function alertsPage(app: HTMLElement): Promise<() => void> {
   const draw = async (): Promise<void> => {
     const [current, history, rules] = await Promise.all([
-      getJson<{ alerts: AlertView[] }>('/api/v1/alerts?state=firing,pending'),
-      getJson<{ transitions: TransitionView[] }>('/api/v1/alerts/history?limit=200'),
-      getJson<{ rules: RuleView[] }>('/api/v1/alerts/rules'),
+      getJson<AlertsView>('/api/v1/alerts?state=firing,pending'),
+      getJson<HistoryView>('/api/v1/alerts/history?limit=200'),
+      getJson<RulesView>('/api/v1/alerts/rules'),
     ]);
     const now = Date.now();
     const firing = current.alerts.filter((a) => a.state === 'firing').length;

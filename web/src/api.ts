@@ -1,177 +1,104 @@
-// The collector's JSON API, as the dashboard uses it (see the README's API section).
+// The collector's JSON API, as the dashboard uses it. Every response type is the API's own
+// description: src/generated/api.ts is generated from openapi.json (the collector's
+// /api/v1/openapi.json, committed) by `npm run gen:api`, and CI fails when the two drift
+// (`npm run check:api`). Do not write a server shape by hand here: give its Rust type a
+// utoipa::ToSchema instead, then regenerate.
+import type { components } from './generated/api';
 
-export type Status = 'online' | 'stale' | 'offline';
+type Schemas = components['schemas'];
 
-export interface GpuSample {
-  util_gpu_pct: number | null;
-  util_mem_pct: number | null;
-  mem_used_bytes: number | null;
-  mem_total_bytes: number | null;
-  power_mw: number | null;
-  power_limit_mw: number | null;
-  energy_mj: number | null;
-  temp_gpu_c: number | null;
-  fan_pct: number | null;
-  clock_sm_mhz: number | null;
-  clock_mem_mhz: number | null;
-  pstate: number | null;
-  pcie_tx_bps: number | null;
-  pcie_rx_bps: number | null;
-  nvlink_tx_bps: number | null;
-  nvlink_rx_bps: number | null;
-  ecc_corrected_volatile: number | null;
-  ecc_uncorrected_volatile: number | null;
-  [k: string]: unknown;
-}
+// ---- Nodes and GPUs: /api/v1/nodes, /api/v1/nodes/{name}, /api/v1/gpus/{uuid}
+export type Status = Schemas['NodeStatus'];
+export type NodeView = Schemas['NodeView'];
+export type HostView = Schemas['HostView'];
+export type HostLatestView = Schemas['HostLatestView'];
+export type HostSample = Schemas['HostSample'];
+export type GpuView = Schemas['GpuView'];
+export type GpuDetailView = Schemas['GpuDetailView'];
+export type GpuLatestView = Schemas['GpuLatestView'];
+export type GpuSample = Schemas['GpuSample'];
+export type Process = Schemas['ProcessSample'];
+export type Workload = Schemas['Workload'];
 
-export interface GpuLatest extends GpuSample {
-  time_ms: number;
-}
+// ---- The fleet's brief listing: /api/v1/fleet
+export type FleetNode = Schemas['FleetNode'];
+export type FleetGpu = Schemas['FleetGpu'];
+export type FleetReason = Schemas['FleetReason'];
 
-export interface Workload {
-  kind: 'host' | 'container' | 'slurm';
-  [k: string]: unknown;
-}
-
-export interface Process {
-  gpu_uuid: string;
-  pid: number;
-  type: string;
-  user: string | null;
-  command: string | null;
-  gpu_mem_bytes: number | null;
-  sm_util_pct: number | null;
-  workload: Workload;
-}
-
-export type HealthState = 'ok' | 'warning' | 'critical';
-
+// ---- Health: /api/v1/health, the health in node and GPU views, /api/v1/health/xid/{code}
+export type HealthView = Schemas['HealthView'];
+export type HealthState = Schemas['HealthState'];
 /** One reason a GPU or node is not (entirely) ok; severity `ok` is informational.
- * /api/v1/fleet lists only warning and critical reasons, without action or since. */
-export interface HealthReason {
-  code: string;
-  severity: HealthState;
-  summary: string;
-  action?: string;
-  since_ms?: number | null;
-}
-
-export interface GpuHealth {
-  state: HealthState;
-  reasons: HealthReason[];
-}
-
-export interface NodeHealth extends GpuHealth {
-  gpus_warning: number;
-  gpus_critical: number;
-}
-
+ * /api/v1/fleet lists only warning and critical reasons, without action or since
+ * ({@link FleetReason}). */
+export type HealthReason = Schemas['HealthReason'];
+export type GpuHealth = Schemas['GpuHealth'];
+export type NodeHealth = Schemas['NodeHealth'];
 /** The Xid catalogue's entry for an Xid event. */
-export interface XidInfo {
-  code: number;
-  name: string;
-  meaning: string;
-  cause: string;
-  action: string;
-  severity: 'info' | 'warning' | 'critical';
-  known: boolean;
-}
+export type XidInfo = Schemas['XidInfo'];
 
-export interface GpuView {
-  uuid: string;
-  index: number;
-  name: string;
-  inventory: { pci_bus_id?: string | null; [k: string]: unknown };
-  latest: GpuLatest | null;
-  processes: Process[];
-  health?: GpuHealth;
-  /** The latest sample's throttle reasons by name (absent: no mask). */
-  throttle?: string[] | null;
-}
+// ---- Series and events: /api/v1/nodes/{name}/series, …/host/series, /api/v1/gpus/{uuid}/series,
+// /api/v1/nodes/{name}/events
+export type NodeSeries = Schemas['NodeSeriesView'];
+export type HostSeries = Schemas['HostSeriesView'];
+export type GpuSeries = Schemas['SeriesView'];
+export type EventsView = Schemas['EventsView'];
+export type EventView = Schemas['EventView'];
 
-export interface HostLatest {
-  time_ms: number;
-  cpu_util_pct: number | null;
-  mem_used_bytes: number | null;
-  mem_total_bytes: number | null;
-  disk_read_bps: number | null;
-  disk_write_bps: number | null;
-  net_rx_bps: number | null;
-  net_tx_bps: number | null;
-  load1: number | null;
-}
+// ---- Energy, carbon and waste: /api/v1/energy, /api/v1/containers[/{key}],
+// /api/v1/carbon/intensity, /api/v1/waste
+export type EnergyView = Schemas['EnergyView'];
+export type EnergyTotals = Schemas['EnergyTotals'];
+export type GpuEnergyView = Schemas['GpuEnergyView'];
+export type Baseline = Schemas['BaselineView'];
+export type MethodMix = Schemas['MethodMix'];
+export type CarbonView = Schemas['CarbonView'];
+export type ContainersView = Schemas['ContainersView'];
+export type ContainerRow = Schemas['ContainerRow'];
+export type ContainerView = Schemas['ContainerView'];
+export type MinutePoint = Schemas['MinutePoint'];
+export type IntensityView = Schemas['IntensityView'];
+export type IntensitySlot = Schemas['SlotView'];
+export type WasteView = Schemas['WasteView'];
+export type Episode = Schemas['EpisodeView'];
+export type WorkloadTotal = Schemas['WorkloadTotalView'];
 
-export interface NodeView {
-  name: string;
-  status: Status;
-  connected: boolean;
-  last_seen_ms: number | null;
-  labels: Record<string, string>;
-  agent_version: string;
-  interval_ms: number;
-  health?: NodeHealth;
-  host: {
-    hostname: string;
-    kernel: string | null;
-    os: string | null;
-    cpu_count: number | null;
-    memory_total_bytes: number | null;
-    driver_version: string | null;
-    cuda_driver_version: string | null;
-    latest: HostLatest | null;
-  };
-  gpus: GpuView[];
-}
+// ---- Alerts: /api/v1/alerts, /api/v1/alerts/history, /api/v1/alerts/rules
+export type AlertState = Schemas['AlertState'];
+export type AlertsView = Schemas['AlertsView'];
+export type AlertView = Schemas['AlertView'];
+export type HistoryView = Schemas['HistoryView'];
+export type TransitionView = Schemas['TransitionView'];
+export type RulesView = Schemas['RulesView'];
+export type RuleView = Schemas['RuleView'];
 
-export type Point = [number, number | null];
+// ---- The live stream: /api/v1/live (Server-Sent Events).
+// NOT IN THE SPEC: the OpenAPI document describes this endpoint's body only as
+// `text/event-stream` (a string), so its events' envelopes below are written by hand
+// (from collector/src/api/live.rs: TickView, TickGpu, HostView, StatusNode), built from
+// the generated parts they flatten. Replace them with generated types once those Rust
+// types derive utoipa::ToSchema and are listed among the document's components.
 
-export interface NodeSeries {
-  metric: string;
-  unit: string;
-  step_ms: number | null;
-  gpus: { uuid: string; index: number; points: Point[] }[];
-}
-
-export interface HostSeries {
-  step_ms: number | null;
-  points: ({ time_ms: number } & Omit<HostLatest, 'time_ms'>)[];
-}
-
-export interface GpuSeries {
-  metric: string;
-  unit: string;
-  points: Point[];
-}
-
-export interface EventView {
-  time_ms: number;
-  gpu_uuid: string;
-  kind: string;
-  code: number | null;
-  detail: string;
-  /** For Xid events: the catalogue's entry. */
-  explanation?: XidInfo | null;
-}
-
-/** A tick pushed by /api/v1/live. */
+/** A `tick` event: the newest tick of one node's committed batch. */
 export interface LiveTick {
   node: string;
-  time_ms: number;
+  time_ms: Schemas['i64'];
   gpus: (GpuSample & { uuid: string })[];
-  host: HostLatest | null;
+  host: (HostSample & { time_ms: Schemas['i64'] }) | null;
   processes: Process[];
 }
 
+/** A `status` event, every second. */
 export interface LiveStatus {
-  now_ms: number;
+  now_ms: Schemas['i64'];
   nodes: {
     name: string;
     status: Status;
-    last_seen_ms: number | null;
+    last_seen_ms: Schemas['i64'] | null;
     connected: boolean;
-    health?: HealthState;
+    health: HealthState;
     /** GPUs that are not ok, by UUID. */
-    gpu_health?: Record<string, HealthState>;
+    gpu_health: Record<string, HealthState>;
   }[];
 }
 

@@ -1,25 +1,12 @@
 // Carbon figures as the API gives them beside energy: `carbon_g` (null or absent when no
 // intensity is known: shown as "n/a", never 0) and where it came from.
+import type { EnergyTotals } from './api';
 import { el, NA } from './dom';
 
-/** Provenance of a carbon figure (fields absent when the collector does not say). */
-export interface CarbonFields {
-  carbon_g?: number | null;
-  carbon?: {
-    /** Energy-weighted average intensity used (gCO2/kWh, before PUE). */
-    avg_g_per_kwh?: number | null;
-    /** Share (0..1) of the energy that has a price; the rest is `unpriced_j`. */
-    priced_share?: number | null;
-    /** Share (0..1) of the priced energy priced with a forecast intensity. */
-    forecast_share?: number | null;
-    /** Share (0..1) priced with an estimate (provider unreachable: last known / default). */
-    estimated_share?: number | null;
-    unpriced_j?: number;
-    /** `provider:region:factor_type` of the intensities used. */
-    sources?: string[];
-  } | null;
-  [k: string]: unknown;
-}
+/** What this module reads of a figure the API gives with its carbon: `carbon_g` and its
+ * provenance `carbon`, where the figure has them (EnergyTotals, GpuEnergyView, ContainerRow
+ * have both; EpisodeView, WorkloadTotalView only `carbon_g`). */
+export type CarbonFields = Partial<Pick<EnergyTotals, 'carbon_g' | 'carbon'>>;
 
 export function carbonG(x: CarbonFields | null | undefined): number | null {
   const v = x?.carbon_g;
@@ -62,7 +49,8 @@ export function provenanceMarks(x: CarbonFields | null | undefined): HTMLElement
   return marks;
 }
 
-/** A source of intensities: `provider:region:factor_type` split. */
+/** A source of intensities: `provider:region:factor_type` split (client-side: parsed from
+ * CarbonView's `sources`). */
 export interface Source {
   provider: string;
   region: string;

@@ -105,9 +105,10 @@ export class Chart {
     this.plot = new uPlot(opts, this.data as uPlot.AlignedData, this.root);
   }
 
-  /** Replaces the data: xs in ms, one array of values per series. */
-  setData(xsMs: number[], ys: (number | null)[][]): void {
-    this.data = [xsMs.map((x) => x / 1000), ...ys];
+  /** Replaces the data: xs in ms, one array of values per series (a value the API left
+   * out, `undefined`, is absent like `null`: a gap). */
+  setData(xsMs: number[], ys: (number | null | undefined)[][]): void {
+    this.data = [xsMs.map((x) => x / 1000), ...ys.map((y) => y.map(absent))];
     this.redraw();
   }
 
@@ -122,12 +123,12 @@ export class Chart {
   }
 
   /** Appends one point per series at time `tMs` (ignored if not newer than the last). */
-  append(tMs: number, values: (number | null)[]): void {
+  append(tMs: number, values: (number | null | undefined)[]): void {
     const xs = this.data[0];
     const t = tMs / 1000;
     if (xs.length > 0 && (xs[xs.length - 1] as number) >= t) return;
     xs.push(t);
-    for (let i = 0; i < values.length && i + 1 < this.data.length; i++) this.data[i + 1].push(values[i]);
+    for (let i = 0; i < values.length && i + 1 < this.data.length; i++) this.data[i + 1].push(absent(values[i]));
     if (this.windowMs !== null) {
       const min = t - this.windowMs / 1000;
       let drop = 0;
@@ -150,6 +151,19 @@ export class Chart {
     this.plot?.destroy();
     this.plot = null;
   }
+}
+
+/** A value the API left out is absent, as `null` is (uPlot draws a gap for `null`). */
+function absent(v: number | null | undefined): number | null {
+  return v ?? null;
+}
+
+/** A series' points as the API gives them, `[time_ms, value]` (its description types each
+ * as a list of numbers or nulls): those that have a time, as pairs. */
+export function pairs(points: (number | null)[][]): [number, number | null][] {
+  const out: [number, number | null][] = [];
+  for (const [t, v] of points) if (typeof t === 'number') out.push([t, v ?? null]);
+  return out;
 }
 
 /** Aligns per-series point lists on one sorted x axis (null where a series has no point). */

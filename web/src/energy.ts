@@ -3,85 +3,15 @@
 // user (/api/v1/containers?group_by=) or node (/api/v1/energy's nodes), a workload's energy
 // per minute (/api/v1/containers/{key}), and each region's carbon intensity with its
 // forecast. View state (range, group, sort, selected workload) lives in the URL.
-import { enc, getJson } from './api';
+import {
+  enc, getJson, type ContainerRow, type ContainersView, type ContainerView, type EnergyTotals, type EnergyView, type MethodMix,
+} from './api';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText, type CarbonFields } from './carbon';
 import { Chart } from './chart';
 import { clear, el, NA, num } from './dom';
 import { intensitySection } from './intensity';
 import { currentRange, ENERGY_RANGES, rangePicker, type Range } from './range';
-import { nameOf, type Identity } from './workload';
-
-/** Totals of a set of GPUs, as /api/v1/energy gives them. */
-export interface EnergyTotals extends CarbonFields {
-  energy_mj: number;
-  energy_j: number;
-  energy_kwh: number;
-  attributed_j: number;
-  /** The GPUs' active energy; the rest (idle_j) is the idle baseline over idle time. */
-  active_j: number;
-  idle_j: number;
-  /** Of idle_j: charged to the workloads holding the GPUs (policy spread), and charged to no one. */
-  idle_charged_j: number;
-  idle_bucket_j: number;
-  unattributed_j: number;
-  /** Of energy_j: in minutes still open (may still grow). */
-  provisional_j: number;
-  covered_seconds: number;
-  missing_seconds: number;
-  avg_power_w: number | null;
-  method: { counter_j: number; trapezoid_j: number };
-}
-
-export interface EnergyView {
-  from_ms: number;
-  to_ms: number;
-  total: EnergyTotals;
-  nodes: Record<string, EnergyTotals>;
-  gpus: ({ node: string; uuid: string; index: number; name: string; baseline: Baseline | null } & EnergyTotals)[];
-}
-
-/** A GPU's idle baseline and where it came from. */
-export interface Baseline {
-  idle_w: number;
-  source: string;
-  minute: string;
-  seen_idle_seconds: number;
-  seen_idle_avg_w: number | null;
-  learn_after_seconds: number;
-  model_max_power_w: number | null;
-  model_source: string | null;
-}
-
-
-interface ContainerRow extends CarbonFields {
-  key: string;
-  identity: Identity;
-  workloads: string[];
-  nodes: string[];
-  gpus: { node: string; uuid: string; index: number; name: string }[];
-  energy_mj: number;
-  energy_j: number;
-  energy_kwh: number;
-  active_j: number;
-  /** Its share (by GPU memory held) of the idle energy of the GPUs it held. */
-  idle_j: number;
-  idle_charged_j: number;
-  provisional_j: number;
-  gpu_seconds: number;
-  avg_share: number | null;
-  method: { counter_j: number; trapezoid_j: number };
-}
-
-interface MinutePoint extends CarbonFields {
-  minute_ms: number;
-  energy_j: number;
-  idle_j: number;
-  gpu_seconds: number;
-}
-
-interface ContainerDetail extends ContainerRow {
-  series: MinutePoint[];
-}
+import { nameOf } from './workload';
 
 const GROUPS: [string, string][] = [
   ['container', 'containers'],
@@ -93,7 +23,8 @@ const GROUPS: [string, string][] = [
   ['node', 'nodes'],
 ];
 
-/** One table row, whatever it groups. */
+/** One table row, whatever it groups (client-side: built from ContainerRow or a node's
+ * EnergyTotals). */
 interface Row extends CarbonFields {
   key: string;
   label: string;
@@ -107,7 +38,7 @@ interface Row extends CarbonFields {
   /** Allocated but idle: idle energy of the GPUs while held (workloads), or all idle (nodes). */
   idleJ: number;
   gpuSeconds: number;
-  method: { counter_j: number; trapezoid_j: number };
+  method: MethodMix;
   /** Workload keys for the detail chart (empty: not a workload, e.g. a node). */
   workloads: string[];
 }
@@ -227,7 +158,7 @@ function duration(s: number): string {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
-function methodText(m: { counter_j: number; trapezoid_j: number }): string {
+function methodText(m: MethodMix): string {
   const all = m.counter_j + m.trapezoid_j;
   if (all <= 0) return NA;
   const c = Math.round((100 * m.counter_j) / all);
@@ -248,7 +179,7 @@ function totalsBox(t: EnergyTotals, r: Range): HTMLElement {
     item('co2', 'CO2', co2(carbonG(t)), sourcesText(t) ?? undefined, carbonG(t)),
     item('intensity', 'average intensity', t.carbon?.avg_g_per_kwh == null ? NA : `${Math.round(t.carbon.avg_g_per_kwh)} g/kWh`, sourcesText(t) ?? undefined, t.carbon?.avg_g_per_kwh),
     item('gpu-hours', 'GPU-hours measured', num(t.covered_seconds / 3600, 2)),
-    item('avg-power', 'average power per GPU', t.avg_power_w === null ? NA : `${t.avg_power_w.toFixed(0)} W`),
+    item('avg-power', 'average power per GPU', t.avg_power_w === null || t.avg_power_w === undefined ? NA : `${t.avg_power_w.toFixed(0)} W`),
     item('idle', 'idle', share(t.idle_j, t.energy_j), `${(t.idle_j / 3.6e6).toFixed(4)} kWh: the idle baseline over the time GPUs did no work; ${(t.idle_charged_j / 3.6e6).toFixed(4)} kWh charged to the workloads holding them, ${(t.idle_bucket_j / 3.6e6).toFixed(4)} kWh to no one`, t.idle_j),
     item('unattributed', 'unattributed', share(t.unattributed_j, t.energy_j), `${(t.unattributed_j / 3.6e6).toFixed(4)} kWh of activity with no process listed`, t.unattributed_j),
     item('provisional', 'provisional', share(t.provisional_j, t.energy_j), `${(t.provisional_j / 3.6e6).toFixed(4)} kWh in minutes still open: final a few seconds after each minute ends`, t.provisional_j),
@@ -278,7 +209,7 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
   const [energy, containers] = await Promise.all([
     getJson<EnergyView>(`/api/v1/energy?${range}`),
     groupBy === 'node' ? Promise.resolve(null)
-      : getJson<{ rows: ContainerRow[] }>(`/api/v1/containers?${range}&group_by=${enc(groupBy)}`),
+      : getJson<ContainersView>(`/api/v1/containers?${range}&group_by=${enc(groupBy)}`),
   ]);
   const rows = containers ? workloadRows(containers.rows) : nodeRows(energy);
 
@@ -302,35 +233,24 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     table.querySelector(`tr[data-key="${CSS.escape(row.key)}"]`)?.classList.add('selected');
     detail.append(el('h3', {}, row.label, ' ', el('span', { class: 'muted' }, row.key)));
     const keys = row.workloads.slice(0, 50);
-    const parts = await Promise.all(keys.map((k) => getJson<ContainerDetail>(`/api/v1/containers/${enc(k)}?${range}`)
+    const parts = await Promise.all(keys.map((k) => getJson<ContainerView>(`/api/v1/containers/${enc(k)}?${range}`)
       .catch(() => null)));
-    // All GPUs and workloads of the row, per minute.
-    const byMinute = new Map<number, { e: number; c: number | null }>();
+    // All GPUs and workloads of the row, per minute. The API prices carbon per row, not per
+    // minute (MinutePoint has no carbon_g): the row's CO2 is in the line above the chart.
+    const byMinute = new Map<number, number>();
     for (const p of parts) {
-      for (const m of p?.series ?? []) {
-        const acc = byMinute.get(m.minute_ms) ?? { e: 0, c: null };
-        acc.e += m.energy_j;
-        const c = carbonG(m);
-        if (c !== null) acc.c = (acc.c ?? 0) + c;
-        byMinute.set(m.minute_ms, acc);
-      }
+      for (const m of p?.series ?? []) byMinute.set(m.minute_ms, (byMinute.get(m.minute_ms) ?? 0) + m.energy_j);
     }
     const xs = [...byMinute.keys()].sort((a, b) => a - b);
     const gpus = [...new Set(parts.flatMap((p) => p?.gpus ?? []).map((g) => `${g.node} GPU ${g.index} · ${g.name}`))];
     detail.append(el('p', { class: 'muted' },
       `${kwh(row.energyKwh)} · CO2 ${co2(carbonG(row))} · ${duration(row.gpuSeconds)} of GPU time · `,
       `${gpus.length} GPU${gpus.length === 1 ? '' : 's'}: ${gpus.join(', ') || NA}`));
-    const cs = xs.map((x) => (byMinute.get(x) as { c: number | null }).c);
     const energyChart = new Chart({ title: 'energy per minute', unit: 'Wh', series: [{ label: 'energy' }], fmt: (v) => `${v.toFixed(2)} Wh`, height: 200 });
-    // CO2 per minute where the API gives it per minute (the row's total is above).
-    const carbonChart = cs.some((c) => c !== null)
-      ? new Chart({ title: 'CO2 per minute', unit: 'g', series: [{ label: 'CO2' }], fmt: (v) => `${v.toFixed(2)} g`, height: 200 })
-      : null;
-    detailChart = carbonChart ? [energyChart, carbonChart] : [energyChart];
+    detailChart = [energyChart];
     detail.append(el('div', { class: 'panels' }, ...detailChart.map((c) => c.root)));
     for (const c of detailChart) c.mount();
-    energyChart.setData(xs, [xs.map((x) => (byMinute.get(x) as { e: number }).e / 3600)]);
-    carbonChart?.setData(xs, [cs]);
+    energyChart.setData(xs, [xs.map((x) => (byMinute.get(x) as number) / 3600)]);
   };
 
   const renderTable = (): void => {

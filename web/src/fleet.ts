@@ -1,7 +1,7 @@
 // The fleet page: every node as a card of GPU tiles, filtered, sorted and paginated
 // (PAGE_SIZE nodes per page, so 1,000 nodes x 8 GPUs stay fast). One /api/v1/nodes load,
 // then one live stream for everything.
-import { getJson, type GpuView, type LiveStatus, type LiveTick, type NodeView } from './api';
+import { getJson, type FleetGpu, type FleetNode, type LiveStatus, type LiveTick } from './api';
 import { ago, bytes, clear, el, loadClass, num, patch, watts } from './dom';
 import { healthBadge, reasonsText } from './health';
 import { openLive } from './live';
@@ -17,12 +17,12 @@ type SortKey = 'name' | 'load' | 'status' | 'health';
 
 const HEALTH_RANK = { critical: 0, warning: 1, ok: 2 } as const;
 
-function nodeLoad(n: NodeView): number {
+function nodeLoad(n: FleetNode): number {
   const vals = n.gpus.map((g) => g.latest?.util_gpu_pct).filter((v): v is number => typeof v === 'number');
   return vals.length ? vals.reduce((a, b) => a + b, 0) / vals.length : -1;
 }
 
-function matches(n: NodeView, q: string): boolean {
+function matches(n: FleetNode, q: string): boolean {
   if (!q) return true;
   const terms = q.toLowerCase().split(/\s+/).filter(Boolean);
   const hay = [n.name, ...Object.entries(n.labels).flatMap(([k, v]) => [k, v, `${k}=${v}`]), n.status,
@@ -31,10 +31,10 @@ function matches(n: NodeView, q: string): boolean {
   return terms.every((t) => hay.some((h) => h.includes(t)));
 }
 
-function tile(n: NodeView, g: GpuView): HTMLElement {
+function tile(n: FleetNode, g: FleetGpu): HTMLElement {
   const l = n.status === 'offline' ? null : g.latest;
   const util = l?.util_gpu_pct ?? null;
-  const memPct = l && l.mem_used_bytes !== null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
+  const memPct = l && l.mem_used_bytes != null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
   const health = g.health?.state ?? 'ok';
   const why = reasonsText(g.health?.reasons.filter((r) => r.severity !== 'ok'));
   const t = el('a', {
@@ -52,7 +52,7 @@ function tile(n: NodeView, g: GpuView): HTMLElement {
   return t;
 }
 
-function card(n: NodeView, now: number): HTMLElement {
+function card(n: FleetNode, now: number): HTMLElement {
   const labels = el('div', { class: 'labels' });
   for (const [k, v] of Object.entries(n.labels)) labels.append(el('span', { class: 'label' }, `${k}=${v}`));
   const tiles = el('div', { class: 'tiles' });
@@ -70,7 +70,7 @@ function card(n: NodeView, now: number): HTMLElement {
 }
 
 export async function fleetPage(app: HTMLElement): Promise<() => void> {
-  let nodes = new Map<string, NodeView>();
+  let nodes = new Map<string, FleetNode>();
   let now = Date.now();
   const q = new URLSearchParams(location.search);
   let filter = q.get('q') ?? '';
@@ -139,7 +139,7 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       const rank = { offline: 0, stale: 1, online: 2 };
       shown.sort((a, b) => rank[a.status] - rank[b.status] || a.name.localeCompare(b.name));
     } else if (sort === 'health') {
-      const h = (n: NodeView) => HEALTH_RANK[n.health?.state ?? 'ok'];
+      const h = (n: FleetNode) => HEALTH_RANK[n.health?.state ?? 'ok'];
       shown.sort((a, b) => h(a) - h(b) || a.name.localeCompare(b.name));
     }
     const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
@@ -175,7 +175,7 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     // The brief listing (a fraction of /api/v1/nodes): what the tiles show.
     staleReasons = false;
     loadedAt = Date.now();
-    const list = await getJson<NodeView[]>('/api/v1/fleet');
+    const list = await getJson<FleetNode[]>('/api/v1/fleet');
     nodes = new Map(list.map((n) => [n.name, n]));
     now = Date.now();
     schedule();
@@ -192,7 +192,6 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       const g = n.gpus.find((x) => x.uuid === s.uuid);
       if (!g) continue;
       g.latest = { ...s, time_ms: t.time_ms };
-      g.processes = t.processes.filter((p) => p.gpu_uuid === s.uuid);
     }
     if (t.host) n.host.latest = t.host;
     n.last_seen_ms = Math.max(n.last_seen_ms ?? 0, t.time_ms);

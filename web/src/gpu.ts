@@ -1,20 +1,20 @@
 // The GPU page: every metric of one GPU over the chosen range, with its events (Xid, ECC,
 // ...) drawn as red lines on every chart and listed below.
-import { enc, getJson, type EventView, type GpuSeries, type GpuView } from './api';
-import { Chart } from './chart';
+import {
+  enc, getJson, type Baseline, type EnergyView, type EventsView, type EventView, type GpuDetailView, type GpuSample, type GpuSeries,
+} from './api';
+import { Chart, pairs } from './chart';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
 import { bytes, clear, el, NA, rate, watts } from './dom';
-import type { Baseline, EnergyView } from './energy';
 import { healthBadge, reasonList, xidCell } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
 
-interface GpuDetail extends GpuView {
-  node: string;
-  interval_ms: number;
-}
+/** A GPU sample's numeric fields: the metrics a GPU's series can be asked for
+ * (client-side: derived from the API's GpuSample). */
+type Metric = { [K in keyof GpuSample]-?: NonNullable<GpuSample[K]> extends number ? K : never }[keyof GpuSample];
 
-const METRICS: [string, string, (v: number) => string][] = [
+const METRICS: [Metric, string, (v: number) => string][] = [
   ['util_gpu_pct', 'GPU utilization', (v) => `${Math.round(v)}%`],
   ['util_mem_pct', 'memory controller utilization', (v) => `${Math.round(v)}%`],
   ['mem_used_bytes', 'memory used', (v) => bytes(v)],
@@ -51,10 +51,10 @@ function baselineText(b: Baseline): string {
 }
 
 export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: string) => void): Promise<() => void> {
-  const g = await getJson<GpuDetail>(`/api/v1/gpus/${enc(uuid)}`);
+  const g = await getJson<GpuDetailView>(`/api/v1/gpus/${enc(uuid)}`);
   const r = currentRange();
   const q = rangeQuery(r, g.interval_ms || 1000);
-  const events = await getJson<{ events: EventView[] }>(`/api/v1/nodes/${enc(g.node)}/events?from=${r.fromMs}&to=${r.toMs}`)
+  const events = await getJson<EventsView>(`/api/v1/nodes/${enc(g.node)}/events?from=${r.fromMs}&to=${r.toMs}`)
     .then((e) => e.events.filter((x) => x.gpu_uuid === uuid || x.gpu_uuid === ''))
     .catch(() => [] as EventView[]);
   const marks = events.map((e) => e.time_ms);
@@ -65,7 +65,7 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
   const evBody = el('tbody');
   for (const e of events) {
     evBody.append(el('tr', { 'data-kind': e.kind }, el('td', {}, new Date(e.time_ms).toISOString()), el('td', {}, e.kind),
-      el('td', {}, e.code === null ? NA : String(e.code)), el('td', { 'data-col': 'xid' }, xidCell(e.explanation)),
+      el('td', {}, e.code === null || e.code === undefined ? NA : String(e.code)), el('td', { 'data-col': 'xid' }, xidCell(e.explanation)),
       el('td', {}, e.detail)));
   }
   if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '5' }, 'no events in this range')));
@@ -98,8 +98,9 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
   await Promise.all(METRICS.map(async ([m], i) => {
     try {
       const s = await getJson<GpuSeries>(`/api/v1/gpus/${enc(uuid)}/series?metric=${m}&${q}`);
-      charts[i].setData(s.points.map((p) => p[0]), [s.points.map((p) => p[1])]);
-      if (s.points.length > 0 && s.points.every((p) => p[1] === null)) {
+      const points = pairs(s.points);
+      charts[i].setData(points.map((p) => p[0]), [points.map((p) => p[1])]);
+      if (points.length > 0 && points.every((p) => p[1] === null)) {
         charts[i].root.append(el('p', { class: 'muted', 'data-na': '' }, `${NA}: this GPU does not report it`));
       }
     } catch (e) {

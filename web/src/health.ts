@@ -1,6 +1,6 @@
 // GPU and node health as the dashboard shows it: a badge per state and the reasons, each
 // with its summary and what to do (from the collector's judge; see /api/v1/health/gpus).
-import type { HealthReason, HealthState, XidInfo } from './api';
+import type { FleetReason, HealthReason, HealthState, XidInfo } from './api';
 import { el } from './dom';
 
 /** A badge for a health state; `ok` is quiet. */
@@ -28,8 +28,8 @@ export function reasonList(reasons: HealthReason[], id?: string): HTMLElement {
   return ul;
 }
 
-/** The reasons in one line, for a tooltip. */
-export function reasonsText(reasons: HealthReason[] | undefined): string {
+/** The reasons in one line, for a tooltip (/api/v1/fleet's brief reasons will do). */
+export function reasonsText(reasons: FleetReason[] | undefined): string {
   return (reasons ?? [])
     .map((r) => `${r.severity === 'ok' ? 'info' : r.severity}: ${r.summary}`)
     .join('\n');

@@ -1,30 +1,11 @@
 // The carbon intensity of each region the fleet's nodes are in, over the range and the
 // next 24 h: measured / provider-actual slots as a solid line, forecast slots dashed, and
 // the lowest-intensity window ahead where a forecast exists.
-import { enc, getJson } from './api';
+import { enc, getJson, type IntensitySlot, type IntensityView } from './api';
 import { sources, type CarbonFields } from './carbon';
 import { Chart } from './chart';
 import { el, NA } from './dom';
 import type { Range } from './range';
-
-/** One slot of intensity (gCO2/kWh) from a provider. */
-export interface IntensitySlot {
-  from_ms: number;
-  to_ms: number;
-  g_per_kwh: number | null;
-  /** "actual" or "forecast" (absent: actual). */
-  kind?: string;
-  estimated?: boolean;
-}
-
-/** /api/v1/carbon/intensity's answer. */
-export interface RegionIntensity {
-  provider: string | null;
-  region: string;
-  slots: IntensitySlot[];
-  /** The lowest-intensity window in the next 24 h (a forecast exists), else null. */
-  lowest_window?: { from_ms: number; to_ms: number; avg_g_per_kwh: number } | null;
-}
 
 const HOUR_MS = 3_600_000;
 
@@ -79,7 +60,7 @@ export async function intensitySection(r: Range, fleet: CarbonFields): Promise<S
   const to = now + 24 * HOUR_MS;
   const grid = el('div', { class: 'panels' });
   box.append(grid);
-  const drawn: [Chart, RegionIntensity][] = [];
+  const drawn: [Chart, IntensityView][] = [];
   const seen = new Set<string>();
   for (const s of used) {
     const id = `${s.provider}:${s.region}`;
@@ -91,9 +72,9 @@ export async function intensitySection(r: Range, fleet: CarbonFields): Promise<S
         el('p', { class: 'muted' }, `${s.provider === 'static' ? 'a fixed figure' : 'a local CSV series'} (${s.factorType || 'direct'}): no provider curve or forecast`)));
       continue;
     }
-    let reg: RegionIntensity;
+    let reg: IntensityView;
     try {
-      reg = await getJson<RegionIntensity>(`/api/v1/carbon/intensity?region=${enc(s.region)}&provider=${enc(s.provider)}&from=${from}&to=${to}`);
+      reg = await getJson<IntensityView>(`/api/v1/carbon/intensity?region=${enc(s.region)}&provider=${enc(s.provider)}&from=${from}&to=${to}`);
     } catch (e) {
       grid.append(el('section', { class: 'panel', 'data-region': s.region },
         el('h3', {}, `${s.region} (${s.provider})`), el('p', { class: 'error' }, String(e))));

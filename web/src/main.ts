@@ -2,7 +2,7 @@
 // /energy, /waste and /alerts.
 import './style.css';
 import { alertsPage } from './alerts';
-import { getJson } from './api';
+import { getJson, type HealthView } from './api';
 import { clear, el } from './dom';
 import { energyPage } from './energy';
 import { fleetPage } from './fleet';
@@ -85,7 +85,7 @@ void showWarnings();
 async function showWarnings(): Promise<void> {
   let warnings: string[] = [];
   try {
-    warnings = (await getJson<{ warnings?: string[] }>('/api/v1/health')).warnings ?? [];
+    warnings = (await getJson<HealthView>('/api/v1/health')).warnings ?? [];
   } catch {
     return; // the pages say themselves when the collector cannot be reached
   }

@@ -1,15 +1,17 @@
 // The node page: NVDashboard's panels for one node plus nvidia-smi's GPU and process
 // tables. History comes from the downsampled series API; in live view the charts and
 // tables follow the node's live stream.
-import { enc, getJson, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView, type Process } from './api';
-import { align, Chart } from './chart';
+import {
+  enc, getJson, type EnergyTotals, type EnergyView, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView,
+  type Process,
+} from './api';
+import { align, Chart, pairs } from './chart';
 import { carbonG, co2, kwh } from './carbon';
 import { ago, bytes, clear, el, NA, num, patch, rate, watts } from './dom';
-import type { EnergyTotals, EnergyView } from './energy';
 import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
-import { nameOf, type Identity } from './workload';
+import { nameOf } from './workload';
 
 const pct = (v: number) => `${Math.round(v)}%`;
 const gib = (v: number) => `${(v / 2 ** 30).toFixed(1)} GiB`;
@@ -17,11 +19,12 @@ const bps = (v: number) => rate(v);
 
 /** The workload cell: its name, what places it, and its ids on hover. */
 function workload(p: Process): HTMLElement {
-  const n = nameOf(p.workload as Identity);
+  const n = nameOf(p.workload);
   return el('td', { 'data-col': 'workload', title: n.ids }, n.name, n.detail ? el('span', { class: 'muted sub' }, n.detail) : '');
 }
 
-/** The GPUs' energy in the page's range (absent until loaded, or when not accounted). */
+/** The GPUs' energy in the page's range (absent until loaded, or when not accounted);
+ * client-side: /api/v1/energy's GPUs by UUID. */
 type EnergyByGpu = Map<string, EnergyTotals>;
 
 function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
@@ -154,7 +157,7 @@ async function loadHistory(name: string, n: NodeView, r: Range, p: Panels): Prom
     getJson<HostSeries>(`${base}/host/series?${q}`).catch(() => null),
   ]);
   const by = Object.fromEntries(metrics.map((m, i) => [m, series[i]]));
-  const pts = (m: string) => n.gpus.map((g) => by[m].gpus.find((x) => x.uuid === g.uuid)?.points ?? []);
+  const pts = (m: string) => n.gpus.map((g) => pairs(by[m].gpus.find((x) => x.uuid === g.uuid)?.points ?? []));
   const all = align([...pts('util_gpu_pct'), ...pts('mem_used_bytes'), ...pts('mem_total_bytes'),
     ...pts('pcie_tx_bps'), ...pts('pcie_rx_bps'), ...pts('nvlink_tx_bps'), ...pts('nvlink_rx_bps')]);
   const k = n.gpus.length;
@@ -181,7 +184,7 @@ async function loadHistory(name: string, n: NodeView, r: Range, p: Panels): Prom
 function appendTick(n: NodeView, t: LiveTick, p: Panels): void {
   const s = n.gpus.map((g) => t.gpus.find((x) => x.uuid === g.uuid));
   const f = (k: 'util_gpu_pct' | 'mem_used_bytes' | 'mem_total_bytes' | 'pcie_tx_bps' | 'pcie_rx_bps' | 'nvlink_tx_bps' | 'nvlink_rx_bps') =>
-    s.map((x) => (x ? (x[k] as number | null) : null));
+    s.map((x) => x?.[k] ?? null);
   const util = f('util_gpu_pct');
   const used = f('mem_used_bytes');
   const total = f('mem_total_bytes');
@@ -245,13 +248,15 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
   let pending = false;
   const close = openLive(name, {
     tick: (t) => {
+      // The tick's time as the API writes a view's `time` (RFC 3339, milliseconds, UTC).
+      const time = new Date(t.time_ms).toISOString();
       for (const s of t.gpus) {
         const g: GpuView | undefined = n.gpus.find((x) => x.uuid === s.uuid);
         if (!g) continue;
-        g.latest = { ...s, time_ms: t.time_ms };
+        g.latest = { ...s, time, time_ms: t.time_ms };
         g.processes = t.processes.filter((p) => p.gpu_uuid === s.uuid);
       }
-      if (t.host) n.host.latest = t.host;
+      if (t.host) n.host.latest = { ...t.host, time };
       n.last_seen_ms = Math.max(n.last_seen_ms ?? 0, t.time_ms);
       appendTick(n, t, panels);
       if (!pending) {

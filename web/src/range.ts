@@ -20,6 +20,7 @@ export const ENERGY_RANGES: [string, number][] = [
 
 const DAY_MS = 86_400_000;
 
+/** A view's time range (client-side: from the URL's query). */
 export interface Range {
   key: string; // live, 15m, ..., custom
   fromMs: number;

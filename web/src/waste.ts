@@ -3,57 +3,16 @@
 // for at least the minimum idle time, with the energy and CO2 they burned meanwhile.
 // Range, minimum idle time and threshold live in the URL (?range=, ?from=&to=,
 // ?min_idle=30m, ?threshold=1).
-import { enc, getJson } from './api';
+import { enc, getJson, type WasteView, type Workload } from './api';
 import { co2, kwh } from './carbon';
 import { bytes, clear, el, NA } from './dom';
 import { currentRange, ENERGY_RANGES, rangePicker } from './range';
-import { nameOf, type Identity } from './workload';
+import { nameOf } from './workload';
 
-
-interface Episode {
-  gpu: { node: string; uuid: string; index: number; name: string };
-  workload: Identity;
-  workload_key: string;
-  since: string;
-  since_ms: number;
-  until: string;
-  until_ms: number;
-  ongoing: boolean;
-  idle_seconds: number;
-  idle_minutes: number;
-  memory_bytes: number | null;
-  energy_mj: number;
-  energy_j: number;
-  energy_kwh: number;
-  carbon_g: number | null;
-  unpriced_j: number;
-}
-
-interface WorkloadTotal {
-  workload: Identity;
-  workload_key: string;
-  episodes: number;
-  idle_seconds: number;
-  energy_mj: number;
-  energy_kwh: number;
-  carbon_g: number | null;
-}
-
-export interface WasteView {
-  from_ms: number;
-  to_ms: number;
-  threshold_pct: number;
-  min_idle_seconds: number;
-  episodes: Episode[];
-  workloads: WorkloadTotal[];
-  energy_mj: number;
-  energy_kwh: number;
-  carbon_g: number | null;
-}
 
 /** Who it is, as a person would name it. */
-function who(w: Identity, key: string): string {
-  return w.kind === 'host' && w.unit === undefined && w.uid === undefined ? key : nameOf(w).name;
+function who(w: Workload, key: string): string {
+  return w.kind === 'host' && w.unit == null && w.uid == null ? key : nameOf(w).name;
 }
 
 function idleText(s: number): string {
@@ -118,7 +77,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     body.append(el('tr', {
       'data-key': `${e.workload_key}@${e.gpu.uuid}@${e.since_ms}`,
       'data-energy-mj': String(e.energy_mj),
-      'data-carbon-g': e.carbon_g === null ? undefined : String(e.carbon_g),
+      'data-carbon-g': e.carbon_g === null || e.carbon_g === undefined ? undefined : String(e.carbon_g),
       class: e.ongoing ? 'ongoing' : '',
     },
     el('td', { 'data-col': 'workload', title: e.workload_key }, who(e.workload, e.workload_key), ' ', el('span', { class: 'muted' }, e.workload.kind)),
@@ -126,7 +85,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     el('td', { 'data-col': 'since' }, new Date(e.since_ms).toLocaleString()),
     el('td', { 'data-col': 'idle', 'data-idle-s': String(e.idle_seconds) }, idleText(e.idle_seconds),
       e.ongoing ? el('span', { class: 'mark', 'data-mark': 'ongoing', title: 'still idle and allocated' }, 'ongoing') : null),
-    el('td', { 'data-col': 'memory' }, e.memory_bytes === null ? NA : bytes(e.memory_bytes)),
+    el('td', { 'data-col': 'memory' }, e.memory_bytes === null || e.memory_bytes === undefined ? NA : bytes(e.memory_bytes)),
     el('td', { 'data-col': 'energy' }, kwh(e.energy_kwh)),
     el('td', { 'data-col': 'co2' }, co2(e.carbon_g))));
   }

@@ -1,38 +1,19 @@
 // How a workload is named on every page: the names its runtime gave it (pod, namespace,
 // container, image; a Slurm job's name and account), its ids one hover away (`title`).
-
-/** A workload's identity as the API gives it (absent fields: not known). */
-export interface Identity {
-  kind: string;
-  runtime?: string;
-  container_id?: string;
-  container_name?: string;
-  image?: string;
-  pod_uid?: string;
-  pod_name?: string;
-  namespace?: string;
-  job_id?: string;
-  job_name?: string;
-  account?: string;
-  partition?: string;
-  job_user?: string;
-  step?: string;
-  unit?: string;
-  uid?: number;
-  labels?: Record<string, string>;
-}
+// Absent fields (left out, or null) are not known.
+import type { Workload } from './api';
 
 /** Its name (`name`), what places it (`detail`: namespace, image, account …) and its
- * ids for a hover (`ids`). */
+ * ids for a hover (`ids`). Client-side: what the pages show of a Workload. */
 export interface Named {
   name: string;
   detail: string;
   ids: string;
 }
 
-const short = (id: string | undefined) => (id ? id.slice(0, 12) : undefined);
+const short = (id: string | null | undefined) => (id ? id.slice(0, 12) : undefined);
 
-export function nameOf(w: Identity): Named {
+export function nameOf(w: Workload): Named {
   const labels = Object.entries(w.labels ?? {}).map(([k, v]) => `${k}=${v}`);
   switch (w.kind) {
     case 'slurm': {
@@ -55,9 +36,9 @@ export function nameOf(w: Identity): Named {
     }
     default:
       return {
-        name: w.unit ?? (w.uid !== undefined ? `uid ${w.uid}` : 'host'),
+        name: w.unit ?? (w.uid != null ? `uid ${w.uid}` : 'host'),
         detail: '',
-        ids: [w.unit, w.uid !== undefined ? `uid ${w.uid}` : null].filter(Boolean).join('\n'),
+        ids: [w.unit, w.uid != null ? `uid ${w.uid}` : null].filter(Boolean).join('\n'),
       };
   }
 }

@@ -5,7 +5,7 @@
 //! fails while a `/api/v1/*` route of the route table is not described, or a described
 //! one not routed). The schemathesis run in `scripts/test` holds a running collector to it.
 
-use crate::api::router::Route;
+use crate::api::state::Route;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use std::sync::OnceLock;
@@ -96,6 +96,26 @@ async fn openapi_json() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dashboard's TypeScript types are generated from `web/openapi.json`
+    /// (`npm run gen:api`), so that file must be this description. After an API change:
+    /// `GPUFLEET_WRITE_OPENAPI=1 cargo test -p gpufleet-collector --lib committed_openapi`,
+    /// then `npm run gen:api` in `web/`.
+    #[test]
+    fn the_committed_openapi_json_is_this_description() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../web/openapi.json");
+        if std::env::var_os("GPUFLEET_WRITE_OPENAPI").is_some() {
+            std::fs::write(&path, openapi_bytes()).expect("writes web/openapi.json");
+        }
+        let committed = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            committed == openapi_bytes(),
+            "{} differs from the API's description: run \
+             GPUFLEET_WRITE_OPENAPI=1 cargo test -p gpufleet-collector --lib committed_openapi, \
+             then `npm run gen:api` in web/, and commit both",
+            path.display()
+        );
+    }
 
     #[test]
     fn describes_every_api_route_as_openapi_3_1() {
