@@ -27,8 +27,8 @@ use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError};
 use super::rows::gpu_uuid;
 use super::rows::{self, HEALTH_COLS, limit_i64};
-use super::series::HEALTH;
 use super::series::PackOutcome;
+use super::series::{HEALTH, HourCodec};
 use super::{GpuId, SqlStore, StoreError, TimeRange};
 use gpufleet_core::times::{HOUR_MS, hour_of};
 use gpufleet_core::{GpuHealthSample, UnixMs};
@@ -183,14 +183,6 @@ async fn store_hour<DB: Backend>(
     HEALTH.store_value::<DB>(conn, gpu, hour, value).await
 }
 
-async fn delete_hours<DB: Backend>(
-    conn: &mut DB::Connection,
-    gpu: i64,
-    span: (UnixMs, UnixMs),
-) -> Result<u64, StoreError> {
-    HEALTH.delete_values::<DB>(conn, gpu, span).await
-}
-
 /// Deletes `gpu`'s packed readings before `keep` (a reading's time): whole hours before
 /// its hour, and the readings before it of the hour holding it. Returns the hours deleted
 /// or rewritten, `None` if there was nothing to look at (no transaction ran).
@@ -199,50 +191,8 @@ pub(crate) async fn expire<DB: Backend>(
     gpu: i64,
     keep: UnixMs,
 ) -> Result<Option<u64>, StoreError> {
-    // Most runs find nothing to expire: looked for before taking a turn to write.
-    let hour = hour_of(keep);
-    let older = sql::<DB>(
-        "look for expired packed health hours",
-        format!("SELECT hour_ms FROM {TABLE} WHERE gpu_id = $1 AND hour_ms < $2 LIMIT 1"),
-    )
-    .bind(gpu)
-    .bind(hour)
-    .optional(&mut *store.conn().await?)
-    .await?;
-    let trimmed = match older {
-        Some(_) => true,
-        None => packed_hours::<DB>(&mut *store.conn().await?, gpu, (hour, hour), 1)
-            .await?
-            .iter()
-            .any(|(_, readings)| readings.first().is_some_and(|(t, _)| *t < keep)),
-    };
-    if !trimmed {
-        return Ok(None);
-    }
-    let mut tx = store
-        .begin_write("begin expiring packed health hours")
-        .await?;
-    lock::<DB>(tx.conn(), gpu).await?;
-    let mut changed = delete_hours::<DB>(tx.conn(), gpu, (UnixMs::MIN, hour)).await?;
-    for (_, readings) in packed_hours::<DB>(tx.conn(), gpu, (hour, hour), 1).await? {
-        let kept: Vec<_> = readings
-            .iter()
-            .filter(|(t, _)| *t >= keep)
-            .cloned()
-            .collect();
-        if kept.len() == readings.len() {
-            continue;
-        }
-        changed += 1;
-        if kept.is_empty() {
-            delete_hours::<DB>(tx.conn(), gpu, (hour, hour.saturating_add(1))).await?;
-        } else {
-            let value = packed::health::pack(&kept).map_err(corrupt(gpu, hour))?;
-            store_hour::<DB>(tx.conn(), gpu, hour, &value).await?;
-        }
-    }
-    tx.commit("commit expired packed health hours").await?;
-    Ok(Some(changed))
+    let codec = HourCodec::new(unpack, packed::health::pack, |r: &(UnixMs, _)| r.0);
+    HEALTH.expire_hours(store, gpu, keep, codec).await
 }
 
 /// Most hours [`SqlStore::pack_health_hours`] passes over per GPU per call.

@@ -23,7 +23,7 @@
 use super::backend::{Backend, Get, sql};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
 use super::rollup::kinds::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
-use super::series::PackOutcome;
+use super::series::{HourCodec, PackOutcome};
 use super::{SqlStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
 use gpufleet_core::times::minute_of;
@@ -391,61 +391,12 @@ pub(crate) async fn expire<DB: Backend>(
     key: RollupKey,
     cutoff: UnixMs,
 ) -> Result<Option<u64>, StoreError> {
-    let s = spec(key.kind);
-    // Most runs find nothing to expire: looked for before taking a turn to write.
-    let any = sql::<DB>(
-        "look for expired packed rollup hours",
-        format!(
-            "SELECT hour_ms FROM {} WHERE {} = $1 AND hour_ms < $2 LIMIT 1",
-            table(key.kind),
-            s.id
-        ),
-    )
-    .bind(key.id)
-    .bind(cutoff)
-    .optional(&mut *store.conn().await?)
-    .await?;
-    if any.is_none() {
-        return Ok(None);
-    }
-    let mut tx = store
-        .begin_write("begin expiring packed rollup hours")
-        .await?;
-    lock::<DB>(tx.conn(), key).await?;
-    let mut changed = sql::<DB>(
-        "delete expired packed rollup hours",
-        format!(
-            "DELETE FROM {} WHERE {} = $1 AND hour_ms < $2",
-            table(key.kind),
-            s.id
-        ),
-    )
-    .bind(key.id)
-    .bind(hour_of(cutoff))
-    .execute(tx.conn())
-    .await?;
-    if cutoff != hour_of(cutoff) {
-        let hour = hour_of(cutoff);
-        for (_, rows) in packed_hours::<DB>(tx.conn(), key, hour, hour.saturating_add(1)).await? {
-            let kept: Vec<RollupRow> = rows
-                .iter()
-                .filter(|r| r.minute_ms >= cutoff)
-                .cloned()
-                .collect();
-            if kept.len() == rows.len() {
-                continue;
-            }
-            changed += 1;
-            if kept.is_empty() {
-                delete_hour::<DB>(tx.conn(), key, hour).await?;
-            } else {
-                let value = packed::rollup::pack(&kept).map_err(corrupt(key, hour))?;
-                store_hour::<DB>(tx.conn(), key, hour, &value).await?;
-            }
-        }
-    }
-    tx.commit("commit expired packed rollup hours").await?;
-    Ok(Some(changed))
+    let unpack = |_: i64, hour: UnixMs, value: &[u8]| unpack(key, hour, value, None);
+    let codec = HourCodec::new(unpack, packed::rollup::pack, |r: &RollupRow| r.minute_ms);
+    key.kind
+        .series()
+        .expire_hours(store, key.id, cutoff, codec)
+        .await
 }
 
 /// Whether a raw row of `key`'s series is in the hour starting at `hour`.

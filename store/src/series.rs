@@ -17,10 +17,11 @@
 //! A GPU's process ticks and samples share one lock: a write reopens both. Each table's
 //! codec is the [`packed`](super::packed) module of the same name, typed at its readers.
 
-use super::StoreError;
 use super::backend::{Backend, Dialect, Get, Table, sql};
 use super::packed::PackError;
+use super::{SqlStore, StoreError};
 use gpufleet_core::UnixMs;
+use gpufleet_core::times::hour_of;
 use std::collections::BTreeSet;
 
 /// What one packed value spans.
@@ -242,6 +243,92 @@ impl Series {
     }
 }
 
+/// How the items of an hour-long packed value are decoded, encoded and dated.
+pub(crate) struct HourCodec<T, U, P> {
+    /// A value of series `id` starting at `hour`, decoded and checked to lie in it.
+    pub unpack: U,
+    pub pack: P,
+    pub time: fn(&T) -> UnixMs,
+    pub _items: std::marker::PhantomData<T>,
+}
+
+impl<T, U, P> HourCodec<T, U, P>
+where
+    U: Fn(i64, UnixMs, &[u8]) -> Result<Vec<T>, StoreError>,
+    P: Fn(&[T]) -> Result<Vec<u8>, PackError>,
+{
+    pub(crate) fn new(unpack: U, pack: P, time: fn(&T) -> UnixMs) -> Self {
+        HourCodec {
+            unpack,
+            pack,
+            time,
+            _items: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Series {
+    /// Retention of series `id`'s hour-long packed values: deletes the items before
+    /// `cutoff`, whole values before the hour holding it and, in that hour's value, the
+    /// items before it (the value packed again, or deleted when nothing is left), in one
+    /// transaction under the series' lock. Returns the values deleted or rewritten; `None`
+    /// when nothing was there to expire (looked for before taking a turn to write, as
+    /// most runs find nothing).
+    pub(crate) async fn expire_hours<DB: Backend, T: Clone, U, P>(
+        &'static self,
+        store: &SqlStore<DB>,
+        id: i64,
+        cutoff: UnixMs,
+        codec: HourCodec<T, U, P>,
+    ) -> Result<Option<u64>, StoreError>
+    where
+        U: Fn(i64, UnixMs, &[u8]) -> Result<Vec<T>, StoreError>,
+        P: Fn(&[T]) -> Result<Vec<u8>, PackError>,
+    {
+        let hour = hour_of(cutoff);
+        let cut_hour = (hour, hour.saturating_add(1));
+        let older = self
+            .values::<DB>(&mut *store.conn().await?, id, (UnixMs::MIN, hour), Some(1))
+            .await?;
+        let due = !older.is_empty()
+            || (self
+                .values::<DB>(&mut *store.conn().await?, id, cut_hour, Some(1))
+                .await?)
+                .iter()
+                .map(|(at, value)| (codec.unpack)(id, *at, value))
+                .any(|items| {
+                    items.is_ok_and(|items| items.first().is_some_and(|i| (codec.time)(i) < cutoff))
+                });
+        if !due {
+            return Ok(None);
+        }
+        let mut tx = store.begin_write("begin expiring packed hours").await?;
+        self.lock::<DB>(tx.conn(), [id]).await?;
+        let mut changed = self
+            .delete_values::<DB>(tx.conn(), id, (UnixMs::MIN, hour))
+            .await?;
+        for (at, value) in self.values::<DB>(tx.conn(), id, cut_hour, Some(1)).await? {
+            let items = (codec.unpack)(id, at, &value)?;
+            let kept: Vec<T> = (items.iter())
+                .filter(|i| (codec.time)(i) >= cutoff)
+                .cloned()
+                .collect();
+            if kept.len() == items.len() {
+                continue;
+            }
+            changed += 1;
+            if kept.is_empty() {
+                self.delete_values::<DB>(tx.conn(), id, cut_hour).await?;
+            } else {
+                let value = (codec.pack)(&kept).map_err(self.corrupt(id, at))?;
+                self.store_value::<DB>(tx.conn(), id, at, &value).await?;
+            }
+        }
+        tx.commit("commit expired packed hours").await?;
+        Ok(Some(changed))
+    }
+}
+
 /// Takes the locks named `names` (PostgreSQL transaction-scoped advisory locks of this
 /// schema, in name order, so that writers never wait for each other in a cycle) for the
 /// rest of the transaction; nothing on SQLite, which has one writer.
@@ -327,6 +414,77 @@ mod tests {
             HEALTH.unreadable(4, 3_600_000, "empty").to_string(),
             StoreError::Unreadable("packed_gpu_health_hours of 4, hour 3600000: empty".into())
                 .to_string()
+        );
+    }
+
+    /// Retention over hour-long values, on the health tier: three hours of readings, the
+    /// cutoff inside the second.
+    #[tokio::test]
+    async fn expiring_hours_deletes_older_values_and_trims_the_cutoffs_hour() {
+        use crate::packed::health;
+        use gpufleet_core::GpuHealthSample;
+        let store = SqliteStore::open("sqlite::memory:").await.expect("opens");
+        let hour = 3_600_000;
+        let reading = |t: UnixMs| (t, GpuHealthSample::default());
+        for h in 1..=3 {
+            let readings: Vec<_> = (0..4).map(|k| reading(h * hour + k * 900_000)).collect();
+            let value = health::pack(&readings).expect("packs");
+            let mut conn = store.conn().await.expect("a connection");
+            HEALTH
+                .store_value::<sqlx::Sqlite>(&mut conn, 9, h * hour, &value)
+                .await
+                .expect("stores");
+        }
+        let codec = || {
+            let unpack = |_: i64, _: UnixMs, v: &[u8]| {
+                health::unpack(v).map_err(|e| StoreError::Unreadable(e.to_string()))
+            };
+            HourCodec::new(unpack, health::pack, |r: &(UnixMs, GpuHealthSample)| r.0)
+        };
+        let cutoff = 2 * hour + 1_800_000;
+        let changed = HEALTH
+            .expire_hours(&store, 9, cutoff, codec())
+            .await
+            .expect("expires");
+        assert_eq!(changed, Some(2), "hour 1 deleted, hour 2 trimmed");
+        let mut conn = store.conn().await.expect("a connection");
+        let left = HEALTH
+            .values::<sqlx::Sqlite>(&mut conn, 9, (UnixMs::MIN, UnixMs::MAX), None)
+            .await
+            .expect("reads");
+        drop(conn);
+        let times: Vec<Vec<UnixMs>> = left
+            .iter()
+            .map(|(_, v)| {
+                health::unpack(v)
+                    .expect("unpacks")
+                    .iter()
+                    .map(|r| r.0)
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            times,
+            [
+                vec![cutoff, cutoff + 900_000],
+                (0..4).map(|k| 3 * hour + k * 900_000).collect()
+            ]
+        );
+        // Nothing left before the cutoff: no transaction.
+        assert_eq!(
+            HEALTH
+                .expire_hours(&store, 9, cutoff, codec())
+                .await
+                .expect("expires"),
+            None
+        );
+        // Another series is untouched by this one's retention.
+        assert_eq!(
+            HEALTH
+                .expire_hours(&store, 8, cutoff, codec())
+                .await
+                .expect("expires"),
+            None
         );
     }
 }
