@@ -24,6 +24,7 @@
 //! rows it deletes are the rows it packed.
 
 use super::backend::{Backend, Get, sql};
+use super::merge::{Merged, Prefer};
 use super::packed::{self, PackError};
 use super::rows::gpu_uuid;
 use super::rows::{self, HEALTH_COLS, limit_i64};
@@ -117,17 +118,14 @@ pub(crate) async fn readings<DB: Backend>(
         return Ok(rows);
     }
     let uuid = gpu_uuid::<DB>(conn, gpu).await?;
-    let mut merged: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
-    for (t, mut h) in packed.into_iter().flat_map(|(_, r)| r) {
-        if (range.from_ms..=range.to_ms).contains(&t) {
-            h.gpu_uuid.clone_from(&uuid);
-            merged.insert(t, h);
-        }
-    }
-    for (t, h) in rows {
-        merged.entry(t).or_insert(h);
-    }
-    Ok(merged.into_iter().take(limit).collect())
+    let mut merged = Merged::new(range, Prefer::Packed);
+    merged.rows(rows);
+    let named = packed.into_iter().flat_map(|(_, r)| r).map(|(t, mut h)| {
+        h.gpu_uuid.clone_from(&uuid);
+        (t, h)
+    });
+    merged.packed(named, |t| *t);
+    Ok(merged.take(limit).collect())
 }
 
 /// The time of `gpu`'s newest health reading before `before`, row or packed.

@@ -39,6 +39,7 @@ mod follow;
 mod health_hours;
 mod held;
 pub mod lease;
+mod merge;
 mod packing;
 pub mod postgres;
 pub mod remote_write;

@@ -44,6 +44,7 @@
 
 use super::backend::{Backend, Dialect, Get, GetExt, Table, sql};
 use super::held::Held;
+use super::merge::{Merged, Prefer};
 use super::packed::{self, PackError, process::ProcessTick};
 use super::rollup::kinds::{RollupKey, RollupKind};
 use super::rollup_hours;
@@ -482,23 +483,21 @@ pub(crate) async fn host_rows<DB: Backend>(
     .bind(rows::limit_i64(limit))
     .all(&mut *conn)
     .await?;
-    let mut merged: BTreeMap<UnixMs, HostRow> = BTreeMap::new();
-    for row in &stored {
-        let r = rows::host(row)?;
-        merged.insert(r.time_ms, r);
-    }
+    let mut merged = Merged::new(range, Prefer::Rows);
+    merged.rows(
+        stored
+            .iter()
+            .map(|row| rows::host(row).map(|r| (r.time_ms, r)))
+            .collect::<Result<Vec<_>, _>>()?,
+    );
     packed_pages::<DB>(conn, Tier::Host, node.0, range, limit, |span, value| {
-        let mut n = 0;
-        for r in unpack_host(node.0, span, value)? {
-            if in_range(range, r.time_ms) {
-                n += 1;
-                merged.entry(r.time_ms).or_insert(r);
-            }
-        }
-        Ok(n)
+        let items = unpack_host(node.0, span, value)?
+            .into_iter()
+            .map(|r| (r.time_ms, r));
+        Ok(merged.packed(items, |t| *t))
     })
     .await?;
-    Ok(merged.into_values().take(limit).collect())
+    Ok(merged.take(limit).map(|(_, r)| r).collect())
 }
 
 /// Sets the UUID of `gpu`'s samples that came from packed minutes (which keep none).
@@ -539,22 +538,18 @@ pub(crate) async fn gpu_rows<DB: Backend>(
     .bind(rows::limit_i64(limit))
     .all(&mut *conn)
     .await?;
-    let mut merged: BTreeMap<UnixMs, GpuSample> = BTreeMap::new();
-    for row in &stored {
-        merged.insert(row.get("ts_ms")?, rows::gpu_sample(row)?);
-    }
+    let mut merged = Merged::new(range, Prefer::Rows);
+    merged.rows(
+        stored
+            .iter()
+            .map(|row| Ok((row.get("ts_ms")?, rows::gpu_sample(row)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?,
+    );
     packed_pages::<DB>(conn, Tier::Gpu, gpu.0, range, limit, |span, value| {
-        let mut n = 0;
-        for (t, s) in unpack_gpu(gpu.0, span, value)? {
-            if in_range(range, t) {
-                n += 1;
-                merged.entry(t).or_insert(s);
-            }
-        }
-        Ok(n)
+        Ok(merged.packed(unpack_gpu(gpu.0, span, value)?, |t| *t))
     })
     .await?;
-    let mut out: Vec<(UnixMs, GpuSample)> = merged.into_iter().take(limit).collect();
+    let mut out: Vec<(UnixMs, GpuSample)> = merged.take(limit).collect();
     name_samples::<DB>(conn, gpu, out.iter_mut().map(|(_, s)| s)).await?;
     Ok(out)
 }
@@ -915,11 +910,16 @@ pub(crate) async fn process_rows<DB: Backend>(
     .bind(rows::limit_i64(limit))
     .all(&mut *conn)
     .await?;
-    let mut merged: BTreeMap<(UnixMs, u32), ProcessSample> = BTreeMap::new();
-    for row in &stored {
-        let p = rows::process(row)?;
-        merged.insert((row.get("ts_ms")?, p.pid), p);
-    }
+    let mut merged = Merged::new(range, Prefer::Rows);
+    merged.rows(
+        stored
+            .iter()
+            .map(|row| {
+                let p = rows::process(row)?;
+                Ok(((row.get("ts_ms")?, p.pid), p))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?,
+    );
     let mut ticks = Vec::new();
     packed_pages::<DB>(conn, Tier::Process, gpu.0, range, limit, |span, value| {
         let before = ticks.len();
@@ -950,16 +950,13 @@ pub(crate) async fn process_rows<DB: Backend>(
                 gpu.0
             )));
         }
-        for row in &unpacked {
+        let items = unpacked.iter().map(|row| {
             let p = rows::process(row)?;
-            merged.entry((row.get("ts_ms")?, p.pid)).or_insert(p);
-        }
+            Ok(((row.get("ts_ms")?, p.pid), p))
+        });
+        merged.packed(items.collect::<Result<Vec<_>, StoreError>>()?, |(t, _)| *t);
     }
-    Ok(merged
-        .into_iter()
-        .take(limit)
-        .map(|((t, _), p)| (t, p))
-        .collect())
+    Ok(merged.take(limit).map(|((t, _), p)| (t, p)).collect())
 }
 
 /// The packed process ticks of energy ranges (`(GPU id, from_ms, to_ms)`, times in

@@ -21,6 +21,7 @@
 //! lock: the rollup job runs once across collectors, but its lease is not a fence.
 
 use super::backend::{Backend, Get, sql};
+use super::merge::{Merged, Prefer};
 use super::packed::{self, PackError, rollup::RollupRow, rollup::Stats};
 use super::rollup::kinds::{MetricStats, RollupKey, RollupKind, RollupMinute, Spec, spec};
 use super::series::{HourCodec, PackOutcome};
@@ -302,18 +303,16 @@ pub(crate) async fn minutes<DB: Backend>(
 ) -> Result<Vec<RollupMinute>, StoreError> {
     let s = spec(key.kind);
     let to = range.to_ms.saturating_add(1);
-    let mut merged: BTreeMap<UnixMs, RollupRow> = BTreeMap::new();
-    for r in stored_rows::<DB>(conn, key, range.from_ms, to).await? {
-        merged.insert(r.minute_ms, r);
-    }
+    let mut merged = Merged::new(range, Prefer::Rows);
+    let rows = stored_rows::<DB>(conn, key, range.from_ms, to).await?;
+    merged.rows(rows.into_iter().map(|r| (r.minute_ms, r)));
     for (_, rows) in packed_hours::<DB>(conn, key, hour_of(range.from_ms), to).await? {
-        for r in rows {
-            if (range.from_ms..to).contains(&r.minute_ms) {
-                merged.entry(r.minute_ms).or_insert(r);
-            }
-        }
+        merged.packed(rows.into_iter().map(|r| (r.minute_ms, r)), |t| *t);
     }
-    Ok(merged.values().map(|r| minute(r, &s)).collect())
+    Ok(merged
+        .take(usize::MAX)
+        .map(|(_, r)| minute(&r, &s))
+        .collect())
 }
 
 /// Per bucket start, per column: the sum of `avg × n` over the minutes that had the
