@@ -33,7 +33,6 @@ use super::series::{HEALTH, HourCodec};
 use super::{GpuId, SqlStore, StoreError, TimeRange};
 use gpufleet_core::times::{HOUR_MS, hour_of};
 use gpufleet_core::{GpuHealthSample, UnixMs};
-use std::collections::BTreeMap;
 
 pub(crate) const TABLE: &str = HEALTH.packed;
 
@@ -172,15 +171,6 @@ pub(crate) async fn newest_before<DB: Backend>(
     Ok(row.max(packed))
 }
 
-async fn store_hour<DB: Backend>(
-    conn: &mut DB::Connection,
-    gpu: i64,
-    hour: UnixMs,
-    value: &[u8],
-) -> Result<(), StoreError> {
-    HEALTH.store_value::<DB>(conn, gpu, hour, value).await
-}
-
 /// Deletes `gpu`'s packed readings before `keep` (a reading's time): whole hours before
 /// its hour, and the readings before it of the hour holding it. Returns the hours deleted
 /// or rewritten, `None` if there was nothing to look at (no transaction ran).
@@ -300,23 +290,21 @@ impl<DB: Backend> SqlStore<DB> {
             return Ok(HourStep::Left);
         }
         let read: Vec<UnixMs> = rows.iter().map(|(t, _)| *t).collect();
-        let mut all: BTreeMap<UnixMs, GpuHealthSample> = BTreeMap::new();
-        for (_, earlier) in packed_hours::<DB>(tx.conn(), gpu, (hour, hour), 1).await? {
-            all.extend(earlier);
+        let codec = HourCodec::new(unpack, packed::health::pack, |r: &(UnixMs, _)| r.0);
+        // A time held both as a row and packed keeps its packed reading (module docs).
+        let packed = (HEALTH.pack_into_hour::<DB, _, _, _>(
+            tx.conn(),
+            gpu,
+            hour,
+            rows,
+            &codec,
+            Prefer::Packed,
+        ))
+        .await?;
+        if !packed {
+            tx.rollback().await?;
+            return Ok(HourStep::Left);
         }
-        for (t, h) in rows {
-            all.entry(t).or_insert(h);
-        }
-        let readings: Vec<_> = all.into_iter().collect();
-        let value = match packed::health::pack(&readings) {
-            Ok(v) => v,
-            Err(PackError::TooLarge(_)) => {
-                tx.rollback().await?;
-                return Ok(HourStep::Left);
-            }
-            Err(e) => return Err(corrupt(gpu, hour)(e)),
-        };
-        store_hour::<DB>(tx.conn(), gpu, hour, &value).await?;
         let moved = sql::<DB>(
             "delete packed health rows",
             "DELETE FROM gpu_health WHERE gpu_id = $1 AND ts_ms >= $2 AND ts_ms < $3 \

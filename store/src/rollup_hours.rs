@@ -283,17 +283,6 @@ async fn delete_hour<DB: Backend>(
     Ok(())
 }
 
-async fn store_hour<DB: Backend>(
-    conn: &mut DB::Connection,
-    key: RollupKey,
-    hour: UnixMs,
-    value: &[u8],
-) -> Result<(), StoreError> {
-    (key.kind.series())
-        .store_value::<DB>(conn, key.id, hour, value)
-        .await
-}
-
 /// The stored rollup minutes of `key` with starts in `range`, oldest first: rows and
 /// packed hours merged.
 pub(crate) async fn minutes<DB: Backend>(
@@ -550,22 +539,22 @@ impl<DB: Backend> SqlStore<DB> {
             tx.rollback().await?;
             return Ok(HourStep::Unpackable(end));
         }
-        let mut all: BTreeMap<UnixMs, RollupRow> =
-            rows.into_iter().map(|r| (r.minute_ms, r)).collect();
-        for (_, earlier) in packed_hours::<DB>(tx.conn(), key, hour, end).await? {
-            for r in earlier {
-                all.entry(r.minute_ms).or_insert(r);
-            }
+        let unpack = |_: i64, at: UnixMs, value: &[u8]| unpack(key, at, value, None);
+        let codec = HourCodec::new(unpack, packed::rollup::pack, |r: &RollupRow| r.minute_ms);
+        let series = key.kind.series();
+        let packed = (series.pack_into_hour::<DB, _, _, _>(
+            tx.conn(),
+            key.id,
+            hour,
+            rows,
+            &codec,
+            Prefer::Rows,
+        ))
+        .await?;
+        if !packed {
+            tx.rollback().await?;
+            return Ok(HourStep::Unpackable(end));
         }
-        let value = match packed::rollup::pack(&all.into_values().collect::<Vec<_>>()) {
-            Ok(v) => v,
-            Err(PackError::TooLarge(_)) => {
-                tx.rollback().await?;
-                return Ok(HourStep::Unpackable(end));
-            }
-            Err(e) => return Err(corrupt(key, hour)(e)),
-        };
-        store_hour::<DB>(tx.conn(), key, hour, &value).await?;
         let moved = sql::<DB>(
             "delete packed rollup rows",
             format!(

@@ -18,10 +18,11 @@
 //! codec is the [`packed`](super::packed) module of the same name, typed at its readers.
 
 use super::backend::{Backend, Dialect, Get, Table, sql};
+use super::merge::{Merged, Prefer};
 use super::packed::PackError;
-use super::{SqlStore, StoreError};
+use super::{SqlStore, StoreError, TimeRange};
 use gpufleet_core::UnixMs;
-use gpufleet_core::times::hour_of;
+use gpufleet_core::times::{HOUR_MS, hour_of};
 use std::collections::BTreeSet;
 
 /// What one packed value spans.
@@ -268,6 +269,49 @@ where
 }
 
 impl Series {
+    /// Inside a write holding series `id`'s lock: packs `rows` (the rows of the hour
+    /// starting at `hour`, as read) into the hour's value, merged with what it holds
+    /// already under the table's rule for a time held in both forms, and stores it.
+    /// `Ok(false)` when they do not fit one value: the rows stay rows. Deleting the rows
+    /// is the caller's, which knows how to check it deletes what it packed.
+    pub(crate) async fn pack_into_hour<DB: Backend, T, U, P>(
+        &'static self,
+        conn: &mut DB::Connection,
+        id: i64,
+        hour: UnixMs,
+        rows: Vec<T>,
+        codec: &HourCodec<T, U, P>,
+        prefer: Prefer,
+    ) -> Result<bool, StoreError>
+    where
+        U: Fn(i64, UnixMs, &[u8]) -> Result<Vec<T>, StoreError>,
+        P: Fn(&[T]) -> Result<Vec<u8>, PackError>,
+    {
+        let range = TimeRange {
+            from_ms: hour,
+            to_ms: hour.saturating_add(HOUR_MS - 1),
+        };
+        let mut all = Merged::new(range, prefer);
+        all.rows(rows.into_iter().map(|r| ((codec.time)(&r), r)));
+        let span = (hour, hour.saturating_add(1));
+        for (at, value) in self.values::<DB>(&mut *conn, id, span, Some(1)).await? {
+            all.packed(
+                (codec.unpack)(id, at, &value)?
+                    .into_iter()
+                    .map(|r| ((codec.time)(&r), r)),
+                |t| *t,
+            );
+        }
+        let items: Vec<T> = all.take(usize::MAX).map(|(_, r)| r).collect();
+        let value = match (codec.pack)(&items) {
+            Ok(v) => v,
+            Err(PackError::TooLarge(_)) => return Ok(false),
+            Err(e) => return Err(self.corrupt(id, hour)(e)),
+        };
+        self.store_value::<DB>(conn, id, hour, &value).await?;
+        Ok(true)
+    }
+
     /// Retention of series `id`'s hour-long packed values: deletes the items before
     /// `cutoff`, whole values before the hour holding it and, in that hour's value, the
     /// items before it (the value packed again, or deleted when nothing is left), in one
