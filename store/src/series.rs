@@ -1,9 +1,11 @@
 //! Every packed table of the store, described once: where its rows and its packed values
-//! live, what a value spans, which lock guards a series, how a value is decoded, and when
-//! a value goes back to rows. The packers, readers and retention of
-//! [`packing`](super::packing), [`rollup_hours`](super::rollup_hours) and
-//! [`health_hours`](super::health_hours) take table names, lock names and corrupt-value
-//! errors from here, so a table is named in one place.
+//! live, what a value spans, which lock guards a series, and when a value goes back to
+//! rows. The packers, readers and retention of [`packing`](super::packing),
+//! [`rollup_hours`](super::rollup_hours) and [`health_hours`](super::health_hours) take
+//! table names, lock names and corrupt-value errors from here, so a table is named in one
+//! place; reading, storing and deleting values, packing an hour's rows into its value and
+//! the retention of hour-long values are written here once, over the description and the
+//! table's [`HourCodec`]. Range reads merge both forms through [`merge`](super::merge).
 //!
 //! | series | rows | packed | id | a value spans | lock | reopened |
 //! |---|---|---|---|---|---|---|
