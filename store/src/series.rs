@@ -336,15 +336,16 @@ impl Series {
         let older = self
             .values::<DB>(&mut *store.conn().await?, id, (UnixMs::MIN, hour), Some(1))
             .await?;
-        let due = !older.is_empty()
-            || (self
-                .values::<DB>(&mut *store.conn().await?, id, cut_hour, Some(1))
-                .await?)
-                .iter()
-                .map(|(at, value)| (codec.unpack)(id, *at, value))
-                .any(|items| {
-                    items.is_ok_and(|items| items.first().is_some_and(|i| (codec.time)(i) < cutoff))
-                });
+        let mut due = !older.is_empty();
+        if !due {
+            // An unreadable value is an error here too, as it is in the transaction below:
+            // retention reports it instead of passing over it in silence.
+            let mut conn = store.conn().await?;
+            for (at, value) in self.values::<DB>(&mut conn, id, cut_hour, Some(1)).await? {
+                let items = (codec.unpack)(id, at, &value)?;
+                due = items.first().is_some_and(|i| (codec.time)(i) < cutoff);
+            }
+        }
         if !due {
             return Ok(None);
         }

@@ -22,9 +22,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-/// Kept here too for callers that name it by its former path
-/// (`remote_write::queue::BackoffOptions`); it is [`outbound::BackoffOptions`].
-pub use crate::outbound::BackoffOptions;
+use crate::outbound::BackoffOptions;
 
 /// One request ready to send, and how far it takes each stream's series.
 #[derive(Debug, Clone, Default)]

@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use gpufleet_collector::alerts::notify::JsonPayload;
 use gpufleet_collector::alerts::{AlertOptions, AlertsFile};
-use gpufleet_collector::remote_write::queue::BackoffOptions;
+use gpufleet_collector::outbound::BackoffOptions;
 use gpufleet_core::{Batch, Tick};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
