@@ -144,6 +144,10 @@ pub struct Process {
     /// The MIG instance it runs in (index into its GPU's `mig_instances`): it is listed
     /// on that MIG device's handle, and on the GPU's with the instance's ids.
     pub mig: Option<usize>,
+    /// Listed only while this path exists: a process whose life a test drives from
+    /// outside (a Slurm job's step that starts and ends). Its utilization samples are
+    /// answered whether or not it is listed, as a driver's buffer outlives a process.
+    pub while_exists: Option<PathBuf>,
 }
 
 /// A MIG device (GPU instance + compute instance) of a GPU with MIG enabled.

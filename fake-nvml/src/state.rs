@@ -363,14 +363,11 @@ impl State {
     }
 
     /// The processes of a list visible on its call number `call` (on MIG device `mig`
-    /// only its own).
-    pub fn visible(
-        list: &[Process],
-        call: u64,
-        mig: Option<usize>,
-    ) -> impl Iterator<Item = &Process> + Clone {
+    /// only its own), and alive ([`Process::while_exists`]), looked at once.
+    pub fn visible(list: &[Process], call: u64, mig: Option<usize>) -> Vec<&Process> {
         list.iter()
-            .filter(move |p| p.from_call <= call && (mig.is_none() || p.mig == mig))
+            .filter(|p| p.from_call <= call && (mig.is_none() || p.mig == mig) && alive(p))
+            .collect()
     }
 
     /// A wall-clock timestamp in µs, strictly after the previous one.
@@ -489,9 +486,42 @@ pub fn event_type(kind: EventKind) -> u64 {
     }
 }
 
+/// Whether a process is alive: always, unless its [`Process::while_exists`] path is gone.
+pub fn alive(p: &Process) -> bool {
+    p.while_exists.as_ref().is_none_or(|f| f.exists())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_tied_to_a_path_is_listed_only_while_the_path_exists() {
+        let dir = tempfile::tempdir().expect("dir");
+        let life = dir.path().join("alive");
+        let list = vec![
+            Process {
+                pid: 1,
+                ..Process::default()
+            },
+            Process {
+                pid: 2,
+                while_exists: Some(life.clone()),
+                ..Process::default()
+            },
+        ];
+        let pids = |list: &[Process]| -> Vec<u32> {
+            State::visible(list, 0, None)
+                .iter()
+                .map(|p| p.pid)
+                .collect()
+        };
+        assert_eq!(pids(&list), [1]);
+        std::fs::write(&life, "").expect("born");
+        assert_eq!(pids(&list), [1, 2]);
+        std::fs::remove_file(&life).expect("ended");
+        assert_eq!(pids(&list), [1]);
+    }
 
     #[test]
     fn counts_name_system_calls_gpu_calls_and_field_entries() {

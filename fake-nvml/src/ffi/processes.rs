@@ -24,7 +24,7 @@ pub(super) fn process_list(
         let (i, mig) = s.device_or_mig_call(handle(device), function)?;
         let call = s.nth(i, calls);
         let visible = State::visible(list(s.gpu(i)), call, mig);
-        let n = visible.clone().count();
+        let n = visible.len();
         let instances = &s.gpu(i).mig_instances;
         let capacity = get(count)? as usize;
         put(count, u32v(n as u64))?;
@@ -34,7 +34,7 @@ pub(super) fn process_list(
         if infos.is_null() || capacity < n {
             return Err(INSUFFICIENT_SIZE);
         }
-        for (k, p) in visible.enumerate() {
+        for (k, p) in visible.into_iter().enumerate() {
             let instance = p.mig.and_then(|m| instances.get(m));
             let info = nvmlProcessInfo_t {
                 pid: p.pid,
