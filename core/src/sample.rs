@@ -279,6 +279,14 @@ pub struct Workload {
     /// The Slurm job's user (its owner, whatever uid a process runs as).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub job_user: Option<String>,
+    /// The Slurm array task this job is, as `sacct` writes it: `<array job id>_<task id>`
+    /// (`SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`); `job_id` is the task's own raw id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub array_task: Option<String>,
+    /// The component of a heterogeneous Slurm job this job is, as `sacct` writes it:
+    /// `<het job id>+<offset>`; `job_id` is the component's own raw id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub het_component: Option<String>,
     /// Allow-listed labels of the pod or container (`--kube-label`, `--docker-label`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
@@ -301,6 +309,8 @@ impl Workload {
         take(&mut self.account, &newer.account);
         take(&mut self.partition, &newer.partition);
         take(&mut self.job_user, &newer.job_user);
+        take(&mut self.array_task, &newer.array_task);
+        take(&mut self.het_component, &newer.het_component);
         if !newer.labels.is_empty() {
             self.labels.clone_from(&newer.labels);
         }

@@ -710,7 +710,8 @@ macro_rules! migrations {
             28 "packed rollup hours" "0028_packed_rollup_hours",
             29 "packed gpu health hours" "0029_packed_gpu_health_hours",
             30 "packed hours" "0030_packed_hours",
-            31 "workload names" "0031_workload_names")
+            31 "workload names" "0031_workload_names",
+            32 "slurm array and het" "0032_slurm_array_het")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((

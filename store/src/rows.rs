@@ -32,7 +32,8 @@ pub const WORKLOAD_COLS: &str = "w.kind AS w_kind, w.runtime AS w_runtime, \
     w.job_id AS w_job_id, w.step AS w_step, w.unit AS w_unit, w.uid AS w_uid, \
     w.container_name AS w_container_name, w.image AS w_image, w.pod_name AS w_pod_name, \
     w.namespace AS w_namespace, w.job_name AS w_job_name, w.account AS w_account, \
-    w.partition AS w_partition, w.job_user AS w_job_user, w.labels AS w_labels";
+    w.partition AS w_partition, w.job_user AS w_job_user, w.labels AS w_labels, \
+    w.array_task AS w_array_task, w.het_component AS w_het_component";
 
 /// Process sample columns (without the workload's), for a query joining
 /// `process_samples p`, its lifetime `process_lives l` ([`PROCESS_JOINS`]) and `gpus g`;
@@ -263,6 +264,8 @@ pub fn workload<R: Get>(row: &R) -> Result<Workload, StoreError> {
         account: row.get("w_account")?,
         partition: row.get("w_partition")?,
         job_user: row.get("w_job_user")?,
+        array_task: row.get("w_array_task")?,
+        het_component: row.get("w_het_component")?,
         labels: match row.get::<Option<String>>("w_labels")? {
             Some(json) => serde_json::from_str(&json)
                 .map_err(|e| StoreError::Corrupt(format!("workloads.labels: {e}")))?,

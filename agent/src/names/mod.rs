@@ -37,6 +37,10 @@ pub struct RuntimeNames {
     pub partition: Option<String>,
     /// The Slurm job's user (`SLURM_JOB_USER` / scontrol's `UserId` name).
     pub job_user: Option<String>,
+    /// The Slurm array task (`<array job id>_<task id>`) the job is.
+    pub array_task: Option<String>,
+    /// The heterogeneous Slurm job component (`<het job id>+<offset>`) the job is.
+    pub het_component: Option<String>,
     /// Allow-listed labels (Kubernetes pod labels, Docker container labels).
     pub labels: BTreeMap<String, String>,
 }
@@ -54,6 +58,8 @@ impl From<RuntimeNames> for Workload {
             account: n.account,
             partition: n.partition,
             job_user: n.job_user,
+            array_task: n.array_task,
+            het_component: n.het_component,
             labels: n.labels,
             ..Default::default()
         }
@@ -71,6 +77,8 @@ impl From<&Workload> for RuntimeNames {
             account: w.account.clone(),
             partition: w.partition.clone(),
             job_user: w.job_user.clone(),
+            array_task: w.array_task.clone(),
+            het_component: w.het_component.clone(),
             labels: w.labels.clone(),
         }
     }

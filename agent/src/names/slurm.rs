@@ -70,8 +70,10 @@ pub fn read_environ(proc_root: &Path, pid: u32) -> std::io::Result<Vec<u8>> {
 /// - `None` when `SLURM_JOB_ID` is another job's id. Both `SLURM_JOB_ID` and the
 ///   cgroup's `job_<n>` are the raw job id (for an array task too, never
 ///   `<array>_<task>`), so they are compared as they are;
-/// - `None` when none of `SLURM_JOB_NAME`, `SLURM_JOB_ACCOUNT`, `SLURM_JOB_PARTITION`
-///   and `SLURM_JOB_USER` gives a name; otherwise the names that are there.
+/// - `None` when none of `SLURM_JOB_NAME`, `SLURM_JOB_ACCOUNT`, `SLURM_JOB_PARTITION`,
+///   `SLURM_JOB_USER`, the array task (`SLURM_ARRAY_JOB_ID` + `SLURM_ARRAY_TASK_ID`) and
+///   the heterogeneous job component (`SLURM_HET_JOB_ID` + `SLURM_HET_JOB_OFFSET`) gives
+///   a name; otherwise the names that are there.
 ///
 /// Entries are read one by one: a value that is not UTF-8, or that
 /// [`clean_name`](super::clean_name) refuses, is dropped (never mangled) and the others
@@ -85,6 +87,16 @@ pub fn names_from_environ(environ: &[u8], job_id: &str) -> Option<RuntimeNames> 
         account: environ_name(environ, b"SLURM_JOB_ACCOUNT"),
         partition: environ_name(environ, b"SLURM_JOB_PARTITION"),
         job_user: environ_name(environ, b"SLURM_JOB_USER"),
+        array_task: job_pair(
+            environ_text(environ, b"SLURM_ARRAY_JOB_ID"),
+            '_',
+            environ_text(environ, b"SLURM_ARRAY_TASK_ID"),
+        ),
+        het_component: job_pair(
+            environ_text(environ, b"SLURM_HET_JOB_ID"),
+            '+',
+            environ_text(environ, b"SLURM_HET_JOB_OFFSET"),
+        ),
         ..RuntimeNames::default()
     };
     (names != RuntimeNames::default()).then_some(names)
@@ -96,6 +108,20 @@ fn environ_name(environ: &[u8], key: &[u8]) -> Option<String> {
     environ_value(environ, key)
         .and_then(|value| std::str::from_utf8(value).ok())
         .and_then(super::clean_name)
+}
+
+/// The value of `key` as UTF-8 text, `None` when absent or not UTF-8.
+fn environ_text<'a>(environ: &'a [u8], key: &[u8]) -> Option<&'a str> {
+    environ_value(environ, key).and_then(|value| std::str::from_utf8(value).ok())
+}
+
+/// `<job><sep><n>` as `sacct` writes an array task (`_`) or a heterogeneous job's
+/// component (`+`), when both parts are given and are decimal numbers (at most 10
+/// digits, as Slurm's 32-bit ids); anything else is no name.
+pub fn job_pair(job: Option<&str>, sep: char, n: Option<&str>) -> Option<String> {
+    let number = |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+    let (job, n) = (job?, n?);
+    (number(job) && number(n)).then(|| format!("{job}{sep}{n}"))
 }
 
 /// The value of the first `key=` entry of a NUL-separated environment.
@@ -116,7 +142,9 @@ fn environ_value<'a>(environ: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
 /// which no reading of unquoted output can avoid.
 ///
 /// Fields: `JobName` → job name, `Account` → account, `Partition` → partition, `UserId`
-/// (`alice(1000)`) → the user name before the parenthesis. `(null)` and empty values are
+/// (`alice(1000)`) → the user name before the parenthesis, `ArrayJobId` + `ArrayTaskId`
+/// → the array task, `HetJobId` + `HetJobOffset` → the heterogeneous job component.
+/// `(null)` and empty values are
 /// absent. A heterogeneous job prints one line per component; the first is used.
 pub fn names_from_scontrol(text: &str) -> Option<RuntimeNames> {
     let line = text.lines().map(str::trim).find(|line| !line.is_empty())?;
@@ -135,6 +163,8 @@ pub fn names_from_scontrol(text: &str) -> Option<RuntimeNames> {
         job_user: field("UserId")
             .map(|user| user.split_once('(').map_or(user, |(name, _uid)| name))
             .and_then(scontrol_value),
+        array_task: job_pair(field("ArrayJobId"), '_', field("ArrayTaskId")),
+        het_component: job_pair(field("HetJobId"), '+', field("HetJobOffset")),
         ..RuntimeNames::default()
     };
     (names != RuntimeNames::default()).then_some(names)
@@ -334,6 +364,32 @@ mod tests {
                 ..RuntimeNames::default()
             }
         );
+    }
+
+    #[test]
+    fn an_array_tasks_and_a_het_components_environment_name_them_as_sacct_does() {
+        let environ = b"SLURM_JOB_ID=5\0SLURM_ARRAY_JOB_ID=2\0SLURM_ARRAY_TASK_ID=3\0\
+            SLURM_HET_JOB_ID=9\0SLURM_HET_JOB_OFFSET=1\0";
+        let names = names_from_environ(environ, "5").expect("names");
+        assert_eq!(names.array_task, some("2_3"));
+        assert_eq!(names.het_component, some("9+1"));
+        // Half a pair, or a part that is not a number, is no name.
+        let odd = b"SLURM_JOB_ID=5\0SLURM_ARRAY_JOB_ID=2\0SLURM_HET_JOB_ID=9\0\
+            SLURM_HET_JOB_OFFSET=1;rm\0SLURM_JOB_NAME=x\0";
+        let names = names_from_environ(odd, "5").expect("names");
+        assert_eq!((names.array_task, names.het_component), (None, None));
+        assert_eq!(job_pair(Some("12345678901"), '_', Some("1")), None);
+        assert_eq!(job_pair(Some(""), '_', Some("1")), None);
+    }
+
+    #[test]
+    fn an_scontrol_line_names_the_array_task() {
+        let line = "JobId=5 ArrayJobId=2 ArrayTaskId=3 JobName=sweep UserId=alice(1000) \
+            HetJobId=9 HetJobOffset=0 Partition=gpu";
+        let names = names_from_scontrol(line).expect("a job record");
+        assert_eq!(names.array_task, some("2_3"));
+        assert_eq!(names.het_component, some("9+0"));
+        assert_eq!(names.job_name, some("sweep"));
     }
 
     #[test]

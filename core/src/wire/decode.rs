@@ -525,6 +525,8 @@ pub(super) fn decode_process(
         account: c.opt_string(w("account"), pw.account)?,
         partition: c.opt_string(w("partition"), pw.partition)?,
         job_user: c.opt_string(w("job_user"), pw.job_user)?,
+        array_task: c.opt_string(w("array_task"), pw.array_task)?,
+        het_component: c.opt_string(w("het_component"), pw.het_component)?,
         labels: workload_labels(c, w, pw.labels)?,
     };
     Ok(ProcessSample {

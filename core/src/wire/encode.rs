@@ -123,7 +123,8 @@ impl From<ProcessSample> for pb::ProcessSample {
         };
         let workload = same_fields!(w => Workload {
             runtime, container_id, pod_uid, qos, job_id, step, unit, uid, container_name,
-            image, pod_name, namespace, job_name, account, partition, job_user,
+            image, pod_name, namespace, job_name, account, partition, job_user, array_task,
+            het_component,
         }; kind: kind as i32, labels: w.labels.into_iter().collect());
         same_fields!(p => ProcessSample {
             gpu_uuid, pid, user, command, gpu_mem_bytes, sm_util_pct, mem_util_pct,

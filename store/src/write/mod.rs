@@ -419,6 +419,8 @@ async fn upsert_workloads<DB: Backend>(
         .text("account", w().map(|w| w.account.clone()))
         .text("partition", w().map(|w| w.partition.clone()))
         .text("job_user", w().map(|w| w.job_user.clone()))
+        .text("array_task", w().map(|w| w.array_task.clone()))
+        .text("het_component", w().map(|w| w.het_component.clone()))
         .text("labels", w().map(|w| labels_json(&w.labels)))
         .int("first_seen_ms", by_key.values().map(|(_, t)| *t));
     let d = DB::DIALECT;
@@ -435,6 +437,8 @@ async fn upsert_workloads<DB: Backend>(
              account = coalesce(excluded.account, workloads.account), \
              partition = coalesce(excluded.partition, workloads.partition), \
              job_user = coalesce(excluded.job_user, workloads.job_user), \
+             array_task = coalesce(excluded.array_task, workloads.array_task), \
+             het_component = coalesce(excluded.het_component, workloads.het_component), \
              labels = coalesce(excluded.labels, workloads.labels), \
              first_seen_ms = {} RETURNING id, key",
             d.over(&table, "v"),
