@@ -60,6 +60,13 @@ enum Command {
     /// Print the energy / carbon report of a container, pod, Slurm job or node over a
     /// range (table, JSON, YAML or CSV), optionally with its time-series plot (PNG).
     Report(Box<gpufleet_collector::cli::report::ReportArgs>),
+    /// For Slurm's `EpilogSlurmctld` (or by hand with `--job`): wait until the job's GPU
+    /// energy is accounted, then write its summary (energy, CO2, GPU-hours) into the
+    /// job's `AdminComment` with `sacctmgr`, keeping other tools' text. Always exits 0.
+    SlurmEpilog(Box<gpufleet_collector::cli::slurm::EpilogArgs>),
+    /// Write the `AdminComment` summary of every Slurm job that ended in a range and has
+    /// none (epilogs that did not run); `--redo` rewrites them all.
+    SlurmBackfill(Box<gpufleet_collector::cli::slurm::BackfillArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -234,6 +241,32 @@ fn main() -> anyhow::Result<()> {
         }
         Command::RecomputeEnergy(args) => {
             runtime.block_on(run_recompute(&args, &mut std::io::stdout().lock()))?;
+            Ok(())
+        }
+        Command::SlurmEpilog(args) => {
+            // A job's accounting never fails the job: what went wrong goes to stderr
+            // (slurmctld's log) and the exit status is 0.
+            match runtime.block_on(gpufleet_collector::cli::slurm::run_epilog(&args)) {
+                Ok(outcome) => println!("gpufleet slurm-epilog: {}", outcome.describe()),
+                Err(e) => eprintln!("gpufleet slurm-epilog: error: {e}"),
+            }
+            Ok(())
+        }
+        Command::SlurmBackfill(args) => {
+            let done = runtime.block_on(gpufleet_collector::cli::slurm::run_backfill(&args))?;
+            let mut failed = 0;
+            for (job, outcome) in &done {
+                match outcome {
+                    Ok(o) => println!("{job}: {}", o.describe()),
+                    Err(e) => {
+                        failed += 1;
+                        println!("{job}: error: {e}");
+                    }
+                }
+            }
+            if failed > 0 {
+                anyhow::bail!("{failed} of {} jobs not written (listed above)", done.len());
+            }
             Ok(())
         }
         Command::Report(args) => {

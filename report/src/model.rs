@@ -23,6 +23,18 @@ pub struct Report {
     /// Seconds the subject was measured: the command's run time (`exec`), the span of the
     /// workload's energy minutes, or the range (node).
     pub elapsed_s: Option<f64>,
+    /// GPU time the workload held, summed over its GPUs (collector reports of workloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_seconds: Option<f64>,
+    /// Its average share of its GPUs while it held them (0..1): the share energy was split
+    /// by (SM time, else memory, else equal), weighted by time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_share: Option<f64>,
+    /// Every minute of its GPUs before this time is accounted (the oldest of their
+    /// accounting watermarks; collector reports): figures before it are final, later
+    /// ones may still change or arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounted_to_ms: Option<UnixMs>,
     /// The GPUs it used.
     pub gpus: Vec<GpuRef>,
     pub energy: EnergySummary,

@@ -30,7 +30,7 @@ pub enum ReportSubject {
     Container(String),
     /// A Kubernetes pod: its UID (`pod:<uid>` or bare) or its name.
     Pod(String),
-    /// A Slurm job id (`slurm:<id>` or bare).
+    /// A Slurm job as `sacct` writes it (`slurm:` prefix allowed); see [`JobSpec`].
     Job(String),
     /// A node: every GPU's energy, not split by workload.
     Node(String),
@@ -54,9 +54,17 @@ impl ReportSubject {
                 w.pod_uid.as_deref() == Some(p.as_str()) || w.pod_name.as_deref() == Some(p)
             }
             ReportSubject::Job(j) => {
-                w.kind == WorkloadKind::Slurm && w.job_id.as_deref() == Some(j.as_str())
+                w.kind == WorkloadKind::Slurm && JobSpec::parse(j).is_ok_and(|spec| spec.matches(w))
             }
             ReportSubject::Node(_) => true,
+        }
+    }
+
+    /// Refuses a subject no workload could ever match because it is written wrong.
+    fn check(&self) -> Result<(), ReportError> {
+        match self {
+            ReportSubject::Job(j) => JobSpec::parse(j).map(|_| ()),
+            _ => Ok(()),
         }
     }
 
@@ -77,11 +85,74 @@ impl ReportSubject {
     }
 }
 
+/// A Slurm job as users (and `sacct`) write it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobSpec {
+    /// `123`: the job whose raw id is 123 and, as `sacct -j 123` lists them, every task
+    /// of array job 123 and every component of heterogeneous job 123.
+    Job(String),
+    /// `123_4`: task 4 of array job 123 (whatever raw id the task has).
+    ArrayTask(String),
+    /// `123+1`: component 1 of heterogeneous job 123.
+    HetComponent(String),
+}
+
+impl JobSpec {
+    /// Parses `N`, `N_T` or `N+K` (decimal numbers of at most 10 digits).
+    pub fn parse(s: &str) -> Result<JobSpec, ReportError> {
+        let number =
+            |p: &str| !p.is_empty() && p.len() <= 10 && p.bytes().all(|b| b.is_ascii_digit());
+        let bad = || {
+            ReportError::Invalid(format!(
+                "job {s:?}: expected a Slurm job id as sacct writes it: N, N_T (array task) or N+K (heterogeneous job component)"
+            ))
+        };
+        if number(s) {
+            return Ok(JobSpec::Job(s.to_owned()));
+        }
+        for (sep, make) in [
+            ('_', JobSpec::ArrayTask as fn(String) -> JobSpec),
+            ('+', JobSpec::HetComponent),
+        ] {
+            if let Some((a, b)) = s.split_once(sep) {
+                return if number(a) && number(b) {
+                    Ok(make(s.to_owned()))
+                } else {
+                    Err(bad())
+                };
+            }
+        }
+        Err(bad())
+    }
+
+    /// Whether Slurm workload `w` is (part of) this job.
+    pub fn matches(&self, w: &Workload) -> bool {
+        let under = |field: &Option<String>, sep: char, id: &str| {
+            field
+                .as_deref()
+                .and_then(|f| f.split_once(sep))
+                .is_some_and(|(job, _)| job == id)
+        };
+        match self {
+            JobSpec::Job(id) => {
+                w.job_id.as_deref() == Some(id.as_str())
+                    || under(&w.array_task, '_', id)
+                    || under(&w.het_component, '+', id)
+            }
+            JobSpec::ArrayTask(t) => w.array_task.as_deref() == Some(t.as_str()),
+            JobSpec::HetComponent(c) => w.het_component.as_deref() == Some(c.as_str()),
+        }
+    }
+}
+
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("{0}")]
     NotFound(String),
+    /// The subject is written wrong (a job id that is no Slurm job id).
+    #[error("{0}")]
+    Invalid(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -92,9 +163,13 @@ pub async fn build(
     subject: &ReportSubject,
     range: TimeRange,
 ) -> Result<Report, ReportError> {
-    let gpus_by_uuid: BTreeMap<String, (GpuId, u32, String, String)> = store
-        .energy_gpus()
-        .await?
+    subject.check()?;
+    let energy_gpus = store.energy_gpus().await?;
+    let done_to: BTreeMap<String, Option<UnixMs>> = energy_gpus
+        .iter()
+        .map(|g| (g.uuid.clone(), g.done_to_ms))
+        .collect();
+    let gpus_by_uuid: BTreeMap<String, (GpuId, u32, String, String)> = energy_gpus
         .into_iter()
         .map(|g| (g.uuid, (g.gpu, g.index, g.name, g.node_name)))
         .collect();
@@ -111,6 +186,7 @@ pub async fn build(
     let mut nodes: BTreeSet<String> = BTreeSet::new();
     let mut name: Option<String> = None;
     let (mut first, mut last) = (i64::MAX, i64::MIN);
+    let (mut gpu_ms, mut share_ppm_ms) = (0i64, 0u64);
     let mut carbon = CarbonTotals::default();
     let key;
     match subject {
@@ -196,6 +272,8 @@ pub async fn build(
                 // The idle energy charged to it (its idle share under `spread`).
                 idle += r.energy_mj.saturating_sub(r.active_mj);
                 provisional += r.provisional_mj;
+                gpu_ms += r.gpu_ms;
+                share_ppm_ms += r.share_ppm_ms;
                 first = first.min(r.first_minute_ms);
                 last = last.max(r.last_minute_ms + MINUTE_MS);
                 nodes.insert(r.node_name.clone());
@@ -228,6 +306,8 @@ pub async fn build(
     report.energy.provisional_j = Some(provisional as f64 / 1000.0);
     if !matches!(subject, ReportSubject::Node(_)) {
         report.energy.idle_j = Some(idle as f64 / 1000.0);
+        report.gpu_seconds = Some(gpu_ms as f64 / 1000.0);
+        report.avg_share = (gpu_ms > 0).then(|| share_ppm_ms as f64 / gpu_ms as f64 / 1e6);
     }
     let step = ((span.to_ms - span.from_ms) / SERIES_POINTS / 1000).max(1) * 1000;
     let mut metrics = MetricsBuilder::new(Some(step));
@@ -264,6 +344,12 @@ pub async fn build(
     if report.carbon.carbon_g.is_some() {
         report.intensity = intensity_points(store, &gpus, &gpus_by_uuid, span).await?;
     }
+    // The oldest watermark of its GPUs (a GPU with none: nothing is final).
+    report.accounted_to_ms = gpus
+        .iter()
+        .map(|g| done_to.get(&g.uuid).copied().flatten())
+        .try_fold(i64::MAX, |oldest, d| d.map(|d| oldest.min(d)))
+        .filter(|t| *t != i64::MAX);
     report.gpus = gpus.into_iter().collect();
     Ok(report)
 }
@@ -329,4 +415,83 @@ async fn intensity_points(
     let mut out: Vec<IntensityPoint> = points.into_values().collect();
     out.sort_by_key(|p| p.time_ms);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: &str, array_task: Option<&str>, het: Option<&str>) -> Workload {
+        Workload {
+            kind: WorkloadKind::Slurm,
+            runtime: "slurm".into(),
+            job_id: Some(id.into()),
+            array_task: array_task.map(Into::into),
+            het_component: het.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_job_id_takes_the_forms_sacct_writes_and_nothing_else() {
+        assert_eq!(JobSpec::parse("123").ok(), Some(JobSpec::Job("123".into())));
+        assert_eq!(
+            JobSpec::parse("123_4").ok(),
+            Some(JobSpec::ArrayTask("123_4".into()))
+        );
+        assert_eq!(
+            JobSpec::parse("123+1").ok(),
+            Some(JobSpec::HetComponent("123+1".into()))
+        );
+        for bad in [
+            "",
+            "12a",
+            "123_",
+            "_4",
+            "123+",
+            "1_2_3",
+            "1+2_3",
+            "123_[1-4]",
+            "12345678901",
+        ] {
+            assert!(
+                matches!(JobSpec::parse(bad), Err(ReportError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_job_is_its_own_id_its_array_tasks_and_its_het_components_as_sacct_lists_them() {
+        // Array 100: task 1 has raw id 101, task 2 kept the array's id 100.
+        let task1 = job("101", Some("100_1"), None);
+        let task2 = job("100", Some("100_2"), None);
+        // Heterogeneous job 200: components 200 (+0) and 201 (+1).
+        let het0 = job("200", None, Some("200+0"));
+        let het1 = job("201", None, Some("200+1"));
+        let plain = job("300", None, None);
+        let matching = |spec: &str| -> Vec<&str> {
+            let spec = JobSpec::parse(spec).expect("spec");
+            [&task1, &task2, &het0, &het1, &plain]
+                .into_iter()
+                .filter(|w| spec.matches(w))
+                .map(|w| w.job_id.as_deref().unwrap_or_default())
+                .collect()
+        };
+        assert_eq!(matching("100"), ["101", "100"], "the whole array");
+        assert_eq!(matching("100_1"), ["101"]);
+        assert_eq!(matching("100_2"), ["100"], "not the raw id's other tasks");
+        assert_eq!(matching("101"), ["101"], "a task by its raw id");
+        assert_eq!(matching("200"), ["200", "201"], "the whole het job");
+        assert_eq!(matching("200+1"), ["201"]);
+        assert_eq!(matching("300"), ["300"]);
+        assert!(matching("300_1").is_empty());
+        // Only Slurm workloads are jobs.
+        let container = Workload {
+            job_id: Some("300".into()),
+            ..Default::default()
+        };
+        assert!(!ReportSubject::Job("300".into()).matches(&container));
+        assert!(ReportSubject::Job("300".into()).matches(&plain));
+    }
 }

@@ -46,7 +46,9 @@ pub(crate) struct ReportParams {
     pub(crate) container: Option<String>,
     /// A pod UID.
     pub(crate) pod: Option<String>,
-    /// A Slurm job id.
+    /// A Slurm job as sacct writes it: `123` (with its array tasks and heterogeneous
+    /// components), `123_4` (an array task) or `123+1` (a heterogeneous job component).
+    #[param(example = "123_4")]
     pub(crate) job: Option<String>,
     /// A node name.
     #[param(example = "gpu-node-01")]
@@ -93,6 +95,7 @@ async fn load(st: &AppState, p: &ReportParams) -> Result<Report, ApiError> {
         .await
         .map_err(|e| match e {
             ReportError::NotFound(m) => ApiError::NotFound(m),
+            ReportError::Invalid(m) => ApiError::BadRequest(m),
             ReportError::Store(e) => ApiError::Store(e),
         })
 }

@@ -26,7 +26,9 @@ pub struct ReportArgs {
     /// A Kubernetes pod, by UID (`pod:<uid>`) or name.
     #[arg(long, value_name = "UID|NAME")]
     pub pod: Option<String>,
-    /// A Slurm job id.
+    /// A Slurm job as sacct writes it: `123` (with its array tasks and heterogeneous
+    /// components, as `sacct -j 123`), `123_4` (an array task), `123+1` (a heterogeneous
+    /// job component).
     #[arg(long, value_name = "ID")]
     pub job: Option<String>,
     /// A node (every GPU's energy).
@@ -84,7 +86,9 @@ pub async fn run_report(args: &ReportArgs, out: &mut dyn Write) -> Result<(), En
     let report = match report {
         Ok(r) => r,
         Err(ReportError::Store(e)) => return Err(e.into()),
-        Err(ReportError::NotFound(m)) => return Err(EnergyCliError::Args(m)),
+        Err(ReportError::NotFound(m) | ReportError::Invalid(m)) => {
+            return Err(EnergyCliError::Args(m));
+        }
     };
     if let Some(path) = &args.plot {
         gpufleet_report::plot::write_png(&report, path)
