@@ -108,6 +108,52 @@ pub struct ContainersView {
     pub rows: Vec<ContainerRow>,
 }
 
+/// `GET /api/v1/energy/series`: the fleet's energy over time, per bucket, as bands that
+/// stack up to the whole: the biggest groups, the rest (`other`), and (grouped by
+/// workload) the `idle` energy charged to no workload and the `unattributed` activity.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnergySeriesView {
+    pub from: String,
+    pub to: String,
+    pub from_ms: UnixMs,
+    pub to_ms: UnixMs,
+    /// `container`, `pod`, `namespace`, `job`, `account`, `user` or `node`.
+    pub group_by: String,
+    /// The buckets' length: 60 000 (a minute, for ranges up to 6 h) or 3 600 000 (an hour).
+    pub step_ms: i64,
+    /// Each bucket's start (a multiple of `step_ms`), oldest first; every band has one
+    /// value per bucket. A bucket holds the minutes of the range that start in it.
+    pub buckets_ms: Vec<UnixMs>,
+    /// The GPUs' energy in the range: the sum of every band over every bucket, and
+    /// `/api/v1/energy`'s `total.energy_mj` for the same range.
+    pub energy_mj: u64,
+    /// Bottom to top: the groups by energy, biggest first, then `other`, `unattributed`,
+    /// `idle`.
+    pub bands: Vec<EnergyBand>,
+}
+
+/// One band of [`EnergySeriesView`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnergyBand {
+    /// A group's key, as `/api/v1/containers?group_by=` keys its rows (`container:<id>`,
+    /// `namespace:<ns>`, …) or `node:<name>`; or `other`, `idle`, `unattributed`.
+    pub key: String,
+    /// `group`, `other` (the groups without a band of their own), `idle` (idle energy
+    /// charged to no workload) or `unattributed` (activity with no process listed).
+    pub kind: String,
+    /// The identity of the group's first workload (by key), for its name; `null` for a
+    /// node and the other bands.
+    pub identity: Option<Workload>,
+    /// Its energy in the range: the sum of `values_mj` (a group's equals its row's
+    /// `energy_mj` in `/api/v1/containers`, or its node's in `/api/v1/energy`).
+    pub energy_mj: u64,
+    pub energy_j: f64,
+    /// Its energy per bucket, mJ, one per `buckets_ms`.
+    pub values_mj: Vec<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //!   [`xid`]: an Xid catalogue entry.
 //! - [`nodes`]: `GET /api/v1/nodes` and `/api/v1/nodes/{name}`; [`fleet`]:
 //!   `GET /api/v1/fleet`; [`events`]: `GET /api/v1/nodes/{name}/events`.
-//! - [`energy`]: `GET /api/v1/containers`.
+//! - [`energy`]: `GET /api/v1/containers`, `GET /api/v1/energy/series`.
 //! - [`live`]: the `tick` and `status` events of `GET /api/v1/live`.
 //! - [`error`]: the body of every error answer.
 //!
@@ -24,7 +24,10 @@ pub mod nodes;
 pub mod status;
 pub mod xid;
 
-pub use energy::{CarbonView, ContainerRow, ContainersView, GpuRef, MethodMix, SplitMix};
+pub use energy::{
+    CarbonView, ContainerRow, ContainersView, EnergyBand, EnergySeriesView, GpuRef, MethodMix,
+    SplitMix,
+};
 pub use error::ErrorBody;
 pub use events::{EventView, EventsView};
 pub use fleet::{

@@ -5,6 +5,7 @@
 //! | `GET /api/v1/containers?from=&to=&node=&group_by=` | energy per container (or pod, namespace, job, Slurm account, user) |
 //! | `GET /api/v1/containers/{key}?from=&to=` | one workload (`Workload::key()`), with a per-minute series |
 //! | `GET /api/v1/energy?from=&to=` | fleet total and energy per GPU (missing time, idle, method mix) |
+//! | `GET /api/v1/energy/series?from=&to=&group_by=&top=` | energy over time: the biggest groups, the rest, idle and unattributed per bucket |
 //!
 //! `from` / `to` default to today (UTC midnight) .. now. Rollups are per minute: a range
 //! covers the minutes that start in it (the one holding `from` included). Energy is given
@@ -19,6 +20,13 @@
 //! minute ends. Each GPU of `/api/v1/energy` carries its idle `baseline` and where it
 //! came from.
 //!
+//! `/api/v1/energy/series` buckets the same minutes per minute (ranges up to 6 h) or per
+//! hour, into bands that add up to the whole: the `top` (default 8) biggest groups of
+//! `group_by` (as `/api/v1/containers` groups them, or `node`), `other`, and, grouped by
+//! workload, `unattributed` and `idle` (the idle energy charged to no workload). Every
+//! band's sum is exact (mJ): a group's is its row's `energy_mj`, and all bands together
+//! are `/api/v1/energy`'s `total.energy_mj`.
+//!
 //! Carbon sits beside every energy figure: `carbon_g` (null when none of the
 //! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
@@ -28,7 +36,7 @@ use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
 use crate::api::state::{AppState, Route};
 use crate::store::TimeRange;
 use crate::store::carbon::CarbonTotals;
-use crate::store::energy::{GpuBaseline, GpuEnergy, WorkloadEnergy};
+use crate::store::energy::{EnergyBuckets, GpuBaseline, GpuEnergy, WorkloadEnergy};
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -54,6 +62,11 @@ pub fn routes() -> Vec<Route> {
             "/api/v1/energy",
             "fleet total and energy per GPU (missing time, idle, method mix)",
             energy,
+        ),
+        Route::get(
+            "/api/v1/energy/series",
+            "energy over time: the biggest groups, the rest, idle and unattributed per bucket",
+            energy_series,
         ),
     ]
 }
@@ -604,4 +617,352 @@ async fn energy(
             })
             .collect(),
     }))
+}
+
+// `/api/v1/energy/series`'s answer: the API's own types, shared with its clients.
+pub use gpufleet_api::energy::{EnergyBand, EnergySeriesView};
+
+/// Ranges up to this long are bucketed per minute, longer ones per hour.
+const MINUTE_BUCKETS_UP_TO_MS: i64 = 6 * 3_600_000;
+/// The most buckets an answer holds (hourly: about 14 months); a longer range is a 400.
+const MAX_BUCKETS: i64 = 10_000;
+/// Groups with a band of their own when `top` is not given, and the most it may ask.
+const DEFAULT_TOP: usize = 8;
+const MAX_TOP: usize = 50;
+
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct SeriesParams {
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+    #[param(example = "now-2h")]
+    from: Option<String>,
+    /// RFC 3339, Unix ms, `now` or `now-15m`; default now.
+    #[param(example = "now")]
+    to: Option<String>,
+    /// `container` (default), `pod`, `namespace`, `job`, `account`, `user` or `node`.
+    #[param(example = "namespace")]
+    group_by: Option<String>,
+    /// How many of the biggest groups get a band of their own (1 to 50, default 8); the
+    /// rest are `other`.
+    #[param(example = 8)]
+    top: Option<usize>,
+}
+
+/// What the bands group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SeriesGroup {
+    Workloads(GroupBy),
+    Node,
+}
+
+/// A group's energy per bucket while the bands are built.
+struct GroupAcc {
+    /// The first workload by key, as `/api/v1/containers` names its row.
+    identity: Option<(String, Workload)>,
+    total_mj: u64,
+    values: Vec<u64>,
+}
+
+/// The bands of `buckets` over `n` buckets from `first_ms`, `step_ms` long: the `top`
+/// biggest groups (biggest first, ties by key), `other`, then `unattributed` and `idle`
+/// (grouped by workload; a node's energy holds its own). Pure: tested below.
+fn bands(
+    buckets: &EnergyBuckets,
+    by: SeriesGroup,
+    first_ms: UnixMs,
+    step_ms: i64,
+    n: usize,
+    top: usize,
+) -> Vec<EnergyBand> {
+    let slot = |bucket_ms: UnixMs| -> Option<usize> {
+        let i = (bucket_ms - first_ms).checked_div(step_ms)?;
+        usize::try_from(i).ok().filter(|&i| i < n)
+    };
+    let mut groups: BTreeMap<String, GroupAcc> = BTreeMap::new();
+    let mut add = |key: String, identity: Option<&Workload>, i: usize, mj: u64| {
+        let g = groups.entry(key).or_insert_with(|| GroupAcc {
+            identity: None,
+            total_mj: 0,
+            values: vec![0; n],
+        });
+        if let Some(w) = identity {
+            let k = w.key();
+            if g.identity.as_ref().is_none_or(|(first, _)| k < *first) {
+                g.identity = Some((k, w.clone()));
+            }
+        }
+        g.total_mj += mj;
+        g.values[i] += mj;
+    };
+    let mut idle = vec![0u64; n];
+    let mut unattributed = vec![0u64; n];
+    match by {
+        SeriesGroup::Workloads(group_by) => {
+            for w in &buckets.workloads {
+                if let Some(i) = slot(w.bucket_ms) {
+                    add(group_by.key(&w.workload), Some(&w.workload), i, w.energy_mj);
+                }
+            }
+            for b in &buckets.nodes {
+                if let Some(i) = slot(b.bucket_ms) {
+                    idle[i] += b.idle_mj;
+                    unattributed[i] += b.unattributed_mj;
+                }
+            }
+        }
+        SeriesGroup::Node => {
+            for b in &buckets.nodes {
+                if let Some(i) = slot(b.bucket_ms) {
+                    add(format!("node:{}", b.node_name), None, i, b.energy_mj);
+                }
+            }
+        }
+    }
+    let mut ranked: Vec<(String, GroupAcc)> = groups.into_iter().collect();
+    ranked.sort_by(|(ka, a), (kb, b)| b.total_mj.cmp(&a.total_mj).then(ka.cmp(kb)));
+    let band = |key: String, kind: &str, identity: Option<Workload>, values: Vec<u64>| {
+        let energy_mj: u64 = values.iter().sum();
+        EnergyBand {
+            key,
+            kind: kind.to_owned(),
+            identity,
+            energy_mj,
+            energy_j: j(energy_mj),
+            values_mj: values,
+        }
+    };
+    let mut other = vec![0u64; n];
+    let mut out = Vec::new();
+    for (rank, (key, g)) in ranked.into_iter().enumerate() {
+        if rank < top {
+            out.push(band(key, "group", g.identity.map(|(_, w)| w), g.values));
+        } else {
+            for (o, v) in other.iter_mut().zip(g.values) {
+                *o += v;
+            }
+        }
+    }
+    out.push(band("other".into(), "other", None, other));
+    if matches!(by, SeriesGroup::Workloads(_)) {
+        out.push(band(
+            "unattributed".into(),
+            "unattributed",
+            None,
+            unattributed,
+        ));
+        out.push(band("idle".into(), "idle", None, idle));
+    }
+    out
+}
+
+/// The fleet's energy over time, in bands that add up to the whole.
+#[utoipa::path(get, path = "/api/v1/energy/series", tag = "energy", params(SeriesParams),
+    responses((status = 200, description = "energy per bucket, in bands", body = EnergySeriesView), ErrorResponses, AccessResponses))]
+async fn energy_series(
+    State(st): State<AppState>,
+    params: Result<Query<SeriesParams>, QueryRejection>,
+) -> Result<Json<EnergySeriesView>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::BadRequest(format!("bad query string: {e}")))?;
+    let r = range(
+        &st,
+        &RangeParams {
+            from: p.from.clone(),
+            to: p.to.clone(),
+            ..Default::default()
+        },
+    )?;
+    let by = match p.group_by.as_deref() {
+        Some("node") => SeriesGroup::Node,
+        other => SeriesGroup::Workloads(GroupBy::parse(other).map_err(|_| {
+            ApiError::BadRequest(format!(
+                "group_by {:?}: expected container, pod, namespace, job, account, user or node",
+                other.unwrap_or_default()
+            ))
+        })?),
+    };
+    let top = p.top.unwrap_or(DEFAULT_TOP);
+    if !(1..=MAX_TOP).contains(&top) {
+        return Err(ApiError::BadRequest(format!(
+            "top {top}: expected 1 to {MAX_TOP} (groups with a band of their own)"
+        )));
+    }
+    let step_ms = if r.to_ms.saturating_sub(r.from_ms) <= MINUTE_BUCKETS_UP_TO_MS {
+        MINUTE_MS
+    } else {
+        3_600_000
+    };
+    let first_ms = r.from_ms.div_euclid(step_ms) * step_ms;
+    let last_ms = r.to_ms.div_euclid(step_ms) * step_ms;
+    let count = (last_ms - first_ms) / step_ms + 1;
+    if count > MAX_BUCKETS {
+        return Err(ApiError::BadRequest(format!(
+            "{} .. {} is {count} hourly buckets, more than {MAX_BUCKETS}: ask for a shorter range",
+            format_time(r.from_ms),
+            format_time(r.to_ms)
+        )));
+    }
+    let n = usize::try_from(count).unwrap_or(0);
+    let buckets = st.store.energy_buckets(r, step_ms).await?;
+    let bands = bands(&buckets, by, first_ms, step_ms, n, top);
+    let energy_mj: u64 = buckets.nodes.iter().map(|b| b.energy_mj).sum();
+    Ok(Json(EnergySeriesView {
+        from: format_time(r.from_ms),
+        to: format_time(r.to_ms),
+        from_ms: r.from_ms,
+        to_ms: r.to_ms,
+        group_by: match by {
+            SeriesGroup::Workloads(g) => g.as_str().to_owned(),
+            SeriesGroup::Node => "node".to_owned(),
+        },
+        step_ms,
+        buckets_ms: (0..count).map(|i| first_ms + i * step_ms).collect(),
+        energy_mj,
+        bands,
+    }))
+}
+
+#[cfg(test)]
+mod series_tests {
+    use super::*;
+    use crate::store::energy::{NodeBucket, WorkloadBucket};
+    use gpufleet_core::WorkloadKind;
+
+    fn container(id: &str, namespace: &str) -> Workload {
+        Workload {
+            kind: WorkloadKind::Container,
+            runtime: "containerd".into(),
+            container_id: Some(id.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }
+    }
+
+    fn wb(bucket_ms: UnixMs, w: &Workload, node: &str, energy_mj: u64) -> WorkloadBucket {
+        WorkloadBucket {
+            bucket_ms,
+            workload: w.clone(),
+            node_name: node.into(),
+            energy_mj,
+        }
+    }
+
+    fn nb(bucket_ms: UnixMs, node: &str, energy_mj: u64, idle_mj: u64, un: u64) -> NodeBucket {
+        NodeBucket {
+            bucket_ms,
+            node_name: node.into(),
+            energy_mj,
+            idle_mj,
+            unattributed_mj: un,
+        }
+    }
+
+    /// Three containers in two namespaces over two minutes on two nodes, conserving:
+    /// per node and bucket, workloads + idle + unattributed == energy.
+    fn sample() -> EnergyBuckets {
+        let (a, b, c) = (
+            container("a", "ml"),
+            container("b", "ml"),
+            container("c", "web"),
+        );
+        EnergyBuckets {
+            workloads: vec![
+                wb(0, &a, "n1", 500),
+                wb(0, &c, "n2", 100),
+                wb(60_000, &a, "n1", 400),
+                wb(60_000, &b, "n1", 200),
+                wb(60_000, &c, "n2", 50),
+            ],
+            nodes: vec![
+                nb(0, "n1", 600, 80, 20),
+                nb(0, "n2", 130, 30, 0),
+                nb(60_000, "n1", 700, 60, 40),
+                nb(60_000, "n2", 60, 10, 0),
+            ],
+        }
+    }
+
+    fn sum(bands: &[EnergyBand]) -> u64 {
+        bands.iter().map(|b| b.values_mj.iter().sum::<u64>()).sum()
+    }
+
+    #[test]
+    fn bands_add_up_to_the_fleet_and_each_group_to_its_total() {
+        let s = sample();
+        let fleet: u64 = s.nodes.iter().map(|b| b.energy_mj).sum();
+        let b = bands(
+            &s,
+            SeriesGroup::Workloads(GroupBy::Container),
+            0,
+            60_000,
+            2,
+            2,
+        );
+        let keys: Vec<&str> = b.iter().map(|x| x.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "container:a",
+                "container:b",
+                "other",
+                "unattributed",
+                "idle"
+            ]
+        );
+        assert_eq!(b[0].values_mj, [500, 400]);
+        assert_eq!(b[0].energy_mj, 900);
+        assert_eq!(b[2].values_mj, [100, 50], "container:c is the rest");
+        assert_eq!(b[3].values_mj, [20, 40]);
+        assert_eq!(b[4].values_mj, [110, 70]);
+        assert_eq!(sum(&b), fleet);
+        assert_eq!(
+            b[0].identity.as_ref().map(Workload::key).as_deref(),
+            Some("container:a")
+        );
+    }
+
+    #[test]
+    fn groups_by_namespace_and_by_node() {
+        let s = sample();
+        let fleet: u64 = s.nodes.iter().map(|b| b.energy_mj).sum();
+        let b = bands(
+            &s,
+            SeriesGroup::Workloads(GroupBy::Namespace),
+            0,
+            60_000,
+            2,
+            8,
+        );
+        assert_eq!(b[0].key, "namespace:ml");
+        assert_eq!(b[0].energy_mj, 1100);
+        assert_eq!(b[1].key, "namespace:web");
+        assert_eq!(b[2].key, "other");
+        assert_eq!(b[2].energy_mj, 0);
+        assert_eq!(sum(&b), fleet);
+        let b = bands(&s, SeriesGroup::Node, 0, 60_000, 2, 1);
+        let keys: Vec<&str> = b.iter().map(|x| x.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["node:n1", "other"],
+            "no idle band: a node's energy holds it"
+        );
+        assert_eq!(b[0].values_mj, [600, 700]);
+        assert_eq!(b[1].values_mj, [130, 60]);
+        assert_eq!(sum(&b), fleet);
+    }
+
+    #[test]
+    fn buckets_outside_the_answer_are_left_out_not_misplaced() {
+        let s = sample();
+        // One bucket only (the first): the second minute is not in it.
+        let b = bands(
+            &s,
+            SeriesGroup::Workloads(GroupBy::Container),
+            0,
+            60_000,
+            1,
+            8,
+        );
+        assert!(b.iter().all(|x| x.values_mj.len() == 1));
+        assert_eq!(sum(&b), 730);
+    }
 }

@@ -37,6 +37,7 @@ use utoipa::OpenApi;
         crate::api::energy::containers,
         crate::api::energy::container,
         crate::api::energy::energy,
+        crate::api::energy::energy_series,
         crate::api::waste::waste_view,
         crate::api::carbon::intensity,
         crate::api::reports::report,
@@ -137,6 +138,7 @@ mod tests {
             "/api/v1/containers",
             "/api/v1/containers/{key}",
             "/api/v1/energy",
+            "/api/v1/energy/series",
             "/api/v1/waste",
             "/api/v1/carbon/intensity",
             "/api/v1/report",
@@ -150,7 +152,7 @@ mod tests {
         ] {
             assert!(paths.contains_key(p), "{p} is not described");
         }
-        assert_eq!(paths.len(), 23, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 24, "{:?}", paths.keys().collect::<Vec<_>>());
         // Time parameters say what they accept.
         let from = &doc["paths"]["/api/v1/energy"]["get"]["parameters"][0];
         assert_eq!(from["name"], "from");

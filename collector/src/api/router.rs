@@ -34,6 +34,7 @@
 //! | `GET` | `/api/v1/containers` | energy per container (or pod, namespace, job, Slurm account, user) |
 //! | `GET` | `/api/v1/containers/{key}` | one workload's energy, with a per-minute series |
 //! | `GET` | `/api/v1/energy` | fleet total and energy per GPU (missing time, idle, method mix) |
+//! | `GET` | `/api/v1/energy/series` | energy over time: the biggest groups, the rest, idle and unattributed per bucket |
 //! | `GET` | `/api/v1/carbon/intensity` | one region's carbon intensity, with forecast and the lowest window |
 //! | `GET` | `/api/v1/waste` | idle-but-allocated episodes and totals per workload |
 //! | `GET` | `/api/v1/report` | the report per container, pod, job or node (`json`, `yaml`, `csv`, `table`) |

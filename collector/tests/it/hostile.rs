@@ -401,6 +401,7 @@ async fn out_of_range_times_are_400s_naming_the_parameter_on_every_route() {
         "/api/v1/containers?",
         "/api/v1/containers/container:abc?",
         "/api/v1/energy?",
+        "/api/v1/energy/series?",
         "/api/v1/report?node=tnode&",
         "/api/v1/report/plot.png?node=tnode&",
         "/api/v1/nodes/tnode/series?metric=power_mw&",

@@ -141,6 +141,39 @@ pub struct WorkloadEnergyPoint {
     pub share_ppm_ms: u64,
 }
 
+/// What [`EnergyStore::energy_buckets`] reads: the energy minutes of a range summed per
+/// bucket (the minutes whose `minute_ms / bucket_ms` is the same), per workload and node,
+/// and per node.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnergyBuckets {
+    /// Charged to a workload on a node's GPUs in a bucket (its active share, plus idle
+    /// under `spread`): what [`EnergyStore::workload_energy`] sums over the whole range.
+    pub workloads: Vec<WorkloadBucket>,
+    /// A node's GPUs in a bucket: what [`EnergyStore::gpu_energy`] sums over the range.
+    pub nodes: Vec<NodeBucket>,
+}
+
+/// One workload's energy on one node's GPUs in one bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkloadBucket {
+    /// The bucket's start: `minute_ms` rounded down to a multiple of the bucket length.
+    pub bucket_ms: UnixMs,
+    pub workload: Workload,
+    pub node_name: String,
+    pub energy_mj: u64,
+}
+
+/// One node's GPUs in one bucket: their energy, and of it the idle bucket (idle energy
+/// charged to no workload) and the unattributed activity (no process listed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeBucket {
+    pub bucket_ms: UnixMs,
+    pub node_name: String,
+    pub energy_mj: u64,
+    pub idle_mj: u64,
+    pub unattributed_mj: u64,
+}
+
 /// One workload's minute on a GPU whose utilization stayed at or below a threshold, with
 /// what waste detection (`accounting::waste` (collector)) judges and sums.
 #[derive(Debug, Clone, PartialEq)]
@@ -376,6 +409,16 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
 
     /// Energy per GPU over the minutes in `range` (GPUs with stored minutes only).
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError>;
+
+    /// The minutes in `range` (as [`EnergyStore::workload_energy`] and
+    /// [`EnergyStore::gpu_energy`] read them) summed per bucket of `bucket_ms` (a positive
+    /// number of milliseconds; buckets start at its multiples): per workload and node, and
+    /// per node. Both ordered by bucket, then workload key / node name.
+    async fn energy_buckets(
+        &self,
+        range: TimeRange,
+        bucket_ms: i64,
+    ) -> Result<EnergyBuckets, StoreError>;
 
     /// The idle-allocated workload minutes in `range` of `scope`, ordered by GPU, workload
     /// and minute: those passing the whole per-minute test of waste detection
@@ -1200,6 +1243,65 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             .fetch(query, |row| row.get::<Option<i64>>("start_ms"))
             .await?;
         Ok(rows.into_iter().flatten().next())
+    }
+
+    async fn energy_buckets(
+        &self,
+        range: TimeRange,
+        bucket_ms: i64,
+    ) -> Result<EnergyBuckets, StoreError> {
+        // A number the server chose, written into the text (not bound) so that both
+        // backends see one integer expression to group by.
+        let b = bucket_ms.max(1);
+        let query = sql::<DB>(
+            "sum workload energy per bucket",
+            format!(
+                "SELECT (m.minute_ms / {b}) * {b} AS bucket_ms, {WORKLOAD_COLS}, \
+                 n.name AS node_name, CAST(sum(m.energy_mj) AS BIGINT) AS energy_mj \
+                 FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
+                 JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
+                 WHERE m.minute_ms BETWEEN $1 AND $2 \
+                 GROUP BY 1, w.id, n.id ORDER BY 1, w.key, n.name"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        let workloads = self
+            .fetch(query, |row| {
+                Ok(WorkloadBucket {
+                    bucket_ms: row.get("bucket_ms")?,
+                    workload: rows::workload(row)?,
+                    node_name: row.get("node_name")?,
+                    energy_mj: row.nonneg("energy_mj")?,
+                })
+            })
+            .await?;
+        let query = sql::<DB>(
+            "sum GPU energy per bucket and node",
+            format!(
+                "SELECT (m.minute_ms / {b}) * {b} AS bucket_ms, n.name AS node_name, \
+                 CAST(sum(m.energy_mj) AS BIGINT) AS energy_mj, \
+                 CAST(sum(m.idle_mj) AS BIGINT) AS idle_mj, \
+                 CAST(sum(m.unattributed_mj) AS BIGINT) AS unattributed_mj \
+                 FROM energy_gpu_minutes m JOIN gpus g ON g.id = m.gpu_id \
+                 JOIN nodes n ON n.id = g.node_id WHERE m.minute_ms BETWEEN $1 AND $2 \
+                 GROUP BY 1, n.id ORDER BY 1, n.name"
+            ),
+        )
+        .bind(range.from_ms)
+        .bind(range.to_ms);
+        let nodes = self
+            .fetch(query, |row| {
+                Ok(NodeBucket {
+                    bucket_ms: row.get("bucket_ms")?,
+                    node_name: row.get("node_name")?,
+                    energy_mj: row.nonneg("energy_mj")?,
+                    idle_mj: row.nonneg("idle_mj")?,
+                    unattributed_mj: row.nonneg("unattributed_mj")?,
+                })
+            })
+            .await?;
+        Ok(EnergyBuckets { workloads, nodes })
     }
 
     async fn gpu_energy(&self, range: TimeRange) -> Result<Vec<GpuEnergy>, StoreError> {

@@ -123,6 +123,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/energy/series": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The fleet's energy over time, in bands that add up to the whole. */
+        get: operations["energy_series"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/fleet": {
         parameters: {
             query?: never;
@@ -588,6 +605,64 @@ export interface components {
             critical: number;
             ok: number;
             warning: number;
+        };
+        /** @description One band of [`EnergySeriesView`]. */
+        EnergyBand: {
+            /** Format: double */
+            energy_j: number;
+            /**
+             * Format: int64
+             * @description Its energy in the range: the sum of `values_mj` (a group's equals its row's
+             *     `energy_mj` in `/api/v1/containers`, or its node's in `/api/v1/energy`).
+             */
+            energy_mj: number;
+            identity?: components["schemas"]["Workload"] | null;
+            /**
+             * @description A group's key, as `/api/v1/containers?group_by=` keys its rows (`container:<id>`,
+             *     `namespace:<ns>`, …) or `node:<name>`; or `other`, `idle`, `unattributed`.
+             */
+            key: string;
+            /**
+             * @description `group`, `other` (the groups without a band of their own), `idle` (idle energy
+             *     charged to no workload) or `unattributed` (activity with no process listed).
+             */
+            kind: string;
+            /** @description Its energy per bucket, mJ, one per `buckets_ms`. */
+            values_mj: number[];
+        };
+        /**
+         * @description `GET /api/v1/energy/series`: the fleet's energy over time, per bucket, as bands that
+         *     stack up to the whole: the biggest groups, the rest (`other`), and (grouped by
+         *     workload) the `idle` energy charged to no workload and the `unattributed` activity.
+         */
+        EnergySeriesView: {
+            /**
+             * @description Bottom to top: the groups by energy, biggest first, then `other`, `unattributed`,
+             *     `idle`.
+             */
+            bands: components["schemas"]["EnergyBand"][];
+            /**
+             * @description Each bucket's start (a multiple of `step_ms`), oldest first; every band has one
+             *     value per bucket. A bucket holds the minutes of the range that start in it.
+             */
+            buckets_ms: components["schemas"]["i64"][];
+            /**
+             * Format: int64
+             * @description The GPUs' energy in the range: the sum of every band over every bucket, and
+             *     `/api/v1/energy`'s `total.energy_mj` for the same range.
+             */
+            energy_mj: number;
+            from: string;
+            from_ms: components["schemas"]["i64"];
+            /** @description `container`, `pod`, `namespace`, `job`, `account`, `user` or `node`. */
+            group_by: string;
+            /**
+             * Format: int64
+             * @description The buckets' length: 60 000 (a minute, for ranges up to 6 h) or 3 600 000 (an hour).
+             */
+            step_ms: number;
+            to: string;
+            to_ms: components["schemas"]["i64"];
         };
         EnergyTotals: {
             /**
@@ -1526,8 +1601,18 @@ export interface components {
         Workload: {
             /** @description The Slurm account the job is charged to. */
             account?: string | null;
+            /**
+             * @description The Slurm array task this job is, as `sacct` writes it: `<array job id>_<task id>`
+             *     (`SLURM_ARRAY_JOB_ID`, `SLURM_ARRAY_TASK_ID`); `job_id` is the task's own raw id.
+             */
+            array_task?: string | null;
             container_id?: string | null;
             container_name?: string | null;
+            /**
+             * @description The component of a heterogeneous Slurm job this job is, as `sacct` writes it:
+             *     `<het job id>+<offset>`; `job_id` is the component's own raw id.
+             */
+            het_component?: string | null;
             image?: string | null;
             job_id?: string | null;
             /** @description Slurm's job name (`SLURM_JOB_NAME`). */
@@ -2084,6 +2169,96 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["EnergyView"];
+                };
+            };
+            /** @description A bad parameter; the message names it. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No valid credential where one is needed. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description No such node, GPU, workload or data. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too many requests from this address; see `Retry-After`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /**
+             * @description The database does not answer now, or too many reports are being built; try again
+             *     (after `Retry-After`, when given).
+             */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    energy_series: {
+        parameters: {
+            query?: {
+                /**
+                 * @description RFC 3339, Unix ms, `now` or `now-15m`; default today (UTC midnight).
+                 * @example now-2h
+                 */
+                from?: string;
+                /**
+                 * @description RFC 3339, Unix ms, `now` or `now-15m`; default now.
+                 * @example now
+                 */
+                to?: string;
+                /**
+                 * @description `container` (default), `pod`, `namespace`, `job`, `account`, `user` or `node`.
+                 * @example namespace
+                 */
+                group_by?: string;
+                /**
+                 * @description How many of the biggest groups get a band of their own (1 to 50, default 8); the
+                 *     rest are `other`.
+                 * @example 8
+                 */
+                top?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description energy per bucket, in bands */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EnergySeriesView"];
                 };
             };
             /** @description A bad parameter; the message names it. */
@@ -3039,7 +3214,11 @@ export interface operations {
                 container?: string;
                 /** @description A pod UID. */
                 pod?: string;
-                /** @description A Slurm job id. */
+                /**
+                 * @description A Slurm job as sacct writes it: `123` (with its array tasks and heterogeneous
+                 *     components), `123_4` (an array task) or `123+1` (a heterogeneous job component).
+                 * @example 123_4
+                 */
                 job?: string;
                 /**
                  * @description A node name.
@@ -3146,7 +3325,11 @@ export interface operations {
                 container?: string;
                 /** @description A pod UID. */
                 pod?: string;
-                /** @description A Slurm job id. */
+                /**
+                 * @description A Slurm job as sacct writes it: `123` (with its array tasks and heterogeneous
+                 *     components), `123_4` (an array task) or `123+1` (a heterogeneous job component).
+                 * @example 123_4
+                 */
                 job?: string;
                 /**
                  * @description A node name.

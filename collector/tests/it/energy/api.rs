@@ -165,3 +165,108 @@ async fn energy_groups_by_slurm_account_with_the_jobs_names() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["subject"]["name"], "train (job 101, account physics)");
 }
+
+/// Energy over time: every band has a value per bucket, each group's band sums to its
+/// `/api/v1/containers` row and all bands to `/api/v1/energy`'s total, exactly (mJ).
+#[tokio::test]
+async fn the_energy_series_bands_add_up_to_the_rows_and_the_total() {
+    let (_dir, store) = sqlite_store().await;
+    the_energy_series_bands_add_up_on(store).await;
+}
+
+/// The same on PostgreSQL.
+#[tokio::test]
+async fn postgres_the_energy_series_bands_add_up() {
+    let (_schema, store) = pg_store().await;
+    the_energy_series_bands_add_up_on(store).await;
+}
+
+async fn the_energy_series_bands_add_up_on(store: Arc<dyn Store>) {
+    let node = one_gpu_node(&store, "GPU-series").await;
+    let ticks = (0..=121)
+        .map(|k| {
+            shared_tick(
+                "GPU-series",
+                T0 + k * 1000,
+                200_000,
+                Some(k as u64 * 200_000),
+            )
+        })
+        .collect();
+    write_ticks(&store, &node, 1, ticks).await;
+    Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
+        .pass()
+        .await
+        .expect("pass");
+    let range = format!("from={T0}&to={}", T0 + 10 * MIN);
+    let (status, total) = get_json(&store, &format!("/api/v1/energy?{range}")).await;
+    assert_eq!(status, 200, "{total}");
+    let (status, rows) = get_json(&store, &format!("/api/v1/containers?{range}")).await;
+    assert_eq!(status, 200, "{rows}");
+    let (status, v) = get_json(&store, &format!("/api/v1/energy/series?{range}")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["step_ms"], 60_000, "10 minutes: per minute");
+    let buckets = v["buckets_ms"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 11, "{buckets:?}");
+    let bands = v["bands"].as_array().expect("bands");
+    let kinds: Vec<&str> = bands.iter().filter_map(|b| b["kind"].as_str()).collect();
+    assert_eq!(kinds, ["group", "group", "other", "unattributed", "idle"]);
+    let mut all = 0;
+    for b in bands {
+        let values: Vec<u64> = (b["values_mj"].as_array().expect("values").iter())
+            .filter_map(serde_json::Value::as_u64)
+            .collect();
+        assert_eq!(values.len(), buckets.len(), "{b}");
+        let sum: u64 = values.iter().sum();
+        assert_eq!(b["energy_mj"].as_u64(), Some(sum), "{b}");
+        all += sum;
+        if b["kind"] == "group" {
+            let row = (rows["rows"].as_array().expect("rows").iter())
+                .find(|r| r["key"] == b["key"])
+                .unwrap_or_else(|| panic!("no row for band {b}"));
+            assert_eq!(row["energy_mj"].as_u64(), Some(sum), "{}", b["key"]);
+            assert_eq!(
+                b["identity"]["container_id"],
+                row["identity"]["container_id"]
+            );
+        }
+    }
+    assert_eq!(Some(all), total["total"]["energy_mj"].as_u64());
+    assert_eq!(v["energy_mj"], total["total"]["energy_mj"]);
+    // The biggest first: trainer (3 : 1).
+    assert_eq!(bands[0]["key"], format!("container:{A}"));
+    // By node: one band (and an empty `other`), the node's energy, no idle band.
+    let (status, v) = get_json(
+        &store,
+        &format!("/api/v1/energy/series?{range}&group_by=node&top=1"),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["bands"][0]["key"], "node:n1");
+    assert_eq!(
+        v["bands"][0]["energy_mj"],
+        total["nodes"]["n1"]["energy_mj"]
+    );
+    assert_eq!(v["bands"].as_array().map(Vec::len), Some(2));
+    for bad in ["group_by=pet", "top=0", "top=51", "top=x"] {
+        let (status, v) = get_json(&store, &format!("/api/v1/energy/series?{range}&{bad}")).await;
+        assert_eq!(status, 400, "{bad}: {v}");
+    }
+    // A year is per hour; ten thousand years of hours are too many.
+    let (status, v) = get_json(
+        &store,
+        &format!(
+            "/api/v1/energy/series?from={T0}&to={}",
+            T0 + 365 * 24 * 60 * MIN
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["step_ms"], 3_600_000);
+    let (status, _) = get_json(
+        &store,
+        "/api/v1/energy/series?from=0&to=9999-12-31T23:59:59Z",
+    )
+    .await;
+    assert_eq!(status, 400);
+}
