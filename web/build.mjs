@@ -1,7 +1,9 @@
-// Bundles the dashboard: src/main.ts (+ its CSS) -> OUT/assets/app-HASH.{js,css} and
-// src/index.html -> OUT/index.html with the hashed names filled in. OUT is
-// $GPUFLEET_WEB_OUT (the collector's build.rs sets it) or dist/.
+// Bundles the dashboard: src/main.ts (+ its CSS) -> OUT/assets/app-HASH.{js,css},
+// src/favicon.svg -> OUT/assets/favicon-HASH.svg, and src/index.html -> OUT/index.html with
+// the hashed names filled in. OUT is $GPUFLEET_WEB_OUT (the collector's build.rs sets it)
+// or dist/.
 import * as esbuild from 'esbuild';
+import { createHash } from 'node:crypto';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 
@@ -29,8 +31,15 @@ for (const [file, meta] of Object.entries(result.metafile.outputs)) {
 }
 if (!js || !css) throw new Error(`esbuild produced no app bundle: ${Object.keys(result.metafile.outputs)}`);
 
+// The icon is linked from index.html, so the browser never asks for /favicon.ico (which
+// the collector does not serve): no failed request on any page.
+const icon = readFileSync('src/favicon.svg');
+const iconName = `favicon-${createHash('sha256').update(icon).digest('hex').slice(0, 8).toUpperCase()}.svg`;
+writeFileSync(join(out, 'assets', iconName), icon);
+
 const html = readFileSync('src/index.html', 'utf8')
   .replaceAll('%APP_JS%', `/assets/${js}`)
-  .replaceAll('%APP_CSS%', `/assets/${css}`);
+  .replaceAll('%APP_CSS%', `/assets/${css}`)
+  .replaceAll('%FAVICON%', `/assets/${iconName}`);
 writeFileSync(join(out, 'index.html'), html);
 console.log(`built ${out}: ${js}, ${css}`);

@@ -63,6 +63,10 @@ export type WasteView = Schemas['WasteView'];
 export type Episode = Schemas['EpisodeView'];
 export type WorkloadTotal = Schemas['WorkloadTotalView'];
 
+// ---- Energy over time: /api/v1/energy/series
+export type EnergySeriesView = Schemas['EnergySeriesView'];
+export type EnergyBand = Schemas['EnergyBand'];
+
 // ---- Alerts: /api/v1/alerts, /api/v1/alerts/history, /api/v1/alerts/rules
 export type AlertState = Schemas['AlertState'];
 export type AlertsView = Schemas['AlertsView'];

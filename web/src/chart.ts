@@ -1,15 +1,86 @@
 // A thin wrapper over uPlot: a titled time-series panel whose data can be replaced (a
 // range was loaded) or extended (a live tick arrived). The container carries
 // data-last-ms (the newest x) so tests and users can see it advance.
+//
+// Colours come from the CSS custom properties of style.css (--fg, --grid, --series-N, …),
+// read when a chart draws: a change of the system's colour scheme redraws every chart in
+// the other palette. Axes are as wide as their widest label.
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 import { el } from './dom';
 
-const PALETTE = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f', '#edc948', '#b07aa1', '#ff9da7',
-  '#9c755f', '#bab0ac'];
+/** How many --series-N colours style.css defines. */
+const PALETTE_SIZE = 10;
+
+/** A CSS custom property of the document (its light or dark value, as the scheme is). */
+export function themeVar(name: string, fallback = '#888'): string {
+  const v = getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  return v || fallback;
+}
+
+/** The i-th series colour of the palette (--series-1 …). */
+export function seriesColor(i: number): string {
+  return themeVar(`--series-${(i % PALETTE_SIZE) + 1}`);
+}
+
+/** A series' colour: a custom property (`--good`), a colour, or the palette's i-th. */
+export function colorOf(color: string | undefined, i: number): string {
+  if (!color) return seriesColor(i);
+  return color.startsWith('--') ? themeVar(color) : color;
+}
+
+/** The font of axis values, as the canvas draws it (CSS px). */
+const AXIS_FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+const TICK_PX = 6;
+const GAP_PX = 5;
+let measurer: CanvasRenderingContext2D | null = null;
+
+function textWidth(s: string): number {
+  measurer ??= document.createElement('canvas').getContext('2d');
+  if (!measurer) return s.length * 7;
+  measurer.font = AXIS_FONT;
+  return measurer.measureText(s).width;
+}
+
+/** An axis sized to its labels: the widest value (y) or as many lines of text as its
+ * tallest label (x: uPlot puts the date under the first time of a day), so no label is
+ * clipped ("1.389 kWh", "11/29/26"). */
+function axisSize(_u: uPlot, values: string[] | null | undefined, axisIdx: number): number {
+  if (axisIdx === 0) {
+    const lines = Math.max(1, ...(values ?? []).map((v) => String(v ?? '').split('\n').length));
+    return 14 * lines + TICK_PX + GAP_PX + 8;
+  }
+  const widest = Math.max(0, ...(values ?? []).map((v) => textWidth(String(v ?? ''))));
+  return Math.max(32, Math.ceil(widest + TICK_PX + GAP_PX + 6));
+}
+
+/** The x (time) and y axes, in the theme's colours, y formatted by `fmt`. */
+export function themedAxes(fmt: (v: number) => string): uPlot.Axis[] {
+  const common = {
+    font: AXIS_FONT,
+    gap: GAP_PX,
+    size: axisSize,
+    stroke: () => themeVar('--fg'),
+    grid: { stroke: () => themeVar('--grid'), width: 1 },
+    ticks: { stroke: () => themeVar('--grid'), width: 1, size: TICK_PX },
+  };
+  return [
+    { ...common },
+    { ...common, values: (_u, vals) => vals.map((v) => (v === null ? '' : fmt(v))) },
+  ];
+}
+
+/** Redraws every chart when the system's colour scheme changes. */
+export const themed = new Set<uPlot>();
+if (typeof window !== 'undefined' && window.matchMedia) {
+  window.matchMedia('(prefers-color-scheme: dark)').addEventListener('change', () => {
+    for (const u of themed) u.redraw(false, true);
+  });
+}
 
 export interface SeriesSpec {
   label: string;
+  /** A CSS custom property (`--good`) or a colour; default: the palette's next. */
   color?: string;
   /** Draw the line across samples without a value: a counter read every few seconds
    * (the energy counter) has none between its readings, and is not absent there. */
@@ -58,12 +129,12 @@ export class Chart {
       height: this.spec.height ?? 180,
       cursor: this.spec.sync ? { sync: { key: this.spec.sync } } : {},
       scales: { x: { time: true }, y: this.spec.yRange ? { range: this.spec.yRange } : {} },
-      axes: [{}, { values: (_u, vals) => vals.map((v) => (v === null ? '' : fmt(v))), size: 84 }],
+      axes: themedAxes(fmt),
       series: [
         {},
         ...this.spec.series.map((s, i) => ({
           label: s.label,
-          stroke: s.color ?? PALETTE[i % PALETTE.length],
+          stroke: () => colorOf(s.color, i),
           width: 1.5,
           dash: this.spec.dashed?.[i] ? [6, 4] : undefined,
           spanGaps: s.spanGaps ?? false,
@@ -75,7 +146,7 @@ export class Chart {
           (u: uPlot) => {
             const ctx = u.ctx;
             ctx.save();
-            ctx.strokeStyle = '#d62728';
+            ctx.strokeStyle = themeVar('--bad', '#d62728');
             ctx.lineWidth = 2;
             for (const t of marks()) {
               const x = u.valToPos(t / 1000, 'x', true);
@@ -88,7 +159,7 @@ export class Chart {
             if (this.spec.now !== undefined) {
               const x = u.valToPos(this.spec.now / 1000, 'x', true);
               if (x >= u.bbox.left && x <= u.bbox.left + u.bbox.width) {
-                ctx.strokeStyle = '#8e8e93';
+                ctx.strokeStyle = themeVar('--muted', '#8e8e93');
                 ctx.lineWidth = 1;
                 ctx.setLineDash([2, 3]);
                 ctx.beginPath();
@@ -103,6 +174,7 @@ export class Chart {
       },
     };
     this.plot = new uPlot(opts, this.data as uPlot.AlignedData, this.root);
+    themed.add(this.plot);
   }
 
   /** Replaces the data: xs in ms, one array of values per series (a value the API left
@@ -148,6 +220,7 @@ export class Chart {
   }
 
   destroy(): void {
+    if (this.plot) themed.delete(this.plot);
     this.plot?.destroy();
     this.plot = null;
   }

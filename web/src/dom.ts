@@ -98,3 +98,10 @@ export function loadClass(util: number | null | undefined): string {
   if (util < 90) return 'load-3';
   return 'load-4';
 }
+
+/** A wide table in its own horizontally scrolling box, so the page itself is never wider
+ * than the window; the box takes the keyboard focus (arrow keys scroll it) and is named
+ * for screen readers. */
+export function scrollBox(label: string, table: HTMLElement): HTMLElement {
+  return el('div', { class: 'scroll', tabindex: '0', role: 'region', 'aria-label': label }, table);
+}

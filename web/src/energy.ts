@@ -2,15 +2,20 @@
 // Fleet totals (/api/v1/energy), a sortable table per container / pod / namespace / job /
 // user (/api/v1/containers?group_by=) or node (/api/v1/energy's nodes), a workload's energy
 // per minute (/api/v1/containers/{key}), and each region's carbon intensity with its
-// forecast. View state (range, group, sort, selected workload) lives in the URL.
+// forecast. Above the table, the range's energy over time (/api/v1/energy/series) as a
+// stacked chart: the biggest groups, the rest, idle and unattributed; a band (clicked on
+// the chart or its legend) filters the table. View state (range, group, sort, band,
+// selected workload) lives in the URL.
 import {
-  enc, getJson, type ContainerRow, type ContainersView, type ContainerView, type EnergyTotals, type EnergyView, type MethodMix,
+  enc, getJson, type ContainerRow, type ContainersView, type ContainerView, type EnergyBand, type EnergySeriesView, type EnergyTotals,
+  type EnergyView, type MethodMix,
 } from './api';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText, type CarbonFields } from './carbon';
 import { Chart } from './chart';
-import { clear, el, NA, num } from './dom';
+import { clear, el, NA, num, scrollBox } from './dom';
 import { intensitySection } from './intensity';
 import { currentRange, ENERGY_RANGES, rangePicker, type Range } from './range';
+import { StackChart, type StackBand } from './stack';
 import { nameOf } from './workload';
 
 const GROUPS: [string, string][] = [
@@ -44,18 +49,39 @@ interface Row extends CarbonFields {
 }
 
 type SortKey = 'label' | 'energy' | 'idle' | 'carbon' | 'gpu_seconds' | 'gpus';
+/** The columns that matter, so the table fits the window; a row's kind and carbon marks
+ * are under its name, how it was measured on the energy cell's hover, the rest on its own
+ * page (the row's detail). */
 const COLUMNS: [SortKey | null, string][] = [
   ['label', 'workload'],
-  [null, 'kind'],
   [null, 'nodes'],
   ['gpus', 'GPUs'],
   ['energy', 'energy'],
   ['idle', 'idle'],
   ['carbon', 'CO2'],
   ['gpu_seconds', 'GPU time'],
-  [null, 'marks'],
-  [null, 'measured by'],
 ];
+const NUMERIC = new Set<SortKey | null>(['gpus', 'energy', 'idle', 'carbon', 'gpu_seconds']);
+
+/** The chart's pseudo-bands: their colours and names. */
+const BAND_STYLE: Record<string, [string, string]> = {
+  other: ['--band-other', 'other'],
+  unattributed: ['--band-unattributed', 'unattributed (no process listed)'],
+  idle: ['--band-idle', 'idle (charged to no workload)'],
+};
+
+/** A band's name: a group's as its table row names it (the rows hold the group's
+ * identity), else the API's key. */
+function bandLabel(b: EnergyBand, rows: Row[]): string {
+  if (b.kind !== 'group') return BAND_STYLE[b.kind]?.[1] ?? b.key;
+  return rows.find((r) => r.key === b.key)?.label ?? (b.key.startsWith('node:') ? b.key.slice(5) : b.key);
+}
+
+/** kWh per bucket, with the precision its size needs. */
+function kwhAxis(v: number): string {
+  const a = Math.abs(v);
+  return `${v.toFixed(a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : a >= 0.1 ? 3 : 4)} kWh`;
+}
 
 function label(r: ContainerRow): [string, string] {
   const w = r.identity;
@@ -206,12 +232,17 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     return `/energy${s ? '?' + s : ''}`;
   };
 
-  const [energy, containers] = await Promise.all([
+  const [energy, containers, series] = await Promise.all([
     getJson<EnergyView>(`/api/v1/energy?${range}`),
     groupBy === 'node' ? Promise.resolve(null)
       : getJson<ContainersView>(`/api/v1/containers?${range}&group_by=${enc(groupBy)}`),
+    // The chart is an addition: the table stands without it.
+    getJson<EnergySeriesView>(`/api/v1/energy/series?${range}&group_by=${enc(groupBy)}`).catch((e: unknown) => e instanceof Error ? e : new Error(String(e))),
   ]);
   const rows = containers ? workloadRows(containers.rows) : nodeRows(energy);
+  /** The band the table is filtered by (`?band=`): a group's key, or `other`. */
+  const bands = series instanceof Error ? [] : series.bands;
+  let band = bands.some((b) => b.key === q.get('band') && (b.kind === 'group' || b.kind === 'other')) ? q.get('band') : null;
 
   const groupSel = el('select', { id: 'group-by', 'aria-label': 'group by' },
     ...GROUPS.map(([g, text]) => el('option', { value: g }, `per ${text.replace(/s$/, '')}`)));
@@ -253,18 +284,30 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     energyChart.setData(xs, [xs.map((x) => (byMinute.get(x) as number) / 3600)]);
   };
 
+  /** The rows a band stands for: its group's, or (`other`) those without a band. */
+  const inBand = (row: Row): boolean => {
+    if (!band) return true;
+    if (band === 'other') return !bands.some((b) => b.kind === 'group' && b.key === row.key);
+    return row.key === band;
+  };
+  const bandNote = el('p', { class: 'filtered muted', id: 'band-filter', role: 'status' });
+
   const renderTable = (): void => {
     clear(table);
+    clear(bandNote);
     const head = el('tr', {});
     for (const [k, text] of COLUMNS) {
+      const numCls = NUMERIC.has(k) ? 'num' : '';
       if (!k) {
-        head.append(el('th', {}, text));
+        head.append(el('th', { scope: 'col', class: numCls }, text));
         continue;
       }
       const arrow = k === sortKey ? (sortDir === 'asc' ? ' ▲' : ' ▼') : '';
-      const th = el('th', { class: 'sortable', 'data-sort': k, 'aria-sort': k === sortKey ? (sortDir === 'asc' ? 'ascending' : 'descending') : 'none' },
-        groupBy === 'node' && k === 'label' ? 'node' : text, arrow);
-      th.addEventListener('click', () => {
+      // A button in the header: sorting by keyboard too.
+      const button = el('button', { type: 'button' }, groupBy === 'node' && k === 'label' ? 'node' : text, arrow);
+      const th = el('th', { scope: 'col', class: `sortable ${numCls}`, 'data-sort': k, 'aria-sort': k === sortKey ? (sortDir === 'asc' ? 'ascending' : 'descending') : 'none' },
+        button);
+      button.addEventListener('click', () => {
         sortDir = k === sortKey ? (sortDir === 'asc' ? 'desc' : 'asc') : k === 'label' ? 'asc' : 'desc';
         sortKey = k;
         history.replaceState(null, '', urlWith({ sort: sortKey === 'energy' ? null : sortKey, dir: sortDir === 'desc' ? null : sortDir }));
@@ -275,42 +318,78 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     const body = el('tbody');
     let sumJ = 0;
     let sumG: number | null = null;
-    for (const row of sortRows(rows, sortKey, sortDir)) {
+    const shown = rows.filter(inBand);
+    if (band) {
+      const b = bands.find((x) => x.key === band);
+      const clearBtn = el('button', { type: 'button', id: 'band-clear' }, 'show all');
+      clearBtn.addEventListener('click', () => pickBand(null));
+      bandNote.append(`showing ${shown.length} of ${rows.length} rows: ${b ? bandLabel(b, rows) : band} `, clearBtn);
+    }
+    for (const row of sortRows(shown, sortKey, sortDir)) {
       sumJ += row.energyJ;
       const g = carbonG(row);
       if (g !== null) sumG = (sumG ?? 0) + g;
       const name = row.workloads.length > 0
         ? el('a', { href: urlWith({ workload: row.key }), class: 'workload', title: row.key }, row.label)
         : el('a', { href: `/node/${enc(row.label)}`, title: row.key }, row.label);
+      const marks = provenanceMarks(row);
+      const sub = [row.kind !== 'node' ? row.kind : '', row.sub].filter(Boolean).join(' · ');
       const tr = el('tr', { 'data-key': row.key, 'data-energy-j': String(row.energyJ), 'data-carbon-g': g === null ? '' : String(g) },
-        el('td', {}, name, row.sub ? el('div', { class: 'muted' }, row.sub) : null),
-        el('td', {}, row.kind),
-        el('td', {}, row.nodes.join(', ')),
-        el('td', { title: row.gpuNames }, String(row.gpus)),
-        el('td', { class: 'num', 'data-col': 'energy' }, kwh(row.energyKwh)),
+        el('td', { class: 'name' }, name, sub ? el('div', { class: 'muted' }, sub) : null,
+          marks.length ? el('div', { 'data-col': 'marks' }, ...marks) : null),
+        el('td', { class: 'name', title: row.nodes.join('\n') }, row.nodes.length > 2 ? `${row.nodes.slice(0, 2).join(', ')} +${row.nodes.length - 2}` : row.nodes.join(', ')),
+        el('td', { class: 'num', title: row.gpuNames }, String(row.gpus)),
+        el('td', { class: 'num', 'data-col': 'energy', title: `measured by ${methodText(row.method)}` }, kwh(row.energyKwh)),
         el('td', { class: 'num', 'data-col': 'idle', 'data-idle-j': String(row.idleJ), title: 'allocated but idle: the idle energy of the GPUs while held (by GPU memory held)' }, kwh(row.idleJ / 3.6e6)),
         el('td', { class: 'num', 'data-col': 'co2', title: sourcesText(row) ?? undefined }, co2(g)),
-        el('td', { class: 'num' }, duration(row.gpuSeconds)),
-        el('td', { 'data-col': 'marks' }, ...provenanceMarks(row)),
-        el('td', {}, methodText(row.method)));
+        el('td', { class: 'num' }, duration(row.gpuSeconds)));
       body.append(tr);
     }
-    if (rows.length === 0) body.append(el('tr', {}, el('td', { colspan: String(COLUMNS.length) }, 'no energy accounted in this range yet')));
+    if (shown.length === 0) body.append(el('tr', {}, el('td', { colspan: String(COLUMNS.length) }, rows.length ? 'no row in this band' : 'no energy accounted in this range yet')));
     const foot = el('tfoot', {}, el('tr', { id: 'energy-sum', 'data-energy-j': String(sumJ), 'data-carbon-g': sumG === null ? '' : String(sumG) },
-      el('td', { colspan: '4' }, `${rows.length} ${groupBy === 'node' ? 'nodes' : 'rows'}`),
+      el('td', { colspan: '3' }, `${shown.length} ${groupBy === 'node' ? 'nodes' : 'rows'}`),
       el('td', { class: 'num', 'data-col': 'energy' }, kwh(sumJ / 3.6e6)),
       el('td', {}),
       el('td', { class: 'num', 'data-col': 'co2' }, co2(sumG)),
-      el('td', { colspan: '3', class: 'note' }, groupBy === 'node' ? 'all GPUs' : 'attributed to workloads (the rest: idle, unattributed)')));
+      el('td', { class: 'note' }, groupBy === 'node' ? 'all GPUs' : 'attributed to workloads (the rest: idle, unattributed)')));
     table.append(el('thead', {}, head), body, foot);
   };
 
-  const intensity = await intensitySection(r, energy.total);
-  const conn = document.getElementById('conn');
-  if (conn) {
-    conn.textContent = '';
-    conn.className = 'conn';
+  // Energy over time: the stacked chart and its legend, a button per band.
+  const perHour = !(series instanceof Error) && series.step_ms >= 3_600_000;
+  const stack = new StackChart(`energy per ${perHour ? 'hour' : 'minute'}`, 'kWh', 'energy-chart');
+  const legend = el('ul', { class: 'bands', id: 'energy-bands', 'aria-label': 'bands: choose one to filter the table' });
+  const stackBands: StackBand[] = [];
+  let groupIndex = 0;
+  for (const b of bands) {
+    const color = b.kind === 'group' ? `--series-${(groupIndex++ % 10) + 1}` : (BAND_STYLE[b.kind]?.[0] ?? '--band-other');
+    stackBands.push({ key: b.key, label: bandLabel(b, rows), color, values: b.values_mj.map((v) => v / 3.6e9) });
   }
+  const pickBand = (key: string | null): void => {
+    // Idle and unattributed are no one's: they filter nothing, and say so.
+    const b = bands.find((x) => x.key === key);
+    band = key && b && (b.kind === 'group' || b.kind === 'other') ? key : null;
+    history.replaceState(null, '', urlWith({ band }));
+    for (const btn of legend.querySelectorAll('button')) btn.setAttribute('aria-pressed', String(btn.dataset.band === band));
+    renderTable();
+    if (key && b && !band) bandNote.append(`${bandLabel(b, rows)}: ${kwh(b.energy_mj / 3.6e9)}, charged to no row of the table`);
+  };
+  // A band's legend entry, in the chart's order (biggest group first; idle last).
+  bands.forEach((b, i) => {
+    const btn = el('button', {
+      type: 'button', 'data-band': b.key, 'data-kind': b.kind, 'data-energy-mj': String(b.energy_mj), 'aria-pressed': String(b.key === band),
+    }, el('span', { class: 'swatch', 'data-color': stackBands[i].color }), stackBands[i].label, ' ', el('span', { class: 'value' }, kwh(b.energy_mj / 3.6e9)));
+    btn.addEventListener('click', () => pickBand(b.key === band ? null : b.key));
+    legend.append(el('li', {}, btn));
+  });
+  if (series instanceof Error) stack.root.append(el('p', { class: 'error' }, `energy over time: ${series.message}`));
+  else {
+    stack.root.dataset.totalMj = String(series.energy_mj);
+    stack.root.dataset.stepMs = String(series.step_ms);
+    stack.root.append(legend);
+  }
+
+  const intensity = await intensitySection(r, energy.total);
   clear(app);
   app.append(
     el('h2', {}, 'Energy and carbon'),
@@ -320,11 +399,21 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     }, ENERGY_RANGES),
     totalsBox(energy.total, r),
     el('div', { class: 'toolbar' }, groupSel),
-    table,
+    stack.root,
+    bandNote,
+    scrollBox('energy per row', table),
     detail,
     intensity.root);
   renderTable();
   intensity.mount();
+  if (!(series instanceof Error)) {
+    stack.mount(series.buckets_ms, stackBands, kwhAxis, (i) => pickBand(bands[i].key === band ? null : bands[i].key));
+    // The swatches' colours, from the same custom properties (no inline style: CSP).
+    for (const sw of legend.querySelectorAll<HTMLElement>('.swatch')) {
+      const c = sw.dataset.color;
+      if (c) sw.classList.add(`sw${c.replace(/^--/, '-')}`);
+    }
+  }
 
   // A click anywhere on a workload's row opens its detail (a node's name links to its page).
   table.addEventListener('click', (e) => {
@@ -342,6 +431,7 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
   if (sel) void showDetail(sel);
   return () => {
     closeDetail();
+    stack.destroy();
     intensity.destroy();
   };
 }

@@ -13,7 +13,18 @@ const RELOAD_REASONS_MS = 10_000;
 /** A GPU counts as busy at or above this utilization. */
 export const BUSY_PCT = 10;
 
+/** Memory a GPU must hold, at 0 % utilization, to count as idle but allocated. */
+export const IDLE_HELD_BYTES = 1024 ** 3;
+
 type SortKey = 'name' | 'load' | 'status' | 'health';
+
+/** A GPU holding memory while doing nothing, the waste an operator hunts: 0 % utilization
+ * and at least 1 GiB held (`gpufleet top`'s rule, client/src/model.rs). An offline node's
+ * GPUs show no values, so none of them counts. */
+export function idleButAllocated(n: FleetNode, g: FleetGpu): boolean {
+  const l = g.latest;
+  return n.status !== 'offline' && !!l && l.util_gpu_pct === 0 && typeof l.mem_used_bytes === 'number' && l.mem_used_bytes >= IDLE_HELD_BYTES;
+}
 
 const HEALTH_RANK = { critical: 0, warning: 1, ok: 2 } as const;
 
@@ -26,7 +37,7 @@ function matches(n: FleetNode, q: string): boolean {
   if (!q) return true;
   const terms = q.toLowerCase().split(/\s+/).filter(Boolean);
   const hay = [n.name, ...Object.entries(n.labels).flatMap(([k, v]) => [k, v, `${k}=${v}`]), n.status,
-    n.health?.state ?? 'ok']
+    n.health?.state ?? 'ok', n.gpus.some((g) => idleButAllocated(n, g)) ? 'idle-allocated' : '']
     .map((s) => s.toLowerCase());
   return terms.every((t) => hay.some((h) => h.includes(t)));
 }
@@ -37,14 +48,20 @@ function tile(n: FleetNode, g: FleetGpu): HTMLElement {
   const memPct = l && l.mem_used_bytes != null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
   const health = g.health?.state ?? 'ok';
   const why = reasonsText(g.health?.reasons.filter((r) => r.severity !== 'ok'));
+  const idle = idleButAllocated(n, g);
+  const held = idle ? `idle but allocated: 0% utilization, ${bytes(l?.mem_used_bytes)} held` : '';
   const t = el('a', {
-    class: `tile ${loadClass(util)} health-${health}`,
+    class: `tile ${loadClass(util)} health-${health}${idle ? ' idle-alloc' : ''}`,
     href: `/gpu/${encodeURIComponent(g.uuid)}`,
-    title: `${g.name} ${g.uuid}${why ? '\n' + why : ''}`,
+    title: [`${g.name} ${g.uuid}`, held, why].filter(Boolean).join('\n'),
     'data-uuid': g.uuid,
     'data-health': health,
+    'data-idle-allocated': idle ? 'true' : undefined,
   },
-  el('span', { class: 'idx' }, `GPU ${g.index}`, health !== 'ok' ? healthBadge(health) : null),
+  // Its accessible name is its visible text, with the node (said, not shown) first.
+  el('span', { class: 'sr-only' }, `${n.name} `),
+  el('span', { class: 'idx' }, `GPU ${g.index}`, health !== 'ok' ? healthBadge(health) : null,
+    idle ? el('span', { class: 'idle-mark' }, 'idle') : null),
   el('span', { class: 'util' }, num(util, 0, '%')),
   el('span', { class: 'mem' }, 'mem ', num(memPct, 0, '%')),
   el('span', { class: 'pow' }, watts(l?.power_mw), ' / ', watts(l?.power_limit_mw)),
@@ -76,9 +93,13 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
   let filter = q.get('q') ?? '';
   let sort = (q.get('sort') as SortKey) ?? 'name';
   let page = Math.max(0, Number(q.get('page') ?? '0') || 0);
+  /** Only nodes with an idle-but-allocated GPU (`?idle=1`). */
+  let onlyIdle = q.get('idle') === '1';
 
   const totals = el('div', { class: 'totals', id: 'totals' });
-  const search = el('input', { type: 'search', id: 'filter', placeholder: 'filter: name, label (rack=r1), status', value: filter });
+  const search = el('input', { type: 'search', id: 'filter', 'aria-label': 'filter nodes', placeholder: 'filter: name, label (rack=r1), status, idle-allocated', value: filter });
+  const idleBtn = el('button', { type: 'button', id: 'only-idle', class: 'toggle', 'aria-pressed': String(onlyIdle),
+    title: 'only nodes with a GPU at 0% utilization holding at least 1 GiB' }, 'idle but allocated only');
   const sortSel = el('select', { id: 'sort', 'aria-label': 'sort' },
     el('option', { value: 'name' }, 'sort by name'),
     el('option', { value: 'load' }, 'sort by load'),
@@ -88,13 +109,14 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
   const pager = el('div', { class: 'pager' });
   const grid = el('div', { class: 'fleet', id: 'fleet' });
   clear(app);
-  app.append(el('div', { class: 'toolbar' }, search, sortSel, pager), totals, grid);
+  app.append(el('div', { class: 'toolbar' }, search, sortSel, idleBtn, pager), totals, grid);
 
   const keepUrl = () => {
     const p = new URLSearchParams();
     if (filter) p.set('q', filter);
     if (sort !== 'name') p.set('sort', sort);
     if (page) p.set('page', String(page));
+    if (onlyIdle) p.set('idle', '1');
     const s = p.toString();
     history.replaceState(null, '', s ? `/?${s}` : '/');
   };
@@ -105,6 +127,7 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     const all = [...nodes.values()];
     let gpus = 0;
     let busy = 0;
+    let idleAllocated = 0;
     let powerMw = 0;
     let powerKnown = false;
     const counts = { online: 0, stale: 0, offline: 0 };
@@ -117,6 +140,7 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       for (const g of n.gpus) {
         const u = g.latest?.util_gpu_pct;
         if (typeof u === 'number' && u >= BUSY_PCT) busy++;
+        if (idleButAllocated(n, g)) idleAllocated++;
         const p = g.latest?.power_mw;
         if (typeof p === 'number') {
           powerMw += p;
@@ -131,9 +155,11 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
       el('span', { 'data-total': 'gpus' }, `${gpus} GPUs`),
       el('span', { 'data-total': 'health' }, `${health.critical} critical · ${health.warning} warning`),
       el('span', { 'data-total': 'busy' }, `${busy} busy (≥ ${BUSY_PCT}%)`),
+      el('span', { 'data-total': 'idle-allocated', 'data-value': String(idleAllocated), class: idleAllocated > 0 ? 'idle-total' : undefined,
+        title: 'GPUs at 0% utilization holding at least 1 GiB of memory' }, `${idleAllocated} idle but allocated`),
       el('span', { 'data-total': 'power' }, `power now ${powerKnown ? (powerMw / 1e6).toFixed(2) + ' kW' : 'n/a'}`));
 
-    const shown = all.filter((n) => matches(n, filter));
+    const shown = all.filter((n) => matches(n, filter) && (!onlyIdle || n.gpus.some((g) => idleButAllocated(n, g))));
     if (sort === 'load') shown.sort((a, b) => nodeLoad(b) - nodeLoad(a) || a.name.localeCompare(b.name));
     else if (sort === 'status') {
       const rank = { offline: 0, stale: 1, online: 2 };
@@ -145,8 +171,8 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
     const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
     page = Math.min(page, pages - 1);
     clear(pager);
-    const prev = el('button', { type: 'button', id: 'prev' }, '‹');
-    const next = el('button', { type: 'button', id: 'next' }, '›');
+    const prev = el('button', { type: 'button', id: 'prev', 'aria-label': 'previous page' }, '‹');
+    const next = el('button', { type: 'button', id: 'next', 'aria-label': 'next page' }, '›');
     prev.disabled = page === 0;
     next.disabled = page >= pages - 1;
     prev.addEventListener('click', () => { page--; keepUrl(); render(); });
@@ -168,6 +194,13 @@ export async function fleetPage(app: HTMLElement): Promise<() => void> {
 
   search.addEventListener('input', () => { filter = search.value; page = 0; keepUrl(); schedule(); });
   sortSel.addEventListener('change', () => { sort = sortSel.value as SortKey; keepUrl(); schedule(); });
+  idleBtn.addEventListener('click', () => {
+    onlyIdle = !onlyIdle;
+    idleBtn.setAttribute('aria-pressed', String(onlyIdle));
+    page = 0;
+    keepUrl();
+    schedule();
+  });
 
   let staleReasons = false;
   let loadedAt = 0;

@@ -2,13 +2,15 @@
 // ...) drawn as red lines on every chart and listed below.
 import {
   enc, getJson, type Baseline, type EnergyView, type EventsView, type EventView, type GpuDetailView, type GpuSample, type GpuSeries,
+  type Process,
 } from './api';
 import { Chart, pairs } from './chart';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
-import { bytes, clear, el, NA, rate, watts } from './dom';
+import { bytes, clear, el, NA, patch, rate, scrollBox, watts } from './dom';
 import { healthBadge, reasonList, xidCell } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
+import { workloadCell } from './workload';
 
 /** A GPU sample's numeric fields: the metrics a GPU's series can be asked for
  * (client-side: derived from the API's GpuSample). */
@@ -50,6 +52,18 @@ function baselineText(b: Baseline): string {
   }
 }
 
+/** The GPU's processes in its latest tick, each workload by its name (ids on hover). */
+function processRows(procs: Process[]): HTMLElement[] {
+  if (procs.length === 0) return [el('tr', {}, el('td', { colspan: '6' }, 'no processes'))];
+  return procs.map((p) => el('tr', { 'data-pid': String(p.pid) },
+    el('td', {}, String(p.pid)),
+    el('td', {}, p.user ?? NA),
+    workloadCell(p.workload),
+    el('td', { class: 'cmd' }, p.command ?? NA),
+    el('td', {}, bytes(p.gpu_mem_bytes)),
+    el('td', {}, p.sm_util_pct === null || p.sm_util_pct === undefined ? NA : `${p.sm_util_pct}%`)));
+}
+
 export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: string) => void): Promise<() => void> {
   const g = await getJson<GpuDetailView>(`/api/v1/gpus/${enc(uuid)}`);
   const r = currentRange();
@@ -69,6 +83,7 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
       el('td', {}, e.detail)));
   }
   if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '5' }, 'no events in this range')));
+  const procBody = el('tbody', {}, ...processRows(g.node_status === 'offline' ? [] : g.processes));
   clear(app);
   app.append(
     el('h2', {}, el('a', { href: `/node/${enc(g.node)}` }, g.node), ` / GPU ${g.index} · ${g.name}`),
@@ -77,10 +92,13 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     reasonList(g.health?.reasons ?? [], 'gpu-reasons'),
     el('p', { class: 'muted', id: 'throttle' },
       g.throttle && g.throttle.length > 0 ? `clock-event reasons now: ${g.throttle.join(', ')}` : ''),
+    el('h3', {}, 'Processes now'),
+    scrollBox('processes', el('table', { id: 'gpu-processes', class: 'procs' }, el('thead', {}, el('tr', {}, ...['pid', 'user', 'workload', 'command', 'GPU mem', 'SM']
+      .map((h) => el('th', { scope: 'col' }, h)))), procBody)),
     rangePicker(r, (qs) => navigate(`/gpu/${enc(uuid)}${qs}`)),
     el('div', { class: 'panels small', id: 'panels' }, ...charts.map((c) => c.root)),
     el('h3', {}, 'Events'),
-    el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'what it means / what to do', 'detail'].map((h) => el('th', {}, h)))), evBody));
+    scrollBox('events', el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'what it means / what to do', 'detail'].map((h) => el('th', { scope: 'col' }, h)))), evBody)));
   for (const c of charts) c.mount();
   // The energy counter's panel also says what the GPU spent in the range, and its CO2.
   const counter = charts[METRICS.findIndex(([m]) => m === 'energy_mj')];
@@ -114,6 +132,7 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     tick: (t) => {
       const s = t.gpus.find((x) => x.uuid === uuid);
       if (!s) return;
+      patch(procBody, ...processRows(t.processes.filter((p) => p.gpu_uuid === uuid)));
       METRICS.forEach(([m], i) => {
         const v = s[m];
         charts[i].append(t.time_ms, [typeof v === 'number' ? v : null]);

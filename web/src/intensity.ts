@@ -83,7 +83,7 @@ export async function intensitySection(r: Range, fleet: CarbonFields): Promise<S
     const chart = new Chart({
       title: `${reg.region} (${s.provider})`,
       unit: 'gCO2/kWh',
-      series: [{ label: 'actual', color: '#2e7d32' }, { label: 'forecast', color: '#8e8e93' }],
+      series: [{ label: 'actual', color: '--good' }, { label: 'forecast', color: '--muted' }],
       fmt: (v) => `${Math.round(v)} g/kWh`,
       height: 160,
       dashed: [false, true],

@@ -1,4 +1,6 @@
 // One EventSource on /api/v1/live for the whole page (optionally filtered to one node).
+// Only a page fed by it shows the header's badge ("connecting…", "live", "reconnecting…");
+// the router clears the badge on every page change, so a past range shows none.
 import type { LiveStatus, LiveTick } from './api';
 
 export interface LiveHandlers {
@@ -18,6 +20,7 @@ export function openLive(node: string | null, h: LiveHandlers): () => void {
       conn.className = 'conn ' + cls;
     }
   };
+  setConn('connecting…', 'wait');
   es.addEventListener('open', () => setConn('live', 'ok'));
   es.addEventListener('error', () => setConn('reconnecting…', 'bad'));
   es.addEventListener('tick', (e) => h.tick?.(JSON.parse((e as MessageEvent).data) as LiveTick));

@@ -19,9 +19,20 @@ function crumbs(parts: [string, string][]): void {
   for (const [text, href] of parts) nav.append(' / ', el('a', { href }, text));
 }
 
+/** The connection badge says nothing until a page opens a live stream (`openLive`): a
+ * page showing a past range has none, and must not claim to be connecting. */
+function resetConn(): void {
+  const conn = document.getElementById('conn');
+  if (!conn) return;
+  conn.textContent = '';
+  conn.className = 'conn';
+  conn.removeAttribute('title');
+}
+
 async function route(): Promise<void> {
   teardown?.();
   teardown = null;
+  resetConn();
   const app = document.getElementById('app') as HTMLElement;
   const path = location.pathname;
   try {
@@ -63,6 +74,8 @@ function navigate(url: string): void {
 // Same-origin links are handled here, without reloading the page.
 document.addEventListener('click', (e) => {
   const a = (e.target as Element | null)?.closest('a');
+  // In-page links (the skip link) are the browser's.
+  if (a?.getAttribute('href')?.startsWith('#')) return;
   if (!a || e.defaultPrevented || e.button !== 0 || e.metaKey || e.ctrlKey || e.shiftKey) return;
   const url = new URL(a.href, location.href);
   if (url.origin !== location.origin || url.pathname.startsWith('/api/') || url.pathname === '/metrics') return;

@@ -3,25 +3,18 @@
 // tables follow the node's live stream.
 import {
   enc, getJson, type EnergyTotals, type EnergyView, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView,
-  type Process,
 } from './api';
 import { align, Chart, pairs } from './chart';
 import { carbonG, co2, kwh } from './carbon';
-import { ago, bytes, clear, el, NA, num, patch, rate, watts } from './dom';
+import { ago, bytes, clear, el, NA, num, patch, rate, scrollBox, watts } from './dom';
 import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
-import { nameOf } from './workload';
+import { workloadCell } from './workload';
 
 const pct = (v: number) => `${Math.round(v)}%`;
 const gib = (v: number) => `${(v / 2 ** 30).toFixed(1)} GiB`;
 const bps = (v: number) => rate(v);
-
-/** The workload cell: its name, what places it, and its ids on hover. */
-function workload(p: Process): HTMLElement {
-  const n = nameOf(p.workload);
-  return el('td', { 'data-col': 'workload', title: n.ids }, n.name, n.detail ? el('span', { class: 'muted sub' }, n.detail) : '');
-}
 
 /** The GPUs' energy in the page's range (absent until loaded, or when not accounted);
  * client-side: /api/v1/energy's GPUs by UUID. */
@@ -49,7 +42,7 @@ function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
       el('td', { 'data-col': 'energy' }, energy ? kwh(energy.get(g.uuid)?.energy_kwh) : '…'),
       el('td', { 'data-col': 'co2' }, energy ? co2(carbonG(energy.get(g.uuid))) : '…')));
   }
-  return el('table', { class: 'smi', id: 'gpu-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
+  return el('table', { class: 'smi', id: 'gpu-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', { scope: 'col' }, h)))), tbody);
 }
 
 function processTable(n: NodeView): HTMLElement {
@@ -61,14 +54,14 @@ function processTable(n: NodeView): HTMLElement {
       el('td', {}, String(byUuid.get(p.gpu_uuid) ?? NA)),
       el('td', {}, String(p.pid)),
       el('td', {}, p.user ?? NA),
-      workload(p),
+      workloadCell(p.workload),
       el('td', { class: 'cmd' }, p.command ?? NA),
       el('td', {}, bytes(p.gpu_mem_bytes)),
       el('td', {}, num(p.sm_util_pct, 0, '%'))));
   }
   if (procs.length === 0) tbody.append(el('tr', {}, el('td', { colspan: '7' }, 'no processes')));
   const head = ['GPU', 'pid', 'user', 'workload', 'command', 'GPU mem', 'SM'];
-  return el('table', { class: 'procs', id: 'process-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', {}, h)))), tbody);
+  return el('table', { class: 'procs', id: 'process-table' }, el('thead', {}, el('tr', {}, ...head.map((h) => el('th', { scope: 'col' }, h)))), tbody);
 }
 
 /** What is wrong on the node: its own reasons, then each GPU's that are not only informational. */
@@ -224,8 +217,8 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
   let energy: EnergyByGpu | null = null;
   const showTables = () => {
     patch(info, hostInfo(n, Date.now()));
-    patch(tables, el('h3', {}, 'Health'), healthSection(n), el('h3', {}, 'GPUs'), gpuTable(n, energy),
-      el('h3', {}, 'Processes'), processTable(n));
+    patch(tables, el('h3', {}, 'Health'), healthSection(n), el('h3', {}, 'GPUs'), scrollBox('GPUs', gpuTable(n, energy)),
+      el('h3', {}, 'Processes'), scrollBox('processes', processTable(n)));
   };
   void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(name)}`)
     .then((e) => {

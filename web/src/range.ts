@@ -68,14 +68,14 @@ function toLocalInput(ms: number): string {
 export function rangePicker(r: Range, go: (query: string) => void, choices: [string, number][] = RANGES): HTMLElement {
   const bar = el('div', { class: 'ranges', role: 'toolbar', 'aria-label': 'time range' });
   for (const [k] of choices) {
-    const b = el('button', { type: 'button', class: k === r.key ? 'active' : '', 'data-range': k }, k);
+    const b = el('button', { type: 'button', class: k === r.key ? 'active' : '', 'data-range': k, 'aria-pressed': String(k === r.key) }, k);
     b.addEventListener('click', () => go(k === choices[0][0] ? '' : `?range=${k}`));
     bar.append(b);
   }
   const from = el('input', { type: 'datetime-local', 'aria-label': 'from', value: toLocalInput(r.fromMs) });
   const to = el('input', { type: 'datetime-local', 'aria-label': 'to', value: toLocalInput(r.toMs) });
-  const apply = el('button', { type: 'button', class: r.key === 'custom' ? 'active' : '', 'data-range': 'custom' },
-    'custom');
+  const apply = el('button', { type: 'button', class: r.key === 'custom' ? 'active' : '', 'data-range': 'custom',
+    'aria-pressed': String(r.key === 'custom') }, 'custom');
   apply.addEventListener('click', () => {
     const f = new Date(from.value).getTime();
     const t = new Date(to.value).getTime();

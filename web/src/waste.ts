@@ -5,14 +5,15 @@
 // ?min_idle=30m, ?threshold=1).
 import { enc, getJson, type WasteView, type Workload } from './api';
 import { co2, kwh } from './carbon';
-import { bytes, clear, el, NA } from './dom';
+import { bytes, clear, el, NA, scrollBox } from './dom';
 import { currentRange, ENERGY_RANGES, rangePicker } from './range';
-import { nameOf } from './workload';
+import { workloadCell } from './workload';
 
-
-/** Who it is, as a person would name it. */
-function who(w: Workload, key: string): string {
-  return w.kind === 'host' && w.unit == null && w.uid == null ? key : nameOf(w).name;
+/** Who it is, as a person would name it: its name, what places it, its ids and key on
+ * hover (a host workload known by neither unit nor uid: its key). */
+function who(w: Workload, key: string): HTMLTableCellElement {
+  if (w.kind === 'host' && w.unit == null && w.uid == null) return el('td', { 'data-col': 'workload', title: key }, key);
+  return workloadCell(w, key);
 }
 
 function idleText(s: number): string {
@@ -71,7 +72,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     total('co2', 'CO2', co2(v.carbon_g), v.carbon_g));
 
   const table = el('table', { id: 'waste-table', class: 'energy' });
-  table.append(el('thead', {}, el('tr', {}, ...['workload', 'GPU', 'since', 'idle', 'memory held', 'energy', 'CO2'].map((h) => el('th', {}, h)))));
+  table.append(el('thead', {}, el('tr', {}, ...['workload', 'GPU', 'since', 'idle', 'memory held', 'energy', 'CO2'].map((h) => el('th', { scope: 'col' }, h)))));
   const body = el('tbody');
   for (const e of v.episodes) {
     body.append(el('tr', {
@@ -80,7 +81,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
       'data-carbon-g': e.carbon_g === null || e.carbon_g === undefined ? undefined : String(e.carbon_g),
       class: e.ongoing ? 'ongoing' : '',
     },
-    el('td', { 'data-col': 'workload', title: e.workload_key }, who(e.workload, e.workload_key), ' ', el('span', { class: 'muted' }, e.workload.kind)),
+    who(e.workload, e.workload_key),
     el('td', { 'data-col': 'gpu' }, el('a', { href: `/node/${enc(e.gpu.node)}` }, e.gpu.node), ' · ', el('a', { href: `/gpu/${enc(e.gpu.uuid)}` }, `GPU ${e.gpu.index}`)),
     el('td', { 'data-col': 'since' }, new Date(e.since_ms).toLocaleString()),
     el('td', { 'data-col': 'idle', 'data-idle-s': String(e.idle_seconds) }, idleText(e.idle_seconds),
@@ -92,11 +93,11 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
   table.append(body);
 
   const per = el('table', { id: 'waste-workloads', class: 'energy' });
-  per.append(el('thead', {}, el('tr', {}, ...['workload', 'episodes', 'idle', 'energy', 'CO2'].map((h) => el('th', {}, h)))));
+  per.append(el('thead', {}, el('tr', {}, ...['workload', 'episodes', 'idle', 'energy', 'CO2'].map((h) => el('th', { scope: 'col' }, h)))));
   const pbody = el('tbody');
   for (const w of v.workloads) {
     pbody.append(el('tr', { 'data-key': w.workload_key, 'data-energy-mj': String(w.energy_mj) },
-      el('td', { title: w.workload_key }, who(w.workload, w.workload_key)),
+      who(w.workload, w.workload_key),
       el('td', {}, String(w.episodes)),
       el('td', {}, idleText(w.idle_seconds)),
       el('td', {}, kwh(w.energy_kwh)),
@@ -112,8 +113,8 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
       + 'its energy is its share of the GPU\'s energy meanwhile, as the energy accounting split it.'),
     el('div', { class: 'toolbar' }, rangePicker(r, (query) => navigate(withRule(query)), ENERGY_RANGES), minSel),
     totals,
-    v.episodes.length === 0 ? el('p', { id: 'no-episodes', class: 'muted' }, 'No idle-but-allocated GPUs in this range.') : table,
+    v.episodes.length === 0 ? el('p', { id: 'no-episodes', class: 'muted' }, 'No idle-but-allocated GPUs in this range.') : scrollBox('episodes', table),
     el('h3', {}, 'Per workload'),
-    per);
+    scrollBox('per workload', per));
   return () => {};
 }

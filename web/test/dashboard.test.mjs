@@ -471,7 +471,7 @@ test('the energy page lists the demo\'s workloads with their energy, and its tot
   assert.ok(forecastDrawn === count('forecast') || forecastDrawn === count('forecast') + 1, `forecast drawn: ${forecastDrawn}`);
 
   // Sorting by a column reorders the rows and is kept in the URL.
-  await page.click('#energy-table th[data-sort=gpu_seconds]');
+  await page.click('#energy-table th[data-sort=gpu_seconds] button');
   await page.waitForURL(/sort=gpu_seconds/);
   const secs = await page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
   const bySecs = [...rows].sort((a, b) => b.gpu_seconds - a.gpu_seconds || (a.key < b.key ? -1 : 1)).map((r) => r.key);
@@ -705,6 +705,155 @@ test('the waste page lists the idle-but-allocated episodes the API gives, linked
   assert.equal(after.searchParams.get('threshold'), '30', page.url());
   await page.locator('#waste-rule').waitFor();
   assert.match(await page.locator('#waste-rule').innerText(), /at or below 30 % utilization for at least 1 minutes/);
+  await page.context().close();
+});
+
+test('the energy chart\'s bands add up to the table\'s totals, and a band filters the table', async () => {
+  const { energy, rows } = await historyFigures();
+  const { from, to, query } = historyRange();
+  const s = await api(`/api/v1/energy/series?from=${from}&to=${to}`);
+  assert.equal(s.step_ms, 60_000, 'a short range is bucketed per minute');
+  assert.deepEqual(s.buckets_ms, [from, from + 60_000]);
+  for (const b of s.bands) assert.equal(b.values_mj.length, s.buckets_ms.length, b.key);
+  assert.equal(s.energy_mj, energy.total.energy_mj);
+
+  const page = await newPage();
+  await page.goto(`${http}/energy?${query}`);
+  await page.locator('#energy-chart canvas').waitFor({ timeout: 10_000 });
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor();
+  const bands = await page.$$eval('#energy-bands button[data-band]', (bs) => bs.map((b) => [
+    b.getAttribute('data-band'), b.getAttribute('data-kind'), Number(b.getAttribute('data-energy-mj'))]));
+  assert.deepEqual(bands.map((b) => b[0]), s.bands.map((b) => b.key), 'one legend entry per band, in order');
+  const mj = (kind) => bands.filter((b) => b[1] === kind).reduce((a, b) => a + b[2], 0);
+  // All bands together: the fleet's energy, exactly; idle and unattributed: the totals'.
+  assert.equal(bands.reduce((a, b) => a + b[2], 0), energy.total.energy_mj);
+  assert.equal(Number(await page.locator('#energy-chart').getAttribute('data-total-mj')), energy.total.energy_mj);
+  assert.ok(Math.abs(mj('idle') / 1000 - energy.total.idle_bucket_j) < 0.01, `idle ${mj('idle')} mJ`);
+  assert.ok(Math.abs(mj('unattributed') / 1000 - energy.total.unattributed_j) < 0.01);
+  // The groups and the rest: the table's sum; each group's band: its row.
+  const sumJ = Number(await page.locator('#energy-sum').getAttribute('data-energy-j'));
+  assert.ok(Math.abs((mj('group') + mj('other')) / 1000 - sumJ) < 0.01, `${mj('group') + mj('other')} mJ vs ${sumJ} J`);
+  const shown = await tableRows(page);
+  const groups = bands.filter((b) => b[1] === 'group');
+  assert.ok(groups.length >= 4, 'the demo\'s biggest workloads have bands');
+  for (const [key, , e] of groups) {
+    const row = rows.find((r) => r.key === key);
+    assert.ok(row, `${key} is a row`);
+    assert.equal(e, row.energy_mj, `${key}: its band is its row`);
+    assert.equal(shown.find((r) => r[0] === key)?.[1], row.energy_j);
+  }
+  // A band (its legend entry, by keyboard) filters the table to its row; again shows all.
+  const first = groups[0][0];
+  await page.focus(`#energy-bands button[data-band="${first}"]`);
+  await page.keyboard.press('Enter');
+  await page.waitForURL((u) => new URL(u).searchParams.get('band') === first);
+  assert.deepEqual((await tableRows(page)).map((r) => r[0]), [first]);
+  await page.click(`#energy-bands button[data-band="${first}"]`);
+  await page.waitForURL((u) => !new URL(u).searchParams.has('band'));
+  assert.equal((await tableRows(page)).length, rows.length);
+
+  // Grouped by namespace, the bands are namespaces and still add up.
+  await page.selectOption('#group-by', 'namespace');
+  await page.waitForURL(/group_by=namespace/);
+  await page.locator('#energy-table[data-group-by=namespace] tbody tr[data-key]').first().waitFor();
+  await page.locator('#energy-chart canvas').waitFor();
+  const ns = await page.$$eval('#energy-bands button[data-band]', (bs) => bs.map((b) => [
+    b.getAttribute('data-band'), b.getAttribute('data-kind'), Number(b.getAttribute('data-energy-mj'))]));
+  assert.ok(ns.filter((b) => b[1] === 'group').every((b) => b[0].startsWith('namespace:')), JSON.stringify(ns));
+  assert.equal(ns.reduce((a, b) => a + b[2], 0), energy.total.energy_mj);
+  await page.context().close();
+});
+
+// ---- Every page: accessible (axe-core: no serious or critical violation, light and
+// dark), no console error or failed request, no wider than a 1400-pixel window, and a
+// "connecting" or "live" badge only where a live stream feeds the page.
+const AXE = `${repo}web/node_modules/axe-core/axe.min.js`;
+
+async function everyPage() {
+  const fleet = await api('/api/v1/fleet');
+  const gpu = encodeURIComponent(fleet.find((n) => n.name === NODES[0]).gpus[0].uuid);
+  const { query } = historyRange();
+  // [what, path, a live stream feeds it, what to wait for]
+  return [
+    ['fleet', '/', true, '.tile'],
+    ['node', `/node/${NODES[0]}`, true, '#process-table tbody tr'],
+    ['node, 1 h', `/node/${NODES[0]}?range=1h`, false, '.panel[data-title="GPU Utilization"][data-points]'],
+    ['GPU', `/gpu/${gpu}`, true, '#gpu-processes tbody tr'],
+    ['GPU, 7 d', `/gpu/${gpu}?range=7d`, false, '.panel[data-title="power"][data-points]'],
+    ['energy', `/energy?${query}`, false, '#energy-chart canvas'],
+    ['energy per node', `/energy?${query}&group_by=node`, false, '#energy-chart canvas'],
+    ['energy today', '/energy', false, '#energy-table tbody tr'],
+    ['waste', '/waste', false, '#waste-totals'],
+    ['alerts', '/alerts', false, '#alerts-table tbody tr'],
+  ];
+}
+
+test('every page is accessible, quiet in the console, fits 1400 pixels and badges only live pages', async () => {
+  await historyFigures();
+  const pages = await everyPage();
+  // axe is injected as a script: this context bypasses the CSP the other pages carry.
+  const context = await browser.newContext({ viewport: { width: 1400, height: 900 }, bypassCSP: true });
+  const problems = [];
+  for (const scheme of ['light', 'dark']) {
+    for (const [what, path, live, ready] of pages) {
+      const page = await context.newPage();
+      await page.emulateMedia({ colorScheme: scheme });
+      const where = `${what} (${path}, ${scheme})`;
+      page.on('console', (msg) => { if (msg.type() === 'error') problems.push(`${where}: console: ${msg.text()}`); });
+      page.on('pageerror', (e) => problems.push(`${where}: page error: ${e.message}`));
+      page.on('response', (r) => { if (r.status() >= 400) problems.push(`${where}: ${r.status()} ${r.url()}`); });
+      page.on('requestfailed', (r) => {
+        // A live stream cut when the page closes is not a failure.
+        if (!r.url().includes('/api/v1/live')) problems.push(`${where}: failed ${r.url()} ${r.failure()?.errorText}`);
+      });
+      await page.goto(`${http}${path}`);
+      await page.locator(ready).first().waitFor({ timeout: 15_000 });
+      if (live) {
+        await page.waitForFunction(() => document.getElementById('conn')?.textContent === 'live', undefined, { timeout: 10_000 });
+      } else {
+        // Past ranges: no stream, no badge, never "connecting".
+        await page.waitForTimeout(1500);
+        const badge = await page.locator('#conn').textContent();
+        assert.equal(badge, '', `${where}: badge ${JSON.stringify(badge)}`);
+      }
+      assert.ok(!/connecting/i.test(await page.locator('#top').innerText()) || live, `${where}: says connecting`);
+      const width = await page.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(width <= 1400, `${where}: ${width} px wide in a 1400 px window`);
+      await page.addScriptTag({ path: AXE });
+      const result = await page.evaluate(async () => {
+        const r = await window.axe.run(document, { resultTypes: ['violations'] });
+        return r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map((n) => n.target.join(' ')) }));
+      });
+      for (const v of result.filter((x) => x.impact === 'serious' || x.impact === 'critical')) {
+        problems.push(`${where}: axe ${v.impact} ${v.id} (${v.help}): ${v.nodes.join(', ')}`);
+      }
+      if (scheme === 'light') await page.screenshot({ path: `${shots}/a11y-${what.replace(/\W+/g, '-')}.png` });
+      await page.close();
+    }
+  }
+  await context.close();
+  assert.deepEqual(problems, []);
+});
+
+test('the fleet page marks, counts and filters idle-but-allocated GPUs as gpufleet top does', async () => {
+  const page = await newPage();
+  await page.goto(`${http}/`);
+  await page.waitForFunction(() => [...document.querySelectorAll('.tile .util')].some((e) => /\d+%/.test(e.textContent ?? '')));
+  await page.waitForTimeout(500);
+  // The tiles marked are those the rule picks from the values they show.
+  const tiles = await page.$$eval('.tile', (ts) => ts.map((t) => [t.getAttribute('data-uuid'), t.getAttribute('data-idle-allocated') === 'true',
+    t.querySelector('.util')?.textContent ?? '']));
+  for (const [uuid, idle, util] of tiles) if (idle) assert.equal(util, '0%', `${uuid} marked idle at ${util}`);
+  const marked = tiles.filter((t) => t[1]).length;
+  const counted = Number(await page.locator('[data-total=idle-allocated]').getAttribute('data-value'));
+  assert.ok(Math.abs(counted - marked) <= 1, `counted ${counted}, marked ${marked} (a tick may fall between)`);
+  // The filter keeps only nodes with such a GPU, and the URL keeps it.
+  await page.click('#only-idle');
+  await page.waitForURL(/idle=1/);
+  await page.waitForFunction(() => [...document.querySelectorAll('article.node')].every((n) => n.querySelector('.tile[data-idle-allocated=true]')));
+  assert.equal(await page.locator('#only-idle').getAttribute('aria-pressed'), 'true');
+  await page.click('#only-idle');
+  await page.waitForURL((u) => !new URL(u).searchParams.has('idle'));
   await page.context().close();
 });
 
