@@ -399,6 +399,19 @@ def cmd_flags(root: str, render_dir: str, bin_dir: str) -> None:
                 continue
             for var in sorted(set(re.findall(r"\bGPUFLEET_[A-Z0-9_]+", template.read_text()))):
                 use(binary, argv[1], var, f"{template.relative_to(root)} (for {unit.name})")
+    # Slurm's scripts (deploy/slurm/): the `exec BINARY SUB --flag …` they run.
+    for script in sorted(Path(root, "deploy/slurm").glob("*")):
+        text = script.read_text().replace("\\\n", " ")
+        runs = re.findall(r"^\s*exec\s+(\S+)\s+([a-z][a-z-]*)(.*)$", text, re.M)
+        if not runs:
+            record(False, f"deploy/slurm/{script.name}: runs no gpufleet binary's subcommand")
+        for path, sub, rest in runs:
+            binary = os.path.basename(path)
+            if binary not in BINARIES:
+                record(False, f"deploy/slurm/{script.name}: runs {binary!r}, no gpufleet binary")
+                continue
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", rest):
+                use(binary, sub, flag, f"deploy/slurm/{script.name}")
     docker = dockerfile_stages(root)
     for stage, st in docker["stages"].items():
         entry = [json.loads(r) for w, r in st["lines"] if w == "ENTRYPOINT"]

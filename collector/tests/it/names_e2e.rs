@@ -184,6 +184,10 @@ async fn names_from_slurm_and_podman_reach_the_api_and_the_snapshot() {
 
     let proc_root = dir.path().join("proc");
     proc_fixture(&proc_root, &container_id);
+    // A node without Slurm's commands: `scripts/test` installs Slurm on this machine, and
+    // an `scontrol` that cannot reach a controller fails otherwise than "not found".
+    let no_scontrol = dir.path().join("bin");
+    std::fs::create_dir_all(&no_scontrol).expect("an empty PATH folder");
     let lib = fake_nvml(dir.path());
     let docker_host = format!("unix://{}", socket.display());
     let db = format!("sqlite://{}", dir.path().join("c.db").display());
@@ -199,7 +203,7 @@ async fn names_from_slurm_and_podman_reach_the_api_and_the_snapshot() {
         .arg(dir.path().join("spool"))
         .args(["--docker-label", "team"])
         .env("DOCKER_HOST", &docker_host)
-        .env("PATH", "/usr/bin:/bin")
+        .env("PATH", &no_scontrol)
         .env("GPUFLEET_LOG", "warn")
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -248,7 +252,7 @@ async fn names_from_slurm_and_podman_reach_the_api_and_the_snapshot() {
         .arg(&proc_root)
         .args(["--docker-label", "team"])
         .env("DOCKER_HOST", &docker_host)
-        .env("PATH", "/usr/bin:/bin")
+        .env("PATH", &no_scontrol)
         .env("GPUFLEET_LOG", "warn")
         .output()
         .await
@@ -273,7 +277,7 @@ async fn names_from_slurm_and_podman_reach_the_api_and_the_snapshot() {
         .arg("--proc-root")
         .arg(&proc_root)
         .env("DOCKER_HOST", &docker_host)
-        .env("PATH", "/usr/bin:/bin")
+        .env("PATH", &no_scontrol)
         .output()
         .await
         .expect("snapshot");
