@@ -837,11 +837,10 @@ mod series_tests {
         }
     }
 
-    fn wb(bucket_ms: UnixMs, w: &Workload, node: &str, energy_mj: u64) -> WorkloadBucket {
+    fn wb(bucket_ms: UnixMs, w: &Workload, energy_mj: u64) -> WorkloadBucket {
         WorkloadBucket {
             bucket_ms,
             workload: w.clone(),
-            node_name: node.into(),
             energy_mj,
         }
     }
@@ -866,11 +865,11 @@ mod series_tests {
         );
         EnergyBuckets {
             workloads: vec![
-                wb(0, &a, "n1", 500),
-                wb(0, &c, "n2", 100),
-                wb(60_000, &a, "n1", 400),
-                wb(60_000, &b, "n1", 200),
-                wb(60_000, &c, "n2", 50),
+                wb(0, &a, 500),
+                wb(0, &c, 100),
+                wb(60_000, &a, 400),
+                wb(60_000, &b, 200),
+                wb(60_000, &c, 50),
             ],
             nodes: vec![
                 nb(0, "n1", 600, 80, 20),

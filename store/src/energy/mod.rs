@@ -142,24 +142,23 @@ pub struct WorkloadEnergyPoint {
 }
 
 /// What [`EnergyStore::energy_buckets`] reads: the energy minutes of a range summed per
-/// bucket (the minutes whose `minute_ms / bucket_ms` is the same), per workload and node,
-/// and per node.
+/// bucket (the minutes whose `minute_ms / bucket_ms` is the same), per workload and per
+/// node.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EnergyBuckets {
-    /// Charged to a workload on a node's GPUs in a bucket (its active share, plus idle
-    /// under `spread`): what [`EnergyStore::workload_energy`] sums over the whole range.
+    /// Charged to a workload in a bucket, on every GPU it used (its active share, plus
+    /// idle under `spread`): what [`EnergyStore::workload_energy`] sums over the range.
     pub workloads: Vec<WorkloadBucket>,
     /// A node's GPUs in a bucket: what [`EnergyStore::gpu_energy`] sums over the range.
     pub nodes: Vec<NodeBucket>,
 }
 
-/// One workload's energy on one node's GPUs in one bucket.
+/// One workload's energy in one bucket.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadBucket {
     /// The bucket's start: `minute_ms` rounded down to a multiple of the bucket length.
     pub bucket_ms: UnixMs,
     pub workload: Workload,
-    pub node_name: String,
     pub energy_mj: u64,
 }
 
@@ -412,8 +411,8 @@ pub trait EnergyStore: Send + Sync + std::fmt::Debug {
 
     /// The minutes in `range` (as [`EnergyStore::workload_energy`] and
     /// [`EnergyStore::gpu_energy`] read them) summed per bucket of `bucket_ms` (a positive
-    /// number of milliseconds; buckets start at its multiples): per workload and node, and
-    /// per node. Both ordered by bucket, then workload key / node name.
+    /// number of milliseconds; buckets start at its multiples): per workload, and per
+    /// node. Both ordered by bucket, then workload key / node name.
     async fn energy_buckets(
         &self,
         range: TimeRange,
@@ -1257,11 +1256,10 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "sum workload energy per bucket",
             format!(
                 "SELECT (m.minute_ms / {b}) * {b} AS bucket_ms, {WORKLOAD_COLS}, \
-                 n.name AS node_name, CAST(sum(m.energy_mj) AS BIGINT) AS energy_mj \
+                 CAST(sum(m.energy_mj) AS BIGINT) AS energy_mj \
                  FROM energy_workload_minutes m JOIN workloads w ON w.id = m.workload_id \
-                 JOIN gpus g ON g.id = m.gpu_id JOIN nodes n ON n.id = g.node_id \
                  WHERE m.minute_ms BETWEEN $1 AND $2 \
-                 GROUP BY 1, w.id, n.id ORDER BY 1, w.key, n.name"
+                 GROUP BY 1, w.id ORDER BY 1, w.key"
             ),
         )
         .bind(range.from_ms)
@@ -1271,7 +1269,6 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 Ok(WorkloadBucket {
                     bucket_ms: row.get("bucket_ms")?,
                     workload: rows::workload(row)?,
-                    node_name: row.get("node_name")?,
                     energy_mj: row.nonneg("energy_mj")?,
                 })
             })
