@@ -16,9 +16,9 @@
 //! - **`slurm-backfill`**: every job that ended in a range and has no summary yet (all of
 //!   them with `--redo`), for epilogs that did not run (a controller restart).
 //!
-//! **Where the figures come from.** The collector's report (`/api/v1/report?job=`, with a
-//! viewer token) or the database itself (`--db`): the same report as `report --job`, so
-//! the joules agree.
+//! **Where the figures come from.** The collector's report of the job's workload
+//! (`/api/v1/report?container=slurm:<raw id>`, with a viewer token) or the database itself
+//! (`--db`): the same figures as `report --job` gives for the job, so the joules agree.
 //!
 //! **What is written.** A compact, versioned JSON object, `{"gpufleet":{"v":1,…}}`, with
 //! lower-case keys and numbers only ([`Summary`]): Slurm 22.05's `sacctmgr` lower-cases an
@@ -402,7 +402,12 @@ impl Reports {
     }
 
     /// The job's report over `range`; `None` when the collector has no energy for it.
-    async fn report(&self, job: &str, range: TimeRange) -> Result<Option<Report>, SlurmError> {
+    ///
+    /// Asked by its workload key, `slurm:<raw id>` (the id its cgroup gives the agent):
+    /// exactly this job, whether or not the agent learned its array task or heterogeneous
+    /// component (names arrive after the first samples, and a short job may end first).
+    async fn report(&self, job: &SacctJob, range: TimeRange) -> Result<Option<Report>, SlurmError> {
+        let key = format!("slurm:{}", job.raw);
         match self {
             Reports::Api {
                 client,
@@ -410,7 +415,7 @@ impl Reports {
                 token,
             } => {
                 let mut req = client.get(format!("{base}/api/v1/report")).query(&[
-                    ("job", job.to_owned()),
+                    ("container", key),
                     ("from", range.from_ms.to_string()),
                     ("to", range.to_ms.to_string()),
                     ("format", "json".to_owned()),
@@ -441,7 +446,7 @@ impl Reports {
                 }
             }
             Reports::Db(store) => {
-                match build(store.as_ref(), &ReportSubject::Job(job.to_owned()), range).await {
+                match build(store.as_ref(), &ReportSubject::Container(key), range).await {
                     Ok(r) => Ok(Some(r)),
                     Err(crate::accounting::report::ReportError::NotFound(_)) => Ok(None),
                     Err(e) => Err(SlurmError::Source(e.to_string())),
@@ -532,7 +537,7 @@ async fn account_now(
     reports: &Reports,
     job: &SacctJob,
 ) -> Result<Outcome, SlurmError> {
-    let Some(report) = reports.report(&job.id, job_range(job, now_ms())).await? else {
+    let Some(report) = reports.report(job, job_range(job, now_ms())).await? else {
         return Ok(Outcome::NoEnergy);
     };
     let Some(summary) = Summary::of(&report) else {
@@ -592,7 +597,7 @@ async fn epilog_loop(
     let mut final_since: Option<tokio::time::Instant> = None;
     let mut is_final = false;
     loop {
-        match reports.report(job_id, job_range(&job, now_ms())).await {
+        match reports.report(&job, job_range(&job, now_ms())).await {
             Ok(Some(report)) => {
                 let summary = Summary::of(&report);
                 // Final: every minute up to the job's end is accounted on its GPUs.
