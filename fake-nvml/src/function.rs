@@ -41,6 +41,10 @@ functions! {
     nvmlEventSetCreate,
     nvmlEventSetWait_v2,
     nvmlEventSetFree,
+    // GPM samples and metrics (no device handle).
+    nvmlGpmSampleAlloc,
+    nvmlGpmSampleFree,
+    nvmlGpmMetricsGet,
     // Static device facts.
     nvmlDeviceGetUUID,
     nvmlDeviceGetName,
@@ -92,6 +96,10 @@ functions! {
     // Events.
     nvmlDeviceGetSupportedEventTypes,
     nvmlDeviceRegisterEvents,
+    // GPM.
+    nvmlGpmQueryDeviceSupport,
+    nvmlGpmSampleGet,
+    nvmlGpmMigSampleGet,
 }
 
 impl Function {
@@ -105,7 +113,7 @@ impl Function {
 
     /// Whether it is a per-device function (takes a device handle, counts per GPU, and
     /// pays a cost model's cost); the rest are system functions (init, shutdown, driver
-    /// facts, handle lookups, event sets).
+    /// facts, handle lookups, event sets, GPM sample handles and metrics).
     pub const fn is_device(self) -> bool {
         !matches!(
             self,
@@ -121,6 +129,9 @@ impl Function {
                 | Self::nvmlEventSetCreate
                 | Self::nvmlEventSetWait_v2
                 | Self::nvmlEventSetFree
+                | Self::nvmlGpmSampleAlloc
+                | Self::nvmlGpmSampleFree
+                | Self::nvmlGpmMetricsGet
         )
     }
 }
@@ -147,6 +158,8 @@ mod tests {
         assert!(!Function::nvmlInit_v2.is_device());
         assert!(!Function::nvmlDeviceGetHandleByIndex_v2.is_device());
         assert!(!Function::nvmlEventSetWait_v2.is_device());
+        assert!(!Function::nvmlGpmMetricsGet.is_device());
+        assert!(Function::nvmlGpmSampleGet.is_device());
         assert!(Function::nvmlDeviceGetUUID.is_device());
         assert!(Function::nvmlDeviceRegisterEvents.is_device());
         // Declaration order: the system functions first, then the device functions.

@@ -23,6 +23,10 @@
 //! `process_buffer_ms`): samples on wall-clock period boundaries, each answered to every
 //! caller whose `lastSeenTimeStamp` is older, instead of one fresh sample per call.
 //!
+//! GPM (`nvmlGpm*`, Hopper's performance counters) answers from a GPU's `gpm`: metrics
+//! between two samples, a support query that can lie, injected sampling failures; the
+//! counts file's `gpm_samples_live` shows the sample handles a caller did not free.
+//!
 //! Test-only: never installed, never published.
 
 pub mod scenario;
@@ -30,12 +34,13 @@ pub mod scenario;
 mod cost;
 mod ffi;
 mod function;
+mod gpm;
 mod sampling;
 mod state;
 mod unsupported;
 
 pub use cost::CallCost;
-pub use scenario::{EventKind, EventSpec, Gpu, MigSpec, Process, Scenario, Value};
+pub use scenario::{EventKind, EventSpec, GpmSpec, Gpu, MigSpec, Process, Scenario, Value};
 
 /// The file name the fake looks for beside itself when `FAKE_NVML_SCENARIO` is unset.
 pub const SCENARIO_FILE: &str = "fake-nvml.json";

@@ -21,6 +21,15 @@
 //! `nvmlDeviceGetProcessUtilization` answers the driver's periodic samples on the wall
 //! clock (every multiple of the period, kept `process_buffer_ms`) newer than the caller's
 //! `lastSeenTimeStamp`, instead of one fresh sample per call.
+//!
+//! GPM (GPU Performance Monitoring, Hopper and later): a GPU with `gpm` answers the
+//! `nvmlGpm*` functions. `nvmlGpmMetricsGet` over two of its samples answers each metric
+//! the scenario names (`"metrics": {"sm_util": [92000, 91000]}`, in thousandths of NVML's
+//! unit: % or MiB/s) at the second sample's number; `mig_metrics` does the same per GPU
+//! instance for `nvmlGpmMigSampleGet`. The support query can lie (`support_query`) and
+//! sampling can fail for a while (`fail_after_samples`, `fail_for_samples`, `fail_with`:
+//! a profiler holding the counters answers `in_use`). A GPU without `gpm` (before Hopper)
+//! answers `isSupportedDevice` 0 and NOT_SUPPORTED from its sample calls.
 
 use crate::cost::CallCost;
 use serde::{Deserialize, Serialize};
@@ -70,9 +79,14 @@ impl Default for Scenario {
 
 impl Scenario {
     /// Checks what `nvmlInit_v2` checks beyond the JSON's shape (the cost model's preset
-    /// and keys): the reason it would refuse this scenario.
+    /// and keys; each GPU's `gpm`: its metric names, `mig_metrics` keys, `support_query`
+    /// and `fail_with`): the reason it would refuse this scenario.
     pub fn validate(&self) -> Result<(), String> {
-        crate::cost::Costs::new(self.cost_model.as_deref(), &self.costs).map(|_| ())
+        crate::cost::Costs::new(self.cost_model.as_deref(), &self.costs)?;
+        for (i, g) in self.gpus.iter().enumerate() {
+            crate::gpm::Gpm::of(i, g)?;
+        }
+        Ok(())
     }
 }
 
@@ -188,6 +202,64 @@ pub struct EventSpec {
     /// Calls to this GPU before it is pending.
     #[serde(default)]
     pub after_calls: u64,
+}
+
+/// GPM (GPU Performance Monitoring) of a Hopper or later GPU: what the `nvmlGpm*`
+/// functions answer. Sample calls are counted per stream (the whole GPU, and each GPU
+/// instance apart): a stream's n-th successful call (0-based) takes sample number n, and
+/// `nvmlGpmMetricsGet` over two samples of one stream answers each metric's [`Value`] at
+/// the second sample's number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpmSpec {
+    /// What `nvmlGpmQueryDeviceSupport` answers: `"answer"` (the truth: supported),
+    /// `"version_mismatch"` (`NVML_ERROR_ARGUMENT_VERSION_MISMATCH` whatever the struct's
+    /// version, as drivers answered a binding that sent a wrong one) or `"no"`
+    /// (`isSupportedDevice` 0, although sampling works).
+    pub support_query: String,
+    /// The whole GPU's metrics, by NVML's name in lower case without `NVML_GPM_METRIC_`
+    /// (`sm_util`, `sm_occupancy`, `graphics_util`, `integer_util`, `any_tensor_util`,
+    /// `hmma_tensor_util`, `imma_tensor_util`, `dfma_tensor_util`, `dram_bw_util`,
+    /// `fp64_util`, `fp32_util`, `fp16_util`, `pcie_tx_per_sec`, `pcie_rx_per_sec`,
+    /// `nvlink_total_rx_per_sec`, `nvlink_total_tx_per_sec`), in thousandths of NVML's
+    /// unit: `45500` answers 45.5 (%), `12000` 12 (MiB/s, NVML's unit of the per-second
+    /// rates). A metric asked and not named answers NOT_SUPPORTED; an unknown name fails
+    /// `nvmlInit_v2`.
+    pub metrics: BTreeMap<String, Value>,
+    /// Per GPU instance (key: its `gpu_instance_id` in decimal, one of the GPU's
+    /// `mig_instances`): the metrics of its `nvmlGpmMigSampleGet` samples, as `metrics`.
+    pub mig_metrics: BTreeMap<String, BTreeMap<String, Value>>,
+    /// A stream's sample calls numbered (0-based, counting every attempted call, failed
+    /// ones included) from this one on fail …
+    pub fail_after_samples: Option<u64>,
+    /// … for this many calls (for good if unset); the failed calls take no sample number.
+    pub fail_for_samples: Option<u64>,
+    /// What a failing sample call answers: `"unknown"` (`NVML_ERROR_UNKNOWN`) or
+    /// `"in_use"` (`NVML_ERROR_IN_USE`: a profiler such as Nsight Compute or DCGM's
+    /// profiling holds the counters).
+    pub fail_with: String,
+}
+
+impl Default for GpmSpec {
+    fn default() -> Self {
+        Self {
+            support_query: "answer".into(),
+            metrics: BTreeMap::new(),
+            mig_metrics: BTreeMap::new(),
+            fail_after_samples: None,
+            fail_for_samples: None,
+            fail_with: "unknown".into(),
+        }
+    }
+}
+
+/// Whether call `n` (0-based) is inside the window of calls from `after` on, for `count`
+/// calls (for good if `None`): the lost window and GPM's failure window.
+pub(crate) fn in_window(n: u64, after: Option<u64>, count: Option<u64>) -> bool {
+    match after {
+        Some(from) if n >= from => count.is_none_or(|c| n < from.saturating_add(c)),
+        _ => false,
+    }
 }
 
 /// One GPU. Static facts answer the same every call; [`Value`]s change per read.
@@ -326,6 +398,9 @@ pub struct Gpu {
     pub nvlink_crc_data_errors: Vec<Value>,
     pub nvlink_replay_errors: Vec<Value>,
     pub nvlink_recovery_errors: Vec<Value>,
+
+    /// GPM (`nvmlGpm*`); unset: a GPU before Hopper, without GPM.
+    pub gpm: Option<GpmSpec>,
 }
 
 impl Default for Gpu {
@@ -408,6 +483,7 @@ impl Default for Gpu {
             nvlink_crc_data_errors: Vec::new(),
             nvlink_replay_errors: Vec::new(),
             nvlink_recovery_errors: Vec::new(),
+            gpm: None,
         }
     }
 }
@@ -420,12 +496,7 @@ impl Gpu {
 
     /// Whether the GPU is lost on its call number `call` (0-based).
     pub fn is_lost_at(&self, call: u64) -> bool {
-        match self.lost_after_calls {
-            Some(from) if call >= from => self
-                .lost_for_calls
-                .is_none_or(|n| call < from.saturating_add(n)),
-            _ => false,
-        }
+        in_window(call, self.lost_after_calls, self.lost_for_calls)
     }
 }
 
@@ -511,6 +582,80 @@ mod tests {
             ..Scenario::default()
         };
         assert!(unknown.validate().is_err_and(|e| e.contains("h100")));
+    }
+
+    #[test]
+    fn windows_are_half_open_and_open_ended_without_a_count() {
+        let w: Vec<bool> = (0..6).map(|n| in_window(n, Some(2), Some(3))).collect();
+        assert_eq!(w, [false, false, true, true, true, false]);
+        assert!(!in_window(0, Some(0), Some(0)));
+        assert!(in_window(u64::MAX, Some(5), None));
+        assert!(in_window(u64::MAX - 1, Some(u64::MAX - 2), Some(u64::MAX)));
+        assert!(!in_window(7, None, Some(3)));
+    }
+
+    #[test]
+    fn gpm_parses_with_defaults_and_rejects_typos() {
+        let s: Scenario = serde_json::from_str(
+            r#"{"gpus":[{"architecture":9,"gpm":{"metrics":{"sm_util":[92000,91000],
+                "pcie_tx_per_sec":12000},"fail_after_samples":3}},{}]}"#,
+        )
+        .expect("parses");
+        let gpm = s.gpus[0].gpm.as_ref().expect("GPU 0 has GPM");
+        assert_eq!(gpm.support_query, "answer");
+        assert_eq!(gpm.fail_with, "unknown");
+        assert_eq!(
+            gpm.metrics.get("sm_util"),
+            Some(&Value::Seq(vec![92_000, 91_000]))
+        );
+        assert_eq!(
+            gpm.metrics.get("pcie_tx_per_sec"),
+            Some(&Value::Const(12_000))
+        );
+        assert_eq!(
+            (gpm.fail_after_samples, gpm.fail_for_samples),
+            (Some(3), None)
+        );
+        assert!(gpm.mig_metrics.is_empty());
+        assert_eq!(s.gpus[1].gpm, None);
+        assert_eq!(s.validate(), Ok(()));
+        assert!(serde_json::from_str::<Scenario>(r#"{"gpus":[{"gpm":{"metric":{}}}]}"#).is_err());
+    }
+
+    #[test]
+    fn gpm_names_are_validated() {
+        let with = |json: &str| -> Result<(), String> {
+            serde_json::from_str::<Scenario>(json)
+                .expect("parses")
+                .validate()
+        };
+        let e = with(r#"{"gpus":[{},{"gpm":{"metrics":{"sm_utilization":1}}}]}"#)
+            .expect_err("unknown metric");
+        assert!(e.contains("sm_utilization") && e.contains("gpus[1]"), "{e}");
+        let e = with(r#"{"gpus":[{"gpm":{"fail_with":"busy"}}]}"#).expect_err("bad fail_with");
+        assert!(e.contains("busy"), "{e}");
+        let e = with(r#"{"gpus":[{"gpm":{"support_query":"yes"}}]}"#).expect_err("bad query");
+        assert!(e.contains("yes"), "{e}");
+        // A GPU instance's metrics: the key must be one of its GPU instances.
+        let mig = r#"{"gpus":[{"mig_mode":1,"mig_instances":[{"gpu_instance_id":2}],
+            "gpm":{"mig_metrics":{"KEY":{"sm_util":1000}},"fail_with":"in_use",
+                   "support_query":"version_mismatch"}}]}"#;
+        assert_eq!(with(mig.replace("KEY", "2").as_str()), Ok(()));
+        let e = with(mig.replace("KEY", "7").as_str()).expect_err("no GPU instance 7");
+        assert!(e.contains("\"7\""), "{e}");
+    }
+
+    #[test]
+    fn the_bundled_gpm_scenario_parses_and_validates() {
+        let s: Scenario = serde_json::from_str(include_str!("../scenarios/h100-gpm.json"))
+            .expect("scenarios/h100-gpm.json parses");
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(s.gpus.len(), 2);
+        let gpm = s.gpus[0].gpm.as_ref().expect("the H100 has GPM");
+        assert!(gpm.metrics.len() >= 14, "{:?}", gpm.metrics.keys());
+        assert_eq!(s.gpus[0].compute_processes[0].pid, 1101);
+        assert_eq!(s.gpus[1].gpm, None);
+        assert_eq!(s.gpus[1].architecture, 7);
     }
 
     #[test]

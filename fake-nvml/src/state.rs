@@ -13,6 +13,7 @@
 use crate::cost::CallCost;
 use crate::cost::Costs;
 use crate::function::Function;
+use crate::gpm::{Filled, Gpm, Samples, SupportQuery};
 use crate::scenario::{EventKind, Gpu, Process, Scenario, Value};
 use crate::unsupported::Unsupported;
 use nvml_wrapper_sys::bindings::{
@@ -182,11 +183,14 @@ struct GpuState {
     delivered: Vec<bool>,
     /// What its calls were charged under the cost model, in all.
     charged: CallCost,
+    /// Its GPM, resolved at load, with its sampling streams; `None`: no GPM.
+    gpm: Option<Gpm>,
 }
 
 impl GpuState {
-    fn new(g: &Gpu) -> Self {
-        Self {
+    /// GPU `index`'s bookkeeping; an error (for stderr) when its `gpm` does not resolve.
+    fn new(index: usize, g: &Gpu) -> Result<Self, String> {
+        Ok(Self {
             calls: 0,
             counts: [0; Function::COUNT],
             reads: [0; Reading::COUNT],
@@ -195,7 +199,8 @@ impl GpuState {
             link_reads: HashMap::new(),
             delivered: vec![false; g.events.len()],
             charged: CallCost::FREE,
-        }
+            gpm: Gpm::of(index, g)?,
+        })
     }
 }
 
@@ -220,15 +225,24 @@ pub struct State {
     costs: Option<Costs>,
     /// What the call in progress owes (set and taken under the lock, within one call).
     owed: CallCost,
+    /// GPM sample handles given out and not freed (in the counts file as
+    /// `gpm_samples_live` once any was given out).
+    gpm_samples: Samples,
 }
 
 impl State {
     /// The state of a freshly loaded scenario; an error (for stderr) when its cost model
-    /// does not resolve.
+    /// or a GPU's `gpm` does not resolve.
     pub fn new(scenario: Scenario) -> Result<Self, String> {
         let costs = Costs::new(scenario.cost_model.as_deref(), &scenario.costs)?;
+        let gpus = scenario
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuState::new(i, g))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            gpus: scenario.gpus.iter().map(GpuState::new).collect(),
+            gpus,
             scenario,
             inits: 1,
             system_counts: [0; Function::COUNT],
@@ -238,6 +252,7 @@ impl State {
             pcie_in_flight_max: 0,
             costs,
             owed: CallCost::FREE,
+            gpm_samples: Samples::default(),
         })
     }
 
@@ -415,6 +430,64 @@ impl State {
         None
     }
 
+    /// What `nvmlGpmQueryDeviceSupport` answers for GPU `i`; `None`: it has no GPM.
+    pub fn gpm_support(&self, i: usize) -> Option<SupportQuery> {
+        self.gpus[i].gpm.as_ref().map(|g| g.support)
+    }
+
+    /// A new GPM sample handle (never 0).
+    pub fn gpm_alloc(&mut self) -> usize {
+        self.gpm_samples.alloc()
+    }
+
+    /// Takes GPM sample handle `id` back; INVALID_ARGUMENT for one not live.
+    pub fn gpm_free(&mut self, id: usize) -> NvmlResult<()> {
+        self.gpm_samples.free(id)
+    }
+
+    /// A GPM sample of GPU `i` (after its call's `device_call`) into handle `sample`: of
+    /// the whole GPU (`instance` `None`) or of GPU instance `instance`. NOT_SUPPORTED
+    /// without GPM (or for a GPU instance with MIG off), INVALID_ARGUMENT for a handle not
+    /// live, NOT_FOUND for a GPU instance it does not have, the injected failure inside
+    /// the failure window.
+    pub fn gpm_sample(&mut self, i: usize, instance: Option<u32>, sample: usize) -> NvmlResult<()> {
+        let mig_off = self.scenario.gpus[i].mig_mode == 0;
+        let Some(gpm) = self.gpus[i].gpm.as_mut() else {
+            return Err(NOT_SUPPORTED);
+        };
+        if !self.gpm_samples.is_live(sample) {
+            return Err(INVALID_ARGUMENT);
+        }
+        if instance.is_some() && mig_off {
+            return Err(NOT_SUPPORTED);
+        }
+        let number = gpm.take_sample(instance)?;
+        self.gpm_samples.fill(
+            sample,
+            Filled {
+                gpu: i,
+                instance,
+                number,
+            },
+        )
+    }
+
+    /// The later sample of a metrics request over handles `first` and `second` (see
+    /// [`Samples::window`]).
+    pub fn gpm_window(&self, first: usize, second: usize) -> NvmlResult<Filled> {
+        self.gpm_samples.window(first, second)
+    }
+
+    /// Metric `metric` over a window ending at sample `at`, in NVML's unit; `None`:
+    /// NOT_SUPPORTED.
+    pub fn gpm_value(&self, at: &Filled, metric: u32) -> Option<f64> {
+        self.gpus
+            .get(at.gpu)?
+            .gpm
+            .as_ref()?
+            .value(at.instance, metric, at.number)
+    }
+
     /// Counts one field-value entry asked of GPU `i` (after its call's `device_call`);
     /// under a cost model the call owes the entry's cost too.
     pub fn field_asked(&mut self, i: usize, field: u32, scope: u32) {
@@ -430,7 +503,8 @@ impl State {
     /// The call counts as JSON: `{"gpu0.nvmlDeviceGetPowerUsage": 3, "nvmlInit_v2": 1}`,
     /// the field-value entries asked: `{"gpu0.field:138:4294967295": 3}`, and what the cost
     /// model charged each GPU (when not 0): `{"gpu0.charged_cpu_us": 3690,
-    /// "gpu0.charged_wait_us": 20000}`.
+    /// "gpu0.charged_wait_us": 20000}`, and the GPM sample handles not freed once any was
+    /// given out: `{"gpm_samples_live": 0}`.
     pub fn counts_json(&self) -> String {
         // A function never called has no entry (a count is never 0 once it exists).
         let called = |counts: &[u64; Function::COUNT]| {
@@ -466,11 +540,18 @@ impl State {
         });
         let overlap = (self.pcie_in_flight_max > 0)
             .then(|| ("pcie_in_flight_max".to_owned(), self.pcie_in_flight_max));
+        let gpm = self.gpm_samples.any_allocated().then(|| {
+            (
+                "gpm_samples_live".to_owned(),
+                self.gpm_samples.live() as u64,
+            )
+        });
         let map: BTreeMap<String, u64> = system
             .chain(gpus)
             .chain(fields)
             .chain(charged)
             .chain(overlap)
+            .chain(gpm)
             .collect();
         serde_json::to_string_pretty(&map).unwrap_or_else(|_| "{}".into())
     }
@@ -657,6 +738,106 @@ mod tests {
         assert_eq!(counts.get("gpu0.charged_cpu_us"), Some(&total_cpu));
         assert_eq!(counts.get("gpu0.charged_wait_us"), Some(&5));
         assert!(!counts.keys().any(|k| k.starts_with("gpu1.charged")));
+    }
+
+    #[test]
+    fn gpm_samples_fill_handles_and_metrics_read_the_later_sample() {
+        use crate::scenario::{GpmSpec, MigSpec};
+        use nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_ERROR_NOT_FOUND as NOT_FOUND;
+        let hopper = Gpu {
+            mig_mode: 1,
+            mig_instances: vec![MigSpec {
+                gpu_instance_id: 3,
+                ..MigSpec::default()
+            }],
+            gpm: Some(GpmSpec {
+                metrics: [(
+                    "sm_util".to_owned(),
+                    Value::Seq(vec![10_000, 20_000, 30_000]),
+                )]
+                .into_iter()
+                .collect(),
+                ..GpmSpec::default()
+            }),
+            lost_after_calls: Some(4),
+            ..Gpu::default()
+        };
+        let mut s = State::new(Scenario {
+            gpus: vec![hopper, Gpu::default()],
+            ..Scenario::default()
+        })
+        .expect("loads");
+        assert_eq!(s.gpm_support(0), Some(SupportQuery::Answer));
+        assert_eq!(s.gpm_support(1), None);
+        let (a, b, c) = (s.gpm_alloc(), s.gpm_alloc(), s.gpm_alloc());
+        let sample =
+            |s: &mut State, handle: usize, instance: Option<u32>, h: usize| -> NvmlResult<()> {
+                let i = s.device_call(handle, Function::nvmlGpmSampleGet)?;
+                s.gpm_sample(i, instance, h)
+            };
+        assert_eq!(sample(&mut s, 1, None, a), Ok(()));
+        assert_eq!(sample(&mut s, 1, Some(3), c), Ok(()));
+        assert_eq!(sample(&mut s, 1, Some(4), c), Err(NOT_FOUND));
+        assert_eq!(sample(&mut s, 1, None, 99), Err(INVALID_ARGUMENT));
+        // Call 4 of GPU 0: lost from here on.
+        assert_eq!(sample(&mut s, 1, None, b), Err(GPU_IS_LOST));
+        assert_eq!(sample(&mut s, 2, None, b), Err(NOT_SUPPORTED));
+        assert_eq!(s.gpm_window(a, b), Err(INVALID_ARGUMENT));
+        // Not the same stream.
+        assert_eq!(s.gpm_window(a, c), Err(INVALID_ARGUMENT));
+        // A fresh GPU without the lost window: two samples, the second's number read.
+        let mut t = State::new(Scenario {
+            gpus: vec![Gpu {
+                lost_after_calls: None,
+                ..s.scenario.gpus[0].clone()
+            }],
+            ..Scenario::default()
+        })
+        .expect("loads");
+        let (x, y) = (t.gpm_alloc(), t.gpm_alloc());
+        for h in [x, y, y] {
+            assert_eq!(sample(&mut t, 1, None, h), Ok(()));
+        }
+        let at = t.gpm_window(x, y).expect("a window");
+        assert_eq!(at.number, 2);
+        assert_eq!(t.gpm_value(&at, 2), Some(30.0));
+        assert_eq!(t.gpm_value(&at, 3), None);
+        assert_eq!(t.gpm_free(x), Ok(()));
+        assert_eq!(t.gpm_free(x), Err(INVALID_ARGUMENT));
+        let counts: BTreeMap<String, u64> =
+            serde_json::from_str(&t.counts_json()).expect("counts JSON");
+        assert_eq!(counts.get("gpm_samples_live"), Some(&1));
+        assert_eq!(counts.get("gpu0.nvmlGpmSampleGet"), Some(&3));
+        assert_eq!(t.gpm_free(y), Ok(()));
+        assert!(t.counts_json().contains("\"gpm_samples_live\": 0"));
+        // MIG off: a GPU instance's sample is not supported.
+        let mut u = State::new(Scenario {
+            gpus: vec![Gpu {
+                mig_mode: 0,
+                ..t.scenario.gpus[0].clone()
+            }],
+            ..Scenario::default()
+        })
+        .expect("loads");
+        let h = u.gpm_alloc();
+        assert_eq!(sample(&mut u, 1, Some(3), h), Err(NOT_SUPPORTED));
+        assert_eq!(sample(&mut u, 1, None, h), Ok(()));
+    }
+
+    #[test]
+    fn a_bad_gpm_does_not_load() {
+        let e = State::new(Scenario {
+            gpus: vec![Gpu {
+                gpm: Some(crate::scenario::GpmSpec {
+                    fail_with: "busy".into(),
+                    ..crate::scenario::GpmSpec::default()
+                }),
+                ..Gpu::default()
+            }],
+            ..Scenario::default()
+        })
+        .expect_err("unknown fail_with");
+        assert!(e.contains("busy"), "{e}");
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! One module per NVML area: `system` (init, shutdown, driver facts, device handles),
 //! `device` (static device facts), `values` (per-tick readings), `processes`,
 //! `fields` (field values), `health` (retired pages, ECC aggregates, PCIe replays,
-//! NVLink errors, temperature thresholds) and `events`.
+//! NVLink errors, temperature thresholds), `events` and `gpm` (GPU Performance
+//! Monitoring: sample handles, samples, metrics).
 //!
 //! Every call reaches the state through [`with`], which pays what the call owes under the
 //! scenario's cost model once the state's lock is released ([`pay`]: spin on this
@@ -30,6 +31,7 @@ use std::time::Duration;
 mod device;
 mod events;
 mod fields;
+mod gpm;
 mod health;
 mod processes;
 mod system;
