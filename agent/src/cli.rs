@@ -74,6 +74,11 @@ pub struct SourceArgs {
     /// carried between. 0: every tick.
     #[arg(long, env = "GPUFLEET_NVLINK_LINKS_EVERY", value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub nvlink_links_every: std::time::Duration,
+    /// How often a GPM sample is taken (Hopper and newer: SM occupancy, tensor activity,
+    /// DRAM bandwidth); each reading covers the time since the last, carried between.
+    /// At least 100 ms apart whatever this says. 0: every tick.
+    #[arg(long, env = "GPUFLEET_GPM_EVERY", value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub gpm_every: std::time::Duration,
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -197,6 +202,7 @@ impl SourceArgs {
             pcie: self.pcie_every,
             ecc: self.ecc_every,
             nvlink_links: self.nvlink_links_every,
+            gpm: self.gpm_every,
         };
         cadence.check().map_err(OpenSourceError::Cadence)?;
         Ok(cadence)

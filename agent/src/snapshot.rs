@@ -87,8 +87,18 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:>3}  {:<24} {:>5} {:>5}  {:>17}  {:>11}  {:<6} {:>4}",
-        "GPU", "NAME", "TEMP", "UTIL", "MEMORY (MiB)", "POWER (W)", "PSTATE", "FAN"
+        "{:>3}  {:<24} {:>5} {:>5} {:>6} {:>6} {:>5}  {:>17}  {:>11}  {:<6} {:>4}",
+        "GPU",
+        "NAME",
+        "TEMP",
+        "UTIL",
+        "SMACT",
+        "TENSOR",
+        "DRAM",
+        "MEMORY (MiB)",
+        "POWER (W)",
+        "PSTATE",
+        "FAN"
     );
     for g in &tick.gpus {
         let info = inv.gpus.iter().find(|i| i.uuid == g.gpu_uuid);
@@ -103,13 +113,18 @@ pub fn to_table(inv: &Inventory, tick: &Tick) -> String {
             or_na(g.power_mw.map(|p| (p + 500) / 1000)),
             or_na(g.power_limit_mw.map(|p| (p + 500) / 1000))
         );
+        // GPM (Hopper and newer): SMs active, tensor-core activity, DRAM bandwidth.
+        let cpct = |v: Option<u32>| or_na(v.map(|c| format!("{:.0}%", f64::from(c) / 100.0)));
         let _ = writeln!(
             out,
-            "{:>3}  {:<24} {:>5} {:>5}  {:>17}  {:>11}  {:<6} {:>4}",
+            "{:>3}  {:<24} {:>5} {:>5} {:>6} {:>6} {:>5}  {:>17}  {:>11}  {:<6} {:>4}",
             or_na(info.map(|i| i.index)),
             truncate(name, 24),
             or_na(g.temp_gpu_c.map(|t| format!("{t}C"))),
             or_na(g.util_gpu_pct.map(|u| format!("{u}%"))),
+            cpct(g.gpm.sm_active_cpct),
+            cpct(g.gpm.tensor_active_cpct),
+            cpct(g.gpm.dram_bw_cpct),
             memory,
             power,
             or_na(g.pstate.map(|p| format!("P{p}"))),
@@ -204,6 +219,18 @@ mod tests {
         let json = to_json(&inv, &tick).expect("json");
         let v: serde_json::Value = serde_json::from_str(&json).expect("parses");
         assert!(v["tick"]["gpus"][0]["fan_pct"].is_null());
+        // GPM in the JSON, null where the model has none (absent is not zero).
+        for (g, json) in tick
+            .gpus
+            .iter()
+            .zip(v["tick"]["gpus"].as_array().expect("gpus"))
+        {
+            let tensor = &json["gpm"]["tensor_active_cpct"];
+            match g.gpm.tensor_active_cpct {
+                Some(t) => assert_eq!(tensor.as_u64(), Some(u64::from(t))),
+                None => assert!(tensor.is_null(), "{json}"),
+            }
+        }
         assert_eq!(v["inventory"]["gpus"].as_array().map(Vec::len), Some(3));
     }
 

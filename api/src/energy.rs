@@ -69,6 +69,14 @@ pub struct ContainerRow {
     pub gpu_seconds: f64,
     /// Average share of the active energy it received while resident (0..1).
     pub avg_share: Option<f64>,
+    /// GPM (Hopper and newer): its time-weighted tensor-core activity and SM occupancy
+    /// while it held GPUs that report them (percent), each interval's GPU figure times its
+    /// share of that interval's active energy: exact alone on a GPU, an estimate on a
+    /// shared one. `null` where none of its GPUs reported GPM.
+    pub tensor_active_pct: Option<f64>,
+    pub sm_occupancy_pct: Option<f64>,
+    /// GPU time (seconds, summed over GPUs) the tensor figure covers.
+    pub gpm_seconds: f64,
     pub method: MethodMix,
     pub split: SplitMix,
     pub first_minute: String,

@@ -493,11 +493,13 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
     // The GPU table, like nvidia-smi's.
     let mut lines = vec![Line::styled(
         format!(
-            "{:<5}{:<22}{:<9}{:<17}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
+            "{:<5}{:<22}{:<9}{:<17}{:<7}{:<7}{:<17}{:<17}{:<6}{:<5}{:<5}{:<9}{}",
             " GPU",
             "NAME",
             "HEALTH",
             "UTIL",
+            "SMACT",
+            "TENSOR",
             "MEMORY",
             "POWER / CAP",
             "TEMP",
@@ -531,6 +533,12 @@ fn node(area: Rect, buf: &mut Buffer, app: &mut App, model: &Model, name: &str, 
                     pct(util)
                 ),
                 theme.level(util.map(|u| u / 100.0)),
+            ),
+            // GPM (Hopper and newer): SMs active and tensor-core activity; n/a before.
+            Span::raw(fit(&pct(gpm_pct(l.and_then(|l| l.gpm.sm_active_cpct))), 7)),
+            Span::styled(
+                fit(&pct(gpm_pct(l.and_then(|l| l.gpm.tensor_active_cpct))), 7),
+                theme.level(gpm_pct(l.and_then(|l| l.gpm.tensor_active_cpct)).map(|t| t / 100.0)),
             ),
             Span::styled(
                 fit(&format!("{} / {}", bytes(mem.0), bytes(mem.1)), 17),
@@ -740,8 +748,16 @@ pub fn energy(
         )),
         Line::styled(
             format!(
-                "{:<26}{:<10}{:<28}{:<8}{:<10}{:<12}{:<7}{:<10}",
-                " WORKLOAD", "KIND", "POD / JOB", "NODES", "GPU-HOURS", "ENERGY", "IDLE", "CO2"
+                "{:<26}{:<10}{:<28}{:<8}{:<10}{:<12}{:<7}{:<8}{:<10}",
+                " WORKLOAD",
+                "KIND",
+                "POD / JOB",
+                "NODES",
+                "GPU-HOURS",
+                "ENERGY",
+                "IDLE",
+                "TENSOR",
+                "CO2"
             ),
             theme.title(),
         ),
@@ -766,7 +782,7 @@ pub fn energy(
         };
         let idle = (r.energy_j > 0.0).then(|| 100.0 * r.idle_j / r.energy_j);
         lines.push(Line::raw(format!(
-            " {}{}{}{:<8}{:<10}{:<12}{:<7}{}",
+            " {}{}{}{:<8}{:<10}{:<12}{:<7}{:<8}{}",
             fit(&w.label(), 24) + " ",
             fit(w.kind.as_str(), 9) + " ",
             fit(&place, 27) + " ",
@@ -774,6 +790,7 @@ pub fn energy(
             format!("{:.1}", r.gpu_seconds / 3600.0),
             energy_j(r.energy_j),
             pct(idle),
+            pct(r.tensor_active_pct),
             carbon_g(r.carbon_g),
         )));
     }
@@ -784,6 +801,11 @@ pub fn energy(
         ));
     }
     Paragraph::new(lines).render(area, buf);
+}
+
+/// A GPM activity (hundredths of a percent) in percent.
+fn gpm_pct(cpct: Option<u32>) -> Option<f64> {
+    cpct.map(|c| f64::from(c) / 100.0)
 }
 
 /// The lines `--once` prints: the header, every node (`filter` and sort applied), and

@@ -2,7 +2,7 @@
 //! owned by neither: each GPU family's name, type, help and how its value is read from a
 //! sample, the value type both encode, and the text encoding of one value.
 
-use gpufleet_core::GpuSample;
+use gpufleet_core::{GpmMetrics, GpuSample};
 use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use std::fmt;
@@ -27,10 +27,16 @@ impl Num {
 }
 
 pub type GpuValue = fn(&GpuSample) -> Option<Num>;
+pub type GpmValue = fn(&GpmMetrics) -> Option<Num>;
 
 /// A percentage as a 0..1 ratio.
 fn pct(v: Option<u32>) -> Option<Num> {
     v.map(|v| Num::F(f64::from(v) / 100.0))
+}
+
+/// Hundredths of a percent (GPM) as a 0..1 ratio.
+fn cpct(v: Option<u32>) -> Option<Num> {
+    v.map(|v| Num::F(f64::from(v) / 10_000.0))
 }
 
 /// Thousandths (mW, mJ) as units.
@@ -196,6 +202,165 @@ pub const GPU_FAMILIES: &[(&str, &str, &str, GpuValue)] = &[
         "gauge",
         "Video decoder utilization, 0..1.",
         |s| pct(s.dec_util_pct),
+    ),
+    (
+        "gpufleet_gpu_sm_active_ratio",
+        "gauge",
+        "SMs with at least one warp resident, 0..1 (GPM, Hopper and newer).",
+        |s| cpct(s.gpm.sm_active_cpct),
+    ),
+    (
+        "gpufleet_gpu_sm_occupancy_ratio",
+        "gauge",
+        "Resident warps of the SMs' maximum, 0..1 (GPM).",
+        |s| cpct(s.gpm.sm_occupancy_cpct),
+    ),
+    (
+        "gpufleet_gpu_tensor_active_ratio",
+        "gauge",
+        "Any tensor-core pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.tensor_active_cpct),
+    ),
+    (
+        "gpufleet_gpu_tensor_hmma_active_ratio",
+        "gauge",
+        "Half-precision (HMMA) tensor pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.tensor_hmma_cpct),
+    ),
+    (
+        "gpufleet_gpu_tensor_imma_active_ratio",
+        "gauge",
+        "Integer (IMMA) tensor pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.tensor_imma_cpct),
+    ),
+    (
+        "gpufleet_gpu_tensor_dfma_active_ratio",
+        "gauge",
+        "Double-precision (DFMA) tensor pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.tensor_dfma_cpct),
+    ),
+    (
+        "gpufleet_gpu_dram_active_ratio",
+        "gauge",
+        "DRAM bandwidth used, of its peak, 0..1 (GPM).",
+        |s| cpct(s.gpm.dram_bw_cpct),
+    ),
+    (
+        "gpufleet_gpu_fp64_active_ratio",
+        "gauge",
+        "FP64 pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.fp64_cpct),
+    ),
+    (
+        "gpufleet_gpu_fp32_active_ratio",
+        "gauge",
+        "FP32 pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.fp32_cpct),
+    ),
+    (
+        "gpufleet_gpu_fp16_active_ratio",
+        "gauge",
+        "FP16 pipe active, 0..1 (GPM).",
+        |s| cpct(s.gpm.fp16_cpct),
+    ),
+    (
+        "gpufleet_gpu_gpm_pcie_transmit_bytes_per_second",
+        "gauge",
+        "PCIe transmit throughput as GPM counts it.",
+        |s| num(s.gpm.pcie_tx_bps),
+    ),
+    (
+        "gpufleet_gpu_gpm_pcie_receive_bytes_per_second",
+        "gauge",
+        "PCIe receive throughput as GPM counts it.",
+        |s| num(s.gpm.pcie_rx_bps),
+    ),
+    (
+        "gpufleet_gpu_gpm_nvlink_transmit_bytes_per_second",
+        "gauge",
+        "NVLink transmit throughput, all links, as GPM counts it.",
+        |s| num(s.gpm.nvlink_tx_bps),
+    ),
+    (
+        "gpufleet_gpu_gpm_nvlink_receive_bytes_per_second",
+        "gauge",
+        "NVLink receive throughput, all links, as GPM counts it.",
+        |s| num(s.gpm.nvlink_rx_bps),
+    ),
+];
+
+/// Per-MIG-instance GPM families (labelled with the GPU's labels and `mig_uuid`,
+/// `gpu_instance`): name, help, value.
+pub const MIG_GPM_FAMILIES: &[(&str, &str, GpmValue)] = &[
+    (
+        "gpufleet_mig_sm_active_ratio",
+        "SMs with at least one warp resident, 0..1 (GPM, Hopper and newer).",
+        |g| cpct(g.sm_active_cpct),
+    ),
+    (
+        "gpufleet_mig_sm_occupancy_ratio",
+        "Resident warps of the SMs' maximum, 0..1 (GPM).",
+        |g| cpct(g.sm_occupancy_cpct),
+    ),
+    (
+        "gpufleet_mig_tensor_active_ratio",
+        "Any tensor-core pipe active, 0..1 (GPM).",
+        |g| cpct(g.tensor_active_cpct),
+    ),
+    (
+        "gpufleet_mig_tensor_hmma_active_ratio",
+        "Half-precision (HMMA) tensor pipe active, 0..1 (GPM).",
+        |g| cpct(g.tensor_hmma_cpct),
+    ),
+    (
+        "gpufleet_mig_tensor_imma_active_ratio",
+        "Integer (IMMA) tensor pipe active, 0..1 (GPM).",
+        |g| cpct(g.tensor_imma_cpct),
+    ),
+    (
+        "gpufleet_mig_tensor_dfma_active_ratio",
+        "Double-precision (DFMA) tensor pipe active, 0..1 (GPM).",
+        |g| cpct(g.tensor_dfma_cpct),
+    ),
+    (
+        "gpufleet_mig_dram_active_ratio",
+        "DRAM bandwidth used, of its peak, 0..1 (GPM).",
+        |g| cpct(g.dram_bw_cpct),
+    ),
+    (
+        "gpufleet_mig_fp64_active_ratio",
+        "FP64 pipe active, 0..1 (GPM).",
+        |g| cpct(g.fp64_cpct),
+    ),
+    (
+        "gpufleet_mig_fp32_active_ratio",
+        "FP32 pipe active, 0..1 (GPM).",
+        |g| cpct(g.fp32_cpct),
+    ),
+    (
+        "gpufleet_mig_fp16_active_ratio",
+        "FP16 pipe active, 0..1 (GPM).",
+        |g| cpct(g.fp16_cpct),
+    ),
+    (
+        "gpufleet_mig_gpm_pcie_transmit_bytes_per_second",
+        "PCIe transmit throughput as GPM counts it.",
+        |g| num(g.pcie_tx_bps),
+    ),
+    (
+        "gpufleet_mig_gpm_pcie_receive_bytes_per_second",
+        "PCIe receive throughput as GPM counts it.",
+        |g| num(g.pcie_rx_bps),
+    ),
+    (
+        "gpufleet_mig_gpm_nvlink_transmit_bytes_per_second",
+        "NVLink transmit throughput, all links, as GPM counts it.",
+        |g| num(g.nvlink_tx_bps),
+    ),
+    (
+        "gpufleet_mig_gpm_nvlink_receive_bytes_per_second",
+        "NVLink receive throughput, all links, as GPM counts it.",
+        |g| num(g.nvlink_rx_bps),
     ),
 ];
 

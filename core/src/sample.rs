@@ -137,6 +137,94 @@ pub struct GpuSample {
     pub throttle_reasons: Option<u64>,
     pub enc_util_pct: Option<u32>,
     pub dec_util_pct: Option<u32>,
+    /// GPU Performance Monitoring of the whole GPU (all absent without GPM).
+    #[serde(default)]
+    pub gpm: GpmMetrics,
+    /// GPM per MIG instance (MIG enabled and GPM supported).
+    #[serde(default)]
+    pub mig_gpm: Vec<MigGpm>,
+}
+
+/// GPU Performance Monitoring (GPM: Hopper and newer, through NVML) over the window between
+/// two GPM samples: how much of the SMs, the tensor cores and the memory system the work
+/// used, which NVML's utilization (the share of time any kernel ran) cannot say.
+/// Activities are hundredths of a percent (0–10 000) of their unit's peak, rates bytes per
+/// second. A GPU without GPM has every field absent, never 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GpmMetrics {
+    /// SMs with at least one warp resident (NVML_GPM_METRIC_SM_UTIL).
+    pub sm_active_cpct: Option<u32>,
+    /// Resident warps of the SMs' maximum (NVML_GPM_METRIC_SM_OCCUPANCY).
+    pub sm_occupancy_cpct: Option<u32>,
+    /// Any tensor-core pipe active.
+    pub tensor_active_cpct: Option<u32>,
+    /// Half-precision (HMMA), integer (IMMA) and double-precision (DFMA) tensor pipes.
+    pub tensor_hmma_cpct: Option<u32>,
+    pub tensor_imma_cpct: Option<u32>,
+    pub tensor_dfma_cpct: Option<u32>,
+    /// DRAM bandwidth used, of its peak.
+    pub dram_bw_cpct: Option<u32>,
+    /// FP64 / FP32 / FP16 pipes active.
+    pub fp64_cpct: Option<u32>,
+    pub fp32_cpct: Option<u32>,
+    pub fp16_cpct: Option<u32>,
+    /// PCIe and NVLink (all links) traffic as GPM counts it.
+    pub pcie_tx_bps: Option<u64>,
+    pub pcie_rx_bps: Option<u64>,
+    pub nvlink_tx_bps: Option<u64>,
+    pub nvlink_rx_bps: Option<u64>,
+}
+
+/// Declares [`GpmMetrics::NAMES`], `values` and `from_values` from the field list once.
+macro_rules! gpm_fields {
+    ($($pct:ident),* ; $($rate:ident),*) => {
+        impl GpmMetrics {
+            /// The field names, in the order of [`GpmMetrics::values`].
+            pub const NAMES: [&'static str; 14] =
+                [$(stringify!($pct),)* $(stringify!($rate),)*];
+
+            /// Every field as a u64, in [`GpmMetrics::NAMES`] order.
+            pub fn values(&self) -> [Option<u64>; 14] {
+                [$(self.$pct.map(u64::from),)* $(self.$rate,)*]
+            }
+
+            /// The metrics from [`GpmMetrics::values`]; `None` if an activity does not
+            /// fit its field.
+            pub fn from_values(v: [Option<u64>; 14]) -> Option<GpmMetrics> {
+                let mut it = v.into_iter();
+                let mut next = || it.next().flatten();
+                Some(GpmMetrics {
+                    $($pct: match next() {
+                        Some(x) => Some(u32::try_from(x).ok()?),
+                        None => None,
+                    },)*
+                    $($rate: next(),)*
+                })
+            }
+        }
+    };
+}
+
+gpm_fields!(sm_active_cpct, sm_occupancy_cpct, tensor_active_cpct, tensor_hmma_cpct,
+    tensor_imma_cpct, tensor_dfma_cpct, dram_bw_cpct, fp64_cpct, fp32_cpct, fp16_cpct;
+    pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps);
+
+impl GpmMetrics {
+    /// Whether no metric is present.
+    pub fn is_empty(&self) -> bool {
+        *self == GpmMetrics::default()
+    }
+}
+
+/// GPM of one MIG instance (GPU instance) of a GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MigGpm {
+    /// The MIG device's UUID (`MIG-…`), as in the inventory.
+    pub mig_uuid: String,
+    pub gpu_instance_id: u32,
+    pub gpm: GpmMetrics,
 }
 
 /// A GPU's health counters and flags: read less often than the tick (they change rarely),

@@ -2,11 +2,15 @@
 //! column per scalar field (in [`FIELDS`] order), then the NVLink links: a column of how
 //! many each sample has, their link numbers (sample by sample), and their TX and RX rates
 //! link by link (all samples of the lowest link first), so that each rate is a
-//! difference from the same link's previous one.
+//! difference from the same link's previous one. Then, only when a sample has GPM, its
+//! block: one column per [`GpmMetrics::NAMES`], a column of how many MIG instances each
+//! sample has GPM for, their UUIDs (length and bytes) and GPU instance ids (sample by
+//! sample), and one column per GPM metric over them. A value ending before the block (all
+//! values packed before GPM was kept) reads as samples without GPM.
 
 use super::columns::{Reader, put_column, put_values, put_varint};
 use super::{Field, MAX_LINKS, MAX_ROWS, PackError, narrow, open, seal};
-use gpufleet_core::{GpuSample, NvLinkSample, UnixMs};
+use gpufleet_core::{GpmMetrics, GpuSample, MigGpm, NvLinkSample, UnixMs};
 use std::borrow::Borrow;
 
 /// The scalar fields in storage order.
@@ -87,7 +91,96 @@ pub fn pack<S: Borrow<GpuSample>>(samples: &[(UnixMs, S)]) -> Result<Vec<u8>, Pa
     let link = |(i, j): (usize, usize)| &samples[i].1.nvlinks[j];
     put_column(&mut out, order.iter().map(|&at| link(at).tx_bps));
     put_column(&mut out, order.iter().map(|&at| link(at).rx_bps));
+    if samples
+        .iter()
+        .any(|(_, s)| !s.gpm.is_empty() || !s.mig_gpm.is_empty())
+    {
+        pack_gpm(&mut out, &samples)?;
+    }
     seal(&out)
+}
+
+/// Most MIG instances a sample has GPM for (an H100 makes at most 7).
+const MAX_MIGS: usize = 8;
+/// Longest MIG UUID kept.
+const MAX_UUID: usize = 256;
+
+fn pack_gpm(out: &mut Vec<u8>, samples: &[(UnixMs, &GpuSample)]) -> Result<(), PackError> {
+    let migs: Vec<&MigGpm> = samples.iter().flat_map(|(_, s)| &s.mig_gpm).collect();
+    if samples.iter().any(|(_, s)| s.mig_gpm.len() > MAX_MIGS)
+        || migs.iter().any(|m| m.mig_uuid.len() > MAX_UUID)
+    {
+        return Err(PackError::TooLarge("MIG GPM of a sample"));
+    }
+    let whole: Vec<[Option<u64>; 14]> = samples.iter().map(|(_, s)| s.gpm.values()).collect();
+    for k in 0..GpmMetrics::NAMES.len() {
+        put_column(out, whole.iter().map(|v| v[k]));
+    }
+    let counts: Vec<u64> = samples
+        .iter()
+        .map(|(_, s)| s.mig_gpm.len() as u64)
+        .collect();
+    put_values(out, &counts);
+    for m in &migs {
+        put_varint(out, m.mig_uuid.len() as u64);
+        out.extend_from_slice(m.mig_uuid.as_bytes());
+    }
+    let ids: Vec<u64> = migs.iter().map(|m| u64::from(m.gpu_instance_id)).collect();
+    put_values(out, &ids);
+    let values: Vec<[Option<u64>; 14]> = migs.iter().map(|m| m.gpm.values()).collect();
+    for k in 0..GpmMetrics::NAMES.len() {
+        put_column(out, values.iter().map(|v| v[k]));
+    }
+    Ok(())
+}
+
+fn unpack_gpm(r: &mut Reader<'_>, samples: &mut [(UnixMs, GpuSample)]) -> Result<(), PackError> {
+    let n = samples.len();
+    let corrupt = || PackError::Corrupt("a GPM activity out of range");
+    let mut whole = vec![[None; 14]; n];
+    for k in 0..GpmMetrics::NAMES.len() {
+        for (v, x) in whole.iter_mut().zip(r.column(n)?) {
+            v[k] = x;
+        }
+    }
+    for ((_, s), v) in samples.iter_mut().zip(whole) {
+        s.gpm = GpmMetrics::from_values(v).ok_or_else(corrupt)?;
+    }
+    let counts = r.values(n)?;
+    if counts.iter().any(|c| *c > MAX_MIGS as u64) {
+        return Err(PackError::Corrupt("a sample with too many MIG instances"));
+    }
+    // At most MAX_ROWS × MAX_MIGS: no overflow.
+    let total = counts.iter().sum::<u64>() as usize;
+    r.spend(total)?;
+    let mut uuids = Vec::with_capacity(total);
+    for _ in 0..total {
+        let len = r.count(MAX_UUID)?;
+        let bytes = r.take(len)?;
+        uuids.push(
+            String::from_utf8(bytes.to_vec())
+                .map_err(|_| PackError::Corrupt("a MIG UUID that is not UTF-8"))?,
+        );
+    }
+    let ids = r.values(total)?;
+    let mut values = vec![[None; 14]; total];
+    for k in 0..GpmMetrics::NAMES.len() {
+        for (v, x) in values.iter_mut().zip(r.column(total)?) {
+            v[k] = x;
+        }
+    }
+    let mut migs = uuids.into_iter().zip(ids).zip(values);
+    for ((_, s), count) in samples.iter_mut().zip(&counts) {
+        for _ in 0..*count {
+            let ((mig_uuid, id), v) = migs.next().ok_or(PackError::Truncated)?;
+            s.mig_gpm.push(MigGpm {
+                mig_uuid,
+                gpu_instance_id: narrow(Some(id))?.ok_or(PackError::Truncated)?,
+                gpm: GpmMetrics::from_values(v).ok_or_else(corrupt)?,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The samples of a value written by [`pack`], in the order they were packed.
@@ -132,6 +225,9 @@ pub fn unpack(packed: &[u8]) -> Result<Vec<(UnixMs, GpuSample)>, PackError> {
         samples[i].1.nvlinks[j].rx_bps = v;
     }
     if !r.is_empty() {
+        unpack_gpm(&mut r, &mut samples)?;
+    }
+    if !r.is_empty() {
         return Err(PackError::Corrupt("bytes after the last column"));
     }
     Ok(samples)
@@ -174,41 +270,65 @@ pub(crate) mod tests {
             of(any::<u32>()),
         );
         let links = proptest::collection::vec((0u32..18, of(any::<u64>()), of(any::<u64>())), 0..4);
-        (a, b, of(any::<u32>()), links).prop_map(|(a, b, dec, links)| GpuSample {
-            gpu_uuid: String::new(),
-            util_gpu_pct: a.0,
-            util_mem_pct: a.1,
-            mem_used_bytes: a.2,
-            mem_total_bytes: a.3,
-            mem_reserved_bytes: a.4,
-            power_mw: a.5,
-            power_instant_mw: a.6,
-            power_limit_mw: a.7,
-            energy_mj: a.8,
-            temp_gpu_c: a.9,
-            temp_mem_c: a.10,
-            fan_pct: a.11,
-            clock_sm_mhz: b.0,
-            clock_mem_mhz: b.1,
-            clock_graphics_mhz: b.2,
-            pstate: b.3,
-            pcie_tx_bps: b.4,
-            pcie_rx_bps: b.5,
-            nvlink_tx_bps: b.6,
-            nvlink_rx_bps: b.7,
-            ecc_corrected_volatile: b.8,
-            ecc_uncorrected_volatile: b.9,
-            throttle_reasons: b.10,
-            enc_util_pct: b.11,
-            dec_util_pct: dec,
-            nvlinks: links
-                .into_iter()
-                .map(|(link, tx_bps, rx_bps)| NvLinkSample {
-                    link,
-                    tx_bps,
-                    rx_bps,
-                })
-                .collect(),
+        let gpm = proptest::array::uniform14(of(0u64..=u64::from(u32::MAX)))
+            .prop_map(|v| GpmMetrics::from_values(v).expect("activities fit"));
+        let migs =
+            proptest::collection::vec(("[A-Za-z0-9-]{0,40}", any::<u32>(), gpm.clone()), 0..3)
+                .prop_map(|m| {
+                    m.into_iter()
+                        .map(|(mig_uuid, gpu_instance_id, gpm)| MigGpm {
+                            mig_uuid,
+                            gpu_instance_id,
+                            gpm,
+                        })
+                        .collect::<Vec<_>>()
+                });
+        let gpm = (any::<bool>(), gpm, migs).prop_map(|(on, g, m)| {
+            if on {
+                (g, m)
+            } else {
+                (GpmMetrics::default(), Vec::new())
+            }
+        });
+        (a, b, (of(any::<u32>()), gpm), links).prop_map(|(a, b, (dec, (gpm, mig_gpm)), links)| {
+            GpuSample {
+                gpm,
+                mig_gpm,
+                gpu_uuid: String::new(),
+                util_gpu_pct: a.0,
+                util_mem_pct: a.1,
+                mem_used_bytes: a.2,
+                mem_total_bytes: a.3,
+                mem_reserved_bytes: a.4,
+                power_mw: a.5,
+                power_instant_mw: a.6,
+                power_limit_mw: a.7,
+                energy_mj: a.8,
+                temp_gpu_c: a.9,
+                temp_mem_c: a.10,
+                fan_pct: a.11,
+                clock_sm_mhz: b.0,
+                clock_mem_mhz: b.1,
+                clock_graphics_mhz: b.2,
+                pstate: b.3,
+                pcie_tx_bps: b.4,
+                pcie_rx_bps: b.5,
+                nvlink_tx_bps: b.6,
+                nvlink_rx_bps: b.7,
+                ecc_corrected_volatile: b.8,
+                ecc_uncorrected_volatile: b.9,
+                throttle_reasons: b.10,
+                enc_util_pct: b.11,
+                dec_util_pct: dec,
+                nvlinks: links
+                    .into_iter()
+                    .map(|(link, tx_bps, rx_bps)| NvLinkSample {
+                        link,
+                        tx_bps,
+                        rx_bps,
+                    })
+                    .collect(),
+            }
         })
     }
 
@@ -257,6 +377,28 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn values_packed_before_gpm_read_as_samples_without_it() {
+        let old = GpuSample {
+            power_mw: Some(300_000),
+            ..GpuSample::default()
+        };
+        let packed = pack(&[(5, old.clone())]).expect("packs");
+        // No GPM: the value ends after the links, as every value packed before GPM.
+        let with = GpuSample {
+            gpm: GpmMetrics {
+                tensor_active_cpct: Some(0),
+                ..GpmMetrics::default()
+            },
+            ..old.clone()
+        };
+        let longer = pack(&[(5, with.clone())]).expect("packs");
+        assert!(longer.len() > packed.len());
+        assert_eq!(unpack(&packed).expect("unpacks"), [(5, old)]);
+        // A present 0 stays a 0 (absent is not zero, and zero is not absent).
+        assert_eq!(unpack(&longer).expect("unpacks"), [(5, with)]);
+    }
+
+    #[test]
     fn every_field_of_the_sample_type_is_packed() {
         // Spelled out without `..`: a field added to GpuSample fails to compile here
         // until it is added to FIELDS (or the links) and counted below.
@@ -288,7 +430,10 @@ pub(crate) mod tests {
             throttle_reasons: _,
             enc_util_pct: _,
             dec_util_pct: _,
+            gpm: _,
+            mig_gpm: _,
         } = GpuSample::default();
         assert_eq!(FIELDS.len(), 25);
+        assert_eq!(GpmMetrics::NAMES.len(), 14);
     }
 }

@@ -30,6 +30,13 @@ pub struct Report {
     /// by (SM time, else memory, else equal), weighted by time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub avg_share: Option<f64>,
+    /// Its time-weighted tensor-core activity and SM occupancy (percent, GPM), each
+    /// interval's GPU figure times its share: exact alone on a GPU, an estimate on a
+    /// shared one; `None` where its GPUs report no GPM (collector reports of workloads).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_active_pct: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_occupancy_pct: Option<f64>,
     /// Every minute of its GPUs before this time is accounted (the oldest of their
     /// accounting watermarks; collector reports): figures before it are final, later
     /// ones may still change or arrive.
@@ -157,6 +164,16 @@ pub struct MetricSummary {
     pub mem_used_max_bytes: Option<f64>,
     /// The largest total memory seen.
     pub mem_total_bytes: Option<f64>,
+    /// GPM averages of the GPUs (Hopper and newer; `None` without GPM), percent: SMs
+    /// active, SM occupancy, tensor-core activity, DRAM bandwidth.
+    #[serde(default)]
+    pub sm_active_avg_pct: Option<f64>,
+    #[serde(default)]
+    pub sm_occupancy_avg_pct: Option<f64>,
+    #[serde(default)]
+    pub tensor_active_avg_pct: Option<f64>,
+    #[serde(default)]
+    pub dram_bw_avg_pct: Option<f64>,
 }
 
 /// One GPU's series.
@@ -263,6 +280,8 @@ pub struct MetricsBuilder {
     temp: Acc,
     mem: Acc,
     total: Acc,
+    /// GPM: SMs active, occupancy, tensor, DRAM (percent).
+    gpm: [Acc; 4],
     /// GPU label → bucket start → accumulators.
     series: BTreeMap<String, BTreeMap<UnixMs, PointAcc>>,
 }
@@ -293,6 +312,16 @@ impl MetricsBuilder {
         self.temp.add(temp);
         self.mem.add(mem);
         self.total.add(s.mem_total_bytes.map(|b| b as f64));
+        let g = &s.gpm;
+        let gpm = [
+            g.sm_active_cpct,
+            g.sm_occupancy_cpct,
+            g.tensor_active_cpct,
+            g.dram_bw_cpct,
+        ];
+        for (acc, v) in self.gpm.iter_mut().zip(gpm) {
+            acc.add(v.map(|c| f64::from(c) / 100.0));
+        }
         let bucket = match self.step_ms {
             Some(step) => time_ms.div_euclid(step) * step,
             None => time_ms,
@@ -323,6 +352,10 @@ impl MetricsBuilder {
             mem_used_avg_bytes: self.mem.avg(),
             mem_used_max_bytes: self.mem.max,
             mem_total_bytes: self.total.max,
+            sm_active_avg_pct: self.gpm[0].avg(),
+            sm_occupancy_avg_pct: self.gpm[1].avg(),
+            tensor_active_avg_pct: self.gpm[2].avg(),
+            dram_bw_avg_pct: self.gpm[3].avg(),
         }
     }
 

@@ -127,6 +127,12 @@ fn columns(r: &Report) -> Vec<(&'static str, Option<String>)> {
         ("mem_used_avg_bytes", num(m.mem_used_avg_bytes, 0)),
         ("mem_used_max_bytes", num(m.mem_used_max_bytes, 0)),
         ("mem_total_bytes", num(m.mem_total_bytes, 0)),
+        ("sm_active_avg_pct", num(m.sm_active_avg_pct, 2)),
+        ("sm_occupancy_avg_pct", num(m.sm_occupancy_avg_pct, 2)),
+        ("tensor_active_avg_pct", num(m.tensor_active_avg_pct, 2)),
+        ("dram_bw_avg_pct", num(m.dram_bw_avg_pct, 2)),
+        ("tensor_active_pct", num(r.tensor_active_pct, 2)),
+        ("sm_occupancy_pct", num(r.sm_occupancy_pct, 2)),
         ("samples", Some(m.samples.to_string())),
     ]
 }
@@ -289,6 +295,38 @@ pub fn table(r: &Report) -> String {
                 or_na(with_unit(m.util_gpu_avg_pct, 1, "%")),
                 or_na(with_unit(m.util_gpu_max_pct, 0, "%"))
             ),
+        ),
+        (
+            "GPM (GPUs)",
+            if [
+                m.sm_active_avg_pct,
+                m.tensor_active_avg_pct,
+                m.dram_bw_avg_pct,
+            ]
+            .iter()
+            .all(Option::is_none)
+            {
+                "n/a (no GPM: before Hopper)".to_owned()
+            } else {
+                format!(
+                    "SMs active {}  occupancy {}  tensor {}  DRAM {}",
+                    or_na(with_unit(m.sm_active_avg_pct, 1, "%")),
+                    or_na(with_unit(m.sm_occupancy_avg_pct, 1, "%")),
+                    or_na(with_unit(m.tensor_active_avg_pct, 1, "%")),
+                    or_na(with_unit(m.dram_bw_avg_pct, 1, "%"))
+                )
+            },
+        ),
+        (
+            "Its GPM share",
+            match (r.tensor_active_pct, r.sm_occupancy_pct) {
+                (None, None) => "n/a".to_owned(),
+                (t, o) => format!(
+                    "tensor {}  occupancy {} (estimate on shared GPUs)",
+                    or_na(with_unit(t, 1, "%")),
+                    or_na(with_unit(o, 1, "%"))
+                ),
+            },
         ),
         (
             "Power (per GPU)",

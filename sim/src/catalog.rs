@@ -45,6 +45,9 @@ pub struct GpuModel {
     pub has_mem_temp: bool,
     /// Whether MIG exists on the product (`mig_enabled` is absent otherwise).
     pub mig_capable: bool,
+    /// Whether the product has GPU Performance Monitoring (Hopper and newer: compute
+    /// capability 9.0 and up); every GPM metric is absent otherwise, never 0.
+    pub gpm: bool,
     /// CUDA compute capability.
     pub compute_capability: (u32, u32),
     /// VBIOS version string.
@@ -89,6 +92,7 @@ pub const MODELS: &[GpuModel] = &[
         has_power_instant: true,
         has_mem_temp: true,
         mig_capable: true,
+        gpm: true,
         compute_capability: (9, 0),
         vbios: "96.00.99.00.01",
         c_per_w: 0.062,
@@ -119,6 +123,7 @@ pub const MODELS: &[GpuModel] = &[
         has_power_instant: false,
         has_mem_temp: true,
         mig_capable: true,
+        gpm: false,
         compute_capability: (8, 0),
         vbios: "92.00.45.00.03",
         c_per_w: 0.095,
@@ -149,6 +154,7 @@ pub const MODELS: &[GpuModel] = &[
         has_power_instant: true,
         has_mem_temp: false,
         mig_capable: false,
+        gpm: false,
         compute_capability: (8, 9),
         vbios: "95.02.5D.00.02",
         c_per_w: 0.13,
@@ -179,6 +185,7 @@ pub const MODELS: &[GpuModel] = &[
         has_power_instant: false,
         has_mem_temp: false,
         mig_capable: false,
+        gpm: false,
         compute_capability: (8, 6),
         vbios: "94.02.5C.00.02",
         c_per_w: 0.16,
@@ -234,6 +241,12 @@ mod tests {
                 m.key
             );
             assert_eq!(m.nvlinks == 0, m.nvlink_link_bps == 0, "{}", m.key);
+            assert_eq!(
+                m.gpm,
+                m.compute_capability.0 >= 9,
+                "{}: GPM comes with Hopper",
+                m.key
+            );
             assert_eq!(m.bus_ids.len(), 8, "{}", m.key);
             assert_eq!(by_key(m.key).map(|f| f.name), Some(m.name));
         }

@@ -1,8 +1,10 @@
 //! The physics of one simulated GPU: power following load between idle and the limit,
 //! an energy counter that is exactly the integral of that power, temperatures lagging
-//! power, clocks and performance state tracking load, throttling, link traffic.
+//! power, clocks and performance state tracking load, throttling, link traffic, and the
+//! GPM reading of what its processes' kernels did (`gpm.rs`).
 
 use super::catalog::GpuModel;
+use super::gpm::Activity;
 use super::workload::{SimRng, chance, normal};
 use gpufleet_core::{Event, EventKind, GpuHealthSample, GpuSample};
 use rand::Rng;
@@ -51,6 +53,8 @@ pub(super) struct GpuLoad {
     pub nvlink_frac: f64,
     /// Decoder utilization, percent.
     pub dec: f64,
+    /// What the processes' kernels do with the SMs, tensor cores and memory (GPM), summed.
+    pub gpm: Activity,
 }
 
 /// One simulated GPU's evolving state.
@@ -335,6 +339,12 @@ impl GpuState {
             throttle_reasons: Some(bits),
             enc_util_pct: Some(0),
             dec_util_pct: Some(load.dec.round().clamp(0.0, 100.0) as u32),
+            gpm: load
+                .gpm
+                .metrics(m, (pcie_tx, pcie_rx), (nvlink_tx, nvlink_rx)),
+            // The simulator plays no MIG instances (`mig_enabled` is false), so there is no
+            // per-instance GPM.
+            mig_gpm: Vec::new(),
         };
         (sample, event)
     }

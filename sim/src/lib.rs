@@ -6,7 +6,9 @@
 //! sharing a GPU, notebooks holding memory on an idle GPU, empty GPUs; they start and end.
 //! Each GPU (`gpu.rs`) turns its load into power (between idle and the limit), an energy
 //! counter that is exactly the integral of that power, lagging temperatures, clocks,
-//! performance state, link traffic and the odd Xid or thermal throttle.
+//! performance state, link traffic and the odd Xid or thermal throttle. On products with
+//! GPU Performance Monitoring (Hopper and newer), `gpm.rs` says what each workload's
+//! kernels do with the SMs, tensor cores and memory, consistent with that utilization.
 //!
 //! **Deterministic**: the same [`SimOptions`] and the same sequence of `sample(now_ms)`
 //! calls give exactly the same ticks. Nothing reads the clock or iterates a hash map; all
@@ -14,6 +16,7 @@
 //! left `None`: the sampler fills it with measured, hence varying, times.)
 
 pub mod catalog;
+mod gpm;
 mod gpu;
 pub mod scenario;
 mod workload;
@@ -111,6 +114,9 @@ pub struct Simulator {
     gpus: Vec<GpuState>,
     /// All dynamic randomness, drawn in a fixed order every tick.
     rng: SimRng,
+    /// GPM's randomness (job profiles, per-tick spread): a stream of its own, so GPM
+    /// changed no other value of a seeded run.
+    gpm_rng: SimRng,
     /// Pid / Slurm job / session counters.
     ids: Identities,
     /// Running jobs, in start order.
@@ -223,6 +229,7 @@ impl Simulator {
             },
         };
         let mut rng = SimRng::seed_from_u64(master);
+        let gpm_rng = SimRng::seed_from_u64(master ^ 0x4750_4d00_0000_0001);
         let ids = Identities::new(&mut rng);
         Ok(Self {
             seed,
@@ -233,6 +240,7 @@ impl Simulator {
             boot_id,
             gpus,
             rng,
+            gpm_rng,
             ids,
             jobs: Vec::new(),
             t0_ms: None,
@@ -312,9 +320,10 @@ impl Simulator {
             self.script_started[s] = true;
             let end = start + script.duration.as_millis() as i64;
             let (kind, who, gpus) = (script.kind, script.identity, script.gpus.clone());
+            let gpm = gpm::Profile::draw(&mut self.gpm_rng, kind);
             let job = self
                 .ids
-                .new_job(&mut self.rng, kind, who, gpus, (start, end));
+                .new_job(&mut self.rng, kind, who, gpus, (start, end), gpm);
             self.jobs.push(job);
         }
         if self.scenario.random_workloads {
@@ -396,9 +405,15 @@ impl Simulator {
                     self.next_decision_ms[*x as usize] = i64::MAX;
                 }
             }
-            let job = self
-                .ids
-                .new_job(&mut self.rng, kind, None, gpus, (start, start + duration));
+            let gpm = gpm::Profile::draw(&mut self.gpm_rng, kind);
+            let job = self.ids.new_job(
+                &mut self.rng,
+                kind,
+                None,
+                gpus,
+                (start, start + duration),
+                gpm,
+            );
             self.jobs.push(job);
         }
         if self.next_decision_ms[g as usize] != i64::MAX {
@@ -592,6 +607,10 @@ impl GpuSource for Simulator {
                 load.mem_util += d.mem_util * scale;
                 load.dec += d.dec;
                 weighted += d.sm * demands[j].intensity;
+                // GPM: each process weighted by its share of the GPU.
+                let share = d.sm * scale / 100.0;
+                let activity = gpm::Activity::of(&mut self.gpm_rng, &self.jobs[j].gpm, share);
+                load.gpm.add(&activity);
                 tick.processes.push(ProcessSample {
                     gpu_uuid: self.gpus[g].uuid.clone(),
                     pid: proc.pid,

@@ -1,8 +1,9 @@
 //! The simulator's laws: determinism, energy = ∫ power, power within [idle, limit],
-//! absent metrics stay absent, per-process shares fit the GPU totals, workloads behave.
+//! absent metrics stay absent, per-process shares fit the GPU totals, workloads behave,
+//! GPM fits the utilization.
 
 use super::*;
-use gpufleet_core::WorkloadKind;
+use gpufleet_core::{GpmMetrics, WorkloadKind};
 use proptest::prelude::*;
 
 const T0: i64 = 1_790_000_000_000;
@@ -179,6 +180,75 @@ fn check_shares(ticks: &[Tick]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// GPM: absent on a product without it; otherwise every activity present (0 is a real
+/// reading there) and within 0..=10 000, SM activity within the utilization, each pipe
+/// within SM activity (each tensor pipe within any-tensor), the links as the board counts
+/// them. No MIG instances, so no per-instance GPM.
+fn check_gpm(model: &GpuModel, ticks: &[Tick]) -> Result<(), TestCaseError> {
+    let present = |v: Option<u32>| v.expect("GPM present on a product that has it");
+    for t in ticks {
+        for g in &t.gpus {
+            let m = &g.gpm;
+            prop_assert!(g.mig_gpm.is_empty(), "no MIG instances: {:?}", g.mig_gpm);
+            if !model.gpm {
+                prop_assert!(m.is_empty(), "{}: GPM without GPM: {m:?}", model.key);
+                continue;
+            }
+            let all = [
+                m.sm_active_cpct,
+                m.sm_occupancy_cpct,
+                m.tensor_active_cpct,
+                m.tensor_hmma_cpct,
+                m.tensor_imma_cpct,
+                m.tensor_dfma_cpct,
+                m.dram_bw_cpct,
+                m.fp64_cpct,
+                m.fp32_cpct,
+                m.fp16_cpct,
+            ];
+            for a in all {
+                prop_assert!(present(a) <= 10_000, "{m:?}");
+            }
+            let (sm, tensor) = (present(m.sm_active_cpct), present(m.tensor_active_cpct));
+            let util = g.util_gpu_pct.expect("util");
+            prop_assert!(
+                sm <= util * 100,
+                "SM activity {sm} above utilization {util} %"
+            );
+            for pipe in [
+                m.sm_occupancy_cpct,
+                m.tensor_active_cpct,
+                m.fp64_cpct,
+                m.fp32_cpct,
+                m.fp16_cpct,
+            ] {
+                prop_assert!(present(pipe) <= sm, "{m:?}");
+            }
+            for pipe in [m.tensor_hmma_cpct, m.tensor_imma_cpct, m.tensor_dfma_cpct] {
+                prop_assert!(present(pipe) <= tensor, "{m:?}");
+            }
+            prop_assert_eq!(
+                (m.pcie_tx_bps, m.pcie_rx_bps),
+                (g.pcie_tx_bps, g.pcie_rx_bps)
+            );
+            prop_assert_eq!(
+                (m.nvlink_tx_bps, m.nvlink_rx_bps),
+                (g.nvlink_tx_bps, g.nvlink_rx_bps)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The mean of one GPM metric of GPU `g` over `ticks`.
+fn gpm_mean(ticks: &[Tick], g: usize, metric: fn(&GpmMetrics) -> Option<u32>) -> f64 {
+    let sum: f64 = ticks
+        .iter()
+        .map(|t| f64::from(metric(&t.gpus[g].gpm).expect("GPM present")))
+        .sum();
+    sum / ticks.len() as f64
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -197,6 +267,7 @@ proptest! {
         let ticks = run(&mut s, &intervals);
         check_energy_and_power(&s, &ticks)?;
         check_shares(&ticks)?;
+        check_gpm(s.model(), &ticks)?;
     }
 
     #[test]
@@ -371,6 +442,7 @@ fn a_default_cluster_shows_every_kind_of_workload_starting_and_ending() {
             xids += t.events.iter().filter(|e| e.kind == EventKind::Xid).count();
         }
         check_shares(&ticks).expect("shares fit");
+        check_gpm(s.model(), &ticks).expect("GPM fits");
     }
     assert_eq!(kinds.len(), 4, "{kinds:?}");
     assert!(
@@ -417,4 +489,184 @@ fn health_comes_first_then_every_interval_and_after_an_xid() {
     assert!(xids.count() > 0, "the run had an Xid");
     let sent = ticks.iter().filter(|t| !t.health.is_empty()).count();
     assert!(sent < 30, "{sent} ticks with health");
+}
+
+#[test]
+fn gpm_shows_training_on_the_tensor_cores_inference_lighter_and_notebooks_hardly() {
+    let mut s = sim(
+        "gpm",
+        4,
+        scenario(
+            r#"
+model = "h100-sxm"
+random_workloads = false
+xid_per_gpu_hour = 0
+thermal_events_per_gpu_hour = 0
+[[jobs]]
+kind = "training"
+gpus = [0]
+duration = "30m"
+[[jobs]]
+kind = "inference"
+gpus = [1]
+duration = "30m"
+[[jobs]]
+kind = "notebook"
+gpus = [2]
+duration = "30m"
+"#,
+        ),
+    );
+    let ticks = run(&mut s, &[1_000; 15 * 60]);
+    check_gpm(s.model(), &ticks).expect("GPM fits");
+    // After every warm-up (training's is at most 2 min).
+    let steady = &ticks[180..];
+    let tensor = |g| gpm_mean(steady, g, |m| m.tensor_active_cpct);
+    let sm = |g| gpm_mean(steady, g, |m| m.sm_active_cpct);
+
+    // Training between checkpoints: the tensor cores busy, mostly HMMA, no IMMA or DFMA;
+    // moderate occupancy, DRAM half used, FP16 ahead of FP32, no FP64.
+    let busy: Vec<Tick> = steady
+        .iter()
+        .filter(|t| t.gpus[0].util_gpu_pct >= Some(85))
+        .cloned()
+        .collect();
+    assert!(busy.len() > steady.len() / 2, "{} busy ticks", busy.len());
+    let train_tensor = gpm_mean(&busy, 0, |m| m.tensor_active_cpct);
+    assert!(
+        (4_000.0..=7_500.0).contains(&train_tensor),
+        "training tensor {train_tensor}"
+    );
+    let hmma = gpm_mean(&busy, 0, |m| m.tensor_hmma_cpct);
+    assert!(hmma >= 0.9 * train_tensor, "HMMA {hmma} of {train_tensor}");
+    let train_sm = gpm_mean(&busy, 0, |m| m.sm_active_cpct);
+    assert!(train_sm >= 6_800.0, "training SM activity {train_sm}");
+    let occupancy = gpm_mean(&busy, 0, |m| m.sm_occupancy_cpct);
+    assert!(
+        (2_500.0..=6_500.0).contains(&occupancy),
+        "training occupancy {occupancy}"
+    );
+    let dram = gpm_mean(&busy, 0, |m| m.dram_bw_cpct);
+    assert!((3_500.0..=8_000.0).contains(&dram), "training DRAM {dram}");
+    let (fp64, fp32, fp16) = (
+        gpm_mean(&busy, 0, |m| m.fp64_cpct),
+        gpm_mean(&busy, 0, |m| m.fp32_cpct),
+        gpm_mean(&busy, 0, |m| m.fp16_cpct),
+    );
+    assert!(
+        fp16 > fp32 && fp32 > fp64 && fp64 < 100.0,
+        "FP16 {fp16}, FP32 {fp32}, FP64 {fp64}"
+    );
+    for t in &busy {
+        let m = &t.gpus[0].gpm;
+        assert!(
+            m.tensor_imma_cpct <= Some(100) && m.tensor_dfma_cpct <= Some(100),
+            "{m:?}"
+        );
+    }
+
+    // Inference: lighter tensor work, memory-bound.
+    let infer_tensor = tensor(1);
+    assert!(
+        infer_tensor > 150.0 && infer_tensor < tensor(0),
+        "inference tensor {infer_tensor}, training {}",
+        tensor(0)
+    );
+    let infer_dram = gpm_mean(steady, 1, |m| m.dram_bw_cpct);
+    assert!(
+        infer_dram > infer_tensor,
+        "inference DRAM {infer_dram} vs tensor {infer_tensor}"
+    );
+
+    // A notebook: hardly any tensor work, the SMs idle most of the time.
+    let notebook = steady.iter().map(|t| &t.gpus[2].gpm);
+    assert!(
+        notebook.clone().all(|m| m.tensor_active_cpct <= Some(400)),
+        "a notebook's tensor activity stays near 0"
+    );
+    let idle_ticks = notebook.filter(|m| m.sm_active_cpct == Some(0)).count();
+    assert!(idle_ticks > steady.len() / 2, "{idle_ticks} idle ticks");
+    assert!(
+        tensor(2) < 100.0 && tensor(2) < infer_tensor,
+        "notebook tensor {}",
+        tensor(2)
+    );
+    assert!(
+        sm(2) < sm(0) / 4.0,
+        "notebook SM {}, training {}",
+        sm(2),
+        sm(0)
+    );
+
+    // An empty GPU that has GPM reads a real 0.
+    for t in &ticks {
+        let m = &t.gpus[3].gpm;
+        for a in [
+            m.sm_active_cpct,
+            m.sm_occupancy_cpct,
+            m.tensor_active_cpct,
+            m.dram_bw_cpct,
+            m.fp32_cpct,
+        ] {
+            assert_eq!(a, Some(0), "{m:?}");
+        }
+        assert!(
+            m.pcie_rx_bps.is_some() && m.nvlink_tx_bps == Some(0),
+            "{m:?}"
+        );
+    }
+}
+
+#[test]
+fn products_before_hopper_have_no_gpm_at_all() {
+    let older: Vec<_> = catalog::MODELS.iter().filter(|m| !m.gpm).collect();
+    assert!(older.iter().any(|m| m.key == "a100-sxm4-40gb"));
+    for m in older {
+        let toml = format!(
+            r#"
+model = "{}"
+random_workloads = false
+xid_per_gpu_hour = 0
+[[jobs]]
+kind = "training"
+gpus = [0, 1]
+duration = "10m"
+"#,
+            m.key
+        );
+        let mut s = sim("no-gpm", 2, scenario(&toml));
+        let ticks = run(&mut s, &[1_000; 300]);
+        assert!(
+            ticks.iter().any(|t| t.gpus[0].util_gpu_pct > Some(50)),
+            "{}: the GPUs work",
+            m.key
+        );
+        for g in ticks.iter().flat_map(|t| &t.gpus) {
+            assert_eq!(g.gpm, GpmMetrics::default(), "{}: absent, never 0", m.key);
+            assert!(g.mig_gpm.is_empty());
+        }
+    }
+}
+
+#[test]
+fn gpm_replays_with_the_seed() {
+    let gpm = |seed: u64| -> Vec<Vec<GpmMetrics>> {
+        let opts = SimOptions {
+            seed: Some(seed),
+            scenario: scenario("model = \"h100-sxm\"\n"),
+            ..SimOptions::new("gpm-replay", 4)
+        };
+        let mut s = simulator(opts).expect("valid");
+        run(&mut s, &[5_000; 200])
+            .into_iter()
+            .map(|t| t.gpus.into_iter().map(|g| g.gpm).collect())
+            .collect()
+    };
+    let a = gpm(1);
+    assert_eq!(a, gpm(1), "same seed, same readings");
+    assert_ne!(a, gpm(2), "another seed, another node");
+    assert!(
+        a.iter().flatten().any(|m| m.tensor_active_cpct > Some(0)),
+        "the node does tensor work"
+    );
 }

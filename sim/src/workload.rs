@@ -2,6 +2,7 @@
 //! (Kubernetes pod, Docker container, Slurm job, login session), processes and commands a
 //! real cluster would show, and what each asks of its GPUs and host every tick.
 
+use super::gpm;
 use super::scenario::{IdentityKind, JobKind};
 use gpufleet_core::{Workload, WorkloadKind};
 use rand::Rng;
@@ -214,6 +215,8 @@ pub(super) struct Job {
     pub procs: Vec<SimProcess>,
     /// Constants.
     profile: Profile,
+    /// What its kernels do with the SMs, tensor cores and memory (GPM), per unit of load.
+    pub gpm: gpm::Profile,
     /// Inference: current load (Ornstein–Uhlenbeck around `mean_load`).
     load: f64,
     /// Inference: a traffic burst, or notebook: a cell running, until then.
@@ -303,7 +306,9 @@ impl Identities {
     }
 
     /// A new job of `kind` on `gpus` from `start_ms` to `end_ms`, run by `who` (drawn when
-    /// `None`). `gpu_mem_bytes` is the usable memory of one GPU.
+    /// `None`), whose kernels do what `gpm` says (drawn by the caller from GPM's own
+    /// stream, so the rest of the run does not depend on it). `gpu_mem_bytes` is the
+    /// usable memory of one GPU.
     pub fn new_job(
         &mut self,
         rng: &mut SimRng,
@@ -311,6 +316,7 @@ impl Identities {
         who: Option<IdentityKind>,
         gpus: Vec<u32>,
         (start_ms, end_ms): (i64, i64),
+        gpm: gpm::Profile,
     ) -> Job {
         let who = who.unwrap_or_else(|| {
             let r: f64 = rng.random();
@@ -455,6 +461,7 @@ impl Identities {
             procs,
             load: profile.mean_load,
             profile,
+            gpm,
             burst_until_ms: i64::MIN,
             burst_level: 0.0,
         }

@@ -67,8 +67,9 @@ pub use series::PackOutcome;
 
 use async_trait::async_trait;
 use gpufleet_core::{
-    Batch, DeliveryStats, Event, GpuHealthSample, GpuInfo, GpuSample, HostInfo, HostSample,
-    Inventory, NvLinkSample, ProcessSample, SamplerCost, Tick, UnixMs, Workload,
+    Batch, DeliveryStats, Event, GpmMetrics, GpuHealthSample, GpuInfo, GpuSample, HostInfo,
+    HostSample, Inventory, MigGpm, NvLinkSample, ProcessSample, SamplerCost, Tick, UnixMs,
+    Workload,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
@@ -363,23 +364,28 @@ pub struct TimeRange {
 
 /// Defines [`GpuMetric`]: each metric's variant, name and unit, in storage order.
 macro_rules! gpu_metrics {
-    ($count:literal; $($variant:ident $field:ident $unit:literal,)*) => {
+    ($count:literal; $($variant:ident $field:ident $unit:literal,)*;
+     $($gvariant:ident $gname:ident $gfield:ident $gunit:literal,)*) => {
         /// The numeric per-GPU metrics a time series can be asked for. The names are the
-        /// `GpuSample` field names (and the API's `metric=` values); the mapping to storage
-        /// is the store's business, so user input never reaches SQL. `throttle_reasons` is a
-        /// bit mask and is not a series (an average of masks means nothing).
+        /// `GpuSample` field names, `gpm_` and the field for its GPM (and the API's
+        /// `metric=` values); the mapping to storage is the store's business, so user
+        /// input never reaches SQL. `throttle_reasons` is a bit mask and is not a series
+        /// (an average of masks means nothing).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum GpuMetric {
             $($variant,)*
+            $($gvariant,)*
         }
 
         impl GpuMetric {
-            pub const ALL: [GpuMetric; $count] = [$(GpuMetric::$variant,)*];
+            pub const ALL: [GpuMetric; $count] =
+                [$(GpuMetric::$variant,)* $(GpuMetric::$gvariant,)*];
 
             /// The metric's name: the `GpuSample` field and the API's `metric=` value.
             pub fn name(self) -> &'static str {
                 match self {
                     $(GpuMetric::$variant => stringify!($field),)*
+                    $(GpuMetric::$gvariant => stringify!($gname),)*
                 }
             }
 
@@ -387,6 +393,7 @@ macro_rules! gpu_metrics {
             pub fn unit(self) -> &'static str {
                 match self {
                     $(GpuMetric::$variant => $unit,)*
+                    $(GpuMetric::$gvariant => $gunit,)*
                 }
             }
 
@@ -394,13 +401,14 @@ macro_rules! gpu_metrics {
             pub fn value(self, sample: &GpuSample) -> Option<u64> {
                 match self {
                     $(GpuMetric::$variant => sample.$field.map(u64::from),)*
+                    $(GpuMetric::$gvariant => sample.gpm.$gfield.map(u64::from),)*
                 }
             }
         }
     };
 }
 
-gpu_metrics!(24;
+gpu_metrics!(38;
     UtilGpuPct util_gpu_pct "percent",
     UtilMemPct util_mem_pct "percent",
     MemUsedBytes mem_used_bytes "bytes",
@@ -424,7 +432,22 @@ gpu_metrics!(24;
     EccCorrectedVolatile ecc_corrected_volatile "errors",
     EccUncorrectedVolatile ecc_uncorrected_volatile "errors",
     EncUtilPct enc_util_pct "percent",
-    DecUtilPct dec_util_pct "percent",
+    DecUtilPct dec_util_pct "percent",;
+    // GPM: the name, then the `GpmMetrics` field.
+    GpmSmActive gpm_sm_active_cpct sm_active_cpct "centipercent",
+    GpmSmOccupancy gpm_sm_occupancy_cpct sm_occupancy_cpct "centipercent",
+    GpmTensorActive gpm_tensor_active_cpct tensor_active_cpct "centipercent",
+    GpmTensorHmma gpm_tensor_hmma_cpct tensor_hmma_cpct "centipercent",
+    GpmTensorImma gpm_tensor_imma_cpct tensor_imma_cpct "centipercent",
+    GpmTensorDfma gpm_tensor_dfma_cpct tensor_dfma_cpct "centipercent",
+    GpmDramBw gpm_dram_bw_cpct dram_bw_cpct "centipercent",
+    GpmFp64 gpm_fp64_cpct fp64_cpct "centipercent",
+    GpmFp32 gpm_fp32_cpct fp32_cpct "centipercent",
+    GpmFp16 gpm_fp16_cpct fp16_cpct "centipercent",
+    GpmPcieTxBps gpm_pcie_tx_bps pcie_tx_bps "bytes_per_second",
+    GpmPcieRxBps gpm_pcie_rx_bps pcie_rx_bps "bytes_per_second",
+    GpmNvlinkTxBps gpm_nvlink_tx_bps nvlink_tx_bps "bytes_per_second",
+    GpmNvlinkRxBps gpm_nvlink_rx_bps nvlink_rx_bps "bytes_per_second",
 );
 
 impl GpuMetric {
@@ -711,7 +734,8 @@ macro_rules! migrations {
             29 "packed gpu health hours" "0029_packed_gpu_health_hours",
             30 "packed hours" "0030_packed_hours",
             31 "workload names" "0031_workload_names",
-            32 "slurm array and het" "0032_slurm_array_het")
+            32 "slurm array and het" "0032_slurm_array_het",
+            33 "gpm" "0033_gpm")
     };
     ($dir:literal: $($version:literal $description:literal $file:literal),*) => {
         &[$((
@@ -916,6 +940,64 @@ pub fn encode_nvlinks(links: &[NvLinkSample]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Encodes MIG instances' GPM compactly (`None` for none): per instance, its UUID's length
+/// and bytes, its GPU instance id, a presence mask of the [`GpmMetrics::NAMES`] and the
+/// present values, all LEB128 varints.
+pub fn encode_mig_gpm(migs: &[MigGpm]) -> Option<Vec<u8>> {
+    if migs.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(migs.len() * 48);
+    for m in migs {
+        put_varint(&mut out, m.mig_uuid.len() as u64);
+        out.extend_from_slice(m.mig_uuid.as_bytes());
+        put_varint(&mut out, u64::from(m.gpu_instance_id));
+        let values = m.gpm.values();
+        let mask = values
+            .iter()
+            .enumerate()
+            .fold(0u64, |a, (k, v)| a | u64::from(v.is_some()) << k);
+        put_varint(&mut out, mask);
+        for v in values.into_iter().flatten() {
+            put_varint(&mut out, v);
+        }
+    }
+    Some(out)
+}
+
+/// Decodes what [`encode_mig_gpm`] wrote.
+pub fn decode_mig_gpm(mut bytes: &[u8]) -> Result<Vec<MigGpm>, String> {
+    let mut migs = Vec::new();
+    while !bytes.is_empty() {
+        let len = usize::try_from(get_varint(&mut bytes)?).map_err(|_| "length out of range")?;
+        if len > bytes.len() {
+            return Err("truncated MIG UUID".into());
+        }
+        let (uuid, rest) = bytes.split_at(len);
+        bytes = rest;
+        let mig_uuid = String::from_utf8(uuid.to_vec()).map_err(|_| "MIG UUID is not UTF-8")?;
+        let gpu_instance_id =
+            u32::try_from(get_varint(&mut bytes)?).map_err(|_| "GPU instance id out of range")?;
+        let mask = get_varint(&mut bytes)?;
+        if mask >> GpmMetrics::NAMES.len() != 0 {
+            return Err("unknown GPM metrics in the mask".into());
+        }
+        let mut values = [None; 14];
+        for (k, v) in values.iter_mut().enumerate() {
+            if mask >> k & 1 != 0 {
+                *v = Some(get_varint(&mut bytes)?);
+            }
+        }
+        let gpm = GpmMetrics::from_values(values).ok_or("a GPM activity out of range")?;
+        migs.push(MigGpm {
+            mig_uuid,
+            gpu_instance_id,
+            gpm,
+        });
+    }
+    Ok(migs)
+}
+
 /// Decodes what [`encode_nvlinks`] wrote.
 pub fn decode_nvlinks(mut bytes: &[u8]) -> Result<Vec<NvLinkSample>, String> {
     let mut links = Vec::new();
@@ -948,7 +1030,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 fn get_varint(bytes: &mut &[u8]) -> Result<u64, String> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
-        let (&b, rest) = bytes.split_first().ok_or("truncated nvlink encoding")?;
+        let (&b, rest) = bytes.split_first().ok_or("truncated varint")?;
         *bytes = rest;
         v |= u64::from(b & 0x7f) << shift;
         if b < 0x80 {

@@ -26,8 +26,8 @@ use super::lease::{self, Lease};
 use super::rows::to_i64;
 use super::write::sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
-    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
-    q,
+    GpuMetric, NodeBatch, SqlStore, StoreError, WriteOutcome, encode_mig_gpm, encode_nvlinks,
+    migrate, migrations, open_error, q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -601,7 +601,7 @@ fn gpu_table(rows: &[GpuRow<'_>], gpus: &[i32]) -> Result<Table, StoreError> {
         s().map(|s| small(f(s), what))
             .collect::<Result<Vec<_>, _>>()
     };
-    Ok(Table::default()
+    let table = Table::default()
         .int("ts_ms", rows.iter().map(|r| r.ts))
         .int("mem_used_bytes", big(|s| s.mem_used_bytes))
         .int("mem_total_bytes", big(|s| s.mem_total_bytes))
@@ -632,7 +632,30 @@ fn gpu_table(rows: &[GpuRow<'_>], gpus: &[i32]) -> Result<Table, StoreError> {
         .int2("pstate", small(|s| s.pstate, "pstate")?)
         .int2("enc_util_pct", small(|s| s.enc_util_pct, "enc_util_pct")?)
         .int2("dec_util_pct", small(|s| s.dec_util_pct, "dec_util_pct")?)
-        .bytes("nvlinks", s().map(|s| encode_nvlinks(&s.nvlinks))))
+        .bytes("nvlinks", s().map(|s| encode_nvlinks(&s.nvlinks)))
+        .bytes("mig_gpm", s().map(|s| encode_mig_gpm(&s.mig_gpm)));
+    // GPM: the GPU metrics after those every GPU has, in `GpmMetrics::NAMES` order;
+    // activities (at most 10 000) as smallints, rates as bigints.
+    let gpm: Vec<[Option<u64>; 14]> = s().map(|s| s.gpm.values()).collect();
+    let metrics = &GpuMetric::ALL[GpuMetric::ALL.len() - gpm_len()..];
+    let mut table = table;
+    for (k, m) in metrics.iter().enumerate() {
+        let col = gpm.iter().map(|v| v[k]);
+        table = if m.unit() == "centipercent" {
+            let narrow = |v: Option<u64>| {
+                self::small(v.map(|x| u32::try_from(x).unwrap_or(u32::MAX)), m.name())
+            };
+            table.int2(m.name(), col.map(narrow).collect::<Result<Vec<_>, _>>()?)
+        } else {
+            table.int(m.name(), col.map(|v| v.map(to_i64)).collect::<Vec<_>>())
+        };
+    }
+    Ok(table)
+}
+
+/// How many GPM metrics a sample has.
+const fn gpm_len() -> usize {
+    gpufleet_core::GpmMetrics::NAMES.len()
 }
 
 fn process_table(rows: &[ProcessRow<'_>]) -> Result<Table, StoreError> {

@@ -3,11 +3,12 @@
 
 use super::backend::{Backend, Get, GetExt, sql};
 use super::{
-    AgentTokenRecord, GpuId, GpuRecord, HostRow, NodeId, NodeRecord, StoreError, decode_nvlinks,
+    AgentTokenRecord, GpuId, GpuRecord, HostRow, NodeId, NodeRecord, StoreError, decode_mig_gpm,
+    decode_nvlinks,
 };
 use gpufleet_core::{
-    DeliveryStats, Event, EventKind, GpuHealthSample, GpuInfo, GpuSample, HostInfo, HostSample,
-    MigInstance, ProcessSample, ProcessType, SamplerCost, Workload, WorkloadKind,
+    DeliveryStats, Event, EventKind, GpmMetrics, GpuHealthSample, GpuInfo, GpuSample, HostInfo,
+    HostSample, MigInstance, ProcessSample, ProcessType, SamplerCost, Workload, WorkloadKind,
 };
 use std::collections::BTreeMap;
 
@@ -17,7 +18,11 @@ pub const GPU_COLS: &str = "g.uuid AS gpu_uuid, s.ts_ms, s.util_gpu_pct, s.util_
     s.power_limit_mw, s.energy_mj, s.temp_gpu_c, s.temp_mem_c, s.fan_pct, s.clock_sm_mhz, \
     s.clock_mem_mhz, s.clock_graphics_mhz, s.pstate, s.pcie_tx_bps, s.pcie_rx_bps, \
     s.nvlink_tx_bps, s.nvlink_rx_bps, s.nvlinks, s.ecc_corrected_volatile, \
-    s.ecc_uncorrected_volatile, s.throttle_reasons, s.enc_util_pct, s.dec_util_pct";
+    s.ecc_uncorrected_volatile, s.throttle_reasons, s.enc_util_pct, s.dec_util_pct, \
+    s.gpm_sm_active_cpct, s.gpm_sm_occupancy_cpct, s.gpm_tensor_active_cpct, \
+    s.gpm_tensor_hmma_cpct, s.gpm_tensor_imma_cpct, s.gpm_tensor_dfma_cpct, s.gpm_dram_bw_cpct, \
+    s.gpm_fp64_cpct, s.gpm_fp32_cpct, s.gpm_fp16_cpct, s.gpm_pcie_tx_bps, s.gpm_pcie_rx_bps, \
+    s.gpm_nvlink_tx_bps, s.gpm_nvlink_rx_bps, s.mig_gpm";
 
 /// Health columns, for a query joining `gpu_health h` and `gpus g` (read by [`health`]).
 pub const HEALTH_COLS: &str = "g.uuid AS gpu_uuid, h.ts_ms, h.retired_pages_sbe, \
@@ -148,6 +153,17 @@ pub fn gpu_sample<R: Get>(row: &R) -> Result<GpuSample, StoreError> {
             .map_err(|e| StoreError::Corrupt(format!("gpu_samples.nvlinks: {e}")))?,
         None => Vec::new(),
     };
+    let mig_gpm = match row.get::<Option<Vec<u8>>>("mig_gpm")? {
+        Some(bytes) => decode_mig_gpm(&bytes)
+            .map_err(|e| StoreError::Corrupt(format!("gpu_samples.mig_gpm: {e}")))?,
+        None => Vec::new(),
+    };
+    let mut gpm = [None; 14];
+    for (v, name) in gpm.iter_mut().zip(GpmMetrics::NAMES) {
+        *v = row.u64_bits(&format!("gpm_{name}"))?;
+    }
+    let gpm = GpmMetrics::from_values(gpm)
+        .ok_or_else(|| StoreError::Corrupt("gpu_samples: a GPM activity out of range".into()))?;
     Ok(GpuSample {
         gpu_uuid: row.get("gpu_uuid")?,
         util_gpu_pct: row.get("util_gpu_pct")?,
@@ -176,6 +192,8 @@ pub fn gpu_sample<R: Get>(row: &R) -> Result<GpuSample, StoreError> {
         throttle_reasons: row.u64_bits("throttle_reasons")?,
         enc_util_pct: row.get("enc_util_pct")?,
         dec_util_pct: row.get("dec_util_pct")?,
+        gpm,
+        mig_gpm,
     })
 }
 

@@ -19,8 +19,8 @@ use super::lease::{self, Lease, LocalLeases};
 use super::rows::to_i64;
 use super::write::sent::{GpuRow, HostTick, NodeUpdate, ProcessRow, Samples, Written};
 use super::{
-    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_nvlinks, migrate, migrations, open_error,
-    q,
+    NodeBatch, SqlStore, StoreError, WriteOutcome, encode_mig_gpm, encode_nvlinks, migrate,
+    migrations, open_error, q,
 };
 use async_trait::async_trait;
 use futures::future::BoxFuture;
@@ -356,9 +356,12 @@ static GPU_SAMPLES: InsertSql = InsertSql::new(
      mem_total_bytes, mem_reserved_bytes, power_mw, power_instant_mw, power_limit_mw, energy_mj, \
      temp_gpu_c, temp_mem_c, fan_pct, clock_sm_mhz, clock_mem_mhz, clock_graphics_mhz, pstate, \
      pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps, nvlinks, ecc_corrected_volatile, \
-     ecc_uncorrected_volatile, throttle_reasons, enc_util_pct, dec_util_pct)",
+     ecc_uncorrected_volatile, throttle_reasons, enc_util_pct, dec_util_pct, mig_gpm, \
+     gpm_sm_active_cpct, gpm_sm_occupancy_cpct, gpm_tensor_active_cpct, gpm_tensor_hmma_cpct, gpm_tensor_imma_cpct, \
+     gpm_tensor_dfma_cpct, gpm_dram_bw_cpct, gpm_fp64_cpct, gpm_fp32_cpct, gpm_fp16_cpct, \
+     gpm_pcie_tx_bps, gpm_pcie_rx_bps, gpm_nvlink_tx_bps, gpm_nvlink_rx_bps)",
     "",
-    28,
+    43,
 );
 
 static PROCESS_SAMPLES: InsertSql = InsertSql::new(
@@ -378,7 +381,8 @@ static HOST_SAMPLES: InsertSql = InsertSql::new(
 
 fn bind_gpu<'q>(q: SqliteQuery<'q>, r: &GpuRow<'_>) -> SqliteQuery<'q> {
     let s = r.s;
-    q.bind(r.gpu)
+    let q = q
+        .bind(r.gpu)
         .bind(r.ts)
         .bind(s.util_gpu_pct)
         .bind(s.util_mem_pct)
@@ -406,6 +410,12 @@ fn bind_gpu<'q>(q: SqliteQuery<'q>, r: &GpuRow<'_>) -> SqliteQuery<'q> {
         .bind(s.throttle_reasons.map(to_i64))
         .bind(s.enc_util_pct)
         .bind(s.dec_util_pct)
+        .bind(encode_mig_gpm(&s.mig_gpm));
+    // GPM, in `GpmMetrics::NAMES` order (the statement's columns).
+    s.gpm
+        .values()
+        .into_iter()
+        .fold(q, |q, v| q.bind(v.map(to_i64)))
 }
 
 fn bind_process<'q>(q: SqliteQuery<'q>, r: &ProcessRow<'_>) -> SqliteQuery<'q> {

@@ -21,6 +21,8 @@
 //! - **Per-link NVLink counters**: every `nvlink_links`; they are cumulative, so each
 //!   reading's rate covers the whole time since the previous one, carried between. The
 //!   sums over all links are read every tick.
+//! - **GPM** (Hopper and newer): a sample every `gpm` (5 s), its metrics over the window
+//!   since the previous one, carried between; the window never leaves a gap.
 //!
 //! A cadence no longer than the sampling interval means every tick.
 
@@ -40,6 +42,8 @@ pub struct Cadence {
     pub ecc: Duration,
     /// Per-link NVLink throughput counters (the sums over the links are read every tick).
     pub nvlink_links: Duration,
+    /// GPM samples (Hopper and newer): each reading covers the time since the last.
+    pub gpm: Duration,
 }
 
 impl Cadence {
@@ -50,6 +54,7 @@ impl Cadence {
         pcie: Duration::ZERO,
         ecc: Duration::ZERO,
         nvlink_links: Duration::ZERO,
+        gpm: Duration::ZERO,
     };
 
     /// The defaults, chosen from the measured costs: with 8 GPUs at 1 s, energy costs
@@ -64,6 +69,7 @@ impl Cadence {
         pcie: Duration::from_secs(30),
         ecc: Duration::from_secs(30),
         nvlink_links: Duration::from_secs(30),
+        gpm: Duration::from_secs(5),
     };
 
     /// Why these cadences cannot be used, if they cannot: an energy cadence must put a

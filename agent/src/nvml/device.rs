@@ -158,6 +158,8 @@ pub(super) struct DeviceState<'n> {
     /// How many entries the compute, graphics and utilization lists held last tick (the
     /// next call's buffer is sized from it: see `lists`).
     pub(super) list_hints: [u32; 3],
+    /// Its GPM windows and readings (see `gpm`).
+    pub(super) gpm: super::gpm::GpmState<'n>,
     /// Its PCIe throughput calls waited last tick (the driver samples the link): they are
     /// made side by side with the other GPUs' at the start of the next (see `pcie`).
     pub(super) pcie_waits: bool,
@@ -174,6 +176,7 @@ impl DeviceState<'_> {
         self.ecc_last = (None, None);
         self.pcie_last = [None; 2];
         self.nvlinks_last.clear();
+        self.gpm.forget();
     }
 
     /// Whether the power limit is to be read at tick time `now_ms`: never read yet, read

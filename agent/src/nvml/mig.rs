@@ -54,18 +54,28 @@ pub(super) fn discover_migs<'n>(device: &Device<'n>, index: u32) -> Vec<MigDevic
 }
 
 /// pid → MIG device UUID for the processes in a GPU's MIG devices (one compute process
-/// list per MIG device and tick).
-pub(super) fn mig_processes(dev: &DeviceState<'_>, timer: &mut CallTimer) -> HashMap<u32, String> {
+/// list per MIG device and tick). A MIG device whose GPU instance id was not known when it
+/// was found (no process ran in it) learns it from the first process listed in it (GPM
+/// samples an instance by that id).
+pub(super) fn mig_processes(
+    dev: &mut DeviceState<'_>,
+    timer: &mut CallTimer,
+) -> HashMap<u32, String> {
     let mut by_pid = HashMap::new();
     if dev.lost {
         return by_pid;
     }
-    for mig in &dev.migs {
+    for mig in &mut dev.migs {
         let start = Instant::now();
         let listed = running_processes(&mig.device, ProcessList::Compute, &mut 0);
         timer.record(dev.index, "mig.running_compute_processes", start.elapsed());
         match listed {
             Ok(procs) => {
+                if mig.info.gpu_instance_id == NO_INSTANCE_ID
+                    && let Some(id) = procs.iter().find_map(|p| p.gpu_instance_id)
+                {
+                    mig.info.gpu_instance_id = id;
+                }
                 for p in procs {
                     by_pid.insert(p.pid, mig.info.uuid.clone());
                 }

@@ -28,6 +28,10 @@
 //! absent, the others keep being sampled, and each tick it is probed once (a fresh
 //! handle by UUID): when it answers again it is reported `GpuRecovered` and sampled.
 //!
+//! GPM (`gpm`): SM activity and occupancy, tensor / FP pipe activity, DRAM bandwidth and
+//! PCIe / NVLink traffic over the window between two GPM samples, per GPU and per MIG
+//! instance, every `gpm` of tick time (carried between); absent where GPM is not supported.
+//!
 //! MIG: on a GPU with MIG enabled, its MIG devices are found once (inventory
 //! `mig_instances`: UUID, profile, memory) and each tick their compute process lists say
 //! which process runs in which (`mig_uuid`). nvml-wrapper 0.13 does not wrap
@@ -53,6 +57,7 @@ mod cadence;
 mod device;
 mod events;
 mod fields;
+mod gpm;
 mod health;
 mod held;
 mod lists;
@@ -62,6 +67,7 @@ mod pcie;
 mod reader;
 
 pub use cadence::Cadence;
+pub use gpm::{gpm_bps, gpm_cpct, gpm_metrics};
 pub use health::DEFAULT_HEALTH_INTERVAL;
 pub use mapping::*;
 

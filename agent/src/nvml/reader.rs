@@ -6,6 +6,7 @@ use super::cadence::{Cadence, Due};
 use super::device::{DeviceState, Metric, MetricSet, read, settle, value_of};
 use super::events::{Events, same_handle};
 use super::fields::{active_nvlinks, read_fields};
+use super::gpm::{GpmState, query_support, read_gpm};
 use super::health::{HealthSchedule, read_health};
 use super::held::{self, Held, Holding};
 use super::lists::{ProcessList, process_utilization, running_processes};
@@ -73,6 +74,7 @@ struct Dues {
     pcie: Due,
     ecc: Due,
     links: Due,
+    gpm: Due,
 }
 
 impl Dues {
@@ -85,6 +87,7 @@ impl Dues {
             pcie: Due::slot_start(c.pcie, interval),
             ecc: Due::slot_start(c.ecc, interval),
             links: Due::slot_start(c.nvlink_links, interval),
+            gpm: Due::slot_start(c.gpm, interval),
         }
     }
 }
@@ -141,7 +144,11 @@ impl<'n> Reader<'n> {
                 power_limit: None,
                 list_hints: [0; 3],
                 pcie_waits: false,
+                gpm: GpmState::default(),
             });
+            if let Some(dev) = devices.last_mut() {
+                query_support(dev);
+            }
         }
         Ok(Self {
             nvml,
@@ -246,6 +253,7 @@ impl<'n> Reader<'n> {
             pcie: self.due.pcie.take(now_ms),
             ecc: self.due.ecc.take(now_ms),
             links: self.due.links.take(now_ms),
+            gpm: self.due.gpm.take(now_ms),
         };
         let health_due = self.health.due(now_ms);
         for dev in &mut self.devices {
@@ -394,6 +402,7 @@ pub(super) struct DueNow {
     pub(super) pcie: bool,
     pub(super) ecc: bool,
     pub(super) links: bool,
+    pub(super) gpm: bool,
 }
 
 /// What one device's part of a tick read.
@@ -588,6 +597,7 @@ pub(super) fn sample_device(
     let dec =
         read(dev, timer, Metric::Decoder, |d| d.decoder_utilization()).map(|u| pct(u.utilization));
     let fields = read_fields(dev, timer, now_ms, due.links);
+    let (gpm, mig_gpm) = read_gpm(dev, timer, due.gpm, now_ms);
     let mut hints = dev.list_hints;
     let compute = read(dev, timer, Metric::ComputeProcs, |d| {
         running_processes(d, ProcessList::Compute, &mut hints[0])
@@ -633,6 +643,8 @@ pub(super) fn sample_device(
         throttle_reasons: throttle,
         enc_util_pct: enc,
         dec_util_pct: dec,
+        gpm,
+        mig_gpm,
     };
     (sample, processes, listed_us)
 }

@@ -396,6 +396,17 @@ pub fn interval_energies(seq: &[&EnergySample], max_gap_ms: i64) -> Vec<(Method,
     out
 }
 
+/// A workload's part of a GPM activity over one interval: share (ppm) × activity
+/// (hundredths of a percent) × interval (ms), in hundredths of a percent × ms. Alone on a
+/// GPU (share 1) it is the GPU's activity; two workloads splitting the active energy
+/// 3:1 get ¾ and ¼ of it, so the parts of an interval add up to the GPU's (an estimate:
+/// GPM measures the GPU, not its processes).
+pub fn gpm_share(share_ppm: u32, activity_cpct: u32, dt_ms: i64) -> u64 {
+    let dt = u128::try_from(dt_ms).unwrap_or(0);
+    u64::try_from(u128::from(share_ppm) * u128::from(activity_cpct) * dt / 1_000_000)
+        .unwrap_or(u64::MAX)
+}
+
 /// Splits time-ordered samples into runs of one minute each: `(minute start, samples)`.
 pub fn by_minute(samples: &[EnergySample]) -> impl Iterator<Item = (UnixMs, &[EnergySample])> {
     samples
@@ -478,6 +489,16 @@ pub fn rollup_minute(
             }
             w.gpu_ms += dt;
             w.share_ppm_ms += u64::from(p.share_ppm) * dt as u64;
+            // GPM by the same share as the active energy: the GPU's activity over the
+            // interval, as its end sample reports it (see `gpm_share`).
+            if let Some(t) = end.tensor_cpct {
+                w.tensor_ms += dt;
+                w.tensor_cpct_ms += gpm_share(p.share_ppm, t, dt);
+            }
+            if let Some(o) = end.occupancy_cpct {
+                w.occupancy_ms += dt;
+                w.occupancy_cpct_ms += gpm_share(p.share_ppm, o, dt);
+            }
             match iv.split {
                 Some(SplitMethod::Sm) => w.sm_ms += dt,
                 Some(SplitMethod::Memory) => w.memory_ms += dt,

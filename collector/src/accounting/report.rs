@@ -187,6 +187,8 @@ pub async fn build(
     let mut name: Option<String> = None;
     let (mut first, mut last) = (i64::MAX, i64::MIN);
     let (mut gpu_ms, mut share_ppm_ms) = (0i64, 0u64);
+    // GPM: (tensor ms, Σ cpct·ms, occupancy ms, Σ cpct·ms).
+    let mut gpm = (0i64, 0u64, 0i64, 0u64);
     let mut carbon = CarbonTotals::default();
     let key;
     match subject {
@@ -274,6 +276,10 @@ pub async fn build(
                 provisional += r.provisional_mj;
                 gpu_ms += r.gpu_ms;
                 share_ppm_ms += r.share_ppm_ms;
+                gpm.0 += r.tensor_ms;
+                gpm.1 += r.tensor_cpct_ms;
+                gpm.2 += r.occupancy_ms;
+                gpm.3 += r.occupancy_cpct_ms;
                 first = first.min(r.first_minute_ms);
                 last = last.max(r.last_minute_ms + MINUTE_MS);
                 nodes.insert(r.node_name.clone());
@@ -308,6 +314,8 @@ pub async fn build(
         report.energy.idle_j = Some(idle as f64 / 1000.0);
         report.gpu_seconds = Some(gpu_ms as f64 / 1000.0);
         report.avg_share = (gpu_ms > 0).then(|| share_ppm_ms as f64 / gpu_ms as f64 / 1e6);
+        report.tensor_active_pct = crate::api::energy::gpm_pct(gpm.1, gpm.0);
+        report.sm_occupancy_pct = crate::api::energy::gpm_pct(gpm.3, gpm.2);
     }
     let step = ((span.to_ms - span.from_ms) / SERIES_POINTS / 1000).max(1) * 1000;
     let mut metrics = MetricsBuilder::new(Some(step));

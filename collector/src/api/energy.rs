@@ -218,9 +218,18 @@ struct Acc {
     equal_ms: i64,
     idle_memory_ms: i64,
     idle_equal_ms: i64,
+    tensor_ms: i64,
+    tensor_cpct_ms: u64,
+    occupancy_ms: i64,
+    occupancy_cpct_ms: u64,
     first: UnixMs,
     last: UnixMs,
     carbon: CarbonTotals,
+}
+
+/// A time-weighted GPM activity (Σ hundredths of a percent × ms over `ms`) in percent.
+pub(crate) fn gpm_pct(cpct_ms: u64, ms: i64) -> Option<f64> {
+    (ms > 0).then(|| cpct_ms as f64 / ms as f64 / 100.0)
 }
 
 fn j(mj: u64) -> f64 {
@@ -264,6 +273,10 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
         a.sm_ms += r.sm_ms;
         a.memory_ms += r.memory_ms;
         a.equal_ms += r.equal_ms;
+        a.tensor_ms += r.tensor_ms;
+        a.tensor_cpct_ms += r.tensor_cpct_ms;
+        a.occupancy_ms += r.occupancy_ms;
+        a.occupancy_cpct_ms += r.occupancy_cpct_ms;
         a.first = a.first.min(r.first_minute_ms);
         a.last = a.last.max(r.last_minute_ms);
     }
@@ -286,6 +299,9 @@ fn group(rows: Vec<WorkloadEnergy>, by: GroupBy, carbon: &WorkloadCarbonMap) -> 
                 provisional_j: j(a.provisional_mj),
                 gpu_seconds: a.gpu_ms as f64 / 1000.0,
                 avg_share: (a.gpu_ms > 0).then(|| a.share_ppm_ms as f64 / a.gpu_ms as f64 / 1e6),
+                tensor_active_pct: gpm_pct(a.tensor_cpct_ms, a.tensor_ms),
+                sm_occupancy_pct: gpm_pct(a.occupancy_cpct_ms, a.occupancy_ms),
+                gpm_seconds: a.tensor_ms as f64 / 1000.0,
                 method: MethodMix {
                     counter_j: j(a.counter_mj),
                     trapezoid_j: j(a.trapezoid_mj),

@@ -2,12 +2,13 @@
 //! into remote-write `TimeSeries` (the same metric names and labels as `/metrics`), and
 //! a `WriteRequest` as the wire wants it (protobuf, then snappy's block format).
 
-use crate::families::{GPU_FAMILIES, GpuValue, Num};
+use crate::families::{GPU_FAMILIES, GpuValue, MIG_GPM_FAMILIES, Num};
 use crate::store::GpuRecord;
 use crate::store::remote_write::WorkloadNodeEnergy;
 use gpufleet_core::{GpuSample, UnixMs, Workload};
 use gpufleet_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
 use prost::Message;
+use std::collections::BTreeMap;
 
 /// The per-GPU families pushed: `/metrics`' own table (names, units, absent values), with
 /// a counter's `_total` as the exposition writes it. One list, so the two never differ.
@@ -79,7 +80,46 @@ pub fn gpu_series(node: &str, gpu: &GpuRecord, samples: &[(UnixMs, GpuSample)]) 
             samples: points,
         });
     }
+    out.extend(mig_series(node, gpu, samples));
     out
+}
+
+/// A GPU's MIG instances' GPM, one series per instance and family that has a value.
+fn mig_series<'a>(
+    node: &'a str,
+    gpu: &'a GpuRecord,
+    samples: &'a [(UnixMs, GpuSample)],
+) -> impl Iterator<Item = TimeSeries> + 'a {
+    let mut by: BTreeMap<(&str, &str, u32), Vec<Sample>> = BTreeMap::new();
+    for (name, _, value) in MIG_GPM_FAMILIES {
+        for (t, s) in samples {
+            for m in &s.mig_gpm {
+                if let Some(v) = value(&m.gpm).map(Num::to_f64).filter(|v| v.is_finite()) {
+                    by.entry((name, m.mig_uuid.as_str(), m.gpu_instance_id))
+                        .or_default()
+                        .push(Sample {
+                            value: v,
+                            timestamp: *t,
+                        });
+                }
+            }
+        }
+    }
+    by.into_iter()
+        .map(move |((name, mig, instance), points)| TimeSeries {
+            labels: labels(
+                name,
+                vec![
+                    ("node", node.to_owned()),
+                    ("gpu", gpu.info.index.to_string()),
+                    ("uuid", gpu.info.uuid.clone()),
+                    ("name", gpu.info.name.clone()),
+                    ("mig_uuid", mig.to_owned()),
+                    ("gpu_instance", instance.to_string()),
+                ],
+            ),
+            samples: points,
+        })
 }
 
 /// The workload labels `/metrics` uses: `workload` (its key), `kind`, `namespace`, `pod`,

@@ -254,6 +254,30 @@ pub fn gpu_sample_full(uuid: &str, k: u32) -> GpuSample {
         throttle_reasons: Some(0x4),
         enc_util_pct: Some(0),
         dec_util_pct: Some(12),
+        gpm: GpmMetrics {
+            sm_active_cpct: Some(9_000 + k % 1000),
+            sm_occupancy_cpct: Some(4_500),
+            tensor_active_cpct: Some(0), // a present 0 stays 0
+            tensor_hmma_cpct: Some(5_900),
+            tensor_imma_cpct: None,
+            tensor_dfma_cpct: Some(1),
+            dram_bw_cpct: Some(10_000),
+            fp64_cpct: Some(2),
+            fp32_cpct: Some(2_000),
+            fp16_cpct: Some(3_500),
+            pcie_tx_bps: Some(1_100_000_000),
+            pcie_rx_bps: Some(5_000_000_000_000),
+            nvlink_tx_bps: Some(0),
+            nvlink_rx_bps: None,
+        },
+        mig_gpm: vec![MigGpm {
+            mig_uuid: "MIG-4b1e7c52-0000-5000-8000-000000000001".into(),
+            gpu_instance_id: 1,
+            gpm: GpmMetrics {
+                tensor_active_cpct: Some(6_100 + k % 100),
+                ..GpmMetrics::default()
+            },
+        }],
     }
 }
 

@@ -36,6 +36,11 @@ const GPUS: [&str; 2] = ["GPU-mig-a", "GPU-mig-b"];
 /// strings, a MIG instance, every process type, absent utilizations).
 fn tick_k(k: u32) -> Tick {
     let mut t = tick(T0 + i64::from(k) * 1000, &GPUS, k);
+    // A database from before GPM holds none.
+    for g in &mut t.gpus {
+        g.gpm = GpmMetrics::default();
+        g.mig_gpm.clear();
+    }
     let proc = |gpu: &str, pid: u32| ProcessSample {
         gpu_uuid: gpu.into(),
         pid,
@@ -150,12 +155,22 @@ async fn same_answers(a: &Arc<dyn Store>, b: &Arc<dyn Store>, node: &NodeRecord,
 const OLD_WORKLOAD_COLS: &str = "id, key, kind, runtime, container_id, pod_uid, qos, job_id, \
     step, unit, uid, container_name, image, pod_name, namespace, first_seen_ms";
 
+/// The columns `gpu_samples` had before 0033 (which added GPM).
+const OLD_GPU_COLS: &str = "gpu_id, ts_ms, util_gpu_pct, util_mem_pct, mem_used_bytes, \
+    mem_total_bytes, mem_reserved_bytes, power_mw, power_instant_mw, power_limit_mw, energy_mj, \
+    temp_gpu_c, temp_mem_c, fan_pct, clock_sm_mhz, clock_mem_mhz, clock_graphics_mhz, pstate, \
+    pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps, nvlinks, ecc_corrected_volatile, \
+    ecc_uncorrected_volatile, throttle_reasons, enc_util_pct, dec_util_pct";
+
 /// `INSERT INTO {to}.{t} SELECT … FROM {from}.{t};` with the columns the older schema has.
 fn copy_table(to: &str, from: &str, t: &str) -> String {
-    if t == "workloads" {
-        format!(
-            "INSERT INTO {to}.{t} ({OLD_WORKLOAD_COLS}) SELECT {OLD_WORKLOAD_COLS} FROM {from}.{t};"
-        )
+    let old = match t {
+        "workloads" => Some(OLD_WORKLOAD_COLS),
+        "gpu_samples" => Some(OLD_GPU_COLS),
+        _ => None,
+    };
+    if let Some(cols) = old {
+        format!("INSERT INTO {to}.{t} ({cols}) SELECT {cols} FROM {from}.{t};")
     } else {
         format!("INSERT INTO {to}.{t} SELECT * FROM {from}.{t};")
     }
@@ -348,6 +363,11 @@ fn five_minutes() -> Vec<Tick> {
     out[7].host = None; // a cost-only host row
     out[8].cost = None;
     out.push(tick(T0 + NEWEST_MS, &GPUS, 300));
+    // A database from before GPM holds none.
+    for g in out.iter_mut().flat_map(|t| &mut t.gpus) {
+        g.gpm = GpmMetrics::default();
+        g.mig_gpm.clear();
+    }
     for t in out.iter_mut().step_by(30) {
         let k = u32::try_from((t.time_ms - T0) / 30_000).unwrap_or(u32::MAX);
         t.health = vec![health_full(GPUS[0], k), health_sparse(GPUS[1])];

@@ -406,6 +406,22 @@ pub(super) fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<Gp
             "tick {i}: gpu {u}: mem_used_bytes {used} exceeds mem_total_bytes {total}"
         )));
     }
+    count(w("mig_gpm"), &g.mig_gpm, MAX_MIG_INSTANCES)?;
+    let mut mig_gpm = Vec::with_capacity(g.mig_gpm.len());
+    for m in g.mig_gpm {
+        let mig_uuid = c.string(w("mig_gpm mig_uuid"), m.mig_uuid)?;
+        if mig_uuid.is_empty() || mig_gpm.iter().any(|o: &MigGpm| o.mig_uuid == mig_uuid) {
+            return Err(invalid(format!(
+                "tick {i}: gpu {u}: mig_gpm mig_uuid {mig_uuid:?} is empty or repeated"
+            )));
+        }
+        let gpm = decode_gpm(&w("mig_gpm"), m.gpm, l)?;
+        mig_gpm.push(MigGpm {
+            mig_uuid,
+            gpu_instance_id: m.gpu_instance_id,
+            gpm,
+        });
+    }
     Ok(GpuSample {
         util_gpu_pct: pct(w("util_gpu_pct"), g.util_gpu_pct)?,
         util_mem_pct: pct(w("util_mem_pct"), g.util_mem_pct)?,
@@ -442,7 +458,44 @@ pub(super) fn decode_gpu(c: &Check<'_>, i: usize, g: pb::GpuSample) -> Result<Gp
         throttle_reasons: g.throttle_reasons,
         enc_util_pct: pct(w("enc_util_pct"), g.enc_util_pct)?,
         dec_util_pct: pct(w("dec_util_pct"), g.dec_util_pct)?,
+        gpm: decode_gpm(&w("gpm"), g.gpm, l)?,
+        mig_gpm,
         gpu_uuid: uuid,
+    })
+}
+
+/// Most MIG instances a GPU has (an H100 / H200 makes at most 7).
+const MAX_MIG_INSTANCES: usize = 8;
+/// A GPM activity is at most 100 %, in hundredths.
+const MAX_CPCT: u32 = 10_000;
+
+/// GPM metrics: activities at most 100 %, rates at most a link's plausible maximum.
+fn decode_gpm(
+    what: &dyn std::fmt::Display,
+    g: Option<pb::GpmMetrics>,
+    l: &Limits,
+) -> Result<GpmMetrics, Invalid> {
+    let Some(g) = g else {
+        return Ok(GpmMetrics::default());
+    };
+    let cp = |f: &'static str, v: Option<u32>| at_most(format_args!("{what} {f}"), v, MAX_CPCT);
+    let bps =
+        |f: &'static str, v: Option<u64>| at_most(format_args!("{what} {f}"), v, l.max_link_bps);
+    Ok(GpmMetrics {
+        sm_active_cpct: cp("sm_active_cpct", g.sm_active_cpct)?,
+        sm_occupancy_cpct: cp("sm_occupancy_cpct", g.sm_occupancy_cpct)?,
+        tensor_active_cpct: cp("tensor_active_cpct", g.tensor_active_cpct)?,
+        tensor_hmma_cpct: cp("tensor_hmma_cpct", g.tensor_hmma_cpct)?,
+        tensor_imma_cpct: cp("tensor_imma_cpct", g.tensor_imma_cpct)?,
+        tensor_dfma_cpct: cp("tensor_dfma_cpct", g.tensor_dfma_cpct)?,
+        dram_bw_cpct: cp("dram_bw_cpct", g.dram_bw_cpct)?,
+        fp64_cpct: cp("fp64_cpct", g.fp64_cpct)?,
+        fp32_cpct: cp("fp32_cpct", g.fp32_cpct)?,
+        fp16_cpct: cp("fp16_cpct", g.fp16_cpct)?,
+        pcie_tx_bps: bps("pcie_tx_bps", g.pcie_tx_bps)?,
+        pcie_rx_bps: bps("pcie_rx_bps", g.pcie_rx_bps)?,
+        nvlink_tx_bps: bps("nvlink_tx_bps", g.nvlink_tx_bps)?,
+        nvlink_rx_bps: bps("nvlink_rx_bps", g.nvlink_rx_bps)?,
     })
 }
 

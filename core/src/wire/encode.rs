@@ -92,8 +92,21 @@ impl From<GpuSample> for pb::GpuSample {
             pstate, pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps,
             ecc_corrected_volatile, ecc_uncorrected_volatile, throttle_reasons, enc_util_pct,
             dec_util_pct,
-        }; nvlinks: links.collect())
+        }; nvlinks: links.collect(), gpm: gpm_pb(g.gpm), mig_gpm: g.mig_gpm.into_iter().map(|m| {
+            same_fields!(m => MigGpm { mig_uuid, gpu_instance_id }; gpm: gpm_pb(m.gpm))
+        }).collect())
     }
+}
+
+/// GPM metrics on the wire: none present sends no message.
+fn gpm_pb(g: GpmMetrics) -> Option<pb::GpmMetrics> {
+    (!g.is_empty()).then_some({
+        same_fields!(g => GpmMetrics {
+            sm_active_cpct, sm_occupancy_cpct, tensor_active_cpct, tensor_hmma_cpct,
+            tensor_imma_cpct, tensor_dfma_cpct, dram_bw_cpct, fp64_cpct, fp32_cpct, fp16_cpct,
+            pcie_tx_bps, pcie_rx_bps, nvlink_tx_bps, nvlink_rx_bps,
+        })
+    })
 }
 
 impl From<GpuHealthSample> for pb::GpuHealthSample {

@@ -21,6 +21,20 @@ fn sample_batch() -> Batch {
                     tx_bps: Some(1),
                     rx_bps: None,
                 }],
+                gpm: GpmMetrics {
+                    sm_active_cpct: Some(9_150),
+                    tensor_active_cpct: Some(0),
+                    nvlink_rx_bps: Some(4 << 30),
+                    ..Default::default()
+                },
+                mig_gpm: vec![MigGpm {
+                    mig_uuid: "MIG-1".into(),
+                    gpu_instance_id: 1,
+                    gpm: GpmMetrics {
+                        sm_occupancy_cpct: Some(10_000),
+                        ..Default::default()
+                    },
+                }],
                 ..Default::default()
             }],
             processes: vec![ProcessSample {
@@ -183,6 +197,26 @@ fn absurd_power_is_refused_with_the_field_named() {
     b.ticks[0].gpus[0].power_mw = Some(90_000_000);
     let err = decode(b.into()).expect_err("90 kW is absurd");
     assert!(err.to_string().contains("power_mw = 90000000"), "{err}");
+}
+
+#[test]
+fn gpm_past_100_percent_or_a_repeated_mig_is_refused() {
+    let mut b = sample_batch();
+    b.ticks[0].gpus[0].gpm.fp16_cpct = Some(10_001);
+    let err = decode(b.into()).expect_err("more than 100 %");
+    assert!(err.to_string().contains("gpm fp16_cpct = 10001"), "{err}");
+    let mut b = sample_batch();
+    b.ticks[0].gpus[0].mig_gpm[0].gpm.tensor_active_cpct = Some(20_000);
+    let err = decode(b.into()).expect_err("more than 100 %");
+    assert!(
+        err.to_string().contains("mig_gpm tensor_active_cpct"),
+        "{err}"
+    );
+    let mut b = sample_batch();
+    let again = b.ticks[0].gpus[0].mig_gpm[0].clone();
+    b.ticks[0].gpus[0].mig_gpm.push(again);
+    let err = decode(b.into()).expect_err("one MIG instance twice");
+    assert!(err.to_string().contains("repeated"), "{err}");
 }
 
 #[test]

@@ -84,6 +84,11 @@ pub struct WorkloadEnergy {
     pub equal_ms: i64,
     pub idle_memory_ms: i64,
     pub idle_equal_ms: i64,
+    /// Its GPM estimate (see [`WorkloadMinute::tensor_cpct_ms`]).
+    pub tensor_ms: i64,
+    pub tensor_cpct_ms: u64,
+    pub occupancy_ms: i64,
+    pub occupancy_cpct_ms: u64,
     pub first_minute_ms: UnixMs,
     pub last_minute_ms: UnixMs,
 }
@@ -252,6 +257,10 @@ pub(super) fn minutes_from_rows<R: Get>(
                 idle_memory_ms: row.get::<i64>("idle_memory_ms")?,
                 idle_equal_ms: row.get::<i64>("idle_equal_ms")?,
                 mem_max_bytes: row.u64_bits("mem_max_bytes")?,
+                tensor_ms: row.get::<i64>("tensor_ms")?,
+                tensor_cpct_ms: row.nonneg("tensor_cpct_ms")?,
+                occupancy_ms: row.get::<i64>("occupancy_ms")?,
+                occupancy_cpct_ms: row.nonneg("occupancy_cpct_ms")?,
             });
     }
     let mut out = Vec::with_capacity(rows.len());
@@ -455,6 +464,8 @@ fn sample_from_row<R: Get>(row: &R) -> Result<EnergySample, StoreError> {
         power_mw: row.get("power_mw")?,
         energy_mj: row.u64_bits("energy_mj")?,
         util_gpu_pct: row.get("util_gpu_pct")?,
+        tensor_cpct: row.get("gpm_tensor_active_cpct")?,
+        occupancy_cpct: row.get("gpm_sm_occupancy_cpct")?,
         processes: Vec::new(),
     })
 }
@@ -466,6 +477,8 @@ fn energy_sample(time_ms: UnixMs, s: &GpuSample) -> EnergySample {
         power_mw: s.power_mw,
         energy_mj: s.energy_mj,
         util_gpu_pct: s.util_gpu_pct,
+        tensor_cpct: s.gpm.tensor_active_cpct,
+        occupancy_cpct: s.gpm.sm_occupancy_cpct,
         processes: Vec::new(),
     }
 }
@@ -533,7 +546,8 @@ fn newest_before(dialect: Dialect, table: &str, time: &str, cols: &str, alias: &
     }
 }
 
-const SAMPLE_COLS: &str = "ts_ms, power_mw, energy_mj, util_gpu_pct";
+const SAMPLE_COLS: &str =
+    "ts_ms, power_mw, energy_mj, util_gpu_pct, gpm_tensor_active_cpct, gpm_sm_occupancy_cpct";
 
 /// The body of [`EnergyStore::replace_energy_minutes`], inside the caller's transaction.
 async fn replace_in<DB: Backend>(
@@ -635,6 +649,16 @@ async fn replace_in<DB: Backend>(
         .int("active_mj", mj("active_mj", |w| w.active_mj)?)
         .int("idle_memory_ms", int(|w| w.idle_memory_ms))
         .int("idle_equal_ms", int(|w| w.idle_equal_ms))
+        .int("tensor_ms", int(|w| w.tensor_ms))
+        .int(
+            "tensor_cpct_ms",
+            mj("tensor_cpct_ms", |w| w.tensor_cpct_ms)?,
+        )
+        .int("occupancy_ms", int(|w| w.occupancy_ms))
+        .int(
+            "occupancy_cpct_ms",
+            mj("occupancy_cpct_ms", |w| w.occupancy_cpct_ms)?,
+        )
         .flag("provisional", ws.iter().map(|(m, _)| m.provisional))
         .int(
             "mem_max_bytes",
@@ -737,7 +761,8 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         let prev = read(
             "read the samples before energy ranges",
             format!(
-                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct FROM r {}",
+                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct, \
+                 s.gpm_tensor_active_cpct, s.gpm_sm_occupancy_cpct FROM r {}",
                 newest_before(d, "gpu_samples", "ts_ms", SAMPLE_COLS, "s")
             ),
         )
@@ -749,7 +774,8 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
         let samples = read(
             "read GPU samples for energy",
             format!(
-                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct \
+                "SELECT r.req, s.ts_ms, s.power_mw, s.energy_mj, s.util_gpu_pct, \
+                 s.gpm_tensor_active_cpct, s.gpm_sm_occupancy_cpct \
                  FROM r {} gpu_samples s ON s.gpu_id = r.id \
                    AND s.ts_ms >= r.from_ms AND s.ts_ms < r.to_ms ORDER BY r.req, s.ts_ms",
                 join(d)
@@ -1044,6 +1070,10 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
             "sm_ms",
             "memory_ms",
             "equal_ms",
+            "tensor_ms",
+            "tensor_cpct_ms",
+            "occupancy_ms",
+            "occupancy_cpct_ms",
         ]);
         let query = sql::<DB>(
             "sum energy per workload",
@@ -1083,6 +1113,10 @@ impl<DB: Backend> EnergyStore for SqlStore<DB> {
                 equal_ms: row.get("equal_ms")?,
                 idle_memory_ms: row.get("idle_memory_ms")?,
                 idle_equal_ms: row.get("idle_equal_ms")?,
+                tensor_ms: row.get("tensor_ms")?,
+                tensor_cpct_ms: row.nonneg("tensor_cpct_ms")?,
+                occupancy_ms: row.get("occupancy_ms")?,
+                occupancy_cpct_ms: row.nonneg("occupancy_cpct_ms")?,
                 first_minute_ms: row.get("first_ms")?,
                 last_minute_ms: row.get("last_ms")?,
             })

@@ -24,6 +24,10 @@ pub struct EnergySample {
     pub power_mw: Option<u32>,
     pub energy_mj: Option<u64>,
     pub util_gpu_pct: Option<u32>,
+    /// GPM's tensor activity and SM occupancy (hundredths of a percent), where the GPU
+    /// has GPM.
+    pub tensor_cpct: Option<u32>,
+    pub occupancy_cpct: Option<u32>,
     pub processes: Vec<EnergyProcess>,
 }
 
@@ -82,6 +86,15 @@ pub struct WorkloadMinute {
     /// intervals of the minute; `None` when none of them reported memory. (Waste
     /// detection reports it: `accounting::waste` in the collector.)
     pub mem_max_bytes: Option<u64>,
+    /// GPM estimate: the time it was resident in intervals whose GPU reported tensor
+    /// activity, and Σ share × tensor activity (hundredths of a percent) × interval ms
+    /// over them, so its time-weighted tensor activity is `tensor_cpct_ms / tensor_ms`
+    /// hundredths of a percent (its share of the GPU's, on a shared GPU: an estimate).
+    pub tensor_ms: i64,
+    pub tensor_cpct_ms: u64,
+    /// The same for SM occupancy.
+    pub occupancy_ms: i64,
+    pub occupancy_cpct_ms: u64,
 }
 
 /// One GPU's energy in one minute, and the policy that split it.

@@ -130,6 +130,7 @@ fn the_energy_counter_is_read_on_each_slots_last_tick_and_the_rest_carried() {
         ecc: Duration::from_secs(5),
         process_util: Duration::ZERO,
         nvlink_links: Duration::from_secs(5),
+        gpm: Duration::from_secs(5),
     };
     let mut src = fake.open_with_cadence(Duration::from_secs(1), cadence);
     // Ticks at :00.250 … :24.250 of a minute.

@@ -13,6 +13,7 @@
 
 mod cadence;
 mod events;
+mod gpm;
 mod health;
 mod metrics;
 mod processes;

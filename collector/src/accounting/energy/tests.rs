@@ -21,6 +21,8 @@ fn sample(
         power_mw: Some(power_w * 1000),
         energy_mj,
         util_gpu_pct: Some(if procs.is_empty() { 0 } else { 50 }),
+        tensor_cpct: None,
+        occupancy_cpct: None,
         processes: procs,
     }
 }
@@ -96,6 +98,8 @@ fn no_counter_and_no_power_is_missing() {
         power_mw: None,
         energy_mj: None,
         util_gpu_pct: None,
+        tensor_cpct: None,
+        occupancy_cpct: None,
         processes: vec![],
     };
     let b = EnergySample {
@@ -307,6 +311,8 @@ fn arb_trace() -> impl Strategy<Value = Vec<EnergySample>> {
                     power_mw: power,
                     energy_mj: (counter_mode != 1).then_some(counter),
                     util_gpu_pct: util,
+                    tensor_cpct: None,
+                    occupancy_cpct: None,
                     processes,
                 }
             })
@@ -660,4 +666,88 @@ proptest! {
             prop_assert_eq!(total, truth[k_end] - start, "minute {}", minute);
         }
     }
+}
+
+/// A sample with GPM: tensor activity and SM occupancy, hundredths of a percent.
+fn with_gpm(mut s: EnergySample, tensor: Option<u32>, occupancy: Option<u32>) -> EnergySample {
+    s.tensor_cpct = tensor;
+    s.occupancy_cpct = occupancy;
+    s
+}
+
+/// The per-workload GPM estimate on a known trace, checked by hand.
+///
+/// Samples at 0, 1, 2, 3, 4 s (intervals end at 1 … 4 s):
+/// - (0, 1] and (1, 2]: workloads 1 and 2 share the GPU, SM 60 % : 20 % (shares ¾ : ¼);
+///   the GPU's tensor activity is 60.00 % (6000) then 40.00 % (4000), occupancy 50 %.
+/// - (2, 3]: workload 2 alone, tensor 10.00 % (1000); occupancy not reported.
+/// - (3, 4]: workload 2 alone, the GPU reports no GPM at all (absent, not zero).
+///
+/// Workload 1: tensor ms 2000, Σ = ¾·6000·1000 + ¾·4000·1000 = 7 500 000 → 37.50 %.
+///   Occupancy ms 2000, Σ = ¾·5000·1000 · 2 = 7 500 000 → 37.50 %.
+/// Workload 2: tensor ms 3000 (the interval without GPM is not counted),
+///   Σ = ¼·6000·1000 + ¼·4000·1000 + 1·1000·1000 = 1 500 000 + 1 000 000 + 1 000 000
+///   = 3 500 000 → 11.67 %. Occupancy ms 2000, Σ = ¼·5000·1000 · 2 = 2 500 000 → 12.50 %.
+/// Per interval the parts add up to the GPU's figure (¾ + ¼ of 60 % is 60 %).
+#[test]
+fn gpm_is_split_per_workload_by_the_energy_share() {
+    let both = || {
+        vec![
+            proc(1, Some(60), Some(1 << 30)),
+            proc(2, Some(20), Some(1 << 30)),
+        ]
+    };
+    let alone = || vec![proc(2, Some(30), Some(1 << 30))];
+    let s = [
+        with_gpm(sample(0, 300, None, both()), Some(9_000), Some(5_000)),
+        with_gpm(sample(1000, 300, None, both()), Some(6_000), Some(5_000)),
+        with_gpm(sample(2000, 300, None, both()), Some(4_000), Some(5_000)),
+        with_gpm(sample(3000, 200, None, alone()), Some(1_000), None),
+        with_gpm(sample(4000, 200, None, alone()), None, None),
+    ];
+    let m = rollup_minute(0, None, &s, 3000, 0, IdleSource::Min, IdlePolicy::Spread);
+    let w = |id: WorkloadRef| {
+        m.workloads
+            .iter()
+            .find(|w| w.workload == id)
+            .expect("workload minute")
+    };
+    let (w1, w2) = (w(1), w(2));
+    assert_eq!(
+        (
+            w1.tensor_ms,
+            w1.tensor_cpct_ms,
+            w1.occupancy_ms,
+            w1.occupancy_cpct_ms
+        ),
+        (2000, 7_500_000, 2000, 7_500_000)
+    );
+    assert_eq!(
+        (
+            w2.tensor_ms,
+            w2.tensor_cpct_ms,
+            w2.occupancy_ms,
+            w2.occupancy_cpct_ms
+        ),
+        (3000, 3_500_000, 2000, 2_500_000)
+    );
+    let pct = |sum: u64, ms: i64| sum as f64 / ms as f64 / 100.0;
+    assert_eq!(pct(w1.tensor_cpct_ms, w1.tensor_ms), 37.5);
+    assert!((pct(w2.tensor_cpct_ms, w2.tensor_ms) - 11.666).abs() < 0.001);
+    // Without GPM nothing is counted: absent, not zero.
+    let plain: Vec<EnergySample> = s.iter().map(|x| with_gpm(x.clone(), None, None)).collect();
+    let m = rollup_minute(
+        0,
+        None,
+        &plain,
+        3000,
+        0,
+        IdleSource::Min,
+        IdlePolicy::Spread,
+    );
+    assert!(
+        m.workloads
+            .iter()
+            .all(|w| w.tensor_ms == 0 && w.tensor_cpct_ms == 0)
+    );
 }

@@ -22,7 +22,7 @@ pub mod snapshot;
 
 use crate::accounting::counters::WorkloadLabels;
 use crate::api::state::AppState;
-use crate::families::{GPU_FAMILIES, Num, num, value};
+use crate::families::{GPU_FAMILIES, MIG_GPM_FAMILIES, Num, num, value};
 use crate::ingest::writer::WriterHandle;
 use crate::live::status::NodeStatus;
 use crate::metrics::COMMIT_BUCKETS;
@@ -301,6 +301,26 @@ fn encode_gpus(enc: &mut DescriptorEncoder, nodes: &[NodeSnap]) -> fmt::Result {
         for (labels, g) in gpus() {
             if let Some(v) = get(&g.sample) {
                 put(&mut m, &labels, kind, v)?;
+            }
+        }
+    }
+    for (name, help, get) in MIG_GPM_FAMILIES {
+        let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (labels, g) in gpus() {
+            for mig in &g.sample.mig_gpm {
+                if let Some(v) = get(&mig.gpm) {
+                    let instance = mig.gpu_instance_id.to_string();
+                    let [a, b, c, d] = &labels;
+                    let labels = [
+                        *a,
+                        *b,
+                        *c,
+                        *d,
+                        ("mig_uuid", Text(mig.mig_uuid.as_str())),
+                        ("gpu_instance", Text(instance.as_str())),
+                    ];
+                    put(&mut m, &labels, MetricType::Gauge, v)?;
+                }
             }
         }
     }

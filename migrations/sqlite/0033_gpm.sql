@@ -1,0 +1,82 @@
+-- GPU Performance Monitoring (GPM, Hopper and newer; see core's `GpmMetrics`): per GPU
+-- sample its activities (hundredths of a percent, 0..10000) and GPM's PCIe / NVLink rates
+-- (bytes/s, u64 as the i64 with the same bits), NULL where the GPU has no GPM (absent is not
+-- zero), and its MIG instances' GPM (gpufleet_store::encode_mig_gpm); the minute rollups
+-- of each; and per workload minute the time-weighted GPM it is charged by its energy share
+-- (sum of share x activity x interval ms, in hundredths of a percent, over the intervals
+-- whose GPU reported it, and that time), so its average is sum / ms.
+ALTER TABLE gpu_samples ADD COLUMN gpm_sm_active_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_sm_occupancy_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_tensor_active_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_tensor_hmma_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_tensor_imma_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_tensor_dfma_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_dram_bw_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_fp64_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_fp32_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_fp16_cpct INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_pcie_tx_bps INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_pcie_rx_bps INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_nvlink_tx_bps INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN gpm_nvlink_rx_bps INTEGER;
+ALTER TABLE gpu_samples ADD COLUMN mig_gpm BLOB;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_active_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_active_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_active_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_active_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_occupancy_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_occupancy_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_occupancy_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_sm_occupancy_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_active_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_active_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_active_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_active_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_hmma_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_hmma_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_hmma_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_hmma_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_imma_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_imma_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_imma_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_imma_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_dfma_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_dfma_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_dfma_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_tensor_dfma_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_dram_bw_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_dram_bw_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_dram_bw_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_dram_bw_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp64_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp64_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp64_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp64_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp32_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp32_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp32_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp32_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp16_cpct_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp16_cpct_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp16_cpct_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_fp16_cpct_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_tx_bps_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_tx_bps_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_tx_bps_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_tx_bps_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_rx_bps_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_rx_bps_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_rx_bps_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_pcie_rx_bps_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_tx_bps_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_tx_bps_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_tx_bps_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_tx_bps_max INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_rx_bps_n INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_rx_bps_avg REAL;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_rx_bps_min INTEGER;
+ALTER TABLE gpu_minutes ADD COLUMN gpm_nvlink_rx_bps_max INTEGER;
+ALTER TABLE energy_workload_minutes ADD COLUMN tensor_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE energy_workload_minutes ADD COLUMN tensor_cpct_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE energy_workload_minutes ADD COLUMN occupancy_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE energy_workload_minutes ADD COLUMN occupancy_cpct_ms INTEGER NOT NULL DEFAULT 0;
