@@ -17,6 +17,10 @@ export type GpuView = Schemas['GpuView'];
 export type GpuDetailView = Schemas['GpuDetailView'];
 export type GpuLatestView = Schemas['GpuLatestView'];
 export type GpuSample = Schemas['GpuSample'];
+/** GPU Performance Monitoring (Hopper and newer): activities in hundredths of a percent,
+ * every field absent on a GPU without GPM (never 0). */
+export type GpmMetrics = Schemas['GpmMetrics'];
+export type MigGpm = Schemas['MigGpm'];
 export type Process = Schemas['ProcessSample'];
 export type Workload = Schemas['Workload'];
 

@@ -1,6 +1,7 @@
 // The energy page: who spent the GPUs' energy and carbon over a range (default: today).
 // Fleet totals (/api/v1/energy), a sortable table per container / pod / namespace / job /
-// user (/api/v1/containers?group_by=) or node (/api/v1/energy's nodes), a workload's energy
+// user (/api/v1/containers?group_by=, with GPM's tensor activity where the GPUs report
+// it) or node (/api/v1/energy's nodes), a workload's energy
 // per minute (/api/v1/containers/{key}), and each region's carbon intensity with its
 // forecast. Above the table, the range's energy over time (/api/v1/energy/series) as a
 // stacked chart: the biggest groups, the rest, idle and unattributed; a band (clicked on
@@ -13,6 +14,7 @@ import {
 import { carbonG, co2, kwh, provenanceMarks, sourcesText, type CarbonFields } from './carbon';
 import { Chart } from './chart';
 import { clear, el, NA, num, scrollBox } from './dom';
+import { pct1 } from './gpm';
 import { intensitySection } from './intensity';
 import { currentRange, ENERGY_RANGES, rangePicker, type Range } from './range';
 import { StackChart, type StackBand } from './stack';
@@ -46,9 +48,14 @@ interface Row extends CarbonFields {
   method: MethodMix;
   /** Workload keys for the detail chart (empty: not a workload, e.g. a node). */
   workloads: string[];
+  /** GPM (Hopper and newer): its tensor-core activity and SM occupancy (percent) over
+   * `gpmSeconds` of GPU time; null where none of its GPUs reports GPM (nodes: not given). */
+  tensorPct: number | null;
+  smOccupancyPct: number | null;
+  gpmSeconds: number;
 }
 
-type SortKey = 'label' | 'energy' | 'idle' | 'carbon' | 'gpu_seconds' | 'gpus';
+type SortKey = 'label' | 'energy' | 'idle' | 'carbon' | 'gpu_seconds' | 'gpus' | 'tensor';
 /** The columns that matter, so the table fits the window; a row's kind and carbon marks
  * are under its name, how it was measured on the energy cell's hover, the rest on its own
  * page (the row's detail). */
@@ -60,8 +67,21 @@ const COLUMNS: [SortKey | null, string][] = [
   ['idle', 'idle'],
   ['carbon', 'CO2'],
   ['gpu_seconds', 'GPU time'],
+  ['tensor', 'Tensor active'],
 ];
-const NUMERIC = new Set<SortKey | null>(['gpus', 'energy', 'idle', 'carbon', 'gpu_seconds']);
+const NUMERIC = new Set<SortKey | null>(['gpus', 'energy', 'idle', 'carbon', 'gpu_seconds', 'tensor']);
+/** What a column's header says on hover. */
+const COLUMN_TITLES: Partial<Record<SortKey, string>> = {
+  tensor: 'Tensor-core activity from GPM (GPU Performance Monitoring, Hopper and newer GPUs): the workload\'s time-weighted '
+    + 'share of its GPUs\' tensor activity, of the tensor cores\' peak. Exact on a GPU of its own, an estimate on shared GPUs; '
+    + 'n/a where none of its GPUs reports GPM.',
+};
+
+/** The table's columns for a grouping: nodes have no tensor figure (the API gives it per
+ * workload), so their table leaves that column out. */
+function columnsFor(groupBy: string): [SortKey | null, string][] {
+  return groupBy === 'node' ? COLUMNS.filter(([k]) => k !== 'tensor') : COLUMNS;
+}
 
 /** The chart's pseudo-bands: their colours and names. */
 const BAND_STYLE: Record<string, [string, string]> = {
@@ -129,6 +149,9 @@ function workloadRows(rows: ContainerRow[]): Row[] {
       workloads: r.workloads,
       carbon_g: r.carbon_g,
       carbon: r.carbon,
+      tensorPct: r.tensor_active_pct ?? null,
+      smOccupancyPct: r.sm_occupancy_pct ?? null,
+      gpmSeconds: r.gpm_seconds,
     };
   });
 }
@@ -152,6 +175,9 @@ function nodeRows(e: EnergyView): Row[] {
       workloads: [],
       carbon_g: t.carbon_g,
       carbon: t.carbon,
+      tensorPct: null,
+      smOccupancyPct: null,
+      gpmSeconds: 0,
     };
   });
 }
@@ -165,6 +191,7 @@ function sortRows(rows: Row[], key: SortKey, dir: 'asc' | 'desc'): Row[] {
       case 'carbon': return carbonG(r);
       case 'gpu_seconds': return r.gpuSeconds;
       case 'gpus': return r.gpus;
+      case 'tensor': return r.tensorPct;
     }
   };
   const sign = dir === 'asc' ? 1 : -1;
@@ -176,6 +203,13 @@ function sortRows(rows: Row[], key: SortKey, dir: 'asc' | 'desc'): Row[] {
     if (x > y) return sign;
     return a.key < b.key ? -1 : 1;
   });
+}
+
+/** A tensor cell's hover: its SM occupancy and the GPU time the GPM figures cover. */
+function tensorTitle(r: Row): string {
+  if (r.tensorPct === null) return 'n/a: none of its GPUs reports GPM (Hopper and newer do)';
+  return `tensor-core activity ${pct1(r.tensorPct)}, SM occupancy ${pct1(r.smOccupancyPct)} (GPM), over ${duration(r.gpmSeconds)} of GPU time; `
+    + 'an estimate on shared GPUs';
 }
 
 function duration(s: number): string {
@@ -217,7 +251,8 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
   const q = new URLSearchParams(location.search);
   const r = currentRange(Date.now(), ENERGY_RANGES);
   const groupBy = GROUPS.some(([g]) => g === q.get('group_by')) ? (q.get('group_by') as string) : 'container';
-  let sortKey = (COLUMNS.some(([k]) => k && k === q.get('sort')) ? q.get('sort') : 'energy') as SortKey;
+  const columns = columnsFor(groupBy);
+  let sortKey = (columns.some(([k]) => k && k === q.get('sort')) ? q.get('sort') : 'energy') as SortKey;
   let sortDir: 'asc' | 'desc' = q.get('dir') === 'asc' ? 'asc' : 'desc';
   const range = `from=${r.fromMs}&to=${r.toMs}`;
 
@@ -296,7 +331,7 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
     clear(table);
     clear(bandNote);
     const head = el('tr', {});
-    for (const [k, text] of COLUMNS) {
+    for (const [k, text] of columns) {
       const numCls = NUMERIC.has(k) ? 'num' : '';
       if (!k) {
         head.append(el('th', { scope: 'col', class: numCls }, text));
@@ -305,8 +340,8 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
       const arrow = k === sortKey ? (sortDir === 'asc' ? ' ▲' : ' ▼') : '';
       // A button in the header: sorting by keyboard too.
       const button = el('button', { type: 'button' }, groupBy === 'node' && k === 'label' ? 'node' : text, arrow);
-      const th = el('th', { scope: 'col', class: `sortable ${numCls}`, 'data-sort': k, 'aria-sort': k === sortKey ? (sortDir === 'asc' ? 'ascending' : 'descending') : 'none' },
-        button);
+      const th = el('th', { scope: 'col', class: `sortable ${numCls}`, 'data-sort': k, 'aria-sort': k === sortKey ? (sortDir === 'asc' ? 'ascending' : 'descending') : 'none',
+        title: COLUMN_TITLES[k] }, button);
       button.addEventListener('click', () => {
         sortDir = k === sortKey ? (sortDir === 'asc' ? 'desc' : 'asc') : k === 'label' ? 'asc' : 'desc';
         sortKey = k;
@@ -334,7 +369,8 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
         : el('a', { href: `/node/${enc(row.label)}`, title: row.key }, row.label);
       const marks = provenanceMarks(row);
       const sub = [row.kind !== 'node' ? row.kind : '', row.sub].filter(Boolean).join(' · ');
-      const tr = el('tr', { 'data-key': row.key, 'data-energy-j': String(row.energyJ), 'data-carbon-g': g === null ? '' : String(g) },
+      const tr = el('tr', { 'data-key': row.key, 'data-energy-j': String(row.energyJ), 'data-carbon-g': g === null ? '' : String(g),
+        'data-tensor-pct': row.tensorPct === null ? '' : String(row.tensorPct) },
         el('td', { class: 'name' }, name, sub ? el('div', { class: 'muted' }, sub) : null,
           marks.length ? el('div', { 'data-col': 'marks' }, ...marks) : null),
         el('td', { class: 'name', title: row.nodes.join('\n') }, row.nodes.length > 2 ? `${row.nodes.slice(0, 2).join(', ')} +${row.nodes.length - 2}` : row.nodes.join(', ')),
@@ -342,16 +378,18 @@ export async function energyPage(app: HTMLElement, navigate: (url: string) => vo
         el('td', { class: 'num', 'data-col': 'energy', title: `measured by ${methodText(row.method)}` }, kwh(row.energyKwh)),
         el('td', { class: 'num', 'data-col': 'idle', 'data-idle-j': String(row.idleJ), title: 'allocated but idle: the idle energy of the GPUs while held (by GPU memory held)' }, kwh(row.idleJ / 3.6e6)),
         el('td', { class: 'num', 'data-col': 'co2', title: sourcesText(row) ?? undefined }, co2(g)),
-        el('td', { class: 'num' }, duration(row.gpuSeconds)));
+        el('td', { class: 'num' }, duration(row.gpuSeconds)),
+        groupBy === 'node' ? null : el('td', { class: 'num', 'data-col': 'tensor', title: tensorTitle(row) }, pct1(row.tensorPct)));
       body.append(tr);
     }
-    if (shown.length === 0) body.append(el('tr', {}, el('td', { colspan: String(COLUMNS.length) }, rows.length ? 'no row in this band' : 'no energy accounted in this range yet')));
+    if (shown.length === 0) body.append(el('tr', {}, el('td', { colspan: String(columns.length) }, rows.length ? 'no row in this band' : 'no energy accounted in this range yet')));
     const foot = el('tfoot', {}, el('tr', { id: 'energy-sum', 'data-energy-j': String(sumJ), 'data-carbon-g': sumG === null ? '' : String(sumG) },
       el('td', { colspan: '3' }, `${shown.length} ${groupBy === 'node' ? 'nodes' : 'rows'}`),
       el('td', { class: 'num', 'data-col': 'energy' }, kwh(sumJ / 3.6e6)),
       el('td', {}),
       el('td', { class: 'num', 'data-col': 'co2' }, co2(sumG)),
-      el('td', { class: 'note' }, groupBy === 'node' ? 'all GPUs' : 'attributed to workloads (the rest: idle, unattributed)')));
+      el('td', { class: 'note', colspan: String(columns.length - 6) },
+        groupBy === 'node' ? 'all GPUs' : 'attributed to workloads (the rest: idle, unattributed)')));
     table.append(el('thead', {}, head), body, foot);
   };
 

@@ -1,8 +1,9 @@
 // The fleet page: every node as a card of GPU tiles, filtered, sorted and paginated
 // (PAGE_SIZE nodes per page, so 1,000 nodes x 8 GPUs stay fast). One /api/v1/nodes load,
 // then one live stream for everything.
-import { getJson, type FleetGpu, type FleetNode, type LiveStatus, type LiveTick } from './api';
+import { getJson, type FleetGpu, type FleetNode, type GpmMetrics, type LiveStatus, type LiveTick } from './api';
 import { ago, bytes, clear, el, loadClass, num, patch, watts } from './dom';
+import { tensorNote } from './gpm';
 import { healthBadge, reasonsText } from './health';
 import { openLive } from './live';
 
@@ -43,7 +44,8 @@ function matches(n: FleetNode, q: string): boolean {
 }
 
 function tile(n: FleetNode, g: FleetGpu): HTMLElement {
-  const l = n.status === 'offline' ? null : g.latest;
+  // The listing's latest has no GPM; a live tick's sample (all of it) has.
+  const l: (FleetGpu['latest'] & { gpm?: GpmMetrics }) | null | undefined = n.status === 'offline' ? null : g.latest;
   const util = l?.util_gpu_pct ?? null;
   const memPct = l && l.mem_used_bytes != null && l.mem_total_bytes ? (100 * l.mem_used_bytes) / l.mem_total_bytes : null;
   const health = g.health?.state ?? 'ok';
@@ -63,6 +65,7 @@ function tile(n: FleetNode, g: FleetGpu): HTMLElement {
   el('span', { class: 'idx' }, `GPU ${g.index}`, health !== 'ok' ? healthBadge(health) : null,
     idle ? el('span', { class: 'idle-mark' }, 'idle') : null),
   el('span', { class: 'util' }, num(util, 0, '%')),
+  tensorNote(l?.gpm),
   el('span', { class: 'mem' }, 'mem ', num(memPct, 0, '%')),
   el('span', { class: 'pow' }, watts(l?.power_mw), ' / ', watts(l?.power_limit_mw)),
   el('span', { class: 'temp' }, num(l?.temp_gpu_c, 0, '°C')));

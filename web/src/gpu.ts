@@ -1,5 +1,6 @@
 // The GPU page: every metric of one GPU over the chosen range, with its events (Xid, ECC,
-// ...) drawn as red lines on every chart and listed below.
+// ...) drawn as red lines on every chart and listed below; above them, on a GPU with GPM
+// (Hopper and newer), its SM, tensor and memory activity (gpm.ts).
 import {
   enc, getJson, type Baseline, type EnergyView, type EventsView, type EventView, type GpuDetailView, type GpuSample, type GpuSeries,
   type Process,
@@ -7,6 +8,7 @@ import {
 import { Chart, pairs } from './chart';
 import { carbonG, co2, kwh, provenanceMarks, sourcesText } from './carbon';
 import { bytes, clear, el, NA, patch, rate, scrollBox, watts } from './dom';
+import { GpmSection } from './gpm';
 import { healthBadge, reasonList, xidCell } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery } from './range';
@@ -84,6 +86,8 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
   }
   if (events.length === 0) evBody.append(el('tr', {}, el('td', { colspan: '5' }, 'no events in this range')));
   const procBody = el('tbody', {}, ...processRows(g.node_status === 'offline' ? [] : g.processes));
+  // GPM (Hopper and newer): its own group, or a line saying this GPU has none.
+  const gpm = new GpmSection(uuid, g.latest, marks);
   clear(app);
   app.append(
     el('h2', {}, el('a', { href: `/node/${enc(g.node)}` }, g.node), ` / GPU ${g.index} · ${g.name}`),
@@ -96,10 +100,12 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
     scrollBox('processes', el('table', { id: 'gpu-processes', class: 'procs' }, el('thead', {}, el('tr', {}, ...['pid', 'user', 'workload', 'command', 'GPU mem', 'SM']
       .map((h) => el('th', { scope: 'col' }, h)))), procBody)),
     rangePicker(r, (qs) => navigate(`/gpu/${enc(uuid)}${qs}`)),
+    gpm.root,
     el('div', { class: 'panels small', id: 'panels' }, ...charts.map((c) => c.root)),
     el('h3', {}, 'Events'),
     scrollBox('events', el('table', { id: 'events' }, el('thead', {}, el('tr', {}, ...['time', 'kind', 'code', 'what it means / what to do', 'detail'].map((h) => el('th', { scope: 'col' }, h)))), evBody)));
   for (const c of charts) c.mount();
+  gpm.mount();
   // The energy counter's panel also says what the GPU spent in the range, and its CO2.
   const counter = charts[METRICS.findIndex(([m]) => m === 'energy_mj')];
   void getJson<EnergyView>(`/api/v1/energy?from=${r.fromMs}&to=${r.toMs}&node=${enc(g.node)}`).then((e) => {
@@ -113,6 +119,7 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
       'idle baseline: ', el('strong', { 'data-col': 'baseline' }, b ? `${b.idle_w.toFixed(1)} W` : NA),
       ' ', el('span', { class: 'muted', title: b?.model_source ?? undefined }, b ? baselineText(b) : 'no energy accounted yet')));
   }).catch((err) => counter.root.append(el('p', { class: 'error' }, `energy: ${String(err)}`)));
+  const gpmLoaded = gpm.load(q);
   await Promise.all(METRICS.map(async ([m], i) => {
     try {
       const s = await getJson<GpuSeries>(`/api/v1/gpus/${enc(uuid)}/series?metric=${m}&${q}`);
@@ -125,9 +132,15 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
       charts[i].root.append(el('p', { class: 'error' }, String(e)));
     }
   }));
-  if (!r.live) return () => charts.forEach((c) => c.destroy());
+  await gpmLoaded;
+  const destroy = () => {
+    charts.forEach((c) => c.destroy());
+    gpm.destroy();
+  };
+  if (!r.live) return destroy;
   // Live view: the node's stream extends every chart.
   for (const c of charts) c.setWindow(r.toMs - r.fromMs);
+  gpm.setWindow(r.toMs - r.fromMs);
   const close = openLive(g.node, {
     tick: (t) => {
       const s = t.gpus.find((x) => x.uuid === uuid);
@@ -137,10 +150,11 @@ export async function gpuPage(app: HTMLElement, uuid: string, navigate: (url: st
         const v = s[m];
         charts[i].append(t.time_ms, [typeof v === 'number' ? v : null]);
       });
+      gpm.append(t.time_ms, s);
     },
   });
   return () => {
     close();
-    charts.forEach((c) => c.destroy());
+    destroy();
   };
 }

@@ -1,12 +1,14 @@
 // The node page: NVDashboard's panels for one node plus nvidia-smi's GPU and process
-// tables. History comes from the downsampled series API; in live view the charts and
-// tables follow the node's live stream.
+// tables, and the tensor-core activity (GPM) of its GPUs that report it. History comes
+// from the downsampled series API; in live view the charts and tables follow the node's
+// live stream.
 import {
   enc, getJson, type EnergyTotals, type EnergyView, type GpuView, type HostSeries, type LiveTick, type NodeSeries, type NodeView,
 } from './api';
 import { align, Chart, pairs } from './chart';
 import { carbonG, co2, kwh } from './carbon';
 import { ago, bytes, clear, el, NA, num, patch, rate, scrollBox, watts } from './dom';
+import { cpctToPct, hasGpm, seriesName, tensorNote } from './gpm';
 import { healthBadge, reasonList } from './health';
 import { openLive } from './live';
 import { currentRange, rangePicker, rangeQuery, type Range } from './range';
@@ -35,7 +37,7 @@ function gpuTable(n: NodeView, energy: EnergyByGpu | null): HTMLTableElement {
       el('td', {}, l?.pstate === null || l?.pstate === undefined ? NA : `P${l.pstate}`),
       el('td', {}, `${watts(l?.power_mw)} / ${watts(l?.power_limit_mw)}`),
       el('td', {}, `${bytes(l?.mem_used_bytes)} / ${bytes(l?.mem_total_bytes)}`),
-      el('td', {}, num(l?.util_gpu_pct, 0, '%')),
+      el('td', { 'data-col': 'util' }, num(l?.util_gpu_pct, 0, '%'), l ? tensorNote(l.gpm, ' · ') : null),
       el('td', {}, `${num(l?.ecc_corrected_volatile)} / ${num(l?.ecc_uncorrected_volatile)}`),
       el('td', {}, num(l?.fan_pct, 0, '%')),
       el('td', {}, `${num(l?.clock_sm_mhz, 0, ' MHz')} / ${num(l?.clock_mem_mhz, 0, ' MHz')}`),
@@ -104,9 +106,24 @@ interface Panels {
   hostMem: Chart;
   disk: Chart;
   net: Chart;
+  /** Tensor-core activity (GPM) of the GPUs that report it; none without such a GPU. */
+  tensor: Chart | null;
+  /** The UUIDs of the tensor chart's series, in order (fixed when the page opened). */
+  tensorGpus: string[];
+}
+
+/** Every chart of the panels. */
+function allCharts(p: Panels): Chart[] {
+  return Object.values(p).filter((c): c is Chart => c instanceof Chart);
+}
+
+/** The node's GPUs with GPM (Hopper and newer), as their latest sample shows. */
+function gpmGpus(n: NodeView): GpuView[] {
+  return n.gpus.filter((g) => hasGpm(g.latest?.gpm));
 }
 
 function makePanels(n: NodeView): Panels {
+  const withGpm = gpmGpus(n);
   const perGpu = n.gpus.map((g) => ({ label: `GPU ${g.index}` }));
   const perGpuDir = n.gpus.flatMap((g) => [{ label: `GPU ${g.index} tx` }, { label: `GPU ${g.index} rx` }]);
   return {
@@ -122,6 +139,10 @@ function makePanels(n: NodeView): Panels {
     hostMem: new Chart({ title: 'Machine Resources: memory', unit: 'GiB', series: [{ label: 'used' }, { label: 'total' }], fmt: gib }),
     disk: new Chart({ title: 'Machine Resources: disk', unit: '', series: [{ label: 'read' }, { label: 'write' }], fmt: bps }),
     net: new Chart({ title: 'Machine Resources: network', unit: '', series: [{ label: 'rx' }, { label: 'tx' }], fmt: bps }),
+    tensor: withGpm.length === 0 ? null
+      : new Chart({ title: 'Tensor Core Activity', unit: '% of peak (GPM)', series: withGpm.map((g) => ({ label: `GPU ${g.index}` })),
+        fmt: (v) => `${v.toFixed(1)}%`, yRange: [0, 100] }),
+    tensorGpus: withGpm.map((g) => g.uuid),
   };
 }
 
@@ -145,9 +166,11 @@ async function loadHistory(name: string, n: NodeView, r: Range, p: Panels): Prom
   const q = rangeQuery(r, n.interval_ms || 1000);
   const base = `/api/v1/nodes/${enc(name)}`;
   const metrics = ['util_gpu_pct', 'mem_used_bytes', 'mem_total_bytes', 'pcie_tx_bps', 'pcie_rx_bps', 'nvlink_tx_bps', 'nvlink_rx_bps'];
-  const [series, host] = await Promise.all([
+  const tensorMetric = seriesName('tensor_active_cpct');
+  const [series, host, tensor] = await Promise.all([
     Promise.all(metrics.map((m) => getJson<NodeSeries>(`${base}/series?metric=${m}&${q}`))),
     getJson<HostSeries>(`${base}/host/series?${q}`).catch(() => null),
+    p.tensor ? getJson<NodeSeries>(`${base}/series?metric=${tensorMetric}&${q}`).catch(() => null) : Promise.resolve(null),
   ]);
   const by = Object.fromEntries(metrics.map((m, i) => [m, series[i]]));
   const pts = (m: string) => n.gpus.map((g) => pairs(by[m].gpus.find((x) => x.uuid === g.uuid)?.points ?? []));
@@ -172,6 +195,11 @@ async function loadHistory(name: string, n: NodeView, r: Range, p: Panels): Prom
   p.hostMem.setData(hx, [hp.map((h) => h.mem_used_bytes), hp.map((h) => h.mem_total_bytes)]);
   p.disk.setData(hx, [hp.map((h) => h.disk_read_bps), hp.map((h) => h.disk_write_bps)]);
   p.net.setData(hx, [hp.map((h) => h.net_rx_bps), hp.map((h) => h.net_tx_bps)]);
+  if (p.tensor && tensor) {
+    const t = align(p.tensorGpus.map((uuid) => pairs(tensor.gpus.find((x) => x.uuid === uuid)?.points ?? [])
+      .map(([at, v]) => [at, cpctToPct(v)] as [number, number | null])));
+    p.tensor.setData(t.xs, t.ys);
+  }
 }
 
 function appendTick(n: NodeView, t: LiveTick, p: Panels): void {
@@ -193,6 +221,7 @@ function appendTick(n: NodeView, t: LiveTick, p: Panels): void {
   p.resNvlink.append(t.time_ms, [sum(ntx), sum(nrx)]);
   p.pcie.append(t.time_ms, ptx.flatMap((v, i) => [v, prx[i]]));
   p.nvlink.append(t.time_ms, ntx.flatMap((v, i) => [v, nrx[i]]));
+  p.tensor?.append(t.time_ms, p.tensorGpus.map((uuid) => cpctToPct(t.gpus.find((x) => x.uuid === uuid)?.gpm?.tensor_active_cpct)));
   if (t.host) {
     const h = t.host;
     p.cpu.append(t.time_ms, [h.cpu_util_pct]);
@@ -212,7 +241,7 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
   const grid = el('div', { class: 'panels', id: 'panels' },
     panels.util.root, panels.mem.root,
     el('div', { class: 'timeline', id: 'resources' }, panels.resUtil.root, panels.resMem.root, panels.resPcie.root, panels.resNvlink.root),
-    panels.pcie.root, panels.nvlink.root,
+    panels.pcie.root, panels.nvlink.root, panels.tensor?.root,
     panels.cpu.root, panels.hostMem.root, panels.disk.root, panels.net.root);
   let energy: EnergyByGpu | null = null;
   const showTables = () => {
@@ -232,12 +261,12 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
   clear(app);
   app.append(info, rangePicker(r, (q) => navigate(`/node/${enc(name)}${q}`)), tables, grid);
   showTables();
-  for (const c of Object.values(panels)) c.mount();
+  for (const c of allCharts(panels)) c.mount();
   await loadHistory(name, n, r, panels);
-  if (!r.live) return () => Object.values(panels).forEach((c) => c.destroy());
+  if (!r.live) return () => allCharts(panels).forEach((c) => c.destroy());
 
   const windowMs = r.toMs - r.fromMs;
-  for (const c of Object.values(panels)) c.setWindow(windowMs);
+  for (const c of allCharts(panels)) c.setWindow(windowMs);
   let pending = false;
   const close = openLive(name, {
     tick: (t) => {
@@ -277,6 +306,6 @@ export async function nodePage(app: HTMLElement, name: string, navigate: (url: s
   });
   return () => {
     close();
-    Object.values(panels).forEach((c) => c.destroy());
+    allCharts(panels).forEach((c) => c.destroy());
   };
 }

@@ -2,10 +2,12 @@
 // memory on a GPU that does no work (utilization at or below the collector's threshold)
 // for at least the minimum idle time, with the energy and CO2 they burned meanwhile.
 // Range, minimum idle time and threshold live in the URL (?range=, ?from=&to=,
-// ?min_idle=30m, ?threshold=1).
-import { enc, getJson, type WasteView, type Workload } from './api';
+// ?min_idle=30m, ?threshold=1). Below them, workloads holding GPUs with GPM (Hopper and
+// newer) whose tensor cores stay all but idle (/api/v1/containers' tensor figures).
+import { enc, getJson, type ContainerRow, type ContainersView, type WasteView, type Workload } from './api';
 import { co2, kwh } from './carbon';
-import { bytes, clear, el, NA, scrollBox } from './dom';
+import { bytes, clear, el, NA, num, scrollBox } from './dom';
+import { pct1 } from './gpm';
 import { currentRange, ENERGY_RANGES, rangePicker } from './range';
 import { workloadCell } from './workload';
 
@@ -23,14 +25,77 @@ function idleText(s: number): string {
 
 const MIN_IDLE = ['30m', '15m', '1h', '4h'];
 
+/** GPU time with GPM a workload needs (s) before its tensor figure counts here. */
+const TENSOR_MIN_GPM_SECONDS = 600;
+/** Tensor-core activity (percent) below which a workload holds its tensor cores idle. */
+const TENSOR_IDLE_PCT = 1;
+
+/** The GPUs a row held, each linked to its page (the model on hover). */
+function gpusCell(r: ContainerRow): HTMLTableCellElement {
+  const td = el('td', { 'data-col': 'gpus', title: r.gpus.map((g) => `${g.node} GPU ${g.index} · ${g.name}`).join('\n') || undefined });
+  const shown = r.gpus.slice(0, 3);
+  shown.forEach((g, i) => td.append(i ? ', ' : '', el('a', { href: `/gpu/${enc(g.uuid)}` }, `${g.node} GPU ${g.index}`)));
+  if (r.gpus.length > shown.length) td.append(` +${r.gpus.length - shown.length}`);
+  if (r.gpus.length === 0) td.append(NA);
+  return td;
+}
+
+/** "Holding tensor cores idle": workloads with at least TENSOR_MIN_GPM_SECONDS of GPU
+ * time on GPUs with GPM whose tensor activity stayed under TENSOR_IDLE_PCT, most GPU time
+ * first (`rows`: /api/v1/containers over the page's range, or why it could not load). */
+function tensorIdleSection(rows: ContainerRow[] | Error): HTMLElement {
+  const section = el('section', { id: 'tensor-idle', 'aria-labelledby': 'tensor-idle-title' },
+    el('h2', { id: 'tensor-idle-title' }, 'Holding tensor cores idle'),
+    el('p', { class: 'muted', id: 'tensor-idle-rule' },
+      `Workloads with at least ${TENSOR_MIN_GPM_SECONDS / 60} minutes of GPU time on GPUs that report GPM and a tensor-core activity `
+      + `under ${TENSOR_IDLE_PCT} %. GPM (GPU Performance Monitoring) exists only on Hopper and newer, large datacenter GPUs; a job `
+      + 'that holds one with its tensor cores near zero is a candidate for a smaller GPU, or for a fix (mixed precision, a '
+      + 'library that uses the tensor cores). On shared GPUs the figure is an estimate.'));
+  if (rows instanceof Error) {
+    section.append(el('p', { class: 'error' }, `tensor activity: ${rows.message}`));
+    return section;
+  }
+  const idle = rows.filter((r) => r.gpm_seconds >= TENSOR_MIN_GPM_SECONDS && typeof r.tensor_active_pct === 'number'
+    && r.tensor_active_pct < TENSOR_IDLE_PCT).sort((a, b) => b.gpu_seconds - a.gpu_seconds || (a.key < b.key ? -1 : 1));
+  if (idle.length === 0) {
+    section.append(el('p', { class: 'muted', id: 'no-tensor-idle' }, 'No workload held a GPU with GPM while leaving its tensor cores idle in this range.'));
+    return section;
+  }
+  const table = el('table', { id: 'tensor-idle-table', class: 'energy' },
+    el('thead', {}, el('tr', {}, ...['workload', 'GPUs', 'GPU hours', 'tensor active', 'SM occupancy', 'energy']
+      .map((h, i) => el('th', { scope: 'col', class: i >= 2 ? 'num' : undefined }, h)))));
+  const body = el('tbody');
+  for (const r of idle) {
+    body.append(el('tr', {
+      'data-key': r.key, 'data-gpu-seconds': String(r.gpu_seconds), 'data-gpm-seconds': String(r.gpm_seconds),
+      'data-tensor-pct': String(r.tensor_active_pct),
+    },
+    who(r.identity, r.key),
+    gpusCell(r),
+    el('td', { class: 'num', 'data-col': 'gpu-hours' }, num(r.gpu_seconds / 3600, 2)),
+    el('td', { class: 'num', 'data-col': 'tensor', title: `over ${num(r.gpm_seconds / 3600, 2)} GPU hours with GPM` }, pct1(r.tensor_active_pct)),
+    el('td', { class: 'num', 'data-col': 'sm-occupancy' }, pct1(r.sm_occupancy_pct)),
+    el('td', { class: 'num', 'data-col': 'energy' }, kwh(r.energy_kwh))));
+  }
+  table.append(body);
+  section.append(scrollBox('workloads holding tensor cores idle', table));
+  return section;
+}
+
 export async function wastePage(app: HTMLElement, navigate: (url: string) => void): Promise<() => void> {
   const q = new URLSearchParams(location.search);
   const r = currentRange(Date.now(), ENERGY_RANGES);
   const minIdle = q.get('min_idle');
   // ?threshold= (percent) overrides the collector's threshold, like the API's parameter.
   const threshold = q.get('threshold');
-  const v = await getJson<WasteView>(`/api/v1/waste?from=${r.fromMs}&to=${r.toMs}`
-    + `${minIdle ? `&min_idle=${enc(minIdle)}` : ''}${threshold ? `&threshold=${enc(threshold)}` : ''}`);
+  const [v, containers] = await Promise.all([
+    getJson<WasteView>(`/api/v1/waste?from=${r.fromMs}&to=${r.toMs}`
+      + `${minIdle ? `&min_idle=${enc(minIdle)}` : ''}${threshold ? `&threshold=${enc(threshold)}` : ''}`),
+    // The tensor section is an addition: the episodes stand without it.
+    getJson<ContainersView>(`/api/v1/containers?from=${r.fromMs}&to=${r.toMs}`)
+      .then((c) => c.rows)
+      .catch((e: unknown) => (e instanceof Error ? e : new Error(String(e)))),
+  ]);
 
   const urlWith = (changes: Record<string, string | null>): string => {
     const n = new URLSearchParams(location.search);
@@ -115,6 +180,7 @@ export async function wastePage(app: HTMLElement, navigate: (url: string) => voi
     totals,
     v.episodes.length === 0 ? el('p', { id: 'no-episodes', class: 'muted' }, 'No idle-but-allocated GPUs in this range.') : scrollBox('episodes', table),
     el('h3', {}, 'Per workload'),
-    scrollBox('per workload', per));
+    scrollBox('per workload', per),
+    tensorIdleSection(containers));
   return () => {};
 }

@@ -267,6 +267,79 @@ test('a GPU page shows every metric over the range', async () => {
   await page.context().close();
 });
 
+// ---- GPM (GPU Performance Monitoring): only Hopper and newer report it. The simulator
+// draws each demo node's model from its name (h100-sxm, a100-sxm4-40gb or l40s), so the
+// GPUs are found by the names the API gives them.
+const HOPPER = /H100|H200|H800|GH200/;
+
+/** The demo nodes' GPUs (with their node), from the fleet listing. */
+async function demoGpus() {
+  const fleet = await api('/api/v1/fleet');
+  return fleet.filter((n) => NODES.includes(n.name)).flatMap((n) => n.gpus.map((g) => ({ ...g, node: n.name })));
+}
+
+/** A GPU with GPM (an H100) and one without (an A100, else any older model), or
+ * undefined; and the demo nodes whose GPUs have GPM. */
+async function gpmGpus() {
+  const gpus = await demoGpus();
+  const older = gpus.filter((g) => !HOPPER.test(g.name));
+  return {
+    hopper: gpus.find((g) => /H100/.test(g.name)),
+    older: older.find((g) => /A100/.test(g.name)) ?? older[0],
+    gpmNodes: new Set(gpus.filter((g) => HOPPER.test(g.name)).map((g) => g.node)),
+  };
+}
+
+const GPM_CHARTS = ['GPM: SM, tensor and DRAM activity', 'GPM: tensor and FP pipes'];
+
+test('GPM: an H100 shows its SM, tensor and DRAM activity (GPU page, node page, tile); an A100 says it has none', async () => {
+  const { hopper, older } = await gpmGpus();
+  // The demo's seeded nodes have both (the sim draws each node's model from its name).
+  assert.ok(hopper, 'the demo has an H100');
+  assert.ok(older, 'the demo has a GPU older than Hopper');
+  const page = await newPage();
+  {
+    const d = await api(`/api/v1/gpus/${encodeURIComponent(hopper.uuid)}`);
+    assert.equal(typeof d.latest?.gpm?.sm_active_cpct, 'number', `${hopper.name} reports GPM`);
+    await page.goto(`${http}/gpu/${encodeURIComponent(hopper.uuid)}`);
+    await page.locator('#gpm[data-gpm="true"]').waitFor({ timeout: 10_000 });
+    assert.equal(await page.locator('#gpm h3').first().innerText(), 'GPU performance (GPM)');
+    for (const title of GPM_CHARTS) await page.locator(`#gpm .panel[data-title="${title}"][data-points] canvas`).waitFor({ timeout: 10_000 });
+    assert.equal(await page.locator('#no-gpm').count(), 0);
+    // Values are drawn (GPM's 0 on an idle GPU is a value, not a gap), and live ticks extend them.
+    const sel = `#gpm .panel[data-title="${GPM_CHARTS[0]}"]`;
+    await page.waitForFunction((s) => Number(document.querySelector(s)?.getAttribute('data-series-points')?.split(',')[0]) > 0, sel);
+    const first = Number(await page.locator(sel).getAttribute('data-last-ms'));
+    await page.waitForFunction(([s, at]) => Number(document.querySelector(s)?.getAttribute('data-last-ms')) > at, [sel, first], { timeout: 2000 });
+    await page.screenshot({ path: `${shots}/gpu-gpm.png`, fullPage: true });
+
+    // Its node compares the GPUs' tensor activity, and its table puts tensor beside util.
+    await page.goto(`${http}/node/${hopper.node}`);
+    await page.locator('.panel[data-title="Tensor Core Activity"][data-points] canvas').waitFor({ timeout: 10_000 });
+    await page.locator(`#gpu-table tr[data-uuid="${hopper.uuid}"] [data-col=util] .tensor`).waitFor({ timeout: 5000 });
+    assert.match(await page.locator(`#gpu-table tr[data-uuid="${hopper.uuid}"] [data-col=util]`).innerText(), /^\d+% · tensor \d+%$/);
+
+    // Its fleet tile says "tensor N%" beside utilization once a live sample arrived.
+    await page.goto(`${http}/`);
+    await page.locator(`.tile[data-uuid="${hopper.uuid}"] .tensor`).waitFor({ timeout: 10_000 });
+    assert.match(await page.locator(`.tile[data-uuid="${hopper.uuid}"] .tensor`).innerText(), /^tensor \d+%$/);
+    assert.equal(await page.locator(`.tile[data-uuid="${older.uuid}"] .tensor`).count(), 0, 'no GPM: nothing shown, never 0');
+  }
+  {
+    await page.goto(`${http}/gpu/${encodeURIComponent(older.uuid)}`);
+    await page.locator('#no-gpm').waitFor({ timeout: 10_000 });
+    assert.equal(await page.locator('#no-gpm').innerText(),
+      'No GPM on this GPU (Hopper and newer report SM occupancy and tensor activity)', older.name);
+    assert.equal(await page.locator('#gpm .panel').count(), 0, 'no GPM charts of zeros');
+    // Its node (one model per demo node) has no tensor chart.
+    await page.goto(`${http}/node/${older.node}`);
+    await page.locator('.panel[data-title="GPU Utilization"][data-points]').waitFor({ timeout: 10_000 });
+    assert.equal(await page.locator('.panel[data-title="Tensor Core Activity"]').count(), 0);
+    assert.equal(await page.locator('#gpu-table .tensor').count(), 0);
+  }
+  await page.context().close();
+});
+
 test('a node whose agent stops is marked stale; its strings are shown as text', async () => {
   agent = spawn(`${bins}/gpufleet-agent`, [
     'run', '--simulate', '--sim-gpus', '2', '--node', 'zz-lost-node', '--collector', `http://${grpc}`,
@@ -507,6 +580,58 @@ test('energy group-by changes the rows and is kept in the URL', async () => {
   await page.context().close();
 });
 
+test('the energy table\'s Tensor active column shows GPM\'s figure and sorts, n/a last either way', async () => {
+  const { rows } = await historyFigures();
+  // A workload that ran only on GPUs with GPM has a figure; one that never touched such a
+  // GPU has none (absent, never 0). One model per demo node.
+  const { gpmNodes } = await gpmGpus();
+  for (const r of rows) {
+    if (r.nodes.length > 0 && r.nodes.every((n) => gpmNodes.has(n))) assert.equal(typeof r.tensor_active_pct, 'number', `${r.key} on ${r.nodes}`);
+    if (!r.nodes.some((n) => gpmNodes.has(n))) assert.equal(r.tensor_active_pct ?? null, null, `${r.key} on ${r.nodes}`);
+  }
+  const page = await newPage();
+  await page.goto(`${http}/energy?${historyRange().query}`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  const th = page.locator('#energy-table th[data-sort="tensor"]');
+  assert.equal((await th.locator('button').innerText()).trim(), 'Tensor active');
+  assert.match(await th.getAttribute('title'), /tensor-core activity/i);
+  assert.match(await th.getAttribute('title'), /estimate on shared GPUs/);
+  assert.equal(await th.getAttribute('aria-sort'), 'none');
+  // Each cell: the API's percent with one decimal, or n/a (never 0) where there is none.
+  const cells = await page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => [
+    tr.getAttribute('data-key'), tr.querySelector('[data-col=tensor]')?.textContent ?? '']));
+  for (const [key, text] of cells) {
+    const v = rows.find((r) => r.key === key)?.tensor_active_pct;
+    assert.equal(text, typeof v === 'number' ? `${v.toFixed(1)}%` : 'n/a', key);
+  }
+  const order = () => page.$$eval('#energy-table tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-tensor-pct')));
+  const sortedWithNullsLast = (vals, dir) => {
+    const firstNa = vals.indexOf('');
+    if (firstNa >= 0) assert.ok(vals.slice(firstNa).every((v) => v === ''), `n/a last (${dir}): ${vals}`);
+    const nums = vals.filter((v) => v !== '').map(Number);
+    for (let i = 1; i < nums.length; i++) {
+      assert.ok(dir === 'desc' ? nums[i - 1] >= nums[i] : nums[i - 1] <= nums[i], `${dir}: ${nums}`);
+    }
+  };
+  await th.locator('button').click();
+  await page.waitForFunction(() => document.querySelector('#energy-table th[data-sort="tensor"]')?.getAttribute('aria-sort') === 'descending');
+  sortedWithNullsLast(await order(), 'desc');
+  assert.equal(new URL(page.url()).searchParams.get('sort'), 'tensor');
+  await th.locator('button').click();
+  await page.waitForFunction(() => document.querySelector('#energy-table th[data-sort="tensor"]')?.getAttribute('aria-sort') === 'ascending');
+  sortedWithNullsLast(await order(), 'asc');
+  assert.equal(new URL(page.url()).searchParams.get('dir'), 'asc');
+  // By keyboard too: the header's button takes the focus and Enter.
+  await th.locator('button').focus();
+  await page.keyboard.press('Enter');
+  await page.waitForFunction(() => document.querySelector('#energy-table th[data-sort="tensor"]')?.getAttribute('aria-sort') === 'descending');
+  // Nodes have no tensor figure: their table leaves the column out.
+  await page.goto(`${http}/energy?${historyRange().query}&group_by=node`);
+  await page.locator('#energy-table tbody tr[data-key]').first().waitFor({ timeout: 10_000 });
+  assert.equal(await page.locator('#energy-table th[data-sort="tensor"]').count(), 0);
+  await page.context().close();
+});
+
 test('a workload\'s detail shows its energy per minute', async () => {
   const page = await newPage();
   const { from, to, query } = historyRange();
@@ -708,6 +833,35 @@ test('the waste page lists the idle-but-allocated episodes the API gives, linked
   await page.context().close();
 });
 
+test('the waste page lists the workloads holding tensor cores idle, as the API\'s GPM figures say', async () => {
+  // The last 30 minutes of the simulated history (fixed once accounted).
+  const to = Math.floor(demoStartMs / MINUTE_MS) * MINUTE_MS - 1;
+  const from = to + 1 - 30 * MINUTE_MS;
+  await historyFigures();
+  const { rows } = await api(`/api/v1/containers?from=${from}&to=${to}`);
+  const expected = rows.filter((r) => r.gpm_seconds >= 600 && typeof r.tensor_active_pct === 'number' && r.tensor_active_pct < 1)
+    .sort((a, b) => b.gpu_seconds - a.gpu_seconds || (a.key < b.key ? -1 : 1)).map((r) => r.key);
+  const page = await newPage();
+  await page.goto(`${http}/waste?from=${new Date(from).toISOString()}&to=${new Date(to).toISOString()}`);
+  const section = page.locator('#tensor-idle');
+  await section.waitFor({ timeout: 10_000 });
+  assert.equal(await section.locator('h2').innerText(), 'Holding tensor cores idle');
+  const rule = await page.locator('#tensor-idle-rule').innerText();
+  assert.match(rule, /Hopper and newer/);
+  assert.match(rule, /smaller GPU/);
+  const shown = await page.$$eval('#tensor-idle-table tbody tr[data-key]', (trs) => trs.map((tr) => tr.getAttribute('data-key')));
+  assert.deepEqual(shown, expected, 'the API\'s workloads with GPM time and tensor activity under 1 %, most GPU time first');
+  if (expected.length === 0) {
+    assert.match(await page.locator('#no-tensor-idle').innerText(), /No workload/);
+  } else {
+    for (const text of await page.$$eval('#tensor-idle-table [data-col=tensor]', (tds) => tds.map((td) => td.textContent))) {
+      assert.match(text, /^(0\.\d|1\.0)%$/, 'under 1 % (one decimal)');
+    }
+  }
+  await page.screenshot({ path: `${shots}/waste-tensor.png`, fullPage: true });
+  await page.context().close();
+});
+
 test('the energy chart\'s bands add up to the table\'s totals, and a band filters the table', async () => {
   const { energy, rows } = await historyFigures();
   const { from, to, query } = historyRange();
@@ -772,6 +926,7 @@ const AXE = `${repo}web/node_modules/axe-core/axe.min.js`;
 async function everyPage() {
   const fleet = await api('/api/v1/fleet');
   const gpu = encodeURIComponent(fleet.find((n) => n.name === NODES[0]).gpus[0].uuid);
+  const { hopper } = await gpmGpus();
   const { query } = historyRange();
   // [what, path, a live stream feeds it, what to wait for]
   return [
@@ -780,6 +935,7 @@ async function everyPage() {
     ['node, 1 h', `/node/${NODES[0]}?range=1h`, false, '.panel[data-title="GPU Utilization"][data-points]'],
     ['GPU', `/gpu/${gpu}`, true, '#gpu-processes tbody tr'],
     ['GPU, 7 d', `/gpu/${gpu}?range=7d`, false, '.panel[data-title="power"][data-points]'],
+    ...(hopper ? [['GPU with GPM', `/gpu/${encodeURIComponent(hopper.uuid)}`, true, '#gpm .panel[data-points]']] : []),
     ['energy', `/energy?${query}`, false, '#energy-chart canvas'],
     ['energy per node', `/energy?${query}&group_by=node`, false, '#energy-chart canvas'],
     ['energy today', '/energy', false, '#energy-table tbody tr'],

@@ -547,6 +547,11 @@ export interface components {
             first_minute: string;
             /**
              * Format: double
+             * @description GPU time (seconds, summed over GPUs) the tensor figure covers.
+             */
+            gpm_seconds: number;
+            /**
+             * Format: double
              * @description GPU time: seconds resident, summed over GPUs.
              */
             gpu_seconds: number;
@@ -582,7 +587,17 @@ export interface components {
              * @description Of `energy_j`, the part in minutes still open (may still grow).
              */
             provisional_j: number;
+            /** Format: double */
+            sm_occupancy_pct?: number | null;
             split: components["schemas"]["SplitMix"];
+            /**
+             * Format: double
+             * @description GPM (Hopper and newer): its time-weighted tensor-core activity and SM occupancy
+             *     while it held GPUs that report them (percent), each interval's GPU figure times its
+             *     share of that interval's active energy: exact alone on a GPU, an estimate on a
+             *     shared one. `null` where none of its GPUs reported GPM.
+             */
+            tensor_active_pct?: number | null;
             /** @description The workload keys in this row (one unless grouped). */
             workloads: string[];
         };
@@ -917,6 +932,64 @@ export interface components {
             severity: components["schemas"]["HealthState"];
             summary: string;
         };
+        /**
+         * @description GPU Performance Monitoring (GPM: Hopper and newer, through NVML) over the window between
+         *     two GPM samples: how much of the SMs, the tensor cores and the memory system the work
+         *     used, which NVML's utilization (the share of time any kernel ran) cannot say.
+         *     Activities are hundredths of a percent (0–10 000) of their unit's peak, rates bytes per
+         *     second. A GPU without GPM has every field absent, never 0.
+         */
+        GpmMetrics: {
+            /**
+             * Format: int32
+             * @description DRAM bandwidth used, of its peak.
+             */
+            dram_bw_cpct?: number | null;
+            /** Format: int32 */
+            fp16_cpct?: number | null;
+            /** Format: int32 */
+            fp32_cpct?: number | null;
+            /**
+             * Format: int32
+             * @description FP64 / FP32 / FP16 pipes active.
+             */
+            fp64_cpct?: number | null;
+            /** Format: int64 */
+            nvlink_rx_bps?: number | null;
+            /** Format: int64 */
+            nvlink_tx_bps?: number | null;
+            /** Format: int64 */
+            pcie_rx_bps?: number | null;
+            /**
+             * Format: int64
+             * @description PCIe and NVLink (all links) traffic as GPM counts it.
+             */
+            pcie_tx_bps?: number | null;
+            /**
+             * Format: int32
+             * @description SMs with at least one warp resident (NVML_GPM_METRIC_SM_UTIL).
+             */
+            sm_active_cpct?: number | null;
+            /**
+             * Format: int32
+             * @description Resident warps of the SMs' maximum (NVML_GPM_METRIC_SM_OCCUPANCY).
+             */
+            sm_occupancy_cpct?: number | null;
+            /**
+             * Format: int32
+             * @description Any tensor-core pipe active.
+             */
+            tensor_active_cpct?: number | null;
+            /** Format: int32 */
+            tensor_dfma_cpct?: number | null;
+            /**
+             * Format: int32
+             * @description Half-precision (HMMA), integer (IMMA) and double-precision (DFMA) tensor pipes.
+             */
+            tensor_hmma_cpct?: number | null;
+            /** Format: int32 */
+            tensor_imma_cpct?: number | null;
+        };
         /** @description One GPU as in the node list, with its node's name, status and sampling interval. */
         GpuDetailView: components["schemas"]["GpuView"] & {
             health_counters?: components["schemas"]["GpuHealthView"] | null;
@@ -1095,6 +1168,8 @@ export interface components {
             energy_mj?: number | null;
             /** Format: int32 */
             fan_pct?: number | null;
+            /** @description GPU Performance Monitoring of the whole GPU (all absent without GPM). */
+            gpm?: components["schemas"]["GpmMetrics"];
             gpu_uuid: string;
             /** Format: int64 */
             mem_reserved_bytes?: number | null;
@@ -1102,6 +1177,8 @@ export interface components {
             mem_total_bytes?: number | null;
             /** Format: int64 */
             mem_used_bytes?: number | null;
+            /** @description GPM per MIG instance (MIG enabled and GPM supported). */
+            mig_gpm?: components["schemas"]["MigGpm"][];
             /** Format: int64 */
             nvlink_rx_bps?: number | null;
             /** Format: int64 */
@@ -1290,6 +1367,14 @@ export interface components {
              * @description Integrated from reported power (counter unsupported or reset).
              */
             trapezoid_j: number;
+        };
+        /** @description GPM of one MIG instance (GPU instance) of a GPU. */
+        MigGpm: {
+            gpm: components["schemas"]["GpmMetrics"];
+            /** Format: int32 */
+            gpu_instance_id: number;
+            /** @description The MIG device's UUID (`MIG-…`), as in the inventory. */
+            mig_uuid: string;
         };
         MigInstance: {
             /** Format: int32 */
