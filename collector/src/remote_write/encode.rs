@@ -282,6 +282,56 @@ mod tests {
     }
 
     #[test]
+    fn gpm_is_pushed_per_gpu_and_per_mig_instance_where_present() {
+        use gpufleet_core::{GpmMetrics, MigGpm};
+        let s = GpuSample {
+            gpu_uuid: "GPU-abc".into(),
+            gpm: GpmMetrics {
+                tensor_active_cpct: Some(6_250),
+                ..GpmMetrics::default()
+            },
+            mig_gpm: vec![MigGpm {
+                mig_uuid: "MIG-1".into(),
+                gpu_instance_id: 2,
+                gpm: GpmMetrics {
+                    sm_occupancy_cpct: Some(0),
+                    ..GpmMetrics::default()
+                },
+            }],
+            ..GpuSample::default()
+        };
+        let series = gpu_series("node-a", &gpu(), &[(1_000, s)]);
+        let find = |name: &str| {
+            series
+                .iter()
+                .find(|t| t.labels[0].value == name)
+                .unwrap_or_else(|| panic!("{name} in {series:?}"))
+        };
+        let tensor = find("gpufleet_gpu_tensor_active_ratio");
+        assert_eq!(tensor.samples[0].value, 0.625);
+        let mig = find("gpufleet_mig_sm_occupancy_ratio");
+        let labels: Vec<(&str, &str)> = mig
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("__name__", "gpufleet_mig_sm_occupancy_ratio"),
+                ("gpu", "3"),
+                ("gpu_instance", "2"),
+                ("mig_uuid", "MIG-1"),
+                ("name", "NVIDIA H100"),
+                ("node", "node-a"),
+                ("uuid", "GPU-abc"),
+            ]
+        );
+        assert_eq!(mig.samples[0].value, 0.0, "a present 0 is sent");
+        assert_eq!(series.len(), 2, "nothing for absent GPM metrics");
+    }
+
+    #[test]
     fn workload_energy_has_the_workload_labels_and_joules() {
         let total = WorkloadNodeEnergy {
             minute_ms: 60_000,

@@ -68,6 +68,11 @@ async fn seeded() -> (tempfile::TempDir, Arc<dyn Store>) {
                     power_mw: Some(200_000),
                     power_limit_mw: Some(300_000),
                     energy_mj: Some(k as u64 * 200_000),
+                    // GPM: tensor 60 % while both share the GPU (3 : 1), 20 % after.
+                    gpm: GpmMetrics {
+                        tensor_active_cpct: Some(if k < 60 { 6_000 } else { 2_000 }),
+                        ..GpmMetrics::default()
+                    },
                     ..Default::default()
                 }],
                 processes,
@@ -140,6 +145,11 @@ async fn the_report_has_the_energy_api_figures_and_the_metrics_of_the_resident_s
     .expect("report");
     assert_eq!(b.metrics.util_gpu_avg_pct, Some(80.0));
     assert_eq!(b.metrics.samples, 60);
+    // GPM: the GPU's average over its samples; B's share ¼ of 60 % over its 59 s.
+    assert_eq!(b.metrics.tensor_active_avg_pct, Some(60.0));
+    assert_eq!(b.metrics.sm_active_avg_pct, None, "not reported: absent");
+    assert_eq!(b.tensor_active_pct, Some(15.0));
+    assert_eq!(b.sm_occupancy_pct, None);
     let a: Report = serde_json::from_value(
         get_json(&store, &format!("/api/v1/report?container={A}&{range}")).await,
     )

@@ -17,9 +17,18 @@ async fn postgres_the_api_reports_energy_per_container() {
 
 async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc<dyn Store>) {
     let node = one_gpu_node(&store, "GPU-api").await;
-    // 200 W for 2 minutes and 1 s, idle 40 W, shares 3 : 1.
+    // 200 W for 2 minutes and 1 s, idle 40 W, shares 3 : 1; GPM: tensor 40 %, SM
+    // occupancy 60 %.
     let ticks = (0..=121)
-        .map(|k| shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000)))
+        .map(|k| {
+            let mut t = shared_tick("GPU-api", T0 + k * 1000, 200_000, Some(k as u64 * 200_000));
+            t.gpus[0].gpm = GpmMetrics {
+                tensor_active_cpct: Some(4_000),
+                sm_occupancy_cpct: Some(6_000),
+                ..GpmMetrics::default()
+            };
+            t
+        })
         .collect();
     write_ticks(&store, &node, 1, ticks).await;
     Accountant::new(store.clone(), options(40, IdlePolicy::Spread), clock_at(T0))
@@ -45,6 +54,11 @@ async fn the_api_reports_energy_per_container_per_gpu_and_in_total_on(store: Arc
     assert_eq!(rows[0]["idle_charged_j"], 484.0, "spread: charged");
     assert_eq!(rows[0]["split"]["idle_memory_s"], 121.0);
     assert_eq!(rows[0]["avg_share"], 0.75);
+    // Its GPM share: ¾ of the GPU's 40 % tensor and 60 % occupancy, ¼ for the other.
+    assert_eq!(rows[0]["tensor_active_pct"], 30.0);
+    assert_eq!(rows[0]["sm_occupancy_pct"], 45.0);
+    assert_eq!(rows[1]["tensor_active_pct"], 10.0);
+    assert_eq!(rows[0]["gpm_seconds"], 121.0);
     assert_eq!(rows[0]["method"]["counter_j"], rows[0]["energy_j"]);
     assert_eq!(rows[0]["gpus"][0]["uuid"], "GPU-api");
     assert_eq!(rows[0]["nodes"][0], "n1");
@@ -133,6 +147,9 @@ async fn energy_groups_by_slurm_account_with_the_jobs_names() {
         .find(|r| r["key"] == "slurm:101")
         .expect("job 101");
     assert_eq!(train["identity"]["job_name"], "train");
+    // No GPM on its GPU: no figure, never 0.
+    assert!(train["tensor_active_pct"].is_null(), "{train}");
+    assert_eq!(train["gpm_seconds"], 0.0);
     assert_eq!(train["identity"]["account"], "physics");
     assert_eq!(train["identity"]["partition"], "gpu");
     assert_eq!(train["identity"]["job_user"], "alice");
