@@ -960,6 +960,11 @@ mod contract {
                 gpu_uuid: "GPU-r".into(),
                 util_gpu_pct: util,
                 power_mw: power,
+                // GPM's tensor activity (hundredths of a percent) a tenth of util.
+                gpm: GpmMetrics {
+                    tensor_active_cpct: util.map(|u| u * 10),
+                    ..GpmMetrics::default()
+                },
                 ..Default::default()
             }],
             host: cpu.map(|c| HostSample {
@@ -1049,6 +1054,15 @@ mod contract {
             minutes[0].gpu(GpuMetric::TempGpuC),
             stats(0, None, None, None),
             "a metric no sample reported is null, not 0"
+        );
+        assert_eq!(
+            minutes[0].gpu(GpuMetric::GpmTensorActive),
+            stats(2, Some(150.0), Some(100.0), Some(200.0)),
+            "GPM rolls up like every GPU metric"
+        );
+        assert_eq!(
+            minutes[0].gpu(GpuMetric::GpmSmOccupancy),
+            stats(0, None, None, None)
         );
         assert_eq!(
             minutes[1].gpu(GpuMetric::PowerMw),
