@@ -187,3 +187,38 @@ async fn snapshot_names_a_pods_process_from_the_kubernetes_api() {
         );
     }
 }
+
+/// The bundled Hopper scenario: `snapshot` shows the H100's GPM (its two readings make one
+/// window) and n/a for the A100's; `--json` has every GPM field, null on the A100.
+#[test]
+fn snapshot_shows_gpm_on_hopper_and_na_before_it() {
+    let scenario: Scenario = serde_json::from_str(include_str!(
+        "../../../../fake-nvml/scenarios/h100-gpm.json"
+    ))
+    .expect("the bundled scenario parses");
+    let fake = Fake::new(scenario);
+    let table = snapshot(&fake, false);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("{name} missing:\n{table}"))
+            .to_owned()
+    };
+    assert!(
+        table.contains("SMACT") && table.contains("TENSOR"),
+        "{table}"
+    );
+    // The second reading's window: tensor 61.4 %, SMs 91.5 %, DRAM 54.1 %.
+    let h100 = row("H100");
+    assert!(h100.contains(" 61% ") && h100.contains(" 54% "), "{table}");
+    assert_eq!(row("A100").matches(" n/a ").count(), 3, "{table}");
+    let v: Json = serde_json::from_str(&snapshot(&fake, true)).expect("JSON");
+    let gpm = &v["tick"]["gpus"][0]["gpm"];
+    assert_eq!(gpm["tensor_active_cpct"], 6140);
+    assert_eq!(gpm["sm_active_cpct"], 9150);
+    assert_eq!(gpm["tensor_imma_cpct"], 0, "a present 0");
+    let a100 = &v["tick"]["gpus"][1]["gpm"];
+    assert!(a100["tensor_active_cpct"].is_null(), "{a100}");
+    assert!(a100["sm_active_cpct"].is_null());
+}
