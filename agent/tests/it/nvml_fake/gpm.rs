@@ -274,6 +274,27 @@ fn mig_instances_have_their_own_gpm() {
         ]
     );
     assert_eq!(gpm_of(&t[1], "GPU-h100").tensor_active_cpct, Some(6_250));
+    drop(src);
+    // Read every 5 s: the ticks between carry each instance's reading, ids and all.
+    let cadence = Cadence {
+        gpm: Duration::from_secs(5),
+        ..Cadence::EVERY_TICK
+    };
+    let mut src = fake.open_with_cadence(Duration::from_secs(1), cadence);
+    let t = ticks(&mut src, 12);
+    let carried: Vec<&Vec<MigGpm>> = t
+        .iter()
+        .map(|k| &sample(k, "GPU-h100").mig_gpm)
+        .filter(|m| !m.is_empty())
+        .collect();
+    assert!(carried.len() >= 5, "{carried:?}");
+    for m in carried {
+        let ids: Vec<(&str, u32)> = m
+            .iter()
+            .map(|g| (g.mig_uuid.as_str(), g.gpu_instance_id))
+            .collect();
+        assert_eq!(ids, [("MIG-train", 1), ("MIG-notebook", 2)]);
+    }
 }
 
 #[test]
