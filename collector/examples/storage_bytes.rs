@@ -23,7 +23,9 @@
 //! unless `KEEP=1`, which keeps it to look into and prints its name),
 //! `pg_total_relation_size` of every table in it (heap, indexes, TOAST), partitions counted
 //! under their parent. Knobs (environment): `DAYS` (7, `week`), `NODES` (125) and `GPUS`
-//! (8, `fleet-hour`), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
+//! (8, `fleet-hour`), `MODEL` (every node this simulator model, e.g. `h100-sxm` with GPM;
+//! drawn per node by default), `GPM_EVERY` (5: seconds between GPM readings, carried
+//! between as the agent does; 0 drops GPM), `PROCS` per GPU (2), `HOST_EVERY` (1: host metrics on every tick, as
 //! the simulator gives them; 5 is what the agent sends at 1 s ticks by default,
 //! `--host-interval 5s`; the sampler cost is on every tick either way), `DB` (SQLite: a new
 //! file to write and keep, instead of a temporary one), `STEADY` (1: run the collector's
@@ -58,12 +60,12 @@ use gpufleet_collector::store::rollup::RollupKey;
 use gpufleet_collector::store::{self, GpuMetric, NodeBatch, NodeKeys, Store, TimeRange};
 use gpufleet_core::wire::HelloInfo;
 use gpufleet_core::{
-    Batch, DeliveryStats, GpuSource, ProcessSample, ProcessType, SamplerCost, Tick, Workload,
-    WorkloadKind,
+    Batch, DeliveryStats, GpmMetrics, GpuSource, ProcessSample, ProcessType, SamplerCost, Tick,
+    Workload, WorkloadKind,
 };
 use gpufleet_sim::{SimOptions, Simulator};
 use sqlx::Connection;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
@@ -356,7 +358,10 @@ async fn write(
     let mut sims = Vec::new();
     for n in 0..nodes {
         let name = format!("node-{n:04}");
-        let mut sim = Simulator::new(SimOptions::new(name.clone(), gpus))?;
+        let mut opts = SimOptions::new(name.clone(), gpus);
+        // `MODEL=h100-sxm`: every node that model (GPM included), else drawn per node.
+        opts.scenario.model = std::env::var("MODEL").ok();
+        let mut sim = Simulator::new(opts)?;
         let inventory = sim.inventory()?;
         let hello = HelloInfo {
             node: name.clone(),
@@ -380,19 +385,22 @@ async fn write(
     }
     let began = Instant::now();
     let (mut seq, mut written, mut in_jobs) = (0u64, 0u32, 0.0);
+    let mut gpm_held: Vec<HashMap<String, GpmMetrics>> = vec![HashMap::new(); sims.len()];
     while written < ticks {
         let n = per_batch.min(ticks - written);
         seq += 1;
         let mut batches = Vec::with_capacity(sims.len());
-        for (sim, keys) in &mut sims {
+        for ((sim, keys), held) in sims.iter_mut().zip(&mut gpm_held) {
             let ticks = (written..written + n)
                 .map(|k| {
-                    tick(
+                    let mut t = tick(
                         sim,
                         START_MS + i64::from(k) * 1000,
                         procs,
                         k % host_every == 0,
-                    )
+                    )?;
+                    hold_gpm(&mut t, held, k);
+                    Ok(t)
                 })
                 .collect::<Result<Vec<Tick>>>()?;
             batches.push(NodeBatch {
@@ -591,6 +599,22 @@ async fn rollup_answers(
         }
     }
     Ok(out)
+}
+
+/// GPM as the agent sends it: read every `GPM_EVERY` seconds (knob; the agent's default
+/// `--gpm-every`) and carried by the ticks between (the simulator gives a fresh reading
+/// every tick); `GPM_EVERY=0` drops GPM (a board's cost without it).
+fn hold_gpm(t: &mut Tick, held: &mut HashMap<String, GpmMetrics>, k: u32) {
+    let every = knob("GPM_EVERY", 5);
+    for g in &mut t.gpus {
+        if every == 0 {
+            g.gpm = GpmMetrics::default();
+        } else if k % every == 0 {
+            held.insert(g.gpu_uuid.clone(), g.gpm);
+        } else if let Some(h) = held.get(&g.gpu_uuid) {
+            g.gpm = *h;
+        }
+    }
 }
 
 /// One tick: the simulator's GPU samples and host metrics, `procs` processes per GPU
