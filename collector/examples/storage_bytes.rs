@@ -609,7 +609,7 @@ fn hold_gpm(t: &mut Tick, held: &mut HashMap<String, GpmMetrics>, k: u32) {
     for g in &mut t.gpus {
         if every == 0 {
             g.gpm = GpmMetrics::default();
-        } else if k % every == 0 {
+        } else if k.is_multiple_of(every) {
             held.insert(g.gpu_uuid.clone(), g.gpm);
         } else if let Some(h) = held.get(&g.gpu_uuid) {
             g.gpm = *h;
