@@ -2,6 +2,11 @@
 //! "unsupported" flag are array slots indexed by it, so the per-call bookkeeping compares
 //! no strings (the fake's own cost is charged to every monitor measured against it).
 
+use nvml_wrapper_sys::bindings::nvmlReturn_t;
+
+/// An NVML result: the error is the return code.
+pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
+
 /// Declares [`Function`] from the C names, with its name table.
 macro_rules! functions {
     ($($name:ident),* $(,)?) => {

@@ -8,8 +8,8 @@
 //! the failure window, the successful ones number the samples, and a metrics request
 //! answers each metric's scenario [`Value`] at its second sample's number.
 
+use crate::function::NvmlResult;
 use crate::scenario::{Gpu, Value, in_window};
-use crate::state::NvmlResult;
 use nvml_wrapper_sys::bindings::{
     nvmlGpmMetricId_t, nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL as ANY_TENSOR_UTIL,
     nvmlGpmMetricId_t_NVML_GPM_METRIC_DFMA_TENSOR_UTIL as DFMA_TENSOR_UTIL,

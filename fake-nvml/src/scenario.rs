@@ -77,19 +77,6 @@ impl Default for Scenario {
     }
 }
 
-impl Scenario {
-    /// Checks what `nvmlInit_v2` checks beyond the JSON's shape (the cost model's preset
-    /// and keys; each GPU's `gpm`: its metric names, `mig_metrics` keys, `support_query`
-    /// and `fail_with`): the reason it would refuse this scenario.
-    pub fn validate(&self) -> Result<(), String> {
-        crate::cost::Costs::new(self.cost_model.as_deref(), &self.costs)?;
-        for (i, g) in self.gpus.iter().enumerate() {
-            crate::gpm::Gpm::of(i, g)?;
-        }
-        Ok(())
-    }
-}
-
 /// A value that may change from one read to the next. The n-th read (0-based) of that
 /// value on that GPU gets `Seq[n]` (the last element once past the end) or
 /// `start + n * step`.

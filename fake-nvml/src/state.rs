@@ -20,11 +20,24 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST as GPU_IS_LOST,
     nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT as INVALID_ARGUMENT,
     nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED as NOT_SUPPORTED,
-    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED as UNINITIALIZED, nvmlReturn_t,
+    nvmlReturn_enum_NVML_ERROR_UNINITIALIZED as UNINITIALIZED,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+impl Scenario {
+    /// Checks what `nvmlInit_v2` checks beyond the JSON's shape (the cost model's preset
+    /// and keys; each GPU's `gpm`: its metric names, `mig_metrics` keys, `support_query`
+    /// and `fail_with`): the reason it would refuse this scenario.
+    pub fn validate(&self) -> Result<(), String> {
+        Costs::new(self.cost_model.as_deref(), &self.costs)?;
+        for (i, g) in self.gpus.iter().enumerate() {
+            Gpm::of(i, g)?;
+        }
+        Ok(())
+    }
+}
 
 /// The one fake machine of this copy of the library; `None` until `nvmlInit_v2`.
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -32,8 +45,7 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 /// MIG device handles are `MIG_HANDLES + gpu * 256 + k` (GPU handles are `index + 1`).
 pub const MIG_HANDLES: usize = 0x10_0000;
 
-/// An NVML result: the error is the return code.
-pub type NvmlResult<T> = Result<T, nvmlReturn_t>;
+pub use crate::function::NvmlResult;
 
 /// Signalled when a device call makes an event pending (event waits block on it).
 static EVENT_PENDING: Condvar = Condvar::new();

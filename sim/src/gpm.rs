@@ -13,8 +13,8 @@
 //! seeded run as it was.
 
 use super::catalog::GpuModel;
+use super::rng::{SimRng, normal};
 use super::scenario::JobKind;
-use super::workload::{SimRng, normal};
 use gpufleet_core::GpmMetrics;
 use rand::Rng;
 

@@ -5,7 +5,7 @@
 
 use super::catalog::GpuModel;
 use super::gpm::Activity;
-use super::workload::{SimRng, chance, normal};
+use super::rng::{SimRng, chance, normal};
 use gpufleet_core::{Event, EventKind, GpuHealthSample, GpuSample};
 use rand::Rng;
 

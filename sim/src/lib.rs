@@ -18,6 +18,7 @@
 pub mod catalog;
 mod gpm;
 mod gpu;
+mod rng;
 pub mod scenario;
 mod workload;
 
@@ -29,9 +30,10 @@ use gpufleet_core::{
 };
 use gpufleet_core::{GpuSource, SourceError};
 use rand::{Rng, SeedableRng};
+use rng::{SimRng, chance, normal};
 use scenario::{JobKind, ScenarioError};
 use thiserror::Error;
-use workload::{Identities, Job, SimRng, chance, hex, normal};
+use workload::{Identities, Job, hex};
 
 pub use gpu::reasons;
 pub use scenario::{IdentityKind, Mix, Scenario, ScriptedJob};

@@ -3,26 +3,10 @@
 //! real cluster would show, and what each asks of its GPUs and host every tick.
 
 use super::gpm;
+use super::rng::{SimRng, chance, normal};
 use super::scenario::{IdentityKind, JobKind};
 use gpufleet_core::{Workload, WorkloadKind};
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
-
-/// The simulator's random source (seeded; never the OS's).
-pub(super) type SimRng = ChaCha8Rng;
-
-/// A standard normal draw (Box–Muller), clipped to ±4 so no tick is absurd.
-pub(super) fn normal(rng: &mut SimRng) -> f64 {
-    let u1: f64 = rng.random_range(f64::EPSILON..1.0);
-    let u2: f64 = rng.random();
-    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).clamp(-4.0, 4.0)
-}
-
-/// Whether an event of `per_hour` rate happens within `dt_ms` (Poisson, first order).
-pub(super) fn chance(rng: &mut SimRng, per_hour: f64, dt_ms: i64) -> bool {
-    let p = (per_hour * dt_ms as f64 / 3_600_000.0).clamp(0.0, 1.0);
-    rng.random_bool(p)
-}
 
 /// Lower-case hex of `n` random digits.
 pub(super) fn hex(rng: &mut SimRng, n: usize) -> String {

@@ -2,10 +2,10 @@
 //! counters rates are taken from.
 
 use super::mapping::{FieldKey, Reading, classify};
-use gpufleet_core::{MigInstance, NvLinkSample, UnixMs};
+use gpufleet_core::{GpmMetrics, MigInstance, NvLinkSample, UnixMs};
 use gpufleet_uplink::cost::CallTimer;
-use nvml_wrapper::Device;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, GpmSample};
 use nvml_wrapper_sys::bindings::nvmlFieldValue_t;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -159,7 +159,7 @@ pub(super) struct DeviceState<'n> {
     /// next call's buffer is sized from it: see `lists`).
     pub(super) list_hints: [u32; 3],
     /// Its GPM windows and readings (see `gpm`).
-    pub(super) gpm: super::gpm::GpmState<'n>,
+    pub(super) gpm: GpmState<'n>,
     /// Its PCIe throughput calls waited last tick (the driver samples the link): they are
     /// made side by side with the other GPUs' at the start of the next (see `pcie`).
     pub(super) pcie_waits: bool,
@@ -184,6 +184,42 @@ impl DeviceState<'_> {
     pub(super) fn power_limit_due(&self, now_ms: UnixMs) -> bool {
         self.power_limit
             .is_none_or(|(_, at)| now_ms < at || now_ms - at >= POWER_LIMIT_EVERY_MS)
+    }
+}
+
+/// One GPM series (a GPU, or one of its MIG instances): its open window and last reading.
+#[derive(Default)]
+pub(super) struct Window<'n> {
+    /// The sample the next window starts from, and when (tick time) it was taken.
+    pub(super) start: Option<(GpmSample<'n>, UnixMs)>,
+    /// NOT_SUPPORTED was answered: never asked again.
+    pub(super) unsupported: bool,
+    /// The last reading, carried by the ticks between reads.
+    pub(super) last: GpmMetrics,
+}
+
+/// What a GPU knows about its GPM (read by `gpm`).
+#[derive(Default)]
+pub(super) struct GpmState<'n> {
+    pub(super) whole: Window<'n>,
+    /// Per MIG device (same order as `DeviceState::migs`).
+    pub(super) migs: Vec<Window<'n>>,
+    /// A profiler held the counters at this tick time: not asked again for
+    /// `gpm::PROFILER_RETRY_MS`.
+    pub(super) busy_since: Option<UnixMs>,
+    /// The support query's answer, for the log when sampling disagrees.
+    pub(super) query: Option<Result<bool, String>>,
+    /// A failure was logged at `warn` (later ones: `debug`).
+    pub(super) warned: bool,
+}
+
+impl GpmState<'_> {
+    /// Forgets the windows and readings (the GPU was lost, or GPM failed).
+    pub(super) fn forget(&mut self) {
+        for w in std::iter::once(&mut self.whole).chain(&mut self.migs) {
+            w.start = None;
+            w.last = GpmMetrics::default();
+        }
     }
 }
 

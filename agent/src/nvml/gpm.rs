@@ -22,10 +22,9 @@
 //! window; it never costs the rest of the tick.
 
 use super::NO_INSTANCE_ID;
-use super::device::DeviceState;
+use super::device::{DeviceState, GpmState, Window};
 use gpufleet_core::{GpmMetrics, MigGpm, UnixMs};
 use gpufleet_uplink::cost::CallTimer;
-use nvml_wrapper::GpmSample;
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::gpm::gpm_metrics_get;
@@ -90,45 +89,9 @@ pub fn gpm_metrics(answers: &[Option<f64>]) -> GpmMetrics {
     }
 }
 
-/// One GPM series (a GPU, or one of its MIG instances): its open window and last reading.
-#[derive(Default)]
-pub(super) struct Window<'n> {
-    /// The sample the next window starts from, and when (tick time) it was taken.
-    start: Option<(GpmSample<'n>, UnixMs)>,
-    /// NOT_SUPPORTED was answered: never asked again.
-    unsupported: bool,
-    /// The last reading, carried by the ticks between reads.
-    pub(super) last: GpmMetrics,
-}
-
-/// What a GPU knows about its GPM.
-#[derive(Default)]
-pub(super) struct GpmState<'n> {
-    pub(super) whole: Window<'n>,
-    /// Per MIG device (same order as `DeviceState::migs`).
-    pub(super) migs: Vec<Window<'n>>,
-    /// A profiler held the counters at this tick time: not asked again for
-    /// [`PROFILER_RETRY_MS`].
-    busy_since: Option<UnixMs>,
-    /// The support query's answer, for the log when sampling disagrees.
-    query: Option<Result<bool, String>>,
-    /// A failure was logged at `warn` (later ones: `debug`).
-    warned: bool,
-}
-
-impl GpmState<'_> {
-    /// Forgets the windows and readings (the GPU was lost, or GPM failed).
-    pub(super) fn forget(&mut self) {
-        for w in std::iter::once(&mut self.whole).chain(&mut self.migs) {
-            w.start = None;
-            w.last = GpmMetrics::default();
-        }
-    }
-
-    /// The readings the ticks between reads carry.
-    fn carried(&self, dev_migs: &[String]) -> (GpmMetrics, Vec<MigGpm>) {
-        (self.whole.last, mig_readings(&self.migs, dev_migs, &[]))
-    }
+/// The readings the ticks between reads carry.
+fn carried(state: &GpmState<'_>, uuids: &[String], ids: &[u32]) -> (GpmMetrics, Vec<MigGpm>) {
+    (state.whole.last, mig_readings(&state.migs, uuids, ids))
 }
 
 fn mig_readings(windows: &[Window<'_>], uuids: &[String], ids: &[u32]) -> Vec<MigGpm> {
@@ -183,19 +146,19 @@ pub(super) fn read_gpm(
     now_ms: UnixMs,
 ) -> (GpmMetrics, Vec<MigGpm>) {
     let uuids: Vec<String> = dev.migs.iter().map(|m| m.info.uuid.clone()).collect();
+    let ids: Vec<u32> = dev.migs.iter().map(|m| m.info.gpu_instance_id).collect();
     if dev.lost {
         dev.gpm.forget();
         return Default::default();
     }
     if !due {
-        return dev.gpm.carried(&uuids);
+        return carried(&dev.gpm, &uuids, &ids);
     }
     if let Some(since) = dev.gpm.busy_since
         && (since..since.saturating_add(PROFILER_RETRY_MS)).contains(&now_ms)
     {
         return Default::default();
     }
-    let ids: Vec<u32> = dev.migs.iter().map(|m| m.info.gpu_instance_id).collect();
     let whole = read_window(dev, timer, None, now_ms);
     let mut busy = matches!(whole, Err(Failure::ProfilerBusy));
     note(dev, None, whole);

@@ -3,10 +3,10 @@
 
 use super::NvmlOptions;
 use super::cadence::{Cadence, Due};
-use super::device::{DeviceState, Metric, MetricSet, read, settle, value_of};
+use super::device::{DeviceState, GpmState, Metric, MetricSet, read, settle, value_of};
 use super::events::{Events, same_handle};
 use super::fields::{active_nvlinks, read_fields};
-use super::gpm::{GpmState, query_support, read_gpm};
+use super::gpm::{query_support, read_gpm};
 use super::health::{HealthSchedule, read_health};
 use super::held::{self, Held, Holding};
 use super::lists::{ProcessList, process_utilization, running_processes};
