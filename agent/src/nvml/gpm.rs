@@ -22,7 +22,7 @@
 //! window; it never costs the rest of the tick.
 
 use super::NO_INSTANCE_ID;
-use super::device::{DeviceState, GpmState, Window};
+use super::device::{DeviceState, MigDevice, Window};
 use gpufleet_core::{GpmMetrics, MigGpm, UnixMs};
 use gpufleet_uplink::cost::CallTimer;
 use nvml_wrapper::enums::gpm::GpmMetricId;
@@ -66,43 +66,32 @@ pub fn gpm_bps(mib_per_s: f64) -> Option<u64> {
     (mib_per_s.is_finite() && mib_per_s >= 0.0).then(|| (mib_per_s * 1_048_576.0).round() as u64)
 }
 
-/// The metrics NVML answered (in [`METRICS`] order; a failed one is absent).
+/// The metrics NVML answered, in [`METRICS`] order (that of [`GpmMetrics::NAMES`]:
+/// activities first, then rates); a failed one is absent.
 pub fn gpm_metrics(answers: &[Option<f64>]) -> GpmMetrics {
-    let at = |k: usize| answers.get(k).copied().flatten();
-    let cp = |k: usize| at(k).and_then(gpm_cpct);
-    let bps = |k: usize| at(k).and_then(gpm_bps);
-    GpmMetrics {
-        sm_active_cpct: cp(0),
-        sm_occupancy_cpct: cp(1),
-        tensor_active_cpct: cp(2),
-        tensor_hmma_cpct: cp(3),
-        tensor_imma_cpct: cp(4),
-        tensor_dfma_cpct: cp(5),
-        dram_bw_cpct: cp(6),
-        fp64_cpct: cp(7),
-        fp32_cpct: cp(8),
-        fp16_cpct: cp(9),
-        pcie_tx_bps: bps(10),
-        pcie_rx_bps: bps(11),
-        nvlink_tx_bps: bps(12),
-        nvlink_rx_bps: bps(13),
-    }
+    let activities = GpmMetrics::NAMES.len() - 4;
+    let values = std::array::from_fn(|k| {
+        let v = answers.get(k).copied().flatten()?;
+        if k < activities {
+            gpm_cpct(v).map(u64::from)
+        } else {
+            gpm_bps(v)
+        }
+    });
+    // Activities are at most 10 000: they always fit.
+    GpmMetrics::from_values(values).unwrap_or_default()
 }
 
-/// The readings the ticks between reads carry.
-fn carried(state: &GpmState<'_>, uuids: &[String], ids: &[u32]) -> (GpmMetrics, Vec<MigGpm>) {
-    (state.whole.last, mig_readings(&state.migs, uuids, ids))
-}
-
-fn mig_readings(windows: &[Window<'_>], uuids: &[String], ids: &[u32]) -> Vec<MigGpm> {
+/// The GPM readings of a GPU's MIG instances that have one (`migs`: its MIG devices, in
+/// the order of `windows`).
+fn mig_readings(windows: &[Window<'_>], migs: &[MigDevice<'_>]) -> Vec<MigGpm> {
     windows
         .iter()
-        .zip(uuids)
-        .enumerate()
-        .filter(|(_, (w, _))| !w.last.is_empty())
-        .map(|(k, (w, uuid))| MigGpm {
-            mig_uuid: uuid.clone(),
-            gpu_instance_id: ids.get(k).copied().unwrap_or(NO_INSTANCE_ID),
+        .zip(migs)
+        .filter(|(w, _)| !w.last.is_empty())
+        .map(|(w, m)| MigGpm {
+            mig_uuid: m.info.uuid.clone(),
+            gpu_instance_id: m.info.gpu_instance_id,
             gpm: w.last,
         })
         .collect()
@@ -145,14 +134,12 @@ pub(super) fn read_gpm(
     due: bool,
     now_ms: UnixMs,
 ) -> (GpmMetrics, Vec<MigGpm>) {
-    let uuids: Vec<String> = dev.migs.iter().map(|m| m.info.uuid.clone()).collect();
-    let ids: Vec<u32> = dev.migs.iter().map(|m| m.info.gpu_instance_id).collect();
     if dev.lost {
         dev.gpm.forget();
         return Default::default();
     }
     if !due {
-        return carried(&dev.gpm, &uuids, &ids);
+        return (dev.gpm.whole.last, mig_readings(&dev.gpm.migs, &dev.migs));
     }
     if let Some(since) = dev.gpm.busy_since
         && (since..since.saturating_add(PROFILER_RETRY_MS)).contains(&now_ms)
@@ -162,7 +149,8 @@ pub(super) fn read_gpm(
     let whole = read_window(dev, timer, None, now_ms);
     let mut busy = matches!(whole, Err(Failure::ProfilerBusy));
     note(dev, None, whole);
-    for (k, &id) in ids.iter().enumerate() {
+    for k in 0..dev.migs.len() {
+        let id = dev.migs[k].info.gpu_instance_id;
         if busy || dev.lost || id == NO_INSTANCE_ID {
             continue;
         }
@@ -192,10 +180,7 @@ pub(super) fn read_gpm(
         dev.gpm.forget();
         return Default::default();
     }
-    (
-        dev.gpm.whole.last,
-        mig_readings(&dev.gpm.migs, &uuids, &ids),
-    )
+    (dev.gpm.whole.last, mig_readings(&dev.gpm.migs, &dev.migs))
 }
 
 /// Records a window's outcome: its reading, or why there is none.

@@ -407,6 +407,12 @@ pub fn gpm_share(share_ppm: u32, activity_cpct: u32, dt_ms: i64) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+/// A time-weighted GPM activity in percent: Σ [`gpm_share`] over `ms` of the intervals
+/// it covers; `None` when none reported GPM.
+pub fn gpm_pct(cpct_ms: u64, ms: i64) -> Option<f64> {
+    (ms > 0).then(|| cpct_ms as f64 / ms as f64 / 100.0)
+}
+
 /// Splits time-ordered samples into runs of one minute each: `(minute start, samples)`.
 pub fn by_minute(samples: &[EnergySample]) -> impl Iterator<Item = (UnixMs, &[EnergySample])> {
     samples

@@ -314,8 +314,8 @@ pub async fn build(
         report.energy.idle_j = Some(idle as f64 / 1000.0);
         report.gpu_seconds = Some(gpu_ms as f64 / 1000.0);
         report.avg_share = (gpu_ms > 0).then(|| share_ppm_ms as f64 / gpu_ms as f64 / 1e6);
-        report.tensor_active_pct = crate::api::energy::gpm_pct(gpm.1, gpm.0);
-        report.sm_occupancy_pct = crate::api::energy::gpm_pct(gpm.3, gpm.2);
+        report.tensor_active_pct = super::energy::gpm_pct(gpm.1, gpm.0);
+        report.sm_occupancy_pct = super::energy::gpm_pct(gpm.3, gpm.2);
     }
     let step = ((span.to_ms - span.from_ms) / SERIES_POINTS / 1000).max(1) * 1000;
     let mut metrics = MetricsBuilder::new(Some(step));

@@ -31,7 +31,7 @@
 //! energy has a price: carbon off, or not priced yet) and `carbon` with its provenance
 //! (average intensity, forecast / estimated shares, unpriced energy, sources).
 
-use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, minute_of};
+use crate::accounting::energy::{IdleSource, MINUTE_MS, baseline, gpm_pct, minute_of};
 use crate::api::error::{AccessResponses, ApiError, ErrorResponses, time_param};
 use crate::api::state::{AppState, Route};
 use crate::store::TimeRange;
@@ -225,11 +225,6 @@ struct Acc {
     first: UnixMs,
     last: UnixMs,
     carbon: CarbonTotals,
-}
-
-/// A time-weighted GPM activity (Σ hundredths of a percent × ms over `ms`) in percent.
-pub(crate) fn gpm_pct(cpct_ms: u64, ms: i64) -> Option<f64> {
-    (ms > 0).then(|| cpct_ms as f64 / ms as f64 / 100.0)
 }
 
 fn j(mj: u64) -> f64 {

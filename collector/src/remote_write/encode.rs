@@ -203,6 +203,14 @@ mod tests {
     use crate::store::GpuId;
     use gpufleet_core::{GpuInfo, WorkloadKind};
 
+    /// A series' labels as (name, value) pairs, in order.
+    fn pairs(t: &TimeSeries) -> Vec<(&str, &str)> {
+        t.labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect()
+    }
+
     fn gpu() -> GpuRecord {
         GpuRecord {
             id: GpuId(7),
@@ -246,11 +254,7 @@ mod tests {
             .iter()
             .find(|t| t.labels[0].value == "gpufleet_gpu_power_watts")
             .expect("power series");
-        let names: Vec<(&str, &str)> = power
-            .labels
-            .iter()
-            .map(|l| (l.name.as_str(), l.value.as_str()))
-            .collect();
+        let names = pairs(power);
         assert_eq!(
             names,
             [
@@ -310,11 +314,7 @@ mod tests {
         let tensor = find("gpufleet_gpu_tensor_active_ratio");
         assert_eq!(tensor.samples[0].value, 0.625);
         let mig = find("gpufleet_mig_sm_occupancy_ratio");
-        let labels: Vec<(&str, &str)> = mig
-            .labels
-            .iter()
-            .map(|l| (l.name.as_str(), l.value.as_str()))
-            .collect();
+        let labels = pairs(mig);
         assert_eq!(
             labels,
             [
@@ -349,11 +349,7 @@ mod tests {
             idle_mj: 0,
         };
         let [active, idle] = energy_series(&total, 120_000);
-        let labels: Vec<(&str, &str)> = active
-            .labels
-            .iter()
-            .map(|l| (l.name.as_str(), l.value.as_str()))
-            .collect();
+        let labels = pairs(&active);
         assert_eq!(
             labels,
             [
